@@ -1,0 +1,212 @@
+//! Framing of [`Envelope`]s: postcard, a frame-size limit, and typed decode errors.
+//!
+//! A frame is `version (varint u16) | value type (u8) | from | to | epoch | body`, all postcard.
+//! The version comes first so that a peer of another version is refused with a clear error
+//! before anything else is read.
+
+use bytes::Bytes;
+use thiserror::Error;
+
+use crate::message::{Envelope, Message, PROTOCOL_VERSION};
+use crate::node::{Epoch, NodeId};
+use crate::value::Value;
+
+/// Default limit on a frame's size: 64 MiB.
+pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
+
+/// Why a frame could not be decoded. Decoding never panics, whatever the bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DecodeError {
+    /// The frame is larger than this codec accepts.
+    #[error("frame of {len} bytes exceeds the limit of {limit} bytes")]
+    FrameTooLarge {
+        /// Frame size.
+        len: usize,
+        /// Configured limit.
+        limit: usize,
+    },
+    /// The peer speaks another protocol version.
+    #[error(
+        "unsupported protocol version {got}: this build speaks version {supported}; upgrade the older side"
+    )]
+    UnsupportedVersion {
+        /// Version in the frame.
+        got: u16,
+        /// Version this build speaks.
+        supported: u16,
+    },
+    /// The frame carries values of another scalar type than this node uses.
+    #[error(
+        "frame carries {got} values but this node uses {expected}: every node of a job must use the same value type"
+    )]
+    ValueType {
+        /// This node's value type.
+        expected: &'static str,
+        /// The frame's value type name (or `unknown`).
+        got: &'static str,
+    },
+    /// The frame ended in the middle of a field.
+    #[error("frame truncated: it ended in the middle of a field")]
+    Truncated,
+    /// Bytes were left over after a complete envelope.
+    #[error("{0} unexpected bytes after the end of the message")]
+    TrailingBytes(usize),
+    /// The message kind tag is not one this version knows.
+    #[error("unknown message kind")]
+    UnknownKind,
+    /// A field failed validation: keys not strictly increasing or reserved, a key count beyond
+    /// the bytes present, value bytes not matching keys x width, a zero width, a bad key range,
+    /// a malformed varint, or the like.
+    #[error("malformed message: a field failed validation (keys, lengths, ranges or varints)")]
+    Malformed,
+}
+
+/// Why an envelope could not be encoded.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EncodeError {
+    /// The encoded frame would exceed the limit; split the request into smaller ones.
+    #[error(
+        "encoded frame of {len} bytes exceeds the limit of {limit} bytes; send fewer keys per message"
+    )]
+    FrameTooLarge {
+        /// Encoded size.
+        len: usize,
+        /// Configured limit.
+        limit: usize,
+    },
+    /// Serialization failed (cannot happen for well-formed messages).
+    #[error("serialization failed: {0}")]
+    Serialize(String),
+}
+
+/// Encodes and decodes envelopes under a frame-size limit.
+///
+/// ```
+/// use pserver_core::{Codec, Envelope, Message, NodeId};
+/// let codec = Codec::default();
+/// let env = Envelope::<f32>::new(NodeId(1), NodeId(0), 3, Message::Heartbeat { seq: 9 });
+/// let frame = codec.encode(&env).unwrap();
+/// assert_eq!(codec.decode::<f32>(&frame).unwrap(), env);
+/// assert!(codec.decode::<f32>(&frame[..frame.len() - 1]).is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Codec {
+    max_frame: usize,
+}
+
+impl Default for Codec {
+    fn default() -> Self {
+        Codec {
+            max_frame: DEFAULT_MAX_FRAME,
+        }
+    }
+}
+
+/// One byte naming the value type, so that nodes of mismatched jobs fail loudly.
+fn value_tag<V: Value>() -> u8 {
+    match V::NAME {
+        "f32" => 1,
+        "f64" => 2,
+        "i64" => 3,
+        _ => 0,
+    }
+}
+
+fn value_name(tag: u8) -> &'static str {
+    match tag {
+        1 => "f32",
+        2 => "f64",
+        3 => "i64",
+        _ => "unknown",
+    }
+}
+
+fn decode_error(e: postcard::Error) -> DecodeError {
+    match e {
+        postcard::Error::DeserializeUnexpectedEnd => DecodeError::Truncated,
+        postcard::Error::DeserializeBadEnum => DecodeError::UnknownKind,
+        _ => DecodeError::Malformed,
+    }
+}
+
+impl Codec {
+    /// A codec refusing frames above `max_frame` bytes.
+    pub fn new(max_frame: usize) -> Self {
+        Codec { max_frame }
+    }
+
+    /// The frame-size limit in bytes.
+    pub fn max_frame(&self) -> usize {
+        self.max_frame
+    }
+
+    /// Appends the frame of `env` to `buf`. On error `buf` is left as it was.
+    pub fn encode_into<V: Value>(
+        &self,
+        env: &Envelope<V>,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), EncodeError> {
+        let start = buf.len();
+        let header = (env.version, value_tag::<V>(), env.from, env.to, env.epoch);
+        let written = postcard::to_extend(&header, core::mem::take(buf))
+            .and_then(|b| postcard::to_extend(&env.body, b));
+        match written {
+            Ok(b) => *buf = b,
+            Err(e) => return Err(EncodeError::Serialize(e.to_string())),
+        }
+        let len = buf.len() - start;
+        if len > self.max_frame {
+            buf.truncate(start);
+            return Err(EncodeError::FrameTooLarge {
+                len,
+                limit: self.max_frame,
+            });
+        }
+        Ok(())
+    }
+
+    /// The frame of `env`.
+    pub fn encode<V: Value>(&self, env: &Envelope<V>) -> Result<Bytes, EncodeError> {
+        let mut buf = Vec::new();
+        self.encode_into(env, &mut buf)?;
+        Ok(Bytes::from(buf))
+    }
+
+    /// Decodes one whole frame. Checks the size limit, the version and the value type first,
+    /// and every length inside before allocating for it.
+    pub fn decode<V: Value>(&self, frame: &[u8]) -> Result<Envelope<V>, DecodeError> {
+        if frame.len() > self.max_frame {
+            return Err(DecodeError::FrameTooLarge {
+                len: frame.len(),
+                limit: self.max_frame,
+            });
+        }
+        let (version, rest) = postcard::take_from_bytes::<u16>(frame).map_err(decode_error)?;
+        if version != PROTOCOL_VERSION {
+            return Err(DecodeError::UnsupportedVersion {
+                got: version,
+                supported: PROTOCOL_VERSION,
+            });
+        }
+        let (tag, rest) = postcard::take_from_bytes::<u8>(rest).map_err(decode_error)?;
+        if tag != value_tag::<V>() {
+            return Err(DecodeError::ValueType {
+                expected: V::NAME,
+                got: value_name(tag),
+            });
+        }
+        let ((from, to, epoch, body), rest) =
+            postcard::take_from_bytes::<(NodeId, NodeId, Epoch, Message<V>)>(rest)
+                .map_err(decode_error)?;
+        if !rest.is_empty() {
+            return Err(DecodeError::TrailingBytes(rest.len()));
+        }
+        Ok(Envelope {
+            version,
+            from,
+            to,
+            epoch,
+            body,
+        })
+    }
+}

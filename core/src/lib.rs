@@ -1,0 +1,54 @@
+//! # pserver-core
+//!
+//! The sans-IO protocol core of pserver, a parameter server after Li et al., "Scaling Distributed
+//! Machine Learning with the Parameter Server" (OSDI 2014).
+//!
+//! Nothing in this crate opens a socket, reads a clock, spawns a thread or draws from a global
+//! random source: time and bytes come in, bytes and timers go out. That makes the same code
+//! usable inside the model checker, the deterministic simulator, the tokio runtime and a user's
+//! own network stack, and makes every run replayable from its inputs.
+//!
+//! The vocabulary:
+//!
+//! - [`NodeId`], [`Role`]: who is talking.
+//! - [`Key`], [`KeyRange`]: the key space `[0, u64::MAX)` and half-open ranges of it.
+//! - [`Value`]: the parameter scalars `f32`, `f64`, `i64`.
+//! - [`KvPairs`]: sparse vectors, the unit of push and pull.
+//! - [`RangeClock`]: the paper's range vector clock.
+//! - [`Ring`]: consistent hashing of key ranges onto servers, with replicas.
+//! - [`Envelope`], [`Message`], [`Codec`]: the wire protocol.
+//!
+//! ```
+//! use pserver_core::*;
+//! let ring = Ring::new((0..3).map(NodeId), RingConfig::default()).unwrap();
+//! let kvs = KvPairs::new(vec![10, 20], vec![0.5f32, -1.0], 1).unwrap();
+//! let slice = SliceRef { request: 1, slice: 0 };
+//! let push = Message::Push(Push { slice, iteration: 0, kvs });
+//! let env = Envelope::new(NodeId(7), ring.primary(10), 1, push);
+//! let frame = Codec::default().encode(&env).unwrap();
+//! assert_eq!(Codec::default().decode::<f32>(&frame).unwrap(), env);
+//! ```
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod clock;
+mod codec;
+mod hash;
+mod key;
+mod kv;
+mod message;
+mod node;
+mod ring;
+mod value;
+mod wire;
+
+pub use clock::RangeClock;
+pub use codec::{Codec, DEFAULT_MAX_FRAME, DecodeError, EncodeError};
+pub use key::{InvalidRange, Key, KeyRange, MAX_KEY};
+pub use kv::{KvError, KvPairs};
+pub use message::{
+    ClockRecord, ClusterConfig, DedupeRecord, Envelope, KeyList, KeySelection, Message,
+    PROTOCOL_VERSION, Pull, PullReply, Push, Replicate, RequestId, SliceId, SliceRef, Transfer,
+};
+pub use node::{Epoch, Iteration, NodeId, Role, Time};
+pub use ring::{MAX_SERVERS, MAX_VNODES, Ring, RingConfig, RingError};
+pub use value::Value;

@@ -1,0 +1,255 @@
+//! The messages nodes exchange (DESIGN.md §5) and the envelope that carries them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::key::{Key, KeyRange};
+use crate::kv::{KvError, KvPairs, check_keys};
+use crate::node::{Epoch, Iteration, NodeId, Role};
+use crate::ring::RingConfig;
+use crate::value::Value;
+use crate::wire::seq;
+
+/// The wire protocol version this build speaks. Frames of any other version are refused.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Identifies a worker's request; unique per worker, increasing.
+pub type RequestId = u64;
+
+/// Identifies one slice (one server's share) of a request.
+pub type SliceId = u32;
+
+/// One addressed message: who sends it, to whom, under which configuration epoch.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Envelope<V: Value> {
+    /// Wire protocol version; [`PROTOCOL_VERSION`] for everything this build sends.
+    pub version: u16,
+    /// Sender.
+    pub from: NodeId,
+    /// Receiver.
+    pub to: NodeId,
+    /// The sender's configuration epoch.
+    pub epoch: Epoch,
+    /// What is said.
+    pub body: Message<V>,
+}
+
+impl<V: Value> Envelope<V> {
+    /// An envelope of the current [`PROTOCOL_VERSION`].
+    pub fn new(from: NodeId, to: NodeId, epoch: Epoch, body: Message<V>) -> Self {
+        Envelope {
+            version: PROTOCOL_VERSION,
+            from,
+            to,
+            epoch,
+            body,
+        }
+    }
+}
+
+/// Names one slice of one worker's request. The de-duplication key is `(worker, request,
+/// slice)`, the worker being the envelope's sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SliceRef {
+    /// The request.
+    pub request: RequestId,
+    /// The slice within it.
+    pub slice: SliceId,
+}
+
+/// Strictly increasing keys (at most [`crate::MAX_KEY`]), delta-encoded on the wire.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct KeyList(Vec<Key>);
+
+impl KeyList {
+    /// Validates that `keys` are strictly increasing and not reserved.
+    pub fn new(keys: Vec<Key>) -> Result<Self, KvError> {
+        check_keys(&keys)?;
+        Ok(KeyList(keys))
+    }
+
+    pub(crate) fn from_validated(keys: Vec<Key>) -> Self {
+        KeyList(keys)
+    }
+
+    /// The keys.
+    pub fn keys(&self) -> &[Key] {
+        &self.0
+    }
+}
+
+/// What a pull asks for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum KeySelection {
+    /// Every stored key of a range (dense pulls).
+    Range(KeyRange),
+    /// Exactly these keys (sparse pulls: the features a worker's data touches).
+    Keys(KeyList),
+}
+
+/// The membership and ring of one epoch, as the coordinator broadcasts it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ClusterConfig {
+    /// Version of this configuration; bumped on every membership change.
+    pub epoch: Epoch,
+    /// The coordinator.
+    pub coordinator: NodeId,
+    /// Live servers.
+    #[serde(with = "seq")]
+    pub servers: Vec<NodeId>,
+    /// Live workers.
+    #[serde(with = "seq")]
+    pub workers: Vec<NodeId>,
+    /// How the ring is built from `servers`.
+    pub ring: RingConfig,
+}
+
+/// A worker's update for one slice of a request.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(bound = "V: Value")]
+pub struct Push<V: Value> {
+    /// Which slice this is.
+    pub slice: SliceRef,
+    /// The worker's iteration the update belongs to.
+    pub iteration: Iteration,
+    /// The update.
+    pub kvs: KvPairs<V>,
+}
+
+/// A worker's read of one slice of a request.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Pull {
+    /// Which slice this is.
+    pub slice: SliceRef,
+    /// The worker's iteration; the server holds the pull until the consistency model allows it.
+    pub iteration: Iteration,
+    /// The keys wanted.
+    pub keys: KeySelection,
+}
+
+/// A server's answer to a [`Pull`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(bound = "V: Value")]
+pub struct PullReply<V: Value> {
+    /// The slice answered.
+    pub slice: SliceRef,
+    /// Every worker's pushes for iterations below this one are included.
+    pub complete_below: Iteration,
+    /// The values, in key order.
+    pub kvs: KvPairs<V>,
+}
+
+/// Which of a worker's requests a server has applied, replicated and transferred with the data
+/// so that de-duplication survives fail-over.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DedupeRecord {
+    /// The worker.
+    pub worker: NodeId,
+    /// Every request at or below this id has been applied.
+    pub high_water: RequestId,
+    /// Slices above the high-water mark applied out of order.
+    #[serde(with = "seq")]
+    pub above: Vec<SliceRef>,
+}
+
+/// A primary's aggregated update for a range, sent to the range's replicas.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(bound = "V: Value")]
+pub struct Replicate<V: Value> {
+    /// The replicated range.
+    pub range: KeyRange,
+    /// Position in the range's update order; replicas apply in `seq` order.
+    pub seq: u64,
+    /// The aggregated update, already passed through the primary's updater.
+    pub update: KvPairs<V>,
+    /// The de-duplication state after this update.
+    #[serde(with = "seq")]
+    pub dedupe: Vec<DedupeRecord>,
+}
+
+/// A worker's progress on a key range, as a server's clock records it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ClockRecord {
+    /// The worker.
+    pub worker: NodeId,
+    /// `(range, iteration)` segments of the worker's range clock.
+    #[serde(with = "seq")]
+    pub segments: Vec<(KeyRange, Iteration)>,
+}
+
+/// A chunk of a range moving to a new owner (recovery, re-replication, a joining server).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(bound = "V: Value")]
+pub struct Transfer<V: Value> {
+    /// The range being moved.
+    pub range: KeyRange,
+    /// Chunk number within the transfer, from 0.
+    pub chunk: u32,
+    /// True on the last chunk.
+    pub last: bool,
+    /// Parameters of this chunk.
+    pub data: KvPairs<V>,
+    /// De-duplication state of the range.
+    #[serde(with = "seq")]
+    pub dedupe: Vec<DedupeRecord>,
+    /// Workers' clocks on the range.
+    #[serde(with = "seq")]
+    pub clocks: Vec<ClockRecord>,
+}
+
+/// Every message body of the protocol.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(bound = "V: Value")]
+pub enum Message<V: Value> {
+    /// A node announces itself to the coordinator.
+    Register {
+        /// What the node will do.
+        role: Role,
+    },
+    /// The coordinator's configuration for an epoch.
+    Config(ClusterConfig),
+    /// A node asks the coordinator for the current configuration (after a redirect).
+    ConfigRequest,
+    /// Liveness signal to the coordinator.
+    Heartbeat {
+        /// Sender's heartbeat counter.
+        seq: u64,
+    },
+    /// A worker's update slice.
+    Push(Push<V>),
+    /// A server acknowledges a push slice (also re-sent for a duplicate).
+    PushAck(SliceRef),
+    /// A worker's read slice.
+    Pull(Pull),
+    /// A server's answer to a pull slice.
+    PullReply(PullReply<V>),
+    /// The receiver is not the primary of the slice at the sender's epoch.
+    Redirect {
+        /// The slice refused.
+        slice: SliceRef,
+        /// The server's epoch; the worker fetches a configuration at least this new.
+        epoch: Epoch,
+    },
+    /// A worker has finished an iteration (all its pushes acked, and it advanced).
+    Progress {
+        /// The finished iteration.
+        iteration: Iteration,
+    },
+    /// A primary's update for its replicas.
+    Replicate(Replicate<V>),
+    /// A replica has applied updates of a range up to `seq`.
+    ReplicateAck {
+        /// The range.
+        range: KeyRange,
+        /// Highest sequence number applied.
+        seq: u64,
+    },
+    /// A chunk of a range moving to a new owner.
+    Transfer(Transfer<V>),
+    /// The new owner has stored a transfer chunk.
+    TransferAck {
+        /// The range.
+        range: KeyRange,
+        /// The chunk stored.
+        chunk: u32,
+    },
+}

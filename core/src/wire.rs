@@ -1,0 +1,318 @@
+//! Wire forms that postcard's defaults do not give: delta-varint keys, raw little-endian value
+//! arrays, and sequences that never pre-allocate on a length read from the wire.
+//!
+//! Every decoder here checks a length against the bytes actually present before it allocates,
+//! so a frame can never make the decoder allocate much more than the frame's own size.
+
+use core::fmt;
+use core::marker::PhantomData;
+
+use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
+use serde::ser::SerializeTuple;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::key::{Key, MAX_KEY};
+use crate::kv::KvPairs;
+use crate::message::KeyList;
+use crate::value::Value;
+
+/// Appends `x` as an LEB128 varint.
+fn put_varint(mut x: u64, out: &mut Vec<u8>) {
+    while x >= 0x80 {
+        out.push((x as u8) | 0x80);
+        x >>= 7;
+    }
+    out.push(x as u8);
+}
+
+/// Reads one canonical LEB128 varint from the front of `bytes`; `None` if truncated, overlong
+/// or above `u64::MAX`.
+fn take_varint(bytes: &mut &[u8]) -> Option<u64> {
+    let mut x = 0u64;
+    for i in 0..10 {
+        let (&b, rest) = bytes.split_first()?;
+        *bytes = rest;
+        let part = u64::from(b & 0x7f);
+        if i == 9 && b > 1 {
+            return None;
+        }
+        x |= part << (7 * i);
+        if b & 0x80 == 0 {
+            // A trailing zero group means a longer encoding than needed.
+            return (i == 0 || b != 0).then_some(x);
+        }
+    }
+    None
+}
+
+/// Encodes strictly increasing keys as the first key, then each gap minus one.
+fn encode_keys(keys: &[Key]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(keys.len() * 2);
+    let mut prev: Option<Key> = None;
+    for &k in keys {
+        put_varint(prev.map_or(k, |p| k - p - 1), &mut out);
+        prev = Some(k);
+    }
+    out
+}
+
+/// Decodes exactly `count` keys filling all of `blob`, refusing any that would pass the
+/// reserved key. Every varint takes at least one byte, so `count` is checked against the blob's
+/// length before anything is allocated.
+fn decode_keys(blob: &[u8], count: usize) -> Result<Vec<Key>, &'static str> {
+    if count > blob.len() {
+        return Err("key count exceeds the bytes present");
+    }
+    let mut keys = Vec::with_capacity(count);
+    let mut rest = blob;
+    let mut prev: Option<Key> = None;
+    for _ in 0..count {
+        let d = take_varint(&mut rest).ok_or("malformed key varint")?;
+        let k = match prev {
+            None => d,
+            Some(p) => p
+                .checked_add(d)
+                .and_then(|k| k.checked_add(1))
+                .ok_or("key overflow")?,
+        };
+        if k > MAX_KEY {
+            return Err("reserved key u64::MAX");
+        }
+        keys.push(k);
+        prev = Some(k);
+    }
+    if !rest.is_empty() {
+        return Err("trailing bytes after keys");
+    }
+    Ok(keys)
+}
+
+struct KeysSeed(usize);
+
+impl<'de> DeserializeSeed<'de> for KeysSeed {
+    type Value = Vec<Key>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<Key>, D::Error> {
+        d.deserialize_bytes(self)
+    }
+}
+
+impl Visitor<'_> for KeysSeed {
+    type Value = Vec<Key>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} delta-encoded keys", self.0)
+    }
+    fn visit_bytes<E: de::Error>(self, blob: &[u8]) -> Result<Vec<Key>, E> {
+        decode_keys(blob, self.0).map_err(E::custom)
+    }
+}
+
+struct ValuesSeed<V> {
+    count: usize,
+    _v: PhantomData<V>,
+}
+
+impl<'de, V: Value> DeserializeSeed<'de> for ValuesSeed<V> {
+    type Value = Vec<V>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<V>, D::Error> {
+        d.deserialize_bytes(self)
+    }
+}
+
+impl<V: Value> Visitor<'_> for ValuesSeed<V> {
+    type Value = Vec<V>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} little-endian {} values", self.count, V::NAME)
+    }
+    fn visit_bytes<E: de::Error>(self, blob: &[u8]) -> Result<Vec<V>, E> {
+        if self.count.checked_mul(V::SIZE) != Some(blob.len()) {
+            return Err(E::custom("value bytes do not match keys x width"));
+        }
+        Ok(blob.chunks_exact(V::SIZE).map(V::from_le_slice).collect())
+    }
+}
+
+/// Serializes the values as one byte string; on little-endian machines without a copy.
+fn serialize_values<V: Value, S: SerializeTuple>(values: &[V], t: &mut S) -> Result<(), S::Error> {
+    if cfg!(target_endian = "little") {
+        t.serialize_element(&ByteStr(bytemuck::cast_slice(values)))
+    } else {
+        let mut raw = Vec::with_capacity(values.len() * V::SIZE);
+        for &v in values {
+            v.extend_le(&mut raw);
+        }
+        t.serialize_element(&ByteStr(&raw))
+    }
+}
+
+/// A byte slice that serializes as bytes (not as a sequence of `u8`).
+struct ByteStr<'a>(&'a [u8]);
+
+impl Serialize for ByteStr<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
+    }
+}
+
+/// Wire form of [`KvPairs`]: `(width, count, key deltas as bytes, values as bytes)`.
+impl<V: Value> Serialize for KvPairs<V> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut t = s.serialize_tuple(4)?;
+        t.serialize_element(&(self.width() as u64))?;
+        t.serialize_element(&(self.len() as u64))?;
+        t.serialize_element(&ByteStr(&encode_keys(self.keys())))?;
+        serialize_values(self.values(), &mut t)?;
+        t.end()
+    }
+}
+
+impl<'de, V: Value> Deserialize<'de> for KvPairs<V> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KvVisitor<V>(PhantomData<V>);
+        impl<'de, V: Value> Visitor<'de> for KvVisitor<V> {
+            type Value = KvPairs<V>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("key-value pairs")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<KvPairs<V>, A::Error> {
+                let missing = || de::Error::custom("truncated key-value pairs");
+                let width: u64 = seq.next_element()?.ok_or_else(missing)?;
+                let count: u64 = seq.next_element()?.ok_or_else(missing)?;
+                let width = usize::try_from(width)
+                    .ok()
+                    .filter(|&w| w > 0)
+                    .ok_or_else(|| de::Error::custom("width must be at least 1"))?;
+                let count = usize::try_from(count)
+                    .map_err(|_| de::Error::custom("key count exceeds the bytes present"))?;
+                let keys = seq
+                    .next_element_seed(KeysSeed(count))?
+                    .ok_or_else(missing)?;
+                let slots = count
+                    .checked_mul(width)
+                    .ok_or_else(|| de::Error::custom("keys x width overflows"))?;
+                let values = seq
+                    .next_element_seed(ValuesSeed::<V> {
+                        count: slots,
+                        _v: PhantomData,
+                    })?
+                    .ok_or_else(missing)?;
+                Ok(KvPairs::from_validated(keys, values, width))
+            }
+        }
+        d.deserialize_tuple(4, KvVisitor(PhantomData))
+    }
+}
+
+/// Wire form of [`KeyList`]: `(count, key deltas as bytes)`.
+impl Serialize for KeyList {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut t = s.serialize_tuple(2)?;
+        t.serialize_element(&(self.keys().len() as u64))?;
+        t.serialize_element(&ByteStr(&encode_keys(self.keys())))?;
+        t.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for KeyList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyListVisitor;
+        impl<'de> Visitor<'de> for KeyListVisitor {
+            type Value = KeyList;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key list")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<KeyList, A::Error> {
+                let missing = || de::Error::custom("truncated key list");
+                let count: u64 = seq.next_element()?.ok_or_else(missing)?;
+                let count = usize::try_from(count)
+                    .map_err(|_| de::Error::custom("key count exceeds the bytes present"))?;
+                let keys = seq
+                    .next_element_seed(KeysSeed(count))?
+                    .ok_or_else(missing)?;
+                Ok(KeyList::from_validated(keys))
+            }
+        }
+        d.deserialize_tuple(2, KeyListVisitor)
+    }
+}
+
+/// `#[serde(with = "seq")]` for `Vec<T>` fields of messages: the usual encoding, but decoding
+/// grows the vector as elements actually arrive instead of reserving what the length prefix
+/// claims.
+pub(crate) mod seq {
+    use super::*;
+
+    /// Reserved up front at most; the vector doubles from there as elements decode.
+    const INITIAL: usize = 16;
+
+    pub(crate) fn serialize<T: Serialize, S: Serializer>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v)
+    }
+
+    pub(crate) fn deserialize<'de, T, D>(d: D) -> Result<Vec<T>, D::Error>
+    where
+        T: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        struct SeqVisitor<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for SeqVisitor<T> {
+            type Value = Vec<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a sequence")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+                let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(INITIAL));
+                while let Some(x) = seq.next_element()? {
+                    v.push(x);
+                }
+                Ok(v)
+            }
+        }
+        d.deserialize_seq(SeqVisitor(PhantomData))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn varints_refuse_overlong_and_overflowing_forms() {
+        assert_eq!(take_varint(&mut &[0x80, 0x00][..]), None);
+        assert_eq!(
+            take_varint(&mut &[0xff; 9].iter().chain(&[0x02]).copied().collect::<Vec<_>>()[..]),
+            None
+        );
+        assert_eq!(take_varint(&mut &[0xff, 0x01][..]), Some(255));
+        assert_eq!(take_varint(&mut &[0x80][..]), None);
+    }
+
+    #[test]
+    fn dense_keys_cost_one_byte_each() {
+        let keys: Vec<Key> = (1_000_000..1_001_000).collect();
+        assert_eq!(encode_keys(&keys).len(), 3 + 999);
+    }
+
+    #[test]
+    fn a_key_count_beyond_the_bytes_is_refused() {
+        assert!(decode_keys(&[1, 2, 3], 1 << 40).is_err());
+        assert!(decode_keys(&[1, 2, 3], 2).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn varints_round_trip(x in any::<u64>()) {
+            let mut out = Vec::new();
+            put_varint(x, &mut out);
+            let mut s = &out[..];
+            prop_assert_eq!(take_varint(&mut s), Some(x));
+            prop_assert!(s.is_empty());
+        }
+
+        #[test]
+        fn keys_round_trip(keys in proptest::collection::btree_set(any::<u64>().prop_map(|k| k % MAX_KEY), 0..50)) {
+            let keys: Vec<Key> = keys.into_iter().collect();
+            prop_assert_eq!(decode_keys(&encode_keys(&keys), keys.len()), Ok(keys));
+        }
+    }
+}

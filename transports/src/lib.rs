@@ -1,0 +1,110 @@
+//! # pserver-transport
+//!
+//! How frames move between pserver nodes. The protocol core never touches the network: it hands
+//! out encoded frames addressed to a [`NodeId`](pserver_core::NodeId) and takes in frames from
+//! one. A [`Transport`] carries them; in-memory, TCP and UDP adapters implement it, and a runtime
+//! drives core nodes over any of them.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pserver_core::NodeId;
+use thiserror::Error;
+
+/// Why a transport could not send or receive.
+#[derive(Debug, Error)]
+pub enum TransportError {
+    /// The destination is not a node this transport knows how to reach.
+    #[error("no route to node {0}: it is not in this transport's peer table")]
+    UnknownPeer(NodeId),
+    /// The frame is larger than the transport (or its peer) accepts.
+    #[error("frame of {len} bytes exceeds the transport limit of {limit} bytes")]
+    FrameTooLarge {
+        /// Frame size.
+        len: usize,
+        /// The transport's limit.
+        limit: usize,
+    },
+    /// The transport has been shut down; no more frames will arrive.
+    #[error("transport closed")]
+    Closed,
+    /// An operating-system I/O error, with what was being done when it happened.
+    #[error("{context}: {source}")]
+    Io {
+        /// What the transport was doing.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Moves whole frames between nodes. Delivery may lose, duplicate or reorder frames (the core's
+/// retransmission and de-duplication make the protocol exactly-once over any of them), but a
+/// frame that arrives arrives whole and unaltered.
+///
+/// Implementations are shared between the tasks of a node, hence `&self` and `Send + Sync`.
+#[async_trait]
+pub trait Transport: Send + Sync + 'static {
+    /// Sends `frame` to `to`. Returning `Ok` means the frame was handed to the network, not that
+    /// it arrived.
+    async fn send(&self, to: NodeId, frame: Bytes) -> Result<(), TransportError>;
+
+    /// Waits for the next frame from any peer.
+    async fn recv(&self) -> Result<(NodeId, Bytes), TransportError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A loopback transport: every frame sent comes back from `recv`.
+    struct Loopback {
+        queue: Mutex<Vec<(NodeId, Bytes)>>,
+    }
+
+    #[async_trait]
+    impl Transport for Loopback {
+        async fn send(&self, to: NodeId, frame: Bytes) -> Result<(), TransportError> {
+            self.queue
+                .lock()
+                .map_err(|_| TransportError::Closed)?
+                .push((to, frame));
+            Ok(())
+        }
+        async fn recv(&self) -> Result<(NodeId, Bytes), TransportError> {
+            let mut q = self.queue.lock().map_err(|_| TransportError::Closed)?;
+            if q.is_empty() {
+                return Err(TransportError::Closed);
+            }
+            Ok(q.remove(0))
+        }
+    }
+
+    #[tokio::test]
+    async fn the_trait_is_object_safe_and_moves_frames_unaltered() {
+        let t: Box<dyn Transport> = Box::new(Loopback {
+            queue: Mutex::new(Vec::new()),
+        });
+        t.send(NodeId(2), Bytes::from_static(b"frame"))
+            .await
+            .unwrap();
+        let (peer, frame) = t.recv().await.unwrap();
+        assert_eq!((peer, &frame[..]), (NodeId(2), &b"frame"[..]));
+        assert!(matches!(t.recv().await, Err(TransportError::Closed)));
+    }
+
+    #[test]
+    fn errors_read_well_on_a_terminal() {
+        let e = TransportError::FrameTooLarge { len: 10, limit: 4 };
+        assert_eq!(
+            e.to_string(),
+            "frame of 10 bytes exceeds the transport limit of 4 bytes"
+        );
+        assert!(
+            TransportError::UnknownPeer(NodeId(3))
+                .to_string()
+                .contains("n3")
+        );
+    }
+}
