@@ -52,8 +52,8 @@ pub enum DecodeError {
     #[error("{0} unexpected bytes after the end of the message")]
     TrailingBytes(usize),
     /// The message kind tag is not one this version knows.
-    #[error("unknown message kind")]
-    UnknownKind,
+    #[error("unknown message kind {0}: the peer may run a newer build")]
+    UnknownKind(u32),
     /// A field failed validation: keys not strictly increasing or reserved, a key count beyond
     /// the bytes present, value bytes not matching keys x width, a zero width, a bad key range,
     /// a malformed varint, or the like.
@@ -124,7 +124,6 @@ fn value_name(tag: u8) -> &'static str {
 fn decode_error(e: postcard::Error) -> DecodeError {
     match e {
         postcard::Error::DeserializeUnexpectedEnd => DecodeError::Truncated,
-        postcard::Error::DeserializeBadEnum => DecodeError::UnknownKind,
         _ => DecodeError::Malformed,
     }
 }
@@ -195,9 +194,14 @@ impl Codec {
                 got: value_name(tag),
             });
         }
-        let ((from, to, epoch, body), rest) =
-            postcard::take_from_bytes::<(NodeId, NodeId, Epoch, Message<V>)>(rest)
-                .map_err(decode_error)?;
+        let ((from, to, epoch), body_bytes) =
+            postcard::take_from_bytes::<(NodeId, NodeId, Epoch)>(rest).map_err(decode_error)?;
+        let (kind, _) = postcard::take_from_bytes::<u32>(body_bytes).map_err(decode_error)?;
+        if kind >= Message::<V>::KINDS {
+            return Err(DecodeError::UnknownKind(kind));
+        }
+        let (body, rest) =
+            postcard::take_from_bytes::<Message<V>>(body_bytes).map_err(decode_error)?;
         if !rest.is_empty() {
             return Err(DecodeError::TrailingBytes(rest.len()));
         }

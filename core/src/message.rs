@@ -253,3 +253,8 @@ pub enum Message<V: Value> {
         chunk: u32,
     },
 }
+
+impl<V: Value> Message<V> {
+    /// Number of message kinds this version knows; the wire tags are `0..KINDS`.
+    pub const KINDS: u32 = 14;
+}

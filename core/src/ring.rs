@@ -2,9 +2,10 @@
 //!
 //! Keys are not hashed: the ring *is* the key space `[0, u64::MAX)`, so that a key range maps to
 //! a few contiguous server ranges and range push/pull stays ranged (the paper's §4.3). Each
-//! server places `vnodes` points at seeded hash positions; a point owns the keys from itself up to
-//! the next point, wrapping around. A key's primary is the owner of its point, and its `k`
-//! replicas are the next `k` distinct servers met walking on from that point. A server's points
+//! server places `vnodes` points at seeded hash positions; a point owns the keys from the previous
+//! point up to itself, wrapping around. A key's primary is the server of the first point above
+//! it, and its `k` replicas are the next `k` distinct servers met walking on from that point, so
+//! when a server leaves, each of its ranges falls to its first replica. A server's points
 //! depend only on the seed and its own id, so adding or removing a server moves only the ranges
 //! next to that server's points.
 
@@ -255,12 +256,13 @@ fn build_segments(servers: &[NodeId], config: RingConfig) -> Vec<Segment> {
         Some(last) if last.owners == owners => {}
         _ => segments.push(Segment { start, owners }),
     };
+    // A point owns the keys from the previous point up to itself, so a removed point's keys
+    // fall to the next point: the first replica, which already holds them.
     if points[0].0 > 0 {
-        // Keys below the first point wrap around to the last point.
-        push(0, owners_from(points.len() - 1));
+        push(0, owners_from(0));
     }
     for i in 0..points.len() {
-        push(points[i].0, owners_from(i));
+        push(points[i].0, owners_from((i + 1) % points.len()));
     }
     segments
 }

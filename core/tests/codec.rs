@@ -1,0 +1,387 @@
+//! The wire codec (DESIGN.md §5.8): every message kind round-trips, and bad frames are refused
+//! with a typed error.
+
+use proptest::prelude::*;
+use pserver_core::*;
+
+fn node() -> impl Strategy<Value = NodeId> {
+    any::<u32>().prop_map(NodeId)
+}
+
+fn key() -> impl Strategy<Value = Key> {
+    prop_oneof![0u64..1000, any::<u64>().prop_map(|k| k % u64::MAX)]
+}
+
+fn range() -> impl Strategy<Value = KeyRange> {
+    (key(), key()).prop_map(|(a, b)| KeyRange::new(a.min(b), a.max(b)).unwrap())
+}
+
+fn keys() -> impl Strategy<Value = Vec<Key>> {
+    proptest::collection::btree_set(key(), 0..40).prop_map(|s| s.into_iter().collect())
+}
+
+fn kvs<V: Value + Arbitrary>() -> impl Strategy<Value = KvPairs<V>> {
+    (keys(), 1usize..4).prop_flat_map(|(keys, width)| {
+        proptest::collection::vec(any::<V>(), keys.len() * width)
+            .prop_map(move |values| KvPairs::new(keys.clone(), values, width).unwrap())
+    })
+}
+
+fn slice() -> impl Strategy<Value = SliceRef> {
+    (any::<u64>(), any::<u32>()).prop_map(|(request, slice)| SliceRef { request, slice })
+}
+
+fn dedupe() -> impl Strategy<Value = Vec<DedupeRecord>> {
+    proptest::collection::vec(
+        (
+            node(),
+            any::<u64>(),
+            proptest::collection::vec(slice(), 0..4),
+        )
+            .prop_map(|(worker, high_water, above)| DedupeRecord {
+                worker,
+                high_water,
+                above,
+            }),
+        0..4,
+    )
+}
+
+fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
+    let role = prop_oneof![
+        Just(Role::Coordinator),
+        Just(Role::Server),
+        Just(Role::Worker)
+    ];
+    let config = (
+        any::<u64>(),
+        node(),
+        proptest::collection::vec(node(), 0..8),
+        proptest::collection::vec(node(), 0..8),
+        (any::<u32>(), any::<u32>(), any::<u64>()),
+    )
+        .prop_map(
+            |(epoch, coordinator, servers, workers, (vnodes, replicas, seed))| {
+                Message::Config(ClusterConfig {
+                    epoch,
+                    coordinator,
+                    servers,
+                    workers,
+                    ring: RingConfig {
+                        vnodes,
+                        replicas,
+                        seed,
+                    },
+                })
+            },
+        );
+    let selection = prop_oneof![
+        range().prop_map(KeySelection::Range),
+        keys().prop_map(|k| KeySelection::Keys(KeyList::new(k).unwrap())),
+    ];
+    let clocks = proptest::collection::vec(
+        (
+            node(),
+            proptest::collection::vec((range(), any::<u32>()), 0..4),
+        )
+            .prop_map(|(worker, segments)| ClockRecord { worker, segments }),
+        0..3,
+    );
+    prop_oneof![
+        role.prop_map(|role| Message::Register { role }),
+        config,
+        Just(Message::ConfigRequest),
+        any::<u64>().prop_map(|seq| Message::Heartbeat { seq }),
+        (slice(), any::<u32>(), kvs::<V>()).prop_map(|(slice, iteration, kvs)| {
+            Message::Push(Push {
+                slice,
+                iteration,
+                kvs,
+            })
+        }),
+        slice().prop_map(Message::PushAck),
+        (slice(), any::<u32>(), selection).prop_map(|(slice, iteration, keys)| {
+            Message::Pull(Pull {
+                slice,
+                iteration,
+                keys,
+            })
+        }),
+        (slice(), any::<u32>(), kvs::<V>()).prop_map(|(slice, complete_below, kvs)| {
+            Message::PullReply(PullReply {
+                slice,
+                complete_below,
+                kvs,
+            })
+        }),
+        (slice(), any::<u64>()).prop_map(|(slice, epoch)| Message::Redirect { slice, epoch }),
+        any::<u32>().prop_map(|iteration| Message::Progress { iteration }),
+        (range(), any::<u64>(), kvs::<V>(), dedupe()).prop_map(|(range, seq, update, dedupe)| {
+            Message::Replicate(Replicate {
+                range,
+                seq,
+                update,
+                dedupe,
+            })
+        }),
+        (range(), any::<u64>()).prop_map(|(range, seq)| Message::ReplicateAck { range, seq }),
+        (
+            range(),
+            any::<u32>(),
+            any::<bool>(),
+            kvs::<V>(),
+            dedupe(),
+            clocks
+        )
+            .prop_map(|(range, chunk, last, data, dedupe, clocks)| {
+                Message::Transfer(Transfer {
+                    range,
+                    chunk,
+                    last,
+                    data,
+                    dedupe,
+                    clocks,
+                })
+            }),
+        (range(), any::<u32>()).prop_map(|(range, chunk)| Message::TransferAck { range, chunk }),
+    ]
+}
+
+fn envelope<V: Value + Arbitrary>() -> impl Strategy<Value = Envelope<V>> {
+    (node(), node(), any::<u64>(), message::<V>())
+        .prop_map(|(from, to, epoch, body)| Envelope::new(from, to, epoch, body))
+}
+
+fn round_trips<V: Value>(env: &Envelope<V>) -> Result<(), TestCaseError> {
+    let codec = Codec::default();
+    let frame = codec.encode(env).unwrap();
+    prop_assert_eq!(&codec.decode::<V>(&frame).unwrap(), env);
+    // Every strict prefix is refused, never misread and never a panic.
+    for cut in 0..frame.len() {
+        prop_assert!(
+            codec.decode::<V>(&frame[..cut]).is_err(),
+            "prefix {} decoded",
+            cut
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn every_message_kind_round_trips_with_f32_values(env in envelope::<f32>()) {
+        round_trips(&env)?;
+    }
+
+    #[test]
+    fn every_message_kind_round_trips_with_f64_values(env in envelope::<f64>()) {
+        round_trips(&env)?;
+    }
+
+    #[test]
+    fn every_message_kind_round_trips_with_i64_values(env in envelope::<i64>()) {
+        round_trips(&env)?;
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic_the_decoder(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+        let codec = Codec::default();
+        if let Ok(env) = codec.decode::<i64>(&bytes) {
+            let again = codec.encode(&env).unwrap();
+            prop_assert_eq!(codec.decode::<i64>(&again).unwrap(), env);
+        }
+    }
+}
+
+fn push(keys: Vec<Key>, values: Vec<f32>) -> Envelope<f32> {
+    let kvs = KvPairs::new(keys, values, 1).unwrap();
+    let slice = SliceRef {
+        request: 1,
+        slice: 0,
+    };
+    Envelope::new(
+        NodeId(1),
+        NodeId(2),
+        7,
+        Message::Push(Push {
+            slice,
+            iteration: 3,
+            kvs,
+        }),
+    )
+}
+
+#[test]
+fn keys_travel_as_delta_varints_and_values_as_raw_little_endian() {
+    let keys: Vec<Key> = (1 << 40..(1 << 40) + 1000).collect();
+    let values: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+    let frame = Codec::default()
+        .encode(&push(keys, values.clone()))
+        .unwrap();
+    // 1000 dense keys cost ~1 byte each, 1000 f32 values exactly 4 bytes each.
+    assert!(
+        frame.len() < 1000 + 4000 + 40,
+        "frame is {} bytes",
+        frame.len()
+    );
+    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert!(frame.windows(raw.len()).any(|w| w == raw.as_slice()));
+}
+
+#[test]
+fn a_frame_over_the_limit_is_refused_both_ways() {
+    let env = push((0..100).collect(), vec![1.0; 100]);
+    let big = Codec::default().encode(&env).unwrap();
+    let small = Codec::new(100);
+    assert!(matches!(
+        small.encode(&env),
+        Err(EncodeError::FrameTooLarge { limit: 100, .. })
+    ));
+    assert_eq!(
+        small.decode::<f32>(&big),
+        Err(DecodeError::FrameTooLarge {
+            len: big.len(),
+            limit: 100
+        })
+    );
+    let mut buf = vec![9u8];
+    assert!(small.encode_into(&env, &mut buf).is_err());
+    assert_eq!(
+        buf,
+        vec![9u8],
+        "a refused encode leaves the buffer as it was"
+    );
+}
+
+#[test]
+fn an_unknown_version_is_refused_with_a_clear_error() {
+    let mut env = push(vec![1], vec![1.0]);
+    env.version = PROTOCOL_VERSION + 1;
+    let frame = Codec::default().encode(&env).unwrap();
+    let err = Codec::default().decode::<f32>(&frame).unwrap_err();
+    assert_eq!(
+        err,
+        DecodeError::UnsupportedVersion {
+            got: PROTOCOL_VERSION + 1,
+            supported: PROTOCOL_VERSION
+        }
+    );
+    assert!(err.to_string().contains("unsupported protocol version 2"));
+}
+
+#[test]
+fn a_frame_of_another_value_type_is_refused() {
+    let frame = Codec::default().encode(&push(vec![1], vec![1.0])).unwrap();
+    assert_eq!(
+        Codec::default().decode::<i64>(&frame),
+        Err(DecodeError::ValueType {
+            expected: "i64",
+            got: "f32"
+        })
+    );
+}
+
+#[test]
+fn trailing_bytes_are_refused() {
+    let mut frame = Codec::default()
+        .encode(&push(vec![1], vec![1.0]))
+        .unwrap()
+        .to_vec();
+    frame.push(0);
+    assert_eq!(
+        Codec::default().decode::<f32>(&frame),
+        Err(DecodeError::TrailingBytes(1))
+    );
+}
+
+/// The bytes of a push header up to its key-value pairs, then `tail`.
+fn push_frame_with(tail: &[u8]) -> Vec<u8> {
+    let empty = push(vec![], vec![]);
+    let frame = Codec::default().encode(&empty).unwrap();
+    // An empty KvPairs encodes as width=1, count=0, two empty byte strings: 4 bytes at the end.
+    assert_eq!(&frame[frame.len() - 4..], &[1, 0, 0, 0]);
+    let mut out = frame[..frame.len() - 4].to_vec();
+    out.extend_from_slice(tail);
+    out
+}
+
+#[test]
+fn decoding_refuses_pairs_that_break_their_invariants() {
+    let codec = Codec::default();
+    let refused = |tail: &[u8]| codec.decode::<f32>(&push_frame_with(tail)).unwrap_err();
+    // Sanity: a well-formed single pair decodes.
+    let ok = push_frame_with(&[1, 1, 1, 5, 4, 0, 0, 128, 63]);
+    assert_eq!(codec.decode::<f32>(&ok).unwrap(), push(vec![5], vec![1.0]));
+    assert_eq!(refused(&[0, 0, 0, 0]), DecodeError::Malformed, "zero width");
+    assert_eq!(
+        refused(&[1, 2, 1, 5, 8, 0, 0, 0, 0, 0, 0, 0, 0]),
+        DecodeError::Malformed,
+        "2 keys, 1 key byte"
+    );
+    assert_eq!(
+        refused(&[1, 1, 1, 5, 3, 0, 0, 0]),
+        DecodeError::Malformed,
+        "3 value bytes for one f32"
+    );
+    assert_eq!(
+        refused(&[1, 1, 2, 5, 0, 4, 0, 0, 0, 0]),
+        DecodeError::Malformed,
+        "trailing key byte"
+    );
+    // Keys 5 and then 5 + u64::MAX: overflow.
+    let mut overflow = vec![1, 2, 11, 5];
+    overflow.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
+    overflow.extend_from_slice(&[8, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(refused(&overflow), DecodeError::Malformed, "key overflow");
+    // The reserved key u64::MAX.
+    let mut reserved = vec![1, 1, 10];
+    reserved.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
+    reserved.extend_from_slice(&[4, 0, 0, 0, 0]);
+    assert_eq!(refused(&reserved), DecodeError::Malformed, "reserved key");
+}
+
+#[test]
+fn a_reversed_key_range_is_refused() {
+    let env = Envelope::<f32>::new(
+        NodeId(1),
+        NodeId(2),
+        0,
+        Message::TransferAck {
+            range: KeyRange::new(3, 9).unwrap(),
+            chunk: 0,
+        },
+    );
+    let mut frame = Codec::default().encode(&env).unwrap().to_vec();
+    // The range is (3, 9) followed by chunk 0: swap the bounds.
+    let n = frame.len();
+    assert_eq!(&frame[n - 3..], &[3, 9, 0]);
+    frame[n - 3] = 9;
+    frame[n - 2] = 3;
+    assert_eq!(
+        Codec::default().decode::<f32>(&frame),
+        Err(DecodeError::Malformed)
+    );
+}
+
+#[test]
+fn unknown_message_kinds_are_refused() {
+    let env = Envelope::<f32>::new(NodeId(1), NodeId(2), 0, Message::ConfigRequest);
+    let mut frame = Codec::default().encode(&env).unwrap().to_vec();
+    *frame.last_mut().unwrap() = 100;
+    assert_eq!(
+        Codec::default().decode::<f32>(&frame),
+        Err(DecodeError::UnknownKind(100))
+    );
+    // The last kind is KINDS - 1: KINDS stays in step with the enum.
+    let last = Envelope::<f32>::new(
+        NodeId(1),
+        NodeId(2),
+        0,
+        Message::TransferAck {
+            range: KeyRange::new(0, 0).unwrap(),
+            chunk: 0,
+        },
+    );
+    let frame = Codec::default().encode(&last).unwrap();
+    assert_eq!(u32::from(frame[frame.len() - 4]), Message::<f32>::KINDS - 1);
+}

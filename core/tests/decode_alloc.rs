@@ -1,0 +1,129 @@
+//! Decoding never allocates more than the frame's length warrants: a short frame that claims a
+//! huge count is refused before anything is reserved for that count.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use pserver_core::*;
+
+/// Counts the bytes this thread allocates, so parallel tests do not disturb the count.
+struct Counting;
+
+thread_local! {
+    static ALLOCATED: Cell<usize> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATED.try_with(|a| a.set(a.get() + layout.size()));
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocated_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    let before = ALLOCATED.with(Cell::get);
+    let out = f();
+    (out, ALLOCATED.with(Cell::get) - before)
+}
+
+fn varint(mut x: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    while x >= 0x80 {
+        out.push((x as u8) | 0x80);
+        x >>= 7;
+    }
+    out.push(x as u8);
+    out
+}
+
+/// version 1, value type f32, from 1, to 2, epoch 0.
+const HEADER: [u8; 5] = [1, 1, 1, 2, 0];
+
+#[test]
+fn a_short_frame_claiming_2_pow_40_keys_is_refused_before_allocating() {
+    // Push { slice: (0, 0), iteration: 0, kvs: width 1, count 2^40, ... } and nothing more.
+    let mut frame = HEADER.to_vec();
+    frame.extend_from_slice(&[4, 0, 0, 0, 1]);
+    frame.extend(varint(1 << 40));
+    let codec = Codec::default();
+    let (result, bytes) = allocated_during(|| codec.decode::<f32>(&frame));
+    assert!(result.is_err());
+    assert!(
+        bytes < 64,
+        "decoding {} bytes allocated {bytes} bytes",
+        frame.len()
+    );
+
+    // The same claim with a key blob of 10 bytes present.
+    frame.push(10);
+    frame.extend_from_slice(&[1; 10]);
+    let (result, bytes) = allocated_during(|| codec.decode::<f32>(&frame));
+    assert_eq!(result, Err(DecodeError::Malformed));
+    assert!(
+        bytes < 64,
+        "decoding {} bytes allocated {bytes} bytes",
+        frame.len()
+    );
+}
+
+#[test]
+fn a_short_frame_claiming_2_pow_40_servers_is_refused_before_allocating() {
+    // Config { epoch 0, coordinator 0, servers: 2^40 of them } and nothing more.
+    let mut frame = HEADER.to_vec();
+    frame.extend_from_slice(&[1, 0, 0]);
+    frame.extend(varint(1 << 40));
+    frame.extend_from_slice(&[1, 2, 3]);
+    let (result, bytes) = allocated_during(|| Codec::default().decode::<f32>(&frame));
+    assert_eq!(result, Err(DecodeError::Truncated));
+    assert!(
+        bytes <= 16 * 4,
+        "decoding {} bytes allocated {bytes} bytes",
+        frame.len()
+    );
+}
+
+#[test]
+fn a_short_pull_claiming_2_pow_40_keys_is_refused_before_allocating() {
+    // Pull { slice: (0, 0), iteration: 0, keys: Keys(count 2^40, blob of 3 bytes) }.
+    let mut frame = HEADER.to_vec();
+    frame.extend_from_slice(&[6, 0, 0, 0, 1]);
+    frame.extend(varint(1 << 40));
+    frame.extend_from_slice(&[3, 1, 1, 1]);
+    let (result, bytes) = allocated_during(|| Codec::default().decode::<f32>(&frame));
+    assert_eq!(result, Err(DecodeError::Malformed));
+    assert!(
+        bytes < 64,
+        "decoding {} bytes allocated {bytes} bytes",
+        frame.len()
+    );
+}
+
+#[test]
+fn the_counter_sees_what_decoding_allocates() {
+    // Guards the guard: a real push of 1000 pairs does allocate, and the counter shows it.
+    let kvs = KvPairs::new((0..1000).collect(), vec![1.0f32; 1000], 1).unwrap();
+    let slice = SliceRef {
+        request: 0,
+        slice: 0,
+    };
+    let env = Envelope::new(
+        NodeId(1),
+        NodeId(2),
+        0,
+        Message::Push(Push {
+            slice,
+            iteration: 0,
+            kvs,
+        }),
+    );
+    let frame = Codec::default().encode(&env).unwrap();
+    let (result, bytes) = allocated_during(|| Codec::default().decode::<f32>(&frame));
+    assert_eq!(result.unwrap(), env);
+    assert!(bytes >= 1000 * 12, "allocated only {bytes} bytes");
+}
