@@ -5,7 +5,7 @@
 //!
 //! Nothing in this crate opens a socket, reads a clock, spawns a thread or draws from a global
 //! random source: time and bytes come in, bytes and timers go out. That makes the same code
-//! usable inside the model checker, the deterministic simulator, the tokio runtime and a user's
+//! usable inside the model checker, the deterministic simulator, the async runtime and a user's
 //! own network stack, and makes every run replayable from its inputs.
 //!
 //! The vocabulary:

@@ -208,6 +208,19 @@ impl Ring {
             })
     }
 
+    /// The parts of the key space whose primary differs in `new`, as `(range, old primary, new
+    /// primary)` in key order: what a membership change moves.
+    pub fn primary_changes<'a>(
+        &'a self,
+        new: &'a Ring,
+    ) -> impl Iterator<Item = (KeyRange, NodeId, NodeId)> + 'a {
+        self.segments().flat_map(move |(range, owners)| {
+            new.segments_in(range)
+                .filter(move |(_, n)| n[0] != owners[0])
+                .map(move |(part, n)| (part, owners[0], n[0]))
+        })
+    }
+
     /// Number of keys each server holds as primary, for every server of the ring.
     pub fn primary_shares(&self) -> Vec<(NodeId, u64)> {
         let mut shares: Vec<(NodeId, u64)> = self.servers.iter().map(|&s| (s, 0)).collect();

@@ -15,17 +15,8 @@ fn config(vnodes: u32, replicas: u32, seed: u64) -> RingConfig {
     }
 }
 
-/// Keys whose primary differs between two rings, and to whom they moved.
 fn moved(old: &Ring, new: &Ring) -> Vec<(KeyRange, NodeId, NodeId)> {
-    let mut out = Vec::new();
-    for (range, owners) in old.segments() {
-        for (part, new_owners) in new.segments_in(range) {
-            if new_owners[0] != owners[0] {
-                out.push((part, owners[0], new_owners[0]));
-            }
-        }
-    }
-    out
+    old.primary_changes(new).collect()
 }
 
 fn fraction(keys: u64) -> f64 {
