@@ -37,9 +37,19 @@ fn core_source_uses_no_io_clock_thread_or_global_rng() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut hits = Vec::new();
     visit(&src, &mut hits);
-    assert!(hits.is_empty(), "core/src must stay sans-IO:\n{}", hits.join("\n"));
+    assert!(
+        hits.is_empty(),
+        "core/src must stay sans-IO:\n{}",
+        hits.join("\n")
+    );
     // Guard the guard: the scan does read the sources.
     let mut probe = Vec::new();
-    visit(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests"), &mut probe);
-    assert!(!probe.is_empty(), "the scan finds the forbidden words listed in this very file");
+    visit(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests"),
+        &mut probe,
+    );
+    assert!(
+        !probe.is_empty(),
+        "the scan finds the forbidden words listed in this very file"
+    );
 }
