@@ -23,7 +23,7 @@
 //! let ring = Ring::new((0..3).map(NodeId), RingConfig::default()).unwrap();
 //! let kvs = KvPairs::new(vec![10, 20], vec![0.5f32, -1.0], 1).unwrap();
 //! let slice = SliceRef { request: 1, slice: 0 };
-//! let push = Message::Push(Push { slice, iteration: 0, kvs });
+//! let push = Message::Push(Push { slice, iteration: 0, settled_below: 0, kvs });
 //! let env = Envelope::new(NodeId(7), ring.primary(10), 1, push);
 //! let frame = Codec::default().encode(&env).unwrap();
 //! assert_eq!(Codec::default().decode::<f32>(&frame).unwrap(), env);
@@ -31,24 +31,45 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod clock;
+mod cluster;
 mod codec;
+mod consistency;
+mod coordinator;
+mod dedupe;
+mod effects;
 mod hash;
 mod key;
 mod kv;
 mod message;
 mod node;
 mod ring;
+mod server;
+mod slicing;
+mod store;
+mod timing;
+mod updater;
 mod value;
 mod wire;
+mod worker;
 
 pub use clock::RangeClock;
 pub use codec::{Codec, DEFAULT_MAX_FRAME, DecodeError, EncodeError};
+pub use consistency::{Consistency, ParseConsistencyError};
+pub use coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
+pub use dedupe::DedupeWindow;
+pub use effects::{Effects, Event, TimerCmd, TimerId};
 pub use key::{InvalidRange, Key, KeyRange, MAX_KEY};
 pub use kv::{KvError, KvPairs};
 pub use message::{
-    ClockRecord, ClusterConfig, DedupeRecord, Envelope, KeyList, KeySelection, Message,
-    PROTOCOL_VERSION, Pull, PullReply, Push, Replicate, RequestId, SliceId, SliceRef, Transfer,
+    BadRangeList, ClockRecord, ClusterConfig, DedupeRecord, Envelope, KeyList, KeySelection,
+    Message, PROTOCOL_VERSION, Pull, PullReply, Push, RangeList, Replicate, RequestId, SliceId,
+    SliceRef, Transfer,
 };
 pub use node::{Epoch, Iteration, NodeId, Role, Time};
 pub use ring::{MAX_SERVERS, MAX_VNODES, Ring, RingConfig, RingError};
+pub use server::{Server, ServerConfig};
+pub use store::{OrderedStore, ParamStore};
+pub use timing::Timing;
+pub use updater::{UpdateRule, Updater};
 pub use value::Value;
+pub use worker::{Worker, WorkerConfig, WorkerError};

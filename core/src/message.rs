@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::consistency::Consistency;
 use crate::key::{Key, KeyRange};
 use crate::kv::{KvError, KvPairs, check_keys};
 use crate::node::{Epoch, Iteration, NodeId, Role};
@@ -77,12 +78,56 @@ impl KeyList {
     }
 }
 
+/// Non-empty, sorted, disjoint key ranges.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct RangeList(Vec<KeyRange>);
+
+/// Ranges given to [`RangeList::new`] were empty, unsorted or overlapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("ranges must be non-empty, sorted and disjoint; range {index} breaks that")]
+pub struct BadRangeList {
+    /// Position of the offending range.
+    pub index: usize,
+}
+
+impl RangeList {
+    /// Validates that the ranges are non-empty, sorted and disjoint.
+    pub fn new(ranges: Vec<KeyRange>) -> Result<Self, BadRangeList> {
+        for (index, r) in ranges.iter().enumerate() {
+            let after_previous = index == 0 || ranges[index - 1].end() <= r.start();
+            if r.is_empty() || !after_previous {
+                return Err(BadRangeList { index });
+            }
+        }
+        Ok(RangeList(ranges))
+    }
+
+    /// The ranges, sorted.
+    pub fn ranges(&self) -> &[KeyRange] {
+        &self.0
+    }
+
+    /// True when some range holds `key`.
+    pub fn contains(&self, key: Key) -> bool {
+        let i = self.0.partition_point(|r| r.end() <= key);
+        self.0.get(i).is_some_and(|r| r.contains(key))
+    }
+}
+
+impl<'de> Deserialize<'de> for RangeList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let ranges: Vec<KeyRange> = seq::deserialize(d)?;
+        RangeList::new(ranges).map_err(serde::de::Error::custom)
+    }
+}
+
 /// What a pull asks for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum KeySelection {
-    /// Every stored key of a range (dense pulls).
-    Range(KeyRange),
-    /// Exactly these keys (sparse pulls: the features a worker's data touches).
+    /// Every stored key of these ranges (dense pulls).
+    Ranges(RangeList),
+    /// Exactly these keys (sparse pulls: the features a worker's data touches). Keys the server
+    /// has never seen read as zero.
     Keys(KeyList),
 }
 
@@ -101,6 +146,8 @@ pub struct ClusterConfig {
     pub workers: Vec<NodeId>,
     /// How the ring is built from `servers`.
     pub ring: RingConfig,
+    /// The job's consistency model.
+    pub consistency: Consistency,
 }
 
 /// A worker's update for one slice of a request.
@@ -111,6 +158,9 @@ pub struct Push<V: Value> {
     pub slice: SliceRef,
     /// The worker's iteration the update belongs to.
     pub iteration: Iteration,
+    /// Every push request of this worker below this id is acknowledged and will never be sent
+    /// again, so servers may forget them: this keeps de-duplication state bounded.
+    pub settled_below: RequestId,
     /// The update.
     pub kvs: KvPairs<V>,
 }
@@ -229,10 +279,16 @@ pub enum Message<V: Value> {
         /// The server's epoch; the worker fetches a configuration at least this new.
         epoch: Epoch,
     },
-    /// A worker has finished an iteration (all its pushes acked, and it advanced).
+    /// A worker has finished every iteration below `finished_below` (all their pushes acked,
+    /// and it advanced past them). Re-sent until acknowledged.
     Progress {
-        /// The finished iteration.
-        iteration: Iteration,
+        /// Every iteration below this one is finished.
+        finished_below: Iteration,
+    },
+    /// A server has recorded a worker's progress up to `finished_below`.
+    ProgressAck {
+        /// The progress recorded.
+        finished_below: Iteration,
     },
     /// A primary's update for its replicas.
     Replicate(Replicate<V>),
@@ -256,5 +312,5 @@ pub enum Message<V: Value> {
 
 impl<V: Value> Message<V> {
     /// Number of message kinds this version knows; the wire tags are `0..KINDS`.
-    pub const KINDS: u32 = 14;
+    pub const KINDS: u32 = 15;
 }

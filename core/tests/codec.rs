@@ -59,9 +59,14 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
         proptest::collection::vec(node(), 0..8),
         proptest::collection::vec(node(), 0..8),
         (any::<u32>(), any::<u32>(), any::<u64>()),
+        prop_oneof![
+            Just(Consistency::Sequential),
+            any::<u32>().prop_map(Consistency::BoundedDelay),
+            Just(Consistency::Eventual)
+        ],
     )
         .prop_map(
-            |(epoch, coordinator, servers, workers, (vnodes, replicas, seed))| {
+            |(epoch, coordinator, servers, workers, (vnodes, replicas, seed), consistency)| {
                 Message::Config(ClusterConfig {
                     epoch,
                     coordinator,
@@ -72,11 +77,19 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                         replicas,
                         seed,
                     },
+                    consistency,
                 })
             },
         );
     let selection = prop_oneof![
-        range().prop_map(KeySelection::Range),
+        proptest::collection::btree_set(key(), 0..8).prop_map(|bounds| {
+            let b: Vec<Key> = bounds.into_iter().collect();
+            let ranges = b
+                .chunks_exact(2)
+                .map(|p| KeyRange::new(p[0], p[1]).unwrap())
+                .collect();
+            KeySelection::Ranges(RangeList::new(ranges).unwrap())
+        }),
         keys().prop_map(|k| KeySelection::Keys(KeyList::new(k).unwrap())),
     ];
     let clocks = proptest::collection::vec(
@@ -92,13 +105,16 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
         config,
         Just(Message::ConfigRequest),
         any::<u64>().prop_map(|seq| Message::Heartbeat { seq }),
-        (slice(), any::<u32>(), kvs::<V>()).prop_map(|(slice, iteration, kvs)| {
-            Message::Push(Push {
-                slice,
-                iteration,
-                kvs,
-            })
-        }),
+        (slice(), any::<u32>(), any::<u64>(), kvs::<V>()).prop_map(
+            |(slice, iteration, settled_below, kvs)| {
+                Message::Push(Push {
+                    slice,
+                    iteration,
+                    settled_below,
+                    kvs,
+                })
+            }
+        ),
         slice().prop_map(Message::PushAck),
         (slice(), any::<u32>(), selection).prop_map(|(slice, iteration, keys)| {
             Message::Pull(Pull {
@@ -115,7 +131,8 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
             })
         }),
         (slice(), any::<u64>()).prop_map(|(slice, epoch)| Message::Redirect { slice, epoch }),
-        any::<u32>().prop_map(|iteration| Message::Progress { iteration }),
+        any::<u32>().prop_map(|finished_below| Message::Progress { finished_below }),
+        any::<u32>().prop_map(|finished_below| Message::ProgressAck { finished_below }),
         (range(), any::<u64>(), kvs::<V>(), dedupe()).prop_map(|(range, seq, update, dedupe)| {
             Message::Replicate(Replicate {
                 range,
@@ -206,6 +223,7 @@ fn push(keys: Vec<Key>, values: Vec<f32>) -> Envelope<f32> {
         Message::Push(Push {
             slice,
             iteration: 3,
+            settled_below: 1,
             kvs,
         }),
     )

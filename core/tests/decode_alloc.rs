@@ -47,9 +47,9 @@ const HEADER: [u8; 5] = [1, 1, 1, 2, 0];
 
 #[test]
 fn a_short_frame_claiming_2_pow_40_keys_is_refused_before_allocating() {
-    // Push { slice: (0, 0), iteration: 0, kvs: width 1, count 2^40, ... } and nothing more.
+    // Push { slice: (0, 0), iteration: 0, settled_below: 0, kvs: width 1, count 2^40, ... }.
     let mut frame = HEADER.to_vec();
-    frame.extend_from_slice(&[4, 0, 0, 0, 1]);
+    frame.extend_from_slice(&[4, 0, 0, 0, 0, 1]);
     frame.extend(varint(1 << 40));
     let codec = Codec::default();
     let (result, bytes) = allocated_during(|| codec.decode::<f32>(&frame));
@@ -119,6 +119,7 @@ fn the_counter_sees_what_decoding_allocates() {
         Message::Push(Push {
             slice,
             iteration: 0,
+            settled_below: 0,
             kvs,
         }),
     );

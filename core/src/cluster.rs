@@ -1,0 +1,40 @@
+//! A node's view of the cluster: the configuration of an epoch and the ring built from it.
+
+use crate::key::Key;
+use crate::message::ClusterConfig;
+use crate::node::{Epoch, NodeId};
+use crate::ring::{Ring, RingError};
+
+/// A configuration together with its ring (rebuilt locally; rings are deterministic).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Cluster {
+    pub(crate) config: ClusterConfig,
+    pub(crate) ring: Ring,
+}
+
+impl Cluster {
+    pub(crate) fn new(config: ClusterConfig) -> Result<Cluster, RingError> {
+        let ring = Ring::new(config.servers.iter().copied(), config.ring)?;
+        Ok(Cluster { config, ring })
+    }
+
+    pub(crate) fn epoch(&self) -> Epoch {
+        self.config.epoch
+    }
+
+    pub(crate) fn is_worker(&self, node: NodeId) -> bool {
+        self.config.workers.contains(&node)
+    }
+
+    pub(crate) fn workers(&self) -> &[NodeId] {
+        &self.config.workers
+    }
+
+    pub(crate) fn servers(&self) -> &[NodeId] {
+        &self.config.servers
+    }
+
+    pub(crate) fn primary(&self, key: Key) -> NodeId {
+        self.ring.primary(key)
+    }
+}

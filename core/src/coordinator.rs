@@ -1,0 +1,227 @@
+//! The coordinator: the paper's server manager. It owns membership, the ring and the epoch.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use thiserror::Error;
+
+use crate::consistency::Consistency;
+use crate::effects::{Effects, Event, TimerId};
+use crate::message::{ClusterConfig, Envelope, Message};
+use crate::node::{Epoch, NodeId, Role, Time};
+use crate::ring::{Ring, RingConfig, RingError};
+use crate::timing::Timing;
+use crate::value::Value;
+
+/// What the coordinator is told at start: the shape of the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CoordinatorConfig {
+    /// This coordinator.
+    pub id: NodeId,
+    /// Servers to wait for before the first configuration.
+    pub servers: usize,
+    /// Workers to wait for before the first configuration.
+    pub workers: usize,
+    /// How the ring is built.
+    pub ring: RingConfig,
+    /// The job's consistency model.
+    pub consistency: Consistency,
+    /// Timeouts and intervals.
+    pub timing: Timing,
+}
+
+/// Why a coordinator could not be set up.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum CoordinatorError {
+    /// The servers expected cannot form the ring asked for.
+    #[error("cannot build the ring for {servers} servers: {source}")]
+    Ring {
+        /// Servers expected.
+        servers: usize,
+        /// Why the ring is impossible.
+        #[source]
+        source: RingError,
+    },
+    /// A job needs at least one worker.
+    #[error("a job needs at least one worker")]
+    NoWorkers,
+}
+
+/// The coordinator node (sans-IO).
+///
+/// Waits until the expected servers and workers have registered, then publishes epoch 1 (the
+/// members, the ring configuration and the consistency model). Afterwards it answers every
+/// registration, configuration request and stale heartbeat with the current configuration, and
+/// removes workers that stay silent past the heartbeat timeout, publishing a new epoch.
+///
+/// Server failure is not handled here: a silent server is kept, because moving its ranges
+/// needs the replication and recovery protocol.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Coordinator {
+    cfg: CoordinatorConfig,
+    members: BTreeMap<NodeId, Role>,
+    config: Option<ClusterConfig>,
+    last_seen: BTreeMap<NodeId, Time>,
+    dead: BTreeSet<NodeId>,
+}
+
+impl Coordinator {
+    /// A coordinator for a job of the given shape.
+    pub fn new(cfg: CoordinatorConfig) -> Result<Self, CoordinatorError> {
+        let probe = (0..cfg.servers).map(|i| NodeId(i as u32));
+        Ring::new(probe, cfg.ring).map_err(|source| CoordinatorError::Ring {
+            servers: cfg.servers,
+            source,
+        })?;
+        if cfg.workers == 0 {
+            return Err(CoordinatorError::NoWorkers);
+        }
+        Ok(Coordinator {
+            cfg,
+            members: BTreeMap::new(),
+            config: None,
+            last_seen: BTreeMap::new(),
+            dead: BTreeSet::new(),
+        })
+    }
+
+    /// This coordinator's id.
+    pub fn id(&self) -> NodeId {
+        self.cfg.id
+    }
+
+    /// The configuration in force, once published.
+    pub fn config(&self) -> Option<&ClusterConfig> {
+        self.config.as_ref()
+    }
+
+    /// The current epoch, 0 before the first configuration.
+    pub fn epoch(&self) -> Epoch {
+        self.config.as_ref().map_or(0, |c| c.epoch)
+    }
+
+    /// Nodes declared dead.
+    pub fn dead(&self) -> &BTreeSet<NodeId> {
+        &self.dead
+    }
+
+    /// Starts failure detection. Call once, first.
+    pub fn start<V: Value>(&mut self, now: Time, out: &mut Effects<V>) {
+        out.set_timer(
+            TimerId::FailureCheck,
+            now + self.cfg.timing.heartbeat_interval,
+        );
+    }
+
+    fn send_config<V: Value>(&self, to: NodeId, out: &mut Effects<V>) {
+        if let Some(config) = &self.config {
+            let body = Message::Config(config.clone());
+            out.send(Envelope::new(self.cfg.id, to, config.epoch, body));
+        }
+    }
+
+    /// Sends the configuration to every member, the dead included: a worker wrongly suspected
+    /// learns that it was removed and stops.
+    fn broadcast<V: Value>(&self, out: &mut Effects<V>) {
+        for &node in self.members.keys() {
+            self.send_config(node, out);
+        }
+    }
+
+    /// Call for every message addressed to the coordinator.
+    pub fn on_message<V: Value>(&mut self, now: Time, env: Envelope<V>, out: &mut Effects<V>) {
+        if env.to != self.cfg.id {
+            return;
+        }
+        let from = env.from;
+        if !self.dead.contains(&from) {
+            self.last_seen.insert(from, now);
+        }
+        match env.body {
+            Message::Register { role } => {
+                if !self.dead.contains(&from) && self.config.is_none() {
+                    self.members.entry(from).or_insert(role);
+                    self.publish_when_complete(out);
+                } else {
+                    // Members get the configuration again; latecomers and the dead learn that
+                    // they are not members.
+                    self.send_config(from, out);
+                }
+            }
+            Message::ConfigRequest => self.send_config(from, out),
+            Message::Heartbeat { .. } if env.epoch < self.epoch() => self.send_config(from, out),
+            _ => {}
+        }
+    }
+
+    fn count(&self, role: Role) -> usize {
+        self.members.values().filter(|&&r| r == role).count()
+    }
+
+    fn publish_when_complete<V: Value>(&mut self, out: &mut Effects<V>) {
+        if self.count(Role::Server) < self.cfg.servers
+            || self.count(Role::Worker) < self.cfg.workers
+        {
+            return;
+        }
+        let of = |role: Role| -> Vec<NodeId> {
+            self.members
+                .iter()
+                .filter(|&(_, &r)| r == role)
+                .map(|(&n, _)| n)
+                .collect()
+        };
+        self.config = Some(ClusterConfig {
+            epoch: 1,
+            coordinator: self.cfg.id,
+            servers: of(Role::Server),
+            workers: of(Role::Worker),
+            ring: self.cfg.ring,
+            consistency: self.cfg.consistency,
+        });
+        self.broadcast(out);
+    }
+
+    /// Call when a timer the coordinator set fires.
+    pub fn on_timer<V: Value>(&mut self, now: Time, timer: TimerId, out: &mut Effects<V>) {
+        if timer != TimerId::FailureCheck {
+            return;
+        }
+        out.set_timer(
+            TimerId::FailureCheck,
+            now + self.cfg.timing.heartbeat_interval,
+        );
+        let Some(config) = &self.config else {
+            return;
+        };
+        let timeout = self.cfg.timing.heartbeat_timeout;
+        let silent: Vec<NodeId> = config
+            .workers
+            .iter()
+            .copied()
+            .filter(|w| {
+                self.last_seen
+                    .get(w)
+                    .is_none_or(|&seen| now.saturating_sub(seen) > timeout)
+            })
+            .collect();
+        self.declare_dead(&silent, out);
+    }
+
+    /// Removes `nodes` (workers) from the membership and publishes a new epoch.
+    fn declare_dead<V: Value>(&mut self, nodes: &[NodeId], out: &mut Effects<V>) {
+        let Some(config) = &mut self.config else {
+            return;
+        };
+        if nodes.is_empty() {
+            return;
+        }
+        config.workers.retain(|w| !nodes.contains(w));
+        config.epoch += 1;
+        for &n in nodes {
+            self.dead.insert(n);
+            self.last_seen.remove(&n);
+            out.emit(Event::NodeDead(n));
+        }
+        self.broadcast(out);
+    }
+}

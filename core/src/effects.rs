@@ -1,0 +1,112 @@
+//! What a node asks of its driver: messages to send, timers to set or cancel, and events for the
+//! application.
+
+use crate::kv::KvPairs;
+use crate::message::{Envelope, RequestId};
+use crate::node::{Epoch, Iteration, NodeId, Time};
+use crate::value::Value;
+
+/// The timers a node may run. Each node kind uses a few of them; setting a timer that is already
+/// set moves its deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TimerId {
+    /// Resend whatever is unacknowledged and due.
+    Retransmit,
+    /// Send the next heartbeat to the coordinator.
+    Heartbeat,
+    /// Resend registration until a configuration arrives.
+    Register,
+    /// The coordinator looks for nodes that went silent.
+    FailureCheck,
+}
+
+/// A timer command for the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TimerCmd {
+    /// Call `on_timer(timer)` at `at` (or as soon after as the driver can).
+    Set {
+        /// Which timer.
+        timer: TimerId,
+        /// When it fires.
+        at: Time,
+    },
+    /// Forget the timer.
+    Cancel(TimerId),
+}
+
+/// Something the application (or the driver) should know.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Event<V: Value> {
+    /// The node received its first configuration and serves requests.
+    Ready {
+        /// The configuration's epoch.
+        epoch: Epoch,
+    },
+    /// The worker entered this iteration (after `advance`, once consistency allows it).
+    Advanced(Iteration),
+    /// Every slice of a push was acknowledged.
+    PushDone(RequestId),
+    /// Every slice of a pull was answered; the values in key order.
+    PullDone(RequestId, KvPairs<V>),
+    /// The coordinator declared a node dead (coordinator only).
+    NodeDead(NodeId),
+    /// The coordinator no longer counts this node as a member: it must stop.
+    Fenced,
+}
+
+/// The output of one call into a node. The driver drains it after every call: sends each
+/// envelope, applies each timer command in order, hands events to the application.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Effects<V: Value> {
+    /// Messages to send.
+    pub sends: Vec<Envelope<V>>,
+    /// Timer commands, to apply in order.
+    pub timers: Vec<TimerCmd>,
+    /// Events for the application.
+    pub events: Vec<Event<V>>,
+}
+
+impl<V: Value> Default for Effects<V> {
+    fn default() -> Self {
+        Effects {
+            sends: Vec::new(),
+            timers: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+}
+
+impl<V: Value> Effects<V> {
+    /// Nothing to do yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// True when there is nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.sends.is_empty() && self.timers.is_empty() && self.events.is_empty()
+    }
+
+    /// Empties all three lists, keeping their allocations.
+    pub fn clear(&mut self) {
+        self.sends.clear();
+        self.timers.clear();
+        self.events.clear();
+    }
+
+    pub(crate) fn send(&mut self, env: Envelope<V>) {
+        self.sends.push(env);
+    }
+
+    pub(crate) fn set_timer(&mut self, timer: TimerId, at: Time) {
+        self.timers.push(TimerCmd::Set { timer, at });
+    }
+
+    pub(crate) fn cancel_timer(&mut self, timer: TimerId) {
+        self.timers.push(TimerCmd::Cancel(timer));
+    }
+
+    pub(crate) fn emit(&mut self, event: Event<V>) {
+        self.events.push(event);
+    }
+}

@@ -1,0 +1,432 @@
+//! The server: holds a share of the parameters, applies pushes through its update rule, and
+//! answers pulls once the job's consistency model allows.
+
+use std::collections::BTreeMap;
+
+use crate::cluster::Cluster;
+use crate::consistency::Consistency;
+use crate::dedupe::DedupeWindow;
+use crate::effects::{Effects, Event, TimerId};
+use crate::key::{Key, KeyRange};
+use crate::kv::KvPairs;
+use crate::message::{
+    ClusterConfig, Envelope, KeySelection, Message, Pull, PullReply, Push, SliceRef,
+};
+use crate::node::{Epoch, Iteration, NodeId, Role, Time};
+use crate::store::{OrderedStore, ParamStore};
+use crate::timing::Timing;
+use crate::updater::{UpdateRule, Updater};
+use crate::value::Value;
+
+/// What a server is told at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ServerConfig {
+    /// This server.
+    pub id: NodeId,
+    /// The coordinator to register with.
+    pub coordinator: NodeId,
+    /// Values per key.
+    pub width: usize,
+    /// Timeouts and intervals.
+    pub timing: Timing,
+}
+
+/// A pull waiting until the consistency model lets it be answered.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct HeldPull {
+    iteration: Iteration,
+    keys: KeySelection,
+}
+
+/// A parameter server node (sans-IO).
+///
+/// Call [`Server::start`] once, then [`Server::on_message`] for every frame addressed to it and
+/// [`Server::on_timer`] whenever a timer it set fires; after each call, carry out the
+/// [`Effects`].
+///
+/// Invariants: a push slice `(worker, request, slice)` is applied at most once (a duplicate is
+/// acknowledged again, never applied again); a pull from iteration `c` is answered only when
+/// every live worker has finished every iteration below `c - tau` (and, in sequential mode, the
+/// server has applied them).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = OrderedStore<V>> {
+    cfg: ServerConfig,
+    updater: U,
+    cluster: Option<Cluster>,
+    store: S,
+    /// Sequential mode: pushes buffered per iteration until every live worker finished it.
+    pending: BTreeMap<Iteration, Vec<KvPairs<V>>>,
+    /// Sequential mode: every iteration below this is applied.
+    applied_below: Iteration,
+    /// Per worker: every iteration below this is finished.
+    progress: BTreeMap<NodeId, Iteration>,
+    dedupe: BTreeMap<NodeId, DedupeWindow>,
+    held: BTreeMap<(NodeId, SliceRef), HeldPull>,
+    heartbeats: u64,
+}
+
+impl<V: Value, U: UpdateRule<V>> Server<V, U, OrderedStore<V>> {
+    /// A server with an ordered-map store.
+    pub fn new(cfg: ServerConfig, updater: U) -> Self {
+        let store = OrderedStore::new(cfg.width, updater.aux_width());
+        Self::with_store(cfg, updater, store)
+    }
+}
+
+impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
+    /// A server keeping its parameters in `store`.
+    pub fn with_store(cfg: ServerConfig, updater: U, store: S) -> Self {
+        Server {
+            cfg,
+            updater,
+            cluster: None,
+            store,
+            pending: BTreeMap::new(),
+            applied_below: 0,
+            progress: BTreeMap::new(),
+            dedupe: BTreeMap::new(),
+            held: BTreeMap::new(),
+            heartbeats: 0,
+        }
+    }
+
+    /// This server's id.
+    pub fn id(&self) -> NodeId {
+        self.cfg.id
+    }
+
+    /// The epoch of the configuration in force, 0 before the first.
+    pub fn epoch(&self) -> Epoch {
+        self.cluster.as_ref().map_or(0, Cluster::epoch)
+    }
+
+    /// The stored values of `key`, if it was ever written.
+    pub fn value(&self, key: Key) -> Option<&[V]> {
+        self.store.get(key)
+    }
+
+    /// Every value received for `key`: stored plus buffered for a later iteration. Pushes are
+    /// counted here exactly once, which is what exactly-once checks compare (with [`Updater::Sum`]).
+    pub fn received_total(&self, key: Key) -> Vec<V> {
+        let mut total: Vec<V> = self
+            .store
+            .get(key)
+            .map_or_else(|| vec![V::default(); self.cfg.width], <[V]>::to_vec);
+        for kvs in self.pending.values().flatten() {
+            if let Some(row) = kvs.get(key) {
+                for (t, &d) in total.iter_mut().zip(row) {
+                    *t = t.add(d);
+                }
+            }
+        }
+        total
+    }
+
+    /// Sequential mode: every iteration below this one has been applied.
+    pub fn applied_below(&self) -> Iteration {
+        self.applied_below
+    }
+
+    /// Pulls held back by the consistency model.
+    pub fn held_pulls(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Push slices remembered for de-duplication, over all workers.
+    pub fn dedupe_entries(&self) -> usize {
+        self.dedupe.values().map(DedupeWindow::len).sum()
+    }
+
+    /// Registers with the coordinator and starts heartbeats. Call once, first.
+    pub fn start(&mut self, now: Time, out: &mut Effects<V>) {
+        self.register(now, out);
+        out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
+    }
+
+    fn register(&mut self, now: Time, out: &mut Effects<V>) {
+        let body = Message::Register { role: Role::Server };
+        out.send(Envelope::new(
+            self.cfg.id,
+            self.cfg.coordinator,
+            self.epoch(),
+            body,
+        ));
+        out.set_timer(TimerId::Register, now + self.cfg.timing.register_retry);
+    }
+
+    fn send(&self, to: NodeId, body: Message<V>, out: &mut Effects<V>) {
+        out.send(Envelope::new(self.cfg.id, to, self.epoch(), body));
+    }
+
+    /// Call when a timer this server set fires.
+    pub fn on_timer(&mut self, now: Time, timer: TimerId, out: &mut Effects<V>) {
+        match timer {
+            TimerId::Register if self.cluster.is_none() => self.register(now, out),
+            TimerId::Heartbeat => {
+                self.heartbeats += 1;
+                let body = Message::Heartbeat {
+                    seq: self.heartbeats,
+                };
+                self.send(self.cfg.coordinator, body, out);
+                out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
+            }
+            _ => {}
+        }
+    }
+
+    /// Call for every message addressed to this server.
+    pub fn on_message(&mut self, _now: Time, env: Envelope<V>, out: &mut Effects<V>) {
+        if env.to != self.cfg.id {
+            return;
+        }
+        let from = env.from;
+        if let Message::Config(config) = env.body {
+            self.adopt(config, out);
+            return;
+        }
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        if env.epoch > cluster.epoch() {
+            // We are behind: learn the new configuration first; the sender retransmits.
+            self.send(self.cfg.coordinator, Message::ConfigRequest, out);
+            return;
+        }
+        if !cluster.is_worker(from) {
+            return;
+        }
+        match env.body {
+            Message::Push(push) => self.on_push(from, push, out),
+            Message::Pull(pull) => self.on_pull(from, pull, out),
+            Message::Progress { finished_below } => {
+                let p = self.progress.entry(from).or_default();
+                *p = (*p).max(finished_below);
+                let body = Message::ProgressAck { finished_below: *p };
+                self.send(from, body, out);
+                self.apply_finished_iterations();
+                self.answer_held(out);
+            }
+            _ => {}
+        }
+    }
+
+    fn adopt(&mut self, config: ClusterConfig, out: &mut Effects<V>) {
+        if self.cluster.is_some() && config.epoch <= self.epoch() {
+            return;
+        }
+        // A configuration whose ring cannot be built is corrupt or foreign: ignore it.
+        let Ok(cluster) = Cluster::new(config) else {
+            return;
+        };
+        let first = self.cluster.is_none();
+        self.dedupe.retain(|w, _| cluster.is_worker(*w));
+        self.held.retain(|(w, _), _| cluster.is_worker(*w));
+        self.cluster = Some(cluster);
+        if first {
+            out.cancel_timer(TimerId::Register);
+            out.emit(Event::Ready {
+                epoch: self.epoch(),
+            });
+        }
+        self.apply_finished_iterations();
+        self.answer_held(out);
+    }
+
+    fn consistency(&self) -> Consistency {
+        self.cluster
+            .as_ref()
+            .map_or_else(Consistency::default, |c| c.config.consistency)
+    }
+
+    fn owns(&self, key: Key) -> bool {
+        self.cluster
+            .as_ref()
+            .is_some_and(|c| c.primary(key) == self.cfg.id)
+    }
+
+    fn owns_range(&self, range: KeyRange) -> bool {
+        self.cluster.as_ref().is_some_and(|c| {
+            c.ring
+                .segments_in(range)
+                .all(|(_, owners)| owners[0] == self.cfg.id)
+        })
+    }
+
+    fn redirect(&self, to: NodeId, slice: SliceRef, out: &mut Effects<V>) {
+        let body = Message::Redirect {
+            slice,
+            epoch: self.epoch(),
+        };
+        self.send(to, body, out);
+    }
+
+    fn on_push(&mut self, from: NodeId, push: Push<V>, out: &mut Effects<V>) {
+        let window = self.dedupe.entry(from).or_default();
+        window.settle(push.settled_below);
+        if window.is_duplicate(push.slice) {
+            self.send(from, Message::PushAck(push.slice), out);
+            return;
+        }
+        if !push.kvs.keys().iter().all(|&k| self.owns(k)) {
+            self.redirect(from, push.slice, out);
+            return;
+        }
+        if push.kvs.width() != self.cfg.width {
+            // A worker of another job; it will not be acknowledged.
+            return;
+        }
+        if self.consistency() == Consistency::Sequential && push.iteration >= self.applied_below {
+            self.pending
+                .entry(push.iteration)
+                .or_default()
+                .push(push.kvs);
+        } else {
+            self.apply(&push.kvs);
+        }
+        if let Some(window) = self.dedupe.get_mut(&from) {
+            window.record(push.slice);
+        }
+        self.send(from, Message::PushAck(push.slice), out);
+    }
+
+    fn apply(&mut self, kvs: &KvPairs<V>) {
+        let aux_width = self.updater.aux_width();
+        for (key, deltas) in kvs.iter() {
+            let (row, aux) = self.store.row_mut(key);
+            for (j, (w, &d)) in row.iter_mut().zip(deltas).enumerate() {
+                self.updater
+                    .apply(w, &mut aux[j * aux_width..(j + 1) * aux_width], d);
+            }
+        }
+    }
+
+    /// Sequential mode: applies, in order, each buffered iteration that every live worker has
+    /// finished, aggregated over workers so that the update rule sees one sum per key.
+    fn apply_finished_iterations(&mut self) {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        if cluster.config.consistency != Consistency::Sequential {
+            return;
+        }
+        let Some(done_below) = cluster
+            .workers()
+            .iter()
+            .map(|w| self.progress.get(w).copied().unwrap_or(0))
+            .min()
+        else {
+            return;
+        };
+        while self.applied_below < done_below {
+            if let Some(batch) = self.pending.remove(&self.applied_below) {
+                let summed = sum_by_key(&batch, self.cfg.width);
+                self.apply(&summed);
+            }
+            self.applied_below += 1;
+        }
+    }
+
+    fn may_answer(&self, iteration: Iteration) -> bool {
+        let Some(cluster) = &self.cluster else {
+            return false;
+        };
+        let consistency = cluster.config.consistency;
+        let required = consistency.required_below(iteration);
+        let workers_done = cluster
+            .workers()
+            .iter()
+            .all(|w| self.progress.get(w).copied().unwrap_or(0) >= required);
+        workers_done && (consistency != Consistency::Sequential || self.applied_below >= required)
+    }
+
+    fn on_pull(&mut self, from: NodeId, pull: Pull, out: &mut Effects<V>) {
+        let owned = match &pull.keys {
+            KeySelection::Keys(keys) => keys.keys().iter().all(|&k| self.owns(k)),
+            KeySelection::Ranges(ranges) => ranges.ranges().iter().all(|&r| self.owns_range(r)),
+        };
+        if !owned {
+            self.redirect(from, pull.slice, out);
+            return;
+        }
+        let held = HeldPull {
+            iteration: pull.iteration,
+            keys: pull.keys,
+        };
+        if self.may_answer(held.iteration) {
+            self.answer(from, pull.slice, &held, out);
+        } else {
+            self.held.insert((from, pull.slice), held);
+        }
+    }
+
+    fn answer_held(&mut self, out: &mut Effects<V>) {
+        let ready: Vec<(NodeId, SliceRef)> = self
+            .held
+            .iter()
+            .filter(|(_, h)| self.may_answer(h.iteration))
+            .map(|(&k, _)| k)
+            .collect();
+        for key in ready {
+            if let Some(h) = self.held.remove(&key) {
+                self.answer(key.0, key.1, &h, out);
+            }
+        }
+    }
+
+    fn answer(&self, to: NodeId, slice: SliceRef, pull: &HeldPull, out: &mut Effects<V>) {
+        let width = self.cfg.width;
+        let mut keys = Vec::new();
+        let mut values = Vec::new();
+        match &pull.keys {
+            KeySelection::Keys(list) => {
+                keys.extend_from_slice(list.keys());
+                values.reserve(keys.len() * width);
+                for &k in list.keys() {
+                    match self.store.get(k) {
+                        Some(row) => values.extend_from_slice(row),
+                        None => values.resize(values.len() + width, V::default()),
+                    }
+                }
+            }
+            KeySelection::Ranges(ranges) => {
+                for &r in ranges.ranges() {
+                    self.store.for_each_in(r, &mut |k, row| {
+                        keys.push(k);
+                        values.extend_from_slice(row);
+                    });
+                }
+            }
+        }
+        let kvs = KvPairs::from_validated(keys, values, width);
+        let body = Message::PullReply(PullReply {
+            slice,
+            complete_below: self.consistency().required_below(pull.iteration),
+            kvs,
+        });
+        self.send(to, body, out);
+    }
+}
+
+/// Sums several sparse vectors key-wise into one, in key order.
+fn sum_by_key<V: Value>(batch: &[KvPairs<V>], width: usize) -> KvPairs<V> {
+    let mut rows: Vec<(Key, &[V])> = batch
+        .iter()
+        .filter(|kvs| kvs.width() == width)
+        .flat_map(|kvs| kvs.iter())
+        .collect();
+    rows.sort_by_key(|&(k, _)| k);
+    let mut keys: Vec<Key> = Vec::with_capacity(rows.len());
+    let mut values: Vec<V> = Vec::with_capacity(rows.len() * width);
+    for (k, row) in rows {
+        if keys.last() == Some(&k) {
+            let start = values.len() - width;
+            for (acc, &v) in values[start..].iter_mut().zip(row) {
+                *acc = acc.add(v);
+            }
+        } else {
+            keys.push(k);
+            values.extend_from_slice(row);
+        }
+    }
+    KvPairs::from_validated(keys, values, width)
+}

@@ -1,0 +1,157 @@
+//! Cutting requests along the ring and putting pull answers back together.
+
+use std::collections::BTreeMap;
+
+use crate::cluster::Cluster;
+use crate::key::{Key, KeyRange};
+use crate::kv::KvPairs;
+use crate::message::{KeyList, KeySelection, RangeList};
+use crate::node::NodeId;
+use crate::value::Value;
+use crate::worker::Part;
+
+/// One part per primary server of the part's keys, in server order.
+pub(crate) fn split_by_primary<V: Value>(
+    cluster: &Cluster,
+    part: Part<V>,
+) -> Vec<(NodeId, Part<V>)> {
+    match part {
+        Part::Push(kvs) => {
+            let Some(span) = kvs.span() else {
+                return Vec::new();
+            };
+            let mut pieces: BTreeMap<NodeId, Vec<KvPairs<V>>> = BTreeMap::new();
+            for (range, owners) in cluster.ring.segments_in(span) {
+                let piece = kvs.slice(range);
+                if !piece.is_empty() {
+                    pieces.entry(owners[0]).or_default().push(piece);
+                }
+            }
+            pieces
+                .into_iter()
+                .map(|(server, ps)| (server, Part::Push(concat(ps, kvs.width()))))
+                .collect()
+        }
+        Part::Pull(KeySelection::Keys(list)) => {
+            let mut keys: BTreeMap<NodeId, Vec<Key>> = BTreeMap::new();
+            for &k in list.keys() {
+                keys.entry(cluster.primary(k)).or_default().push(k);
+            }
+            keys.into_iter()
+                .map(|(server, ks)| {
+                    let list = KeyList::from_validated(ks);
+                    (server, Part::Pull(KeySelection::Keys(list)))
+                })
+                .collect()
+        }
+        Part::Pull(KeySelection::Ranges(list)) => {
+            let mut ranges: BTreeMap<NodeId, Vec<KeyRange>> = BTreeMap::new();
+            for &r in list.ranges() {
+                for (piece, owners) in cluster.ring.segments_in(r) {
+                    let mine = ranges.entry(owners[0]).or_default();
+                    match mine.last_mut() {
+                        Some(last) if last.end() == piece.start() => {
+                            *last = KeyRange::new(last.start(), piece.end()).unwrap_or(*last);
+                        }
+                        _ => mine.push(piece),
+                    }
+                }
+            }
+            ranges
+                .into_iter()
+                .filter_map(|(server, rs)| {
+                    let list = RangeList::new(rs).ok()?;
+                    Some((server, Part::Pull(KeySelection::Ranges(list))))
+                })
+                .collect()
+        }
+    }
+}
+
+/// True when `server` is the primary of every key of `part` under `cluster`'s ring.
+pub(crate) fn primary_of_all<V: Value>(cluster: &Cluster, server: NodeId, part: &Part<V>) -> bool {
+    let range_owned = |r: KeyRange| {
+        cluster
+            .ring
+            .segments_in(r)
+            .all(|(_, owners)| owners[0] == server)
+    };
+    match part {
+        Part::Push(kvs) => kvs.span().is_none_or(range_owned),
+        Part::Pull(KeySelection::Keys(list)) => {
+            list.keys().iter().all(|&k| cluster.primary(k) == server)
+        }
+        Part::Pull(KeySelection::Ranges(list)) => list.ranges().iter().all(|&r| range_owned(r)),
+    }
+}
+
+/// Joins parts taken back from moved slices into one part to slice again.
+pub(crate) fn merge_parts<V: Value>(parts: Vec<Part<V>>, width: usize) -> Option<Part<V>> {
+    let mut pushes = Vec::new();
+    let mut keys = Vec::new();
+    let mut ranges = Vec::new();
+    for part in parts {
+        match part {
+            Part::Push(kvs) => pushes.push(kvs),
+            Part::Pull(KeySelection::Keys(list)) => keys.extend_from_slice(list.keys()),
+            Part::Pull(KeySelection::Ranges(list)) => ranges.extend_from_slice(list.ranges()),
+        }
+    }
+    if !pushes.is_empty() {
+        pushes.sort_by_key(|kvs| kvs.keys().first().copied());
+        return Some(Part::Push(concat(pushes, width)));
+    }
+    if !ranges.is_empty() {
+        ranges.sort();
+        return RangeList::new(ranges)
+            .ok()
+            .map(|l| Part::Pull(KeySelection::Ranges(l)));
+    }
+    keys.sort_unstable();
+    Some(Part::Pull(KeySelection::Keys(KeyList::from_validated(
+        keys,
+    ))))
+}
+
+/// Concatenates sparse vectors whose keys are disjoint and already in order across the list.
+fn concat<V: Value>(mut pieces: Vec<KvPairs<V>>, width: usize) -> KvPairs<V> {
+    if pieces.len() == 1 {
+        if let Some(only) = pieces.pop() {
+            return only;
+        }
+    }
+    let n: usize = pieces.iter().map(KvPairs::len).sum();
+    let mut keys = Vec::with_capacity(n);
+    let mut values = Vec::with_capacity(n * width);
+    for p in &pieces {
+        keys.extend_from_slice(p.keys());
+        values.extend_from_slice(p.values());
+    }
+    KvPairs::from_validated(keys, values, width)
+}
+
+/// True when `kvs` is a well-formed answer to a pull of `part`: right width, and exactly the
+/// keys asked for (sparse) or only keys inside the ranges asked for (dense).
+pub(crate) fn answers<V: Value>(part: &Part<V>, kvs: &KvPairs<V>, width: usize) -> bool {
+    kvs.width() == width
+        && match part {
+            Part::Pull(KeySelection::Keys(list)) => kvs.keys() == list.keys(),
+            Part::Pull(KeySelection::Ranges(list)) => kvs.keys().iter().all(|&k| list.contains(k)),
+            Part::Push(_) => false,
+        }
+}
+
+/// The answers of a pull's slices as one sparse vector in key order.
+pub(crate) fn assemble<V: Value>(mut replies: Vec<KvPairs<V>>, width: usize) -> KvPairs<V> {
+    // Slices hold disjoint keys; a server's slice may interleave with another's, so sort rows.
+    replies.retain(|r| !r.is_empty());
+    let mut rows: Vec<(Key, &[V])> = replies.iter().flat_map(|r| r.iter()).collect();
+    rows.sort_unstable_by_key(|&(k, _)| k);
+    let mut keys = Vec::with_capacity(rows.len());
+    let mut values = Vec::with_capacity(rows.len() * width);
+    for (k, row) in rows {
+        keys.push(k);
+        values.extend_from_slice(row);
+    }
+    KvPairs::from_validated(keys, values, width)
+}

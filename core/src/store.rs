@@ -1,0 +1,159 @@
+//! Where a server keeps its parameters.
+//!
+//! Storage is not protocol: the trait is small so that a plain ordered map serves the models and
+//! a cache-friendlier layout can serve the runtime, behind the same server code.
+
+use core::fmt::Debug;
+use core::hash::{Hash, Hasher};
+use std::collections::BTreeMap;
+
+use crate::key::{Key, KeyRange};
+use crate::value::Value;
+
+/// A server's parameter rows: `width` values and `aux_width x width` updater state per key.
+pub trait ParamStore<V: Value>: Clone + Debug + Eq + Hash {
+    /// Values of `key`, if it was ever written.
+    fn get(&self, key: Key) -> Option<&[V]>;
+
+    /// Values and updater state of `key`, created as zeros if absent.
+    fn row_mut(&mut self, key: Key) -> (&mut [V], &mut [V]);
+
+    /// Calls `f` on every stored row in `range`, in key order.
+    fn for_each_in(&self, range: KeyRange, f: &mut dyn FnMut(Key, &[V]));
+
+    /// Number of stored keys.
+    fn len(&self) -> usize;
+
+    /// True when nothing is stored.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Rows in two flat arenas indexed by an ordered map: no allocation per key, and iteration in key
+/// order. Equality and hashing compare values by bits and ignore arena order.
+#[derive(Clone, Debug)]
+pub struct OrderedStore<V> {
+    width: usize,
+    aux_width: usize,
+    index: BTreeMap<Key, usize>,
+    values: Vec<V>,
+    aux: Vec<V>,
+}
+
+impl<V: Value> OrderedStore<V> {
+    /// An empty store of rows `width` wide with `aux_width` updater values per value.
+    pub fn new(width: usize, aux_width: usize) -> Self {
+        OrderedStore {
+            width,
+            aux_width,
+            index: BTreeMap::new(),
+            values: Vec::new(),
+            aux: Vec::new(),
+        }
+    }
+
+    fn row(&self, row: usize) -> &[V] {
+        &self.values[row * self.width..(row + 1) * self.width]
+    }
+
+    fn aux_row(&self, row: usize) -> &[V] {
+        let n = self.width * self.aux_width;
+        &self.aux[row * n..(row + 1) * n]
+    }
+}
+
+impl<V: Value> ParamStore<V> for OrderedStore<V> {
+    fn get(&self, key: Key) -> Option<&[V]> {
+        self.index.get(&key).map(|&row| self.row(row))
+    }
+
+    fn row_mut(&mut self, key: Key) -> (&mut [V], &mut [V]) {
+        let next = self.index.len();
+        let row = *self.index.entry(key).or_insert(next);
+        if row == next {
+            self.values.resize((next + 1) * self.width, V::default());
+            self.aux
+                .resize((next + 1) * self.width * self.aux_width, V::default());
+        }
+        let n = self.width * self.aux_width;
+        (
+            &mut self.values[row * self.width..(row + 1) * self.width],
+            &mut self.aux[row * n..(row + 1) * n],
+        )
+    }
+
+    fn for_each_in(&self, range: KeyRange, f: &mut dyn FnMut(Key, &[V])) {
+        for (&key, &row) in self.index.range(range.start()..range.end()) {
+            f(key, self.row(row));
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.index.len()
+    }
+}
+
+impl<V: Value> PartialEq for OrderedStore<V> {
+    fn eq(&self, other: &Self) -> bool {
+        let same_bits = |a: &[V], b: &[V]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        self.width == other.width
+            && self.aux_width == other.aux_width
+            && self.index.len() == other.index.len()
+            && self
+                .index
+                .iter()
+                .zip(&other.index)
+                .all(|((k, &r), (ok, &or))| {
+                    k == ok
+                        && same_bits(self.row(r), other.row(or))
+                        && same_bits(self.aux_row(r), other.aux_row(or))
+                })
+    }
+}
+
+impl<V: Value> Eq for OrderedStore<V> {}
+
+impl<V: Value> Hash for OrderedStore<V> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.width.hash(state);
+        for (k, &r) in &self.index {
+            k.hash(state);
+            for v in self.row(r).iter().chain(self.aux_row(r)) {
+                v.to_bits().hash(state);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_start_at_zero_and_iterate_in_key_order() {
+        let mut s = OrderedStore::<i64>::new(2, 1);
+        s.row_mut(9).0[1] = 4;
+        s.row_mut(3).0[0] = 1;
+        assert_eq!(s.get(9), Some(&[0, 4][..]));
+        assert_eq!(s.row_mut(3).1, &[0, 0]);
+        let mut seen = Vec::new();
+        s.for_each_in(KeyRange::new(0, 10).unwrap(), &mut |k, v| {
+            seen.push((k, v.to_vec()))
+        });
+        assert_eq!(seen, vec![(3, vec![1, 0]), (9, vec![0, 4])]);
+    }
+
+    #[test]
+    fn equality_ignores_the_order_rows_were_created_in() {
+        let mut a = OrderedStore::<f32>::new(1, 0);
+        let mut b = OrderedStore::<f32>::new(1, 0);
+        a.row_mut(1).0[0] = 1.0;
+        a.row_mut(2).0[0] = 2.0;
+        b.row_mut(2).0[0] = 2.0;
+        b.row_mut(1).0[0] = 1.0;
+        assert_eq!(a, b);
+        b.row_mut(1).0[0] = -1.0;
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,188 @@
+//! Server-side update rules (DESIGN.md §5.6): how a pushed value changes a stored parameter.
+
+use core::fmt::Debug;
+use core::hash::{Hash, Hasher};
+
+use crate::value::Value;
+
+/// A per-coordinate update rule run on servers. Implement it for rules of your own.
+///
+/// `aux` holds [`UpdateRule::aux_width`] values of per-coordinate state (accumulators), zero
+/// for a coordinate never updated. State must be `Eq + Hash` (compare floats by bits) so that
+/// servers stay hashable for the model checker.
+///
+/// ```
+/// use pserver_core::{UpdateRule, Updater};
+/// let rule = Updater::Sgd { lr: 0.5 };
+/// let mut w = 1.0f32;
+/// rule.apply(&mut w, &mut [], 2.0);
+/// assert_eq!(w, 0.0);
+/// ```
+pub trait UpdateRule<V: Value>: Clone + Debug + Eq + Hash {
+    /// Values of per-coordinate state the rule keeps.
+    fn aux_width(&self) -> usize;
+
+    /// Applies the (aggregated) pushed value `delta` to `weight`.
+    fn apply(&self, weight: &mut V, aux: &mut [V], delta: V);
+}
+
+/// The built-in update rules.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum Updater {
+    /// `w += delta`: pushes are increments (counts, sketches, the exact checks).
+    #[default]
+    Sum,
+    /// `w -= lr * g`: pushes are gradients.
+    Sgd {
+        /// Learning rate.
+        lr: f64,
+    },
+    /// AdaGrad: `n += g^2; w -= lr * g / (sqrt(n) + eps)`.
+    AdaGrad {
+        /// Learning rate.
+        lr: f64,
+        /// Added to the denominator for stability.
+        eps: f64,
+    },
+    /// FTRL-Proximal (McMahan et al.), the paper's sparse logistic regression: keeps `z` and
+    /// `n` per coordinate; L1 drives weights to exactly zero.
+    FtrlProximal {
+        /// Per-coordinate learning-rate scale.
+        alpha: f64,
+        /// Learning-rate smoothing.
+        beta: f64,
+        /// L1 regularization.
+        l1: f64,
+        /// L2 regularization.
+        l2: f64,
+    },
+}
+
+impl Updater {
+    fn bits(&self) -> (u8, [u64; 4]) {
+        match *self {
+            Updater::Sum => (0, [0; 4]),
+            Updater::Sgd { lr } => (1, [lr.to_bits(), 0, 0, 0]),
+            Updater::AdaGrad { lr, eps } => (2, [lr.to_bits(), eps.to_bits(), 0, 0]),
+            Updater::FtrlProximal {
+                alpha,
+                beta,
+                l1,
+                l2,
+            } => (
+                3,
+                [alpha.to_bits(), beta.to_bits(), l1.to_bits(), l2.to_bits()],
+            ),
+        }
+    }
+}
+
+impl PartialEq for Updater {
+    fn eq(&self, other: &Self) -> bool {
+        self.bits() == other.bits()
+    }
+}
+
+impl Eq for Updater {}
+
+impl Hash for Updater {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.bits().hash(state);
+    }
+}
+
+impl<V: Value> UpdateRule<V> for Updater {
+    fn aux_width(&self) -> usize {
+        match self {
+            Updater::Sum | Updater::Sgd { .. } => 0,
+            Updater::AdaGrad { .. } => 1,
+            Updater::FtrlProximal { .. } => 2,
+        }
+    }
+
+    fn apply(&self, weight: &mut V, aux: &mut [V], delta: V) {
+        match *self {
+            Updater::Sum => *weight = weight.add(delta),
+            Updater::Sgd { lr } => *weight = V::from_f64(weight.to_f64() - lr * delta.to_f64()),
+            Updater::AdaGrad { lr, eps } => {
+                let g = delta.to_f64();
+                let n = aux[0].to_f64() + g * g;
+                aux[0] = V::from_f64(n);
+                *weight = V::from_f64(weight.to_f64() - lr * g / (n.sqrt() + eps));
+            }
+            Updater::FtrlProximal {
+                alpha,
+                beta,
+                l1,
+                l2,
+            } => {
+                let g = delta.to_f64();
+                let (z, n) = (aux[0].to_f64(), aux[1].to_f64());
+                let w = weight.to_f64();
+                let n_new = n + g * g;
+                let sigma = (n_new.sqrt() - n.sqrt()) / alpha;
+                let z_new = z + g - sigma * w;
+                aux[0] = V::from_f64(z_new);
+                aux[1] = V::from_f64(n_new);
+                *weight = V::from_f64(if z_new.abs() <= l1 {
+                    0.0
+                } else {
+                    -(z_new - z_new.signum() * l1) / ((beta + n_new.sqrt()) / alpha + l2)
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(rule: Updater, grads: &[f64]) -> (f64, Vec<f64>) {
+        let mut w = 0.0f64;
+        let mut aux = vec![0.0f64; UpdateRule::<f64>::aux_width(&rule)];
+        for &g in grads {
+            rule.apply(&mut w, &mut aux, g);
+        }
+        (w, aux)
+    }
+
+    #[test]
+    fn sum_is_exact_on_integers() {
+        let mut w = 5i64;
+        Updater::Sum.apply(&mut w, &mut [], -7);
+        assert_eq!(w, -2);
+    }
+
+    #[test]
+    fn sgd_and_adagrad_step_against_the_gradient() {
+        assert_eq!(run(Updater::Sgd { lr: 0.1 }, &[1.0, 1.0]).0, -0.2);
+        let (w, aux) = run(Updater::AdaGrad { lr: 1.0, eps: 0.0 }, &[3.0, 4.0]);
+        assert_eq!(aux, vec![25.0]);
+        // Steps -3/3 then -4/5.
+        assert!((w - (-1.8)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn ftrl_keeps_small_signals_exactly_zero_under_l1() {
+        let ftrl = Updater::FtrlProximal {
+            alpha: 0.1,
+            beta: 1.0,
+            l1: 1.0,
+            l2: 0.0,
+        };
+        // |z| = 0.5 <= l1: the weight stays exactly 0.
+        assert_eq!(run(ftrl, &[0.5]).0, 0.0);
+        // A consistent gradient beyond l1 drives the weight negative.
+        let (w, aux) = run(ftrl, &[2.0, 2.0]);
+        assert!(w < 0.0, "w = {w}");
+        assert_eq!(aux[1], 8.0);
+    }
+
+    #[test]
+    fn rules_compare_by_bits() {
+        assert_eq!(Updater::Sgd { lr: 0.1 }, Updater::Sgd { lr: 0.1 });
+        assert_ne!(Updater::Sgd { lr: 0.1 }, Updater::Sgd { lr: 0.2 });
+        assert_ne!(Updater::Sum, Updater::Sgd { lr: 0.0 });
+    }
+}

@@ -1,0 +1,579 @@
+//! The worker: slices the application's pushes and pulls by the ring, retransmits until every
+//! slice is answered, reports its progress, and enters new iterations only as far ahead as the
+//! consistency model allows.
+
+use std::collections::BTreeMap;
+
+use thiserror::Error;
+
+use crate::cluster::Cluster;
+use crate::effects::{Effects, Event, TimerId};
+use crate::kv::KvPairs;
+use crate::message::{
+    ClusterConfig, Envelope, KeySelection, Message, Pull, PullReply, Push, RequestId, SliceId,
+    SliceRef,
+};
+use crate::node::{Epoch, Iteration, NodeId, Role, Time};
+use crate::slicing::{answers, assemble, merge_parts, primary_of_all, split_by_primary};
+use crate::timing::{MAX_BACKOFF_STEPS, Timing};
+use crate::value::Value;
+
+/// What a worker is told at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WorkerConfig {
+    /// This worker.
+    pub id: NodeId,
+    /// The coordinator to register with.
+    pub coordinator: NodeId,
+    /// Values per key.
+    pub width: usize,
+    /// Timeouts and intervals.
+    pub timing: Timing,
+}
+
+/// Why the worker refused an application call.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum WorkerError {
+    /// The coordinator no longer counts this worker as a member.
+    #[error("this worker was removed from the cluster (declared dead); restart it to rejoin")]
+    Fenced,
+    /// The pushed values have another width than the job's.
+    #[error("pushed rows have {got} values per key, but this job uses {expected}")]
+    WidthMismatch {
+        /// The job's width.
+        expected: usize,
+        /// The pushed width.
+        got: usize,
+    },
+}
+
+/// What one slice carries.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Part<V: Value> {
+    Push(KvPairs<V>),
+    Pull(KeySelection),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Slice<V: Value> {
+    server: NodeId,
+    part: Part<V>,
+    /// Next retransmission.
+    due: Time,
+    attempts: u8,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Request<V: Value> {
+    iteration: Iteration,
+    /// Pushes count towards their iteration's completion; pulls do not.
+    is_push: bool,
+    /// What the application asked for, kept until the first configuration slices it.
+    whole: Option<Part<V>>,
+    /// Unanswered slices.
+    open: BTreeMap<SliceId, Slice<V>>,
+    /// Pull answers received so far.
+    replies: Vec<KvPairs<V>>,
+    next_slice: SliceId,
+}
+
+/// A worker node (sans-IO).
+///
+/// Call [`Worker::start`] once; then [`Worker::on_message`] for every frame addressed to it,
+/// [`Worker::on_timer`] when a timer it set fires, and the application calls [`Worker::push`],
+/// [`Worker::pull`] and [`Worker::advance`]. Completions come back as [`Event`]s.
+///
+/// Invariant: at most `tau + 1` iterations are in flight — the worker enters iteration `c` only
+/// once every iteration below `c - tau` is finished (its pushes acknowledged).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Worker<V: Value> {
+    cfg: WorkerConfig,
+    cluster: Option<Cluster>,
+    fenced: bool,
+    next_request: RequestId,
+    iteration: Iteration,
+    advances_waiting: u32,
+    requests: BTreeMap<RequestId, Request<V>>,
+    /// Unfinished push requests per iteration.
+    unfinished: BTreeMap<Iteration, u32>,
+    /// Per server: the progress it acknowledged.
+    progress_acked: BTreeMap<NodeId, Iteration>,
+    progress_due: Time,
+    progress_attempts: u8,
+    retransmit_at: Option<Time>,
+    heartbeats: u64,
+}
+
+impl<V: Value> Worker<V> {
+    /// A worker that has not yet registered.
+    pub fn new(cfg: WorkerConfig) -> Self {
+        Worker {
+            cfg,
+            cluster: None,
+            fenced: false,
+            next_request: 1,
+            iteration: 0,
+            advances_waiting: 0,
+            requests: BTreeMap::new(),
+            unfinished: BTreeMap::new(),
+            progress_acked: BTreeMap::new(),
+            progress_due: 0,
+            progress_attempts: 0,
+            retransmit_at: None,
+            heartbeats: 0,
+        }
+    }
+
+    /// This worker's id.
+    pub fn id(&self) -> NodeId {
+        self.cfg.id
+    }
+
+    /// The epoch of the configuration in force, 0 before the first.
+    pub fn epoch(&self) -> Epoch {
+        self.cluster.as_ref().map_or(0, Cluster::epoch)
+    }
+
+    /// The iteration the worker is in.
+    pub fn iteration(&self) -> Iteration {
+        self.iteration
+    }
+
+    /// Every iteration below this one is finished: advanced past, all its pushes acknowledged.
+    pub fn finished_below(&self) -> Iteration {
+        self.finished_below_at(self.iteration)
+    }
+
+    fn finished_below_at(&self, iteration: Iteration) -> Iteration {
+        self.unfinished
+            .keys()
+            .next()
+            .map_or(iteration, |&i| i.min(iteration))
+    }
+
+    /// Iterations started and not yet finished (the current one included).
+    pub fn in_flight(&self) -> Iteration {
+        self.iteration - self.finished_below() + 1
+    }
+
+    /// Requests not yet completed.
+    pub fn open_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// True once the coordinator has removed this worker.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced
+    }
+
+    /// Registers with the coordinator and starts heartbeats. Call once, first.
+    pub fn start(&mut self, now: Time, out: &mut Effects<V>) {
+        self.register(now, out);
+        out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
+    }
+
+    fn register(&mut self, now: Time, out: &mut Effects<V>) {
+        let body = Message::Register { role: Role::Worker };
+        self.send(self.cfg.coordinator, body, out);
+        out.set_timer(TimerId::Register, now + self.cfg.timing.register_retry);
+    }
+
+    fn send(&self, to: NodeId, body: Message<V>, out: &mut Effects<V>) {
+        out.send(Envelope::new(self.cfg.id, to, self.epoch(), body));
+    }
+
+    /// Pushes `kvs` as part of the current iteration. Completes with [`Event::PushDone`].
+    pub fn push(
+        &mut self,
+        now: Time,
+        kvs: KvPairs<V>,
+        out: &mut Effects<V>,
+    ) -> Result<RequestId, WorkerError> {
+        if self.fenced {
+            return Err(WorkerError::Fenced);
+        }
+        if kvs.width() != self.cfg.width {
+            return Err(WorkerError::WidthMismatch {
+                expected: self.cfg.width,
+                got: kvs.width(),
+            });
+        }
+        *self.unfinished.entry(self.iteration).or_default() += 1;
+        Ok(self.submit(now, Part::Push(kvs), out))
+    }
+
+    /// Pulls `keys` for the current iteration. Completes with [`Event::PullDone`] once the
+    /// servers can meet the consistency model.
+    pub fn pull(
+        &mut self,
+        now: Time,
+        keys: KeySelection,
+        out: &mut Effects<V>,
+    ) -> Result<RequestId, WorkerError> {
+        if self.fenced {
+            return Err(WorkerError::Fenced);
+        }
+        Ok(self.submit(now, Part::Pull(keys), out))
+    }
+
+    /// Ends the current iteration. The worker enters the next one ([`Event::Advanced`]) as soon
+    /// as the consistency model allows: at once, or when enough earlier pushes are acknowledged.
+    pub fn advance(&mut self, now: Time, out: &mut Effects<V>) -> Result<(), WorkerError> {
+        if self.fenced {
+            return Err(WorkerError::Fenced);
+        }
+        self.advances_waiting += 1;
+        self.try_advance(now, out);
+        Ok(())
+    }
+
+    fn submit(&mut self, now: Time, part: Part<V>, out: &mut Effects<V>) -> RequestId {
+        let id = self.next_request;
+        self.next_request += 1;
+        let request = Request {
+            iteration: self.iteration,
+            is_push: matches!(part, Part::Push(_)),
+            whole: Some(part),
+            open: BTreeMap::new(),
+            replies: Vec::new(),
+            next_slice: 0,
+        };
+        self.requests.insert(id, request);
+        if self.cluster.is_some() {
+            self.slice_request(now, id, out);
+        }
+        id
+    }
+
+    /// Splits a request's unsliced part over the primaries of the current ring and sends the
+    /// slices.
+    fn slice_request(&mut self, now: Time, id: RequestId, out: &mut Effects<V>) {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        let Some(request) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let Some(whole) = request.whole.take() else {
+            return;
+        };
+        let parts = split_by_primary(cluster, whole);
+        let mut sent = Vec::new();
+        for (server, part) in parts {
+            let sid = request.next_slice;
+            request.next_slice += 1;
+            request.open.insert(
+                sid,
+                Slice {
+                    server,
+                    part,
+                    due: now + self.cfg.timing.rto(0),
+                    attempts: 0,
+                },
+            );
+            sent.push(sid);
+        }
+        for sid in sent {
+            self.send_slice(id, sid, out);
+        }
+        self.complete_if_done(now, id, out);
+        self.arm_retransmit(out);
+    }
+
+    fn send_slice(&self, id: RequestId, sid: SliceId, out: &mut Effects<V>) {
+        let Some(request) = self.requests.get(&id) else {
+            return;
+        };
+        let Some(slice) = request.open.get(&sid) else {
+            return;
+        };
+        let sref = SliceRef {
+            request: id,
+            slice: sid,
+        };
+        let body = match &slice.part {
+            Part::Push(kvs) => Message::Push(Push {
+                slice: sref,
+                iteration: request.iteration,
+                settled_below: self.settled_below(),
+                kvs: kvs.clone(),
+            }),
+            Part::Pull(keys) => Message::Pull(Pull {
+                slice: sref,
+                iteration: request.iteration,
+                keys: keys.clone(),
+            }),
+        };
+        self.send(slice.server, body, out);
+    }
+
+    /// Every push request below this id is complete.
+    fn settled_below(&self) -> RequestId {
+        self.requests
+            .iter()
+            .find(|(_, r)| r.is_push)
+            .map_or(self.next_request, |(&id, _)| id)
+    }
+
+    /// Call when a timer this worker set fires.
+    pub fn on_timer(&mut self, now: Time, timer: TimerId, out: &mut Effects<V>) {
+        if self.fenced {
+            return;
+        }
+        match timer {
+            TimerId::Register if self.cluster.is_none() => self.register(now, out),
+            TimerId::Heartbeat => {
+                self.heartbeats += 1;
+                let body = Message::Heartbeat {
+                    seq: self.heartbeats,
+                };
+                self.send(self.cfg.coordinator, body, out);
+                out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
+            }
+            TimerId::Retransmit => {
+                self.retransmit_at = None;
+                self.retransmit_due(now, out);
+                self.arm_retransmit(out);
+            }
+            _ => {}
+        }
+    }
+
+    fn retransmit_due(&mut self, now: Time, out: &mut Effects<V>) {
+        let timing = self.cfg.timing;
+        let mut due = Vec::new();
+        for (&id, request) in &mut self.requests {
+            for (&sid, slice) in &mut request.open {
+                if slice.due <= now {
+                    slice.attempts = (slice.attempts + 1).min(MAX_BACKOFF_STEPS);
+                    slice.due = now + timing.rto(slice.attempts);
+                    due.push((id, sid));
+                }
+            }
+        }
+        for (id, sid) in due {
+            self.send_slice(id, sid, out);
+        }
+        if self.progress_pending() && self.progress_due <= now {
+            self.progress_attempts = (self.progress_attempts + 1).min(MAX_BACKOFF_STEPS);
+            self.send_progress(now, out);
+        }
+    }
+
+    /// Sets the retransmission timer to the earliest deadline, or cancels it.
+    fn arm_retransmit(&mut self, out: &mut Effects<V>) {
+        let slices = self
+            .requests
+            .values()
+            .flat_map(|r| r.open.values().map(|s| s.due));
+        let progress = self.progress_pending().then_some(self.progress_due);
+        let next = slices.chain(progress).min();
+        if next != self.retransmit_at {
+            match next {
+                Some(at) => out.set_timer(TimerId::Retransmit, at),
+                None => out.cancel_timer(TimerId::Retransmit),
+            }
+            self.retransmit_at = next;
+        }
+    }
+
+    fn progress_pending(&self) -> bool {
+        let done = self.finished_below();
+        self.cluster.as_ref().is_some_and(|c| {
+            c.servers()
+                .iter()
+                .any(|s| self.progress_acked.get(s).copied().unwrap_or(0) < done)
+        })
+    }
+
+    fn send_progress(&mut self, now: Time, out: &mut Effects<V>) {
+        let done = self.finished_below();
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        for &server in cluster.servers() {
+            if self.progress_acked.get(&server).copied().unwrap_or(0) < done {
+                let body = Message::Progress {
+                    finished_below: done,
+                };
+                out.send(Envelope::new(self.cfg.id, server, cluster.epoch(), body));
+            }
+        }
+        self.progress_due = now + self.cfg.timing.rto(self.progress_attempts);
+    }
+
+    /// Call for every message addressed to this worker.
+    pub fn on_message(&mut self, now: Time, env: Envelope<V>, out: &mut Effects<V>) {
+        if self.fenced || env.to != self.cfg.id {
+            return;
+        }
+        match env.body {
+            Message::Config(config) => self.adopt(now, config, out),
+            Message::PushAck(sref) => self.on_answer(now, sref, None, out),
+            Message::PullReply(PullReply { slice, kvs, .. }) => {
+                self.on_answer(now, slice, Some(kvs), out)
+            }
+            Message::ProgressAck { finished_below } => {
+                let acked = self.progress_acked.entry(env.from).or_default();
+                *acked = (*acked).max(finished_below);
+                if !self.progress_pending() {
+                    self.progress_attempts = 0;
+                }
+                self.arm_retransmit(out);
+            }
+            // The server knows a newer configuration: fetch it; adopting it re-slices what
+            // moved. A server behind us catches up by itself, and retransmission retries.
+            Message::Redirect { epoch, .. } if epoch > self.epoch() => {
+                self.send(self.cfg.coordinator, Message::ConfigRequest, out);
+            }
+            _ => {}
+        }
+    }
+
+    fn on_answer(
+        &mut self,
+        now: Time,
+        sref: SliceRef,
+        reply: Option<KvPairs<V>>,
+        out: &mut Effects<V>,
+    ) {
+        let width = self.cfg.width;
+        let Some(request) = self.requests.get_mut(&sref.request) else {
+            return;
+        };
+        let Some(slice) = request.open.get(&sref.slice) else {
+            return;
+        };
+        match (&slice.part, reply) {
+            (Part::Push(_), None) => {}
+            (part @ Part::Pull(_), Some(kvs)) if answers(part, &kvs, width) => {
+                request.replies.push(kvs);
+            }
+            // An answer of the wrong kind or shape: leave the slice open.
+            _ => return,
+        }
+        request.open.remove(&sref.slice);
+        self.complete_if_done(now, sref.request, out);
+        self.arm_retransmit(out);
+    }
+
+    fn complete_if_done(&mut self, now: Time, id: RequestId, out: &mut Effects<V>) {
+        let done = self
+            .requests
+            .get(&id)
+            .is_some_and(|r| r.open.is_empty() && r.whole.is_none());
+        if !done {
+            return;
+        }
+        let Some(request) = self.requests.remove(&id) else {
+            return;
+        };
+        if request.is_push {
+            if let Some(n) = self.unfinished.get_mut(&request.iteration) {
+                *n -= 1;
+                if *n == 0 {
+                    self.unfinished.remove(&request.iteration);
+                }
+            }
+            out.emit(Event::PushDone(id));
+            self.on_progress(now, out);
+        } else {
+            out.emit(Event::PullDone(
+                id,
+                assemble(request.replies, self.cfg.width),
+            ));
+        }
+    }
+
+    fn on_progress(&mut self, now: Time, out: &mut Effects<V>) {
+        if self.progress_pending() {
+            self.progress_attempts = 0;
+            self.send_progress(now, out);
+        }
+        self.try_advance(now, out);
+    }
+
+    fn try_advance(&mut self, now: Time, out: &mut Effects<V>) {
+        let Some(consistency) = self.cluster.as_ref().map(|c| c.config.consistency) else {
+            return;
+        };
+        let mut moved = false;
+        while self.advances_waiting > 0 {
+            let next = self.iteration + 1;
+            if !consistency.may_enter(next, self.finished_below_at(next)) {
+                break;
+            }
+            self.iteration = next;
+            self.advances_waiting -= 1;
+            out.emit(Event::Advanced(next));
+            moved = true;
+        }
+        if moved && self.progress_pending() {
+            self.progress_attempts = 0;
+            self.send_progress(now, out);
+            self.arm_retransmit(out);
+        }
+    }
+
+    fn adopt(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
+        if self.cluster.is_some() && config.epoch <= self.epoch() {
+            return;
+        }
+        let Ok(cluster) = Cluster::new(config) else {
+            return;
+        };
+        let first = self.cluster.is_none();
+        if !cluster.is_worker(self.cfg.id) {
+            self.fenced = true;
+            self.requests.clear();
+            for timer in [TimerId::Retransmit, TimerId::Heartbeat, TimerId::Register] {
+                out.cancel_timer(timer);
+            }
+            out.emit(Event::Fenced);
+            return;
+        }
+        self.cluster = Some(cluster);
+        if first {
+            out.cancel_timer(TimerId::Register);
+            out.emit(Event::Ready {
+                epoch: self.epoch(),
+            });
+        }
+        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        for id in ids {
+            self.reslice_moved(now, id);
+            self.slice_request(now, id, out);
+        }
+        self.try_advance(now, out);
+        if self.progress_pending() {
+            self.send_progress(now, out);
+        }
+        self.arm_retransmit(out);
+    }
+
+    /// Takes back the open slices whose server is no longer the primary of all their keys, so
+    /// that they are sliced again under the new ring.
+    fn reslice_moved(&mut self, _now: Time, id: RequestId) {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        let Some(request) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let moved: Vec<SliceId> = request
+            .open
+            .iter()
+            .filter(|(_, s)| !primary_of_all(cluster, s.server, &s.part))
+            .map(|(&sid, _)| sid)
+            .collect();
+        if moved.is_empty() {
+            return;
+        }
+        let parts: Vec<Part<V>> = moved
+            .iter()
+            .filter_map(|sid| request.open.remove(sid))
+            .map(|s| s.part)
+            .collect();
+        request.whole = merge_parts(parts, self.cfg.width);
+    }
+}
