@@ -44,6 +44,7 @@ mod message;
 mod node;
 mod ring;
 mod server;
+pub mod sim;
 mod slicing;
 mod store;
 mod timing;

@@ -77,7 +77,7 @@ pub(crate) fn primary_of_all<V: Value>(cluster: &Cluster, server: NodeId, part: 
             .all(|(_, owners)| owners[0] == server)
     };
     match part {
-        Part::Push(kvs) => kvs.span().is_none_or(range_owned),
+        Part::Push(kvs) => kvs.keys().iter().all(|&k| cluster.primary(k) == server),
         Part::Pull(KeySelection::Keys(list)) => {
             list.keys().iter().all(|&k| cluster.primary(k) == server)
         }
@@ -98,8 +98,8 @@ pub(crate) fn merge_parts<V: Value>(parts: Vec<Part<V>>, width: usize) -> Option
         }
     }
     if !pushes.is_empty() {
-        pushes.sort_by_key(|kvs| kvs.keys().first().copied());
-        return Some(Part::Push(concat(pushes, width)));
+        // One server's slice may hold keys on both sides of another's: merge row by row.
+        return Some(Part::Push(assemble(pushes, width)));
     }
     if !ranges.is_empty() {
         ranges.sort();
@@ -141,7 +141,8 @@ pub(crate) fn answers<V: Value>(part: &Part<V>, kvs: &KvPairs<V>, width: usize) 
         }
 }
 
-/// The answers of a pull's slices as one sparse vector in key order.
+/// Sparse vectors with disjoint keys merged into one in key order: the answers of a pull's
+/// slices, or the parts of moved push slices.
 pub(crate) fn assemble<V: Value>(mut replies: Vec<KvPairs<V>>, width: usize) -> KvPairs<V> {
     // Slices hold disjoint keys; a server's slice may interleave with another's, so sort rows.
     replies.retain(|r| !r.is_empty());

@@ -1,0 +1,231 @@
+//! A deterministic simulator: a whole cluster — coordinator, servers and workers running a
+//! scripted workload — on virtual time, with faults drawn from one seed.
+//!
+//! The simulator drives the very structs a deployment runs ([`Coordinator`], [`Server`],
+//! [`Worker`]), passes every message through the wire codec, and checks the protocol's invariants
+//! after every step:
+//!
+//! - **staleness**: a pull issued in iteration `c` sees every push of every live worker for the
+//!   iterations below `c - tau`;
+//! - **exactly-once**: every key's total on its server lies between the sum of the acknowledged
+//!   pushes and the sum of the issued ones, and at the end equals exactly the sum of the pushes
+//!   of the workers that did not crash;
+//! - **in-flight bound**: no worker has more than `tau + 1` iterations in flight;
+//! - **completion**: at the end every request of every surviving worker has completed.
+//!
+//! A run is a pure function of its [`SimConfig`]: a failing seed replays exactly, and the
+//! failure says how ([`SimConfig::replay_command`]).
+
+mod ledger;
+mod network;
+mod rng;
+mod world;
+
+pub use network::Faults;
+pub use rng::SimRng;
+pub use world::run;
+
+use core::fmt;
+
+use crate::consistency::Consistency;
+use crate::node::{NodeId, Time};
+use crate::ring::RingConfig;
+
+/// One millisecond of virtual time.
+pub const MS: Time = 1_000_000;
+
+/// Everything a simulation run depends on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimConfig {
+    /// Seed of every random choice: faults, keys, values, timings.
+    pub seed: u64,
+    /// Number of servers.
+    pub servers: usize,
+    /// Number of workers.
+    pub workers: usize,
+    /// Size of the key space (keys are spread evenly over the ring).
+    pub keys: u64,
+    /// Iterations each worker runs.
+    pub iterations: u32,
+    /// The job's consistency model.
+    pub consistency: Consistency,
+    /// Faults to inject.
+    pub faults: Faults,
+    /// Each iteration one worker, chosen at random, computes this many times slower (1 = none).
+    pub straggler: f64,
+    /// One-way network latency.
+    pub latency: Time,
+    /// Compute time of one iteration on a worker that is not straggling.
+    pub compute: Time,
+    /// Pass every message through the wire codec.
+    pub wire: bool,
+    /// Virtual time after which an unfinished run fails.
+    pub time_limit: Time,
+    /// Ring shape.
+    pub ring: RingConfig,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            seed: 0,
+            servers: 2,
+            workers: 3,
+            keys: 16,
+            iterations: 4,
+            consistency: Consistency::Sequential,
+            faults: Faults::default(),
+            straggler: 1.0,
+            latency: MS,
+            compute: 10 * MS,
+            wire: true,
+            time_limit: 600_000 * MS,
+            ring: RingConfig {
+                vnodes: 16,
+                replicas: 0,
+                seed: 0,
+            },
+        }
+    }
+}
+
+impl SimConfig {
+    /// The `pserver sim` command that runs exactly this configuration.
+    pub fn replay_command(&self) -> String {
+        let mut cmd = format!(
+            "pserver sim --seeds 1 --first-seed {} --servers {} --workers {} --keys {} --iterations {} --consistency {}",
+            self.seed, self.servers, self.workers, self.keys, self.iterations, self.consistency
+        );
+        let f = &self.faults;
+        if f.drop > 0.0 {
+            cmd += &format!(" --drop {}", f.drop);
+        }
+        if f.dup > 0.0 {
+            cmd += &format!(" --dup {}", f.dup);
+        }
+        if f.reorder {
+            cmd += " --reorder";
+        }
+        if f.partition {
+            cmd += " --partition";
+        }
+        if f.crash {
+            cmd += " --crash";
+        }
+        if self.straggler != 1.0 {
+            cmd += &format!(" --straggler {}", self.straggler);
+        }
+        cmd
+    }
+
+    /// Node id of the coordinator.
+    pub fn coordinator_id(&self) -> NodeId {
+        NodeId(0)
+    }
+
+    /// Node ids of the servers.
+    pub fn server_ids(&self) -> impl Iterator<Item = NodeId> {
+        (1..=self.servers as u32).map(NodeId)
+    }
+
+    /// Node ids of the workers.
+    pub fn worker_ids(&self) -> impl Iterator<Item = NodeId> {
+        let first = self.servers as u32 + 1;
+        (first..first + self.workers as u32).map(NodeId)
+    }
+
+    /// The key of key index `i`: indices are spread evenly over the key space so that they land
+    /// on every server's ranges.
+    pub fn key(&self, i: u64) -> u64 {
+        i * self.stride()
+    }
+
+    fn stride(&self) -> u64 {
+        (u64::MAX - 1) / self.keys.max(1)
+    }
+
+    pub(crate) fn key_index(&self, key: u64) -> usize {
+        (key / self.stride()) as usize
+    }
+}
+
+/// Which invariant a run broke.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Invariant {
+    /// A pull missed a push it had to include.
+    Staleness,
+    /// A push was lost or applied twice.
+    ExactlyOnce,
+    /// A worker ran more than `tau + 1` iterations ahead of its acknowledged pushes.
+    InFlight,
+    /// A request never completed.
+    Completion,
+    /// A message failed to survive the wire codec.
+    Codec,
+    /// The cluster could not be set up.
+    Setup,
+}
+
+impl fmt::Display for Invariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Invariant::Staleness => "staleness",
+            Invariant::ExactlyOnce => "exactly-once",
+            Invariant::InFlight => "in-flight bound",
+            Invariant::Completion => "completion",
+            Invariant::Codec => "codec",
+            Invariant::Setup => "setup",
+        })
+    }
+}
+
+/// A run that broke an invariant: what, where, and how to replay it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimFailure {
+    /// The invariant broken.
+    pub invariant: Invariant,
+    /// The seed of the run.
+    pub seed: u64,
+    /// Step (events processed) at which it was detected.
+    pub step: u64,
+    /// Virtual time at which it was detected.
+    pub at: Time,
+    /// What exactly went wrong.
+    pub detail: String,
+    /// The command that replays the run.
+    pub replay: String,
+}
+
+impl fmt::Display for SimFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "seed {} broke {} at step {} (t={}ms): {}\n  replay: {}",
+            self.seed,
+            self.invariant,
+            self.step,
+            self.at / MS,
+            self.detail,
+            self.replay
+        )
+    }
+}
+
+/// What a successful run measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimReport {
+    /// Events processed.
+    pub steps: u64,
+    /// Virtual time when the last worker finished.
+    pub finish: Time,
+    /// Mean over workers of the fraction of their time spent waiting rather than computing.
+    pub idle_fraction: f64,
+    /// Messages sent.
+    pub messages: u64,
+    /// Messages lost (dropped or cut off by a partition).
+    pub dropped: u64,
+    /// Workers that crashed or were removed.
+    pub crashed: usize,
+    /// A digest of the final state of every node, to compare replays.
+    pub fingerprint: u64,
+}

@@ -1,0 +1,95 @@
+//! The simulated network: latency, loss, duplication, reordering and partitions, all drawn from
+//! the simulation's seeded generator.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::rng::SimRng;
+use crate::node::{NodeId, Time};
+
+/// Which faults the network injects.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Faults {
+    /// Probability that a message is lost.
+    pub drop: f64,
+    /// Probability that a message is delivered twice.
+    pub dup: f64,
+    /// Deliver messages between a pair out of order (otherwise per-pair FIFO, like TCP).
+    pub reorder: bool,
+    /// Cut nodes off for a while, then heal.
+    pub partition: bool,
+    /// Crash one worker mid-run.
+    pub crash: bool,
+}
+
+impl Faults {
+    /// True when any fault is on.
+    pub fn any(&self) -> bool {
+        self.drop > 0.0 || self.dup > 0.0 || self.reorder || self.partition || self.crash
+    }
+}
+
+/// Decides when (and whether) each message arrives.
+#[derive(Clone, Debug)]
+pub(crate) struct Network {
+    faults: Faults,
+    latency: Time,
+    /// Latest delivery time per ordered pair, to keep FIFO when reordering is off.
+    last: BTreeMap<(NodeId, NodeId), Time>,
+    isolated: BTreeSet<NodeId>,
+    pub(crate) sent: u64,
+    pub(crate) dropped: u64,
+}
+
+impl Network {
+    pub(crate) fn new(faults: Faults, latency: Time) -> Self {
+        Network {
+            faults,
+            latency,
+            last: BTreeMap::new(),
+            isolated: BTreeSet::new(),
+            sent: 0,
+            dropped: 0,
+        }
+    }
+
+    pub(crate) fn isolate(&mut self, node: NodeId) {
+        self.isolated.insert(node);
+    }
+
+    pub(crate) fn heal(&mut self, node: NodeId) {
+        self.isolated.remove(&node);
+    }
+
+    /// Delivery times of one message sent now: none (lost), one, or two (duplicated).
+    pub(crate) fn deliveries(
+        &mut self,
+        rng: &mut SimRng,
+        now: Time,
+        from: NodeId,
+        to: NodeId,
+    ) -> Vec<Time> {
+        self.sent += 1;
+        if self.isolated.contains(&from)
+            || self.isolated.contains(&to)
+            || rng.chance(self.faults.drop)
+        {
+            self.dropped += 1;
+            return Vec::new();
+        }
+        let copies = if rng.chance(self.faults.dup) { 2 } else { 1 };
+        (0..copies)
+            .map(|_| {
+                let jitter = rng.below(self.latency / 2 + 1);
+                let mut at = now + self.latency + jitter;
+                if self.faults.reorder {
+                    at += rng.below(self.latency * 4 + 1);
+                } else {
+                    let last = self.last.entry((from, to)).or_default();
+                    at = at.max(*last);
+                    *last = at;
+                }
+                at
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,671 @@
+//! The simulation loop: one event queue on virtual time for every node, message and timer.
+
+use core::cmp::Ordering;
+use core::hash::{Hash, Hasher};
+use std::collections::{BTreeMap, BinaryHeap};
+
+use super::ledger::Ledger;
+use super::network::Network;
+use super::rng::SimRng;
+use super::{Invariant, MS, SimConfig, SimFailure, SimReport};
+use crate::codec::Codec;
+use crate::coordinator::{Coordinator, CoordinatorConfig};
+use crate::effects::{Effects, Event, TimerCmd, TimerId};
+use crate::key::KeyRange;
+use crate::kv::KvPairs;
+use crate::message::{Envelope, KeyList, KeySelection, RangeList, RequestId};
+use crate::node::{Iteration, NodeId, Time};
+use crate::ring::Ring;
+use crate::server::{Server, ServerConfig};
+use crate::timing::Timing;
+use crate::updater::Updater;
+use crate::worker::{Worker, WorkerConfig};
+
+#[derive(Clone, Debug)]
+enum Action {
+    Deliver(Envelope<i64>),
+    Timer(NodeId, TimerId),
+    ComputeDone(NodeId),
+    Crash(NodeId),
+    Isolate(NodeId),
+    Heal(NodeId),
+}
+
+struct Scheduled {
+    at: Time,
+    seq: u64,
+    action: Action,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    // Earliest first in a max-heap.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// The scripted application on one worker: pull, compute, push, advance, for each iteration.
+#[derive(Clone, Debug, Default)]
+struct App {
+    /// Key indices of the current iteration's pull and push.
+    keys: Vec<u64>,
+    /// Iteration each open pull was issued in.
+    pulls: BTreeMap<RequestId, Iteration>,
+    busy: Time,
+    finished_at: Option<Time>,
+    crashed: bool,
+    done: bool,
+}
+
+struct World<'a> {
+    cfg: &'a SimConfig,
+    rng: SimRng,
+    now: Time,
+    seq: u64,
+    steps: u64,
+    queue: BinaryHeap<Scheduled>,
+    timers: BTreeMap<(NodeId, TimerId), Time>,
+    net: Network,
+    codec: Codec,
+    coordinator: Coordinator,
+    servers: BTreeMap<NodeId, Server<i64>>,
+    workers: BTreeMap<NodeId, Worker<i64>>,
+    apps: BTreeMap<NodeId, App>,
+    ledger: Ledger,
+    out: Effects<i64>,
+    /// The servers never change during a run, so neither does the ring.
+    ring: Ring,
+}
+
+/// Runs one simulation to its end, checking every invariant after every step.
+///
+/// ```
+/// use pserver_core::sim::{run, SimConfig};
+/// let report = run(&SimConfig { seed: 3, ..SimConfig::default() }).unwrap();
+/// assert!(report.steps > 0);
+/// ```
+pub fn run(cfg: &SimConfig) -> Result<SimReport, SimFailure> {
+    let mut world = World::new(cfg)?;
+    world.start()?;
+    world.run()
+}
+
+impl<'a> World<'a> {
+    fn new(cfg: &'a SimConfig) -> Result<Self, SimFailure> {
+        let timing = Timing::default();
+        let coordinator = Coordinator::new(CoordinatorConfig {
+            id: cfg.coordinator_id(),
+            servers: cfg.servers,
+            workers: cfg.workers,
+            ring: cfg.ring,
+            consistency: cfg.consistency,
+            timing,
+        })
+        .map_err(|e| SimFailure {
+            invariant: Invariant::Setup,
+            seed: cfg.seed,
+            step: 0,
+            at: 0,
+            detail: e.to_string(),
+            replay: cfg.replay_command(),
+        })?;
+        let servers = cfg
+            .server_ids()
+            .map(|id| {
+                let sc = ServerConfig {
+                    id,
+                    coordinator: cfg.coordinator_id(),
+                    width: 1,
+                    timing,
+                };
+                (id, Server::new(sc, Updater::Sum))
+            })
+            .collect();
+        let workers = cfg
+            .worker_ids()
+            .map(|id| {
+                let wc = WorkerConfig {
+                    id,
+                    coordinator: cfg.coordinator_id(),
+                    width: 1,
+                    timing,
+                };
+                (id, Worker::new(wc))
+            })
+            .collect();
+        let apps = cfg.worker_ids().map(|id| (id, App::default())).collect();
+        let ring = Ring::new(cfg.server_ids(), cfg.ring).map_err(|e| SimFailure {
+            invariant: Invariant::Setup,
+            seed: cfg.seed,
+            step: 0,
+            at: 0,
+            detail: e.to_string(),
+            replay: cfg.replay_command(),
+        })?;
+        Ok(World {
+            cfg,
+            rng: SimRng::new(cfg.seed),
+            now: 0,
+            seq: 0,
+            steps: 0,
+            queue: BinaryHeap::new(),
+            timers: BTreeMap::new(),
+            net: Network::new(cfg.faults, cfg.latency),
+            codec: Codec::default(),
+            coordinator,
+            servers,
+            workers,
+            apps,
+            ledger: Ledger::new(cfg.keys as usize),
+            out: Effects::new(),
+            ring,
+        })
+    }
+
+    fn schedule(&mut self, at: Time, action: Action) {
+        self.seq += 1;
+        self.queue.push(Scheduled {
+            at,
+            seq: self.seq,
+            action,
+        });
+    }
+
+    fn fail(&self, invariant: Invariant, detail: String) -> SimFailure {
+        SimFailure {
+            invariant,
+            seed: self.cfg.seed,
+            step: self.steps,
+            at: self.now,
+            detail,
+            replay: self.cfg.replay_command(),
+        }
+    }
+
+    /// Rough length of a run without faults, to place faults inside it.
+    fn horizon(&self) -> Time {
+        let per_iteration = self.cfg.compute * 2 + self.cfg.latency * 8;
+        per_iteration * u64::from(self.cfg.iterations.max(1))
+    }
+
+    fn start(&mut self) -> Result<(), SimFailure> {
+        let mut out = Effects::new();
+        self.coordinator.start(0, &mut out);
+        self.drain(self.cfg.coordinator_id(), &mut out)?;
+        let ids: Vec<NodeId> = self.servers.keys().copied().collect();
+        for id in ids {
+            if let Some(s) = self.servers.get_mut(&id) {
+                s.start(0, &mut out);
+            }
+            self.drain(id, &mut out)?;
+        }
+        let ids: Vec<NodeId> = self.workers.keys().copied().collect();
+        for id in ids {
+            if let Some(w) = self.workers.get_mut(&id) {
+                w.start(0, &mut out);
+            }
+            self.drain(id, &mut out)?;
+        }
+        let horizon = self.horizon();
+        if self.cfg.faults.partition {
+            let nodes: Vec<NodeId> = self.cfg.server_ids().chain(self.cfg.worker_ids()).collect();
+            for _ in 0..1 + self.rng.below(3) {
+                let node = nodes[self.rng.below(nodes.len() as u64) as usize];
+                let at = self.rng.below(horizon);
+                let length = 100 * MS + self.rng.below(1_400 * MS);
+                self.schedule(at, Action::Isolate(node));
+                self.schedule(at + length, Action::Heal(node));
+            }
+        }
+        if self.cfg.faults.crash && self.cfg.workers > 1 {
+            let victim = self.rng.below(self.cfg.workers as u64) as usize;
+            if let Some(node) = self.cfg.worker_ids().nth(victim) {
+                let at = self.rng.below(horizon);
+                self.schedule(at, Action::Crash(node));
+            }
+        }
+        Ok(())
+    }
+
+    fn run(mut self) -> Result<SimReport, SimFailure> {
+        while let Some(next) = self.queue.pop() {
+            if self.all_done() {
+                break;
+            }
+            self.now = next.at;
+            if self.now > self.cfg.time_limit {
+                return Err(self.fail(Invariant::Completion, self.stuck_report()));
+            }
+            self.steps += 1;
+            self.step(next.action)?;
+            self.check_step()?;
+        }
+        self.check_end()?;
+        Ok(self.report())
+    }
+
+    fn all_done(&self) -> bool {
+        self.apps.iter().all(|(id, app)| {
+            app.crashed
+                || (app.done && self.workers.get(id).is_some_and(|w| w.open_requests() == 0))
+        })
+    }
+
+    fn stuck_report(&self) -> String {
+        let stuck: Vec<String> = self
+            .apps
+            .iter()
+            .filter(|(_, a)| !a.crashed && !a.done)
+            .filter_map(|(id, _)| self.workers.get(id))
+            .map(|w| {
+                format!(
+                    "{} in iteration {} with {} open requests",
+                    w.id(),
+                    w.iteration(),
+                    w.open_requests()
+                )
+            })
+            .collect();
+        format!(
+            "run not complete after {}ms of virtual time: {}",
+            self.now / MS,
+            stuck.join("; ")
+        )
+    }
+
+    fn step(&mut self, action: Action) -> Result<(), SimFailure> {
+        let mut out = core::mem::take(&mut self.out);
+        let now = self.now;
+        let node = match action {
+            Action::Deliver(env) => {
+                let to = env.to;
+                if to == self.cfg.coordinator_id() {
+                    self.coordinator.on_message(now, env, &mut out);
+                } else if let Some(s) = self.servers.get_mut(&to) {
+                    s.on_message(now, env, &mut out);
+                } else if self.apps.get(&to).is_some_and(|a| !a.crashed) {
+                    if let Some(w) = self.workers.get_mut(&to) {
+                        w.on_message(now, env, &mut out);
+                    }
+                }
+                to
+            }
+            Action::Timer(node, timer) => {
+                if self.timers.get(&(node, timer)) != Some(&now) {
+                    self.out = out;
+                    return Ok(());
+                }
+                self.timers.remove(&(node, timer));
+                if node == self.cfg.coordinator_id() {
+                    self.coordinator.on_timer(now, timer, &mut out);
+                } else if let Some(s) = self.servers.get_mut(&node) {
+                    s.on_timer(now, timer, &mut out);
+                } else if self.apps.get(&node).is_some_and(|a| !a.crashed) {
+                    if let Some(w) = self.workers.get_mut(&node) {
+                        w.on_timer(now, timer, &mut out);
+                    }
+                }
+                node
+            }
+            Action::ComputeDone(node) => {
+                self.finish_compute(node, &mut out);
+                node
+            }
+            Action::Crash(node) => {
+                if self.coordinator.config().is_none() {
+                    // The coordinator waits for every expected worker before the job starts; a
+                    // crash before that is a failed launch, not a fault to tolerate. Try later.
+                    self.schedule(now + 10 * MS, Action::Crash(node));
+                } else if let Some(app) = self.apps.get_mut(&node) {
+                    app.crashed = true;
+                }
+                node
+            }
+            Action::Isolate(node) => {
+                self.net.isolate(node);
+                node
+            }
+            Action::Heal(node) => {
+                self.net.heal(node);
+                node
+            }
+        };
+        self.drain(node, &mut out)?;
+        self.out = out;
+        Ok(())
+    }
+
+    /// Carries out a node's effects: messages onto the network, timers into the queue, events to
+    /// the worker's application.
+    fn drain(&mut self, node: NodeId, out: &mut Effects<i64>) -> Result<(), SimFailure> {
+        for cmd in out.timers.drain(..) {
+            match cmd {
+                TimerCmd::Set { timer, at } => {
+                    self.timers.insert((node, timer), at);
+                    self.schedule(at, Action::Timer(node, timer));
+                }
+                TimerCmd::Cancel(timer) => {
+                    self.timers.remove(&(node, timer));
+                }
+            }
+        }
+        let sends: Vec<Envelope<i64>> = out.sends.drain(..).collect();
+        for env in sends {
+            let env = if self.cfg.wire {
+                self.through_wire(env)?
+            } else {
+                env
+            };
+            for at in self
+                .net
+                .deliveries(&mut self.rng, self.now, env.from, env.to)
+            {
+                self.schedule(at, Action::Deliver(env.clone()));
+            }
+        }
+        let events: Vec<Event<i64>> = out.events.drain(..).collect();
+        for event in events {
+            self.on_event(node, event, out)?;
+        }
+        if !out.is_empty() {
+            self.drain(node, out)?;
+        }
+        Ok(())
+    }
+
+    fn through_wire(&self, env: Envelope<i64>) -> Result<Envelope<i64>, SimFailure> {
+        let frame = self
+            .codec
+            .encode(&env)
+            .map_err(|e| self.fail(Invariant::Codec, format!("encode {env:?}: {e}")))?;
+        let back = self
+            .codec
+            .decode::<i64>(&frame)
+            .map_err(|e| self.fail(Invariant::Codec, format!("decode {env:?}: {e}")))?;
+        if back != env {
+            return Err(self.fail(Invariant::Codec, format!("{env:?} came back as {back:?}")));
+        }
+        Ok(back)
+    }
+
+    fn on_event(
+        &mut self,
+        node: NodeId,
+        event: Event<i64>,
+        out: &mut Effects<i64>,
+    ) -> Result<(), SimFailure> {
+        if self.apps.get(&node).is_none_or(|a| a.crashed) {
+            return Ok(());
+        }
+        match event {
+            Event::Ready { .. } => self.begin_iteration(node, out),
+            Event::PullDone(id, kvs) => {
+                let iteration = self
+                    .apps
+                    .get_mut(&node)
+                    .and_then(|a| a.pulls.remove(&id))
+                    .unwrap_or_default();
+                self.check_staleness(node, iteration, &kvs)?;
+                let duration = self.compute_time(node, iteration);
+                if let Some(app) = self.apps.get_mut(&node) {
+                    app.busy += duration;
+                }
+                self.schedule(self.now + duration, Action::ComputeDone(node));
+            }
+            Event::PushDone(id) => {
+                let cfg = self.cfg;
+                if !self.ledger.ack(node, id, |k| cfg.key_index(k)) {
+                    return Err(self.fail(
+                        Invariant::ExactlyOnce,
+                        format!("{node} reported push {id} done twice or never issued it"),
+                    ));
+                }
+            }
+            Event::Advanced(iteration) => {
+                if iteration >= self.cfg.iterations {
+                    if let Some(app) = self.apps.get_mut(&node) {
+                        app.done = true;
+                        app.finished_at = Some(self.now);
+                    }
+                } else {
+                    self.begin_iteration(node, out);
+                }
+            }
+            Event::Fenced => {
+                if let Some(app) = self.apps.get_mut(&node) {
+                    app.crashed = true;
+                }
+            }
+            Event::NodeDead(_) => {}
+        }
+        Ok(())
+    }
+
+    fn compute_time(&mut self, node: NodeId, iteration: Iteration) -> Time {
+        let jitter = self.rng.below(self.cfg.compute / 5 + 1);
+        let base = self.cfg.compute + jitter;
+        let slow = crate::hash::hash_words(self.cfg.seed, &[u64::from(iteration)])
+            % self.cfg.workers as u64;
+        let index = u64::from(node.0) - self.cfg.servers as u64 - 1;
+        if self.cfg.straggler > 1.0 && slow == index {
+            (base as f64 * self.cfg.straggler) as Time
+        } else {
+            base
+        }
+    }
+
+    /// Pulls the keys of the iteration: a random subset, or now and then the whole key space as
+    /// one dense range.
+    fn begin_iteration(&mut self, node: NodeId, out: &mut Effects<i64>) {
+        let keys: Vec<u64> = (0..self.cfg.keys)
+            .filter(|_| self.rng.chance(0.5))
+            .collect();
+        let selection = if self.rng.chance(0.25) {
+            let all = KeyRange::new(0, self.cfg.key(self.cfg.keys - 1) + 1);
+            match all.ok().and_then(|r| RangeList::new(vec![r]).ok()) {
+                Some(list) => KeySelection::Ranges(list),
+                None => KeySelection::Keys(KeyList::default()),
+            }
+        } else {
+            let list: Vec<u64> = keys.iter().map(|&i| self.cfg.key(i)).collect();
+            KeySelection::Keys(KeyList::new(list).unwrap_or_default())
+        };
+        let Some(worker) = self.workers.get_mut(&node) else {
+            return;
+        };
+        let iteration = worker.iteration();
+        if let Ok(id) = worker.pull(self.now, selection, out) {
+            if let Some(app) = self.apps.get_mut(&node) {
+                app.keys = keys;
+                app.pulls.insert(id, iteration);
+            }
+        }
+    }
+
+    fn finish_compute(&mut self, node: NodeId, out: &mut Effects<i64>) {
+        if self.apps.get(&node).is_none_or(|a| a.crashed) {
+            return;
+        }
+        let index_keys = self
+            .apps
+            .get(&node)
+            .map(|a| a.keys.clone())
+            .unwrap_or_default();
+        let keys: Vec<u64> = index_keys.iter().map(|&i| self.cfg.key(i)).collect();
+        let values: Vec<i64> = keys
+            .iter()
+            .map(|_| 1 + self.rng.below(100) as i64)
+            .collect();
+        let Ok(kvs) = KvPairs::new(keys, values, 1) else {
+            return;
+        };
+        let Some(worker) = self.workers.get_mut(&node) else {
+            return;
+        };
+        let iteration = worker.iteration();
+        if let Ok(id) = worker.push(self.now, kvs.clone(), out) {
+            let cfg = self.cfg;
+            self.ledger
+                .issue(node, id, iteration, kvs, |k| cfg.key_index(k));
+        }
+        if let Some(worker) = self.workers.get_mut(&node) {
+            let _ = worker.advance(self.now, out);
+        }
+    }
+
+    fn live_workers(&self) -> Vec<NodeId> {
+        self.coordinator
+            .config()
+            .map(|c| c.workers.clone())
+            .unwrap_or_default()
+    }
+
+    fn total(&self, key: u64) -> Option<i64> {
+        let owner = self.ring.primary(key);
+        self.servers.get(&owner).map(|s| s.received_total(key)[0])
+    }
+
+    fn check_staleness(
+        &self,
+        node: NodeId,
+        iteration: Iteration,
+        kvs: &KvPairs<i64>,
+    ) -> Result<(), SimFailure> {
+        let below = self.cfg.consistency.required_below(iteration);
+        let live = self.live_workers();
+        for (key, v) in kvs.iter() {
+            let need = self.ledger.required(key, &live, below);
+            let most = self.ledger.issued(self.cfg.key_index(key));
+            if v[0] < need || v[0] > most {
+                return Err(self.fail(
+                    Invariant::Staleness,
+                    format!(
+                        "{node} pulled key {key} in iteration {iteration} and got {}, but the pushes of {live:?} below iteration {below} sum to {need} (at most {most} was ever pushed)",
+                        v[0]
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_step(&self) -> Result<(), SimFailure> {
+        if let Some(tau) = self.cfg.consistency.tau() {
+            for (id, w) in &self.workers {
+                if self.apps.get(id).is_some_and(|a| !a.crashed) && w.in_flight() > tau + 1 {
+                    return Err(self.fail(
+                        Invariant::InFlight,
+                        format!(
+                            "{id} has {} iterations in flight (iteration {}, finished below {}), tau = {tau}",
+                            w.in_flight(),
+                            w.iteration(),
+                            w.finished_below()
+                        ),
+                    ));
+                }
+            }
+        }
+        if self.coordinator.config().is_none() {
+            return Ok(());
+        }
+        for i in 0..self.cfg.keys {
+            let key = self.cfg.key(i);
+            let Some(total) = self.total(key) else {
+                continue;
+            };
+            let (acked, issued) = (
+                self.ledger.acked(i as usize),
+                self.ledger.issued(i as usize),
+            );
+            if total < acked || total > issued {
+                return Err(self.fail(
+                    Invariant::ExactlyOnce,
+                    format!(
+                        "key {key}: its server holds {total}, but acknowledged pushes sum to {acked} and issued ones to {issued}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_end(&self) -> Result<(), SimFailure> {
+        if !self.all_done() {
+            return Err(self.fail(Invariant::Completion, self.stuck_report()));
+        }
+        let survivors: Vec<NodeId> = self
+            .apps
+            .iter()
+            .filter(|(_, a)| !a.crashed)
+            .map(|(&id, _)| id)
+            .collect();
+        let lost: Vec<NodeId> = self
+            .apps
+            .iter()
+            .filter(|(_, a)| a.crashed)
+            .map(|(&id, _)| id)
+            .collect();
+        for i in 0..self.cfg.keys {
+            let key = self.cfg.key(i);
+            let total = self.total(key).unwrap_or_default();
+            let (survived, _) = self.ledger.by_workers(key, &survivors);
+            let (lost_issued, lost_acked) = self.ledger.by_workers(key, &lost);
+            let extra = total - survived;
+            if extra < lost_acked || extra > lost_issued {
+                return Err(self.fail(
+                    Invariant::ExactlyOnce,
+                    format!(
+                        "key {key}: its server holds {total}; surviving workers pushed {survived}, crashed ones {lost_acked}..={lost_issued}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn report(&self) -> SimReport {
+        let finish = self
+            .apps
+            .values()
+            .filter_map(|a| a.finished_at)
+            .max()
+            .unwrap_or(self.now);
+        let idle: Vec<f64> = self
+            .apps
+            .values()
+            .filter_map(|a| {
+                let end = a.finished_at?;
+                (end > 0).then(|| 1.0 - a.busy as f64 / end as f64)
+            })
+            .collect();
+        let idle_fraction = if idle.is_empty() {
+            0.0
+        } else {
+            idle.iter().sum::<f64>() / idle.len() as f64
+        };
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.coordinator.hash(&mut h);
+        self.servers.hash(&mut h);
+        self.workers.hash(&mut h);
+        SimReport {
+            steps: self.steps,
+            finish,
+            idle_fraction,
+            messages: self.net.sent,
+            dropped: self.net.dropped,
+            crashed: self.apps.values().filter(|a| a.crashed).count(),
+            fingerprint: h.finish(),
+        }
+    }
+}
