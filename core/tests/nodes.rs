@@ -1,0 +1,595 @@
+//! The node state machines driven by hand, message by message (DESIGN.md §5.1-5.3, §5.6).
+
+use pserver_core::*;
+
+const COORD: NodeId = NodeId(0);
+const W1: NodeId = NodeId(10);
+const W2: NodeId = NodeId(11);
+
+fn ring() -> RingConfig {
+    RingConfig {
+        vnodes: 8,
+        replicas: 0,
+        seed: 1,
+    }
+}
+
+fn config(epoch: Epoch, servers: &[u32], workers: &[NodeId], c: Consistency) -> ClusterConfig {
+    ClusterConfig {
+        epoch,
+        coordinator: COORD,
+        servers: servers.iter().map(|&s| NodeId(s)).collect(),
+        workers: workers.to_vec(),
+        ring: ring(),
+        consistency: c,
+    }
+}
+
+fn deliver_config<V: Value>(to: NodeId, config: &ClusterConfig) -> Envelope<V> {
+    Envelope::new(COORD, to, config.epoch, Message::Config(config.clone()))
+}
+
+fn worker(id: NodeId, config: &ClusterConfig) -> Worker<i64> {
+    let mut w = Worker::new(WorkerConfig {
+        id,
+        coordinator: COORD,
+        width: 1,
+        timing: Timing::default(),
+    });
+    let mut out = Effects::new();
+    w.start(0, &mut out);
+    w.on_message(0, deliver_config(id, config), &mut out);
+    w
+}
+
+fn server<U: UpdateRule<i64>>(id: u32, config: &ClusterConfig, updater: U) -> Server<i64, U> {
+    let mut s = Server::new(
+        ServerConfig {
+            id: NodeId(id),
+            coordinator: COORD,
+            width: 1,
+            timing: Timing::default(),
+        },
+        updater,
+    );
+    let mut out = Effects::new();
+    s.start(0, &mut out);
+    s.on_message(0, deliver_config(NodeId(id), config), &mut out);
+    s
+}
+
+/// Keys spread over the whole key space, so that they land on every server.
+fn spread(n: u64) -> Vec<Key> {
+    (0..n).map(|i| i * (u64::MAX / n)).collect()
+}
+
+fn sends_of(out: &mut Effects<i64>) -> Vec<Envelope<i64>> {
+    out.sends.drain(..).collect()
+}
+
+#[test]
+fn a_push_is_sliced_by_primary_and_completes_when_every_slice_is_acked() {
+    let cfg = config(1, &[1, 2, 3], &[W1], Consistency::Eventual);
+    let ring = Ring::new(cfg.servers.clone(), cfg.ring).unwrap();
+    let mut w = worker(W1, &cfg);
+    let mut out = Effects::new();
+    let keys = spread(40);
+    let kvs = KvPairs::new(keys.clone(), vec![1i64; 40], 1).unwrap();
+    let id = w.push(1, kvs, &mut out).unwrap();
+    let sends = sends_of(&mut out);
+    assert_eq!(sends.len(), 3, "one slice per primary");
+    let mut seen = Vec::new();
+    for env in &sends {
+        let Message::Push(p) = &env.body else {
+            panic!("expected a push, got {env:?}")
+        };
+        assert!(p.kvs.keys().iter().all(|&k| ring.primary(k) == env.to));
+        seen.extend_from_slice(p.kvs.keys());
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, keys);
+    for (i, env) in sends.iter().enumerate() {
+        let Message::Push(p) = &env.body else {
+            unreachable!()
+        };
+        let ack = Envelope::new(env.to, W1, 1, Message::PushAck(p.slice));
+        w.on_message(2, ack.clone(), &mut out);
+        let done = out.events.contains(&Event::PushDone(id));
+        assert_eq!(done, i == 2, "done only after the last ack");
+        // A duplicated ack changes nothing.
+        out.events.clear();
+        w.on_message(2, ack, &mut out);
+        assert!(!out.events.contains(&Event::PushDone(id)));
+    }
+}
+
+#[test]
+fn pull_answers_are_assembled_in_key_order() {
+    let cfg = config(1, &[1, 2], &[W1], Consistency::Eventual);
+    let mut servers = [server(1, &cfg, Updater::Sum), server(2, &cfg, Updater::Sum)];
+    let mut w = worker(W1, &cfg);
+    let mut out = Effects::new();
+    let keys = spread(20);
+    let values: Vec<i64> = (0..20).collect();
+    w.push(
+        1,
+        KvPairs::new(keys.clone(), values.clone(), 1).unwrap(),
+        &mut out,
+    )
+    .unwrap();
+    let list = KeyList::new(keys.clone()).unwrap();
+    let pull = w.pull(1, KeySelection::Keys(list), &mut out).unwrap();
+    // Deliver everything between worker and servers until quiet.
+    let mut pending = sends_of(&mut out);
+    while let Some(env) = pending.pop() {
+        let mut o = Effects::new();
+        if env.to == W1 {
+            w.on_message(3, env, &mut o);
+        } else {
+            servers[(env.to.0 - 1) as usize].on_message(3, env, &mut o);
+        }
+        pending.extend(o.sends);
+        out.events.extend(o.events);
+    }
+    let reply = out
+        .events
+        .iter()
+        .find_map(|e| match e {
+            Event::PullDone(id, kvs) if *id == pull => Some(kvs.clone()),
+            _ => None,
+        })
+        .expect("the pull completes");
+    assert_eq!(reply.keys(), &keys[..]);
+    // The pull may be served before or after the push reached each server (eventual), but never
+    // anything else than 0 or the pushed value.
+    for ((_, v), want) in reply.iter().zip(&values) {
+        assert!(v[0] == 0 || v[0] == *want);
+    }
+}
+
+#[test]
+fn a_duplicate_push_is_acknowledged_again_and_never_applied_again() {
+    let cfg = config(1, &[1], &[W1], Consistency::Eventual);
+    let mut s = server(1, &cfg, Updater::Sum);
+    let kvs = KvPairs::new(vec![5], vec![7i64], 1).unwrap();
+    let slice = SliceRef {
+        request: 1,
+        slice: 0,
+    };
+    let push = Envelope::new(
+        W1,
+        NodeId(1),
+        1,
+        Message::Push(Push {
+            slice,
+            iteration: 0,
+            settled_below: 1,
+            kvs,
+        }),
+    );
+    let mut out = Effects::new();
+    for _ in 0..3 {
+        s.on_message(1, push.clone(), &mut out);
+    }
+    let acks = out
+        .sends
+        .iter()
+        .filter(|e| e.body == Message::PushAck(slice))
+        .count();
+    assert_eq!(acks, 3, "every copy is acknowledged");
+    assert_eq!(s.value(5), Some(&[7i64][..]), "applied once");
+}
+
+#[test]
+fn dedupe_state_stays_bounded_by_the_requests_in_flight() {
+    let cfg = config(1, &[1], &[W1], Consistency::Eventual);
+    let mut s = server(1, &cfg, Updater::Sum);
+    let mut out = Effects::new();
+    for request in 1..5_000u64 {
+        let push = Push {
+            slice: SliceRef { request, slice: 0 },
+            iteration: 0,
+            settled_below: request.saturating_sub(4),
+            kvs: KvPairs::new(vec![1], vec![1i64], 1).unwrap(),
+        };
+        s.on_message(
+            1,
+            Envelope::new(W1, NodeId(1), 1, Message::Push(push)),
+            &mut out,
+        );
+        out.clear();
+        assert!(s.dedupe_entries() <= 5);
+    }
+    assert_eq!(s.value(1), Some(&[4_999i64][..]));
+}
+
+#[test]
+fn a_slice_reaching_a_non_owner_is_redirected_and_resent_under_the_new_ring() {
+    let old = config(1, &[1, 2], &[W1], Consistency::Eventual);
+    let new = config(2, &[1, 2, 3], &[W1], Consistency::Eventual);
+    let new_ring = Ring::new(new.servers.clone(), new.ring).unwrap();
+    let mut w = worker(W1, &old);
+    let mut servers = [
+        server(1, &new, Updater::Sum),
+        server(2, &new, Updater::Sum),
+        server(3, &new, Updater::Sum),
+    ];
+    let mut out = Effects::new();
+    let keys = spread(30);
+    let id = w
+        .push(1, KvPairs::new(keys, vec![1i64; 30], 1).unwrap(), &mut out)
+        .unwrap();
+    let mut redirected = false;
+    let mut pending = sends_of(&mut out);
+    while let Some(env) = pending.pop() {
+        let mut o = Effects::new();
+        match env.to {
+            COORD => {
+                assert_eq!(env.body, Message::ConfigRequest);
+                w.on_message(2, deliver_config(W1, &new), &mut o);
+            }
+            W1 => {
+                redirected |= matches!(env.body, Message::Redirect { epoch: 2, .. });
+                w.on_message(2, env, &mut o);
+            }
+            to => {
+                if let Message::Push(p) = &env.body {
+                    if env.epoch == 2 {
+                        assert!(p.kvs.keys().iter().all(|&k| new_ring.primary(k) == to));
+                    }
+                }
+                servers[(to.0 - 1) as usize].on_message(2, env, &mut o);
+            }
+        }
+        pending.extend(o.sends);
+        out.events.extend(o.events);
+    }
+    assert!(
+        redirected,
+        "some slice reached a server that no longer owns it"
+    );
+    assert!(out.events.contains(&Event::PushDone(id)));
+    for s in &servers {
+        // Each key is held once, by its new primary.
+        for &k in &spread(30) {
+            let held = s.value(k).is_some();
+            assert_eq!(held, new_ring.primary(k) == s.id(), "key {k} at {}", s.id());
+        }
+    }
+}
+
+fn push_env(from: NodeId, request: u64, iteration: Iteration, key: Key, v: i64) -> Envelope<i64> {
+    Envelope::new(
+        from,
+        NodeId(1),
+        1,
+        Message::Push(Push {
+            slice: SliceRef { request, slice: 0 },
+            iteration,
+            settled_below: 0,
+            kvs: KvPairs::new(vec![key], vec![v], 1).unwrap(),
+        }),
+    )
+}
+
+fn progress(from: NodeId, finished_below: Iteration) -> Envelope<i64> {
+    Envelope::new(from, NodeId(1), 1, Message::Progress { finished_below })
+}
+
+#[test]
+fn sequential_mode_applies_one_aggregated_update_per_iteration() {
+    let cfg = config(1, &[1], &[W1, W2], Consistency::Sequential);
+    let rule = Updater::AdaGrad { lr: 1.0, eps: 0.0 };
+    let mut s: Server<f64> = Server::new(
+        ServerConfig {
+            id: NodeId(1),
+            coordinator: COORD,
+            width: 1,
+            timing: Timing::default(),
+        },
+        rule,
+    );
+    let mut out = Effects::new();
+    s.on_message(0, deliver_config(NodeId(1), &cfg), &mut out);
+    let push = |from, g: f64| {
+        Envelope::new(
+            from,
+            NodeId(1),
+            1,
+            Message::Push(Push {
+                slice: SliceRef {
+                    request: 1,
+                    slice: 0,
+                },
+                iteration: 0,
+                settled_below: 0,
+                kvs: KvPairs::new(vec![9], vec![g], 1).unwrap(),
+            }),
+        )
+    };
+    let progress = |from, finished_below| {
+        Envelope::new(from, NodeId(1), 1, Message::Progress { finished_below })
+    };
+    // Gradients 3 and 6 for key 9 in iteration 0. AdaGrad sees their sum once: n = 81,
+    // w = -9 / 9 = -1. Applied one by one it would give -1 - 6 / sqrt(45).
+    s.on_message(1, push(W1, 3.0), &mut out);
+    s.on_message(1, push(W2, 6.0), &mut out);
+    assert_eq!(
+        s.value(9),
+        None,
+        "buffered until both workers finish iteration 0"
+    );
+    s.on_message(1, progress(W1, 1), &mut out);
+    assert_eq!(s.value(9), None);
+    s.on_message(1, progress(W2, 1), &mut out);
+    assert_eq!(s.value(9), Some(&[-1.0][..]));
+    assert_eq!(s.applied_below(), 1);
+}
+
+#[test]
+fn a_pull_waits_until_every_live_worker_finished_the_required_iterations() {
+    let cfg = config(1, &[1], &[W1, W2], Consistency::BoundedDelay(1));
+    let mut s = server(1, &cfg, Updater::Sum);
+    let mut out = Effects::new();
+    let pull = |iteration| {
+        Envelope::new(
+            W1,
+            NodeId(1),
+            1,
+            Message::Pull(Pull {
+                slice: SliceRef {
+                    request: 9,
+                    slice: 0,
+                },
+                iteration,
+                keys: KeySelection::Keys(KeyList::new(vec![4]).unwrap()),
+            }),
+        )
+    };
+    let replies = |out: &Effects<i64>| {
+        out.sends
+            .iter()
+            .filter(|e| matches!(e.body, Message::PullReply(_)))
+            .count()
+    };
+    // Iteration 1 with tau 1 needs nothing: answered at once.
+    s.on_message(1, pull(1), &mut out);
+    assert_eq!(replies(&out), 1);
+    out.clear();
+    // Iteration 3 needs both workers to have finished iterations 0 and 1.
+    s.on_message(1, pull(3), &mut out);
+    s.on_message(1, pull(3), &mut out);
+    assert_eq!(
+        (replies(&out), s.held_pulls()),
+        (0, 1),
+        "held once, however often sent"
+    );
+    s.on_message(1, progress(W1, 2), &mut out);
+    assert_eq!(replies(&out), 0, "W2 has not finished iteration 1");
+    s.on_message(1, progress(W2, 1), &mut out);
+    assert_eq!(replies(&out), 0);
+    s.on_message(1, progress(W2, 2), &mut out);
+    assert_eq!(replies(&out), 1);
+    assert_eq!(s.held_pulls(), 0);
+}
+
+#[test]
+fn a_dead_worker_no_longer_holds_pulls_back() {
+    let cfg = config(1, &[1], &[W1, W2], Consistency::Sequential);
+    let mut s = server(1, &cfg, Updater::Sum);
+    let mut out = Effects::new();
+    s.on_message(1, push_env(W2, 1, 0, 4, 5), &mut out);
+    s.on_message(1, progress(W1, 1), &mut out);
+    let pull = Envelope::new(
+        W1,
+        NodeId(1),
+        1,
+        Message::Pull(Pull {
+            slice: SliceRef {
+                request: 2,
+                slice: 0,
+            },
+            iteration: 1,
+            keys: KeySelection::Keys(KeyList::new(vec![4]).unwrap()),
+        }),
+    );
+    s.on_message(1, pull, &mut out);
+    assert_eq!(s.held_pulls(), 1);
+    out.clear();
+    let without_w2 = config(2, &[1], &[W1], Consistency::Sequential);
+    s.on_message(2, deliver_config(NodeId(1), &without_w2), &mut out);
+    assert_eq!(s.held_pulls(), 0);
+    let reply = out
+        .sends
+        .iter()
+        .find_map(|e| match &e.body {
+            Message::PullReply(r) => Some(r.kvs.clone()),
+            _ => None,
+        })
+        .unwrap();
+    // W2's acknowledged push of iteration 0 was applied with the iteration.
+    assert_eq!(reply.get(4), Some(&[5i64][..]));
+}
+
+#[test]
+fn a_worker_never_has_more_than_tau_plus_one_iterations_in_flight() {
+    let cfg = config(1, &[1], &[W1], Consistency::BoundedDelay(1));
+    let mut w = worker(W1, &cfg);
+    let mut out = Effects::new();
+    let kv = || KvPairs::new(vec![1], vec![1i64], 1).unwrap();
+    w.push(1, kv(), &mut out).unwrap();
+    w.advance(1, &mut out).unwrap();
+    assert!(
+        out.events.contains(&Event::Advanced(1)),
+        "two in flight is allowed"
+    );
+    w.push(1, kv(), &mut out).unwrap();
+    out.clear();
+    w.advance(1, &mut out).unwrap();
+    assert!(
+        !out.events.contains(&Event::Advanced(2)),
+        "a third would exceed tau + 1"
+    );
+    assert_eq!(w.in_flight(), 2);
+    // Acknowledging iteration 0's push lets the worker enter iteration 2.
+    w.on_message(
+        2,
+        Envelope::new(
+            NodeId(1),
+            W1,
+            1,
+            Message::PushAck(SliceRef {
+                request: 1,
+                slice: 0,
+            }),
+        ),
+        &mut out,
+    );
+    assert!(out.events.contains(&Event::Advanced(2)));
+    assert_eq!(w.iteration(), 2);
+}
+
+#[test]
+fn retransmission_backs_off_exponentially_up_to_the_cap() {
+    let cfg = config(1, &[1], &[W1], Consistency::Eventual);
+    let mut w = worker(W1, &cfg);
+    let mut out = Effects::new();
+    w.push(0, KvPairs::new(vec![1], vec![1i64], 1).unwrap(), &mut out)
+        .unwrap();
+    let mut fire_times = Vec::new();
+    for _ in 0..10 {
+        let at = out
+            .timers
+            .iter()
+            .rev()
+            .find_map(|t| match t {
+                TimerCmd::Set {
+                    timer: TimerId::Retransmit,
+                    at,
+                } => Some(*at),
+                _ => None,
+            })
+            .expect("a retransmission is scheduled");
+        fire_times.push(at);
+        out.clear();
+        w.on_timer(at, TimerId::Retransmit, &mut out);
+        assert!(out.sends.iter().any(|e| matches!(e.body, Message::Push(_))));
+    }
+    let gaps: Vec<u64> = fire_times
+        .windows(2)
+        .map(|p| (p[1] - p[0]) / 1_000_000)
+        .collect();
+    assert_eq!(gaps, vec![40, 80, 160, 320, 640, 1000, 1000, 1000, 1000]);
+}
+
+#[test]
+fn a_worker_removed_from_the_cluster_is_fenced() {
+    let cfg = config(1, &[1], &[W1, W2], Consistency::Eventual);
+    let mut w = worker(W2, &cfg);
+    let mut out = Effects::new();
+    let without = config(2, &[1], &[W1], Consistency::Eventual);
+    w.on_message(5, deliver_config(W2, &without), &mut out);
+    assert!(out.events.contains(&Event::Fenced));
+    assert!(w.is_fenced());
+    let kvs = KvPairs::new(vec![1], vec![1i64], 1).unwrap();
+    assert_eq!(w.push(6, kvs, &mut out), Err(WorkerError::Fenced));
+}
+
+#[test]
+fn pushes_of_the_wrong_width_are_refused() {
+    let cfg = config(1, &[1], &[W1], Consistency::Eventual);
+    let mut w = worker(W1, &cfg);
+    let kvs = KvPairs::new(vec![1], vec![1i64, 2], 2).unwrap();
+    assert_eq!(
+        w.push(0, kvs, &mut Effects::new()),
+        Err(WorkerError::WidthMismatch {
+            expected: 1,
+            got: 2
+        })
+    );
+}
+
+fn coordinator() -> Coordinator {
+    Coordinator::new(CoordinatorConfig {
+        id: COORD,
+        servers: 1,
+        workers: 2,
+        ring: ring(),
+        consistency: Consistency::Sequential,
+        timing: Timing::default(),
+    })
+    .unwrap()
+}
+
+fn register(c: &mut Coordinator, now: Time, from: NodeId, role: Role, out: &mut Effects<i64>) {
+    c.on_message(
+        now,
+        Envelope::new(from, COORD, 0, Message::Register { role }),
+        out,
+    );
+}
+
+#[test]
+fn the_coordinator_publishes_once_every_expected_node_registered() {
+    let mut c = coordinator();
+    let mut out = Effects::new();
+    register(&mut c, 0, NodeId(1), Role::Server, &mut out);
+    register(&mut c, 0, W1, Role::Worker, &mut out);
+    assert!(c.config().is_none());
+    assert!(out.sends.is_empty());
+    register(&mut c, 0, W2, Role::Worker, &mut out);
+    let config = c.config().unwrap().clone();
+    assert_eq!(config.epoch, 1);
+    assert_eq!(config.workers, vec![W1, W2]);
+    let configs = out
+        .sends
+        .iter()
+        .filter(|e| e.body == Message::Config(config.clone()))
+        .count();
+    assert_eq!(configs, 3);
+}
+
+#[test]
+fn the_coordinator_removes_a_silent_worker_and_bumps_the_epoch() {
+    let mut c = coordinator();
+    let mut out = Effects::new();
+    register(&mut c, 0, NodeId(1), Role::Server, &mut out);
+    register(&mut c, 0, W1, Role::Worker, &mut out);
+    register(&mut c, 0, W2, Role::Worker, &mut out);
+    let timeout = Timing::default().heartbeat_timeout;
+    let beat = |from| Envelope::new(from, COORD, 1, Message::Heartbeat { seq: 1 });
+    out.clear();
+    c.on_message(timeout, beat(W1), &mut out);
+    c.on_message(timeout, beat(NodeId(1)), &mut out);
+    c.on_timer(timeout + 1, TimerId::FailureCheck, &mut out);
+    assert_eq!(c.epoch(), 2);
+    assert_eq!(c.config().unwrap().workers, vec![W1]);
+    assert!(out.events.contains(&Event::NodeDead(W2)));
+    assert_eq!(
+        c.config().unwrap().servers,
+        vec![NodeId(1)],
+        "servers are kept"
+    );
+}
+
+#[test]
+fn a_job_the_ring_cannot_hold_is_refused_at_setup() {
+    let err = Coordinator::new(CoordinatorConfig {
+        id: COORD,
+        servers: 1,
+        workers: 1,
+        ring: RingConfig {
+            vnodes: 8,
+            replicas: 1,
+            seed: 0,
+        },
+        consistency: Consistency::Sequential,
+        timing: Timing::default(),
+    })
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("1 replicas need at least 2 servers"),
+        "{err}"
+    );
+}
