@@ -11,4 +11,4 @@ pub use pserver_core as core;
 pub use pserver_models as models;
 pub use pserver_transport as transport;
 
-pub mod ring_report;
+pub mod commands;

@@ -3,8 +3,10 @@
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use pserver::core::{NodeId, RingConfig};
-use pserver::ring_report::{self, Change};
+use pserver::commands::ring::{self, Change};
+use pserver::commands::sim;
+use pserver::core::sim::{Faults, MS, SimConfig};
+use pserver::core::{Consistency, NodeId, RingConfig};
 use tracing_subscriber::EnvFilter;
 
 /// pserver: a parameter server for sparse machine learning, after Li et al. (OSDI 2014).
@@ -27,6 +29,150 @@ enum Command {
     /// space, the number of segments, the imbalance (largest share over the mean), and with
     /// --add or --remove the share of keys that would change primary.
     Ring(RingArgs),
+    /// Run whole clusters in the deterministic simulator, with faults, checking the protocol's
+    /// invariants after every step.
+    ///
+    /// Each seed runs a coordinator, servers and workers (each worker: pull, compute, push,
+    /// advance, for every iteration) on virtual time. A failing seed is printed with the
+    /// command that replays it; the last line is always
+    /// `sim seeds=N failed=F steps=X secs=Y`, and the exit status is 1 if any seed failed.
+    /// With --tau-sweep, prints instead how long the workload takes, and how much workers
+    /// idle, for tau in 0, 1, 2, 4, 8 and infinity.
+    Sim(SimArgs),
+}
+
+#[derive(Args, Debug)]
+struct SimArgs {
+    /// Number of seeds to run.
+    #[arg(long, default_value_t = 100)]
+    seeds: u64,
+    /// First seed; seeds run from here upwards.
+    #[arg(long, default_value_t = 0)]
+    first_seed: u64,
+    /// Servers in the simulated cluster.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    servers: u32,
+    /// Workers in the simulated cluster.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=64))]
+    workers: u32,
+    /// Size of the key space.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    keys: u64,
+    /// Iterations each worker runs.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    iterations: u32,
+    /// Consistency model: sequential, bounded:TAU or eventual.
+    #[arg(long, default_value = "sequential")]
+    consistency: Consistency,
+    /// Probability that a message is lost.
+    #[arg(long, default_value_t = 0.0, value_parser = probability)]
+    drop: f64,
+    /// Probability that a message is delivered twice.
+    #[arg(long, default_value_t = 0.0, value_parser = probability)]
+    dup: f64,
+    /// Deliver messages out of order (otherwise FIFO per pair of nodes, like TCP).
+    #[arg(long)]
+    reorder: bool,
+    /// Each iteration one worker, chosen at random, computes this many times slower.
+    #[arg(long, default_value_t = 1.0, value_parser = factor)]
+    straggler: f64,
+    /// Cut nodes off the network for a while, then heal.
+    #[arg(long)]
+    partition: bool,
+    /// Crash one worker mid-run.
+    #[arg(long)]
+    crash: bool,
+    /// Skip encoding and decoding every message (faster, checks less).
+    #[arg(long)]
+    no_wire: bool,
+    /// Virtual milliseconds after which an unfinished run counts as failed (completion).
+    #[arg(long, default_value_t = 600_000, value_parser = clap::value_parser!(u64).range(1..))]
+    time_limit_ms: u64,
+    /// Threads to run seeds on (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print finish time and idle fraction for tau in 0, 1, 2, 4, 8, inf instead.
+    #[arg(long)]
+    tau_sweep: bool,
+}
+
+fn probability(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if (0.0..1.0).contains(&p) => Ok(p),
+        _ => Err(format!("`{s}` is not a probability in [0, 1)")),
+    }
+}
+
+fn factor(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if (1.0..=1000.0).contains(&f) => Ok(f),
+        _ => Err(format!("`{s}` is not a slowdown factor between 1 and 1000")),
+    }
+}
+
+fn sim_command(args: SimArgs) -> ExitCode {
+    let base = SimConfig {
+        servers: args.servers as usize,
+        workers: args.workers as usize,
+        keys: args.keys,
+        iterations: args.iterations,
+        consistency: args.consistency,
+        faults: Faults {
+            drop: args.drop,
+            dup: args.dup,
+            reorder: args.reorder,
+            partition: args.partition,
+            crash: args.crash,
+        },
+        straggler: args.straggler,
+        wire: !args.no_wire,
+        time_limit: args.time_limit_ms * MS,
+        ..SimConfig::default()
+    };
+    if args.tau_sweep {
+        let seeds = args.seeds.min(20);
+        println!(
+            "# tau sweep: {} workers, {} iterations, straggler {}x, seeds {}..{}",
+            args.workers,
+            args.iterations,
+            args.straggler,
+            args.first_seed,
+            args.first_seed + seeds
+        );
+        return match sim::tau_sweep(&base, args.first_seed, seeds) {
+            Ok(rows) => {
+                for row in rows {
+                    println!(
+                        "tau={} finish_ms={:.1} idle_fraction={:.3}",
+                        sim::tau_label(row.consistency),
+                        row.finish_ms,
+                        row.idle_fraction
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(failure) => {
+                eprintln!("{failure}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    eprintln!(
+        "seeds {}..{} ({} threads)",
+        args.first_seed,
+        args.first_seed.saturating_add(args.seeds),
+        threads
+    );
+    let batch = sim::run_seeds(&base, args.first_seed, args.seeds, threads, true);
+    println!("{}", batch.summary());
+    if batch.failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 #[derive(Args, Debug)]
@@ -58,6 +204,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     match cli.command {
+        Command::Sim(args) => sim_command(args),
         Command::Ring(args) => {
             let config = RingConfig {
                 vnodes: args.vnodes,
@@ -69,7 +216,7 @@ fn main() -> ExitCode {
                 (_, Some(id)) => Some(Change::Remove(NodeId(id))),
                 _ => None,
             };
-            match ring_report::report(args.servers, config, change) {
+            match ring::report(args.servers, config, change) {
                 Ok(text) => {
                     print!("{text}");
                     ExitCode::SUCCESS

@@ -51,3 +51,96 @@ fn an_impossible_ring_is_a_clear_error_not_a_panic() {
     assert!(err.contains("2 replicas need at least 3 servers"), "{err}");
     assert!(!err.contains("panicked"));
 }
+
+#[test]
+fn sim_ends_with_exactly_one_summary_line() {
+    let out = pserver()
+        .args([
+            "sim",
+            "--seeds",
+            "20",
+            "--drop",
+            "0.1",
+            "--dup",
+            "0.05",
+            "--reorder",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let last = text.lines().last().unwrap();
+    assert!(last.starts_with("sim seeds=20 failed=0 steps="), "{text}");
+    assert!(last.contains(" secs="));
+    assert_eq!(text.lines().filter(|l| l.starts_with("sim ")).count(), 1);
+}
+
+#[test]
+fn a_failing_sim_exits_1_and_prints_the_replay_command() {
+    let out = pserver()
+        .args([
+            "sim",
+            "--seeds",
+            "2",
+            "--first-seed",
+            "40",
+            "--time-limit-ms",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.trim_end().ends_with("failed=2") || stdout.contains("failed=2 "),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("seeds 40..42"), "{stderr}");
+    for seed in [40, 41] {
+        let replay = format!("replay: pserver sim --seeds 1 --first-seed {seed} ");
+        assert!(stderr.contains(&replay), "{stderr}");
+    }
+}
+
+#[test]
+fn sim_refuses_impossible_arguments_with_a_clear_message() {
+    let out = pserver().args(["sim", "--drop", "1.5"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("not a probability"), "{err}");
+    let out = pserver()
+        .args(["sim", "--consistency", "bounded"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8(out.stderr)
+            .unwrap()
+            .contains("bounded:TAU")
+    );
+}
+
+#[test]
+fn the_tau_sweep_prints_a_row_per_tau() {
+    let out = pserver()
+        .args([
+            "sim",
+            "--tau-sweep",
+            "--straggler",
+            "4",
+            "--seeds",
+            "2",
+            "--iterations",
+            "8",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let taus: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("tau="))
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(taus, ["0", "1", "2", "4", "8", "inf"]);
+}

@@ -151,7 +151,7 @@ fn a_failing_run_prints_its_seed_and_the_command_that_replays_it() {
     let text = failure.to_string();
     assert!(text.starts_with("seed 7 broke completion"), "{text}");
     assert!(
-        text.contains("replay: pserver sim --seeds 1 --first-seed 7 --servers 2 --workers 3 --keys 16 --iterations 4 --consistency sequential --drop 0.1 --reorder"),
+        text.contains("replay: pserver sim --seeds 1 --first-seed 7 --servers 2 --workers 3 --keys 16 --iterations 4 --consistency sequential --drop 0.1 --reorder --time-limit-ms 1"),
         "{text}"
     );
 }

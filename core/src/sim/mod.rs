@@ -115,6 +115,12 @@ impl SimConfig {
         if self.straggler != 1.0 {
             cmd += &format!(" --straggler {}", self.straggler);
         }
+        if !self.wire {
+            cmd += " --no-wire";
+        }
+        if self.time_limit != SimConfig::default().time_limit {
+            cmd += &format!(" --time-limit-ms {}", self.time_limit / MS);
+        }
         cmd
     }
 

@@ -1,0 +1,4 @@
+//! The subcommands of `pserver`, as library functions so that they can be tested directly.
+
+pub mod ring;
+pub mod sim;

@@ -1,0 +1,199 @@
+//! `pserver sim`: many seeded runs of the deterministic simulator, and the tau sweep.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use pserver_core::Consistency;
+use pserver_core::sim::{MS, SimConfig, SimFailure, run};
+
+/// The outcome of running a range of seeds.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Seeds run.
+    pub seeds: u64,
+    /// Failed runs, by seed.
+    pub failures: Vec<SimFailure>,
+    /// Events processed over all runs.
+    pub steps: u64,
+    /// Wall-clock seconds.
+    pub secs: f64,
+}
+
+impl Batch {
+    /// The summary line: `sim seeds=N failed=F steps=X secs=Y`.
+    pub fn summary(&self) -> String {
+        format!(
+            "sim seeds={} failed={} steps={} secs={:.2}",
+            self.seeds,
+            self.failures.len(),
+            self.steps,
+            self.secs
+        )
+    }
+}
+
+/// Runs seeds `first..first + seeds` of `base` on `threads` threads, showing progress on stderr
+/// when `progress` is set. Failures come back sorted by seed.
+pub fn run_seeds(
+    base: &SimConfig,
+    first: u64,
+    seeds: u64,
+    threads: usize,
+    progress: bool,
+) -> Batch {
+    let start = Instant::now();
+    let next = AtomicU64::new(first);
+    let end = first.saturating_add(seeds);
+    let steps = AtomicU64::new(0);
+    let failures = Mutex::new(Vec::new());
+    let bar = if progress {
+        let bar = ProgressBar::new(seeds);
+        let style =
+            ProgressStyle::with_template("{bar:40} {pos}/{len} seeds {elapsed} ({eta} left) {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            scope.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= end {
+                        break;
+                    }
+                    match run(&SimConfig {
+                        seed,
+                        ..base.clone()
+                    }) {
+                        Ok(report) => {
+                            steps.fetch_add(report.steps, Ordering::Relaxed);
+                        }
+                        Err(failure) => {
+                            bar.suspend(|| eprintln!("{failure}"));
+                            steps.fetch_add(failure.step, Ordering::Relaxed);
+                            if let Ok(mut f) = failures.lock() {
+                                f.push(failure);
+                                bar.set_message(format!("{} failed", f.len()));
+                            }
+                        }
+                    }
+                    bar.inc(1);
+                }
+            });
+        }
+    });
+    bar.finish_and_clear();
+    let mut failures = failures.into_inner().unwrap_or_default();
+    failures.sort_by_key(|f| f.seed);
+    Batch {
+        seeds,
+        failures,
+        steps: steps.into_inner(),
+        secs: start.elapsed().as_secs_f64(),
+    }
+}
+
+/// One row of the tau sweep.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepRow {
+    /// The consistency model (tau = 0 is sequential, inf is eventual).
+    pub consistency: Consistency,
+    /// Mean virtual time to finish the workload, in milliseconds.
+    pub finish_ms: f64,
+    /// Mean fraction of worker time spent waiting.
+    pub idle_fraction: f64,
+}
+
+/// The staleness bounds the sweep tries: 0 (sequential), 1, 2, 4, 8 and infinity (eventual).
+pub fn sweep_models() -> Vec<Consistency> {
+    let mut models = vec![Consistency::Sequential];
+    models.extend([1, 2, 4, 8].map(Consistency::BoundedDelay));
+    models.push(Consistency::Eventual);
+    models
+}
+
+/// Runs `base` under every model of [`sweep_models`] for seeds `first..first + seeds` and
+/// averages finish time and idle fraction. Fails on the first broken invariant.
+pub fn tau_sweep(base: &SimConfig, first: u64, seeds: u64) -> Result<Vec<SweepRow>, SimFailure> {
+    let mut rows = Vec::new();
+    for consistency in sweep_models() {
+        let (mut finish, mut idle) = (0.0, 0.0);
+        for seed in first..first + seeds.max(1) {
+            let report = run(&SimConfig {
+                seed,
+                consistency,
+                ..base.clone()
+            })?;
+            finish += report.finish as f64 / MS as f64;
+            idle += report.idle_fraction;
+        }
+        let n = seeds.max(1) as f64;
+        rows.push(SweepRow {
+            consistency,
+            finish_ms: finish / n,
+            idle_fraction: idle / n,
+        });
+    }
+    Ok(rows)
+}
+
+/// How a sweep row names its tau.
+pub fn tau_label(c: Consistency) -> String {
+    match c.tau() {
+        Some(t) => t.to_string(),
+        None => "inf".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pserver_core::sim::Faults;
+
+    #[test]
+    fn the_summary_counts_every_seed_and_failure() {
+        let base = SimConfig {
+            faults: Faults {
+                drop: 0.1,
+                ..Faults::default()
+            },
+            ..SimConfig::default()
+        };
+        let batch = run_seeds(&base, 5, 8, 2, false);
+        assert_eq!(batch.seeds, 8);
+        assert!(batch.failures.is_empty());
+        assert!(batch.steps > 0);
+        assert!(batch.summary().starts_with("sim seeds=8 failed=0 steps="));
+
+        let hopeless = SimConfig {
+            time_limit: MS,
+            ..base
+        };
+        let batch = run_seeds(&hopeless, 0, 3, 2, false);
+        let seeds: Vec<u64> = batch.failures.iter().map(|f| f.seed).collect();
+        assert_eq!(seeds, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn the_sweep_has_the_papers_shape_bounded_delay_beats_sequential() {
+        let base = SimConfig {
+            straggler: 4.0,
+            workers: 4,
+            iterations: 20,
+            ..SimConfig::default()
+        };
+        let rows = tau_sweep(&base, 0, 3).unwrap();
+        let labels: Vec<String> = rows.iter().map(|r| tau_label(r.consistency)).collect();
+        assert_eq!(labels, ["0", "1", "2", "4", "8", "inf"]);
+        let sequential = &rows[0];
+        for bounded in &rows[1..5] {
+            assert!(bounded.finish_ms < sequential.finish_ms, "{rows:?}");
+            assert!(bounded.idle_fraction < sequential.idle_fraction, "{rows:?}");
+        }
+    }
+}
