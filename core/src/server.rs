@@ -211,15 +211,20 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     fn adopt(&mut self, config: ClusterConfig, out: &mut Effects<V>) {
-        if self.cluster.is_some() && config.epoch <= self.epoch() {
-            return;
+        if let Some(current) = &self.cluster {
+            // The consistency model is fixed for the life of a job: a configuration that
+            // changes it belongs to another job.
+            if config.epoch <= current.epoch() || config.consistency != current.config.consistency {
+                return;
+            }
         }
         // A configuration whose ring cannot be built is corrupt or foreign: ignore it.
         let Ok(cluster) = Cluster::new(config) else {
             return;
         };
         let first = self.cluster.is_none();
-        self.dedupe.retain(|w, _| cluster.is_worker(*w));
+        // De-duplication windows are kept even for removed workers: forgetting one would let a
+        // late duplicate be applied again if the worker ever came back.
         self.held.retain(|(w, _), _| cluster.is_worker(*w));
         self.cluster = Some(cluster);
         if first {

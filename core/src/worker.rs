@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use thiserror::Error;
 
 use crate::cluster::Cluster;
+use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, TimerId};
 use crate::kv::KvPairs;
 use crate::message::{
@@ -132,6 +133,11 @@ impl<V: Value> Worker<V> {
     /// The epoch of the configuration in force, 0 before the first.
     pub fn epoch(&self) -> Epoch {
         self.cluster.as_ref().map_or(0, Cluster::epoch)
+    }
+
+    /// The job's consistency model, once the first configuration has arrived.
+    pub fn consistency(&self) -> Option<Consistency> {
+        self.cluster.as_ref().map(|c| c.config.consistency)
     }
 
     /// The iteration the worker is in.
@@ -516,8 +522,12 @@ impl<V: Value> Worker<V> {
     }
 
     fn adopt(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
-        if self.cluster.is_some() && config.epoch <= self.epoch() {
-            return;
+        if let Some(current) = &self.cluster {
+            // The consistency model is fixed for the life of a job: a configuration that
+            // changes it belongs to another job.
+            if config.epoch <= current.epoch() || config.consistency != current.config.consistency {
+                return;
+            }
         }
         let Ok(cluster) = Cluster::new(config) else {
             return;

@@ -1,0 +1,225 @@
+//! Arbitrary message sequences into a Server and a Worker, plus the worker's application calls
+//! and timers. Nothing may panic, and the protocol's invariants must hold throughout:
+//! exactly-once (the server's totals equal the sum of the push slices it acknowledged for the
+//! first time) and the worker's in-flight bound.
+#![no_main]
+
+use std::collections::BTreeMap;
+
+use arbitrary::Arbitrary;
+use libfuzzer_sys::fuzz_target;
+use pserver_core::*;
+
+const COORD: NodeId = NodeId(0);
+const SERVER: NodeId = NodeId(1);
+const WORKER: NodeId = NodeId(8);
+
+/// Small ids, so that senders are often members: 0 coordinator, 1..=3 servers, 8..=10 workers.
+fn node(n: u8) -> NodeId {
+    match n % 7 {
+        0 => COORD,
+        i @ 1..=3 => NodeId(u32::from(i)),
+        i => NodeId(u32::from(i) + 4),
+    }
+}
+
+fn key(k: u16) -> Key {
+    // Spread over the key space so that keys land on every server's ranges.
+    u64::from(k % 64) * (u64::MAX / 64)
+}
+
+fn keys(ks: &[u16]) -> Vec<Key> {
+    let mut v: Vec<Key> = ks.iter().map(|&k| key(k)).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+fn kvs(ks: &[u16], vals: &[i16]) -> KvPairs<i64> {
+    let ks = keys(ks);
+    let vs = ks
+        .iter()
+        .enumerate()
+        .map(|(i, _)| i64::from(*vals.get(i).unwrap_or(&1)))
+        .collect();
+    KvPairs::new(ks, vs, 1).expect("sorted, deduplicated keys")
+}
+
+fn members(mask: u8, first: u32) -> Vec<NodeId> {
+    (0..3).filter(|i| mask & (1 << i) != 0).map(|i| NodeId(first + i)).collect()
+}
+
+#[derive(Arbitrary, Debug)]
+enum Body {
+    Register,
+    Config { epoch: u8, servers: u8, workers: u8, consistency: u8 },
+    ConfigRequest,
+    Heartbeat,
+    Push { request: u8, slice: u8, iteration: u8, settled: u8, keys: Vec<u16>, vals: Vec<i16> },
+    PushAck { request: u8, slice: u8 },
+    Pull { request: u8, slice: u8, iteration: u8, keys: Vec<u16>, dense: bool },
+    PullReply { request: u8, slice: u8, keys: Vec<u16>, vals: Vec<i16> },
+    Redirect { request: u8, slice: u8, epoch: u8 },
+    Progress(u8),
+    ProgressAck(u8),
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    ToServer { from: u8, epoch: u8, body: Body },
+    ToWorker { from: u8, epoch: u8, body: Body },
+    ServerTimer(u8),
+    WorkerTimer(u8),
+    Push { keys: Vec<u16>, vals: Vec<i16> },
+    Pull { keys: Vec<u16>, dense: bool },
+    Advance,
+    Tick(u16),
+}
+
+fn message(body: Body) -> Message<i64> {
+    let sref = |request: u8, slice: u8| SliceRef {
+        request: u64::from(request),
+        slice: u32::from(slice % 4),
+    };
+    match body {
+        Body::Register => Message::Register { role: Role::Worker },
+        Body::Config { epoch, servers, workers, consistency } => {
+            let servers = members(servers | 1, 1);
+            Message::Config(ClusterConfig {
+                epoch: u64::from(epoch),
+                coordinator: COORD,
+                servers,
+                workers: members(workers, 8),
+                ring: RingConfig { vnodes: 4, replicas: 0, seed: 0 },
+                consistency: match consistency % 3 {
+                    0 => Consistency::Sequential,
+                    1 => Consistency::BoundedDelay(u32::from(consistency % 4)),
+                    _ => Consistency::Eventual,
+                },
+            })
+        }
+        Body::ConfigRequest => Message::ConfigRequest,
+        Body::Heartbeat => Message::Heartbeat { seq: 1 },
+        Body::Push { request, slice, iteration, settled, keys: ks, vals } => Message::Push(Push {
+            slice: sref(request, slice),
+            iteration: u32::from(iteration % 8),
+            settled_below: u64::from(settled),
+            kvs: kvs(&ks, &vals),
+        }),
+        Body::PushAck { request, slice } => Message::PushAck(sref(request, slice)),
+        Body::Pull { request, slice, iteration, keys: ks, dense } => Message::Pull(Pull {
+            slice: sref(request, slice),
+            iteration: u32::from(iteration % 8),
+            keys: selection(&ks, dense),
+        }),
+        Body::PullReply { request, slice, keys: ks, vals } => Message::PullReply(PullReply {
+            slice: sref(request, slice),
+            complete_below: 0,
+            kvs: kvs(&ks, &vals),
+        }),
+        Body::Redirect { request, slice, epoch } => Message::Redirect {
+            slice: sref(request, slice),
+            epoch: u64::from(epoch),
+        },
+        Body::Progress(i) => Message::Progress { finished_below: u32::from(i % 8) },
+        Body::ProgressAck(i) => Message::ProgressAck { finished_below: u32::from(i % 8) },
+    }
+}
+
+fn selection(ks: &[u16], dense: bool) -> KeySelection {
+    let ks = keys(ks);
+    match (dense, ks.first(), ks.last()) {
+        (true, Some(&a), Some(&b)) => {
+            let r = KeyRange::new(a, b + 1).expect("a <= b");
+            KeySelection::Ranges(RangeList::new(vec![r]).expect("one non-empty range"))
+        }
+        _ => KeySelection::Keys(KeyList::new(ks).expect("sorted keys")),
+    }
+}
+
+fn timer(t: u8) -> TimerId {
+    match t % 4 {
+        0 => TimerId::Retransmit,
+        1 => TimerId::Heartbeat,
+        2 => TimerId::Register,
+        _ => TimerId::FailureCheck,
+    }
+}
+
+/// What the server must hold: the first acknowledged copy of every push slice, per worker.
+#[derive(Default)]
+struct Mirror {
+    applied: BTreeMap<(NodeId, SliceRef), KvPairs<i64>>,
+    settled: BTreeMap<NodeId, u64>,
+}
+
+fuzz_target!(|ops: Vec<Op>| {
+    let codec = Codec::default();
+    let timing = Timing::default();
+    let mut server: Server<i64> = Server::new(
+        ServerConfig { id: SERVER, coordinator: COORD, width: 1, timing },
+        Updater::Sum,
+    );
+    let mut worker: Worker<i64> =
+        Worker::new(WorkerConfig { id: WORKER, coordinator: COORD, width: 1, timing });
+    let mut out = Effects::new();
+    let mut now: Time = 0;
+    let mut mirror = Mirror::default();
+    server.start(now, &mut out);
+    worker.start(now, &mut out);
+    for op in ops.into_iter().take(256) {
+        out.clear();
+        match op {
+            Op::ToServer { from, epoch, body } => {
+                let env = Envelope::new(node(from), SERVER, u64::from(epoch % 4), message(body));
+                let frame = codec.encode(&env).expect("small messages encode");
+                assert_eq!(codec.decode::<i64>(&frame).as_ref(), Ok(&env));
+                let push = match &env.body {
+                    Message::Push(p) => Some((env.from, p.clone())),
+                    _ => None,
+                };
+                server.on_message(now, env, &mut out);
+                if let Some((from, p)) = push {
+                    let settled = mirror.settled.entry(from).or_default();
+                    *settled = (*settled).max(p.settled_below);
+                    let acked = out.sends.iter().any(|e| e.body == Message::PushAck(p.slice));
+                    if acked && p.slice.request >= *settled {
+                        mirror.applied.entry((from, p.slice)).or_insert(p.kvs);
+                    }
+                }
+            }
+            Op::ToWorker { from, epoch, body } => {
+                let env = Envelope::new(node(from), WORKER, u64::from(epoch % 4), message(body));
+                worker.on_message(now, env, &mut out);
+            }
+            Op::ServerTimer(t) => server.on_timer(now, timer(t), &mut out),
+            Op::WorkerTimer(t) => worker.on_timer(now, timer(t), &mut out),
+            Op::Push { keys: ks, vals } => {
+                let _ = worker.push(now, kvs(&ks, &vals), &mut out);
+            }
+            Op::Pull { keys: ks, dense } => {
+                let _ = worker.pull(now, selection(&ks, dense), &mut out);
+            }
+            Op::Advance => {
+                let _ = worker.advance(now, &mut out);
+            }
+            Op::Tick(ms) => now += u64::from(ms) * 1_000_000,
+        }
+        // Exactly-once: totals are the sum of the first acknowledged copy of each slice.
+        for k in 0..64u16 {
+            let key = key(k);
+            let want = mirror
+                .applied
+                .values()
+                .filter_map(|kv| kv.get(key).map(|v| v[0]))
+                .fold(0i64, i64::wrapping_add);
+            assert_eq!(server.received_total(key)[0], want, "key {key}");
+        }
+        // In-flight bound.
+        if let Some(tau) = worker.consistency().and_then(Consistency::tau) {
+            assert!(worker.in_flight() <= tau + 1, "{} in flight, tau {tau}", worker.in_flight());
+        }
+        assert_eq!(server.clone(), server);
+        assert_eq!(worker.clone(), worker);
+    }
+});
