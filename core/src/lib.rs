@@ -17,6 +17,65 @@
 //! - [`RangeClock`]: the paper's range vector clock.
 //! - [`Ring`]: consistent hashing of key ranges onto servers, with replicas.
 //! - [`Envelope`], [`Message`], [`Codec`]: the wire protocol.
+//! - [`Coordinator`], [`Server`], [`Worker`]: the node state machines; they write what they want
+//!   done into [`Effects`].
+//! - [`sim`]: the deterministic simulator that runs whole clusters under faults.
+//!
+//! ## Driving nodes
+//!
+//! Every node has the same shape: `on_message(now, envelope, &mut effects)` and
+//! `on_timer(now, timer, &mut effects)` in, and after each call the driver sends
+//! `effects.sends`, applies `effects.timers` and hands `effects.events` to the application. Here
+//! the "network" is a queue and time stands still:
+//!
+//! ```
+//! use std::collections::VecDeque;
+//! use pserver_core::*;
+//!
+//! let timing = Timing::default();
+//! let (c, s, w) = (NodeId(0), NodeId(1), NodeId(2));
+//! let mut coordinator = Coordinator::new(CoordinatorConfig {
+//!     id: c, servers: 1, workers: 1, consistency: Consistency::Sequential, timing,
+//!     ring: RingConfig { vnodes: 8, replicas: 0, seed: 0 },
+//! }).unwrap();
+//! let mut server: Server<f32> =
+//!     Server::new(ServerConfig { id: s, coordinator: c, width: 1, timing }, Updater::Sum);
+//! let mut worker: Worker<f32> =
+//!     Worker::new(WorkerConfig { id: w, coordinator: c, width: 1, timing });
+//!
+//! let mut out = Effects::new();
+//! server.start(0, &mut out);
+//! worker.start(0, &mut out);
+//! let mut net: VecDeque<Envelope<f32>> = out.sends.drain(..).collect();
+//! let mut events = Vec::new();
+//! while let Some(env) = net.pop_front() {
+//!     let mut out = Effects::new();
+//!     let to = env.to;
+//!     match to {
+//!         _ if to == c => coordinator.on_message(0, env, &mut out),
+//!         _ if to == s => server.on_message(0, env, &mut out),
+//!         _ => worker.on_message(0, env, &mut out),
+//!     }
+//!     let ready = out.events.iter().any(|e| matches!(e, Event::Ready { .. }));
+//!     if to == w && ready {
+//!         // The worker has its configuration: the application may start.
+//!         let kvs = KvPairs::new(vec![3, 9], vec![0.5, 2.0], 1).unwrap();
+//!         worker.push(0, kvs, &mut out).unwrap();
+//!         worker.pull(0, KeySelection::Keys(KeyList::new(vec![9]).unwrap()), &mut out).unwrap();
+//!     }
+//!     net.extend(out.sends.drain(..));
+//!     events.extend(out.events.drain(..));
+//! }
+//! assert!(events.contains(&Event::PushDone(1)));
+//! let pulled = events.iter().find_map(|e| match e {
+//!     Event::PullDone(2, kvs) => Some(kvs.clone()),
+//!     _ => None,
+//! });
+//! // Sequential: a pull in iteration 0 needs nothing earlier, so it may or may not see the push.
+//! assert!(pulled.is_some());
+//! ```
+//!
+//! ## The wire
 //!
 //! ```
 //! use pserver_core::*;
