@@ -593,3 +593,28 @@ fn a_job_the_ring_cannot_hold_is_refused_at_setup() {
         "{err}"
     );
 }
+
+/// A user-defined rule: keep the largest value ever pushed, and count the pushes in `aux`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct KeepMax;
+
+impl UpdateRule<i64> for KeepMax {
+    fn aux_width(&self) -> usize {
+        1
+    }
+    fn apply(&self, weight: &mut i64, aux: &mut [i64], delta: i64) {
+        *weight = (*weight).max(delta);
+        aux[0] += 1;
+    }
+}
+
+#[test]
+fn servers_run_user_defined_update_rules() {
+    let cfg = config(1, &[1], &[W1], Consistency::Eventual);
+    let mut s = server(1, &cfg, KeepMax);
+    let mut out = Effects::new();
+    for (request, v) in [(1, 4), (2, 9), (3, 2)] {
+        s.on_message(1, push_env(W1, request, 0, 6, v), &mut out);
+    }
+    assert_eq!(s.value(6), Some(&[9i64][..]));
+}
