@@ -18,6 +18,18 @@ impl Cluster {
         Ok(Cluster { config, ring })
     }
 
+    /// The cluster of `config` if it supersedes `current`: a newer epoch of the same job, with a
+    /// ring that can be built. The consistency model is fixed for the life of a job, so a
+    /// configuration that changes it belongs to another job and is ignored, as is a corrupt one.
+    pub(crate) fn successor(current: Option<&Cluster>, config: ClusterConfig) -> Option<Cluster> {
+        if let Some(current) = current {
+            if config.epoch <= current.epoch() || config.consistency != current.config.consistency {
+                return None;
+            }
+        }
+        Cluster::new(config).ok()
+    }
+
     pub(crate) fn epoch(&self) -> Epoch {
         self.config.epoch
     }

@@ -211,15 +211,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     fn adopt(&mut self, config: ClusterConfig, out: &mut Effects<V>) {
-        if let Some(current) = &self.cluster {
-            // The consistency model is fixed for the life of a job: a configuration that
-            // changes it belongs to another job.
-            if config.epoch <= current.epoch() || config.consistency != current.config.consistency {
-                return;
-            }
-        }
-        // A configuration whose ring cannot be built is corrupt or foreign: ignore it.
-        let Ok(cluster) = Cluster::new(config) else {
+        let Some(cluster) = Cluster::successor(self.cluster.as_ref(), config) else {
             return;
         };
         let first = self.cluster.is_none();

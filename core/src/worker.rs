@@ -522,14 +522,7 @@ impl<V: Value> Worker<V> {
     }
 
     fn adopt(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
-        if let Some(current) = &self.cluster {
-            // The consistency model is fixed for the life of a job: a configuration that
-            // changes it belongs to another job.
-            if config.epoch <= current.epoch() || config.consistency != current.config.consistency {
-                return;
-            }
-        }
-        let Ok(cluster) = Cluster::new(config) else {
+        let Some(cluster) = Cluster::successor(self.cluster.as_ref(), config) else {
             return;
         };
         let first = self.cluster.is_none();

@@ -604,18 +604,8 @@ impl<'a> World<'a> {
         if !self.all_done() {
             return Err(self.fail(Invariant::Completion, self.stuck_report()));
         }
-        let survivors: Vec<NodeId> = self
-            .apps
-            .iter()
-            .filter(|(_, a)| !a.crashed)
-            .map(|(&id, _)| id)
-            .collect();
-        let lost: Vec<NodeId> = self
-            .apps
-            .iter()
-            .filter(|(_, a)| a.crashed)
-            .map(|(&id, _)| id)
-            .collect();
+        let (lost, survivors): (Vec<NodeId>, Vec<NodeId>) =
+            self.apps.keys().partition(|id| self.apps[*id].crashed);
         for i in 0..self.cfg.keys {
             let key = self.cfg.key(i);
             let total = self.total(key).unwrap_or_default();
