@@ -180,11 +180,19 @@ fuzz_target!(|ops: Vec<Op>| {
                 };
                 server.on_message(now, env, &mut out);
                 if let Some((from, p)) = push {
-                    let settled = mirror.settled.entry(from).or_default();
-                    *settled = (*settled).max(p.settled_below);
-                    let acked = out.sends.iter().any(|e| e.body == Message::PushAck(p.slice));
-                    if acked && p.slice.request >= *settled {
-                        mirror.applied.entry((from, p.slice)).or_insert(p.kvs);
+                    // A push the server answered (acknowledged or redirected) moved its window;
+                    // one it ignored (no configuration yet, a non-member) did not.
+                    let answered = |e: &Envelope<i64>| match &e.body {
+                        Message::PushAck(s) | Message::Redirect { slice: s, .. } => *s == p.slice,
+                        _ => false,
+                    };
+                    if out.sends.iter().any(answered) {
+                        let settled = mirror.settled.entry(from).or_default();
+                        *settled = (*settled).max(p.settled_below);
+                        let acked = out.sends.iter().any(|e| e.body == Message::PushAck(p.slice));
+                        if acked && p.slice.request >= *settled {
+                            mirror.applied.entry((from, p.slice)).or_insert(p.kvs);
+                        }
                     }
                 }
             }
