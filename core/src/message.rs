@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::consistency::Consistency;
 use crate::key::{Key, KeyRange};
 use crate::kv::{KvError, KvPairs, check_keys};
-use crate::node::{Epoch, Iteration, NodeId, Role};
+use crate::node::{Epoch, Iteration, NodeId, Role, Time};
 use crate::ring::RingConfig;
 use crate::value::Value;
 use crate::wire::seq;
@@ -261,8 +261,9 @@ pub enum Message<V: Value> {
     ConfigRequest,
     /// Liveness signal to the coordinator.
     Heartbeat {
-        /// Sender's heartbeat counter.
-        seq: u64,
+        /// The sender's time when it sent the heartbeat (for diagnostics; not compared across
+        /// nodes).
+        sent_at: Time,
     },
     /// A worker's update slice.
     Push(Push<V>),

@@ -62,7 +62,6 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Order
     progress: BTreeMap<NodeId, Iteration>,
     dedupe: BTreeMap<NodeId, DedupeWindow>,
     held: BTreeMap<(NodeId, SliceRef), HeldPull>,
-    heartbeats: u64,
 }
 
 impl<V: Value, U: UpdateRule<V>> Server<V, U, OrderedStore<V>> {
@@ -86,7 +85,6 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             progress: BTreeMap::new(),
             dedupe: BTreeMap::new(),
             held: BTreeMap::new(),
-            heartbeats: 0,
         }
     }
 
@@ -163,10 +161,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         match timer {
             TimerId::Register if self.cluster.is_none() => self.register(now, out),
             TimerId::Heartbeat => {
-                self.heartbeats += 1;
-                let body = Message::Heartbeat {
-                    seq: self.heartbeats,
-                };
+                let body = Message::Heartbeat { sent_at: now };
                 self.send(self.cfg.coordinator, body, out);
                 out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
             }

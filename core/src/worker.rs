@@ -102,7 +102,6 @@ pub struct Worker<V: Value> {
     progress_due: Time,
     progress_attempts: u8,
     retransmit_at: Option<Time>,
-    heartbeats: u64,
 }
 
 impl<V: Value> Worker<V> {
@@ -121,7 +120,6 @@ impl<V: Value> Worker<V> {
             progress_due: 0,
             progress_attempts: 0,
             retransmit_at: None,
-            heartbeats: 0,
         }
     }
 
@@ -329,10 +327,7 @@ impl<V: Value> Worker<V> {
         match timer {
             TimerId::Register if self.cluster.is_none() => self.register(now, out),
             TimerId::Heartbeat => {
-                self.heartbeats += 1;
-                let body = Message::Heartbeat {
-                    seq: self.heartbeats,
-                };
+                let body = Message::Heartbeat { sent_at: now };
                 self.send(self.cfg.coordinator, body, out);
                 out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
             }

@@ -104,7 +104,7 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
         role.prop_map(|role| Message::Register { role }),
         config,
         Just(Message::ConfigRequest),
-        any::<u64>().prop_map(|seq| Message::Heartbeat { seq }),
+        any::<u64>().prop_map(|sent_at| Message::Heartbeat { sent_at }),
         (slice(), any::<u32>(), any::<u64>(), kvs::<V>()).prop_map(
             |(slice, iteration, settled_below, kvs)| {
                 Message::Push(Push {

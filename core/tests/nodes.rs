@@ -557,7 +557,7 @@ fn the_coordinator_removes_a_silent_worker_and_bumps_the_epoch() {
     register(&mut c, 0, W1, Role::Worker, &mut out);
     register(&mut c, 0, W2, Role::Worker, &mut out);
     let timeout = Timing::default().heartbeat_timeout;
-    let beat = |from| Envelope::new(from, COORD, 1, Message::Heartbeat { seq: 1 });
+    let beat = |from| Envelope::new(from, COORD, 1, Message::Heartbeat { sent_at: 1 });
     out.clear();
     c.on_message(timeout, beat(W1), &mut out);
     c.on_message(timeout, beat(NodeId(1)), &mut out);

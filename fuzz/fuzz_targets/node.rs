@@ -99,7 +99,7 @@ fn message(body: Body) -> Message<i64> {
             })
         }
         Body::ConfigRequest => Message::ConfigRequest,
-        Body::Heartbeat => Message::Heartbeat { seq: 1 },
+        Body::Heartbeat => Message::Heartbeat { sent_at: 1 },
         Body::Push { request, slice, iteration, settled, keys: ks, vals } => Message::Push(Push {
             slice: sref(request, slice),
             iteration: u32::from(iteration % 8),
