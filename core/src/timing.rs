@@ -18,6 +18,9 @@ pub struct Timing {
     pub rto_max: Time,
     /// Between registration attempts until a configuration arrives.
     pub register_retry: Time,
+    /// How many times the retransmission timeout may double. The attempt counter kept per
+    /// message never exceeds it, so 0 keeps no counter at all (the model checker's setting).
+    pub max_doublings: u8,
 }
 
 impl Default for Timing {
@@ -28,20 +31,30 @@ impl Default for Timing {
             rto_initial: 20 * MS,
             rto_max: 1_000 * MS,
             register_retry: 100 * MS,
+            max_doublings: 16,
         }
     }
 }
 
-/// Attempts beyond this no longer lengthen the timeout; keeps the counter small.
-pub(crate) const MAX_BACKOFF_STEPS: u8 = 16;
-
 impl Timing {
     /// Retransmission timeout after `attempts` sends: exponential, capped at `rto_max`.
     pub fn rto(&self, attempts: u8) -> Time {
-        let steps = u32::from(attempts.min(MAX_BACKOFF_STEPS));
+        let steps = u32::from(attempts.min(self.max_doublings.min(63)));
         self.rto_initial
             .saturating_mul(1u64 << steps)
             .min(self.rto_max)
+    }
+}
+
+impl Timing {
+    /// The attempt counter after one more send.
+    pub(crate) fn next_attempt(&self, attempts: u8) -> u8 {
+        attempts.saturating_add(1).min(self.max_doublings)
+    }
+
+    /// Failure checks in a row that a node may miss before it is declared dead.
+    pub(crate) fn missed_checks_allowed(&self) -> u64 {
+        self.heartbeat_timeout / self.heartbeat_interval.max(1)
     }
 }
 

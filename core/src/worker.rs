@@ -16,7 +16,7 @@ use crate::message::{
 };
 use crate::node::{Epoch, Iteration, NodeId, Role, Time};
 use crate::slicing::{answers, assemble, merge_parts, primary_of_all, split_by_primary};
-use crate::timing::{MAX_BACKOFF_STEPS, Timing};
+use crate::timing::Timing;
 use crate::value::Value;
 
 /// What a worker is told at start.
@@ -346,7 +346,7 @@ impl<V: Value> Worker<V> {
         for (&id, request) in &mut self.requests {
             for (&sid, slice) in &mut request.open {
                 if slice.due <= now {
-                    slice.attempts = (slice.attempts + 1).min(MAX_BACKOFF_STEPS);
+                    slice.attempts = timing.next_attempt(slice.attempts);
                     slice.due = now + timing.rto(slice.attempts);
                     due.push((id, sid));
                 }
@@ -356,7 +356,7 @@ impl<V: Value> Worker<V> {
             self.send_slice(id, sid, out);
         }
         if self.progress_pending() && self.progress_due <= now {
-            self.progress_attempts = (self.progress_attempts + 1).min(MAX_BACKOFF_STEPS);
+            self.progress_attempts = timing.next_attempt(self.progress_attempts);
             self.send_progress(now, out);
         }
     }

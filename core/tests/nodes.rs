@@ -556,12 +556,21 @@ fn the_coordinator_removes_a_silent_worker_and_bumps_the_epoch() {
     register(&mut c, 0, NodeId(1), Role::Server, &mut out);
     register(&mut c, 0, W1, Role::Worker, &mut out);
     register(&mut c, 0, W2, Role::Worker, &mut out);
-    let timeout = Timing::default().heartbeat_timeout;
+    let timing = Timing::default();
+    let checks = timing.heartbeat_timeout / timing.heartbeat_interval;
     let beat = |from| Envelope::new(from, COORD, 1, Message::Heartbeat { sent_at: 1 });
-    out.clear();
-    c.on_message(timeout, beat(W1), &mut out);
-    c.on_message(timeout, beat(NodeId(1)), &mut out);
-    c.on_timer(timeout + 1, TimerId::FailureCheck, &mut out);
+    for i in 1..=checks + 1 {
+        assert_eq!(
+            c.epoch(),
+            1,
+            "W2 is still a member after {} silent checks",
+            i - 1
+        );
+        out.clear();
+        c.on_message(0, beat(W1), &mut out);
+        c.on_message(0, beat(NodeId(1)), &mut out);
+        c.on_timer(0, TimerId::FailureCheck, &mut out);
+    }
     assert_eq!(c.epoch(), 2);
     assert_eq!(c.config().unwrap().workers, vec![W1]);
     assert!(out.events.contains(&Event::NodeDead(W2)));
