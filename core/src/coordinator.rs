@@ -86,6 +86,29 @@ impl Coordinator {
         })
     }
 
+    /// A coordinator whose members are known up front (static membership): epoch 1 is in force
+    /// from the start, with `servers` and `workers` as members, and nodes can be started with
+    /// [`Coordinator::config`] instead of registering.
+    pub fn bootstrapped(
+        cfg: CoordinatorConfig,
+        servers: &[NodeId],
+        workers: &[NodeId],
+    ) -> Result<Self, CoordinatorError> {
+        let mut c = Coordinator::new(CoordinatorConfig {
+            servers: servers.len(),
+            workers: workers.len(),
+            ..cfg
+        })?;
+        let roles = servers
+            .iter()
+            .map(|&s| (s, Role::Server))
+            .chain(workers.iter().map(|&w| (w, Role::Worker)));
+        c.members.extend(roles);
+        // Every node is handed the configuration directly, so there is nothing to broadcast.
+        c.publish_when_complete::<i64>(&mut Effects::new());
+        Ok(c)
+    }
+
     /// This coordinator's id.
     pub fn id(&self) -> NodeId {
         self.cfg.id

@@ -89,6 +89,9 @@
 //! ```
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+#[macro_use]
+mod macros;
+
 mod clock;
 mod cluster;
 mod codec;
@@ -100,6 +103,8 @@ mod hash;
 mod key;
 mod kv;
 mod message;
+#[cfg(feature = "mutations")]
+mod mutation;
 mod node;
 mod ring;
 mod server;
@@ -125,6 +130,8 @@ pub use message::{
     Message, PROTOCOL_VERSION, Pull, PullReply, Push, RangeList, Replicate, RequestId, SliceId,
     SliceRef, Transfer,
 };
+#[cfg(feature = "mutations")]
+pub use mutation::Mutation;
 pub use node::{Epoch, Iteration, NodeId, Role, Time};
 pub use ring::{MAX_SERVERS, MAX_VNODES, Ring, RingConfig, RingError};
 pub use server::{Server, ServerConfig};

@@ -62,6 +62,8 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Order
     progress: BTreeMap<NodeId, Iteration>,
     dedupe: BTreeMap<NodeId, DedupeWindow>,
     held: BTreeMap<(NodeId, SliceRef), HeldPull>,
+    #[cfg(feature = "mutations")]
+    mutation: Option<crate::mutation::Mutation>,
 }
 
 impl<V: Value, U: UpdateRule<V>> Server<V, U, OrderedStore<V>> {
@@ -85,7 +87,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             progress: BTreeMap::new(),
             dedupe: BTreeMap::new(),
             held: BTreeMap::new(),
+            #[cfg(feature = "mutations")]
+            mutation: None,
         }
+    }
+
+    /// Runs a deliberately broken protocol (see [`crate::Mutation`]).
+    #[cfg(feature = "mutations")]
+    pub fn set_mutation(&mut self, mutation: Option<crate::mutation::Mutation>) {
+        self.mutation = mutation;
     }
 
     /// This server's id.
@@ -138,6 +148,14 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// Registers with the coordinator and starts heartbeats. Call once, first.
     pub fn start(&mut self, now: Time, out: &mut Effects<V>) {
         self.register(now, out);
+        out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
+    }
+
+    /// Starts with `config` already in force (static membership, e.g. from
+    /// [`crate::Coordinator::bootstrapped`]) instead of registering. Call once, first, instead
+    /// of `start`.
+    pub fn start_configured(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
+        self.adopt(config, out);
         out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
     }
 
@@ -255,7 +273,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     fn on_push(&mut self, from: NodeId, push: Push<V>, out: &mut Effects<V>) {
         let window = self.dedupe.entry(from).or_default();
         window.settle(push.settled_below);
-        if window.is_duplicate(push.slice) {
+        if window.is_duplicate(push.slice) && !mutated!(self, NoDedupe) {
             self.send(from, Message::PushAck(push.slice), out);
             return;
         }
@@ -322,6 +340,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let Some(cluster) = &self.cluster else {
             return false;
         };
+        if mutated!(self, NoGating) {
+            return true;
+        }
         let consistency = cluster.config.consistency;
         let required = consistency.required_below(iteration);
         let workers_done = cluster

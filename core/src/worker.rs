@@ -102,6 +102,8 @@ pub struct Worker<V: Value> {
     progress_due: Time,
     progress_attempts: u8,
     retransmit_at: Option<Time>,
+    #[cfg(feature = "mutations")]
+    mutation: Option<crate::mutation::Mutation>,
 }
 
 impl<V: Value> Worker<V> {
@@ -120,7 +122,15 @@ impl<V: Value> Worker<V> {
             progress_due: 0,
             progress_attempts: 0,
             retransmit_at: None,
+            #[cfg(feature = "mutations")]
+            mutation: None,
         }
+    }
+
+    /// Runs a deliberately broken protocol (see [`crate::Mutation`]).
+    #[cfg(feature = "mutations")]
+    pub fn set_mutation(&mut self, mutation: Option<crate::mutation::Mutation>) {
+        self.mutation = mutation;
     }
 
     /// This worker's id.
@@ -173,6 +183,14 @@ impl<V: Value> Worker<V> {
     /// Registers with the coordinator and starts heartbeats. Call once, first.
     pub fn start(&mut self, now: Time, out: &mut Effects<V>) {
         self.register(now, out);
+        out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
+    }
+
+    /// Starts with `config` already in force (static membership, e.g. from
+    /// [`crate::Coordinator::bootstrapped`]) instead of registering. Call once, first, instead
+    /// of `start`.
+    pub fn start_configured(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
+        self.adopt(now, config, out);
         out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
     }
 
@@ -368,7 +386,10 @@ impl<V: Value> Worker<V> {
             .values()
             .flat_map(|r| r.open.values().map(|s| s.due));
         let progress = self.progress_pending().then_some(self.progress_due);
-        let next = slices.chain(progress).min();
+        let next = slices
+            .chain(progress)
+            .min()
+            .filter(|_| !mutated!(self, NoRetransmit));
         if next != self.retransmit_at {
             match next {
                 Some(at) => out.set_timer(TimerId::Retransmit, at),

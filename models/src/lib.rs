@@ -4,9 +4,11 @@
 //! only enumerates the inputs a real deployment could give the core and checks the core's
 //! invariants on what comes out. No protocol logic lives here.
 //!
-//! For now the crate holds [`ClockModel`], a model of the range vector clock, which the
-//! protocol's consistency checks stand on.
+//! - [`cluster`]: the whole protocol — coordinator, servers, workers — on ordered or lossy
+//!   networks, with crashes.
+//! - [`ClockModel`]: the range vector clock against a per-key clock.
 
 mod clock_model;
+pub mod cluster;
 
 pub use clock_model::{ClockAction, ClockModel, ClockState};

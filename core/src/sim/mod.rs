@@ -63,6 +63,9 @@ pub struct SimConfig {
     pub time_limit: Time,
     /// Ring shape.
     pub ring: RingConfig,
+    /// Run a deliberately broken protocol on every server and worker.
+    #[cfg(feature = "mutations")]
+    pub mutation: Option<crate::mutation::Mutation>,
 }
 
 impl Default for SimConfig {
@@ -85,6 +88,8 @@ impl Default for SimConfig {
                 replicas: 0,
                 seed: 0,
             },
+            #[cfg(feature = "mutations")]
+            mutation: None,
         }
     }
 }
@@ -117,6 +122,10 @@ impl SimConfig {
         }
         if !self.wire {
             cmd += " --no-wire";
+        }
+        #[cfg(feature = "mutations")]
+        if let Some(m) = self.mutation {
+            cmd += &format!(" --mutation {m}");
         }
         if self.time_limit != SimConfig::default().time_limit {
             cmd += &format!(" --time-limit-ms {}", self.time_limit / MS);

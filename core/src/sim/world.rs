@@ -129,7 +129,11 @@ impl<'a> World<'a> {
                     width: 1,
                     timing,
                 };
-                (id, Server::new(sc, Updater::Sum))
+                #[allow(unused_mut)]
+                let mut server = Server::new(sc, Updater::Sum);
+                #[cfg(feature = "mutations")]
+                server.set_mutation(cfg.mutation);
+                (id, server)
             })
             .collect();
         let workers = cfg
@@ -141,7 +145,11 @@ impl<'a> World<'a> {
                     width: 1,
                     timing,
                 };
-                (id, Worker::new(wc))
+                #[allow(unused_mut)]
+                let mut worker = Worker::new(wc);
+                #[cfg(feature = "mutations")]
+                worker.set_mutation(cfg.mutation);
+                (id, worker)
             })
             .collect();
         let apps = cfg.worker_ids().map(|id| (id, App::default())).collect();

@@ -1,0 +1,141 @@
+//! What a cluster model is made of.
+
+use core::fmt;
+use core::str::FromStr;
+
+use pserver_core::{Consistency, Key, NodeId, Ring, RingConfig, Timing};
+
+/// How the model's network behaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NetworkKind {
+    /// Per-pair FIFO and reliable, like TCP.
+    Ordered,
+    /// Unordered, duplicating and lossy, like UDP.
+    Lossy,
+}
+
+impl fmt::Display for NetworkKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NetworkKind::Ordered => "ordered",
+            NetworkKind::Lossy => "lossy",
+        })
+    }
+}
+
+impl FromStr for NetworkKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "ordered" => Ok(NetworkKind::Ordered),
+            "lossy" => Ok(NetworkKind::Lossy),
+            _ => Err(format!("unknown network `{s}`: expected ordered or lossy")),
+        }
+    }
+}
+
+/// The shape of a cluster model: deliberately tiny, because every actor multiplies the states.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ClusterModelConfig {
+    /// Servers.
+    pub servers: usize,
+    /// Workers, each running `iterations` of push-then-pull.
+    pub workers: usize,
+    /// Keys every worker pushes and pulls (spread over the servers).
+    pub keys: u64,
+    /// Iterations per worker.
+    pub iterations: u32,
+    /// The job's consistency model.
+    pub consistency: Consistency,
+    /// The network.
+    pub network: NetworkKind,
+    /// Actors that may crash. With 0, failure detection is left out of the model.
+    pub crashes: usize,
+    /// Model the registration phase. Off, the cluster starts with epoch 1 in force
+    /// ([`pserver_core::Coordinator::bootstrapped`]), which keeps the state space small.
+    pub registration: bool,
+    /// Run a deliberately broken protocol.
+    #[cfg(feature = "mutations")]
+    pub mutation: Option<pserver_core::Mutation>,
+}
+
+impl Default for ClusterModelConfig {
+    fn default() -> Self {
+        ClusterModelConfig {
+            servers: 2,
+            workers: 2,
+            keys: 2,
+            iterations: 2,
+            consistency: Consistency::Sequential,
+            network: NetworkKind::Lossy,
+            crashes: 0,
+            registration: false,
+            #[cfg(feature = "mutations")]
+            mutation: None,
+        }
+    }
+}
+
+impl ClusterModelConfig {
+    /// The coordinator's node id (actor 0).
+    pub fn coordinator(&self) -> NodeId {
+        NodeId(0)
+    }
+
+    /// Server node ids (actors `1..=servers`).
+    pub fn server_ids(&self) -> impl Iterator<Item = NodeId> {
+        (1..=self.servers as u32).map(NodeId)
+    }
+
+    /// Worker node ids (the actors after the servers).
+    pub fn worker_ids(&self) -> impl Iterator<Item = NodeId> {
+        let first = self.servers as u32 + 1;
+        (first..first + self.workers as u32).map(NodeId)
+    }
+
+    /// The keys, spread evenly over the key space.
+    pub fn key_list(&self) -> Vec<Key> {
+        let stride = (u64::MAX - 1) / self.keys.max(1);
+        (0..self.keys).map(|i| i * stride).collect()
+    }
+
+    /// Timing for the checker: no backoff (so no attempt counters in the state), and a node
+    /// declared dead after two silent failure checks. Durations are otherwise irrelevant: the
+    /// checker fires any set timer at any point.
+    pub fn timing(&self) -> Timing {
+        Timing {
+            heartbeat_interval: 1,
+            heartbeat_timeout: 1,
+            rto_initial: 0,
+            rto_max: 0,
+            register_retry: 1,
+            max_doublings: 0,
+        }
+    }
+
+    /// A ring whose seed spreads the keys over as many servers as they can reach, so that
+    /// requests really are sliced.
+    pub fn ring(&self) -> RingConfig {
+        let keys = self.key_list();
+        let spread = |seed: u64| {
+            let config = RingConfig {
+                vnodes: 2,
+                replicas: 0,
+                seed,
+            };
+            let Ok(ring) = Ring::new(self.server_ids(), config) else {
+                return (0, config);
+            };
+            let mut owners: Vec<NodeId> = keys.iter().map(|&k| ring.primary(k)).collect();
+            owners.sort();
+            owners.dedup();
+            (owners.len(), config)
+        };
+        let want = self.servers.min(keys.len());
+        (0..64)
+            .map(spread)
+            .find(|(n, _)| *n >= want)
+            .map_or_else(|| spread(0).1, |(_, c)| c)
+    }
+}
