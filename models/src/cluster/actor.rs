@@ -11,7 +11,7 @@ use pserver_core::{
 };
 use stateright::actor::{Actor, Id, Out, model_timeout};
 
-use super::config::ClusterModelConfig;
+use super::config::{ClusterModelConfig, NetworkKind};
 
 /// One actor of the model.
 #[derive(Clone, Debug)]
@@ -29,13 +29,18 @@ pub enum ClusterActor {
 pub struct Settings {
     /// Heartbeats and failure checks are modelled only when crashes are.
     pub failure_detection: bool,
+    /// Retransmission is modelled only on the lossy network: on the reliable ordered one the
+    /// model takes acknowledgements to beat the timeout, because every retransmission would
+    /// otherwise lengthen a FIFO channel without end.
+    pub retransmission: bool,
     /// Start with this configuration in force instead of registering.
     pub config: Option<ClusterConfig>,
     #[cfg(feature = "mutations")]
     pub(crate) mutation: Option<pserver_core::Mutation>,
 }
 
-/// The workload of a worker: each iteration pushes 1 to every key, then pulls every key.
+/// The workload of a worker: each iteration pushes 1 to every key and advances, then pulls every
+/// key in the next iteration.
 #[derive(Clone, Debug)]
 pub struct Script {
     /// The keys.
@@ -100,19 +105,21 @@ fn id_of(node: pserver_core::NodeId) -> Id {
 /// Hands the core's effects to stateright: sends and timer commands. Heartbeats and failure
 /// checks are dropped when the model has no crashes, because they cannot matter then and only
 /// multiply states.
-fn forward(effects: &mut Effects<i64>, failure_detection: bool, o: &mut Out<ClusterActor>) {
-    let background = |t: TimerId| matches!(t, TimerId::Heartbeat | TimerId::FailureCheck);
+fn forward(effects: &mut Effects<i64>, settings: &Settings, o: &mut Out<ClusterActor>) {
+    let modelled = |t: TimerId| match t {
+        TimerId::Heartbeat | TimerId::FailureCheck => settings.failure_detection,
+        TimerId::Retransmit => settings.retransmission,
+        TimerId::Register => true,
+    };
     for env in effects.sends.drain(..) {
-        if !failure_detection && matches!(env.body, Message::Heartbeat { .. }) {
+        if !settings.failure_detection && matches!(env.body, Message::Heartbeat { .. }) {
             continue;
         }
         o.send(id_of(env.to), env);
     }
     for cmd in effects.timers.drain(..) {
         match cmd {
-            TimerCmd::Set { timer, .. } if failure_detection || !background(timer) => {
-                o.set_timer(timer, model_timeout());
-            }
+            TimerCmd::Set { timer, .. } if modelled(timer) => o.set_timer(timer, model_timeout()),
             TimerCmd::Set { .. } => {}
             TimerCmd::Cancel(timer) => o.cancel_timer(timer),
         }
@@ -141,6 +148,7 @@ impl ClusterActor {
         };
         let settings = Settings {
             failure_detection: cfg.crashes > 0,
+            retransmission: cfg.network == NetworkKind::Lossy,
             config: coordinator.config().cloned(),
             #[cfg(feature = "mutations")]
             mutation: cfg.mutation,
@@ -176,19 +184,20 @@ impl ClusterActor {
 }
 
 impl Script {
-    /// Starts iteration `it`: push 1 to every key, then pull them all.
-    fn begin(&self, w: &mut WorkerActorState, out: &mut Effects<i64>) {
-        let it = w.node.iteration();
-        if it >= self.iterations {
-            w.finished = true;
-            return;
-        }
+    /// Pushes 1 to every key for the current iteration, then ends the iteration.
+    fn push_and_advance(&self, w: &mut WorkerActorState, out: &mut Effects<i64>) {
         let ones = vec![1i64; self.keys.len()];
         if let Ok(kvs) = KvPairs::new(self.keys.clone(), ones, 1) {
             if w.node.push(0, kvs, out).is_ok() {
                 w.pushed += 1;
             }
         }
+        let _ = w.node.advance(0, out);
+    }
+
+    /// Pulls every key in the iteration just entered: the values the last push produced.
+    fn pull(&self, w: &mut WorkerActorState, out: &mut Effects<i64>) {
+        let it = w.node.iteration();
         if let Ok(list) = KeyList::new(self.keys.clone()) {
             if let Ok(id) = w.node.pull(0, KeySelection::Keys(list), out) {
                 w.pulling = Some((id, it));
@@ -196,7 +205,8 @@ impl Script {
         }
     }
 
-    /// Reacts to the worker's events until none are left.
+    /// Reacts to the worker's events until none are left. Each iteration: push, advance, and
+    /// once in the next iteration pull (in sequential mode that pull waits for every worker).
     fn react(
         &self,
         w: &mut WorkerActorState,
@@ -208,26 +218,31 @@ impl Script {
             let events: Vec<Event<i64>> = out.events.drain(..).collect();
             for event in events {
                 match event {
-                    Event::Ready { .. } => self.begin(w, out),
+                    Event::Ready { .. } if self.iterations > 0 => self.push_and_advance(w, out),
+                    Event::Ready { .. } => w.finished = true,
                     Event::PushDone(id) => {
                         w.acked += 1;
                         w.followed_redirect |= w.redirected.contains(&id);
                     }
+                    Event::Advanced(_) => self.pull(w, out),
                     Event::PullDone(id, kvs) => {
                         w.followed_redirect |= w.redirected.contains(&id);
                         if let Some((_, it)) = w.pulling.take_if(|(open, _)| *open == id) {
                             w.pulled.push((it, kvs.values().to_vec()));
-                            let _ = w.node.advance(0, out);
+                            if it >= self.iterations {
+                                w.finished = true;
+                            } else {
+                                self.push_and_advance(w, out);
+                            }
                         }
                     }
-                    Event::Advanced(_) => self.begin(w, out),
                     Event::Fenced => w.fenced = true,
                     Event::NodeDead(_) => {}
                 }
             }
-            forward(out, settings.failure_detection, o);
+            forward(out, settings, o);
         }
-        forward(out, settings.failure_detection, o);
+        forward(out, settings, o);
     }
 }
 
@@ -242,7 +257,7 @@ impl Actor for ClusterActor {
             ClusterActor::Coordinator(c, settings) => {
                 let mut c = (**c).clone();
                 c.start(0, &mut out);
-                forward(&mut out, settings.failure_detection, o);
+                forward(&mut out, settings, o);
                 ClusterActorState::Coordinator(c)
             }
             ClusterActor::Server(cfg, settings) => {
@@ -254,7 +269,7 @@ impl Actor for ClusterActor {
                     Some(config) => node.start_configured(0, config.clone(), &mut out),
                     None => node.start(0, &mut out),
                 }
-                forward(&mut out, settings.failure_detection, o);
+                forward(&mut out, settings, o);
                 ClusterActorState::Server(ServerActorState {
                     node,
                     suppressed_duplicate: false,
@@ -298,7 +313,7 @@ impl Actor for ClusterActor {
         match (self, state.to_mut()) {
             (ClusterActor::Coordinator(_, settings), ClusterActorState::Coordinator(c)) => {
                 c.on_message(0, msg, &mut out);
-                forward(&mut out, settings.failure_detection, o);
+                forward(&mut out, settings, o);
             }
             (ClusterActor::Server(_, settings), ClusterActorState::Server(s)) => {
                 let push = match &msg.body {
@@ -322,7 +337,7 @@ impl Actor for ClusterActor {
                         .collect();
                     s.suppressed_duplicate |= acked && !kvs.is_empty() && before == after;
                 }
-                forward(&mut out, settings.failure_detection, o);
+                forward(&mut out, settings, o);
             }
             (ClusterActor::Worker(_, settings, script), ClusterActorState::Worker(w)) => {
                 if let Message::Redirect { slice, .. } = &msg.body {
@@ -348,11 +363,11 @@ impl Actor for ClusterActor {
         match (self, state.to_mut()) {
             (ClusterActor::Coordinator(_, settings), ClusterActorState::Coordinator(c)) => {
                 c.on_timer(0, *timer, &mut out);
-                forward(&mut out, settings.failure_detection, o);
+                forward(&mut out, settings, o);
             }
             (ClusterActor::Server(_, settings), ClusterActorState::Server(s)) => {
                 s.node.on_timer(0, *timer, &mut out);
-                forward(&mut out, settings.failure_detection, o);
+                forward(&mut out, settings, o);
             }
             (ClusterActor::Worker(_, settings, script), ClusterActorState::Worker(w)) => {
                 w.node.on_timer(0, *timer, &mut out);

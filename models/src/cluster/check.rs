@@ -1,0 +1,193 @@
+//! Running the checker on a cluster model and reporting what it found.
+
+use core::fmt;
+use std::time::{Duration, Instant};
+
+use stateright::actor::ActorModelAction;
+use stateright::{Checker, Expectation, Model, UniformChooser};
+
+use super::ClusterModel;
+
+/// How to explore the state space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// Breadth first: shortest counterexamples; holds every pending state in memory.
+    Bfs,
+    /// Depth first: far less memory.
+    Dfs,
+    /// Random walks from a seed until `timeout`: for models too large to exhaust.
+    Simulation {
+        /// Seed of the walks.
+        seed: u64,
+        /// How long to walk.
+        timeout: Duration,
+    },
+}
+
+/// What the checker concluded about one property.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// An `always` property held in every state explored.
+    Holds,
+    /// An `always` property failed; the steps that lead there.
+    Violated(Vec<String>),
+    /// A `sometimes` property was reached.
+    Found,
+    /// A `sometimes` property was never reached.
+    NotFound,
+}
+
+/// One property's verdict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PropertyResult {
+    /// Its name.
+    pub name: &'static str,
+    /// The verdict.
+    pub verdict: Verdict,
+}
+
+/// The outcome of one check.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckReport {
+    /// Every property, in the model's order.
+    pub properties: Vec<PropertyResult>,
+    /// States generated (with repeats).
+    pub states: usize,
+    /// Distinct states.
+    pub unique: usize,
+    /// Longest path explored.
+    pub depth: usize,
+    /// Wall-clock seconds.
+    pub secs: f64,
+}
+
+impl CheckReport {
+    /// True when an `always` property was violated.
+    pub fn violated(&self) -> bool {
+        self.properties
+            .iter()
+            .any(|p| matches!(p.verdict, Verdict::Violated(_)))
+    }
+
+    /// The verdict of the named property.
+    pub fn verdict(&self, name: &str) -> Option<&Verdict> {
+        self.properties
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| &p.verdict)
+    }
+}
+
+impl fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for p in &self.properties {
+            let word = match &p.verdict {
+                Verdict::Holds => "holds",
+                Verdict::Violated(_) => "violated",
+                Verdict::Found => "found",
+                Verdict::NotFound => "not found",
+            };
+            writeln!(f, "property {}: {word}", p.name)?;
+            if let Verdict::Violated(steps) = &p.verdict {
+                for (i, step) in steps.iter().enumerate() {
+                    writeln!(f, "  {:>3}. {step}", i + 1)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+type Action = <ClusterModel as Model>::Action;
+
+/// One step of a counterexample, for a reader.
+fn describe(action: &Action) -> String {
+    match action {
+        ActorModelAction::Deliver { src, dst, msg } => {
+            format!(
+                "deliver n{} -> n{}: {:?}",
+                usize::from(*src),
+                usize::from(*dst),
+                msg.body
+            )
+        }
+        ActorModelAction::Drop(env) => format!(
+            "lose n{} -> n{}: {:?}",
+            usize::from(env.src),
+            usize::from(env.dst),
+            env.msg.body
+        ),
+        ActorModelAction::Timeout(id, timer) => {
+            format!("timer {timer:?} fires at n{}", usize::from(*id))
+        }
+        ActorModelAction::Crash(id) => format!("n{} crashes", usize::from(*id)),
+    }
+}
+
+/// Checks `model` with `strategy` on `threads` threads. Stops early once an `always` property
+/// is violated (with its counterexample).
+pub fn check(model: ClusterModel, strategy: Strategy, threads: usize) -> CheckReport {
+    let start = Instant::now();
+    let expectations: Vec<(&'static str, Expectation)> = model
+        .properties()
+        .iter()
+        .map(|p| (p.name, p.expectation.clone()))
+        .collect();
+    let builder = model
+        .checker()
+        .threads(threads.max(1))
+        .finish_when(stateright::HasDiscoveries::AnyFailures);
+    let (discoveries, states, unique, depth) = match strategy {
+        Strategy::Bfs => summarize(builder.spawn_bfs().join(), &expectations),
+        Strategy::Dfs => summarize(builder.spawn_dfs().join(), &expectations),
+        Strategy::Simulation { seed, timeout } => summarize(
+            builder
+                .timeout(timeout)
+                .spawn_simulation(seed, UniformChooser)
+                .join(),
+            &expectations,
+        ),
+    };
+    let properties = expectations
+        .iter()
+        .zip(discoveries)
+        .map(|((name, expectation), found)| {
+            let verdict = match (expectation, found) {
+                (Expectation::Sometimes, Some(_)) => Verdict::Found,
+                (Expectation::Sometimes, None) => Verdict::NotFound,
+                (_, Some(steps)) => Verdict::Violated(steps),
+                (_, None) => Verdict::Holds,
+            };
+            PropertyResult { name, verdict }
+        })
+        .collect();
+    CheckReport {
+        properties,
+        states,
+        unique,
+        depth,
+        secs: start.elapsed().as_secs_f64(),
+    }
+}
+
+type Found = Vec<Option<Vec<String>>>;
+
+fn summarize(
+    checker: impl Checker<ClusterModel>,
+    expectations: &[(&'static str, Expectation)],
+) -> (Found, usize, usize, usize) {
+    let found = expectations
+        .iter()
+        .map(|(name, _)| {
+            checker
+                .discovery(name)
+                .map(|path| path.into_actions().iter().map(describe).collect())
+        })
+        .collect();
+    (
+        found,
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+    )
+}
