@@ -4,9 +4,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use pserver::commands::ring::{self, Change};
-use pserver::commands::sim;
+use pserver::commands::{check, sim};
 use pserver::core::sim::{Faults, MS, SimConfig};
 use pserver::core::{Consistency, NodeId, RingConfig};
+use pserver::models::cluster::{ClusterModelConfig, Strategy};
 use tracing_subscriber::EnvFilter;
 
 /// pserver: a parameter server for sparse machine learning, after Li et al. (OSDI 2014).
@@ -39,6 +40,148 @@ enum Command {
     /// With --tau-sweep, prints instead how long the workload takes, and how much workers
     /// idle, for tau in 0, 1, 2, 4, 8 and infinity.
     Sim(SimArgs),
+    /// Model-check the protocol: explore every state of a small cluster and check its
+    /// properties.
+    ///
+    /// The cluster model runs the core's own coordinator, servers and workers under stateright,
+    /// each worker pushing, advancing and pulling for every iteration. Prints one line per
+    /// property (`property NAME: holds | violated | found | not found`), the steps of any
+    /// counterexample, and last `check states=N unique=N depth=N secs=S`. Exits 1 if an
+    /// `always` property is violated. Keep models tiny: every actor and iteration multiplies
+    /// the states.
+    Check(CheckArgs),
+}
+
+#[derive(Args, Debug)]
+struct CheckArgs {
+    /// Model: cluster (the whole protocol) or clock (the range vector clock).
+    #[arg(long, default_value = "cluster")]
+    model: check::ModelName,
+    /// Explore breadth first (the default; shortest counterexamples, most memory).
+    #[arg(long, group = "strategy")]
+    bfs: bool,
+    /// Explore depth first (less memory).
+    #[arg(long, group = "strategy")]
+    dfs: bool,
+    /// Random walks from this seed instead of exhaustive search (see --timeout-secs).
+    #[arg(long, value_name = "SEED", group = "strategy")]
+    simulation: Option<u64>,
+    /// How long --simulation walks.
+    #[arg(long, default_value_t = 30)]
+    timeout_secs: u64,
+    /// Servers.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=4))]
+    servers: u32,
+    /// Workers.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=4))]
+    workers: u32,
+    /// Keys each worker pushes and pulls (for --model clock: keys modelled one by one).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
+    keys: u64,
+    /// Iterations per worker.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=4))]
+    iterations: u32,
+    /// Actors that may crash (adds heartbeats and failure detection).
+    #[arg(long, default_value_t = 0)]
+    crashes: usize,
+    /// Network: ordered (per-pair FIFO, reliable, like TCP) or lossy (unordered, duplicating,
+    /// lossy, like UDP).
+    #[arg(long, default_value = "lossy", value_parser = check::network)]
+    network: pserver::models::cluster::NetworkKind,
+    /// Consistency models to check, comma-separated [default: sequential,bounded:1].
+    #[arg(long, value_delimiter = ',')]
+    consistency: Vec<Consistency>,
+    /// Model the registration phase instead of starting with epoch 1 in force.
+    #[arg(long)]
+    registration: bool,
+    /// Check a deliberately broken protocol: no-dedupe, no-gating or no-retransmit (needs a
+    /// build with --features mutations).
+    #[arg(long)]
+    mutation: Option<String>,
+    /// Serve stateright's Explorer for the (first) cluster model at this address instead.
+    #[arg(long, value_name = "ADDR")]
+    explore: Option<String>,
+    /// Checker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn check_command(args: CheckArgs) -> ExitCode {
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let strategy = match (args.dfs, args.simulation) {
+        (true, _) => Strategy::Dfs,
+        (_, Some(seed)) => Strategy::Simulation {
+            seed,
+            timeout: std::time::Duration::from_secs(args.timeout_secs),
+        },
+        _ => Strategy::Bfs,
+    };
+    let models = if args.consistency.is_empty() {
+        check::default_models()
+    } else {
+        args.consistency.clone()
+    };
+    #[allow(unused_mut)]
+    let mut base = ClusterModelConfig {
+        servers: args.servers as usize,
+        workers: args.workers as usize,
+        keys: args.keys,
+        iterations: args.iterations,
+        consistency: models[0],
+        network: args.network,
+        crashes: args.crashes,
+        registration: args.registration,
+        ..ClusterModelConfig::default()
+    };
+    if let Some(name) = &args.mutation {
+        #[cfg(feature = "mutations")]
+        match name.parse::<pserver::core::Mutation>() {
+            Ok(m) => base.mutation = Some(m),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+        #[cfg(not(feature = "mutations"))]
+        {
+            eprintln!(
+                "error: --mutation {name} needs a build with the mutations feature: cargo run --release --features mutations -- check --mutation {name}"
+            );
+            return ExitCode::from(2);
+        }
+    }
+    if let Some(address) = &args.explore {
+        return match check::explore(base, address) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let outcome = match args.model {
+        check::ModelName::Cluster => {
+            match check::check_cluster(&base, &models, strategy, threads) {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        check::ModelName::Clock => {
+            let max_time = u8::try_from(args.iterations.max(1)).unwrap_or(u8::MAX);
+            check::check_clock(args.keys, max_time, strategy, threads)
+        }
+    };
+    print!("{}", outcome.text);
+    if outcome.violated {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 #[derive(Args, Debug)]
@@ -205,6 +348,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Sim(args) => sim_command(args),
+        Command::Check(args) => check_command(args),
         Command::Ring(args) => {
             let config = RingConfig {
                 vnodes: args.vnodes,

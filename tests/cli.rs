@@ -144,3 +144,64 @@ fn the_tau_sweep_prints_a_row_per_tau() {
         .collect();
     assert_eq!(taus, ["0", "1", "2", "4", "8", "inf"]);
 }
+
+#[test]
+fn check_prints_a_verdict_per_property_and_the_summary_line() {
+    let out = pserver()
+        .args(["check", "--network", "ordered"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for property in ["exactly-once", "staleness", "completion"] {
+        let line = format!("property {property}: holds");
+        assert_eq!(text.lines().filter(|l| *l == line).count(), 2, "{text}");
+    }
+    assert!(text.contains("property pull waited: found"));
+    let last = text.lines().last().unwrap();
+    assert!(last.starts_with("check states="), "{text}");
+    for field in [" unique=", " depth=", " secs="] {
+        assert!(last.contains(field), "{last}");
+    }
+}
+
+#[cfg(feature = "mutations")]
+#[test]
+fn check_finds_a_violation_for_every_mutation() {
+    for (mutation, property) in [
+        ("no-dedupe", "exactly-once"),
+        ("no-gating", "staleness"),
+        ("no-retransmit", "completion"),
+    ] {
+        let out = pserver()
+            .args([
+                "check",
+                "--consistency",
+                "sequential",
+                "--mutation",
+                mutation,
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{mutation}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            text.contains(&format!("property {property}: violated")),
+            "{text}"
+        );
+        let explained = text.contains("    1. ") || text.contains("(already in the initial state)");
+        assert!(explained, "a readable counterexample: {text}");
+    }
+}
+
+#[cfg(not(feature = "mutations"))]
+#[test]
+fn check_mutation_explains_that_it_needs_the_feature() {
+    let out = pserver()
+        .args(["check", "--mutation", "no-dedupe"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("--features mutations"), "{err}");
+}

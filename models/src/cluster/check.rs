@@ -89,6 +89,9 @@ impl fmt::Display for CheckReport {
             };
             writeln!(f, "property {}: {word}", p.name)?;
             if let Verdict::Violated(steps) = &p.verdict {
+                if steps.is_empty() {
+                    writeln!(f, "    (already in the initial state)")?;
+                }
                 for (i, step) in steps.iter().enumerate() {
                     writeln!(f, "  {:>3}. {step}", i + 1)?;
                 }
@@ -100,8 +103,8 @@ impl fmt::Display for CheckReport {
 
 type Action = <ClusterModel as Model>::Action;
 
-/// One step of a counterexample, for a reader.
-fn describe(action: &Action) -> String {
+/// One step of a cluster counterexample, for a reader.
+pub fn describe(action: &Action) -> String {
     match action {
         ActorModelAction::Deliver { src, dst, msg } => {
             format!(
@@ -124,9 +127,23 @@ fn describe(action: &Action) -> String {
     }
 }
 
-/// Checks `model` with `strategy` on `threads` threads. Stops early once an `always` property
-/// is violated (with its counterexample).
+/// Checks a cluster model with `strategy` on `threads` threads. Stops early once an `always`
+/// property is violated (with its counterexample).
 pub fn check(model: ClusterModel, strategy: Strategy, threads: usize) -> CheckReport {
+    check_with(model, strategy, threads, describe)
+}
+
+/// Checks any model, describing counterexample steps with `describe`.
+pub fn check_with<M>(
+    model: M,
+    strategy: Strategy,
+    threads: usize,
+    describe: fn(&M::Action) -> String,
+) -> CheckReport
+where
+    M: Model + Send + Sync + 'static,
+    M::State: core::hash::Hash + Send + Sync + 'static,
+{
     let start = Instant::now();
     let expectations: Vec<(&'static str, Expectation)> = model
         .properties()
@@ -138,14 +155,15 @@ pub fn check(model: ClusterModel, strategy: Strategy, threads: usize) -> CheckRe
         .threads(threads.max(1))
         .finish_when(stateright::HasDiscoveries::AnyFailures);
     let (discoveries, states, unique, depth) = match strategy {
-        Strategy::Bfs => summarize(builder.spawn_bfs().join(), &expectations),
-        Strategy::Dfs => summarize(builder.spawn_dfs().join(), &expectations),
+        Strategy::Bfs => summarize(builder.spawn_bfs().join(), &expectations, describe),
+        Strategy::Dfs => summarize(builder.spawn_dfs().join(), &expectations, describe),
         Strategy::Simulation { seed, timeout } => summarize(
             builder
                 .timeout(timeout)
                 .spawn_simulation(seed, UniformChooser)
                 .join(),
             &expectations,
+            describe,
         ),
     };
     let properties = expectations
@@ -172,9 +190,10 @@ pub fn check(model: ClusterModel, strategy: Strategy, threads: usize) -> CheckRe
 
 type Found = Vec<Option<Vec<String>>>;
 
-fn summarize(
-    checker: impl Checker<ClusterModel>,
+fn summarize<M: Model>(
+    checker: impl Checker<M>,
     expectations: &[(&'static str, Expectation)],
+    describe: fn(&M::Action) -> String,
 ) -> (Found, usize, usize, usize) {
     let found = expectations
         .iter()

@@ -24,7 +24,7 @@ mod check;
 mod config;
 
 pub use actor::{ClusterActor, ClusterActorState, ServerActorState, WorkerActorState};
-pub use check::{CheckReport, PropertyResult, Strategy, Verdict, check};
+pub use check::{CheckReport, PropertyResult, Strategy, Verdict, check, check_with, describe};
 pub use config::{ClusterModelConfig, NetworkKind};
 
 use pserver_core::{CoordinatorError, TimerId};

@@ -1,0 +1,161 @@
+//! `pserver check`: the model checker over the protocol's stateright models.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use pserver_core::Consistency;
+use pserver_models::ClockModel;
+use pserver_models::cluster::{
+    CheckReport, ClusterModelConfig, NetworkKind, Strategy, check, check_with, cluster_model,
+};
+use stateright::{Checker, Model};
+
+/// Which model to check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelName {
+    /// The whole protocol: coordinator, servers, workers.
+    Cluster,
+    /// The range vector clock against a per-key clock.
+    Clock,
+}
+
+impl std::str::FromStr for ModelName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cluster" => Ok(ModelName::Cluster),
+            "clock" => Ok(ModelName::Clock),
+            _ => Err(format!("unknown model `{s}`: expected cluster or clock")),
+        }
+    }
+}
+
+/// The result of a whole `pserver check` run.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Everything to print, ending with the summary line.
+    pub text: String,
+    /// True when an `always` property was violated.
+    pub violated: bool,
+}
+
+fn summary(reports: &[CheckReport]) -> String {
+    let states: usize = reports.iter().map(|r| r.states).sum();
+    let unique: usize = reports.iter().map(|r| r.unique).sum();
+    let depth = reports.iter().map(|r| r.depth).max().unwrap_or(0);
+    let secs: f64 = reports.iter().map(|r| r.secs).sum();
+    format!("check states={states} unique={unique} depth={depth} secs={secs:.2}")
+}
+
+/// Checks the cluster model once per consistency model in `models`.
+pub fn check_cluster(
+    base: &ClusterModelConfig,
+    models: &[Consistency],
+    strategy: Strategy,
+    threads: usize,
+) -> Result<Outcome, String> {
+    let mut out = Outcome::default();
+    let mut reports = Vec::new();
+    for &consistency in models {
+        let cfg = ClusterModelConfig {
+            consistency,
+            ..base.clone()
+        };
+        let _ = writeln!(
+            out.text,
+            "model cluster consistency={} network={} servers={} workers={} keys={} iterations={} crashes={}",
+            cfg.consistency,
+            cfg.network,
+            cfg.servers,
+            cfg.workers,
+            cfg.keys,
+            cfg.iterations,
+            cfg.crashes
+        );
+        let model = cluster_model(cfg).map_err(|e| e.to_string())?;
+        let report = check(model, strategy, threads);
+        out.violated |= report.violated();
+        out.text += &report.to_string();
+        reports.push(report);
+    }
+    out.text += &summary(&reports);
+    out.text.push('\n');
+    Ok(out)
+}
+
+/// Checks the range clock model on `keys` keys and timestamps up to `max_time`.
+pub fn check_clock(keys: u64, max_time: u8, strategy: Strategy, threads: usize) -> Outcome {
+    let model = ClockModel { keys, max_time };
+    let report = check_with(model, strategy, threads, |a| format!("{a:?}"));
+    let mut out = Outcome {
+        violated: report.violated(),
+        ..Outcome::default()
+    };
+    let _ = writeln!(out.text, "model clock keys={keys} max_time={max_time}");
+    out.text += &report.to_string();
+    out.text += &summary(std::slice::from_ref(&report));
+    out.text.push('\n');
+    out
+}
+
+/// Serves stateright's Explorer for the cluster model on `address` until the process ends.
+pub fn explore(cfg: ClusterModelConfig, address: &str) -> Result<(), String> {
+    let model = cluster_model(cfg).map_err(|e| e.to_string())?;
+    let checker = model.checker().serve(address);
+    eprintln!("explorer serving http://{address} (Ctrl-C to stop)");
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+        if checker.is_done() {
+            return Ok(());
+        }
+    }
+}
+
+/// The default consistency models `pserver check` runs: sequential and bounded:1.
+pub fn default_models() -> Vec<Consistency> {
+    vec![Consistency::Sequential, Consistency::BoundedDelay(1)]
+}
+
+/// Parses `ordered` or `lossy`.
+pub fn network(s: &str) -> Result<NetworkKind, String> {
+    s.parse()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_ends_with_the_summary_line() {
+        let base = ClusterModelConfig {
+            keys: 1,
+            iterations: 1,
+            network: NetworkKind::Ordered,
+            ..ClusterModelConfig::default()
+        };
+        let out = check_cluster(&base, &default_models(), Strategy::Bfs, 2).unwrap();
+        assert!(!out.violated);
+        let last = out.text.lines().last().unwrap();
+        assert!(last.starts_with("check states="), "{}", out.text);
+        assert!(last.contains(" unique=1451 "), "{last}");
+        assert_eq!(
+            out.text
+                .lines()
+                .filter(|l| *l == "property staleness: holds")
+                .count(),
+            2
+        );
+    }
+
+    #[test]
+    fn the_clock_model_holds() {
+        let out = check_clock(3, 2, Strategy::Bfs, 1);
+        assert!(!out.violated);
+        assert!(
+            out.text
+                .contains("property clock agrees with per-key clock: holds")
+        );
+        assert!(out.text.contains("unique=81 "));
+    }
+}
