@@ -101,6 +101,10 @@ struct CheckArgs {
     /// Serve stateright's Explorer for the (first) cluster model at this address instead.
     #[arg(long, value_name = "ADDR")]
     explore: Option<String>,
+    /// Stop after about this many states: a bounded check, for models too large to exhaust
+    /// (crashes, more iterations).
+    #[arg(long, value_name = "N")]
+    max_states: Option<usize>,
     /// Checker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
@@ -163,7 +167,7 @@ fn check_command(args: CheckArgs) -> ExitCode {
     }
     let outcome = match args.model {
         check::ModelName::Cluster => {
-            match check::check_cluster(&base, &models, strategy, threads) {
+            match check::check_cluster(&base, &models, strategy, threads, args.max_states) {
                 Ok(outcome) => outcome,
                 Err(e) => {
                     eprintln!("error: {e}");

@@ -6,7 +6,7 @@ use std::time::Duration;
 use pserver_core::Consistency;
 use pserver_models::ClockModel;
 use pserver_models::cluster::{
-    CheckReport, ClusterModelConfig, NetworkKind, Strategy, check, check_with, cluster_model,
+    CheckReport, ClusterModelConfig, NetworkKind, Strategy, check_with, cluster_model, describe,
 };
 use stateright::{Checker, Model};
 
@@ -54,6 +54,7 @@ pub fn check_cluster(
     models: &[Consistency],
     strategy: Strategy,
     threads: usize,
+    max_states: Option<usize>,
 ) -> Result<Outcome, String> {
     let mut out = Outcome::default();
     let mut reports = Vec::new();
@@ -74,7 +75,7 @@ pub fn check_cluster(
             cfg.crashes
         );
         let model = cluster_model(cfg).map_err(|e| e.to_string())?;
-        let report = check(model, strategy, threads);
+        let report = check_with(model, strategy, threads, max_states, describe);
         out.violated |= report.violated();
         out.text += &report.to_string();
         reports.push(report);
@@ -87,7 +88,7 @@ pub fn check_cluster(
 /// Checks the range clock model on `keys` keys and timestamps up to `max_time`.
 pub fn check_clock(keys: u64, max_time: u8, strategy: Strategy, threads: usize) -> Outcome {
     let model = ClockModel { keys, max_time };
-    let report = check_with(model, strategy, threads, |a| format!("{a:?}"));
+    let report = check_with(model, strategy, threads, None, |a| format!("{a:?}"));
     let mut out = Outcome {
         violated: report.violated(),
         ..Outcome::default()
@@ -134,7 +135,7 @@ mod tests {
             network: NetworkKind::Ordered,
             ..ClusterModelConfig::default()
         };
-        let out = check_cluster(&base, &default_models(), Strategy::Bfs, 2).unwrap();
+        let out = check_cluster(&base, &default_models(), Strategy::Bfs, 2, None).unwrap();
         assert!(!out.violated);
         let last = out.text.lines().last().unwrap();
         assert!(last.starts_with("check states="), "{}", out.text);

@@ -130,14 +130,16 @@ pub fn describe(action: &Action) -> String {
 /// Checks a cluster model with `strategy` on `threads` threads. Stops early once an `always`
 /// property is violated (with its counterexample).
 pub fn check(model: ClusterModel, strategy: Strategy, threads: usize) -> CheckReport {
-    check_with(model, strategy, threads, describe)
+    check_with(model, strategy, threads, None, describe)
 }
 
-/// Checks any model, describing counterexample steps with `describe`.
+/// Checks any model, stopping after about `max_states` states if given (a bounded check),
+/// describing counterexample steps with `describe`.
 pub fn check_with<M>(
     model: M,
     strategy: Strategy,
     threads: usize,
+    max_states: Option<usize>,
     describe: fn(&M::Action) -> String,
 ) -> CheckReport
 where
@@ -150,10 +152,13 @@ where
         .iter()
         .map(|p| (p.name, p.expectation.clone()))
         .collect();
-    let builder = model
+    let mut builder = model
         .checker()
         .threads(threads.max(1))
         .finish_when(stateright::HasDiscoveries::AnyFailures);
+    if let Some(limit) = max_states {
+        builder = builder.target_state_count(limit);
+    }
     let (discoveries, states, unique, depth) = match strategy {
         Strategy::Bfs => summarize(builder.spawn_bfs().join(), &expectations, describe),
         Strategy::Dfs => summarize(builder.spawn_dfs().join(), &expectations, describe),
@@ -198,9 +203,18 @@ fn summarize<M: Model>(
     let found = expectations
         .iter()
         .map(|(name, _)| {
-            checker
-                .discovery(name)
-                .map(|path| path.into_actions().iter().map(describe).collect())
+            // Stateright rebuilds a discovery's path by replaying fingerprints; when that fails
+            // it panics. The discovery itself stands, so report it without its path.
+            let rebuilt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                checker
+                    .discovery(name)
+                    .map(|path| path.into_actions().iter().map(describe).collect())
+            }));
+            rebuilt.unwrap_or_else(|_| {
+                Some(vec![
+                    "(the checker could not rebuild the path to this state)".into(),
+                ])
+            })
         })
         .collect();
     (
