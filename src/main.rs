@@ -127,7 +127,8 @@ fn check_command(args: CheckArgs) -> ExitCode {
     } else {
         args.consistency.clone()
     };
-    #[allow(unused_mut)]
+    // With the mutations feature the config has one more field, which the update fills.
+    #[allow(unused_mut, clippy::needless_update)]
     let mut base = ClusterModelConfig {
         servers: args.servers as usize,
         workers: args.workers as usize,

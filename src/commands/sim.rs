@@ -1,12 +1,11 @@
 //! `pserver sim`: many seeded runs of the deterministic simulator, and the tau sweep.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pserver_core::Consistency;
 use pserver_core::sim::{MS, SimConfig, SimFailure, run};
+use pserver_transport::sync::{AtomicU64, Mutex, Ordering, Tickets};
 
 /// The outcome of running a range of seeds.
 #[derive(Debug, Default)]
@@ -44,8 +43,7 @@ pub fn run_seeds(
     progress: bool,
 ) -> Batch {
     let start = Instant::now();
-    let next = AtomicU64::new(first);
-    let end = first.saturating_add(seeds);
+    let tickets = Tickets::new(first, first.saturating_add(seeds));
     let steps = AtomicU64::new(0);
     let failures = Mutex::new(Vec::new());
     let bar = if progress {
@@ -61,11 +59,7 @@ pub fn run_seeds(
     std::thread::scope(|scope| {
         for _ in 0..threads.max(1) {
             scope.spawn(|| {
-                loop {
-                    let seed = next.fetch_add(1, Ordering::Relaxed);
-                    if seed >= end {
-                        break;
-                    }
+                while let Some(seed) = tickets.claim() {
                     match run(&SimConfig {
                         seed,
                         ..base.clone()

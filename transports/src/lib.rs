@@ -5,6 +5,8 @@
 //! one. A [`Transport`] carries them; in-memory, TCP and UDP adapters implement it, and a runtime
 //! drives core nodes over any of them.
 
+pub mod sync;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 use pserver_core::NodeId;
