@@ -140,20 +140,13 @@ fn check_command(args: CheckArgs) -> ExitCode {
         registration: args.registration,
         ..ClusterModelConfig::default()
     };
-    if let Some(name) = &args.mutation {
+    match args.mutation.as_deref().map(mutation).transpose() {
         #[cfg(feature = "mutations")]
-        match name.parse::<pserver::core::Mutation>() {
-            Ok(m) => base.mutation = Some(m),
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::from(2);
-            }
-        }
+        Ok(m) => base.mutation = m,
         #[cfg(not(feature = "mutations"))]
-        {
-            eprintln!(
-                "error: --mutation {name} needs a build with the mutations feature: cargo run --release --features mutations -- check --mutation {name}"
-            );
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     }
@@ -242,6 +235,23 @@ struct SimArgs {
     /// Print finish time and idle fraction for tau in 0, 1, 2, 4, 8, inf instead.
     #[arg(long)]
     tau_sweep: bool,
+    /// Run a deliberately broken protocol: no-dedupe, no-gating or no-retransmit (needs a
+    /// build with --features mutations).
+    #[arg(long)]
+    mutation: Option<String>,
+}
+
+/// Parses a mutation name, or explains that the build lacks the feature.
+#[cfg(feature = "mutations")]
+fn mutation(name: &str) -> Result<pserver::core::Mutation, String> {
+    name.parse()
+}
+
+#[cfg(not(feature = "mutations"))]
+fn mutation(name: &str) -> Result<std::convert::Infallible, String> {
+    Err(format!(
+        "--mutation {name} needs a build with the mutations feature: cargo run --release --features mutations -- ... --mutation {name}"
+    ))
 }
 
 fn probability(s: &str) -> Result<f64, String> {
@@ -259,7 +269,18 @@ fn factor(s: &str) -> Result<f64, String> {
 }
 
 fn sim_command(args: SimArgs) -> ExitCode {
+    #[allow(unused_variables)]
+    let broken = match args.mutation.as_deref().map(mutation).transpose() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    #[allow(clippy::needless_update)]
     let base = SimConfig {
+        #[cfg(feature = "mutations")]
+        mutation: broken,
         servers: args.servers as usize,
         workers: args.workers as usize,
         keys: args.keys,

@@ -176,3 +176,37 @@ fn bounded_delay_finishes_sooner_than_sequential_with_stragglers() {
         "bounded {bounded} vs sequential {sequential}"
     );
 }
+
+#[cfg(feature = "mutations")]
+#[test]
+fn the_simulator_catches_every_mutation() {
+    use pserver_core::Mutation;
+    use pserver_core::sim::Invariant;
+    let faults = Faults {
+        drop: 0.1,
+        dup: 0.05,
+        reorder: true,
+        ..Faults::default()
+    };
+    for (mutation, invariant) in [
+        (Mutation::NoDedupe, Invariant::ExactlyOnce),
+        (Mutation::NoGating, Invariant::Staleness),
+        (Mutation::NoRetransmit, Invariant::Completion),
+    ] {
+        let caught = (0..20)
+            .filter_map(|seed| {
+                run(&SimConfig {
+                    mutation: Some(mutation),
+                    time_limit: 60_000 * MS,
+                    ..faulty(seed, Consistency::Sequential, faults)
+                })
+                .err()
+            })
+            .filter(|f| f.invariant == invariant)
+            .count();
+        assert!(
+            caught >= 10,
+            "{mutation}: only {caught} of 20 seeds broke {invariant}"
+        );
+    }
+}
