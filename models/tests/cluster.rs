@@ -96,3 +96,12 @@ mod mutations {
         violated(Mutation::NoRetransmit, NetworkKind::Lossy, "completion");
     }
 }
+
+#[test]
+fn registration_is_checked_too() {
+    let report = holds(ClusterModelConfig {
+        registration: true,
+        ..config(Consistency::Sequential, NetworkKind::Ordered, 1)
+    });
+    assert_eq!(report.unique, 985);
+}

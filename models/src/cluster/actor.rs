@@ -109,7 +109,7 @@ fn forward(effects: &mut Effects<i64>, settings: &Settings, o: &mut Out<ClusterA
     let modelled = |t: TimerId| match t {
         TimerId::Heartbeat | TimerId::FailureCheck => settings.failure_detection,
         TimerId::Retransmit => settings.retransmission,
-        TimerId::Register => true,
+        TimerId::Register => settings.retransmission,
     };
     for env in effects.sends.drain(..) {
         if !settings.failure_detection && matches!(env.body, Message::Heartbeat { .. }) {
