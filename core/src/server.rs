@@ -18,6 +18,9 @@ use crate::timing::Timing;
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
 
+/// Messages kept while a server waits for a configuration; beyond this, retransmission recovers.
+const MAX_EARLY: usize = 64;
+
 /// What a server is told at start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ServerConfig {
@@ -62,6 +65,8 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Order
     progress: BTreeMap<NodeId, Iteration>,
     dedupe: BTreeMap<NodeId, DedupeWindow>,
     held: BTreeMap<(NodeId, SliceRef), HeldPull>,
+    /// Messages from senders with a newer configuration than ours, replayed once we have it.
+    early: Vec<Envelope<V>>,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -87,6 +92,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             progress: BTreeMap::new(),
             dedupe: BTreeMap::new(),
             held: BTreeMap::new(),
+            early: Vec::new(),
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -155,7 +161,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// [`crate::Coordinator::bootstrapped`]) instead of registering. Call once, first, instead
     /// of `start`.
     pub fn start_configured(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
-        self.adopt(config, out);
+        self.adopt(now, config, out);
         out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
     }
 
@@ -188,23 +194,31 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// Call for every message addressed to this server.
-    pub fn on_message(&mut self, _now: Time, env: Envelope<V>, out: &mut Effects<V>) {
+    pub fn on_message(&mut self, now: Time, env: Envelope<V>, out: &mut Effects<V>) {
         if env.to != self.cfg.id {
             return;
         }
         let from = env.from;
         if let Message::Config(config) = env.body {
-            self.adopt(config, out);
+            self.adopt(now, config, out);
+            return;
+        }
+        let behind = self.cluster.as_ref().is_none_or(|c| env.epoch > c.epoch());
+        if behind {
+            // A sender already knows a configuration we lack (it raced ahead of the broadcast):
+            // keep its message for when the configuration arrives rather than waste a
+            // retransmission timeout, and ask for the configuration if we had one.
+            if self.cluster.is_some() {
+                self.send(self.cfg.coordinator, Message::ConfigRequest, out);
+            }
+            if self.early.len() < MAX_EARLY && !self.early.contains(&env) {
+                self.early.push(env);
+            }
             return;
         }
         let Some(cluster) = &self.cluster else {
             return;
         };
-        if env.epoch > cluster.epoch() {
-            // We are behind: learn the new configuration first; the sender retransmits.
-            self.send(self.cfg.coordinator, Message::ConfigRequest, out);
-            return;
-        }
         if !cluster.is_worker(from) {
             return;
         }
@@ -223,7 +237,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
     }
 
-    fn adopt(&mut self, config: ClusterConfig, out: &mut Effects<V>) {
+    fn adopt(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
         let Some(cluster) = Cluster::successor(self.cluster.as_ref(), config) else {
             return;
         };
@@ -240,6 +254,17 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
         self.apply_finished_iterations();
         self.answer_held(out);
+        let now_current: Vec<Envelope<V>> = {
+            let epoch = self.epoch();
+            let (ready, later) = core::mem::take(&mut self.early)
+                .into_iter()
+                .partition(|e| e.epoch <= epoch);
+            self.early = later;
+            ready
+        };
+        for env in now_current {
+            self.on_message(now, env, out);
+        }
     }
 
     fn consistency(&self) -> Consistency {

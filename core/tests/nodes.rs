@@ -627,3 +627,33 @@ fn servers_run_user_defined_update_rules() {
     }
     assert_eq!(s.value(6), Some(&[9i64][..]));
 }
+
+#[test]
+fn a_push_that_beats_the_configuration_is_applied_once_it_arrives() {
+    let cfg = config(1, &[1], &[W1], Consistency::Eventual);
+    let mut s: Server<i64> = Server::new(
+        ServerConfig {
+            id: NodeId(1),
+            coordinator: COORD,
+            width: 1,
+            timing: Timing::default(),
+        },
+        Updater::Sum,
+    );
+    let mut out = Effects::new();
+    s.start(0, &mut out);
+    out.clear();
+    // Two copies arrive before the server has any configuration: kept once, not answered yet.
+    s.on_message(1, push_env(W1, 1, 0, 8, 5), &mut out);
+    s.on_message(1, push_env(W1, 1, 0, 8, 5), &mut out);
+    assert!(out.sends.is_empty());
+    assert_eq!(s.value(8), None);
+    s.on_message(2, deliver_config(NodeId(1), &cfg), &mut out);
+    assert_eq!(s.value(8), Some(&[5i64][..]));
+    let acks = out
+        .sends
+        .iter()
+        .filter(|e| matches!(e.body, Message::PushAck(_)))
+        .count();
+    assert_eq!(acks, 1);
+}

@@ -55,7 +55,7 @@ enum Body {
     Config { epoch: u8, servers: u8, workers: u8, consistency: u8 },
     ConfigRequest,
     Heartbeat,
-    Push { request: u8, slice: u8, iteration: u8, settled: u8, keys: Vec<u16>, vals: Vec<i16> },
+    Push { request: u8, slice: u8, iteration: u8 },
     PushAck { request: u8, slice: u8 },
     Pull { request: u8, slice: u8, iteration: u8, keys: Vec<u16>, dense: bool },
     PullReply { request: u8, slice: u8, keys: Vec<u16>, vals: Vec<i16> },
@@ -100,15 +100,19 @@ fn message(body: Body) -> Message<i64> {
         }
         Body::ConfigRequest => Message::ConfigRequest,
         Body::Heartbeat => Message::Heartbeat { sent_at: 1 },
-        Body::Push { request, slice, iteration, settled, keys: ks, vals } => Message::Push(Push {
-            slice: sref(request, slice),
-            iteration: u32::from(iteration % 8),
-            settled_below: u64::from(settled),
-            kvs: kvs(&ks, &vals),
-        }),
+        Body::Push { request, slice, iteration } => {
+            // Push slices are 0 and 1, pull slices 2 and 3, so answers tell them apart.
+            let slice = sref(request, slice % 2);
+            Message::Push(Push {
+                slice,
+                iteration: u32::from(iteration % 8),
+                settled_below: settled_of(slice),
+                kvs: content_of(slice),
+            })
+        }
         Body::PushAck { request, slice } => Message::PushAck(sref(request, slice)),
         Body::Pull { request, slice, iteration, keys: ks, dense } => Message::Pull(Pull {
-            slice: sref(request, slice),
+            slice: sref(request, 2 + slice % 2),
             iteration: u32::from(iteration % 8),
             keys: selection(&ks, dense),
         }),
@@ -124,6 +128,18 @@ fn message(body: Body) -> Message<i64> {
         Body::Progress(i) => Message::Progress { finished_below: u32::from(i % 8) },
         Body::ProgressAck(i) => Message::ProgressAck { finished_below: u32::from(i % 8) },
     }
+}
+
+/// A push's content is a function of its slice, so that the mirror knows what an acknowledged
+/// slice carried even when the server acknowledges it later (after buffering it).
+fn content_of(slice: SliceRef) -> KvPairs<i64> {
+    let r = slice.request as u16;
+    kvs(&[r, r + 7], &[i16::from(r as u8) + 1, slice.slice as i16 + 1])
+}
+
+/// Pushes settle the requests a few below their own.
+fn settled_of(slice: SliceRef) -> u64 {
+    slice.request.saturating_sub(u64::from(slice.slice) * 3)
 }
 
 fn selection(ks: &[u16], dense: bool) -> KeySelection {
@@ -174,27 +190,7 @@ fuzz_target!(|ops: Vec<Op>| {
                 let env = Envelope::new(node(from), SERVER, u64::from(epoch % 4), message(body));
                 let frame = codec.encode(&env).expect("small messages encode");
                 assert_eq!(codec.decode::<i64>(&frame).as_ref(), Ok(&env));
-                let push = match &env.body {
-                    Message::Push(p) => Some((env.from, p.clone())),
-                    _ => None,
-                };
                 server.on_message(now, env, &mut out);
-                if let Some((from, p)) = push {
-                    // A push the server answered (acknowledged or redirected) moved its window;
-                    // one it ignored (no configuration yet, a non-member) did not.
-                    let answered = |e: &Envelope<i64>| match &e.body {
-                        Message::PushAck(s) | Message::Redirect { slice: s, .. } => *s == p.slice,
-                        _ => false,
-                    };
-                    if out.sends.iter().any(answered) {
-                        let settled = mirror.settled.entry(from).or_default();
-                        *settled = (*settled).max(p.settled_below);
-                        let acked = out.sends.iter().any(|e| e.body == Message::PushAck(p.slice));
-                        if acked && p.slice.request >= *settled {
-                            mirror.applied.entry((from, p.slice)).or_insert(p.kvs);
-                        }
-                    }
-                }
             }
             Op::ToWorker { from, epoch, body } => {
                 let env = Envelope::new(node(from), WORKER, u64::from(epoch % 4), message(body));
@@ -212,6 +208,21 @@ fuzz_target!(|ops: Vec<Op>| {
                 let _ = worker.advance(now, &mut out);
             }
             Op::Tick(ms) => now += u64::from(ms) * 1_000_000,
+        }
+        // What the server answered, in the order it processed pushes (it may process buffered
+        // ones long after they arrived): each answer settles, each first acknowledgement of an
+        // unsettled slice is an application.
+        for e in out.sends.iter().filter(|e| e.from == SERVER) {
+            let (slice, acked) = match &e.body {
+                Message::PushAck(s) => (*s, true),
+                Message::Redirect { slice, .. } if slice.slice < 2 => (*slice, false),
+                _ => continue,
+            };
+            let settled = mirror.settled.entry(e.to).or_default();
+            *settled = (*settled).max(settled_of(slice));
+            if acked && slice.request >= *settled {
+                mirror.applied.entry((e.to, slice)).or_insert_with(|| content_of(slice));
+            }
         }
         // Exactly-once: totals are the sum of the first acknowledged copy of each slice.
         for k in 0..64u16 {

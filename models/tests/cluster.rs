@@ -103,5 +103,5 @@ fn registration_is_checked_too() {
         registration: true,
         ..config(Consistency::Sequential, NetworkKind::Ordered, 1)
     });
-    assert_eq!(report.unique, 985);
+    assert_eq!(report.unique, 679);
 }

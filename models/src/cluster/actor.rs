@@ -91,9 +91,9 @@ pub struct ServerActorState {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ClusterActorState {
     /// The coordinator.
-    Coordinator(Coordinator),
+    Coordinator(Box<Coordinator>),
     /// A server.
-    Server(ServerActorState),
+    Server(Box<ServerActorState>),
     /// A worker.
     Worker(Box<WorkerActorState>),
 }
@@ -258,7 +258,7 @@ impl Actor for ClusterActor {
                 let mut c = (**c).clone();
                 c.start(0, &mut out);
                 forward(&mut out, settings, o);
-                ClusterActorState::Coordinator(c)
+                ClusterActorState::Coordinator(Box::new(c))
             }
             ClusterActor::Server(cfg, settings) => {
                 #[allow(unused_mut)]
@@ -270,10 +270,10 @@ impl Actor for ClusterActor {
                     None => node.start(0, &mut out),
                 }
                 forward(&mut out, settings, o);
-                ClusterActorState::Server(ServerActorState {
+                ClusterActorState::Server(Box::new(ServerActorState {
                     node,
                     suppressed_duplicate: false,
-                })
+                }))
             }
             ClusterActor::Worker(cfg, settings, script) => {
                 #[allow(unused_mut)]

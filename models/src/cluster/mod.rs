@@ -90,7 +90,7 @@ fn within_boundary(cfg: &ClusterModelConfig, state: &ClusterState) -> bool {
 
 fn servers(state: &ClusterState) -> impl Iterator<Item = &ServerActorState> {
     state.actor_states.iter().filter_map(|s| match &**s {
-        ClusterActorState::Server(s) => Some(s),
+        ClusterActorState::Server(s) => Some(&**s),
         _ => None,
     })
 }
