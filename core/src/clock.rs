@@ -21,10 +21,11 @@ use crate::node::Iteration;
 /// ```
 /// use pserver_core::{KeyRange, RangeClock};
 /// let mut c = RangeClock::<u32>::new();
-/// c.set(KeyRange::new(0, 500_000).unwrap(), 3);
-/// c.set(KeyRange::new(500_000, 1_000_000).unwrap(), 3);
+/// c.set(KeyRange::new(0, 500_000)?, 3);
+/// c.set(KeyRange::new(500_000, 1_000_000)?, 3);
 /// assert_eq!(c.get(123_456), 3);
 /// assert_eq!(c.segment_count(), 2); // [0, 1e6) -> 3 and [1e6, MAX) -> 0
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct RangeClock<T = Iteration> {

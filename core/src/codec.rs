@@ -85,9 +85,10 @@ pub enum EncodeError {
 /// use pserver_core::{Codec, Envelope, Message, NodeId};
 /// let codec = Codec::default();
 /// let env = Envelope::<f32>::new(NodeId(1), NodeId(0), 3, Message::Heartbeat { sent_at: 9 });
-/// let frame = codec.encode(&env).unwrap();
-/// assert_eq!(codec.decode::<f32>(&frame).unwrap(), env);
+/// let frame = codec.encode(&env)?;
+/// assert_eq!(codec.decode::<f32>(&frame)?, env);
 /// assert!(codec.decode::<f32>(&frame[..frame.len() - 1]).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Codec {

@@ -18,11 +18,12 @@ use crate::node::Iteration;
 ///
 /// ```
 /// use pserver_core::Consistency;
-/// let c: Consistency = "bounded:2".parse().unwrap();
+/// let c: Consistency = "bounded:2".parse()?;
 /// assert_eq!(c, Consistency::BoundedDelay(2));
 /// assert_eq!(c.required_below(5), 3);
 /// assert_eq!(Consistency::Sequential.required_below(5), 5);
 /// assert_eq!(Consistency::Eventual.required_below(5), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Consistency {

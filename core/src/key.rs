@@ -18,11 +18,12 @@ pub const MAX_KEY: Key = u64::MAX - 1;
 ///
 /// ```
 /// use pserver_core::KeyRange;
-/// let r = KeyRange::new(10, 20).unwrap();
+/// let r = KeyRange::new(10, 20)?;
 /// assert!(r.contains(10) && !r.contains(20));
 /// let (lo, hi) = r.split_at(15);
 /// assert_eq!((lo.len(), hi.len()), (5, 5));
-/// assert_eq!(r.intersect(KeyRange::new(18, 30).unwrap()), KeyRange::new(18, 20).ok());
+/// assert_eq!(r.intersect(KeyRange::new(18, 30)?), KeyRange::new(18, 20).ok());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct KeyRange {

@@ -72,10 +72,11 @@ pub(crate) fn check_keys(keys: &[Key]) -> Result<(), KvError> {
 ///
 /// ```
 /// use pserver_core::{KeyRange, KvPairs};
-/// let kv = KvPairs::new(vec![1, 5, 9], vec![0.1f32, 0.5, 0.9], 1).unwrap();
-/// let mid = kv.slice(KeyRange::new(2, 10).unwrap());
+/// let kv = KvPairs::new(vec![1, 5, 9], vec![0.1f32, 0.5, 0.9], 1)?;
+/// let mid = kv.slice(KeyRange::new(2, 10)?);
 /// assert_eq!(mid.keys(), &[5, 9]);
 /// assert_eq!(mid.get(9), Some(&[0.9f32][..]));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
 pub struct KvPairs<V> {

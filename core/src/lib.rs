@@ -37,7 +37,7 @@
 //! let mut coordinator = Coordinator::new(CoordinatorConfig {
 //!     id: c, servers: 1, workers: 1, consistency: Consistency::Sequential, timing,
 //!     ring: RingConfig { vnodes: 8, replicas: 0, seed: 0 },
-//! }).unwrap();
+//! })?;
 //! let mut server: Server<f32> =
 //!     Server::new(ServerConfig { id: s, coordinator: c, width: 1, timing }, Updater::Sum);
 //! let mut worker: Worker<f32> =
@@ -59,9 +59,9 @@
 //!     let ready = out.events.iter().any(|e| matches!(e, Event::Ready { .. }));
 //!     if to == w && ready {
 //!         // The worker has its configuration: the application may start.
-//!         let kvs = KvPairs::new(vec![3, 9], vec![0.5, 2.0], 1).unwrap();
-//!         worker.push(0, kvs, &mut out).unwrap();
-//!         worker.pull(0, KeySelection::Keys(KeyList::new(vec![9]).unwrap()), &mut out).unwrap();
+//!         let kvs = KvPairs::new(vec![3, 9], vec![0.5, 2.0], 1)?;
+//!         worker.push(0, kvs, &mut out)?;
+//!         worker.pull(0, KeySelection::Keys(KeyList::new(vec![9])?), &mut out)?;
 //!     }
 //!     net.extend(out.sends.drain(..));
 //!     events.extend(out.events.drain(..));
@@ -73,19 +73,21 @@
 //! });
 //! // Sequential: a pull in iteration 0 needs nothing earlier, so it may or may not see the push.
 //! assert!(pulled.is_some());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! ## The wire
 //!
 //! ```
 //! use pserver_core::*;
-//! let ring = Ring::new((0..3).map(NodeId), RingConfig::default()).unwrap();
-//! let kvs = KvPairs::new(vec![10, 20], vec![0.5f32, -1.0], 1).unwrap();
+//! let ring = Ring::new((0..3).map(NodeId), RingConfig::default())?;
+//! let kvs = KvPairs::new(vec![10, 20], vec![0.5f32, -1.0], 1)?;
 //! let slice = SliceRef { request: 1, slice: 0 };
 //! let push = Message::Push(Push { slice, iteration: 0, settled_below: 0, kvs });
 //! let env = Envelope::new(NodeId(7), ring.primary(10), 1, push);
-//! let frame = Codec::default().encode(&env).unwrap();
-//! assert_eq!(Codec::default().decode::<f32>(&frame).unwrap(), env);
+//! let frame = Codec::default().encode(&env)?;
+//! assert_eq!(Codec::default().decode::<f32>(&frame)?, env);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 

@@ -89,10 +89,11 @@ struct Segment {
 /// ```
 /// use pserver_core::{NodeId, Ring, RingConfig};
 /// let servers = (0..4).map(NodeId);
-/// let ring = Ring::new(servers, RingConfig { vnodes: 16, replicas: 1, seed: 7 }).unwrap();
+/// let ring = Ring::new(servers, RingConfig { vnodes: 16, replicas: 1, seed: 7 })?;
 /// let owners = ring.owners(42);
 /// assert_eq!(owners.len(), 2);
 /// assert_ne!(owners[0], owners[1]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Ring {

@@ -226,6 +226,8 @@ impl fmt::Display for SimFailure {
     }
 }
 
+impl std::error::Error for SimFailure {}
+
 /// What a successful run measured.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimReport {

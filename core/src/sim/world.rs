@@ -92,8 +92,9 @@ struct World<'a> {
 ///
 /// ```
 /// use pserver_core::sim::{run, SimConfig};
-/// let report = run(&SimConfig { seed: 3, ..SimConfig::default() }).unwrap();
+/// let report = run(&SimConfig { seed: 3, ..SimConfig::default() })?;
 /// assert!(report.steps > 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn run(cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let mut world = World::new(cfg)?;
