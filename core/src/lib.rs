@@ -134,7 +134,7 @@ pub use message::{
 };
 #[cfg(feature = "mutations")]
 pub use mutation::Mutation;
-pub use node::{Epoch, Iteration, NodeId, Role, Time};
+pub use node::{Epoch, Iteration, NodeId, NodeLayout, Role, Time};
 pub use ring::{MAX_SERVERS, MAX_VNODES, Ring, RingConfig, RingError};
 pub use server::{Server, ServerConfig};
 pub use store::{OrderedStore, ParamStore};

@@ -53,3 +53,31 @@ pub type Epoch = u64;
 /// Nanoseconds since an origin that the driver chooses. Passed into every call; the core never
 /// reads a clock of its own.
 pub type Time = u64;
+
+/// The conventional numbering of a cluster's nodes, used by the simulator, the models and
+/// single-process runs: the coordinator is node 0, then the servers, then the workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NodeLayout {
+    /// Number of servers.
+    pub servers: usize,
+    /// Number of workers.
+    pub workers: usize,
+}
+
+impl NodeLayout {
+    /// The coordinator: node 0.
+    pub fn coordinator(self) -> NodeId {
+        NodeId(0)
+    }
+
+    /// The servers: nodes `1..=servers`.
+    pub fn servers(self) -> impl Iterator<Item = NodeId> {
+        (1..=self.servers as u32).map(NodeId)
+    }
+
+    /// The workers: the nodes after the servers.
+    pub fn workers(self) -> impl Iterator<Item = NodeId> {
+        let first = self.servers as u32 + 1;
+        (first..first + self.workers as u32).map(NodeId)
+    }
+}

@@ -28,7 +28,7 @@ pub use world::run;
 use core::fmt;
 
 use crate::consistency::Consistency;
-use crate::node::{NodeId, Time};
+use crate::node::{NodeId, NodeLayout, Time};
 use crate::ring::RingConfig;
 
 /// One millisecond of virtual time.
@@ -133,20 +133,27 @@ impl SimConfig {
         cmd
     }
 
+    /// How the run numbers its nodes.
+    pub fn layout(&self) -> NodeLayout {
+        NodeLayout {
+            servers: self.servers,
+            workers: self.workers,
+        }
+    }
+
     /// Node id of the coordinator.
     pub fn coordinator_id(&self) -> NodeId {
-        NodeId(0)
+        self.layout().coordinator()
     }
 
     /// Node ids of the servers.
     pub fn server_ids(&self) -> impl Iterator<Item = NodeId> {
-        (1..=self.servers as u32).map(NodeId)
+        self.layout().servers()
     }
 
     /// Node ids of the workers.
     pub fn worker_ids(&self) -> impl Iterator<Item = NodeId> {
-        let first = self.servers as u32 + 1;
-        (first..first + self.workers as u32).map(NodeId)
+        self.layout().workers()
     }
 
     /// The key of key index `i`: indices are spread evenly over the key space so that they land

@@ -3,7 +3,7 @@
 use core::fmt;
 use core::str::FromStr;
 
-use pserver_core::{Consistency, Key, NodeId, Ring, RingConfig, Timing};
+use pserver_core::{Consistency, Key, NodeId, NodeLayout, Ring, RingConfig, Timing};
 
 /// How the model's network behaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -78,20 +78,27 @@ impl Default for ClusterModelConfig {
 }
 
 impl ClusterModelConfig {
+    /// How the model numbers its actors (actor index = node id).
+    pub fn layout(&self) -> NodeLayout {
+        NodeLayout {
+            servers: self.servers,
+            workers: self.workers,
+        }
+    }
+
     /// The coordinator's node id (actor 0).
     pub fn coordinator(&self) -> NodeId {
-        NodeId(0)
+        self.layout().coordinator()
     }
 
     /// Server node ids (actors `1..=servers`).
     pub fn server_ids(&self) -> impl Iterator<Item = NodeId> {
-        (1..=self.servers as u32).map(NodeId)
+        self.layout().servers()
     }
 
     /// Worker node ids (the actors after the servers).
     pub fn worker_ids(&self) -> impl Iterator<Item = NodeId> {
-        let first = self.servers as u32 + 1;
-        (first..first + self.workers as u32).map(NodeId)
+        self.layout().workers()
     }
 
     /// The keys, spread evenly over the key space.
