@@ -98,7 +98,8 @@ struct CheckArgs {
     /// build with --features mutations).
     #[arg(long)]
     mutation: Option<String>,
-    /// Serve stateright's Explorer for the (first) cluster model at this address instead.
+    /// Serve stateright's Explorer for the chosen model (the first consistency model given)
+    /// at this address instead.
     #[arg(long, value_name = "ADDR")]
     explore: Option<String>,
     /// Stop after about this many states: a bounded check, for models too large to exhaust
@@ -150,8 +151,9 @@ fn check_command(args: CheckArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    let clock_max_time = u8::try_from(args.iterations.max(1)).unwrap_or(u8::MAX);
     if let Some(address) = &args.explore {
-        return match check::explore(base, address) {
+        return match check::explore(args.model, base, clock_max_time, address) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -169,10 +171,7 @@ fn check_command(args: CheckArgs) -> ExitCode {
                 }
             }
         }
-        check::ModelName::Clock => {
-            let max_time = u8::try_from(args.iterations.max(1)).unwrap_or(u8::MAX);
-            check::check_clock(args.keys, max_time, strategy, threads)
-        }
+        check::ModelName::Clock => check::check_clock(args.keys, clock_max_time, strategy, threads),
     };
     print!("{}", outcome.text);
     if outcome.violated {

@@ -100,9 +100,31 @@ pub fn check_clock(keys: u64, max_time: u8, strategy: Strategy, threads: usize) 
     out
 }
 
-/// Serves stateright's Explorer for the cluster model on `address` until the process ends.
-pub fn explore(cfg: ClusterModelConfig, address: &str) -> Result<(), String> {
-    let model = cluster_model(cfg).map_err(|e| e.to_string())?;
+/// Serves stateright's Explorer for the chosen model on `address` until the process ends.
+pub fn explore(
+    name: ModelName,
+    cfg: ClusterModelConfig,
+    max_time: u8,
+    address: &str,
+) -> Result<(), String> {
+    match name {
+        ModelName::Cluster => serve(cluster_model(cfg).map_err(|e| e.to_string())?, address),
+        ModelName::Clock => serve(
+            ClockModel {
+                keys: cfg.keys,
+                max_time,
+            },
+            address,
+        ),
+    }
+}
+
+fn serve<M>(model: M, address: &str) -> Result<(), String>
+where
+    M: Model + Send + Sync + 'static,
+    M::Action: std::fmt::Debug + Send + Sync,
+    M::State: std::fmt::Debug + std::hash::Hash + Send + Sync,
+{
     let checker = model.checker().serve(address);
     eprintln!("explorer serving http://{address} (Ctrl-C to stop)");
     loop {
