@@ -268,6 +268,7 @@ fn factor(s: &str) -> Result<f64, String> {
 }
 
 fn sim_command(args: SimArgs) -> ExitCode {
+    // Without the mutations feature `broken` can only be None and is not read.
     #[allow(unused_variables)]
     let broken = match args.mutation.as_deref().map(mutation).transpose() {
         Ok(m) => m,

@@ -560,7 +560,7 @@ impl<V: Value> Worker<V> {
         }
         let ids: Vec<RequestId> = self.requests.keys().copied().collect();
         for id in ids {
-            self.reslice_moved(now, id);
+            self.reslice_moved(id);
             self.slice_request(now, id, out);
         }
         self.try_advance(now, out);
@@ -572,7 +572,7 @@ impl<V: Value> Worker<V> {
 
     /// Takes back the open slices whose server is no longer the primary of all their keys, so
     /// that they are sliced again under the new ring.
-    fn reslice_moved(&mut self, _now: Time, id: RequestId) {
+    fn reslice_moved(&mut self, id: RequestId) {
         let Some(cluster) = &self.cluster else {
             return;
         };
