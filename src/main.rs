@@ -216,6 +216,10 @@ struct SimArgs {
     /// Each iteration one worker, chosen at random, computes this many times slower.
     #[arg(long, default_value_t = 1.0, value_parser = factor)]
     straggler: f64,
+    /// The first worker always computes this many times slower (a slow machine). Unlike
+    /// transient stragglers, no staleness bound can hide it: everybody waits for it in the end.
+    #[arg(long, default_value_t = 1.0, value_parser = factor)]
+    slow_worker: f64,
     /// Cut nodes off the network for a while, then heal.
     #[arg(long)]
     partition: bool,
@@ -294,6 +298,7 @@ fn sim_command(args: SimArgs) -> ExitCode {
             crash: args.crash,
         },
         straggler: args.straggler,
+        slow_worker: args.slow_worker,
         wire: !args.no_wire,
         time_limit: args.time_limit_ms * MS,
         ..SimConfig::default()
@@ -301,10 +306,11 @@ fn sim_command(args: SimArgs) -> ExitCode {
     if args.tau_sweep {
         let seeds = args.seeds.min(20);
         println!(
-            "# tau sweep: {} workers, {} iterations, straggler {}x, seeds {}..{}",
+            "# tau sweep: {} workers, {} iterations, straggler {}x, slow worker {}x, seeds {}..{}",
             args.workers,
             args.iterations,
             args.straggler,
+            args.slow_worker,
             args.first_seed,
             args.first_seed + seeds
         );

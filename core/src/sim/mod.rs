@@ -53,6 +53,8 @@ pub struct SimConfig {
     pub faults: Faults,
     /// Each iteration one worker, chosen at random, computes this many times slower (1 = none).
     pub straggler: f64,
+    /// The first worker always computes this many times slower (a slow machine; 1 = none).
+    pub slow_worker: f64,
     /// One-way network latency.
     pub latency: Time,
     /// Compute time of one iteration on a worker that is not straggling.
@@ -79,6 +81,7 @@ impl Default for SimConfig {
             consistency: Consistency::Sequential,
             faults: Faults::default(),
             straggler: 1.0,
+            slow_worker: 1.0,
             latency: MS,
             compute: 10 * MS,
             wire: true,
@@ -119,6 +122,9 @@ impl SimConfig {
         }
         if self.straggler != 1.0 {
             cmd += &format!(" --straggler {}", self.straggler);
+        }
+        if self.slow_worker != 1.0 {
+            cmd += &format!(" --slow-worker {}", self.slow_worker);
         }
         if !self.wire {
             cmd += " --no-wire";

@@ -469,11 +469,15 @@ impl<'a> World<'a> {
         let slow = crate::hash::hash_words(self.cfg.seed, &[u64::from(iteration)])
             % self.cfg.workers as u64;
         let index = u64::from(node.0) - self.cfg.servers as u64 - 1;
-        if self.cfg.straggler > 1.0 && slow == index {
-            (base as f64 * self.cfg.straggler) as Time
+        let mut factor = if slow == index {
+            self.cfg.straggler
         } else {
-            base
+            1.0
+        };
+        if index == 0 {
+            factor *= self.cfg.slow_worker;
         }
+        (base as f64 * factor.max(1.0)) as Time
     }
 
     /// Pulls the keys of the iteration: a random subset, or now and then the whole key space as
