@@ -104,6 +104,19 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     world.run()
 }
 
+/// A cluster that could not be set up, reported like a broken invariant so that the seed and
+/// the replay command are printed the same way.
+fn setup_failure(cfg: &SimConfig, e: impl core::fmt::Display) -> SimFailure {
+    SimFailure {
+        invariant: Invariant::Setup,
+        seed: cfg.seed,
+        step: 0,
+        at: 0,
+        detail: e.to_string(),
+        replay: cfg.replay_command(),
+    }
+}
+
 impl<'a> World<'a> {
     fn new(cfg: &'a SimConfig) -> Result<Self, SimFailure> {
         let timing = Timing::default();
@@ -115,14 +128,7 @@ impl<'a> World<'a> {
             consistency: cfg.consistency,
             timing,
         })
-        .map_err(|e| SimFailure {
-            invariant: Invariant::Setup,
-            seed: cfg.seed,
-            step: 0,
-            at: 0,
-            detail: e.to_string(),
-            replay: cfg.replay_command(),
-        })?;
+        .map_err(|e| setup_failure(cfg, e))?;
         let servers = cfg
             .server_ids()
             .map(|id| {
@@ -156,14 +162,7 @@ impl<'a> World<'a> {
             })
             .collect();
         let apps = cfg.worker_ids().map(|id| (id, App::default())).collect();
-        let ring = Ring::new(cfg.server_ids(), cfg.ring).map_err(|e| SimFailure {
-            invariant: Invariant::Setup,
-            seed: cfg.seed,
-            step: 0,
-            at: 0,
-            detail: e.to_string(),
-            replay: cfg.replay_command(),
-        })?;
+        let ring = Ring::new(cfg.server_ids(), cfg.ring).map_err(|e| setup_failure(cfg, e))?;
         Ok(World {
             cfg,
             rng: SimRng::new(cfg.seed),
