@@ -5,7 +5,9 @@
 //! one. A [`Transport`] carries them; in-memory, TCP and UDP adapters implement it, and a runtime
 //! drives core nodes over any of them.
 
+pub mod mem;
 pub mod sync;
+pub mod tcp;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -45,13 +47,24 @@ pub enum TransportError {
 /// frame that arrives arrives whole and unaltered.
 ///
 /// Implementations are shared between the tasks of a node, hence `&self` and `Send + Sync`.
+///
+/// Two rules keep a node's event loop live whatever the network does:
+///
+/// - `send` never waits for the peer. When the way to a peer is congested or down, the
+///   transport queues the frame within a bound and beyond it drops the frame; the core's
+///   retransmission recovers what matters. A node that blocked on a slow peer could deadlock
+///   with that peer blocking on it.
+/// - `recv` is cancel-safe: the runtime selects on it beside timers and application commands,
+///   and a `recv` future dropped before it completed must not lose a frame.
 #[async_trait]
 pub trait Transport: Send + Sync + 'static {
     /// Sends `frame` to `to`. Returning `Ok` means the frame was handed to the network, not that
     /// it arrived.
     async fn send(&self, to: NodeId, frame: Bytes) -> Result<(), TransportError>;
 
-    /// Waits for the next frame from any peer.
+    /// Waits for the next frame from any peer. The `NodeId` is the peer the transport received
+    /// the frame from (authenticated, for transports that authenticate), which the runtime
+    /// compares with the sender the frame claims.
     async fn recv(&self) -> Result<(NodeId, Bytes), TransportError>;
 }
 

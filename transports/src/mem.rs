@@ -1,0 +1,1 @@
+//! In-memory transport (being written).

@@ -1,0 +1,1 @@
+//! TCP transport (being written).
