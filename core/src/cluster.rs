@@ -1,5 +1,6 @@
 //! A node's view of the cluster: the configuration of an epoch and the ring built from it.
 
+use crate::effects::Refusal;
 use crate::key::Key;
 use crate::message::ClusterConfig;
 use crate::node::{Epoch, NodeId};
@@ -19,15 +20,30 @@ impl Cluster {
     }
 
     /// The cluster of `config` if it supersedes `current`: a newer epoch of the same job, with a
-    /// ring that can be built. The consistency model is fixed for the life of a job, so a
-    /// configuration that changes it belongs to another job and is ignored, as is a corrupt one.
-    pub(crate) fn successor(current: Option<&Cluster>, config: ClusterConfig) -> Option<Cluster> {
+    /// ring that can be built. The configuration in force again is `Ok(None)` (coordinators
+    /// resend it freely). The consistency model is fixed for the life of a job, so a
+    /// configuration that changes it belongs to another job and is refused, as is a corrupt one.
+    pub(crate) fn successor(
+        current: Option<&Cluster>,
+        config: ClusterConfig,
+    ) -> Result<Option<Cluster>, Refusal> {
         if let Some(current) = current {
-            if config.epoch <= current.epoch() || config.consistency != current.config.consistency {
-                return None;
+            if config == current.config {
+                return Ok(None);
+            }
+            if config.epoch <= current.epoch() {
+                return Err(Refusal::StaleEpoch {
+                    epoch: config.epoch,
+                    current: current.epoch(),
+                });
+            }
+            if config.consistency != current.config.consistency {
+                return Err(Refusal::ForeignJob);
             }
         }
-        Cluster::new(config).ok()
+        Cluster::new(config)
+            .map(Some)
+            .map_err(|_| Refusal::ForeignJob)
     }
 
     pub(crate) fn epoch(&self) -> Epoch {

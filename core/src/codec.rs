@@ -15,7 +15,7 @@ use crate::value::Value;
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
 
 /// Why a frame could not be decoded. Decoding never panics, whatever the bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Error)]
 pub enum DecodeError {
     /// The frame is larger than this codec accepts.
     #[error("frame of {len} bytes exceeds the limit of {limit} bytes")]

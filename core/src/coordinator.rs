@@ -5,15 +5,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
 
 use crate::consistency::Consistency;
-use crate::effects::{Effects, Event, TimerId};
+use crate::effects::{Effects, Event, Refusal, TimerId};
 use crate::message::{ClusterConfig, Envelope, Message};
 use crate::node::{Epoch, NodeId, Role, Time};
 use crate::ring::{Ring, RingConfig, RingError};
 use crate::timing::Timing;
 use crate::value::Value;
 
-/// What the coordinator is told at start: the shape of the job.
+/// What the coordinator is told at start: the shape of the job. Build it with
+/// [`CoordinatorConfig::new`] and change the fields that differ from the defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct CoordinatorConfig {
     /// This coordinator.
     pub id: NodeId,
@@ -27,6 +29,21 @@ pub struct CoordinatorConfig {
     pub consistency: Consistency,
     /// Timeouts and intervals.
     pub timing: Timing,
+}
+
+impl CoordinatorConfig {
+    /// A job of `servers` servers and `workers` workers: sequential consistency, the default
+    /// ring and timing.
+    pub fn new(id: NodeId, servers: usize, workers: usize) -> Self {
+        CoordinatorConfig {
+            id,
+            servers,
+            workers,
+            ring: RingConfig::default(),
+            consistency: Consistency::Sequential,
+            timing: Timing::default(),
+        }
+    }
 }
 
 /// Why a coordinator could not be set up.
@@ -44,6 +61,9 @@ pub enum CoordinatorError {
     /// A job needs at least one worker.
     #[error("a job needs at least one worker")]
     NoWorkers,
+    /// A job needs at least one server.
+    #[error("a job needs at least one server")]
+    NoServers,
 }
 
 /// The coordinator node (sans-IO).
@@ -99,6 +119,9 @@ impl Coordinator {
             workers: workers.len(),
             ..cfg
         })?;
+        if servers.is_empty() {
+            return Err(CoordinatorError::NoServers);
+        }
         let roles = servers
             .iter()
             .map(|&s| (s, Role::Server))
@@ -154,10 +177,10 @@ impl Coordinator {
 
     /// Call for every message addressed to the coordinator.
     pub fn on_message<V: Value>(&mut self, _now: Time, env: Envelope<V>, out: &mut Effects<V>) {
-        if env.to != self.cfg.id {
-            return;
-        }
         let from = env.from;
+        if env.to != self.cfg.id {
+            return out.refuse(from, Refusal::Misaddressed { to: env.to });
+        }
         self.silent_checks.remove(&from);
         match env.body {
             Message::Register { role } => {
@@ -172,7 +195,8 @@ impl Coordinator {
             }
             Message::ConfigRequest => self.send_config(from, out),
             Message::Heartbeat { .. } if env.epoch < self.epoch() => self.send_config(from, out),
-            _ => {}
+            Message::Heartbeat { .. } => {}
+            _ => out.refuse(from, Refusal::Unexpected),
         }
     }
 

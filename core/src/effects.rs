@@ -1,6 +1,9 @@
 //! What a node asks of its driver: messages to send, timers to set or cancel, and events for the
 //! application.
 
+use core::fmt;
+
+use crate::codec::DecodeError;
 use crate::kv::KvPairs;
 use crate::message::{Envelope, RequestId};
 use crate::node::{Epoch, Iteration, NodeId, Time};
@@ -36,6 +39,7 @@ pub enum TimerCmd {
 
 /// Something the application (or the driver) should know.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Event<V: Value> {
     /// The node received its first configuration and serves requests.
     Ready {
@@ -52,6 +56,75 @@ pub enum Event<V: Value> {
     NodeDead(NodeId),
     /// The coordinator no longer counts this node as a member: it must stop.
     Fenced,
+    /// The node refused a message (see [`Refusal`]). Nothing in the node changed; drivers count
+    /// these and log them, so that input the protocol cannot use never vanishes silently.
+    Refused {
+        /// Who sent it (as the message claims, or as the transport saw it).
+        from: NodeId,
+        /// Why it was refused.
+        reason: Refusal,
+    },
+}
+
+/// Why a node or its driver refused a message.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The frame did not decode.
+    Undecodable(DecodeError),
+    /// The frame claims another sender than the peer the transport received it from.
+    SpoofedSender {
+        /// The sender the frame claims.
+        claimed: NodeId,
+    },
+    /// The message is addressed to another node.
+    Misaddressed {
+        /// Its addressee.
+        to: NodeId,
+    },
+    /// The sender is not a member of the configuration in force.
+    UnknownSender,
+    /// The message belongs to an epoch this node has moved past (an old configuration, a
+    /// redirect to a configuration it already has).
+    StaleEpoch {
+        /// The message's epoch.
+        epoch: Epoch,
+        /// This node's epoch.
+        current: Epoch,
+    },
+    /// The message belongs to another job: a configuration that changes the consistency model,
+    /// values of another width, a ring that cannot be built.
+    ForeignJob,
+    /// A kind of message this node does not take (a pull sent to a worker, say).
+    Unexpected,
+    /// A pull answer whose keys or width do not match the slice it answers.
+    BadAnswer,
+    /// Messages from the future arrived faster than the configuration they need; beyond a bound
+    /// they are refused and retransmission recovers them.
+    Overflow,
+    /// The node has been removed from the cluster and takes no more messages.
+    Fenced,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Undecodable(e) => write!(f, "undecodable frame: {e}"),
+            Refusal::SpoofedSender { claimed } => {
+                write!(f, "frame claims to come from {claimed}, not from its peer")
+            }
+            Refusal::Misaddressed { to } => write!(f, "addressed to {to}"),
+            Refusal::UnknownSender => f.write_str("sender is not a member of the configuration"),
+            Refusal::StaleEpoch { epoch, current } => {
+                write!(f, "stale epoch {epoch} (this node is at {current})")
+            }
+            Refusal::ForeignJob => f.write_str("message belongs to another job"),
+            Refusal::Unexpected => f.write_str("a message kind this node does not take"),
+            Refusal::BadAnswer => f.write_str("answer does not match the slice it answers"),
+            Refusal::Overflow => f.write_str("too many messages waiting for a configuration"),
+            Refusal::Fenced => f.write_str("this node was removed from the cluster"),
+        }
+    }
 }
 
 /// The output of one call into a node. The driver drains it after every call: sends each
@@ -108,5 +181,9 @@ impl<V: Value> Effects<V> {
 
     pub(crate) fn emit(&mut self, event: Event<V>) {
         self.events.push(event);
+    }
+
+    pub(crate) fn refuse(&mut self, from: NodeId, reason: Refusal) {
+        self.events.push(Event::Refused { from, reason });
     }
 }

@@ -170,6 +170,19 @@ impl<V: Value> KvPairs<V> {
         KeyRange::new(first, last + 1).ok()
     }
 
+    /// Rows `from..to` (positions, not keys), without copying.
+    pub(crate) fn rows(&self, from: usize, to: usize) -> KvPairs<V> {
+        let to = to.min(self.len());
+        let from = from.min(to);
+        KvPairs {
+            keys: Arc::clone(&self.keys),
+            values: Arc::clone(&self.values),
+            width: self.width,
+            lo: self.lo + from,
+            hi: self.lo + to,
+        }
+    }
+
     /// The pairs whose keys lie in `range`, sharing this vector's storage (no copy).
     pub fn slice(&self, range: KeyRange) -> KvPairs<V> {
         let keys = self.keys();

@@ -19,62 +19,20 @@
 //! - [`Envelope`], [`Message`], [`Codec`]: the wire protocol.
 //! - [`Coordinator`], [`Server`], [`Worker`]: the node state machines; they write what they want
 //!   done into [`Effects`].
+//! - [`Node`], [`Driver`]: any node, and the sans-IO driver that carries out its effects.
 //! - [`sim`]: the deterministic simulator that runs whole clusters under faults.
 //!
 //! ## Driving nodes
 //!
 //! Every node has the same shape: `on_message(now, envelope, &mut effects)` and
-//! `on_timer(now, timer, &mut effects)` in, and after each call the driver sends
-//! `effects.sends`, applies `effects.timers` and hands `effects.events` to the application. Here
-//! the "network" is a queue and time stands still:
-//!
-//! ```
-//! use std::collections::VecDeque;
-//! use pserver_core::*;
-//!
-//! let timing = Timing::default();
-//! let (c, s, w) = (NodeId(0), NodeId(1), NodeId(2));
-//! let mut coordinator = Coordinator::new(CoordinatorConfig {
-//!     id: c, servers: 1, workers: 1, consistency: Consistency::Sequential, timing,
-//!     ring: RingConfig { vnodes: 8, replicas: 0, seed: 0 },
-//! })?;
-//! let mut server: Server<f32> =
-//!     Server::new(ServerConfig { id: s, coordinator: c, width: 1, timing }, Updater::Sum);
-//! let mut worker: Worker<f32> =
-//!     Worker::new(WorkerConfig { id: w, coordinator: c, width: 1, timing });
-//!
-//! let mut out = Effects::new();
-//! server.start(0, &mut out);
-//! worker.start(0, &mut out);
-//! let mut net: VecDeque<Envelope<f32>> = out.sends.drain(..).collect();
-//! let mut events = Vec::new();
-//! while let Some(env) = net.pop_front() {
-//!     let mut out = Effects::new();
-//!     let to = env.to;
-//!     match to {
-//!         _ if to == c => coordinator.on_message(0, env, &mut out),
-//!         _ if to == s => server.on_message(0, env, &mut out),
-//!         _ => worker.on_message(0, env, &mut out),
-//!     }
-//!     let ready = out.events.iter().any(|e| matches!(e, Event::Ready { .. }));
-//!     if to == w && ready {
-//!         // The worker has its configuration: the application may start.
-//!         let kvs = KvPairs::new(vec![3, 9], vec![0.5, 2.0], 1)?;
-//!         worker.push(0, kvs, &mut out)?;
-//!         worker.pull(0, KeySelection::Keys(KeyList::new(vec![9])?), &mut out)?;
-//!     }
-//!     net.extend(out.sends.drain(..));
-//!     events.extend(out.events.drain(..));
-//! }
-//! assert!(events.contains(&Event::PushDone(1)));
-//! let pulled = events.iter().find_map(|e| match e {
-//!     Event::PullDone(2, kvs) => Some(kvs.clone()),
-//!     _ => None,
-//! });
-//! // Sequential: a pull in iteration 0 needs nothing earlier, so it may or may not see the push.
-//! assert!(pulled.is_some());
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! `on_timer(now, timer, &mut effects)` in, sends, timer commands and events out through
+//! [`Effects`]. Nobody needs to carry out effects by hand: a [`Driver`] wraps any [`Node`] with
+//! its timer table and the codec, and is the one way every stack drives nodes (the simulator,
+//! the async runtime of `pserver-transport`, and your own loop). Bytes and time in
+//! ([`Driver::handle_frame`], [`Driver::handle_timeout`]), bytes, deadlines and events out
+//! ([`Driver::poll_transmit`], [`Driver::poll_timeout`], [`Driver::poll_event`]); the
+//! [`Driver`] docs show a whole cluster on a queue. The model checker alone drives the node
+//! structs directly, so that it can fire timers in any order it likes.
 //!
 //! ## The wire
 //!
@@ -100,6 +58,7 @@ mod codec;
 mod consistency;
 mod coordinator;
 mod dedupe;
+mod driver;
 mod effects;
 mod hash;
 mod key;
@@ -124,7 +83,8 @@ pub use codec::{Codec, DEFAULT_MAX_FRAME, DecodeError, EncodeError};
 pub use consistency::{Consistency, ParseConsistencyError};
 pub use coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
 pub use dedupe::DedupeWindow;
-pub use effects::{Effects, Event, TimerCmd, TimerId};
+pub use driver::{Driver, DriverError, Node, Refusals, Transmit};
+pub use effects::{Effects, Event, Refusal, TimerCmd, TimerId};
 pub use key::{InvalidRange, Key, KeyRange, MAX_KEY};
 pub use kv::{KvError, KvPairs};
 pub use message::{
@@ -141,4 +101,7 @@ pub use store::{OrderedStore, ParamStore};
 pub use timing::Timing;
 pub use updater::{UpdateRule, Updater};
 pub use value::Value;
-pub use worker::{Worker, WorkerConfig, WorkerError};
+pub use worker::{DEFAULT_MAX_SLICE_BYTES, Worker, WorkerConfig, WorkerError};
+
+/// The byte buffer frames travel in, re-exported so that embedders use the same version.
+pub use bytes::{self, Bytes};

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::dedupe::DedupeWindow;
-use crate::effects::{Effects, Event, TimerId};
+use crate::effects::{Effects, Event, Refusal, TimerId};
 use crate::key::{Key, KeyRange};
 use crate::kv::KvPairs;
 use crate::message::{
@@ -21,8 +21,10 @@ use crate::value::Value;
 /// Messages kept while a server waits for a configuration; beyond this, retransmission recovers.
 const MAX_EARLY: usize = 64;
 
-/// What a server is told at start.
+/// What a server is told at start. Build it with [`ServerConfig::new`] and change the fields
+/// that differ from the defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct ServerConfig {
     /// This server.
     pub id: NodeId,
@@ -32,6 +34,18 @@ pub struct ServerConfig {
     pub width: usize,
     /// Timeouts and intervals.
     pub timing: Timing,
+}
+
+impl ServerConfig {
+    /// A server of width 1 with default timing.
+    pub fn new(id: NodeId, coordinator: NodeId) -> Self {
+        ServerConfig {
+            id,
+            coordinator,
+            width: 1,
+            timing: Timing::default(),
+        }
+    }
 }
 
 /// A pull waiting until the consistency model lets it be answered.
@@ -161,7 +175,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// [`crate::Coordinator::bootstrapped`]) instead of registering. Call once, first, instead
     /// of `start`.
     pub fn start_configured(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
-        self.adopt(now, config, out);
+        self.adopt(now, config.coordinator, config, out);
         out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
     }
 
@@ -195,12 +209,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
 
     /// Call for every message addressed to this server.
     pub fn on_message(&mut self, now: Time, env: Envelope<V>, out: &mut Effects<V>) {
+        let from = env.from;
         if env.to != self.cfg.id {
+            out.refuse(from, Refusal::Misaddressed { to: env.to });
             return;
         }
-        let from = env.from;
         if let Message::Config(config) = env.body {
-            self.adopt(now, config, out);
+            self.adopt(now, from, config, out);
             return;
         }
         let behind = self.cluster.as_ref().is_none_or(|c| env.epoch > c.epoch());
@@ -211,8 +226,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             if self.cluster.is_some() {
                 self.send(self.cfg.coordinator, Message::ConfigRequest, out);
             }
-            if self.early.len() < MAX_EARLY && !self.early.contains(&env) {
+            if self.early.contains(&env) {
+                return;
+            }
+            if self.early.len() < MAX_EARLY {
                 self.early.push(env);
+            } else {
+                out.refuse(from, Refusal::Overflow);
             }
             return;
         }
@@ -220,6 +240,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             return;
         };
         if !cluster.is_worker(from) {
+            out.refuse(from, Refusal::UnknownSender);
             return;
         }
         match env.body {
@@ -233,13 +254,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 self.apply_finished_iterations();
                 self.answer_held(out);
             }
-            _ => {}
+            _ => out.refuse(from, Refusal::Unexpected),
         }
     }
 
-    fn adopt(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
-        let Some(cluster) = Cluster::successor(self.cluster.as_ref(), config) else {
-            return;
+    fn adopt(&mut self, now: Time, from: NodeId, config: ClusterConfig, out: &mut Effects<V>) {
+        let cluster = match Cluster::successor(self.cluster.as_ref(), config) {
+            Ok(Some(cluster)) => cluster,
+            Ok(None) => return,
+            Err(reason) => return out.refuse(from, reason),
         };
         let first = self.cluster.is_none();
         // De-duplication windows are kept even for removed workers: forgetting one would let a
@@ -308,6 +331,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
         if push.kvs.width() != self.cfg.width {
             // A worker of another job; it will not be acknowledged.
+            out.refuse(from, Refusal::ForeignJob);
             return;
         }
         if self.consistency() == Consistency::Sequential && push.iteration >= self.applied_below {

@@ -10,11 +10,36 @@ use crate::node::NodeId;
 use crate::value::Value;
 use crate::worker::Part;
 
-/// One part per primary server of the part's keys, in server order.
+/// Parts of at most `max_keys` keys each, grouped by the primary server of their keys, in server
+/// order. Range pulls are split by owner only: how many keys a range holds is known only to its
+/// server.
 pub(crate) fn split_by_primary<V: Value>(
     cluster: &Cluster,
     part: Part<V>,
+    max_keys: usize,
 ) -> Vec<(NodeId, Part<V>)> {
+    let max_keys = max_keys.max(1);
+    let mut out = Vec::new();
+    for (server, part) in split_by_owner(cluster, part) {
+        match part {
+            Part::Push(kvs) if kvs.len() > max_keys => {
+                for from in (0..kvs.len()).step_by(max_keys) {
+                    out.push((server, Part::Push(kvs.rows(from, from + max_keys))));
+                }
+            }
+            Part::Pull(KeySelection::Keys(list)) if list.keys().len() > max_keys => {
+                for chunk in list.keys().chunks(max_keys) {
+                    let keys = KeyList::from_validated(chunk.to_vec());
+                    out.push((server, Part::Pull(KeySelection::Keys(keys))));
+                }
+            }
+            part => out.push((server, part)),
+        }
+    }
+    out
+}
+
+fn split_by_owner<V: Value>(cluster: &Cluster, part: Part<V>) -> Vec<(NodeId, Part<V>)> {
     match part {
         Part::Push(kvs) => {
             let Some(span) = kvs.span() else {

@@ -7,6 +7,7 @@ const MS: Time = 1_000_000;
 
 /// The durations nodes use, in nanoseconds of the driver's time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct Timing {
     /// Between heartbeats to the coordinator.
     pub heartbeat_interval: Time,

@@ -8,7 +8,7 @@ use thiserror::Error;
 
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
-use crate::effects::{Effects, Event, TimerId};
+use crate::effects::{Effects, Event, Refusal, TimerId};
 use crate::kv::KvPairs;
 use crate::message::{
     ClusterConfig, Envelope, KeySelection, Message, Pull, PullReply, Push, RequestId, SliceId,
@@ -19,17 +19,73 @@ use crate::slicing::{answers, assemble, merge_parts, primary_of_all, split_by_pr
 use crate::timing::Timing;
 use crate::value::Value;
 
-/// What a worker is told at start.
+/// Default for [`WorkerConfig::max_slice_bytes`]: 4 MiB, well below the default frame limit.
+pub const DEFAULT_MAX_SLICE_BYTES: usize = 4 << 20;
+
+/// Room left in a frame for everything but a slice's keys and values.
+const SLICE_OVERHEAD: usize = 128;
+
+/// Bytes a key may take on the wire (a 64-bit varint).
+const MAX_KEY_BYTES: usize = 10;
+
+/// What a worker is told at start. Build it with [`WorkerConfig::new`] and change the fields
+/// that differ from the defaults.
+///
+/// ```
+/// use pserver_core::{NodeId, WorkerConfig};
+/// let mut cfg = WorkerConfig::new(NodeId(3), NodeId(0));
+/// cfg.width = 8;
+/// assert!(cfg.max_slice_bytes < pserver_core::DEFAULT_MAX_FRAME);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct WorkerConfig {
     /// This worker.
     pub id: NodeId,
     /// The coordinator to register with.
     pub coordinator: NodeId,
-    /// Values per key.
+    /// Values per key (default 1).
     pub width: usize,
     /// Timeouts and intervals.
     pub timing: Timing,
+    /// Largest slice, in bytes of keys and values, that the worker puts in one message. Requests
+    /// are split by owner and then by size, so that every slice (and every pull answer to a
+    /// slice of keys) fits a frame; keep it below the codec's frame limit.
+    pub max_slice_bytes: usize,
+    /// Push slices, and separately pull slices, that the worker has on the network at once;
+    /// further slices wait for earlier ones to be answered. Pushes never wait behind pulls (a
+    /// pull may be held by the consistency model, a push never is).
+    pub max_slices_in_flight: usize,
+    /// Seed of the retransmission jitter.
+    pub seed: u64,
+}
+
+impl WorkerConfig {
+    /// A worker of width 1 with default timing, slice size and window.
+    pub fn new(id: NodeId, coordinator: NodeId) -> Self {
+        WorkerConfig {
+            id,
+            coordinator,
+            width: 1,
+            timing: Timing::default(),
+            max_slice_bytes: DEFAULT_MAX_SLICE_BYTES,
+            max_slices_in_flight: 64,
+            seed: 0,
+        }
+    }
+
+    /// Keys per slice: as many rows as fit `max_slice_bytes`, at least one.
+    fn keys_per_slice<V: Value>(&self) -> usize {
+        let row = MAX_KEY_BYTES + self.width.saturating_mul(V::SIZE);
+        (self.max_slice_bytes.saturating_sub(SLICE_OVERHEAD) / row.max(1)).max(1)
+    }
+
+    /// The largest message this worker's slices (and the answers to them) need: what the frame
+    /// limit must allow.
+    pub fn frame_needed<V: Value>(&self) -> usize {
+        let row = MAX_KEY_BYTES + self.width.saturating_mul(V::SIZE);
+        (self.keys_per_slice::<V>() * row).saturating_add(SLICE_OVERHEAD)
+    }
 }
 
 /// Why the worker refused an application call.
@@ -59,7 +115,9 @@ pub(crate) enum Part<V: Value> {
 struct Slice<V: Value> {
     server: NodeId,
     part: Part<V>,
-    /// Next retransmission.
+    /// On the network (otherwise waiting for room in the window).
+    sent: bool,
+    /// Next retransmission, once sent.
     due: Time,
     attempts: u8,
 }
@@ -102,6 +160,8 @@ pub struct Worker<V: Value> {
     progress_due: Time,
     progress_attempts: u8,
     retransmit_at: Option<Time>,
+    /// Slices on the network: push slices, pull slices.
+    in_flight: [usize; 2],
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -122,6 +182,7 @@ impl<V: Value> Worker<V> {
             progress_due: 0,
             progress_attempts: 0,
             retransmit_at: None,
+            in_flight: [0, 0],
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -175,6 +236,12 @@ impl<V: Value> Worker<V> {
         self.requests.len()
     }
 
+    /// Slices on the network, push and pull together (at most twice
+    /// [`WorkerConfig::max_slices_in_flight`]).
+    pub fn slices_in_flight(&self) -> usize {
+        self.in_flight[0] + self.in_flight[1]
+    }
+
     /// True once the coordinator has removed this worker.
     pub fn is_fenced(&self) -> bool {
         self.fenced
@@ -190,7 +257,7 @@ impl<V: Value> Worker<V> {
     /// [`crate::Coordinator::bootstrapped`]) instead of registering. Call once, first, instead
     /// of `start`.
     pub fn start_configured(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
-        self.adopt(now, config, out);
+        self.adopt(now, config.coordinator, config, out);
         out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
     }
 
@@ -279,8 +346,7 @@ impl<V: Value> Worker<V> {
         let Some(whole) = request.whole.take() else {
             return;
         };
-        let parts = split_by_primary(cluster, whole);
-        let mut sent = Vec::new();
+        let parts = split_by_primary(cluster, whole, self.cfg.keys_per_slice::<V>());
         for (server, part) in parts {
             let sid = request.next_slice;
             request.next_slice += 1;
@@ -289,17 +355,44 @@ impl<V: Value> Worker<V> {
                 Slice {
                     server,
                     part,
-                    due: now + self.cfg.timing.rto(0),
+                    sent: false,
+                    due: 0,
                     attempts: 0,
                 },
             );
-            sent.push(sid);
         }
-        for sid in sent {
-            self.send_slice(id, sid, out);
-        }
+        self.fill_window(now, out);
         self.complete_if_done(now, id, out);
         self.arm_retransmit(out);
+    }
+
+    /// Sends waiting slices, oldest request first, while the window of their kind has room.
+    fn fill_window(&mut self, now: Time, out: &mut Effects<V>) {
+        let max = self.cfg.max_slices_in_flight.max(1);
+        if self.in_flight.iter().all(|&n| n >= max) {
+            return;
+        }
+        let mut to_send = Vec::new();
+        for (&id, request) in &mut self.requests {
+            let kind = usize::from(!request.is_push);
+            if self.in_flight[kind] >= max {
+                continue;
+            }
+            for (&sid, slice) in &mut request.open {
+                if self.in_flight[kind] >= max {
+                    break;
+                }
+                if !slice.sent {
+                    slice.sent = true;
+                    slice.due = now + jittered_rto(&self.cfg, id, sid, 0);
+                    self.in_flight[kind] += 1;
+                    to_send.push((id, sid));
+                }
+            }
+        }
+        for (id, sid) in to_send {
+            self.send_slice(id, sid, out);
+        }
     }
 
     fn send_slice(&self, id: RequestId, sid: SliceId, out: &mut Effects<V>) {
@@ -363,9 +456,9 @@ impl<V: Value> Worker<V> {
         let mut due = Vec::new();
         for (&id, request) in &mut self.requests {
             for (&sid, slice) in &mut request.open {
-                if slice.due <= now {
+                if slice.sent && slice.due <= now {
                     slice.attempts = timing.next_attempt(slice.attempts);
-                    slice.due = now + timing.rto(slice.attempts);
+                    slice.due = now + jittered_rto(&self.cfg, id, sid, slice.attempts);
                     due.push((id, sid));
                 }
             }
@@ -384,7 +477,7 @@ impl<V: Value> Worker<V> {
         let slices = self
             .requests
             .values()
-            .flat_map(|r| r.open.values().map(|s| s.due));
+            .flat_map(|r| r.open.values().filter(|s| s.sent).map(|s| s.due));
         let progress = self.progress_pending().then_some(self.progress_due);
         let next = slices
             .chain(progress)
@@ -409,6 +502,10 @@ impl<V: Value> Worker<V> {
     }
 
     fn send_progress(&mut self, now: Time, out: &mut Effects<V>) {
+        let jitter_of = SliceRef {
+            request: RequestId::MAX,
+            slice: self.finished_below(),
+        };
         let done = self.finished_below();
         let Some(cluster) = &self.cluster else {
             return;
@@ -421,19 +518,29 @@ impl<V: Value> Worker<V> {
                 out.send(Envelope::new(self.cfg.id, server, cluster.epoch(), body));
             }
         }
-        self.progress_due = now + self.cfg.timing.rto(self.progress_attempts);
+        self.progress_due = now
+            + jittered_rto(
+                &self.cfg,
+                jitter_of.request,
+                jitter_of.slice,
+                self.progress_attempts,
+            );
     }
 
     /// Call for every message addressed to this worker.
     pub fn on_message(&mut self, now: Time, env: Envelope<V>, out: &mut Effects<V>) {
-        if self.fenced || env.to != self.cfg.id {
-            return;
+        let from = env.from;
+        if env.to != self.cfg.id {
+            return out.refuse(from, Refusal::Misaddressed { to: env.to });
+        }
+        if self.fenced {
+            return out.refuse(from, Refusal::Fenced);
         }
         match env.body {
-            Message::Config(config) => self.adopt(now, config, out),
-            Message::PushAck(sref) => self.on_answer(now, sref, None, out),
+            Message::Config(config) => self.adopt(now, from, config, out),
+            Message::PushAck(sref) => self.on_answer(now, from, sref, None, out),
             Message::PullReply(PullReply { slice, kvs, .. }) => {
-                self.on_answer(now, slice, Some(kvs), out)
+                self.on_answer(now, from, slice, Some(kvs), out)
             }
             Message::ProgressAck { finished_below } => {
                 let acked = self.progress_acked.entry(env.from).or_default();
@@ -448,13 +555,21 @@ impl<V: Value> Worker<V> {
             Message::Redirect { epoch, .. } if epoch > self.epoch() => {
                 self.send(self.cfg.coordinator, Message::ConfigRequest, out);
             }
-            _ => {}
+            Message::Redirect { epoch, .. } => out.refuse(
+                from,
+                Refusal::StaleEpoch {
+                    epoch,
+                    current: self.epoch(),
+                },
+            ),
+            _ => out.refuse(from, Refusal::Unexpected),
         }
     }
 
     fn on_answer(
         &mut self,
         now: Time,
+        from: NodeId,
         sref: SliceRef,
         reply: Option<KvPairs<V>>,
         out: &mut Effects<V>,
@@ -466,15 +581,23 @@ impl<V: Value> Worker<V> {
         let Some(slice) = request.open.get(&sref.slice) else {
             return;
         };
+        if !slice.sent {
+            // Never sent, so this cannot answer it: an answer to an earlier request's slice
+            // with the same name, which cannot happen, or a forgery.
+            return out.refuse(from, Refusal::BadAnswer);
+        }
         match (&slice.part, reply) {
             (Part::Push(_), None) => {}
             (part @ Part::Pull(_), Some(kvs)) if answers(part, &kvs, width) => {
                 request.replies.push(kvs);
             }
             // An answer of the wrong kind or shape: leave the slice open.
-            _ => return,
+            _ => return out.refuse(from, Refusal::BadAnswer),
         }
         request.open.remove(&sref.slice);
+        let kind = usize::from(!request.is_push);
+        self.in_flight[kind] -= 1;
+        self.fill_window(now, out);
         self.complete_if_done(now, sref.request, out);
         self.arm_retransmit(out);
     }
@@ -537,14 +660,17 @@ impl<V: Value> Worker<V> {
         }
     }
 
-    fn adopt(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
-        let Some(cluster) = Cluster::successor(self.cluster.as_ref(), config) else {
-            return;
+    fn adopt(&mut self, now: Time, from: NodeId, config: ClusterConfig, out: &mut Effects<V>) {
+        let cluster = match Cluster::successor(self.cluster.as_ref(), config) {
+            Ok(Some(cluster)) => cluster,
+            Ok(None) => return,
+            Err(reason) => return out.refuse(from, reason),
         };
         let first = self.cluster.is_none();
         if !cluster.is_worker(self.cfg.id) {
             self.fenced = true;
             self.requests.clear();
+            self.in_flight = [0, 0];
             for timer in [TimerId::Retransmit, TimerId::Heartbeat, TimerId::Register] {
                 out.cancel_timer(timer);
             }
@@ -591,8 +717,27 @@ impl<V: Value> Worker<V> {
         let parts: Vec<Part<V>> = moved
             .iter()
             .filter_map(|sid| request.open.remove(sid))
-            .map(|s| s.part)
+            .map(|s| {
+                if s.sent {
+                    self.in_flight[usize::from(!request.is_push)] -= 1;
+                }
+                s.part
+            })
             .collect();
         request.whole = merge_parts(parts, self.cfg.width);
     }
+}
+
+/// The retransmission timeout of a slice after `attempts` sends, stretched by up to a quarter
+/// by a hash of the slice, so that workers that lost messages together do not retransmit in
+/// lock-step. Deterministic: the same slice and attempt always get the same timeout.
+fn jittered_rto(cfg: &WorkerConfig, request: RequestId, slice: SliceId, attempts: u8) -> Time {
+    let rto = cfg.timing.rto(attempts);
+    let words = [
+        u64::from(cfg.id.0),
+        request,
+        u64::from(slice),
+        u64::from(attempts),
+    ];
+    rto + crate::hash::hash_words(cfg.seed, &words) % (rto / 4 + 1)
 }

@@ -30,12 +30,7 @@ fn deliver_config<V: Value>(to: NodeId, config: &ClusterConfig) -> Envelope<V> {
 }
 
 fn worker(id: NodeId, config: &ClusterConfig) -> Worker<i64> {
-    let mut w = Worker::new(WorkerConfig {
-        id,
-        coordinator: COORD,
-        width: 1,
-        timing: Timing::default(),
-    });
+    let mut w = Worker::new(WorkerConfig::new(id, COORD));
     let mut out = Effects::new();
     w.start(0, &mut out);
     w.on_message(0, deliver_config(id, config), &mut out);
@@ -43,15 +38,7 @@ fn worker(id: NodeId, config: &ClusterConfig) -> Worker<i64> {
 }
 
 fn server<U: UpdateRule<i64>>(id: u32, config: &ClusterConfig, updater: U) -> Server<i64, U> {
-    let mut s = Server::new(
-        ServerConfig {
-            id: NodeId(id),
-            coordinator: COORD,
-            width: 1,
-            timing: Timing::default(),
-        },
-        updater,
-    );
+    let mut s = Server::new(ServerConfig::new(NodeId(id), COORD), updater);
     let mut out = Effects::new();
     s.start(0, &mut out);
     s.on_message(0, deliver_config(NodeId(id), config), &mut out);
@@ -280,15 +267,7 @@ fn progress(from: NodeId, finished_below: Iteration) -> Envelope<i64> {
 fn sequential_mode_applies_one_aggregated_update_per_iteration() {
     let cfg = config(1, &[1], &[W1, W2], Consistency::Sequential);
     let rule = Updater::AdaGrad { lr: 1.0, eps: 0.0 };
-    let mut s: Server<f64> = Server::new(
-        ServerConfig {
-            id: NodeId(1),
-            coordinator: COORD,
-            width: 1,
-            timing: Timing::default(),
-        },
-        rule,
-    );
+    let mut s: Server<f64> = Server::new(ServerConfig::new(NodeId(1), COORD), rule);
     let mut out = Effects::new();
     s.on_message(0, deliver_config(NodeId(1), &cfg), &mut out);
     let push = |from, g: f64| {
@@ -479,7 +458,45 @@ fn retransmission_backs_off_exponentially_up_to_the_cap() {
         .windows(2)
         .map(|p| (p[1] - p[0]) / 1_000_000)
         .collect();
-    assert_eq!(gaps, vec![40, 80, 160, 320, 640, 1000, 1000, 1000, 1000]);
+    // Each timeout is the capped exponential one, stretched by at most a quarter of jitter.
+    let base = [40, 80, 160, 320, 640, 1000, 1000, 1000, 1000];
+    for (gap, base) in gaps.iter().zip(base) {
+        assert!((base..=base + base / 4).contains(gap), "{gaps:?}");
+    }
+    assert!(
+        gaps.iter().zip(base).any(|(g, b)| *g != b),
+        "no jitter: {gaps:?}"
+    );
+}
+
+/// The first retransmission time of one push, per worker id.
+fn first_retransmission(id: NodeId) -> Time {
+    let cfg = config(1, &[1], &[id], Consistency::Eventual);
+    let mut w = worker(id, &cfg);
+    let mut out = Effects::new();
+    w.push(0, KvPairs::new(vec![1], vec![1i64], 1).unwrap(), &mut out)
+        .unwrap();
+    out.timers
+        .iter()
+        .find_map(|t| match t {
+            TimerCmd::Set {
+                timer: TimerId::Retransmit,
+                at,
+            } => Some(*at),
+            _ => None,
+        })
+        .expect("a retransmission is scheduled")
+}
+
+#[test]
+fn workers_that_lost_messages_together_do_not_retransmit_in_lock_step() {
+    let times: Vec<Time> = (10..20).map(|i| first_retransmission(NodeId(i))).collect();
+    let mut distinct = times.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert!(distinct.len() >= 8, "{times:?}");
+    // Deterministic: the same worker always picks the same timeout.
+    assert_eq!(first_retransmission(NodeId(10)), times[0]);
 }
 
 #[test]
@@ -510,15 +527,9 @@ fn pushes_of_the_wrong_width_are_refused() {
 }
 
 fn coordinator() -> Coordinator {
-    Coordinator::new(CoordinatorConfig {
-        id: COORD,
-        servers: 1,
-        workers: 2,
-        ring: ring(),
-        consistency: Consistency::Sequential,
-        timing: Timing::default(),
-    })
-    .unwrap()
+    let mut job = CoordinatorConfig::new(COORD, 1, 2);
+    job.ring = ring();
+    Coordinator::new(job).unwrap()
 }
 
 fn register(c: &mut Coordinator, now: Time, from: NodeId, role: Role, out: &mut Effects<i64>) {
@@ -583,19 +594,13 @@ fn the_coordinator_removes_a_silent_worker_and_bumps_the_epoch() {
 
 #[test]
 fn a_job_the_ring_cannot_hold_is_refused_at_setup() {
-    let err = Coordinator::new(CoordinatorConfig {
-        id: COORD,
-        servers: 1,
-        workers: 1,
-        ring: RingConfig {
-            vnodes: 8,
-            replicas: 1,
-            seed: 0,
-        },
-        consistency: Consistency::Sequential,
-        timing: Timing::default(),
-    })
-    .unwrap_err();
+    let mut job = CoordinatorConfig::new(COORD, 1, 1);
+    job.ring = RingConfig {
+        vnodes: 8,
+        replicas: 1,
+        seed: 0,
+    };
+    let err = Coordinator::new(job).unwrap_err();
     assert!(
         err.to_string()
             .contains("1 replicas need at least 2 servers"),
@@ -631,15 +636,7 @@ fn servers_run_user_defined_update_rules() {
 #[test]
 fn a_push_that_beats_the_configuration_is_applied_once_it_arrives() {
     let cfg = config(1, &[1], &[W1], Consistency::Eventual);
-    let mut s: Server<i64> = Server::new(
-        ServerConfig {
-            id: NodeId(1),
-            coordinator: COORD,
-            width: 1,
-            timing: Timing::default(),
-        },
-        Updater::Sum,
-    );
+    let mut s: Server<i64> = Server::new(ServerConfig::new(NodeId(1), COORD), Updater::Sum);
     let mut out = Effects::new();
     s.start(0, &mut out);
     out.clear();

@@ -131,14 +131,11 @@ impl ClusterActor {
     /// servers cannot hold the ring.
     pub fn all(cfg: &ClusterModelConfig) -> Result<Vec<ClusterActor>, CoordinatorError> {
         let timing = cfg.timing();
-        let coordinator_cfg = CoordinatorConfig {
-            id: cfg.coordinator(),
-            servers: cfg.servers,
-            workers: cfg.workers,
-            ring: cfg.ring(),
-            consistency: cfg.consistency,
-            timing,
-        };
+        let mut coordinator_cfg =
+            CoordinatorConfig::new(cfg.coordinator(), cfg.servers, cfg.workers);
+        coordinator_cfg.ring = cfg.ring();
+        coordinator_cfg.consistency = cfg.consistency;
+        coordinator_cfg.timing = timing;
         let coordinator = if cfg.registration {
             Coordinator::new(coordinator_cfg)?
         } else {
@@ -158,12 +155,8 @@ impl ClusterActor {
             settings.clone(),
         )];
         actors.extend(cfg.server_ids().map(|id| {
-            let sc = ServerConfig {
-                id,
-                coordinator: cfg.coordinator(),
-                width: 1,
-                timing,
-            };
+            let mut sc = ServerConfig::new(id, cfg.coordinator());
+            sc.timing = timing;
             ClusterActor::Server(sc, settings.clone())
         }));
         let script = Script {
@@ -171,12 +164,8 @@ impl ClusterActor {
             iterations: cfg.iterations,
         };
         actors.extend(cfg.worker_ids().map(|id| {
-            let wc = WorkerConfig {
-                id,
-                coordinator: cfg.coordinator(),
-                width: 1,
-                timing,
-            };
+            let mut wc = WorkerConfig::new(id, cfg.coordinator());
+            wc.timing = timing;
             ClusterActor::Worker(wc, settings.clone(), script.clone())
         }));
         Ok(actors)
@@ -237,7 +226,7 @@ impl Script {
                         }
                     }
                     Event::Fenced => w.fenced = true,
-                    Event::NodeDead(_) => {}
+                    _ => {}
                 }
             }
             forward(out, settings, o);

@@ -111,14 +111,14 @@ impl ClusterModelConfig {
     /// declared dead after two silent failure checks. Durations are otherwise irrelevant: the
     /// checker fires any set timer at any point.
     pub fn timing(&self) -> Timing {
-        Timing {
-            heartbeat_interval: 1,
-            heartbeat_timeout: 1,
-            rto_initial: 0,
-            rto_max: 0,
-            register_retry: 1,
-            max_doublings: 0,
-        }
+        let mut t = Timing::default();
+        t.heartbeat_interval = 1;
+        t.heartbeat_timeout = 1;
+        t.rto_initial = 0;
+        t.rto_max = 0;
+        t.register_retry = 1;
+        t.max_doublings = 0;
+        t
     }
 
     /// A ring whose seed spreads the keys over as many servers as they can reach, so that

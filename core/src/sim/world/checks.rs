@@ -7,15 +7,15 @@ use crate::sim::{Invariant, SimFailure};
 
 impl World<'_> {
     fn live_workers(&self) -> Vec<NodeId> {
-        self.coordinator
-            .config()
+        self.coordinator()
+            .and_then(|c| c.config())
             .map(|c| c.workers.clone())
             .unwrap_or_default()
     }
 
     fn total(&self, key: u64) -> Option<i64> {
         let owner = self.ring.primary(key);
-        self.servers.get(&owner).map(|s| s.received_total(key)[0])
+        self.server(owner).map(|s| s.received_total(key)[0])
     }
 
     pub(super) fn check_staleness(
@@ -44,8 +44,8 @@ impl World<'_> {
 
     pub(super) fn check_step(&self) -> Result<(), SimFailure> {
         if let Some(tau) = self.cfg.consistency.tau() {
-            for (id, w) in &self.workers {
-                if self.apps.get(id).is_some_and(|a| !a.crashed) && w.in_flight() > tau + 1 {
+            for (id, w) in self.workers() {
+                if self.apps.get(&id).is_some_and(|a| !a.crashed) && w.in_flight() > tau + 1 {
                     return Err(self.fail(
                         Invariant::InFlight,
                         format!(
@@ -58,7 +58,7 @@ impl World<'_> {
                 }
             }
         }
-        if self.coordinator.config().is_none() {
+        if self.coordinator().is_none_or(|c| c.config().is_none()) {
             return Ok(());
         }
         for i in 0..self.cfg.keys {

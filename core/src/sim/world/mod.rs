@@ -10,9 +10,11 @@ use super::ledger::Ledger;
 use super::network::Network;
 use super::rng::SimRng;
 use super::{Invariant, MS, SimConfig, SimFailure, SimReport};
-use crate::codec::Codec;
+use bytes::Bytes;
+
 use crate::coordinator::{Coordinator, CoordinatorConfig};
-use crate::effects::{Effects, Event, TimerCmd, TimerId};
+use crate::driver::Driver;
+use crate::effects::{Event, Refusal};
 use crate::key::KeyRange;
 use crate::kv::KvPairs;
 use crate::message::{Envelope, KeyList, KeySelection, RangeList, RequestId};
@@ -23,10 +25,23 @@ use crate::timing::Timing;
 use crate::updater::Updater;
 use crate::worker::{Worker, WorkerConfig};
 
+/// What travels the simulated network: a frame, or the envelope itself when the run skips the
+/// wire.
+#[derive(Clone, Debug)]
+enum Packet {
+    Frame(Bytes),
+    Envelope(Envelope<i64>),
+}
+
 #[derive(Clone, Debug)]
 enum Action {
-    Deliver(Envelope<i64>),
-    Timer(NodeId, TimerId),
+    Deliver {
+        from: NodeId,
+        to: NodeId,
+        packet: Packet,
+    },
+    /// A node's earliest timer deadline.
+    Wake(NodeId),
     ComputeDone(NodeId),
     Crash(NodeId),
     Isolate(NodeId),
@@ -77,15 +92,12 @@ struct World<'a> {
     seq: u64,
     steps: u64,
     queue: BinaryHeap<Scheduled>,
-    timers: BTreeMap<(NodeId, TimerId), Time>,
+    /// Per node, the deadline its pending wake-up is for.
+    wakeups: BTreeMap<NodeId, Time>,
     net: Network,
-    codec: Codec,
-    coordinator: Coordinator,
-    servers: BTreeMap<NodeId, Server<i64>>,
-    workers: BTreeMap<NodeId, Worker<i64>>,
+    nodes: BTreeMap<NodeId, Driver<i64>>,
     apps: BTreeMap<NodeId, App>,
     ledger: Ledger,
-    out: Effects<i64>,
     /// The servers never change during a run, so neither does the ring.
     ring: Ring,
 }
@@ -120,47 +132,32 @@ fn setup_failure(cfg: &SimConfig, e: impl core::fmt::Display) -> SimFailure {
 impl<'a> World<'a> {
     fn new(cfg: &'a SimConfig) -> Result<Self, SimFailure> {
         let timing = Timing::default();
-        let coordinator = Coordinator::new(CoordinatorConfig {
-            id: cfg.coordinator_id(),
-            servers: cfg.servers,
-            workers: cfg.workers,
-            ring: cfg.ring,
-            consistency: cfg.consistency,
-            timing,
-        })
-        .map_err(|e| setup_failure(cfg, e))?;
-        let servers = cfg
-            .server_ids()
-            .map(|id| {
-                let sc = ServerConfig {
-                    id,
-                    coordinator: cfg.coordinator_id(),
-                    width: 1,
-                    timing,
-                };
-                #[allow(unused_mut)]
-                let mut server = Server::new(sc, Updater::Sum);
-                #[cfg(feature = "mutations")]
-                server.set_mutation(cfg.mutation);
-                (id, server)
-            })
-            .collect();
-        let workers = cfg
-            .worker_ids()
-            .map(|id| {
-                let wc = WorkerConfig {
-                    id,
-                    coordinator: cfg.coordinator_id(),
-                    width: 1,
-                    timing,
-                };
-                #[allow(unused_mut)]
-                let mut worker = Worker::new(wc);
-                #[cfg(feature = "mutations")]
-                worker.set_mutation(cfg.mutation);
-                (id, worker)
-            })
-            .collect();
+        let mut job = CoordinatorConfig::new(cfg.coordinator_id(), cfg.servers, cfg.workers);
+        job.ring = cfg.ring;
+        job.consistency = cfg.consistency;
+        job.timing = timing;
+        let coordinator = Coordinator::new(job).map_err(|e| setup_failure(cfg, e))?;
+        let mut nodes = BTreeMap::new();
+        nodes.insert(cfg.coordinator_id(), Driver::new(coordinator));
+        for id in cfg.server_ids() {
+            let mut sc = ServerConfig::new(id, cfg.coordinator_id());
+            sc.timing = timing;
+            #[allow(unused_mut)]
+            let mut server = Server::new(sc, Updater::Sum);
+            #[cfg(feature = "mutations")]
+            server.set_mutation(cfg.mutation);
+            nodes.insert(id, Driver::new(server));
+        }
+        for id in cfg.worker_ids() {
+            let mut wc = WorkerConfig::new(id, cfg.coordinator_id());
+            wc.timing = timing;
+            wc.seed = cfg.seed;
+            #[allow(unused_mut)]
+            let mut worker = Worker::new(wc);
+            #[cfg(feature = "mutations")]
+            worker.set_mutation(cfg.mutation);
+            nodes.insert(id, Driver::new(worker));
+        }
         let apps = cfg.worker_ids().map(|id| (id, App::default())).collect();
         let ring = Ring::new(cfg.server_ids(), cfg.ring).map_err(|e| setup_failure(cfg, e))?;
         Ok(World {
@@ -170,17 +167,33 @@ impl<'a> World<'a> {
             seq: 0,
             steps: 0,
             queue: BinaryHeap::new(),
-            timers: BTreeMap::new(),
+            wakeups: BTreeMap::new(),
             net: Network::new(cfg.faults, cfg.latency),
-            codec: Codec::default(),
-            coordinator,
-            servers,
-            workers,
+            nodes,
             apps,
             ledger: Ledger::new(cfg.keys as usize),
-            out: Effects::new(),
             ring,
         })
+    }
+
+    pub(super) fn coordinator(&self) -> Option<&Coordinator> {
+        self.nodes
+            .get(&self.cfg.coordinator_id())
+            .and_then(|d| d.node().as_coordinator())
+    }
+
+    pub(super) fn server(&self, id: NodeId) -> Option<&Server<i64>> {
+        self.nodes.get(&id).and_then(|d| d.node().as_server())
+    }
+
+    pub(super) fn worker(&self, id: NodeId) -> Option<&Worker<i64>> {
+        self.nodes.get(&id).and_then(|d| d.node().as_worker())
+    }
+
+    pub(super) fn workers(&self) -> impl Iterator<Item = (NodeId, &Worker<i64>)> {
+        self.nodes
+            .iter()
+            .filter_map(|(&id, d)| Some((id, d.node().as_worker()?)))
     }
 
     fn schedule(&mut self, at: Time, action: Action) {
@@ -210,22 +223,12 @@ impl<'a> World<'a> {
     }
 
     fn start(&mut self) -> Result<(), SimFailure> {
-        let mut out = Effects::new();
-        self.coordinator.start(0, &mut out);
-        self.drain(self.cfg.coordinator_id(), &mut out)?;
-        let ids: Vec<NodeId> = self.servers.keys().copied().collect();
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
         for id in ids {
-            if let Some(s) = self.servers.get_mut(&id) {
-                s.start(0, &mut out);
+            if let Some(d) = self.nodes.get_mut(&id) {
+                d.start(0);
             }
-            self.drain(id, &mut out)?;
-        }
-        let ids: Vec<NodeId> = self.workers.keys().copied().collect();
-        for id in ids {
-            if let Some(w) = self.workers.get_mut(&id) {
-                w.start(0, &mut out);
-            }
-            self.drain(id, &mut out)?;
+            self.drain(id)?;
         }
         let horizon = self.horizon();
         if self.cfg.faults.partition {
@@ -266,9 +269,8 @@ impl<'a> World<'a> {
     }
 
     fn all_done(&self) -> bool {
-        self.apps.iter().all(|(id, app)| {
-            app.crashed
-                || (app.done && self.workers.get(id).is_some_and(|w| w.open_requests() == 0))
+        self.apps.iter().all(|(&id, app)| {
+            app.crashed || (app.done && self.worker(id).is_some_and(|w| w.open_requests() == 0))
         })
     }
 
@@ -277,7 +279,7 @@ impl<'a> World<'a> {
             .apps
             .iter()
             .filter(|(_, a)| !a.crashed && !a.done)
-            .filter_map(|(id, _)| self.workers.get(id))
+            .filter_map(|(&id, _)| self.worker(id))
             .map(|w| {
                 format!(
                     "{} in iteration {} with {} open requests",
@@ -294,46 +296,43 @@ impl<'a> World<'a> {
         )
     }
 
+    /// True when the node is a worker whose process crashed: it takes no more input.
+    fn is_down(&self, node: NodeId) -> bool {
+        self.apps.get(&node).is_some_and(|a| a.crashed)
+    }
+
     fn step(&mut self, action: Action) -> Result<(), SimFailure> {
-        let mut out = core::mem::take(&mut self.out);
         let now = self.now;
         let node = match action {
-            Action::Deliver(env) => {
-                let to = env.to;
-                if to == self.cfg.coordinator_id() {
-                    self.coordinator.on_message(now, env, &mut out);
-                } else if let Some(s) = self.servers.get_mut(&to) {
-                    s.on_message(now, env, &mut out);
-                } else if self.apps.get(&to).is_some_and(|a| !a.crashed) {
-                    if let Some(w) = self.workers.get_mut(&to) {
-                        w.on_message(now, env, &mut out);
+            Action::Deliver { from, to, packet } => {
+                if !self.is_down(to) {
+                    if let Some(d) = self.nodes.get_mut(&to) {
+                        match packet {
+                            Packet::Frame(frame) => d.handle_frame(now, from, &frame),
+                            Packet::Envelope(env) => d.handle_message(now, env),
+                        }
                     }
                 }
                 to
             }
-            Action::Timer(node, timer) => {
-                if self.timers.get(&(node, timer)) != Some(&now) {
-                    self.out = out;
+            Action::Wake(node) => {
+                if self.wakeups.get(&node) != Some(&now) {
                     return Ok(());
                 }
-                self.timers.remove(&(node, timer));
-                if node == self.cfg.coordinator_id() {
-                    self.coordinator.on_timer(now, timer, &mut out);
-                } else if let Some(s) = self.servers.get_mut(&node) {
-                    s.on_timer(now, timer, &mut out);
-                } else if self.apps.get(&node).is_some_and(|a| !a.crashed) {
-                    if let Some(w) = self.workers.get_mut(&node) {
-                        w.on_timer(now, timer, &mut out);
+                self.wakeups.remove(&node);
+                if !self.is_down(node) {
+                    if let Some(d) = self.nodes.get_mut(&node) {
+                        d.handle_timeout(now);
                     }
                 }
                 node
             }
             Action::ComputeDone(node) => {
-                self.finish_compute(node, &mut out);
+                self.finish_compute(node);
                 node
             }
             Action::Crash(node) => {
-                if self.coordinator.config().is_none() {
+                if self.coordinator().is_none_or(|c| c.config().is_none()) {
                     // The coordinator waits for every expected worker before the job starts; a
                     // crash before that is a failed launch, not a fault to tolerate. Try later.
                     self.schedule(now + 10 * MS, Action::Crash(node));
@@ -351,75 +350,80 @@ impl<'a> World<'a> {
                 node
             }
         };
-        self.drain(node, &mut out)?;
-        self.out = out;
-        Ok(())
+        self.drain(node)
     }
 
-    /// Carries out a node's effects: messages onto the network, timers into the queue, events to
-    /// the worker's application.
-    fn drain(&mut self, node: NodeId, out: &mut Effects<i64>) -> Result<(), SimFailure> {
-        for cmd in out.timers.drain(..) {
-            match cmd {
-                TimerCmd::Set { timer, at } => {
-                    self.timers.insert((node, timer), at);
-                    self.schedule(at, Action::Timer(node, timer));
-                }
-                TimerCmd::Cancel(timer) => {
-                    self.timers.remove(&(node, timer));
-                }
-            }
+    /// Carries out what a node's driver has for the world: frames onto the network, events to
+    /// the worker's application (whose calls may produce more), and a wake-up at its next timer
+    /// deadline.
+    fn drain(&mut self, node: NodeId) -> Result<(), SimFailure> {
+        // A crashed process says nothing more, and its timers never fire.
+        if self.is_down(node) {
+            self.wakeups.remove(&node);
+            return Ok(());
         }
-        let sends: Vec<Envelope<i64>> = out.sends.drain(..).collect();
-        for env in sends {
-            let env = if self.cfg.wire {
-                self.through_wire(env)?
-            } else {
-                env
+        loop {
+            let Some(d) = self.nodes.get_mut(&node) else {
+                return Ok(());
             };
-            for at in self
-                .net
-                .deliveries(&mut self.rng, self.now, env.from, env.to)
-            {
-                self.schedule(at, Action::Deliver(env.clone()));
+            let mut packets = Vec::new();
+            if self.cfg.wire {
+                while let Some(t) = d.poll_transmit() {
+                    packets.push((t.to, Packet::Frame(t.frame)));
+                }
+                if let Some((to, e)) = d.poll_encode_error() {
+                    return Err(self.fail(Invariant::Codec, format!("{node} -> {to}: {e}")));
+                }
+            } else {
+                while let Some(env) = d.poll_message() {
+                    packets.push((env.to, Packet::Envelope(env)));
+                }
+            }
+            let events: Vec<Event<i64>> = std::iter::from_fn(|| d.poll_event()).collect();
+            let deadline = d.poll_timeout();
+            for (to, packet) in packets {
+                for at in self.net.deliveries(&mut self.rng, self.now, node, to) {
+                    let packet = packet.clone();
+                    self.schedule(
+                        at,
+                        Action::Deliver {
+                            from: node,
+                            to,
+                            packet,
+                        },
+                    );
+                }
+            }
+            if events.is_empty() {
+                if let Some(at) = deadline {
+                    if self.wakeups.get(&node) != Some(&at) {
+                        self.wakeups.insert(node, at);
+                        self.schedule(at, Action::Wake(node));
+                    }
+                }
+                return Ok(());
+            }
+            for event in events {
+                self.on_event(node, event)?;
             }
         }
-        let events: Vec<Event<i64>> = out.events.drain(..).collect();
-        for event in events {
-            self.on_event(node, event, out)?;
-        }
-        if !out.is_empty() {
-            self.drain(node, out)?;
-        }
-        Ok(())
     }
 
-    fn through_wire(&self, env: Envelope<i64>) -> Result<Envelope<i64>, SimFailure> {
-        let frame = self
-            .codec
-            .encode(&env)
-            .map_err(|e| self.fail(Invariant::Codec, format!("encode {env:?}: {e}")))?;
-        let back = self
-            .codec
-            .decode::<i64>(&frame)
-            .map_err(|e| self.fail(Invariant::Codec, format!("decode {env:?}: {e}")))?;
-        if back != env {
-            return Err(self.fail(Invariant::Codec, format!("{env:?} came back as {back:?}")));
+    fn on_event(&mut self, node: NodeId, event: Event<i64>) -> Result<(), SimFailure> {
+        if let Event::Refused { from, reason } = &event {
+            // The simulated network never corrupts or forges: a frame that does not decode is
+            // a codec bug.
+            if let Refusal::Undecodable(e) = reason {
+                let detail = format!("{node} could not decode a frame from {from}: {e}");
+                return Err(self.fail(Invariant::Codec, detail));
+            }
+            return Ok(());
         }
-        Ok(back)
-    }
-
-    fn on_event(
-        &mut self,
-        node: NodeId,
-        event: Event<i64>,
-        out: &mut Effects<i64>,
-    ) -> Result<(), SimFailure> {
         if self.apps.get(&node).is_none_or(|a| a.crashed) {
             return Ok(());
         }
         match event {
-            Event::Ready { .. } => self.begin_iteration(node, out),
+            Event::Ready { .. } => self.begin_iteration(node),
             Event::PullDone(id, kvs) => {
                 let iteration = self
                     .apps
@@ -449,7 +453,7 @@ impl<'a> World<'a> {
                         app.finished_at = Some(self.now);
                     }
                 } else {
-                    self.begin_iteration(node, out);
+                    self.begin_iteration(node);
                 }
             }
             Event::Fenced => {
@@ -457,7 +461,7 @@ impl<'a> World<'a> {
                     app.crashed = true;
                 }
             }
-            Event::NodeDead(_) => {}
+            Event::NodeDead(_) | Event::Refused { .. } => {}
         }
         Ok(())
     }
@@ -481,7 +485,7 @@ impl<'a> World<'a> {
 
     /// Pulls the keys of the iteration: a random subset, or now and then the whole key space as
     /// one dense range.
-    fn begin_iteration(&mut self, node: NodeId, out: &mut Effects<i64>) {
+    fn begin_iteration(&mut self, node: NodeId) {
         let keys: Vec<u64> = (0..self.cfg.keys)
             .filter(|_| self.rng.chance(0.5))
             .collect();
@@ -495,11 +499,12 @@ impl<'a> World<'a> {
             let list: Vec<u64> = keys.iter().map(|&i| self.cfg.key(i)).collect();
             KeySelection::Keys(KeyList::new(list).unwrap_or_default())
         };
-        let Some(worker) = self.workers.get_mut(&node) else {
+        let now = self.now;
+        let Some(driver) = self.nodes.get_mut(&node) else {
             return;
         };
-        let iteration = worker.iteration();
-        if let Ok(id) = worker.pull(self.now, selection, out) {
+        let iteration = driver.node().as_worker().map_or(0, Worker::iteration);
+        if let Ok(id) = driver.pull(now, selection) {
             if let Some(app) = self.apps.get_mut(&node) {
                 app.keys = keys;
                 app.pulls.insert(id, iteration);
@@ -507,7 +512,7 @@ impl<'a> World<'a> {
         }
     }
 
-    fn finish_compute(&mut self, node: NodeId, out: &mut Effects<i64>) {
+    fn finish_compute(&mut self, node: NodeId) {
         if self.apps.get(&node).is_none_or(|a| a.crashed) {
             return;
         }
@@ -524,17 +529,18 @@ impl<'a> World<'a> {
         let Ok(kvs) = KvPairs::new(keys, values, 1) else {
             return;
         };
-        let Some(worker) = self.workers.get_mut(&node) else {
+        let now = self.now;
+        let Some(driver) = self.nodes.get_mut(&node) else {
             return;
         };
-        let iteration = worker.iteration();
-        if let Ok(id) = worker.push(self.now, kvs.clone(), out) {
+        let iteration = driver.node().as_worker().map_or(0, Worker::iteration);
+        let pushed = driver.push(now, kvs.clone());
+        // The scripted application ignores a refused advance: the worker was fenced.
+        let _ = driver.advance(now);
+        if let Ok(id) = pushed {
             let cfg = self.cfg;
             self.ledger
                 .issue(node, id, iteration, kvs, |k| cfg.key_index(k));
-        }
-        if let Some(worker) = self.workers.get_mut(&node) {
-            let _ = worker.advance(self.now, out);
         }
     }
 
@@ -559,9 +565,9 @@ impl<'a> World<'a> {
             idle.iter().sum::<f64>() / idle.len() as f64
         };
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.coordinator.hash(&mut h);
-        self.servers.hash(&mut h);
-        self.workers.hash(&mut h);
+        for d in self.nodes.values() {
+            d.node().hash(&mut h);
+        }
         SimReport {
             steps: self.steps,
             finish,

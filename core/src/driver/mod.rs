@@ -1,0 +1,356 @@
+//! The one way to drive a node: a sans-IO driver in the manner of quinn-proto.
+//!
+//! A [`Driver`] owns a [`Node`], its timer table, the codec and the queues between the node and
+//! the world. Whoever embeds the core (the simulator, the async runtime, an application's own
+//! event loop) only moves bytes and time:
+//!
+//! - a frame arrived: [`Driver::handle_frame`];
+//! - the deadline of [`Driver::poll_timeout`] passed: [`Driver::handle_timeout`];
+//! - then drain [`Driver::poll_transmit`] (frames to send) and [`Driver::poll_event`] (what the
+//!   application should know), and ask [`Driver::poll_timeout`] again.
+//!
+//! Input the driver or the node refuses is never dropped silently: it is counted in
+//! [`Driver::refusals`] and reported as [`Event::Refused`]. See ARCHITECTURE.md, "Driving a
+//! node".
+//!
+//! ```
+//! use pserver_core::*;
+//! let (c, s, w) = (NodeId(0), NodeId(1), NodeId(2));
+//! let mut job = CoordinatorConfig::new(c, 1, 1);
+//! job.ring.replicas = 0; // one server: nobody to replicate to
+//! let coordinator = Coordinator::bootstrapped(job, &[s], &[w])?;
+//! let config = coordinator.config().cloned().ok_or("no configuration")?;
+//! let mut nodes: Vec<Driver<f32>> = vec![
+//!     Driver::new(coordinator),
+//!     Driver::new(Server::new(ServerConfig::new(s, c), Updater::Sum)),
+//!     Driver::new(Worker::new(WorkerConfig::new(w, c))),
+//! ];
+//! for d in &mut nodes {
+//!     d.start_configured(0, config.clone());
+//! }
+//! let kvs = KvPairs::new(vec![3, 9], vec![0.5, 2.0], 1)?;
+//! let push = nodes[2].push(0, kvs)?;
+//! // The "network": move every frame to its addressee until nobody has anything to say.
+//! let mut events = Vec::new();
+//! loop {
+//!     let mut moved = false;
+//!     for i in 0..nodes.len() {
+//!         while let Some(t) = nodes[i].poll_transmit() {
+//!             let from = nodes[i].id();
+//!             nodes[t.to.0 as usize].handle_frame(0, from, &t.frame);
+//!             moved = true;
+//!         }
+//!     }
+//!     events.extend(std::iter::from_fn(|| nodes[2].poll_event()));
+//!     if !moved {
+//!         break;
+//!     }
+//! }
+//! assert!(events.contains(&Event::PushDone(push)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod node;
+
+use std::collections::{BTreeMap, VecDeque};
+
+use bytes::Bytes;
+use thiserror::Error;
+
+use crate::codec::{Codec, EncodeError};
+use crate::effects::{Effects, Event, Refusal, TimerCmd, TimerId};
+use crate::kv::KvPairs;
+use crate::message::{ClusterConfig, Envelope, KeySelection, RequestId};
+use crate::node::{NodeId, Time};
+use crate::store::{OrderedStore, ParamStore};
+use crate::updater::{UpdateRule, Updater};
+use crate::value::Value;
+use crate::worker::WorkerError;
+
+pub use node::Node;
+
+/// A frame to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// The addressee.
+    pub to: NodeId,
+    /// The encoded envelope.
+    pub frame: Bytes,
+}
+
+/// Why an application call on a driver failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum DriverError {
+    /// The node is not a worker: only workers push, pull and advance.
+    #[error("node {0} is not a worker: only workers push, pull and advance")]
+    NotAWorker(NodeId),
+    /// The worker refused the call.
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+}
+
+/// How many messages were refused, by kind of reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Refusals {
+    /// Frames that did not decode.
+    pub undecodable: u64,
+    /// Frames claiming another sender than the peer they came from.
+    pub spoofed: u64,
+    /// Messages addressed to another node.
+    pub misaddressed: u64,
+    /// Messages from nodes that are not members.
+    pub unknown_sender: u64,
+    /// Messages of an epoch the node has moved past.
+    pub stale_epoch: u64,
+    /// Messages of another job.
+    pub foreign_job: u64,
+    /// Every other refusal (unexpected kinds, bad answers, overflow, after fencing).
+    pub other: u64,
+    /// Envelopes the node produced that the codec could not encode (too large for a frame).
+    pub unencodable: u64,
+}
+
+impl Refusals {
+    fn count(&mut self, reason: &Refusal) {
+        let slot = match reason {
+            Refusal::Undecodable(_) => &mut self.undecodable,
+            Refusal::SpoofedSender { .. } => &mut self.spoofed,
+            Refusal::Misaddressed { .. } => &mut self.misaddressed,
+            Refusal::UnknownSender => &mut self.unknown_sender,
+            Refusal::StaleEpoch { .. } => &mut self.stale_epoch,
+            Refusal::ForeignJob => &mut self.foreign_job,
+            _ => &mut self.other,
+        };
+        *slot += 1;
+    }
+
+    /// All refused input together (not counting `unencodable`, which is output).
+    pub fn total(&self) -> u64 {
+        self.undecodable
+            + self.spoofed
+            + self.misaddressed
+            + self.unknown_sender
+            + self.stale_epoch
+            + self.foreign_job
+            + self.other
+    }
+}
+
+/// A node with its timer table, codec and queues: the sans-IO driver every stack uses.
+///
+/// Time is whatever the caller says it is (nanoseconds from an origin of its choosing), and
+/// must not go backwards. The driver never reads a clock, never blocks and never allocates more
+/// than what it queues.
+#[derive(Clone, Debug)]
+pub struct Driver<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = OrderedStore<V>> {
+    node: Node<V, U, S>,
+    codec: Codec,
+    timers: BTreeMap<TimerId, Time>,
+    scratch: Effects<V>,
+    outbox: VecDeque<Envelope<V>>,
+    events: VecDeque<Event<V>>,
+    refusals: Refusals,
+    encode_errors: VecDeque<(NodeId, EncodeError)>,
+}
+
+impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
+    /// Drives `node` with the default codec.
+    pub fn new(node: impl Into<Node<V, U, S>>) -> Self {
+        Self::with_codec(node, Codec::default())
+    }
+
+    /// Drives `node`, encoding and decoding frames with `codec` (its frame limit).
+    pub fn with_codec(node: impl Into<Node<V, U, S>>, codec: Codec) -> Self {
+        Driver {
+            node: node.into(),
+            codec,
+            timers: BTreeMap::new(),
+            scratch: Effects::new(),
+            outbox: VecDeque::new(),
+            events: VecDeque::new(),
+            refusals: Refusals::default(),
+            encode_errors: VecDeque::new(),
+        }
+    }
+
+    /// The driven node's id.
+    pub fn id(&self) -> NodeId {
+        self.node.id()
+    }
+
+    /// The driven node, to inspect.
+    pub fn node(&self) -> &Node<V, U, S> {
+        &self.node
+    }
+
+    /// The codec in use.
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
+    /// Refused input so far.
+    pub fn refusals(&self) -> Refusals {
+        self.refusals
+    }
+
+    /// Starts the node: registration (or failure detection, for the coordinator). Call once,
+    /// first, or [`Driver::start_configured`] instead.
+    pub fn start(&mut self, now: Time) {
+        let mut out = self.take_scratch();
+        self.node.start(now, &mut out);
+        self.absorb(out);
+    }
+
+    /// Starts the node with `config` in force (static membership).
+    pub fn start_configured(&mut self, now: Time, config: ClusterConfig) {
+        let mut out = self.take_scratch();
+        self.node.start_configured(now, config, &mut out);
+        self.absorb(out);
+    }
+
+    /// A frame arrived from the transport's peer `from`. Undecodable frames, frames claiming
+    /// another sender and frames for another node are refused (counted, and reported as
+    /// [`Event::Refused`]).
+    pub fn handle_frame(&mut self, now: Time, from: NodeId, frame: &[u8]) {
+        match self.codec.decode::<V>(frame) {
+            Ok(env) if env.from != from => {
+                self.refuse(from, Refusal::SpoofedSender { claimed: env.from })
+            }
+            Ok(env) => self.handle_message(now, env),
+            Err(e) => self.refuse(from, Refusal::Undecodable(e)),
+        }
+    }
+
+    /// An envelope arrived, already decoded (for drivers that skip the wire).
+    pub fn handle_message(&mut self, now: Time, env: Envelope<V>) {
+        let mut out = self.take_scratch();
+        self.node.on_message(now, env, &mut out);
+        self.absorb(out);
+    }
+
+    /// Fires every timer whose deadline is at or before `now`, earliest first. A timer the node
+    /// sets again for a deadline at or before `now` fires on the next call, not in this one.
+    pub fn handle_timeout(&mut self, now: Time) {
+        let due: Vec<(Time, TimerId)> = self
+            .timers
+            .iter()
+            .filter(|&(_, &at)| at <= now)
+            .map(|(&t, &at)| (at, t))
+            .collect();
+        let mut due = due;
+        due.sort_unstable();
+        for (at, timer) in due {
+            // An earlier timer's handler may have moved or cancelled this one.
+            if self.timers.get(&timer) != Some(&at) {
+                continue;
+            }
+            self.timers.remove(&timer);
+            let mut out = self.take_scratch();
+            self.node.on_timer(now, timer, &mut out);
+            self.absorb(out);
+        }
+    }
+
+    /// The earliest timer deadline, if any timer is set: call [`Driver::handle_timeout`] then.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.timers.values().min().copied()
+    }
+
+    /// The timers set, with their deadlines.
+    pub fn timers(&self) -> impl Iterator<Item = (TimerId, Time)> + '_ {
+        self.timers.iter().map(|(&t, &at)| (t, at))
+    }
+
+    /// The next frame to send. An envelope the codec cannot encode (larger than the frame
+    /// limit) is skipped and counted in [`Refusals::unencodable`]; [`Driver::poll_encode_error`]
+    /// says which.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        while let Some(env) = self.outbox.pop_front() {
+            match self.codec.encode(&env) {
+                Ok(frame) => return Some(Transmit { to: env.to, frame }),
+                Err(e) => {
+                    self.refusals.unencodable += 1;
+                    self.encode_errors.push_back((env.to, e));
+                }
+            }
+        }
+        None
+    }
+
+    /// The next envelope to send, not encoded (for drivers that skip the wire).
+    pub fn poll_message(&mut self) -> Option<Envelope<V>> {
+        self.outbox.pop_front()
+    }
+
+    /// The next envelope that could not be encoded: its addressee and why.
+    pub fn poll_encode_error(&mut self) -> Option<(NodeId, EncodeError)> {
+        self.encode_errors.pop_front()
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event<V>> {
+        self.events.pop_front()
+    }
+
+    /// Pushes `kvs` from the driven worker (see [`crate::Worker::push`]).
+    pub fn push(&mut self, now: Time, kvs: KvPairs<V>) -> Result<RequestId, DriverError> {
+        self.on_worker(|w, out| w.push(now, kvs, out))
+    }
+
+    /// Pulls `keys` to the driven worker (see [`crate::Worker::pull`]).
+    pub fn pull(&mut self, now: Time, keys: KeySelection) -> Result<RequestId, DriverError> {
+        self.on_worker(|w, out| w.pull(now, keys, out))
+    }
+
+    /// Ends the driven worker's iteration (see [`crate::Worker::advance`]).
+    pub fn advance(&mut self, now: Time) -> Result<(), DriverError> {
+        self.on_worker(|w, out| w.advance(now, out))
+    }
+
+    fn on_worker<T>(
+        &mut self,
+        call: impl FnOnce(&mut crate::worker::Worker<V>, &mut Effects<V>) -> Result<T, WorkerError>,
+    ) -> Result<T, DriverError> {
+        let id = self.id();
+        let mut out = self.take_scratch();
+        let result = match self.node.as_worker_mut() {
+            Some(w) => call(w, &mut out).map_err(DriverError::from),
+            None => Err(DriverError::NotAWorker(id)),
+        };
+        self.absorb(out);
+        result
+    }
+
+    fn take_scratch(&mut self) -> Effects<V> {
+        core::mem::take(&mut self.scratch)
+    }
+
+    fn refuse(&mut self, from: NodeId, reason: Refusal) {
+        self.refusals.count(&reason);
+        self.events.push_back(Event::Refused { from, reason });
+    }
+
+    /// Carries out what the node asked for, keeping the effects' allocations for next time.
+    fn absorb(&mut self, mut out: Effects<V>) {
+        for cmd in out.timers.drain(..) {
+            match cmd {
+                TimerCmd::Set { timer, at } => {
+                    self.timers.insert(timer, at);
+                }
+                TimerCmd::Cancel(timer) => {
+                    self.timers.remove(&timer);
+                }
+            }
+        }
+        self.outbox.extend(out.sends.drain(..));
+        for event in out.events.drain(..) {
+            if let Event::Refused { reason, .. } = &event {
+                self.refusals.count(reason);
+            }
+            self.events.push_back(event);
+        }
+        self.scratch = out;
+    }
+}
