@@ -6,11 +6,14 @@
 //! drives core nodes over any of them.
 
 pub mod mem;
+#[cfg(not(loom))]
+pub mod runtime;
 pub mod sync;
 pub mod tcp;
 
+pub use bytes::{self, Bytes};
+
 use async_trait::async_trait;
-use bytes::Bytes;
 use pserver_core::NodeId;
 use thiserror::Error;
 

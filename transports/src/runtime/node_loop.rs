@@ -1,0 +1,277 @@
+//! One node's event loop.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use pserver_core::{
+    Driver, DriverError, Event, Iteration, KvPairs, ParamStore, Refusal, RequestId, Role, Time,
+    UpdateRule, Value,
+};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::{Instant, sleep_until};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::RuntimeConfig;
+use super::handle::{Command, NodeHandle, NodeReport, RuntimeError, WorkerHandle};
+use crate::{Transport, TransportError};
+
+type Reply<T> = oneshot::Sender<Result<T, RuntimeError>>;
+
+/// A node started by [`spawn_node`].
+#[derive(Debug)]
+pub struct Spawned<V: Value, U: UpdateRule<V>, S: ParamStore<V>> {
+    /// Stops the node and waits for it.
+    pub node: NodeHandle<Driver<V, U, S>>,
+    /// The application's handle, if the node is a worker.
+    pub worker: Option<WorkerHandle<V>>,
+}
+
+/// Starts `driver`'s node on the current tokio runtime, over `transport`. Returns the handle
+/// that stops it and, for a worker, the application's handle.
+///
+/// The loop runs inside a `node` tracing span carrying the node's id and role.
+pub fn spawn_node<V, U, S, T>(
+    driver: Driver<V, U, S>,
+    transport: Arc<T>,
+    cfg: RuntimeConfig,
+) -> Spawned<V, U, S>
+where
+    V: Value + Send + Sync,
+    U: UpdateRule<V> + Send + Sync + 'static,
+    S: ParamStore<V> + Send + Sync + 'static,
+    T: Transport + ?Sized,
+{
+    let id = driver.id();
+    let role = driver.node().role();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (cmd_tx, cmd_rx) = mpsc::channel(cfg.command_queue.max(1));
+    let (ready_tx, ready_rx) = watch::channel(None);
+    let worker = (role == Role::Worker).then(|| WorkerHandle {
+        commands: cmd_tx,
+        ready: ready_rx,
+    });
+    let span = info_span!("node", id = %id, role = %role);
+    let looped = NodeLoop {
+        driver,
+        transport,
+        cfg,
+        origin: Instant::now(),
+        pushes: BTreeMap::new(),
+        pulls: BTreeMap::new(),
+        advances: VecDeque::new(),
+        ready: ready_tx,
+        send_errors: 0,
+        fenced: false,
+    };
+    let task = tokio::spawn(looped.run(cmd_rx, stop_rx).instrument(span));
+    let node = NodeHandle {
+        id,
+        stop: stop_tx,
+        task,
+    };
+    Spawned { node, worker }
+}
+
+struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Sized> {
+    driver: Driver<V, U, S>,
+    transport: Arc<T>,
+    cfg: RuntimeConfig,
+    origin: Instant,
+    pushes: BTreeMap<RequestId, Reply<()>>,
+    pulls: BTreeMap<RequestId, Reply<KvPairs<V>>>,
+    advances: VecDeque<Reply<Iteration>>,
+    ready: watch::Sender<Option<u64>>,
+    send_errors: u64,
+    fenced: bool,
+}
+
+impl<V, U, S, T> NodeLoop<V, U, S, T>
+where
+    V: Value + Send + Sync,
+    U: UpdateRule<V> + Send + Sync + 'static,
+    S: ParamStore<V> + Send + Sync + 'static,
+    T: Transport + ?Sized,
+{
+    fn now(&self) -> Time {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn open_requests(&self) -> usize {
+        self.pushes.len() + self.pulls.len() + self.advances.len()
+    }
+
+    async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<Command<V>>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<NodeReport<Driver<V, U, S>>, RuntimeError> {
+        let now = self.now();
+        match self.cfg.configured.clone() {
+            Some(config) => self.driver.start_configured(now, config),
+            None => self.driver.start(now),
+        }
+        info!("started");
+        let mut commands_open = true;
+        let mut draining: Option<Instant> = None;
+        loop {
+            self.flush().await;
+            if self.fenced {
+                break;
+            }
+            if let Some(deadline) = draining {
+                if self.open_requests() == 0 || Instant::now() >= deadline {
+                    break;
+                }
+            }
+            let timer = self
+                .driver
+                .poll_timeout()
+                .map(|t| self.origin + std::time::Duration::from_nanos(t));
+            let accept = commands_open
+                && draining.is_none()
+                && self.open_requests() < self.cfg.max_open_requests;
+            tokio::select! {
+                biased;
+                changed = stop.changed(), if draining.is_none() => {
+                    // A dropped stop handle means nobody can stop the node any more: stop now.
+                    let _ = changed;
+                    draining = Some(Instant::now() + self.cfg.drain_timeout);
+                    debug!(open = self.open_requests(), "stopping");
+                }
+                received = self.transport.recv() => match received {
+                    Ok((from, frame)) => {
+                        let now = self.now();
+                        self.driver.handle_frame(now, from, &frame);
+                    }
+                    Err(TransportError::Closed) => {
+                        info!("transport closed");
+                        break;
+                    }
+                    Err(e) => warn!(error = %e, "receive failed"),
+                },
+                command = commands.recv(), if accept => match command {
+                    Some(command) => self.apply(command),
+                    None => commands_open = false,
+                },
+                () = sleep_until(timer.unwrap_or_else(Instant::now)), if timer.is_some() => {
+                    let now = self.now();
+                    self.driver.handle_timeout(now);
+                }
+                () = sleep_until(draining.unwrap_or_else(Instant::now)), if draining.is_some() => {}
+            }
+        }
+        self.flush().await;
+        let failure = if self.fenced {
+            RuntimeError::Fenced
+        } else {
+            RuntimeError::ShutDown
+        };
+        self.fail_all(&failure);
+        info!(refused = self.driver.refusals().total(), "stopped");
+        Ok(NodeReport {
+            refusals: self.driver.refusals(),
+            send_errors: self.send_errors,
+            node: self.driver,
+        })
+    }
+
+    fn apply(&mut self, command: Command<V>) {
+        let now = self.now();
+        match command {
+            Command::Push(kvs, reply) => match self.driver.push(now, kvs) {
+                Ok(id) => {
+                    self.pushes.insert(id, reply);
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(runtime_error(e)));
+                }
+            },
+            Command::Pull(keys, reply) => match self.driver.pull(now, keys) {
+                Ok(id) => {
+                    self.pulls.insert(id, reply);
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(runtime_error(e)));
+                }
+            },
+            Command::Advance(reply) => match self.driver.advance(now) {
+                Ok(()) => self.advances.push_back(reply),
+                Err(e) => {
+                    let _ = reply.send(Err(runtime_error(e)));
+                }
+            },
+        }
+    }
+
+    /// Sends what the driver has queued and hands its events out.
+    async fn flush(&mut self) {
+        while let Some(t) = self.driver.poll_transmit() {
+            if let Err(e) = self.transport.send(t.to, t.frame).await {
+                self.send_errors += 1;
+                debug!(to = %t.to, error = %e, "send failed");
+            }
+        }
+        while let Some((to, e)) = self.driver.poll_encode_error() {
+            warn!(to = %to, error = %e, "message not sent: it does not fit a frame");
+        }
+        while let Some(event) = self.driver.poll_event() {
+            self.on_event(event);
+        }
+    }
+
+    fn on_event(&mut self, event: Event<V>) {
+        match event {
+            Event::Ready { epoch } => {
+                info!(epoch, "configuration received");
+                self.ready.send_replace(Some(epoch));
+            }
+            Event::Advanced(iteration) => {
+                if let Some(reply) = self.advances.pop_front() {
+                    let _ = reply.send(Ok(iteration));
+                }
+            }
+            Event::PushDone(id) => {
+                if let Some(reply) = self.pushes.remove(&id) {
+                    let _ = reply.send(Ok(()));
+                }
+            }
+            Event::PullDone(id, kvs) => {
+                if let Some(reply) = self.pulls.remove(&id) {
+                    let _ = reply.send(Ok(kvs));
+                }
+            }
+            Event::NodeDead(node) => warn!(node = %node, "node declared dead"),
+            Event::Fenced => {
+                warn!("removed from the cluster");
+                self.fenced = true;
+            }
+            Event::Refused { from, reason } => match reason {
+                Refusal::Undecodable(_) | Refusal::SpoofedSender { .. } => {
+                    warn!(from = %from, reason = %reason, "message refused");
+                }
+                _ => debug!(from = %from, reason = %reason, "message refused"),
+            },
+            _ => {}
+        }
+    }
+
+    fn fail_all(&mut self, failure: &RuntimeError) {
+        for (_, reply) in core::mem::take(&mut self.pushes) {
+            let _ = reply.send(Err(failure.clone()));
+        }
+        for (_, reply) in core::mem::take(&mut self.pulls) {
+            let _ = reply.send(Err(failure.clone()));
+        }
+        for reply in self.advances.drain(..) {
+            let _ = reply.send(Err(failure.clone()));
+        }
+    }
+}
+
+fn runtime_error(e: DriverError) -> RuntimeError {
+    match e {
+        DriverError::NotAWorker(id) => RuntimeError::NotAWorker(id),
+        DriverError::Worker(e) => e.into(),
+        _ => RuntimeError::ShutDown,
+    }
+}

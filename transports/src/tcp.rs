@@ -1,1 +1,0 @@
-//! TCP transport (being written).

@@ -1,0 +1,272 @@
+//! One task per peer owns everything about the way to that peer: whether it is connected, the
+//! dial in flight, the reconnect backoff, and which of two connections to keep.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pserver_core::NodeId;
+use tokio::net::TcpStream;
+use tokio::sync::{Mutex as TokioMutex, mpsc, oneshot};
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tracing::{debug, warn};
+
+use super::conn::{self, Established};
+use super::handshake;
+use super::stats::Count;
+use super::transport::{Shared, Tasks};
+use crate::sync::Arc;
+
+/// Whether a new connection to a peer replaces the current one. Both ends reach the same
+/// verdict without talking: of two connections dialed by different nodes, the one dialed by
+/// the lower node id wins; a connection dialed by the same node as the current one replaces it
+/// (a node dials only when it has no connection, so its dialer has given up on the old one).
+pub(super) fn supersedes(current_dialer: NodeId, new_dialer: NodeId) -> bool {
+    new_dialer <= current_dialer
+}
+
+/// The delay after `current`: doubled, capped at `max`.
+pub(super) fn next_backoff(current: Duration, max: Duration) -> Duration {
+    current.saturating_mul(2).min(max)
+}
+
+/// What the peer task hears from the tasks it spawned.
+enum Event {
+    /// A dial ended: the connection, or `None` if it failed.
+    Dialed(Option<Established>),
+    /// The connection with this id ended.
+    Closed(u64),
+}
+
+/// The connection in use.
+struct Current {
+    id: u64,
+    dialer: NodeId,
+    /// Dropping it retires the connection.
+    _demote: oneshot::Sender<()>,
+}
+
+/// The state of the way to one peer, owned by its task.
+pub(super) struct PeerTask {
+    peer: NodeId,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    tasks: Tasks,
+    /// Frames for the peer; the current connection's writer holds the lock.
+    queue: Arc<TokioMutex<mpsc::Receiver<Bytes>>>,
+    /// Authenticated connections the listener accepted from this peer.
+    accepted: mpsc::Receiver<Established>,
+    events_tx: mpsc::UnboundedSender<Event>,
+    events: mpsc::UnboundedReceiver<Event>,
+    current: Option<Current>,
+    dialing: bool,
+    backoff: Duration,
+    not_before: Instant,
+    next_id: u64,
+}
+
+impl PeerTask {
+    /// The task for `peer`, fed by its queue and by the listener.
+    pub(super) fn new(
+        peer: NodeId,
+        addr: SocketAddr,
+        shared: Arc<Shared>,
+        tasks: Tasks,
+        queue: mpsc::Receiver<Bytes>,
+        accepted: mpsc::Receiver<Established>,
+    ) -> PeerTask {
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let backoff = shared.reconnect_min;
+        PeerTask {
+            peer,
+            addr,
+            shared,
+            tasks,
+            queue: Arc::new(TokioMutex::new(queue)),
+            accepted,
+            events_tx,
+            events,
+            current: None,
+            dialing: false,
+            backoff,
+            not_before: Instant::now(),
+            next_id: 0,
+        }
+    }
+
+    /// Whether frames wait in the queue.
+    fn pending(&self) -> bool {
+        self.shared
+            .peers
+            .get(&self.peer)
+            .is_some_and(|h| h.queue.capacity() < h.queue.max_capacity())
+    }
+
+    /// Runs until the transport shuts down (the spawner cancels it).
+    pub(super) async fn run(mut self) {
+        let shared = Arc::clone(&self.shared);
+        let Some(handle) = shared.peers.get(&self.peer) else {
+            return;
+        };
+        loop {
+            let idle = self.current.is_none() && !self.dialing;
+            let want_dial = idle && self.pending();
+            tokio::select! {
+                Some(est) = self.accepted.recv() => self.offer(est),
+                Some(ev) = self.events.recv() => self.on_event(ev),
+                () = sleep_until(self.not_before), if want_dial => self.dial(),
+                // `send` wakes us when a frame waits and nobody carries it.
+                () = handle.wake.notified(), if idle && !want_dial => {}
+            }
+        }
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Dialed(Some(est)) => {
+                self.dialing = false;
+                self.offer(est);
+            }
+            Event::Dialed(None) => {
+                self.dialing = false;
+                self.delay_next_dial();
+            }
+            Event::Closed(id) => {
+                if self.current.as_ref().is_some_and(|c| c.id == id) {
+                    self.current = None;
+                    self.delay_next_dial();
+                }
+            }
+        }
+    }
+
+    fn delay_next_dial(&mut self) {
+        self.not_before = Instant::now() + self.backoff;
+        self.backoff = next_backoff(self.backoff, self.shared.reconnect_max);
+    }
+
+    /// Takes a new authenticated connection: keeps it or retires it by the tie-break, and runs
+    /// it either way (a retired connection still delivers what the peer already sent on it).
+    fn offer(&mut self, est: Established) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let (demote_tx, demote_rx) = oneshot::channel();
+        let keep = self
+            .current
+            .as_ref()
+            .is_none_or(|c| supersedes(c.dialer, est.dialer));
+        if keep {
+            let new = Current {
+                id,
+                dialer: est.dialer,
+                _demote: demote_tx,
+            };
+            if let Some(old) = self.current.replace(new) {
+                debug!(peer = %self.peer, "connection {} replaces connection {}", id, old.id);
+                self.shared.counters.bump(Count::Superseded);
+            }
+            self.backoff = self.shared.reconnect_min;
+        } else {
+            drop(demote_tx);
+            debug!(
+                peer = %self.peer,
+                dialer = %est.dialer,
+                "keeping the current connection, retiring the new one"
+            );
+            self.shared.counters.bump(Count::Superseded);
+            // The peer dialed although we hold a connection: either both dialed at once, or
+            // the peer lost ours (it restarted). A keepalive on ours finds out: a dead
+            // connection's write fails, which frees the way for the peer's next dial.
+            if let Some(h) = self.shared.peers.get(&self.peer) {
+                let _ = h.queue.try_send(Bytes::new());
+            }
+        }
+        let (shared, queue, events) = (
+            Arc::clone(&self.shared),
+            Arc::clone(&self.queue),
+            self.events_tx.clone(),
+        );
+        self.tasks.spawn(async move {
+            conn::run(est, &shared, &queue, demote_rx).await;
+            let _ = events.send(Event::Closed(id));
+        });
+    }
+
+    fn dial(&mut self) {
+        self.dialing = true;
+        let (shared, events, peer, addr) = (
+            Arc::clone(&self.shared),
+            self.events_tx.clone(),
+            self.peer,
+            self.addr,
+        );
+        self.tasks.spawn(async move {
+            let est = dial(&shared, peer, addr).await;
+            let _ = events.send(Event::Dialed(est));
+        });
+    }
+}
+
+/// Connects to `peer` at `addr` and authenticates both ends.
+pub(super) async fn dial(shared: &Shared, peer: NodeId, addr: SocketAddr) -> Option<Established> {
+    let deadline = Instant::now() + shared.handshake_timeout;
+    let mut stream = match timeout_at(deadline, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            debug!(%peer, remote = %addr, "cannot connect to {peer} at {addr}: {e}");
+            return None;
+        }
+        Err(_) => {
+            debug!(%peer, remote = %addr, "connecting to {peer} at {addr} timed out");
+            return None;
+        }
+    };
+    if let Err(e) = stream.set_nodelay(true) {
+        debug!(remote = %addr, "cannot set TCP_NODELAY: {e}");
+    }
+    match handshake::dial(&mut stream, &shared.auth, peer, deadline).await {
+        Ok(()) => {
+            shared.counters.bump(Count::Established);
+            debug!(%peer, remote = %addr, "connected to {peer}");
+            Some(Established {
+                stream,
+                peer,
+                dialer: shared.auth.me,
+                addr,
+            })
+        }
+        Err(e) => {
+            warn!(%peer, remote = %addr, "handshake with {peer} at {addr} failed: {e}");
+            shared.counters.bump(Count::Refused);
+            None
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_ends_keep_the_same_connection() {
+        let (lo, hi) = (NodeId(1), NodeId(2));
+        // Whichever of the two arrives first at either end, the one dialed by n1 stays.
+        assert!(supersedes(hi, lo));
+        assert!(!supersedes(lo, hi));
+        // A redial by the node that dialed the current connection replaces it.
+        assert!(supersedes(lo, lo) && supersedes(hi, hi));
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let max = Duration::from_millis(2000);
+        let mut d = Duration::from_millis(50);
+        let mut seen = vec![d];
+        for _ in 0..8 {
+            d = next_backoff(d, max);
+            seen.push(d);
+        }
+        let ms: Vec<u128> = seen.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [50, 100, 200, 400, 800, 1600, 2000, 2000, 2000]);
+    }
+}

@@ -1,0 +1,350 @@
+//! The transport itself: binding, `send` and `recv`, the listener, and the tasks' lifecycle.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pserver_core::{NodeId, PROTOCOL_VERSION};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Mutex as TokioMutex, Notify, mpsc, watch};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::conn::Established;
+use super::handshake::{self, Auth, MAX_CLUSTER_ID};
+use super::peer::PeerTask;
+use super::stats::{Count, Counters};
+use super::{TcpConfig, TcpStats};
+use crate::sync::Arc;
+use crate::{Transport, TransportError};
+
+/// Frames received but not yet taken by `recv`; readers wait when it is full.
+const INBOUND_QUEUE: usize = 1024;
+/// Pause after a failed `accept` (out of file descriptors, say) so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// The way to one peer, as `send` and the listener see it.
+pub(super) struct PeerHandle {
+    /// Frames waiting for the peer.
+    pub(super) queue: mpsc::Sender<Bytes>,
+    /// Wakes the peer's task when a frame is queued.
+    pub(super) wake: Notify,
+    /// Connections the listener authenticated as this peer.
+    pub(super) accepted: mpsc::Sender<Established>,
+}
+
+/// What every task of a transport reads: settings, counters, and the ways in and out.
+pub(super) struct Shared {
+    /// What the handshake checks and proves.
+    pub(super) auth: Auth,
+    /// The largest frame sent or accepted.
+    pub(super) max_frame: usize,
+    /// See [`TcpConfig::handshake_timeout`].
+    pub(super) handshake_timeout: Duration,
+    /// See [`TcpConfig::frame_timeout`].
+    pub(super) frame_timeout: Duration,
+    /// See [`TcpConfig::reconnect_min`].
+    pub(super) reconnect_min: Duration,
+    /// See [`TcpConfig::reconnect_max`].
+    pub(super) reconnect_max: Duration,
+    /// The counters behind [`TcpStats`].
+    pub(super) counters: Counters,
+    /// Frames for `recv`.
+    pub(super) inbound: mpsc::Sender<(NodeId, Bytes)>,
+    /// Every peer.
+    pub(super) peers: BTreeMap<NodeId, PeerHandle>,
+}
+
+/// Spawns the transport's tasks so that shutdown (or dropping the transport) ends all of them,
+/// and so that shutdown can wait until they have.
+#[derive(Clone)]
+pub(super) struct Tasks {
+    stop: watch::Receiver<bool>,
+    alive: mpsc::Sender<()>,
+}
+
+impl Tasks {
+    /// Spawns `fut`, cancelled when the transport stops.
+    pub(super) fn spawn<F: Future<Output = ()> + Send + 'static>(&self, fut: F) {
+        let (mut stop, alive) = (self.stop.clone(), self.alive.clone());
+        tokio::spawn(async move {
+            let _alive = alive;
+            tokio::select! {
+                biased;
+                () = stopped(&mut stop) => {}
+                () = fut => {}
+            }
+        });
+    }
+}
+
+/// Completes once the transport is shut down or dropped.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// A [`Transport`] over TCP with authenticated peers; see the [module documentation](super).
+///
+/// Dropping it stops its tasks and closes its sockets without waiting; [`shutdown`] waits.
+///
+/// [`shutdown`]: TcpTransport::shutdown
+pub struct TcpTransport {
+    pub(super) shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    inbound: TokioMutex<mpsc::Receiver<(NodeId, Bytes)>>,
+    stop: watch::Sender<bool>,
+    tasks_done: TokioMutex<mpsc::Receiver<()>>,
+}
+
+impl fmt::Debug for TcpTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpTransport")
+            .field("id", &self.shared.auth.me)
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn invalid(msg: String) -> TransportError {
+    TransportError::Io {
+        context: "invalid TCP transport configuration".into(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, msg),
+    }
+}
+
+impl TcpTransport {
+    /// Listens on `cfg.listen` and starts the transport's tasks. Peers are dialed when there is
+    /// a frame for them.
+    ///
+    /// Fails with [`TransportError::Io`], naming the address, if it cannot listen there (the
+    /// port is in use, say), or if the cluster id is longer than 256 bytes.
+    pub async fn bind(cfg: TcpConfig) -> Result<TcpTransport, TransportError> {
+        if cfg.cluster_id.len() > MAX_CLUSTER_ID {
+            return Err(invalid(format!(
+                "cluster id of {} bytes exceeds the limit of {MAX_CLUSTER_ID} bytes",
+                cfg.cluster_id.len()
+            )));
+        }
+        let listener =
+            TcpListener::bind(cfg.listen)
+                .await
+                .map_err(|source| TransportError::Io {
+                    context: format!("cannot listen on {}", cfg.listen),
+                    source,
+                })?;
+        let local_addr = listener.local_addr().map_err(|source| TransportError::Io {
+            context: format!("cannot read the address bound for {}", cfg.listen),
+            source,
+        })?;
+        let peer_addrs: BTreeMap<NodeId, SocketAddr> = cfg
+            .peers
+            .iter()
+            .filter(|(id, _)| **id != cfg.id)
+            .map(|(&id, &addr)| (id, addr))
+            .collect();
+        let auth = Auth::new(
+            cfg.id,
+            cfg.cluster_id.clone().into_bytes(),
+            &cfg.secret,
+            peer_addrs.keys().copied().collect::<BTreeSet<_>>(),
+            PROTOCOL_VERSION,
+        )
+        .map_err(|e| invalid(format!("unusable secret: {e}")))?;
+
+        let mut handles = BTreeMap::new();
+        let mut receivers = Vec::new();
+        for (&id, &addr) in &peer_addrs {
+            let (queue, queue_rx) = mpsc::channel(cfg.send_queue.max(1));
+            let (accepted, accepted_rx) = mpsc::channel(4);
+            handles.insert(
+                id,
+                PeerHandle {
+                    queue,
+                    wake: Notify::new(),
+                    accepted,
+                },
+            );
+            receivers.push((id, addr, queue_rx, accepted_rx));
+        }
+        let (inbound, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
+        let reconnect_min = cfg.reconnect_min.max(Duration::from_millis(1));
+        let shared = Arc::new(Shared {
+            auth,
+            max_frame: cfg.max_frame.min(u32::MAX as usize),
+            handshake_timeout: cfg.handshake_timeout,
+            frame_timeout: cfg.frame_timeout,
+            reconnect_min,
+            reconnect_max: cfg.reconnect_max.max(reconnect_min),
+            counters: Counters::default(),
+            inbound,
+            peers: handles,
+        });
+
+        let (stop, stop_rx) = watch::channel(false);
+        let (alive, tasks_done) = mpsc::channel(1);
+        let tasks = Tasks {
+            stop: stop_rx,
+            alive,
+        };
+        for (id, addr, queue_rx, accepted_rx) in receivers {
+            let task = PeerTask::new(
+                id,
+                addr,
+                Arc::clone(&shared),
+                tasks.clone(),
+                queue_rx,
+                accepted_rx,
+            );
+            tasks.spawn(task.run());
+        }
+        tasks.spawn(accept_loop(listener, Arc::clone(&shared), tasks.clone()));
+        debug!(id = %cfg.id, %local_addr, "TCP transport listening");
+        Ok(TcpTransport {
+            shared,
+            local_addr,
+            inbound: TokioMutex::new(inbound_rx),
+            stop,
+            tasks_done: TokioMutex::new(tasks_done),
+        })
+    }
+
+    /// The address the listener is bound to (with the actual port if `listen` had port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The transport's counters.
+    pub fn stats(&self) -> TcpStats {
+        self.shared.counters.snapshot()
+    }
+
+    /// Closes the listener and every connection and waits until all of the transport's tasks
+    /// have ended. Afterwards `send` and `recv` return [`TransportError::Closed`], and the
+    /// port is free to bind again.
+    pub async fn shutdown(&self) {
+        self.stop.send_replace(true);
+        let mut done = self.tasks_done.lock().await;
+        while done.recv().await.is_some() {}
+    }
+
+    fn is_closed(&self) -> bool {
+        *self.stop.borrow()
+    }
+}
+
+#[async_trait]
+impl Transport for TcpTransport {
+    /// Queues `frame` for `to` and returns at once. Fails if the frame exceeds `max_frame`
+    /// ([`TransportError::FrameTooLarge`]), `to` is not a peer ([`TransportError::UnknownPeer`]),
+    /// or the transport is shut down. A frame beyond the peer's queue is dropped and counted,
+    /// and an empty frame is not sent: both return `Ok`.
+    async fn send(&self, to: NodeId, frame: Bytes) -> Result<(), TransportError> {
+        if self.is_closed() {
+            return Err(TransportError::Closed);
+        }
+        if frame.len() > self.shared.max_frame {
+            return Err(TransportError::FrameTooLarge {
+                len: frame.len(),
+                limit: self.shared.max_frame,
+            });
+        }
+        let peer = self
+            .shared
+            .peers
+            .get(&to)
+            .ok_or(TransportError::UnknownPeer(to))?;
+        if frame.is_empty() {
+            return Ok(());
+        }
+        match peer.queue.try_send(frame) {
+            Ok(()) => {
+                peer.wake.notify_one();
+                Ok(())
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.shared.counters.bump(Count::Dropped);
+                debug!(peer = %to, "send queue full: frame dropped");
+                Ok(())
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(TransportError::Closed),
+        }
+    }
+
+    /// Waits for the next frame from an authenticated peer. Cancel-safe. Returns
+    /// [`TransportError::Closed`] once the transport is shut down.
+    async fn recv(&self) -> Result<(NodeId, Bytes), TransportError> {
+        let mut stop = self.stop.subscribe();
+        if *stop.borrow_and_update() {
+            return Err(TransportError::Closed);
+        }
+        let mut inbound = tokio::select! {
+            biased;
+            () = stopped(&mut stop) => return Err(TransportError::Closed),
+            guard = self.inbound.lock() => guard,
+        };
+        tokio::select! {
+            biased;
+            () = stopped(&mut stop) => Err(TransportError::Closed),
+            frame = inbound.recv() => frame.ok_or(TransportError::Closed),
+        }
+    }
+}
+
+/// Accepts connections for as long as the transport lives; each gets its own handshake task,
+/// so a slow or hostile client holds up nobody else.
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tasks: Tasks) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, addr)) => {
+                shared.counters.bump(Count::Accepted);
+                tasks.spawn(accept_one(stream, addr, Arc::clone(&shared)));
+            }
+            Err(e) => {
+                warn!("accepting a TCP connection failed: {e}");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+            }
+        }
+    }
+}
+
+/// Authenticates an accepted connection and hands it to its peer's task.
+async fn accept_one(stream: TcpStream, addr: SocketAddr, shared: Arc<Shared>) {
+    if let Some(est) = authenticate(stream, addr, &shared).await {
+        if let Some(h) = shared.peers.get(&est.peer) {
+            let _ = h.accepted.send(est).await;
+        }
+    }
+}
+
+/// The acceptor's handshake on a fresh connection; logs and counts a refusal.
+pub(super) async fn authenticate(
+    mut stream: TcpStream,
+    addr: SocketAddr,
+    shared: &Shared,
+) -> Option<Established> {
+    if let Err(e) = stream.set_nodelay(true) {
+        debug!(remote = %addr, "cannot set TCP_NODELAY: {e}");
+    }
+    let deadline = Instant::now() + shared.handshake_timeout;
+    match handshake::accept(&mut stream, &shared.auth, deadline).await {
+        Ok(peer) => {
+            shared.counters.bump(Count::Established);
+            debug!(%peer, remote = %addr, "accepted a connection from {peer}");
+            Some(Established {
+                stream,
+                peer,
+                dialer: peer,
+                addr,
+            })
+        }
+        Err(e) => {
+            warn!(remote = %addr, "refused a connection from {addr}: {e}");
+            shared.counters.bump(Count::Refused);
+            None
+        }
+    }
+}
