@@ -3,10 +3,13 @@
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use pserver::commands::cluster::{self, LocalOptions, NodeOutcome};
+use pserver::commands::cluster_file::ClusterFile;
 use pserver::commands::ring::{self, Change};
+use pserver::commands::script::Script;
 use pserver::commands::{check, sim};
 use pserver::core::sim::{Faults, MS, SimConfig};
-use pserver::core::{Consistency, NodeId, RingConfig};
+use pserver::core::{Consistency, NodeId, RingConfig, Role};
 use pserver::models::cluster::{ClusterModelConfig, Strategy};
 use tracing_subscriber::EnvFilter;
 
@@ -50,6 +53,186 @@ enum Command {
     /// `always` property is violated. Keep models tiny: every actor and iteration multiplies
     /// the states.
     Check(CheckArgs),
+    /// Run the coordinator of a cluster described by a cluster file, until SIGINT or SIGTERM.
+    ///
+    /// The coordinator owns membership, the ring and the epoch: it waits until every server and
+    /// worker of the file has registered, then starts the job.
+    Coordinator(NodeArgs),
+    /// Run one server of a cluster described by a cluster file, until SIGINT or SIGTERM.
+    ///
+    /// On exit it prints `server nN keys=K total=T refused=R`, and with --dump writes one
+    /// `key_index total` line per key it holds.
+    Server(NodeArgs),
+    /// Run one worker of a cluster described by a cluster file: the job's script (pull every
+    /// key, compute, push, advance, for each iteration), then exit.
+    ///
+    /// Prints `worker nN iterations=I pushes=P pushed_sum=S` when done.
+    Worker(NodeArgs),
+    /// Run a whole cluster in this process over the in-memory transport, run the script on
+    /// every worker, and check that the servers end with exactly what the workers pushed.
+    ///
+    /// The last line is `local servers=S workers=W keys=K iterations=N totals=exact|WRONG
+    /// refused=R secs=T`; the exit status is 1 if the totals are wrong.
+    Local(LocalArgs),
+}
+
+#[derive(Args, Debug)]
+struct NodeArgs {
+    /// The cluster file: every node's address, the consistency model, the ring and the job
+    /// (TOML). The secret comes from its secret_file or the PSERVER_SECRET environment
+    /// variable, never from the command line.
+    #[arg(long, value_name = "FILE")]
+    config: std::path::PathBuf,
+    /// This node's id in the cluster file.
+    #[arg(long)]
+    id: u32,
+    /// Workers: give up (exit status 2) if the job has not started after this many seconds.
+    #[arg(long, default_value_t = 60)]
+    join_timeout_secs: u64,
+    /// Servers: on exit, write one `key_index total` line per key held to this file.
+    #[arg(long, value_name = "FILE")]
+    dump: Option<std::path::PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct LocalArgs {
+    /// Servers.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    servers: u32,
+    /// Workers.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=64))]
+    workers: u32,
+    /// Keys each worker pushes and pulls every iteration.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    keys: u64,
+    /// Iterations per worker.
+    #[arg(long, default_value_t = 20)]
+    iterations: u32,
+    /// Consistency model: sequential, bounded:TAU or eventual.
+    #[arg(long, default_value = "bounded:2")]
+    consistency: Consistency,
+    /// Probability that the in-memory network loses a frame.
+    #[arg(long, default_value_t = 0.0, value_parser = probability)]
+    drop: f64,
+    /// Probability that it delivers a frame twice.
+    #[arg(long, default_value_t = 0.0, value_parser = probability)]
+    dup: f64,
+    /// Seed of the network's faults.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Largest frame in bytes.
+    #[arg(long, default_value_t = pserver::core::DEFAULT_MAX_FRAME)]
+    max_frame: usize,
+    /// Largest slice a worker puts in one message, in bytes (must fit a frame).
+    #[arg(long, default_value_t = pserver::core::DEFAULT_MAX_SLICE_BYTES)]
+    max_slice_bytes: usize,
+}
+
+fn tokio_runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
+}
+
+fn node_command(args: NodeArgs, role: Role) -> ExitCode {
+    let fail = |e: &dyn std::fmt::Display| {
+        eprintln!("error: {e}");
+        ExitCode::from(2)
+    };
+    let file = match ClusterFile::load(&args.config) {
+        Ok(f) => f,
+        Err(e) => return fail(&e),
+    };
+    let id = NodeId(args.id);
+    match file.role(id) {
+        Ok(r) if r == role => {}
+        Ok(r) => {
+            let msg = format!(
+                "{}: node {} is a {r}, not a {role}: run `pserver {r} --id {}`",
+                args.config.display(),
+                args.id,
+                args.id
+            );
+            return fail(&msg);
+        }
+        Err(e) => return fail(&e),
+    }
+    let rt = match tokio_runtime() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&e),
+    };
+    let join = std::time::Duration::from_secs(args.join_timeout_secs);
+    match rt.block_on(cluster::run_node(&file, id, join)) {
+        Ok(NodeOutcome::Coordinator) => ExitCode::SUCCESS,
+        Ok(NodeOutcome::Server { totals, refused }) => {
+            let total: i64 = totals.iter().sum();
+            let held = totals.iter().filter(|t| **t != 0).count();
+            println!("server {id} keys={held} total={total} refused={refused}");
+            if let Some(path) = &args.dump {
+                if let Err(e) = cluster::dump_totals(path, &totals) {
+                    return fail(&format!("{}: cannot write: {e}", path.display()));
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(NodeOutcome::Worker(s)) => {
+            println!(
+                "worker {id} iterations={} pushes={} pushed_sum={}",
+                s.iterations, s.pushes, s.pushed_sum
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+fn local_command(args: LocalArgs) -> ExitCode {
+    let opts = LocalOptions {
+        servers: args.servers as usize,
+        workers: args.workers as usize,
+        consistency: args.consistency,
+        script: Script {
+            keys: args.keys,
+            iterations: args.iterations,
+            compute: std::time::Duration::ZERO,
+        },
+        drop: args.drop,
+        dup: args.dup,
+        seed: args.seed,
+        max_frame: args.max_frame,
+        max_slice_bytes: args.max_slice_bytes,
+    };
+    let rt = match tokio_runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(cluster::run_local(&opts)) {
+        Ok(outcome) => {
+            println!(
+                "local servers={} workers={} keys={} iterations={} totals={} refused={} secs={:.2}",
+                opts.servers,
+                opts.workers,
+                opts.script.keys,
+                opts.script.iterations,
+                if outcome.exact() { "exact" } else { "WRONG" },
+                outcome.refused,
+                outcome.secs
+            );
+            if outcome.exact() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -373,14 +556,22 @@ struct RingArgs {
 }
 
 fn main() -> ExitCode {
+    // Warnings (a refused peer, a node declared dead) show without RUST_LOG.
+    let filter = EnvFilter::builder()
+        .with_default_directive(tracing::level_filters::LevelFilter::WARN.into())
+        .from_env_lossy();
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::from_default_env())
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     match cli.command {
         Command::Sim(args) => sim_command(args),
         Command::Check(args) => check_command(args),
+        Command::Coordinator(args) => node_command(args, Role::Coordinator),
+        Command::Server(args) => node_command(args, Role::Server),
+        Command::Worker(args) => node_command(args, Role::Worker),
+        Command::Local(args) => local_command(args),
         Command::Ring(args) => {
             let config = RingConfig {
                 vnodes: args.vnodes,

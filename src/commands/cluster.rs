@@ -1,0 +1,242 @@
+//! `pserver coordinator | server | worker` (one node per process, over TCP) and `pserver local`
+//! (a whole cluster in one process, over the in-memory transport).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pserver_core::{Consistency, Driver, NodeId, Role};
+use pserver_transport::TransportError;
+use pserver_transport::mem::{MemFaults, MemNetwork};
+use pserver_transport::runtime::{
+    ClusterSpec, LocalCluster, NodeReport, RuntimeError, WorkerHandle, spawn_node,
+};
+use pserver_transport::tcp::TcpTransport;
+use thiserror::Error;
+
+use super::cluster_file::{ClusterFile, ClusterFileError};
+use super::script::{Script, WorkerSummary};
+
+/// Why a node or a local cluster could not run. Each is one line a user can act on; the CLI
+/// exits with status 2 for them.
+#[derive(Debug, Error)]
+pub enum RunError {
+    /// The cluster file is missing, malformed or incomplete.
+    #[error(transparent)]
+    ClusterFile(#[from] ClusterFileError),
+    /// The transport could not start (a port in use, say).
+    #[error("{0}")]
+    Transport(#[from] TransportError),
+    /// The worker never received a configuration.
+    #[error(
+        "could not join the cluster: no configuration from the coordinator at {address} within {secs}s; is it running, are all nodes of {file} started, and is the secret the same?"
+    )]
+    JoinTimeout {
+        /// The coordinator's address.
+        address: String,
+        /// How long the worker waited.
+        secs: u64,
+        /// The cluster file.
+        file: String,
+    },
+    /// The node stopped with an error.
+    #[error("{0}")]
+    Runtime(#[from] RuntimeError),
+}
+
+/// What a process-mode node did, for its last line of output.
+#[derive(Debug)]
+pub enum NodeOutcome {
+    /// The coordinator stopped.
+    Coordinator,
+    /// A server stopped; per key index of the script, the total it holds.
+    Server {
+        /// Totals per key index (zero for keys it does not own).
+        totals: Vec<i64>,
+        /// Messages it refused.
+        refused: u64,
+    },
+    /// A worker finished its script.
+    Worker(WorkerSummary),
+}
+
+/// Runs node `id` of the cluster file until it is done (a worker) or told to stop by SIGINT or
+/// SIGTERM (the coordinator and servers).
+pub async fn run_node(
+    file: &ClusterFile,
+    id: NodeId,
+    join_timeout: Duration,
+) -> Result<NodeOutcome, RunError> {
+    let role = file.role(id)?;
+    let tcp = file.tcp(id)?;
+    let driver: Driver<i64> = file.spec.driver(id)?;
+    let transport = Arc::new(TcpTransport::bind(tcp).await?);
+    tracing::info!(%id, %role, address = %transport.local_addr(), "listening");
+    let spawned = spawn_node(driver, Arc::clone(&transport), file.spec.runtime.clone());
+    let outcome = match (role, spawned.worker) {
+        (Role::Worker, Some(worker)) => {
+            let coordinator = file.spec.layout().coordinator();
+            if tokio::time::timeout(join_timeout, worker.ready())
+                .await
+                .is_err()
+            {
+                return Err(RunError::JoinTimeout {
+                    address: file
+                        .addresses
+                        .get(&coordinator)
+                        .map_or_else(String::new, ToString::to_string),
+                    secs: join_timeout.as_secs(),
+                    file: file.path.display().to_string(),
+                });
+            }
+            let summary = file.script.run(id, &worker).await?;
+            spawned.node.shutdown().await?;
+            NodeOutcome::Worker(summary)
+        }
+        (Role::Server, _) => {
+            terminated().await;
+            let report = spawned.node.shutdown().await?;
+            NodeOutcome::Server {
+                totals: server_totals(&report, &file.script),
+                refused: report.refusals.total(),
+            }
+        }
+        _ => {
+            terminated().await;
+            spawned.node.shutdown().await?;
+            NodeOutcome::Coordinator
+        }
+    };
+    transport.shutdown().await;
+    Ok(outcome)
+}
+
+/// Per key index of the script, what a stopped server holds (zeros for keys it does not own).
+pub fn server_totals(report: &NodeReport<Driver<i64>>, script: &Script) -> Vec<i64> {
+    let Some(server) = report.node.node().as_server() else {
+        return Vec::new();
+    };
+    (0..script.keys)
+        .map(|k| server.received_total(script.key(k))[0])
+        .collect()
+}
+
+async fn terminated() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// A whole cluster in one process.
+#[derive(Clone, Debug)]
+pub struct LocalOptions {
+    /// Servers.
+    pub servers: usize,
+    /// Workers.
+    pub workers: usize,
+    /// The consistency model.
+    pub consistency: Consistency,
+    /// The workers' script.
+    pub script: Script,
+    /// Probability that the in-memory network loses a frame.
+    pub drop: f64,
+    /// Probability that it delivers a frame twice.
+    pub dup: f64,
+    /// Seed of the network's faults and the workers' jitter.
+    pub seed: u64,
+    /// Largest frame, in bytes.
+    pub max_frame: usize,
+    /// Largest slice, in bytes.
+    pub max_slice_bytes: usize,
+}
+
+/// What a local run ended with.
+#[derive(Debug)]
+pub struct LocalOutcome {
+    /// Each worker's summary, in node order.
+    pub workers: Vec<WorkerSummary>,
+    /// Per key index, the total over all servers.
+    pub totals: Vec<i64>,
+    /// Per key index, what the workers pushed.
+    pub expected: Vec<i64>,
+    /// Wall-clock seconds.
+    pub secs: f64,
+    /// Messages the nodes refused.
+    pub refused: u64,
+}
+
+impl LocalOutcome {
+    /// True when every server total is exactly what the workers pushed.
+    pub fn exact(&self) -> bool {
+        self.totals == self.expected
+    }
+}
+
+/// Runs the script on a whole cluster in this process and collects the servers' totals.
+pub async fn run_local(opts: &LocalOptions) -> Result<LocalOutcome, RunError> {
+    let start = Instant::now();
+    let mut spec = ClusterSpec::new(opts.servers, opts.workers);
+    spec.consistency = opts.consistency;
+    spec.seed = opts.seed;
+    spec.max_frame = opts.max_frame;
+    spec.max_slice_bytes = opts.max_slice_bytes;
+    let faults = MemFaults::default()
+        .with_drop(opts.drop)
+        .with_dup(opts.dup)
+        .with_seed(opts.seed);
+    let network = MemNetwork::new(faults);
+    let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &network)?;
+    let ids: Vec<NodeId> = spec.layout().workers().collect();
+    let runs = ids.iter().zip(&cluster.workers).map(|(&id, handle)| {
+        let handle: WorkerHandle<i64> = handle.clone();
+        let script = opts.script;
+        tokio::spawn(async move { script.run(id, &handle).await })
+    });
+    let runs: Vec<_> = runs.collect();
+    let mut workers = Vec::new();
+    for run in runs {
+        let summary = run.await.map_err(|_| RuntimeError::ShutDown)??;
+        workers.push(summary);
+    }
+    let report = cluster.shutdown().await?;
+    let mut totals = vec![0i64; opts.script.keys as usize];
+    let mut refused = report.coordinator.refusals.total();
+    for server in &report.servers {
+        refused += server.refusals.total();
+        for (t, v) in totals.iter_mut().zip(server_totals(server, &opts.script)) {
+            *t += v;
+        }
+    }
+    refused += report
+        .workers
+        .iter()
+        .map(|w| w.refusals.total())
+        .sum::<u64>();
+    Ok(LocalOutcome {
+        workers,
+        expected: opts.script.expected_totals(ids),
+        totals,
+        secs: start.elapsed().as_secs_f64(),
+        refused,
+    })
+}
+
+/// Where a server writes its totals on exit, one `key_index total` line per key it holds.
+pub fn dump_totals(path: &PathBuf, totals: &[i64]) -> std::io::Result<()> {
+    let text: String = totals
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| **t != 0)
+        .map(|(k, t)| format!("{k} {t}\n"))
+        .collect();
+    std::fs::write(path, text)
+}

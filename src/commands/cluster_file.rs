@@ -1,0 +1,434 @@
+//! The cluster file: one TOML file naming every node's address, the consistency model, the ring
+//! and the job, shared by every process of a cluster.
+//!
+//! ```toml
+//! cluster_id = "demo"
+//! consistency = "bounded:2"
+//! secret_file = "secret.key"   # relative to this file; or set PSERVER_SECRET instead
+//!
+//! [ring]
+//! vnodes = 64
+//! seed = 0
+//!
+//! [job]
+//! keys = 1000
+//! iterations = 20
+//!
+//! [[node]]
+//! id = 0
+//! role = "coordinator"
+//! address = "127.0.0.1:7400"
+//! # then the servers (ids 1..=S), then the workers
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pserver_core::{Consistency, NodeId, Role};
+use pserver_transport::runtime::ClusterSpec;
+use pserver_transport::tcp::{Secret, TcpConfig};
+use serde::Deserialize;
+use thiserror::Error;
+
+use super::script::Script;
+
+/// The environment variable that may carry the secret instead of a file.
+pub const SECRET_ENV: &str = "PSERVER_SECRET";
+
+/// Why a cluster file cannot be used. Every message names the file and, where there is one,
+/// the field.
+#[derive(Debug, Error)]
+pub enum ClusterFileError {
+    /// The file could not be read.
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML of the expected shape.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (with line and column).
+        message: String,
+    },
+    /// A field has a value that cannot work.
+    #[error("{path}: {field}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The field.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// No secret was given.
+    #[error(
+        "{path}: no secret: set secret_file in the cluster file or the {SECRET_ENV} environment variable (never on the command line)"
+    )]
+    NoSecret {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The secret file could not be read.
+    #[error("{path}: secret_file {secret}: cannot read: {source}")]
+    SecretFile {
+        /// The cluster file.
+        path: PathBuf,
+        /// The secret file.
+        secret: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    cluster_id: String,
+    #[serde(default = "default_consistency")]
+    consistency: String,
+    secret_file: Option<PathBuf>,
+    #[serde(default = "default_transport")]
+    transport: String,
+    #[serde(default)]
+    ring: RawRing,
+    #[serde(default)]
+    job: RawJob,
+    #[serde(rename = "node", default)]
+    nodes: Vec<RawNode>,
+}
+
+fn default_consistency() -> String {
+    "sequential".into()
+}
+
+fn default_transport() -> String {
+    "tcp".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRing {
+    #[serde(default = "default_vnodes")]
+    vnodes: u32,
+    #[serde(default)]
+    seed: u64,
+}
+
+fn default_vnodes() -> u32 {
+    64
+}
+
+impl Default for RawRing {
+    fn default() -> Self {
+        RawRing {
+            vnodes: default_vnodes(),
+            seed: 0,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJob {
+    #[serde(default = "default_keys")]
+    keys: u64,
+    #[serde(default = "default_iterations")]
+    iterations: u32,
+    #[serde(default)]
+    compute_ms: u64,
+}
+
+fn default_keys() -> u64 {
+    1000
+}
+
+fn default_iterations() -> u32 {
+    20
+}
+
+impl Default for RawJob {
+    fn default() -> Self {
+        RawJob {
+            keys: default_keys(),
+            iterations: default_iterations(),
+            compute_ms: 0,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNode {
+    id: u32,
+    role: String,
+    address: String,
+}
+
+/// A validated cluster file.
+#[derive(Clone, Debug)]
+pub struct ClusterFile {
+    /// Where it was read from.
+    pub path: PathBuf,
+    /// The cluster's name; nodes of another cluster are refused.
+    pub cluster_id: String,
+    /// The job's shape.
+    pub spec: ClusterSpec,
+    /// The workers' script.
+    pub script: Script,
+    /// Every node's address, by id.
+    pub addresses: BTreeMap<NodeId, SocketAddr>,
+    /// Every node's role, by id.
+    pub roles: BTreeMap<NodeId, Role>,
+    secret_file: Option<PathBuf>,
+}
+
+impl ClusterFile {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ClusterFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ClusterFileError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Validates the text of a cluster file read from `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ClusterFileError> {
+        let raw: Raw = toml::from_str(text).map_err(|e| ClusterFileError::Parse {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().replace('\n', " "),
+        })?;
+        let invalid = |field: &str, message: String| ClusterFileError::Invalid {
+            path: path.to_owned(),
+            field: field.to_owned(),
+            message,
+        };
+        let consistency: Consistency = raw
+            .consistency
+            .parse()
+            .map_err(|e| invalid("consistency", format!("{e}")))?;
+        if raw.transport != "tcp" {
+            return Err(invalid(
+                "transport",
+                format!(
+                    "`{}` is not a transport for separate processes: use \"tcp\" (`pserver local` runs the in-memory one)",
+                    raw.transport
+                ),
+            ));
+        }
+        if raw.cluster_id.is_empty() || raw.cluster_id.len() > 256 {
+            return Err(invalid("cluster_id", "must be 1 to 256 bytes long".into()));
+        }
+        let mut addresses = BTreeMap::new();
+        let mut roles = BTreeMap::new();
+        for (i, node) in raw.nodes.iter().enumerate() {
+            let field = |name: &str| format!("node[{i}].{name}");
+            let role = match node.role.as_str() {
+                "coordinator" => Role::Coordinator,
+                "server" => Role::Server,
+                "worker" => Role::Worker,
+                other => {
+                    return Err(invalid(
+                        &field("role"),
+                        format!("`{other}` is not coordinator, server or worker"),
+                    ));
+                }
+            };
+            let address: SocketAddr = node.address.parse().map_err(|_| {
+                invalid(
+                    &field("address"),
+                    format!("`{}` is not an address like 127.0.0.1:7400", node.address),
+                )
+            })?;
+            let id = NodeId(node.id);
+            if addresses.insert(id, address).is_some() {
+                return Err(invalid(
+                    &field("id"),
+                    format!("node id {} appears twice", node.id),
+                ));
+            }
+            roles.insert(id, role);
+        }
+        let count = |r: Role| roles.values().filter(|&&x| x == r).count();
+        let (servers, workers) = (count(Role::Server), count(Role::Worker));
+        if count(Role::Coordinator) != 1 || servers == 0 || workers == 0 {
+            return Err(invalid(
+                "node",
+                format!(
+                    "a cluster needs one coordinator, at least one server and one worker; this one has {}, {servers} and {workers}",
+                    count(Role::Coordinator)
+                ),
+            ));
+        }
+        let mut spec = ClusterSpec::new(servers, workers);
+        spec.consistency = consistency;
+        spec.ring.vnodes = raw.ring.vnodes;
+        spec.ring.seed = raw.ring.seed;
+        let layout = spec.layout();
+        let expected = std::iter::once((layout.coordinator(), Role::Coordinator))
+            .chain(layout.servers().map(|s| (s, Role::Server)))
+            .chain(layout.workers().map(|w| (w, Role::Worker)));
+        for (id, role) in expected {
+            if roles.get(&id) != Some(&role) {
+                return Err(invalid(
+                    "node",
+                    format!(
+                        "node ids must be 0 for the coordinator, 1..={servers} for the servers and {}..={} for the workers; {id} should be a {role}",
+                        servers + 1,
+                        servers + workers
+                    ),
+                ));
+            }
+        }
+        if raw.job.keys == 0 || raw.job.keys > 10_000_000 {
+            return Err(invalid("job.keys", "must be between 1 and 10000000".into()));
+        }
+        spec.driver::<i64>(layout.coordinator())
+            .map_err(|e| invalid("ring", e.to_string()))?;
+        let script = Script {
+            keys: raw.job.keys,
+            iterations: raw.job.iterations,
+            compute: Duration::from_millis(raw.job.compute_ms),
+        };
+        let secret_file = raw.secret_file.map(|f| match path.parent() {
+            Some(dir) if f.is_relative() => dir.join(f),
+            _ => f,
+        });
+        Ok(ClusterFile {
+            path: path.to_owned(),
+            cluster_id: raw.cluster_id,
+            spec,
+            script,
+            addresses,
+            roles,
+            secret_file,
+        })
+    }
+
+    /// The shared secret: the environment variable if set, else the secret file.
+    pub fn secret(&self) -> Result<Secret, ClusterFileError> {
+        if let Some(s) = std::env::var_os(SECRET_ENV).filter(|s| !s.is_empty()) {
+            return Ok(Secret::new(s.into_encoded_bytes()));
+        }
+        let Some(file) = &self.secret_file else {
+            return Err(ClusterFileError::NoSecret {
+                path: self.path.clone(),
+            });
+        };
+        let bytes = std::fs::read(file).map_err(|source| ClusterFileError::SecretFile {
+            path: self.path.clone(),
+            secret: file.clone(),
+            source,
+        })?;
+        let trimmed = bytes.trim_ascii().to_vec();
+        if trimmed.is_empty() {
+            return Err(ClusterFileError::Invalid {
+                path: self.path.clone(),
+                field: "secret_file".into(),
+                message: format!("{} is empty", file.display()),
+            });
+        }
+        Ok(Secret::new(trimmed))
+    }
+
+    /// The TCP transport's configuration for node `id`.
+    pub fn tcp(&self, id: NodeId) -> Result<TcpConfig, ClusterFileError> {
+        let listen = *self
+            .addresses
+            .get(&id)
+            .ok_or_else(|| ClusterFileError::Invalid {
+                path: self.path.clone(),
+                field: "node".into(),
+                message: format!("there is no node with id {}", id.0),
+            })?;
+        let mut cfg = TcpConfig::new(
+            id,
+            listen,
+            self.addresses.clone(),
+            self.cluster_id.clone(),
+            self.secret()?,
+        );
+        cfg.max_frame = self.spec.max_frame + 64;
+        Ok(cfg)
+    }
+
+    /// The role of node `id`, or an error naming the file.
+    pub fn role(&self, id: NodeId) -> Result<Role, ClusterFileError> {
+        self.roles
+            .get(&id)
+            .copied()
+            .ok_or_else(|| ClusterFileError::Invalid {
+                path: self.path.clone(),
+                field: "node".into(),
+                message: format!("there is no node with id {}", id.0),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+cluster_id = "t"
+consistency = "bounded:2"
+secret_file = "s.key"
+[job]
+keys = 10
+iterations = 3
+[[node]]
+id = 0
+role = "coordinator"
+address = "127.0.0.1:7400"
+[[node]]
+id = 1
+role = "server"
+address = "127.0.0.1:7401"
+[[node]]
+id = 2
+role = "worker"
+address = "127.0.0.1:7402"
+"#;
+
+    fn parse(text: &str) -> Result<ClusterFile, ClusterFileError> {
+        ClusterFile::parse(Path::new("/etc/pserver/c.toml"), text)
+    }
+
+    #[test]
+    fn a_good_file_gives_the_job_and_every_address() {
+        let f = parse(GOOD).unwrap();
+        assert_eq!(f.spec.consistency, Consistency::BoundedDelay(2));
+        assert_eq!((f.spec.servers, f.spec.workers), (1, 1));
+        assert_eq!(f.script.iterations, 3);
+        assert_eq!(f.addresses.len(), 3);
+        assert_eq!(f.secret_file, Some(PathBuf::from("/etc/pserver/s.key")));
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_field() {
+        let bad_role = GOOD.replace("\"server\"", "\"sever\"");
+        let e = parse(&bad_role).unwrap_err().to_string();
+        assert!(
+            e.starts_with("/etc/pserver/c.toml: node[1].role: `sever`"),
+            "{e}"
+        );
+        let bad_addr = GOOD.replace("127.0.0.1:7402", "localhost");
+        let e = parse(&bad_addr).unwrap_err().to_string();
+        assert!(e.contains("node[2].address"), "{e}");
+        let bad_consistency = GOOD.replace("bounded:2", "bounded");
+        let e = parse(&bad_consistency).unwrap_err().to_string();
+        assert!(e.contains("c.toml: consistency:"), "{e}");
+        let e = parse("cluster_id = 3").unwrap_err().to_string();
+        assert!(e.contains("c.toml:") && e.contains("line 1"), "{e}");
+        let swapped = GOOD.replace("id = 1", "id = 9");
+        let e = parse(&swapped).unwrap_err().to_string();
+        assert!(e.contains("node ids must be"), "{e}");
+    }
+}

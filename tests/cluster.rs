@@ -1,0 +1,300 @@
+//! Whole clusters: separate processes over loopback TCP, and one process over the in-memory
+//! transport with faults. Both run the script (pull, compute, push, advance) and check that
+//! every server ends with exactly what the workers pushed.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use pserver::commands::cluster::{LocalOptions, run_local};
+use pserver::commands::script::Script;
+use pserver::core::{Consistency, NodeId};
+
+const SERVERS: u32 = 2;
+const WORKERS: u32 = 3;
+const KEYS: u64 = 1000;
+const ITERATIONS: u32 = 20;
+
+/// Children killed when the test ends, however it ends.
+struct Children(Vec<(String, Child)>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn write_cluster_file(dir: &Path, ports: &[u16], consistency: &str) -> PathBuf {
+    let mut text = format!(
+        "cluster_id = \"test\"\nconsistency = \"{consistency}\"\nsecret_file = \"secret.key\"\n\n[job]\nkeys = {KEYS}\niterations = {ITERATIONS}\n"
+    );
+    for (id, port) in ports.iter().enumerate() {
+        let role = match id as u32 {
+            0 => "coordinator",
+            i if i <= SERVERS => "server",
+            _ => "worker",
+        };
+        text +=
+            &format!("\n[[node]]\nid = {id}\nrole = \"{role}\"\naddress = \"127.0.0.1:{port}\"\n");
+    }
+    let path = dir.join("cluster.toml");
+    std::fs::write(&path, text).expect("write the cluster file");
+    path
+}
+
+fn pserver(args: &[&str]) -> Command {
+    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("pserver"));
+    cmd.args(args)
+        .env_remove("PSERVER_SECRET")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+fn wait_for(child: &mut Child, deadline: Instant, what: &str) {
+    while child.try_wait().expect("poll a child").is_none() {
+        assert!(Instant::now() < deadline, "{what} did not finish in time");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn finish(mut child: Child) -> Output {
+    child.kill().ok();
+    child.wait_with_output().expect("collect a child's output")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Writes hostile bytes to `port` until it has tried each kind once: random garbage, a 4 GiB
+/// length prefix, half of a hello.
+fn attack(port: u16) {
+    let payloads: [Vec<u8>; 3] = [
+        (0..4096u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect(),
+        u32::MAX.to_le_bytes().to_vec(),
+        b"PSRVTCP1\x01".to_vec(),
+    ];
+    for payload in payloads {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+                let _ = s.write_all(&payload);
+                break;
+            }
+            assert!(Instant::now() < deadline, "server port never opened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
+    let dir = std::env::temp_dir().join(format!("pserver-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
+    let ports: Vec<u16> = (0..=SERVERS + WORKERS).map(|_| free_port()).collect();
+    let config = write_cluster_file(&dir, &ports, "bounded:2");
+    let config_arg = config.to_str().unwrap();
+    let mut children = Children(Vec::new());
+    let mut start = |role: &str, id: u32, extra: &[&str]| {
+        let id_arg = id.to_string();
+        let mut args = vec![role, "--config", config_arg, "--id", &id_arg];
+        args.extend_from_slice(extra);
+        let child = pserver(&args).spawn().expect("start a node");
+        children.0.push((format!("{role} {id}"), child));
+    };
+    let dumps: Vec<PathBuf> = (1..=SERVERS)
+        .map(|s| dir.join(format!("server{s}.totals")))
+        .collect();
+    start("coordinator", 0, &[]);
+    for s in 1..=SERVERS {
+        let dump = dumps[s as usize - 1].to_str().unwrap().to_owned();
+        start("server", s, &["--dump", &dump]);
+    }
+    // Garbage on a server's port while the job starts: it must cost only those connections.
+    attack(ports[1]);
+    for w in SERVERS + 1..=SERVERS + WORKERS {
+        start("worker", w, &[]);
+    }
+    // A node with the wrong secret tries to join, from an address of its own.
+    let mut intruder_ports = ports.clone();
+    intruder_ports[SERVERS as usize + 1] = free_port();
+    let intruder_dir = dir.join("intruder");
+    std::fs::create_dir_all(&intruder_dir).unwrap();
+    std::fs::write(intruder_dir.join("secret.key"), "not-the-secret\n").unwrap();
+    let intruder_config = write_cluster_file(&intruder_dir, &intruder_ports, "bounded:2");
+    let id_arg = (SERVERS + 1).to_string();
+    let intruder = pserver(&[
+        "worker",
+        "--config",
+        intruder_config.to_str().unwrap(),
+        "--id",
+        &id_arg,
+        "--join-timeout-secs",
+        "3",
+    ])
+    .spawn()
+    .expect("start the intruder");
+
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let intruder = {
+        let mut intruder = intruder;
+        wait_for(&mut intruder, deadline, "the intruder");
+        finish(intruder)
+    };
+    assert_eq!(
+        intruder.status.code(),
+        Some(2),
+        "{}",
+        text(&intruder.stderr)
+    );
+    assert!(
+        text(&intruder.stderr).contains("could not join the cluster"),
+        "{}",
+        text(&intruder.stderr)
+    );
+    let first_worker = 1 + SERVERS as usize;
+    for (name, child) in &mut children.0[first_worker..] {
+        wait_for(child, deadline, name);
+    }
+    for (name, child) in children.0.drain(first_worker..) {
+        let out = finish(child);
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains(&format!("iterations={ITERATIONS}")),
+            "{name}: {}",
+            text(&out.stdout)
+        );
+    }
+    // The job is done: stop servers and coordinator as an operator would.
+    for (_, child) in &children.0 {
+        let status = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+    let mut stopped = Vec::new();
+    for (name, mut child) in children.0.drain(..) {
+        wait_for(&mut child, deadline, &name);
+        stopped.push((name, child.wait_with_output().expect("output")));
+    }
+    for (name, out) in &stopped {
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+    }
+    let coordinator_log = text(&stopped[0].1.stderr);
+    assert!(
+        coordinator_log.contains("authentication failed: wrong secret"),
+        "the coordinator does not say why it refused the intruder:\n{coordinator_log}"
+    );
+
+    let mut totals: BTreeMap<u64, i64> = BTreeMap::new();
+    for dump in &dumps {
+        for line in std::fs::read_to_string(dump)
+            .expect("a server dump")
+            .lines()
+        {
+            let (k, v) = line.split_once(' ').expect("key total");
+            *totals.entry(k.parse().unwrap()).or_default() += v.parse::<i64>().unwrap();
+        }
+    }
+    let script = Script {
+        keys: KEYS,
+        iterations: ITERATIONS,
+        compute: Duration::ZERO,
+    };
+    let workers = (SERVERS + 1..=SERVERS + WORKERS).map(NodeId);
+    let expected: BTreeMap<u64, i64> = script
+        .expected_totals(workers)
+        .into_iter()
+        .enumerate()
+        .map(|(k, t)| (k as u64, t))
+        .collect();
+    assert_eq!(totals, expected);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn one_process_over_a_lossy_duplicating_network_ends_with_the_same_exact_totals() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let opts = LocalOptions {
+        servers: SERVERS as usize,
+        workers: WORKERS as usize,
+        consistency: Consistency::BoundedDelay(2),
+        script: Script {
+            keys: KEYS,
+            iterations: ITERATIONS,
+            compute: Duration::ZERO,
+        },
+        drop: 0.1,
+        dup: 0.05,
+        seed: 7,
+        max_frame: pserver::core::DEFAULT_MAX_FRAME,
+        max_slice_bytes: pserver::core::DEFAULT_MAX_SLICE_BYTES,
+    };
+    let outcome = rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(120), run_local(&opts)).await })
+        .expect("the run finishes")
+        .expect("the run succeeds");
+    assert_eq!(outcome.workers.len(), WORKERS as usize);
+    assert!(outcome.workers.iter().all(|w| w.iterations == ITERATIONS));
+    assert_eq!(outcome.totals, outcome.expected);
+    assert!(outcome.expected.iter().all(|&t| t > 0));
+}
+
+#[test]
+fn a_bad_cluster_file_or_a_port_in_use_is_one_line_and_status_2() {
+    let dir = std::env::temp_dir().join(format!("pserver-badcfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("nope.toml");
+    let out = pserver(&["server", "--config", missing.to_str().unwrap(), "--id", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("nope.toml: cannot read"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let mut ports: Vec<u16> = (0..=SERVERS + WORKERS).map(|_| free_port()).collect();
+    ports[1] = port;
+    let config = write_cluster_file(&dir, &ports, "sequential");
+    std::fs::write(dir.join("secret.key"), "x").unwrap();
+    let out = pserver(&["server", "--config", config.to_str().unwrap(), "--id", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    std::fs::write(&config, "cluster_id = \"t\"\nconsistency = \"soon\"\n").unwrap();
+    let out = pserver(&["worker", "--config", config.to_str().unwrap(), "--id", "3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("cluster.toml: consistency:"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
