@@ -119,7 +119,8 @@ where
                 break;
             }
             if let Some(deadline) = draining {
-                if self.open_requests() == 0 || Instant::now() >= deadline {
+                let idle = self.open_requests() == 0 && !commands_open;
+                if idle || Instant::now() >= deadline {
                     break;
                 }
             }
@@ -127,15 +128,16 @@ where
                 .driver
                 .poll_timeout()
                 .map(|t| self.origin + std::time::Duration::from_nanos(t));
-            let accept = commands_open
-                && draining.is_none()
-                && self.open_requests() < self.cfg.max_open_requests;
+            let accept = commands_open && self.open_requests() < self.cfg.max_open_requests;
             tokio::select! {
                 biased;
                 changed = stop.changed(), if draining.is_none() => {
                     // A dropped stop handle means nobody can stop the node any more: stop now.
                     let _ = changed;
                     draining = Some(Instant::now() + self.cfg.drain_timeout);
+                    // Calls already queued were accepted by their callers' point of view: take
+                    // them, but no new ones.
+                    commands.close();
                     debug!(open = self.open_requests(), "stopping");
                 }
                 received = self.transport.recv() => match received {

@@ -1,0 +1,224 @@
+//! The driver: frames, timers and refusals, and requests cut to fit the wire.
+
+use pserver_core::*;
+
+const COORD: NodeId = NodeId(0);
+const S1: NodeId = NodeId(1);
+const W1: NodeId = NodeId(2);
+const W2: NodeId = NodeId(3);
+
+fn config(workers: &[NodeId], consistency: Consistency) -> ClusterConfig {
+    ClusterConfig {
+        epoch: 1,
+        coordinator: COORD,
+        servers: vec![S1],
+        workers: workers.to_vec(),
+        ring: RingConfig {
+            vnodes: 8,
+            replicas: 0,
+            seed: 0,
+        },
+        consistency,
+    }
+}
+
+fn server(cfg: &ClusterConfig, codec: Codec) -> Driver<i64> {
+    let mut d = Driver::with_codec(
+        Server::new(ServerConfig::new(S1, COORD), Updater::Sum),
+        codec,
+    );
+    d.start_configured(0, cfg.clone());
+    d
+}
+
+fn worker(
+    id: NodeId,
+    cfg: &ClusterConfig,
+    codec: Codec,
+    slice: usize,
+    window: usize,
+) -> Driver<i64> {
+    let mut wc = WorkerConfig::new(id, COORD);
+    wc.max_slice_bytes = slice;
+    wc.max_slices_in_flight = window;
+    let mut d = Driver::with_codec(Worker::new(wc), codec);
+    d.start_configured(0, cfg.clone());
+    d
+}
+
+fn drain_events(d: &mut Driver<i64>) -> Vec<Event<i64>> {
+    std::iter::from_fn(|| d.poll_event()).collect()
+}
+
+#[test]
+fn a_push_far_larger_than_a_frame_is_cut_into_slices_that_fit_and_applied_once() {
+    let codec = Codec::new(8 << 10);
+    let cfg = config(&[W1], Consistency::Eventual);
+    let mut s = server(&cfg, codec);
+    let mut w = worker(W1, &cfg, codec, 4 << 10, 4);
+    let keys: Vec<Key> = (0..20_000).map(|k| k * 3).collect();
+    let values: Vec<i64> = (0..20_000).map(|k| k % 7 + 1).collect();
+    let kvs = KvPairs::new(keys.clone(), values.clone(), 1).unwrap();
+    let id = w.push(0, kvs).unwrap();
+    let mut done = 0;
+    let mut frames = 0;
+    for _ in 0..10_000 {
+        let in_flight = w.node().as_worker().unwrap().slices_in_flight();
+        assert!(in_flight <= 4, "{in_flight} slices on the network");
+        let mut moved = false;
+        while let Some(t) = w.poll_transmit() {
+            assert!(t.frame.len() <= 8 << 10);
+            s.handle_frame(0, W1, &t.frame);
+            frames += 1;
+            moved = true;
+        }
+        while let Some(t) = s.poll_transmit() {
+            w.handle_frame(0, S1, &t.frame);
+            moved = true;
+        }
+        done += drain_events(&mut w)
+            .iter()
+            .filter(|e| **e == Event::PushDone(id))
+            .count();
+        if !moved {
+            break;
+        }
+    }
+    assert_eq!(done, 1);
+    assert!(frames > 20, "only {frames} frames for a 300 KB push");
+    assert_eq!(w.refusals().unencodable, 0);
+    let server = s.node().as_server().unwrap();
+    for (k, v) in keys.iter().zip(&values) {
+        assert_eq!(server.received_total(*k), vec![*v], "key {k}");
+    }
+}
+
+#[test]
+fn a_slice_size_that_does_not_fit_the_frame_is_visible_not_silent() {
+    let codec = Codec::new(1 << 10);
+    let cfg = config(&[W1], Consistency::Eventual);
+    let mut w = worker(W1, &cfg, codec, 64 << 10, 4);
+    let keys: Vec<Key> = (0..5_000).collect();
+    w.push(0, KvPairs::new(keys, vec![1; 5_000], 1).unwrap())
+        .unwrap();
+    while w.poll_transmit().is_some() {}
+    assert!(w.refusals().unencodable > 0);
+    let (to, e) = w.poll_encode_error().expect("the reason is kept");
+    assert_eq!(to, S1);
+    assert!(e.to_string().contains("exceeds the limit"));
+}
+
+#[test]
+fn pushes_never_wait_behind_pulls_that_the_consistency_model_holds() {
+    let codec = Codec::default();
+    let cfg = config(&[W1, W2], Consistency::Sequential);
+    let mut s = server(&cfg, codec);
+    let mut w = worker(W1, &cfg, codec, DEFAULT_MAX_SLICE_BYTES, 2);
+    let exchange = |w: &mut Driver<i64>, s: &mut Driver<i64>| {
+        for _ in 0..100 {
+            let mut moved = false;
+            while let Some(t) = w.poll_transmit() {
+                s.handle_frame(0, W1, &t.frame);
+                moved = true;
+            }
+            while let Some(t) = s.poll_transmit() {
+                // The other worker's traffic is not part of this exchange.
+                if t.to == W1 {
+                    w.handle_frame(0, S1, &t.frame);
+                    moved = true;
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+    };
+    // Iteration 0: push and advance; W1 may enter iteration 1 once its push is acknowledged.
+    w.push(0, KvPairs::new(vec![5], vec![1], 1).unwrap())
+        .unwrap();
+    w.advance(0).unwrap();
+    exchange(&mut w, &mut s);
+    assert!(drain_events(&mut w).contains(&Event::Advanced(1)));
+    // Pulls in iteration 1 wait for W2, which never finishes iteration 0: the window fills.
+    let keys = || KeySelection::Keys(KeyList::new(vec![5]).unwrap());
+    for _ in 0..3 {
+        w.pull(0, keys()).unwrap();
+    }
+    exchange(&mut w, &mut s);
+    assert_eq!(w.node().as_worker().unwrap().slices_in_flight(), 2);
+    assert_eq!(s.node().as_server().unwrap().held_pulls(), 2);
+    let push = w
+        .push(0, KvPairs::new(vec![5], vec![1], 1).unwrap())
+        .unwrap();
+    exchange(&mut w, &mut s);
+    assert!(drain_events(&mut w).contains(&Event::PushDone(push)));
+}
+
+#[test]
+fn refused_input_is_counted_and_reported() {
+    let codec = Codec::default();
+    let cfg = config(&[W1], Consistency::Eventual);
+    let mut s = server(&cfg, codec);
+    drain_events(&mut s);
+
+    s.handle_frame(0, W1, b"\x01\x03garbage");
+    let push = |from: NodeId| {
+        let body = Message::Push(Push {
+            slice: SliceRef {
+                request: 1,
+                slice: 0,
+            },
+            iteration: 0,
+            settled_below: 0,
+            kvs: KvPairs::new(vec![1], vec![1i64], 1).unwrap(),
+        });
+        codec.encode(&Envelope::new(from, S1, 1, body)).unwrap()
+    };
+    // A frame that claims to come from W1 but arrived from another peer.
+    s.handle_frame(0, NodeId(9), &push(W1));
+    // A frame from a node that is not a member.
+    s.handle_frame(0, NodeId(9), &push(NodeId(9)));
+    // A configuration older than the one in force.
+    let old = ClusterConfig {
+        epoch: 0,
+        ..cfg.clone()
+    };
+    s.handle_message(0, Envelope::new(COORD, S1, 0, Message::Config(old)));
+
+    let r = s.refusals();
+    assert_eq!(
+        (r.undecodable, r.spoofed, r.unknown_sender, r.stale_epoch),
+        (1, 1, 1, 1)
+    );
+    assert_eq!(r.total(), 4);
+    let reasons: Vec<Refusal> = drain_events(&mut s)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Refused { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons.len(), 4);
+    assert!(matches!(reasons[0], Refusal::Undecodable(_)));
+    assert_eq!(reasons[1], Refusal::SpoofedSender { claimed: W1 });
+    // Nothing refused was applied.
+    assert_eq!(s.node().as_server().unwrap().received_total(1), vec![0]);
+}
+
+#[test]
+fn timers_fire_only_when_due_and_each_once_per_call() {
+    let cfg = config(&[W1], Consistency::Eventual);
+    let mut w = worker(W1, &cfg, Codec::default(), DEFAULT_MAX_SLICE_BYTES, 4);
+    while w.poll_transmit().is_some() {}
+    w.push(0, KvPairs::new(vec![1], vec![1], 1).unwrap())
+        .unwrap();
+    assert_eq!(w.poll_transmit().map(|t| t.to), Some(S1));
+    let first = w
+        .poll_timeout()
+        .expect("retransmission and heartbeat are set");
+    w.handle_timeout(first - 1);
+    assert!(w.poll_transmit().is_none(), "nothing is due yet");
+    w.handle_timeout(first);
+    assert!(w.poll_transmit().is_some(), "the earliest timer fired");
+    assert!(w.poll_timeout().is_some_and(|t| t > first));
+}
