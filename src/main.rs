@@ -465,9 +465,12 @@ fn sim_command(args: SimArgs) -> ExitCode {
         }
     };
     #[allow(clippy::needless_update)]
-    let base = SimConfig {
+    let protocol = sim::Protocol {
         #[cfg(feature = "mutations")]
         mutation: broken,
+        ..sim::Protocol::default()
+    };
+    let base = SimConfig {
         servers: args.servers as usize,
         workers: args.workers as usize,
         keys: args.keys,
@@ -497,7 +500,7 @@ fn sim_command(args: SimArgs) -> ExitCode {
             args.first_seed,
             args.first_seed + seeds
         );
-        return match sim::tau_sweep(&base, args.first_seed, seeds) {
+        return match sim::tau_sweep(&base, protocol, args.first_seed, seeds) {
             Ok(rows) => {
                 for row in rows {
                     println!(
@@ -524,7 +527,7 @@ fn sim_command(args: SimArgs) -> ExitCode {
         args.first_seed.saturating_add(args.seeds),
         threads
     );
-    let batch = sim::run_seeds(&base, args.first_seed, args.seeds, threads, true);
+    let batch = sim::run_seeds(&base, protocol, args.first_seed, args.seeds, threads, true);
     println!("{}", batch.summary());
     if batch.failures.is_empty() {
         ExitCode::SUCCESS

@@ -1,4 +1,4 @@
-//! Consistency models (DESIGN.md §5.2): how stale a pull may be, and how far ahead a worker may
+//! Consistency models (ARCHITECTURE.md §4): how stale a pull may be, and how far ahead a worker may
 //! run.
 
 use core::fmt;

@@ -1,4 +1,4 @@
-//! Exactly-once bookkeeping for one worker's pushes at one server (DESIGN.md §5.3).
+//! Exactly-once bookkeeping for one worker's pushes at one server (ARCHITECTURE.md §4, exactly-once).
 
 use std::collections::BTreeSet;
 

@@ -20,7 +20,8 @@
 //! - [`Coordinator`], [`Server`], [`Worker`]: the node state machines; they write what they want
 //!   done into [`Effects`].
 //! - [`Node`], [`Driver`]: any node, and the sans-IO driver that carries out its effects.
-//! - [`sim`]: the deterministic simulator that runs whole clusters under faults.
+//! - `sim` (with the `sim` feature): the deterministic simulator that runs whole clusters under
+//!   faults.
 //!
 //! ## Driving nodes
 //!
@@ -69,6 +70,7 @@ mod mutation;
 mod node;
 mod ring;
 mod server;
+#[cfg(feature = "sim")]
 pub mod sim;
 mod slicing;
 mod store;

@@ -1,4 +1,4 @@
-//! The messages nodes exchange (DESIGN.md §5) and the envelope that carries them.
+//! The messages nodes exchange (ARCHITECTURE.md §2) and the envelope that carries them.
 
 use serde::{Deserialize, Serialize};
 

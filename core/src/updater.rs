@@ -1,4 +1,4 @@
-//! Server-side update rules (DESIGN.md §5.6): how a pushed value changes a stored parameter.
+//! Server-side update rules (ARCHITECTURE.md §2): how a pushed value changes a stored parameter.
 
 use core::fmt::Debug;
 use core::hash::{Hash, Hasher};

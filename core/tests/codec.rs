@@ -1,4 +1,4 @@
-//! The wire codec (DESIGN.md §5.8): every message kind round-trips, and bad frames are refused
+//! The wire codec (ARCHITECTURE.md §5): every message kind round-trips, and bad frames are refused
 //! with a typed error.
 
 use proptest::prelude::*;

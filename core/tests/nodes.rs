@@ -1,4 +1,4 @@
-//! The node state machines driven by hand, message by message (DESIGN.md §5.1-5.3, §5.6).
+//! The node state machines driven by hand, message by message (ARCHITECTURE.md §2-4).
 
 use pserver_core::*;
 

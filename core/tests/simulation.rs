@@ -1,5 +1,5 @@
 //! Whole clusters under faults in the deterministic simulator, one test per invariant of
-//! DESIGN.md §5. Every run checks every invariant after every step; each test stresses the
+//! ARCHITECTURE.md §4. Every run checks every invariant after every step; each test stresses the
 //! faults its invariant is most exposed to. Together they run over 1,000 faulty seeds.
 
 use pserver_core::Consistency;
@@ -196,12 +196,11 @@ fn the_simulator_catches_every_mutation() {
     ] {
         let caught = (0..20)
             .filter_map(|seed| {
-                run(&SimConfig {
-                    mutation: Some(mutation),
+                let cfg = SimConfig {
                     time_limit: 60_000 * MS,
                     ..faulty(seed, Consistency::Sequential, faults)
-                })
-                .err()
+                };
+                pserver_core::sim::run_mutated(&cfg, mutation).err()
             })
             .filter(|f| f.invariant == invariant)
             .count();

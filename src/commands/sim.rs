@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pserver_core::Consistency;
-use pserver_core::sim::{MS, SimConfig, SimFailure, run};
+use pserver_core::sim::{MS, SimConfig, SimFailure, SimReport, run};
 use pserver_transport::sync::{AtomicU64, Mutex, Ordering, Tickets};
 
 /// The outcome of running a range of seeds.
@@ -33,10 +33,31 @@ impl Batch {
     }
 }
 
+/// Which protocol the simulated nodes run: the real one, or (in a build with the `mutations`
+/// feature) a deliberately broken one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Protocol {
+    /// The mechanism switched off, if any.
+    #[cfg(feature = "mutations")]
+    pub mutation: Option<pserver_core::Mutation>,
+}
+
+impl Protocol {
+    /// Runs one simulation of `cfg` under this protocol.
+    pub fn run(&self, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
+        #[cfg(feature = "mutations")]
+        if let Some(m) = self.mutation {
+            return pserver_core::sim::run_mutated(cfg, m);
+        }
+        run(cfg)
+    }
+}
+
 /// Runs seeds `first..first + seeds` of `base` on `threads` threads, showing progress on stderr
 /// when `progress` is set. Failures come back sorted by seed.
 pub fn run_seeds(
     base: &SimConfig,
+    protocol: Protocol,
     first: u64,
     seeds: u64,
     threads: usize,
@@ -60,7 +81,7 @@ pub fn run_seeds(
         for _ in 0..threads.max(1) {
             scope.spawn(|| {
                 while let Some(seed) = tickets.claim() {
-                    match run(&SimConfig {
+                    match protocol.run(&SimConfig {
                         seed,
                         ..base.clone()
                     }) {
@@ -113,12 +134,17 @@ pub fn sweep_models() -> Vec<Consistency> {
 
 /// Runs `base` under every model of [`sweep_models`] for seeds `first..first + seeds` and
 /// averages finish time and idle fraction. Fails on the first broken invariant.
-pub fn tau_sweep(base: &SimConfig, first: u64, seeds: u64) -> Result<Vec<SweepRow>, SimFailure> {
+pub fn tau_sweep(
+    base: &SimConfig,
+    protocol: Protocol,
+    first: u64,
+    seeds: u64,
+) -> Result<Vec<SweepRow>, SimFailure> {
     let mut rows = Vec::new();
     for consistency in sweep_models() {
         let (mut finish, mut idle) = (0.0, 0.0);
         for seed in first..first + seeds.max(1) {
-            let report = run(&SimConfig {
+            let report = protocol.run(&SimConfig {
                 seed,
                 consistency,
                 ..base.clone()
@@ -158,7 +184,7 @@ mod tests {
             },
             ..SimConfig::default()
         };
-        let batch = run_seeds(&base, 5, 8, 2, false);
+        let batch = run_seeds(&base, Protocol::default(), 5, 8, 2, false);
         assert_eq!(batch.seeds, 8);
         assert!(batch.failures.is_empty());
         assert!(batch.steps > 0);
@@ -168,7 +194,7 @@ mod tests {
             time_limit: MS,
             ..base
         };
-        let batch = run_seeds(&hopeless, 0, 3, 2, false);
+        let batch = run_seeds(&hopeless, Protocol::default(), 0, 3, 2, false);
         let seeds: Vec<u64> = batch.failures.iter().map(|f| f.seed).collect();
         assert_eq!(seeds, vec![0, 1, 2]);
     }
@@ -181,7 +207,7 @@ mod tests {
             iterations: 20,
             ..SimConfig::default()
         };
-        let rows = tau_sweep(&base, 0, 3).unwrap();
+        let rows = tau_sweep(&base, Protocol::default(), 0, 3).unwrap();
         let labels: Vec<String> = rows.iter().map(|r| tau_label(r.consistency)).collect();
         assert_eq!(labels, ["0", "1", "2", "4", "8", "inf"]);
         let sequential = &rows[0];

@@ -190,6 +190,16 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         self.codec
     }
 
+    /// Runs a deliberately broken protocol (see [`crate::Mutation`]); a coordinator has none.
+    #[cfg(feature = "mutations")]
+    pub fn set_mutation(&mut self, mutation: Option<crate::Mutation>) {
+        match &mut self.node {
+            Node::Server(s) => s.set_mutation(mutation),
+            Node::Worker(w) => w.set_mutation(mutation),
+            Node::Coordinator(_) => {}
+        }
+    }
+
     /// Refused input so far.
     pub fn refusals(&self) -> Refusals {
         self.refusals

@@ -24,6 +24,8 @@ mod world;
 pub use network::Faults;
 pub use rng::SimRng;
 pub use world::run;
+#[cfg(feature = "mutations")]
+pub use world::run_mutated;
 
 use core::fmt;
 
@@ -65,9 +67,6 @@ pub struct SimConfig {
     pub time_limit: Time,
     /// Ring shape.
     pub ring: RingConfig,
-    /// Run a deliberately broken protocol on every server and worker.
-    #[cfg(feature = "mutations")]
-    pub mutation: Option<crate::mutation::Mutation>,
 }
 
 impl Default for SimConfig {
@@ -91,8 +90,6 @@ impl Default for SimConfig {
                 replicas: 0,
                 seed: 0,
             },
-            #[cfg(feature = "mutations")]
-            mutation: None,
         }
     }
 }
@@ -128,10 +125,6 @@ impl SimConfig {
         }
         if !self.wire {
             cmd += " --no-wire";
-        }
-        #[cfg(feature = "mutations")]
-        if let Some(m) = self.mutation {
-            cmd += &format!(" --mutation {m}");
         }
         if self.time_limit != SimConfig::default().time_limit {
             cmd += &format!(" --time-limit-ms {}", self.time_limit / MS);

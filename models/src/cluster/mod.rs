@@ -1,7 +1,7 @@
 //! The whole protocol as a stateright actor model: a coordinator, servers and workers, each an
 //! adapter over the core's own node, on an ordered or a lossy network, with optional crashes.
 //!
-//! Properties, named as in DESIGN.md:
+//! Properties, named as in ARCHITECTURE.md §4:
 //!
 //! - `exactly-once` (always): every key's total on the servers lies between the pushes
 //!   acknowledged and the pushes issued.

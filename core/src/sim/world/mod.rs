@@ -100,6 +100,8 @@ struct World<'a> {
     ledger: Ledger,
     /// The servers never change during a run, so neither does the ring.
     ring: Ring,
+    /// The command that replays this run.
+    replay: String,
 }
 
 /// Runs one simulation to its end, checking every invariant after every step.
@@ -112,6 +114,22 @@ struct World<'a> {
 /// ```
 pub fn run(cfg: &SimConfig) -> Result<SimReport, SimFailure> {
     let mut world = World::new(cfg)?;
+    world.start()?;
+    world.run()
+}
+
+/// Runs one simulation with a deliberately broken protocol on every server and worker, to see
+/// the invariant checks catch it. A failure's replay command names the mutation.
+#[cfg(feature = "mutations")]
+pub fn run_mutated(
+    cfg: &SimConfig,
+    mutation: crate::mutation::Mutation,
+) -> Result<SimReport, SimFailure> {
+    let mut world = World::new(cfg)?;
+    for d in world.nodes.values_mut() {
+        d.set_mutation(Some(mutation));
+    }
+    world.replay = format!("{} --mutation {mutation}", world.replay);
     world.start()?;
     world.run()
 }
@@ -142,21 +160,13 @@ impl<'a> World<'a> {
         for id in cfg.server_ids() {
             let mut sc = ServerConfig::new(id, cfg.coordinator_id());
             sc.timing = timing;
-            #[allow(unused_mut)]
-            let mut server = Server::new(sc, Updater::Sum);
-            #[cfg(feature = "mutations")]
-            server.set_mutation(cfg.mutation);
-            nodes.insert(id, Driver::new(server));
+            nodes.insert(id, Driver::new(Server::new(sc, Updater::Sum)));
         }
         for id in cfg.worker_ids() {
             let mut wc = WorkerConfig::new(id, cfg.coordinator_id());
             wc.timing = timing;
             wc.seed = cfg.seed;
-            #[allow(unused_mut)]
-            let mut worker = Worker::new(wc);
-            #[cfg(feature = "mutations")]
-            worker.set_mutation(cfg.mutation);
-            nodes.insert(id, Driver::new(worker));
+            nodes.insert(id, Driver::new(Worker::new(wc)));
         }
         let apps = cfg.worker_ids().map(|id| (id, App::default())).collect();
         let ring = Ring::new(cfg.server_ids(), cfg.ring).map_err(|e| setup_failure(cfg, e))?;
@@ -173,6 +183,7 @@ impl<'a> World<'a> {
             apps,
             ledger: Ledger::new(cfg.keys as usize),
             ring,
+            replay: cfg.replay_command(),
         })
     }
 
@@ -212,7 +223,7 @@ impl<'a> World<'a> {
             step: self.steps,
             at: self.now,
             detail,
-            replay: self.cfg.replay_command(),
+            replay: self.replay.clone(),
         }
     }
 
