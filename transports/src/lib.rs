@@ -1,9 +1,14 @@
 //! # pserver-transport
 //!
-//! How frames move between pserver nodes. The protocol core never touches the network: it hands
-//! out encoded frames addressed to a [`NodeId`](pserver_core::NodeId) and takes in frames from
-//! one. A [`Transport`] carries them; in-memory, TCP and UDP adapters implement it, and a runtime
-//! drives core nodes over any of them.
+//! How frames move between pserver nodes. The protocol core never touches the network: its
+//! `Driver` hands out encoded frames addressed to a [`NodeId`] and takes in frames from one. A
+//! [`Transport`] carries them:
+//!
+//! - [`mem`]: tokio channels inside one process, with seeded faults;
+//! - [`tcp`]: authenticated TCP connections between processes;
+//! - [`runtime`]: one event loop per node over any transport, and the application's handles.
+//!
+//! ARCHITECTURE.md §6 describes how they fit together.
 
 pub mod mem;
 #[cfg(not(loom))]

@@ -1,9 +1,10 @@
 //! A deterministic simulator: a whole cluster — coordinator, servers and workers running a
 //! scripted workload — on virtual time, with faults drawn from one seed.
 //!
-//! The simulator drives the very structs a deployment runs ([`Coordinator`], [`Server`],
-//! [`Worker`]), passes every message through the wire codec, and checks the protocol's invariants
-//! after every step:
+//! The simulator drives the very structs a deployment runs ([`crate::Coordinator`],
+//! [`crate::Server`], [`crate::Worker`]), each through the [`crate::Driver`] every deployment
+//! uses, passes every message through the wire codec, and checks the protocol's invariants after
+//! every step:
 //!
 //! - **staleness**: a pull issued in iteration `c` sees every push of every live worker for the
 //!   iterations below `c - tau`;
