@@ -128,11 +128,16 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
         let dump = dumps[s as usize - 1].to_str().unwrap().to_owned();
         start("server", s, &["--dump", &dump]);
     }
-    // Garbage on a server's port while the job starts: it must cost only those connections.
-    attack(ports[1]);
     for w in SERVERS + 1..=SERVERS + WORKERS {
         start("worker", w, &[]);
     }
+    // Garbage on a server's port while the workers use it: it must cost only those connections.
+    let server_port = ports[1];
+    let attacker = std::thread::spawn(move || {
+        for _ in 0..5 {
+            attack(server_port);
+        }
+    });
     // A node with the wrong secret tries to join, from an address of its own.
     let mut intruder_ports = ports.clone();
     intruder_ports[SERVERS as usize + 1] = free_port();
@@ -154,6 +159,7 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
     .expect("start the intruder");
 
     let deadline = Instant::now() + Duration::from_secs(120);
+    attacker.join().expect("the attack ran");
     let intruder = {
         let mut intruder = intruder;
         wait_for(&mut intruder, deadline, "the intruder");
