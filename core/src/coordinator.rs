@@ -225,6 +225,7 @@ impl Coordinator {
             ring: self.cfg.ring,
             consistency: self.cfg.consistency,
         });
+        out.emit(Event::Ready { epoch: 1 });
         self.broadcast(out);
     }
 

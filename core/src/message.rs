@@ -91,6 +91,17 @@ pub struct BadRangeList {
 }
 
 impl RangeList {
+    /// The parts of these ranges at or above `from`.
+    pub fn from_key(&self, from: Key) -> RangeList {
+        let ranges = self
+            .0
+            .iter()
+            .filter(|r| r.end() > from)
+            .filter_map(|r| KeyRange::new(r.start().max(from), r.end()).ok())
+            .collect();
+        RangeList(ranges)
+    }
+
     /// Validates that the ranges are non-empty, sorted and disjoint.
     pub fn new(ranges: Vec<KeyRange>) -> Result<Self, BadRangeList> {
         for (index, r) in ranges.iter().enumerate() {
@@ -186,6 +197,9 @@ pub struct PullReply<V: Value> {
     pub complete_below: Iteration,
     /// The values, in key order.
     pub kvs: KvPairs<V>,
+    /// `None`: the answer is whole. `Some(k)`: the answer to a range pull was too large for one
+    /// message and covers only the keys below `k`; the worker asks again from `k` on.
+    pub resume: Option<Key>,
 }
 
 /// Which of a worker's requests a server has applied, replicated and transferred with the data

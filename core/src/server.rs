@@ -34,17 +34,27 @@ pub struct ServerConfig {
     pub width: usize,
     /// Timeouts and intervals.
     pub timing: Timing,
+    /// Largest answer, in bytes of keys and values, to a pull of key ranges; a larger answer is
+    /// sent in parts (see [`PullReply::resume`]). Keep it below the codec's frame limit.
+    pub max_reply_bytes: usize,
 }
 
 impl ServerConfig {
-    /// A server of width 1 with default timing.
+    /// A server of width 1 with default timing and reply size.
     pub fn new(id: NodeId, coordinator: NodeId) -> Self {
         ServerConfig {
             id,
             coordinator,
             width: 1,
             timing: Timing::default(),
+            max_reply_bytes: crate::worker::DEFAULT_MAX_SLICE_BYTES,
         }
+    }
+
+    /// Rows per answer to a range pull: as many as fit `max_reply_bytes`, at least one.
+    fn rows_per_reply<V: Value>(&self) -> usize {
+        let row = 10 + self.width.saturating_mul(V::SIZE);
+        (self.max_reply_bytes.saturating_sub(128) / row.max(1)).max(1)
     }
 }
 
@@ -439,6 +449,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let width = self.cfg.width;
         let mut keys = Vec::new();
         let mut values = Vec::new();
+        let mut resume = None;
         match &pull.keys {
             KeySelection::Keys(list) => {
                 keys.extend_from_slice(list.keys());
@@ -451,11 +462,20 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 }
             }
             KeySelection::Ranges(ranges) => {
+                // Beyond the rows one message may carry, remember only where to resume.
+                let most = self.cfg.rows_per_reply::<V>();
                 for &r in ranges.ranges() {
                     self.store.for_each_in(r, &mut |k, row| {
-                        keys.push(k);
-                        values.extend_from_slice(row);
+                        if keys.len() < most {
+                            keys.push(k);
+                            values.extend_from_slice(row);
+                        } else if resume.is_none() {
+                            resume = Some(k);
+                        }
                     });
+                    if resume.is_some() {
+                        break;
+                    }
                 }
             }
         }
@@ -464,6 +484,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             slice,
             complete_below: self.consistency().required_below(pull.iteration),
             kvs,
+            resume,
         });
         self.send(to, body, out);
     }

@@ -242,6 +242,13 @@ impl<V: Value> Worker<V> {
         self.in_flight[0] + self.in_flight[1]
     }
 
+    /// True when nothing is left to finish: no open request, and every server has acknowledged
+    /// the worker's progress. A worker stopped before it is idle may leave servers waiting for
+    /// its last iteration.
+    pub fn is_idle(&self) -> bool {
+        self.requests.is_empty() && !self.progress_pending()
+    }
+
     /// True once the coordinator has removed this worker.
     pub fn is_fenced(&self) -> bool {
         self.fenced
@@ -539,9 +546,12 @@ impl<V: Value> Worker<V> {
         match env.body {
             Message::Config(config) => self.adopt(now, from, config, out),
             Message::PushAck(sref) => self.on_answer(now, from, sref, None, out),
-            Message::PullReply(PullReply { slice, kvs, .. }) => {
-                self.on_answer(now, from, slice, Some(kvs), out)
-            }
+            Message::PullReply(PullReply {
+                slice, kvs, resume, ..
+            }) => match resume {
+                None => self.on_answer(now, from, slice, Some(kvs), out),
+                Some(next) => self.on_partial_answer(now, from, slice, kvs, next, out),
+            },
             Message::ProgressAck { finished_below } => {
                 let acked = self.progress_acked.entry(env.from).or_default();
                 *acked = (*acked).max(finished_below);
@@ -581,9 +591,8 @@ impl<V: Value> Worker<V> {
         let Some(slice) = request.open.get(&sref.slice) else {
             return;
         };
-        if !slice.sent {
-            // Never sent, so this cannot answer it: an answer to an earlier request's slice
-            // with the same name, which cannot happen, or a forgery.
+        if !slice.sent || from != slice.server {
+            // Not sent, or not to this server: an answer to something else, or a forgery.
             return out.refuse(from, Refusal::BadAnswer);
         }
         match (&slice.part, reply) {
@@ -599,6 +608,54 @@ impl<V: Value> Worker<V> {
         self.in_flight[kind] -= 1;
         self.fill_window(now, out);
         self.complete_if_done(now, sref.request, out);
+        self.arm_retransmit(out);
+    }
+
+    /// The first part of an answer to a range pull too large for one message: keep it, and ask
+    /// for the rest (the keys from `next` on) under the same slice.
+    fn on_partial_answer(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        sref: SliceRef,
+        kvs: KvPairs<V>,
+        next: crate::key::Key,
+        out: &mut Effects<V>,
+    ) {
+        let width = self.cfg.width;
+        let Some(request) = self.requests.get_mut(&sref.request) else {
+            return;
+        };
+        let Some(slice) = request.open.get_mut(&sref.slice) else {
+            return;
+        };
+        let Part::Pull(KeySelection::Ranges(ranges)) = &slice.part else {
+            return out.refuse(from, Refusal::BadAnswer);
+        };
+        let start = ranges.ranges().first().map_or(0, |r| r.start());
+        // The part must answer the slice as it stands, stop short of `next`, and move forward:
+        // anything else (a stale copy of an earlier part, say) could repeat keys or loop.
+        let fits = slice.sent
+            && from == slice.server
+            && next > start
+            && answers(&slice.part, &kvs, width)
+            && kvs.keys().last().is_none_or(|&k| k < next);
+        if !fits {
+            return out.refuse(from, Refusal::BadAnswer);
+        }
+        request.replies.push(kvs);
+        let rest = ranges.from_key(next);
+        if rest.ranges().is_empty() {
+            request.open.remove(&sref.slice);
+            self.in_flight[1] -= 1;
+            self.fill_window(now, out);
+            self.complete_if_done(now, sref.request, out);
+        } else {
+            slice.part = Part::Pull(KeySelection::Ranges(rest));
+            slice.attempts = 0;
+            slice.due = now + jittered_rto(&self.cfg, sref.request, sref.slice, 0);
+            self.send_slice(sref.request, sref.slice, out);
+        }
         self.arm_retransmit(out);
     }
 

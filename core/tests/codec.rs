@@ -123,13 +123,16 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                 keys,
             })
         }),
-        (slice(), any::<u32>(), kvs::<V>()).prop_map(|(slice, complete_below, kvs)| {
-            Message::PullReply(PullReply {
-                slice,
-                complete_below,
-                kvs,
-            })
-        }),
+        (slice(), any::<u32>(), kvs::<V>(), any::<Option<u64>>()).prop_map(
+            |(slice, complete_below, kvs, resume)| {
+                Message::PullReply(PullReply {
+                    slice,
+                    complete_below,
+                    kvs,
+                    resume: resume.map(|k| k % MAX_KEY),
+                })
+            }
+        ),
         (slice(), any::<u64>()).prop_map(|(slice, epoch)| Message::Redirect { slice, epoch }),
         any::<u32>().prop_map(|finished_below| Message::Progress { finished_below }),
         any::<u32>().prop_map(|finished_below| Message::ProgressAck { finished_below }),

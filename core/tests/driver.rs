@@ -222,3 +222,94 @@ fn timers_fire_only_when_due_and_each_once_per_call() {
     assert!(w.poll_transmit().is_some(), "the earliest timer fired");
     assert!(w.poll_timeout().is_some_and(|t| t > first));
 }
+
+#[test]
+fn a_range_pull_whose_answer_exceeds_a_frame_is_answered_in_parts() {
+    let codec = Codec::new(4 << 10);
+    let cfg = config(&[W1], Consistency::Eventual);
+    let mut sc = ServerConfig::new(S1, COORD);
+    sc.max_reply_bytes = 2 << 10;
+    let mut s: Driver<i64> = Driver::with_codec(Server::new(sc, Updater::Sum), codec);
+    s.start_configured(0, cfg.clone());
+    let mut w = worker(W1, &cfg, codec, 2 << 10, 4);
+    let keys: Vec<Key> = (0..5_000).map(|k| k * 7).collect();
+    let values: Vec<i64> = (0..5_000).map(|k| k % 5 + 1).collect();
+    w.push(0, KvPairs::new(keys.clone(), values.clone(), 1).unwrap())
+        .unwrap();
+    let all = KeyRange::new(0, 7 * 5_000).unwrap();
+    let pull = w
+        .pull(0, KeySelection::Ranges(RangeList::new(vec![all]).unwrap()))
+        .unwrap();
+    let mut pulled = None;
+    let mut replies = 0;
+    for _ in 0..10_000 {
+        let mut moved = false;
+        while let Some(t) = w.poll_transmit() {
+            s.handle_frame(0, W1, &t.frame);
+            moved = true;
+        }
+        while let Some(t) = s.poll_transmit() {
+            assert!(t.frame.len() <= 4 << 10);
+            replies += 1;
+            w.handle_frame(0, S1, &t.frame);
+            moved = true;
+        }
+        for e in drain_events(&mut w) {
+            if let Event::PullDone(id, kvs) = e {
+                assert_eq!(id, pull);
+                assert!(pulled.replace(kvs).is_none(), "answered twice");
+            }
+        }
+        if !moved {
+            break;
+        }
+    }
+    let pulled = pulled.expect("the range pull completed");
+    assert_eq!(pulled.keys(), keys.as_slice());
+    assert_eq!(pulled.values(), values.as_slice());
+    assert!(replies > 20, "{replies} messages for a 60 KB answer");
+    assert_eq!(s.refusals().unencodable, 0);
+}
+
+#[test]
+fn a_stale_part_of_a_range_answer_is_refused_not_counted_twice() {
+    let codec = Codec::default();
+    let cfg = config(&[W1], Consistency::Eventual);
+    let mut w = worker(W1, &cfg, codec, DEFAULT_MAX_SLICE_BYTES, 4);
+    while w.poll_transmit().is_some() {}
+    let all = KeyRange::new(0, 100).unwrap();
+    let pull = w
+        .pull(0, KeySelection::Ranges(RangeList::new(vec![all]).unwrap()))
+        .unwrap();
+    let slice = SliceRef {
+        request: pull,
+        slice: 0,
+    };
+    let part = |keys: Vec<Key>, resume: Option<Key>| {
+        let n = keys.len();
+        let body = Message::PullReply(PullReply {
+            slice,
+            complete_below: 0,
+            kvs: KvPairs::new(keys, vec![1i64; n], 1).unwrap(),
+            resume,
+        });
+        Envelope::new(S1, W1, 1, body)
+    };
+    w.handle_message(0, part(vec![1, 2], Some(50)));
+    // The same part again (a duplicate on the network): its keys lie below the resume point.
+    w.handle_message(0, part(vec![1, 2], Some(50)));
+    // A part that does not move forward would loop.
+    w.handle_message(0, part(vec![], Some(50)));
+    w.handle_message(0, part(vec![60], None));
+    let events = drain_events(&mut w);
+    let done: Vec<&KvPairs<i64>> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::PullDone(_, kvs) => Some(kvs),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].keys(), &[1, 2, 60]);
+    assert_eq!(w.refusals().other, 2);
+}

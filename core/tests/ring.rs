@@ -1,4 +1,4 @@
-//! Properties of the consistent-hashing ring (ARCHITECTURE.md §3).
+//! Properties of the consistent-hashing ring (ARCHITECTURE.md §2).
 
 use proptest::prelude::*;
 use pserver_core::{Key, KeyRange, NodeId, Ring, RingConfig, RingError};

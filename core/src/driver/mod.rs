@@ -10,8 +10,7 @@
 //!   application should know), and ask [`Driver::poll_timeout`] again.
 //!
 //! Input the driver or the node refuses is never dropped silently: it is counted in
-//! [`Driver::refusals`] and reported as [`Event::Refused`]. See ARCHITECTURE.md, "Driving a
-//! node".
+//! [`Driver::refusals`] and reported as [`Event::Refused`]. See ARCHITECTURE.md §1.
 //!
 //! ```
 //! use pserver_core::*;
@@ -198,6 +197,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
             Node::Worker(w) => w.set_mutation(mutation),
             Node::Coordinator(_) => {}
         }
+    }
+
+    /// True when the node has nothing left to finish and nothing queued to send: a worker with
+    /// no open request whose progress every server acknowledged; any other node always.
+    pub fn is_idle(&self) -> bool {
+        self.outbox.is_empty() && self.node.as_worker().is_none_or(|w| w.is_idle())
     }
 
     /// Refused input so far.

@@ -157,15 +157,26 @@ impl<'a> World<'a> {
         let coordinator = Coordinator::new(job).map_err(|e| setup_failure(cfg, e))?;
         let mut nodes = BTreeMap::new();
         nodes.insert(cfg.coordinator_id(), Driver::new(coordinator));
+        // Message sizes from the seed: some runs cut requests and range answers into parts of
+        // two or five keys and keep only one or three slices on the network, so that splitting,
+        // resumed answers and waiting for room in the window are all exercised.
+        let (slice_bytes, window) = match crate::hash::hash_words(cfg.seed, &[0x51ce]) % 3 {
+            0 => (crate::worker::DEFAULT_MAX_SLICE_BYTES, 64),
+            1 => (128 + 18 * 2, 1),
+            _ => (128 + 18 * 5, 3),
+        };
         for id in cfg.server_ids() {
             let mut sc = ServerConfig::new(id, cfg.coordinator_id());
             sc.timing = timing;
+            sc.max_reply_bytes = slice_bytes;
             nodes.insert(id, Driver::new(Server::new(sc, Updater::Sum)));
         }
         for id in cfg.worker_ids() {
             let mut wc = WorkerConfig::new(id, cfg.coordinator_id());
             wc.timing = timing;
             wc.seed = cfg.seed;
+            wc.max_slice_bytes = slice_bytes;
+            wc.max_slices_in_flight = window;
             nodes.insert(id, Driver::new(Worker::new(wc)));
         }
         let apps = cfg.worker_ids().map(|id| (id, App::default())).collect();
