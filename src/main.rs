@@ -86,7 +86,8 @@ struct NodeArgs {
     /// This node's id in the cluster file.
     #[arg(long)]
     id: u32,
-    /// Workers: give up (exit status 2) if the job has not started after this many seconds.
+    /// Servers and workers: give up (exit status 2) if the job has not started after this many
+    /// seconds (the coordinator is unreachable, a node is missing, or the secret differs).
     #[arg(long, default_value_t = 60)]
     join_timeout_secs: u64,
     /// Servers: on exit, write one `key_index total` line per key held to this file.

@@ -7,6 +7,8 @@ use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pserver::commands::cluster::{LocalOptions, run_local};
@@ -37,9 +39,9 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
-fn write_cluster_file(dir: &Path, ports: &[u16], consistency: &str) -> PathBuf {
+fn write_cluster_file(dir: &Path, ports: &[u16], consistency: &str, iterations: u32) -> PathBuf {
     let mut text = format!(
-        "cluster_id = \"test\"\nconsistency = \"{consistency}\"\nsecret_file = \"secret.key\"\n\n[job]\nkeys = {KEYS}\niterations = {ITERATIONS}\n"
+        "cluster_id = \"test\"\nconsistency = \"{consistency}\"\nsecret_file = \"secret.key\"\n\n[job]\nkeys = {KEYS}\niterations = {iterations}\n"
     );
     for (id, port) in ports.iter().enumerate() {
         let role = match id as u32 {
@@ -110,7 +112,7 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
     let ports: Vec<u16> = (0..=SERVERS + WORKERS).map(|_| free_port()).collect();
-    let config = write_cluster_file(&dir, &ports, "bounded:2");
+    let config = write_cluster_file(&dir, &ports, "bounded:2", ITERATIONS);
     let config_arg = config.to_str().unwrap();
     let mut children = Children(Vec::new());
     let mut start = |role: &str, id: u32, extra: &[&str]| {
@@ -131,20 +133,33 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
     for w in SERVERS + 1..=SERVERS + WORKERS {
         start("worker", w, &[]);
     }
-    // Garbage on a server's port while the workers use it: it must cost only those connections.
+    // Garbage on a server's port for as long as the workers use it: it must cost only those
+    // connections.
     let server_port = ports[1];
-    let attacker = std::thread::spawn(move || {
-        for _ in 0..5 {
-            attack(server_port);
-        }
-    });
+    let workers_done = Arc::new(AtomicBool::new(false));
+    let attacker = {
+        let done = Arc::clone(&workers_done);
+        std::thread::spawn(move || {
+            let mut rounds = 0;
+            while rounds < 3 || !done.load(Ordering::Relaxed) {
+                attack(server_port);
+                rounds += 1;
+                // Paced, so that the attack tests the server and not this machine's supply of
+                // ephemeral ports.
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            rounds
+        })
+    };
     // A node with the wrong secret tries to join, from an address of its own.
     let mut intruder_ports = ports.clone();
     intruder_ports[SERVERS as usize + 1] = free_port();
     let intruder_dir = dir.join("intruder");
     std::fs::create_dir_all(&intruder_dir).unwrap();
     std::fs::write(intruder_dir.join("secret.key"), "not-the-secret\n").unwrap();
-    let intruder_config = write_cluster_file(&intruder_dir, &intruder_ports, "bounded:2");
+    // Another job (twice the iterations): admitted, it would change the totals.
+    let intruder_config =
+        write_cluster_file(&intruder_dir, &intruder_ports, "bounded:2", 2 * ITERATIONS);
     let id_arg = (SERVERS + 1).to_string();
     let intruder = pserver(&[
         "worker",
@@ -159,7 +174,6 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
     .expect("start the intruder");
 
     let deadline = Instant::now() + Duration::from_secs(120);
-    attacker.join().expect("the attack ran");
     let intruder = {
         let mut intruder = intruder;
         wait_for(&mut intruder, deadline, "the intruder");
@@ -180,6 +194,8 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
     for (name, child) in &mut children.0[first_worker..] {
         wait_for(child, deadline, name);
     }
+    workers_done.store(true, Ordering::Relaxed);
+    let rounds = attacker.join().expect("the attack ran");
     for (name, child) in children.0.drain(first_worker..) {
         let out = finish(child);
         assert!(out.status.success(), "{name}: {}", text(&out.stderr));
@@ -205,6 +221,12 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
     for (name, out) in &stopped {
         assert!(out.status.success(), "{name}: {}", text(&out.stderr));
     }
+    let server_log = text(&stopped[1].1.stderr);
+    let refused = server_log.matches("refused a connection").count();
+    assert!(
+        refused >= 3 * rounds,
+        "{rounds} rounds of garbage, {refused} refusals logged:\n{server_log}"
+    );
     let coordinator_log = text(&stopped[0].1.stderr);
     assert!(
         coordinator_log.contains("authentication failed: wrong secret"),
@@ -239,6 +261,12 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
 
 #[test]
 fn one_process_over_a_lossy_duplicating_network_ends_with_the_same_exact_totals() {
+    for consistency in [Consistency::BoundedDelay(2), Consistency::Sequential] {
+        lossy_local_run(consistency);
+    }
+}
+
+fn lossy_local_run(consistency: Consistency) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -247,7 +275,7 @@ fn one_process_over_a_lossy_duplicating_network_ends_with_the_same_exact_totals(
     let opts = LocalOptions {
         servers: SERVERS as usize,
         workers: WORKERS as usize,
-        consistency: Consistency::BoundedDelay(2),
+        consistency,
         script: Script {
             keys: KEYS,
             iterations: ITERATIONS,
@@ -286,7 +314,7 @@ fn a_bad_cluster_file_or_a_port_in_use_is_one_line_and_status_2() {
     let port = taken.local_addr().unwrap().port();
     let mut ports: Vec<u16> = (0..=SERVERS + WORKERS).map(|_| free_port()).collect();
     ports[1] = port;
-    let config = write_cluster_file(&dir, &ports, "sequential");
+    let config = write_cluster_file(&dir, &ports, "sequential", ITERATIONS);
     std::fs::write(dir.join("secret.key"), "x").unwrap();
     let out = pserver(&["server", "--config", config.to_str().unwrap(), "--id", "1"])
         .output()

@@ -73,22 +73,23 @@ pub async fn run_node(
     let transport = Arc::new(TcpTransport::bind(tcp).await?);
     tracing::info!(%id, %role, address = %transport.local_addr(), "listening");
     let spawned = spawn_node(driver, Arc::clone(&transport), file.spec.runtime.clone());
+    if role != Role::Coordinator
+        && tokio::time::timeout(join_timeout, spawned.node.ready())
+            .await
+            .is_err()
+    {
+        let coordinator = file.spec.layout().coordinator();
+        return Err(RunError::JoinTimeout {
+            address: file
+                .addresses
+                .get(&coordinator)
+                .map_or_else(String::new, ToString::to_string),
+            secs: join_timeout.as_secs(),
+            file: file.path.display().to_string(),
+        });
+    }
     let outcome = match (role, spawned.worker) {
         (Role::Worker, Some(worker)) => {
-            let coordinator = file.spec.layout().coordinator();
-            if tokio::time::timeout(join_timeout, worker.ready())
-                .await
-                .is_err()
-            {
-                return Err(RunError::JoinTimeout {
-                    address: file
-                        .addresses
-                        .get(&coordinator)
-                        .map_or_else(String::new, ToString::to_string),
-                    secs: join_timeout.as_secs(),
-                    file: file.path.display().to_string(),
-                });
-            }
             let summary = file.script.run(id, &worker).await?;
             spawned.node.shutdown().await?;
             NodeOutcome::Worker(summary)
@@ -111,13 +112,15 @@ pub async fn run_node(
     Ok(outcome)
 }
 
-/// Per key index of the script, what a stopped server holds (zeros for keys it does not own).
+/// Per key index of the script, what a stopped server has applied to its store (zeros for
+/// keys it does not own). Pushes received but still waiting for their iteration to close (in
+/// sequential mode) do not count: a finished job has none.
 pub fn server_totals(report: &NodeReport<Driver<i64>>, script: &Script) -> Vec<i64> {
     let Some(server) = report.node.node().as_server() else {
         return Vec::new();
     };
     (0..script.keys)
-        .map(|k| server.received_total(script.key(k))[0])
+        .map(|k| server.value(script.key(k)).map_or(0, |row| row[0]))
         .collect()
 }
 

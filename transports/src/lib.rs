@@ -17,6 +17,8 @@ pub mod sync;
 pub mod tcp;
 
 pub use bytes::{self, Bytes};
+/// The protocol core whose types this crate's API takes and gives.
+pub use pserver_core;
 
 use async_trait::async_trait;
 use pserver_core::NodeId;
@@ -76,7 +78,7 @@ pub trait Transport: Send + Sync + 'static {
     async fn recv(&self) -> Result<(NodeId, Bytes), TransportError>;
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::Mutex;

@@ -56,7 +56,7 @@ fn a_push_far_larger_than_a_64_kib_frame_completes_exactly_once() {
 }
 
 #[test]
-fn a_push_far_larger_than_the_frame_limit_completes_exactly_once_with_default_slices() {
+fn a_push_far_larger_than_a_1_mib_frame_completes_exactly_once_and_oversized_slices_are_refused() {
     // The default slice size (4 MiB) under a 1 MiB frame limit cannot work: refused up front.
     let mut spec = ClusterSpec::new(1, 1);
     spec.max_frame = 1 << 20;
@@ -89,51 +89,111 @@ fn handles_report_typed_errors() {
 
 #[test]
 fn a_fast_application_waits_instead_of_growing_the_queue() {
+    // Paused time: the runtime's clock moves only when every task waits, so "still waiting
+    // after 300 ms" means the call was never taken, however loaded the machine is.
+    let paused = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    paused
+        .block_on(async {
+            let mut spec = ClusterSpec::new(1, 1);
+            spec.runtime.command_queue = 2;
+            spec.runtime.max_open_requests = 3;
+            let network = MemNetwork::reliable();
+            let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &network)?;
+            let worker = cluster.workers[0].clone();
+            worker.ready().await?;
+            // Cut the worker off: nothing it sends is answered, so its requests stay open.
+            network.isolate(pserver_core::NodeId(2));
+            let mut acks = Vec::new();
+            for i in 0..5u64 {
+                let kvs = KvPairs::new(vec![i], vec![1], 1)?;
+                acks.push(worker.start_push(kvs).await?);
+            }
+            // 3 open in the node, 2 in the queue: the next call must wait.
+            let kvs = KvPairs::new(vec![9], vec![1], 1)?;
+            let blocked =
+                tokio::time::timeout(Duration::from_millis(300), worker.start_push(kvs)).await;
+            assert!(blocked.is_err(), "a sixth call was taken without waiting");
+            network.rejoin(pserver_core::NodeId(2));
+            for ack in acks {
+                tokio::time::timeout(Duration::from_secs(30), ack).await??;
+            }
+            cluster.shutdown().await?;
+            Ok::<(), Box<dyn std::error::Error>>(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn shutdown_finishes_calls_already_accepted_even_those_still_queued() {
     rt().block_on(async {
         let mut spec = ClusterSpec::new(1, 1);
-        spec.runtime.command_queue = 2;
-        spec.runtime.max_open_requests = 3;
-        let network = MemNetwork::reliable();
+        spec.consistency = Consistency::Eventual;
+        spec.runtime.max_open_requests = 1;
+        let network = MemNetwork::new(MemFaults::default().with_drop(0.3).with_seed(5));
         let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &network)?;
         let worker = cluster.workers[0].clone();
         worker.ready().await?;
-        // Cut the worker off: nothing it sends is answered, so its requests stay open.
-        network.isolate(pserver_core::NodeId(2));
-        let mut acks = Vec::new();
-        for i in 0..5u64 {
-            let kvs = KvPairs::new(vec![i], vec![1], 1)?;
-            acks.push(worker.start_push(kvs).await?);
-        }
-        // 3 open in the node, 2 in the queue: the next call must wait.
-        let kvs = KvPairs::new(vec![9], vec![1], 1)?;
-        let blocked =
-            tokio::time::timeout(Duration::from_millis(300), worker.start_push(kvs)).await;
-        assert!(blocked.is_err(), "a sixth call was taken without waiting");
-        network.rejoin(pserver_core::NodeId(2));
-        for ack in acks {
-            tokio::time::timeout(Duration::from_secs(30), ack).await??;
-        }
-        cluster.shutdown().await?;
+        // Cut off, the worker cannot finish the first push, so the second stays in the queue.
+        let me = pserver_core::NodeId(2);
+        network.isolate(me);
+        let first = worker
+            .start_push(KvPairs::new(vec![1], vec![1], 1)?)
+            .await?;
+        let second = worker
+            .start_push(KvPairs::new(vec![2], vec![1], 1)?)
+            .await?;
+        let stopping = tokio::spawn(cluster.shutdown());
+        // However the stop and the rejoin interleave, both accepted calls must complete.
+        tokio::task::yield_now().await;
+        network.rejoin(me);
+        let report = stopping.await??;
+        assert_eq!(first.await, Ok(()));
+        assert_eq!(second.await, Ok(()));
+        let server = report.servers[0].node.node().as_server().unwrap();
+        assert_eq!(server.value(1), Some(&[1][..]));
+        assert_eq!(server.value(2), Some(&[1][..]));
         Ok::<(), Box<dyn std::error::Error>>(())
     })
     .unwrap();
 }
 
 #[test]
-fn shutdown_waits_for_what_the_worker_started() {
+fn a_worker_declared_dead_is_fenced_and_says_so() {
     rt().block_on(async {
-        let spec = ClusterSpec::new(1, 1);
-        let network = MemNetwork::new(MemFaults::default().with_drop(0.3).with_seed(5));
+        let mut spec = ClusterSpec::new(1, 2);
+        spec.timing.heartbeat_interval = 10_000_000;
+        spec.timing.heartbeat_timeout = 50_000_000;
+        let network = MemNetwork::reliable();
         let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &network)?;
         let worker = cluster.workers[0].clone();
         worker.ready().await?;
-        let kvs = KvPairs::new((0..100).collect(), vec![1; 100], 1)?;
-        let ack = worker.start_push(kvs).await?;
-        // Stop at once: the push was handed over, so it must still reach the server.
-        let report = cluster.shutdown().await?;
-        assert_eq!(ack.await, Ok(()));
-        let server = report.servers[0].node.node().as_server().unwrap();
-        assert!((0..100).all(|k| server.received_total(k) == vec![1]));
+        // Silent long enough to be declared dead; back on the network, it learns it was removed.
+        let me = pserver_core::NodeId(2);
+        network.isolate(me);
+        let pushed = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let kvs = KvPairs::new(vec![1], vec![1], 1)?;
+                match worker.start_push(kvs).await {
+                    Err(e) => return Ok::<_, Box<dyn std::error::Error>>(e),
+                    Ok(ack) => {
+                        network.rejoin(me);
+                        if let Err(e) = ack.await {
+                            return Ok(e);
+                        }
+                        network.isolate(me);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        })
+        .await??;
+        assert_eq!(pushed, RuntimeError::Fenced);
+        assert_eq!(worker.advance().await, Err(RuntimeError::ShutDown));
+        cluster.shutdown().await?;
         Ok::<(), Box<dyn std::error::Error>>(())
     })
     .unwrap();

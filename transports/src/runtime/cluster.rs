@@ -35,9 +35,11 @@ pub struct ClusterSpec {
     pub timing: Timing,
     /// The largest frame a node sends or accepts. Default: [`DEFAULT_MAX_FRAME`].
     pub max_frame: usize,
-    /// The largest slice a worker puts in one message; must leave room in `max_frame`.
-    /// Default: [`DEFAULT_MAX_SLICE_BYTES`].
+    /// The largest slice a worker puts in one message, and the largest part of an answer to a
+    /// range pull; must leave room in `max_frame`. Default: [`DEFAULT_MAX_SLICE_BYTES`].
     pub max_slice_bytes: usize,
+    /// Push slices (and, separately, pull slices) a worker keeps on the network. Default 64.
+    pub max_slices_in_flight: usize,
     /// Seed of the workers' retransmission jitter.
     pub seed: u64,
     /// How each node's event loop runs.
@@ -61,6 +63,7 @@ impl ClusterSpec {
             timing: Timing::default(),
             max_frame: DEFAULT_MAX_FRAME,
             max_slice_bytes: DEFAULT_MAX_SLICE_BYTES,
+            max_slices_in_flight: 64,
             seed: 0,
             runtime: RuntimeConfig::default(),
         }
@@ -88,6 +91,7 @@ impl ClusterSpec {
         wc.width = self.width;
         wc.timing = self.timing;
         wc.max_slice_bytes = self.max_slice_bytes;
+        wc.max_slices_in_flight = self.max_slices_in_flight;
         wc.seed = self.seed;
         let needed = wc.frame_needed::<V>();
         if needed > self.max_frame {
@@ -129,6 +133,7 @@ impl ClusterSpec {
             let mut sc = ServerConfig::new(id, coordinator);
             sc.width = self.width;
             sc.timing = self.timing;
+            sc.max_reply_bytes = self.max_slice_bytes;
             return Ok(Driver::with_codec(Server::new(sc, self.updater), codec));
         }
         if layout.workers().any(|w| w == id) {

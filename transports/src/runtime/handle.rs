@@ -53,6 +53,23 @@ pub(crate) enum Command<V: Value> {
     Advance(oneshot::Sender<Result<Iteration, RuntimeError>>),
 }
 
+impl<V: Value> Command<V> {
+    /// Answers the call with `error` without running it.
+    pub(crate) fn refuse(self, error: RuntimeError) {
+        match self {
+            Command::Push(_, reply) => {
+                let _ = reply.send(Err(error));
+            }
+            Command::Pull(_, reply) => {
+                let _ = reply.send(Err(error));
+            }
+            Command::Advance(reply) => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+}
+
 /// A worker's application handle: push, pull and advance from any task. Clone it freely; all
 /// clones drive the same worker.
 ///
@@ -144,6 +161,7 @@ pub struct NodeReport<N> {
 #[derive(Debug)]
 pub struct NodeHandle<N> {
     pub(crate) id: NodeId,
+    pub(crate) ready: watch::Receiver<Option<Epoch>>,
     pub(crate) stop: watch::Sender<bool>,
     pub(crate) task: JoinHandle<Result<NodeReport<N>, RuntimeError>>,
 }
@@ -152,6 +170,17 @@ impl<N> NodeHandle<N> {
     /// The node's id.
     pub fn id(&self) -> NodeId {
         self.id
+    }
+
+    /// Waits until the node has its first configuration (a coordinator: until it published
+    /// one); returns its epoch.
+    pub async fn ready(&self) -> Result<Epoch, RuntimeError> {
+        let mut ready = self.ready.clone();
+        let epoch = ready
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| RuntimeError::ShutDown)?;
+        epoch.ok_or(RuntimeError::ShutDown)
     }
 
     /// Asks the node to stop and waits for it. A worker first finishes what the application

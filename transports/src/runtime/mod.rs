@@ -4,7 +4,7 @@
 //! driver's next timer deadline, a call from the application ([`WorkerHandle`]) and a request to
 //! stop. Whatever happens, it feeds the driver, then sends every frame the driver has and hands
 //! every event to whoever waits for it. No protocol logic lives here: dispatch, timers and
-//! refusals are the driver's (ARCHITECTURE.md, "Driving a node").
+//! refusals are the driver's (ARCHITECTURE.md §1).
 //!
 //! ```
 //! use pserver_core::{KeyList, KeySelection, KvPairs};

@@ -17,6 +17,9 @@ use crate::{Transport, TransportError};
 
 type Reply<T> = oneshot::Sender<Result<T, RuntimeError>>;
 
+/// Pause after a receive error other than a closed transport.
+const RECV_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// A node started by [`spawn_node`].
 #[derive(Debug)]
 pub struct Spawned<V: Value, U: UpdateRule<V>, S: ParamStore<V>> {
@@ -48,7 +51,7 @@ where
     let (ready_tx, ready_rx) = watch::channel(None);
     let worker = (role == Role::Worker).then(|| WorkerHandle {
         commands: cmd_tx,
-        ready: ready_rx,
+        ready: ready_rx.clone(),
     });
     let span = info_span!("node", id = %id, role = %role);
     let looped = NodeLoop {
@@ -66,6 +69,7 @@ where
     let task = tokio::spawn(looped.run(cmd_rx, stop_rx).instrument(span));
     let node = NodeHandle {
         id,
+        ready: ready_rx,
         stop: stop_tx,
         task,
     };
@@ -114,12 +118,22 @@ where
         let mut commands_open = true;
         let mut draining: Option<Instant> = None;
         loop {
+            // Timers first: under a steady stream of frames the select below might otherwise
+            // never get to them, and a node that misses its heartbeats is declared dead.
+            let now = self.now();
+            if self.driver.poll_timeout().is_some_and(|t| t <= now) {
+                self.driver.handle_timeout(now);
+            }
             self.flush().await;
             if self.fenced {
+                commands.close();
+                while let Ok(command) = commands.try_recv() {
+                    command.refuse(RuntimeError::Fenced);
+                }
                 break;
             }
             if let Some(deadline) = draining {
-                let idle = self.open_requests() == 0 && !commands_open;
+                let idle = self.open_requests() == 0 && !commands_open && self.driver.is_idle();
                 if idle || Instant::now() >= deadline {
                     break;
                 }
@@ -149,7 +163,11 @@ where
                         info!("transport closed");
                         break;
                     }
-                    Err(e) => warn!(error = %e, "receive failed"),
+                    Err(e) => {
+                        warn!(error = %e, "receive failed");
+                        // Whatever failed is unlikely to heal at once: do not spin on it.
+                        tokio::time::sleep(RECV_ERROR_PAUSE).await;
+                    }
                 },
                 command = commands.recv(), if accept => match command {
                     Some(command) => self.apply(command),
