@@ -312,9 +312,7 @@ fn check_command(args: CheckArgs) -> ExitCode {
     } else {
         args.consistency.clone()
     };
-    // With the mutations feature the config has one more field, which the update fills.
-    #[allow(unused_mut, clippy::needless_update)]
-    let mut base = ClusterModelConfig {
+    let base = ClusterModelConfig {
         servers: args.servers as usize,
         workers: args.workers as usize,
         keys: args.keys,
@@ -323,21 +321,25 @@ fn check_command(args: CheckArgs) -> ExitCode {
         network: args.network,
         crashes: args.crashes,
         registration: args.registration,
-        ..ClusterModelConfig::default()
     };
-    match args.mutation.as_deref().map(mutation).transpose() {
-        #[cfg(feature = "mutations")]
-        Ok(m) => base.mutation = m,
-        #[cfg(not(feature = "mutations"))]
-        Ok(_) => {}
+    // Without the mutations feature `broken` can only be None and is not read.
+    #[allow(unused_variables)]
+    let broken = match args.mutation.as_deref().map(mutation).transpose() {
+        Ok(m) => m,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
-    }
+    };
+    #[allow(clippy::needless_update)]
+    let protocol = sim::Protocol {
+        #[cfg(feature = "mutations")]
+        mutation: broken,
+        ..sim::Protocol::default()
+    };
     let clock_max_time = u8::try_from(args.iterations.max(1)).unwrap_or(u8::MAX);
     if let Some(address) = &args.explore {
-        return match check::explore(args.model, base, clock_max_time, address) {
+        return match check::explore(args.model, base, protocol, clock_max_time, address) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -347,7 +349,8 @@ fn check_command(args: CheckArgs) -> ExitCode {
     }
     let outcome = match args.model {
         check::ModelName::Cluster => {
-            match check::check_cluster(&base, &models, strategy, threads, args.max_states) {
+            match check::check_cluster(&base, protocol, &models, strategy, threads, args.max_states)
+            {
                 Ok(outcome) => outcome,
                 Err(e) => {
                     eprintln!("error: {e}");

@@ -68,11 +68,10 @@ mod mutations {
     use pserver_core::Mutation;
 
     fn violated(mutation: Mutation, network: NetworkKind, property: &str) -> Vec<String> {
-        let cfg = ClusterModelConfig {
-            mutation: Some(mutation),
-            ..config(Consistency::Sequential, network, 1)
-        };
-        let report = check(cluster_model(cfg).unwrap(), Strategy::Bfs, 2);
+        let cfg = config(Consistency::Sequential, network, 1);
+        let mut model = cluster_model(cfg).unwrap();
+        pserver_models::cluster::mutate(&mut model, mutation);
+        let report = check(model, Strategy::Bfs, 2);
         match report.verdict(property) {
             Some(Verdict::Violated(steps)) => steps.clone(),
             other => panic!("{mutation}: {property} is {other:?}\n{report}"),

@@ -6,8 +6,11 @@ use std::time::Duration;
 use pserver_core::Consistency;
 use pserver_models::ClockModel;
 use pserver_models::cluster::{
-    CheckReport, ClusterModelConfig, NetworkKind, Strategy, check_with, cluster_model, describe,
+    CheckReport, ClusterModel, ClusterModelConfig, NetworkKind, Strategy, check_with,
+    cluster_model, describe,
 };
+
+use super::sim::Protocol;
 use stateright::{Checker, Model};
 
 /// Which model to check.
@@ -51,6 +54,7 @@ fn summary(reports: &[CheckReport]) -> String {
 /// Checks the cluster model once per consistency model in `models`.
 pub fn check_cluster(
     base: &ClusterModelConfig,
+    protocol: Protocol,
     models: &[Consistency],
     strategy: Strategy,
     threads: usize,
@@ -74,7 +78,7 @@ pub fn check_cluster(
             cfg.iterations,
             cfg.crashes
         );
-        let model = cluster_model(cfg).map_err(|e| e.to_string())?;
+        let model = model_of(cfg, protocol)?;
         let report = check_with(model, strategy, threads, max_states, describe);
         out.violated |= report.violated();
         out.text += &report.to_string();
@@ -83,6 +87,18 @@ pub fn check_cluster(
     out.text += &summary(&reports);
     out.text.push('\n');
     Ok(out)
+}
+
+/// The cluster model of `cfg`, running `protocol`.
+fn model_of(cfg: ClusterModelConfig, protocol: Protocol) -> Result<ClusterModel, String> {
+    #[allow(unused_mut)]
+    let mut model = cluster_model(cfg).map_err(|e| e.to_string())?;
+    #[cfg(feature = "mutations")]
+    if let Some(m) = protocol.mutation {
+        pserver_models::cluster::mutate(&mut model, m);
+    }
+    let _ = protocol;
+    Ok(model)
 }
 
 /// Checks the range clock model on `keys` keys and timestamps up to `max_time`.
@@ -104,11 +120,12 @@ pub fn check_clock(keys: u64, max_time: u8, strategy: Strategy, threads: usize) 
 pub fn explore(
     name: ModelName,
     cfg: ClusterModelConfig,
+    protocol: Protocol,
     max_time: u8,
     address: &str,
 ) -> Result<(), String> {
     match name {
-        ModelName::Cluster => serve(cluster_model(cfg).map_err(|e| e.to_string())?, address),
+        ModelName::Cluster => serve(model_of(cfg, protocol)?, address),
         ModelName::Clock => serve(
             ClockModel {
                 keys: cfg.keys,
@@ -157,7 +174,15 @@ mod tests {
             network: NetworkKind::Ordered,
             ..ClusterModelConfig::default()
         };
-        let out = check_cluster(&base, &default_models(), Strategy::Bfs, 2, None).unwrap();
+        let out = check_cluster(
+            &base,
+            Protocol::default(),
+            &default_models(),
+            Strategy::Bfs,
+            2,
+            None,
+        )
+        .unwrap();
         assert!(!out.violated);
         let last = out.text.lines().last().unwrap();
         assert!(last.starts_with("check states="), "{}", out.text);

@@ -127,6 +127,15 @@ fn forward(effects: &mut Effects<i64>, settings: &Settings, o: &mut Out<ClusterA
 }
 
 impl ClusterActor {
+    /// Makes this actor run a deliberately broken protocol.
+    #[cfg(feature = "mutations")]
+    pub(crate) fn set_mutation(&mut self, mutation: Option<pserver_core::Mutation>) {
+        match self {
+            ClusterActor::Coordinator(_, s) | ClusterActor::Server(_, s) => s.mutation = mutation,
+            ClusterActor::Worker(_, s, _) => s.mutation = mutation,
+        }
+    }
+
     /// The actors of a model: coordinator, servers, workers, in node-id order. Fails when the
     /// servers cannot hold the ring.
     pub fn all(cfg: &ClusterModelConfig) -> Result<Vec<ClusterActor>, CoordinatorError> {
@@ -148,7 +157,7 @@ impl ClusterActor {
             retransmission: cfg.network == NetworkKind::Lossy,
             config: coordinator.config().cloned(),
             #[cfg(feature = "mutations")]
-            mutation: cfg.mutation,
+            mutation: None,
         };
         let mut actors = vec![ClusterActor::Coordinator(
             Box::new(coordinator),

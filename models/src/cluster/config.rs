@@ -55,9 +55,6 @@ pub struct ClusterModelConfig {
     /// Model the registration phase. Off, the cluster starts with epoch 1 in force
     /// ([`pserver_core::Coordinator::bootstrapped`]), which keeps the state space small.
     pub registration: bool,
-    /// Run a deliberately broken protocol.
-    #[cfg(feature = "mutations")]
-    pub mutation: Option<pserver_core::Mutation>,
 }
 
 impl Default for ClusterModelConfig {
@@ -71,8 +68,6 @@ impl Default for ClusterModelConfig {
             network: NetworkKind::Lossy,
             crashes: 0,
             registration: false,
-            #[cfg(feature = "mutations")]
-            mutation: None,
         }
     }
 }

@@ -38,6 +38,15 @@ pub type ClusterModel = ActorModel<ClusterActor, ClusterModelConfig, ()>;
 /// The state the properties look at.
 pub type ClusterState = ActorModelState<ClusterActor, ()>;
 
+/// Makes every server and worker of `model` run a deliberately broken protocol, to see the
+/// checker catch it.
+#[cfg(feature = "mutations")]
+pub fn mutate(model: &mut ClusterModel, mutation: pserver_core::Mutation) {
+    for actor in &mut model.actors {
+        actor.set_mutation(Some(mutation));
+    }
+}
+
 /// Builds the model of `cfg`, with every property.
 pub fn cluster_model(cfg: ClusterModelConfig) -> Result<ClusterModel, CoordinatorError> {
     let actors = ClusterActor::all(&cfg)?;
