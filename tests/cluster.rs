@@ -298,7 +298,7 @@ fn lossy_local_run(consistency: Consistency) {
 }
 
 #[test]
-fn a_bad_cluster_file_or_a_port_in_use_is_one_line_and_status_2() {
+fn a_bad_cluster_file_a_port_in_use_or_no_coordinator_is_one_line_and_status_2() {
     let dir = std::env::temp_dir().join(format!("pserver-badcfg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let missing = dir.join("nope.toml");
@@ -323,6 +323,24 @@ fn a_bad_cluster_file_or_a_port_in_use_is_one_line_and_status_2() {
     let err = text(&out.stderr);
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+
+    // Nobody else runs: the coordinator is unreachable.
+    let out = pserver(&[
+        "worker",
+        "--config",
+        config.to_str().unwrap(),
+        "--id",
+        &(SERVERS + 1).to_string(),
+        "--join-timeout-secs",
+        "1",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("could not join the cluster"), "{err}");
+    assert!(err.contains(&format!("127.0.0.1:{}", ports[0])), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
 
     std::fs::write(&config, "cluster_id = \"t\"\nconsistency = \"soon\"\n").unwrap();
     let out = pserver(&["worker", "--config", config.to_str().unwrap(), "--id", "3"])
