@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use indicatif::{ProgressBar, ProgressStyle};
 use pserver_core::{Consistency, Driver, NodeId, Role};
 use pserver_transport::TransportError;
 use pserver_transport::mem::{MemFaults, MemNetwork};
@@ -90,7 +91,12 @@ pub async fn run_node(
     }
     let outcome = match (role, spawned.worker) {
         (Role::Worker, Some(worker)) => {
-            let summary = file.script.run(id, &worker).await?;
+            let summary = file
+                .script
+                .run_reporting(id, &worker, |it| {
+                    tracing::info!(iteration = it + 1, "iteration done")
+                })
+                .await?;
             spawned.node.shutdown().await?;
             NodeOutcome::Worker(summary)
         }
@@ -199,10 +205,18 @@ pub async fn run_local(opts: &LocalOptions) -> Result<LocalOutcome, RunError> {
     let network = MemNetwork::new(faults);
     let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &network)?;
     let ids: Vec<NodeId> = spec.layout().workers().collect();
+    // Drawn only on a terminal; one step per worker iteration.
+    let bar = ProgressBar::new(u64::from(opts.script.iterations) * ids.len() as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("{bar:40} {pos}/{len} worker iterations {elapsed}")
+    {
+        bar.set_style(style);
+    }
     let runs = ids.iter().zip(&cluster.workers).map(|(&id, handle)| {
         let handle: WorkerHandle<i64> = handle.clone();
         let script = opts.script;
-        tokio::spawn(async move { script.run(id, &handle).await })
+        let bar = bar.clone();
+        tokio::spawn(async move { script.run_reporting(id, &handle, |_| bar.inc(1)).await })
     });
     let runs: Vec<_> = runs.collect();
     let mut workers = Vec::new();
@@ -210,6 +224,7 @@ pub async fn run_local(opts: &LocalOptions) -> Result<LocalOutcome, RunError> {
         let summary = run.await.map_err(|_| RuntimeError::ShutDown)??;
         workers.push(summary);
     }
+    bar.finish_and_clear();
     let report = cluster.shutdown().await?;
     let mut totals = vec![0i64; opts.script.keys as usize];
     let mut refused = report.coordinator.refusals.total();

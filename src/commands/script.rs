@@ -69,6 +69,16 @@ impl Script {
         id: NodeId,
         worker: &WorkerHandle<i64>,
     ) -> Result<WorkerSummary, RuntimeError> {
+        self.run_reporting(id, worker, |_| {}).await
+    }
+
+    /// [`Script::run`], calling `done(iteration)` as each iteration is entered past.
+    pub async fn run_reporting(
+        &self,
+        id: NodeId,
+        worker: &WorkerHandle<i64>,
+        done: impl Fn(u32),
+    ) -> Result<WorkerSummary, RuntimeError> {
         worker.ready().await?;
         let keys = KeyList::new(self.key_list())
             .map_err(|e| RuntimeError::Config(format!("script keys: {e}")))?;
@@ -85,6 +95,7 @@ impl Script {
                 .map_err(|e| RuntimeError::Config(format!("script values: {e}")))?;
             acks.push(worker.start_push(kvs).await?);
             worker.advance().await?;
+            done(it);
         }
         let pushes = acks.len() as u64;
         for ack in acks {
