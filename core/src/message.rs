@@ -1,5 +1,7 @@
 //! The messages nodes exchange (ARCHITECTURE.md §2) and the envelope that carries them.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::consistency::Consistency;
@@ -58,18 +60,20 @@ pub struct SliceRef {
 }
 
 /// Strictly increasing keys (at most [`crate::MAX_KEY`]), delta-encoded on the wire.
+///
+/// Shared, not copied, when cloned: a pull's keys go into every (re)transmission of its slice.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct KeyList(Vec<Key>);
+pub struct KeyList(Arc<Vec<Key>>);
 
 impl KeyList {
     /// Validates that `keys` are strictly increasing and not reserved.
     pub fn new(keys: Vec<Key>) -> Result<Self, KvError> {
         check_keys(&keys)?;
-        Ok(KeyList(keys))
+        Ok(KeyList(Arc::new(keys)))
     }
 
     pub(crate) fn from_validated(keys: Vec<Key>) -> Self {
-        KeyList(keys)
+        KeyList(Arc::new(keys))
     }
 
     /// The keys.
