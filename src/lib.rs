@@ -12,3 +12,4 @@ pub use pserver_models as models;
 pub use pserver_transport as transport;
 
 pub mod commands;
+pub mod data;

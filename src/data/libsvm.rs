@@ -1,0 +1,444 @@
+//! The LIBSVM / SVMlight text format: one example per line, `label index:value index:value ...`.
+//!
+//! The parser works on bytes, appends to one [`Examples`] buffer (compressed sparse rows) and
+//! allocates nothing per line, so it runs at the speed of memory. Comments (`#` to the end of
+//! the line) and `qid:N` tokens are skipped. Indices are zero- or one-based: [`IndexBase`]
+//! detects which (any index 0 means zero-based) or takes it as given. Bad input is a
+//! [`DataError`] naming the file, the line, the column, what was expected and what was found.
+//!
+//! ```
+//! use pserver::data::libsvm::{parse, IndexBase};
+//! let text = b"+1 1:0.5 7:2 # a comment\n-1 qid:3 2:1\n";
+//! let examples = parse("inline.svm", text, IndexBase::Auto)?;
+//! assert_eq!(examples.len(), 2);
+//! assert_eq!(examples.labels(), &[1.0, 0.0]);
+//! assert_eq!(examples.row(0).0, &[0, 6]); // one-based, detected
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::fmt;
+use std::ops::Range;
+use std::path::Path;
+
+use pserver_core::MAX_KEY;
+
+/// Whether feature indices in a file count from 0 or from 1.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IndexBase {
+    /// Zero-based if any index is 0, one-based otherwise (the LIBSVM convention).
+    #[default]
+    Auto,
+    /// Indices count from 0 and are used as they are.
+    Zero,
+    /// Indices count from 1; index `i` becomes feature `i - 1`.
+    One,
+}
+
+/// Examples in compressed sparse rows: labels, and per example a run of (index, value) pairs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Examples {
+    labels: Vec<f32>,
+    /// Start of each example's features in `indices`/`values`, plus the end.
+    offsets: Vec<usize>,
+    indices: Vec<u64>,
+    values: Vec<f32>,
+}
+
+impl Examples {
+    /// No examples.
+    pub fn new() -> Self {
+        Examples {
+            offsets: vec![0],
+            ..Examples::default()
+        }
+    }
+
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// True when there are no examples.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Every label: 1 for a positive example (label > 0), 0 otherwise.
+    pub fn labels(&self) -> &[f32] {
+        &self.labels
+    }
+
+    /// Example `i`'s feature indices and values.
+    pub fn row(&self, i: usize) -> (&[u64], &[f32]) {
+        let r = self.offsets[i]..self.offsets[i + 1];
+        (&self.indices[r.clone()], &self.values[r])
+    }
+
+    /// Number of (index, value) pairs over all examples.
+    pub fn nonzeros(&self) -> usize {
+        self.indices.len()
+    }
+
+    /// The largest feature index plus one (0 without features).
+    pub fn dimensions(&self) -> u64 {
+        self.indices.iter().max().map_or(0, |&m| m + 1)
+    }
+}
+
+/// Why a data file could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataError {
+    /// The file.
+    pub path: String,
+    /// Line, from 1 (0 when the error is about the whole file).
+    pub line: usize,
+    /// Column, from 1.
+    pub column: usize,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl fmt::Display for DataError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}: {}", self.path, self.message)
+        } else {
+            write!(
+                f,
+                "{}:{}:{}: {}",
+                self.path, self.line, self.column, self.message
+            )
+        }
+    }
+}
+
+impl std::error::Error for DataError {}
+
+/// The byte range of shard `shard` of `shards` of `text`, moved to line boundaries so that every
+/// line belongs to exactly one shard (the paper's workers each read their own part).
+pub fn shard(text: &[u8], shard: usize, shards: usize) -> Range<usize> {
+    let shards = shards.max(1);
+    let cut = |i: usize| -> usize {
+        if i == 0 {
+            return 0;
+        }
+        if i >= shards {
+            return text.len();
+        }
+        let at = text.len() / shards * i;
+        // The shard starts after the newline at or after `at - 1`, so a cut that lands on a
+        // line's first byte keeps that line whole.
+        match text[at.saturating_sub(1)..]
+            .iter()
+            .position(|&b| b == b'\n')
+        {
+            Some(p) => at.saturating_sub(1) + p + 1,
+            None => text.len(),
+        }
+    };
+    cut(shard)..cut(shard + 1).max(cut(shard))
+}
+
+/// Reads and parses the whole file at `path`.
+pub fn read(path: &Path, base: IndexBase) -> Result<Examples, DataError> {
+    let name = path.display().to_string();
+    let text = std::fs::read(path).map_err(|e| DataError {
+        path: name.clone(),
+        line: 0,
+        column: 0,
+        message: format!("cannot read: {e}"),
+    })?;
+    let examples = parse(&name, &text, base)?;
+    if examples.is_empty() {
+        return Err(DataError {
+            path: name,
+            line: 0,
+            column: 0,
+            message: "no examples: the file is empty or holds only comments".into(),
+        });
+    }
+    Ok(examples)
+}
+
+/// Parses `text` (named `name` in errors).
+pub fn parse(name: &str, text: &[u8], base: IndexBase) -> Result<Examples, DataError> {
+    let mut out = Examples::new();
+    // A rough guess that avoids most regrowth: one pair per 8 bytes.
+    out.indices.reserve(text.len() / 8);
+    out.values.reserve(text.len() / 8);
+    let mut saw_zero = false;
+    for (n, line) in text.split(|&b| b == b'\n').enumerate() {
+        parse_line(line, &mut out, &mut saw_zero).map_err(|(column, message)| DataError {
+            path: name.to_owned(),
+            line: n + 1,
+            column: column + 1,
+            message,
+        })?;
+    }
+    let one_based = match base {
+        IndexBase::Auto => !saw_zero,
+        IndexBase::Zero => false,
+        IndexBase::One if saw_zero => {
+            return Err(DataError {
+                path: name.to_owned(),
+                line: 0,
+                column: 0,
+                message: "index 0 in a file read as one-based".into(),
+            });
+        }
+        IndexBase::One => true,
+    };
+    if one_based {
+        for i in &mut out.indices {
+            *i -= 1;
+        }
+    }
+    Ok(out)
+}
+
+type LineError = (usize, String);
+
+/// A token as an error message shows it: quoted, cut at 40 bytes.
+fn shown(token: &[u8]) -> String {
+    format!(
+        "'{}'",
+        String::from_utf8_lossy(&token[..token.len().min(40)])
+    )
+}
+
+fn found(token: &[u8]) -> String {
+    format!("found {}", shown(token))
+}
+
+/// Appends the example on `line` (if any) to `out`. Errors carry the 0-based column.
+fn parse_line(line: &[u8], out: &mut Examples, saw_zero: &mut bool) -> Result<(), LineError> {
+    let line = match line.iter().position(|&b| b == b'#') {
+        Some(p) => &line[..p],
+        None => line,
+    };
+    let mut tokens = Tokens { line, at: 0 };
+    let Some((col, label)) = tokens.next() else {
+        return Ok(());
+    };
+    let label = parse_f32(label)
+        .ok_or_else(|| (col, format!("expected a numeric label, {}", found(label))))?;
+    let start = out.indices.len();
+    let mut last: Option<u64> = None;
+    for (col, token) in tokens {
+        if token.starts_with(b"qid:") {
+            continue;
+        }
+        let Some(colon) = token.iter().position(|&b| b == b':') else {
+            return Err(rollback(
+                out,
+                start,
+                col,
+                format!("expected 'index:value', {}", found(token)),
+            ));
+        };
+        let (idx, val) = (&token[..colon], &token[colon + 1..]);
+        let index = match parse_u64(idx) {
+            Some(i) if i < MAX_KEY => i,
+            Some(_) | None if !idx.is_empty() && idx.iter().all(u8::is_ascii_digit) => {
+                return Err(rollback(
+                    out,
+                    start,
+                    col,
+                    format!(
+                        "index {} is out of range (at most {})",
+                        shown(idx),
+                        MAX_KEY - 1
+                    ),
+                ));
+            }
+            _ => {
+                return Err(rollback(
+                    out,
+                    start,
+                    col,
+                    format!("expected an index, {}", found(idx)),
+                ));
+            }
+        };
+        if last.is_some_and(|l| index <= l) {
+            return Err(rollback(
+                out,
+                start,
+                col,
+                format!(
+                    "indices must increase along a line; {index} follows {}",
+                    last.unwrap_or(0)
+                ),
+            ));
+        }
+        last = Some(index);
+        let value = parse_f32(val).ok_or_else(|| {
+            (
+                col + colon + 1,
+                format!("expected a numeric value after ':', {}", found(val)),
+            )
+        });
+        let value = match value {
+            Ok(v) => v,
+            Err(e) => return Err(rollback(out, start, e.0, e.1)),
+        };
+        *saw_zero |= index == 0;
+        out.indices.push(index);
+        out.values.push(value);
+    }
+    out.labels.push(if label > 0.0 { 1.0 } else { 0.0 });
+    out.offsets.push(out.indices.len());
+    Ok(())
+}
+
+/// Undoes a half-parsed line before reporting it.
+fn rollback(out: &mut Examples, start: usize, col: usize, message: String) -> LineError {
+    out.indices.truncate(start);
+    out.values.truncate(start);
+    (col, message)
+}
+
+/// Whitespace-separated tokens of a line, with their starting column.
+struct Tokens<'a> {
+    line: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Iterator for Tokens<'a> {
+    type Item = (usize, &'a [u8]);
+
+    fn next(&mut self) -> Option<(usize, &'a [u8])> {
+        let rest = &self.line[self.at..];
+        let skip = rest.iter().position(|b| !b.is_ascii_whitespace())?;
+        let start = self.at + skip;
+        let len = self.line[start..]
+            .iter()
+            .position(u8::is_ascii_whitespace)
+            .unwrap_or(self.line.len() - start);
+        self.at = start + len;
+        Some((start, &self.line[start..start + len]))
+    }
+}
+
+fn parse_u64(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 20 {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |acc, &d| {
+        let d = d.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        acc.checked_mul(10)?.checked_add(u64::from(d))
+    })
+}
+
+fn parse_f32(token: &[u8]) -> Option<f32> {
+    let token = token.strip_prefix(b"+").unwrap_or(token);
+    // Plain small integers (labels, binary features) are the common case: skip the float parser.
+    if let Some(v) = parse_u64(token).filter(|&v| v < 1 << 24) {
+        return Some(v as f32);
+    }
+    let text = std::str::from_utf8(token).ok()?;
+    text.parse::<f32>().ok().filter(|v| v.is_finite())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        parse("t.svm", text.as_bytes(), IndexBase::Auto)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn reads_labels_features_comments_and_qids() {
+        let ex = parse(
+            "t.svm",
+            b"# header\n1 3:1.5 10:-2e-3\n\n0 qid:7 1:1 # tail\n-1\n",
+            IndexBase::Auto,
+        )
+        .unwrap();
+        assert_eq!(ex.len(), 3);
+        assert_eq!(ex.labels(), &[1.0, 0.0, 0.0]);
+        assert_eq!(ex.row(0), (&[2, 9][..], &[1.5, -2e-3][..]));
+        assert_eq!(ex.row(1), (&[0][..], &[1.0][..]));
+        assert_eq!(ex.row(2).0.len(), 0);
+        assert_eq!(ex.dimensions(), 10);
+    }
+
+    #[test]
+    fn a_zero_index_means_zero_based_unless_told_otherwise() {
+        let ex = parse("t", b"1 0:1 4:1\n", IndexBase::Auto).unwrap();
+        assert_eq!(ex.row(0).0, &[0, 4]);
+        let ex = parse("t", b"1 1:1 4:1\n", IndexBase::Zero).unwrap();
+        assert_eq!(ex.row(0).0, &[1, 4]);
+        let e = parse("t", b"1 0:1\n", IndexBase::One).unwrap_err();
+        assert!(e.to_string().contains("index 0"), "{e}");
+    }
+
+    #[test]
+    fn bad_input_names_file_line_column_and_what_was_expected() {
+        assert_eq!(
+            err("1 1:1\n1 2:1 abc\n"),
+            "t.svm:2:7: expected 'index:value', found 'abc'"
+        );
+        assert_eq!(
+            err("yes 1:1\n"),
+            "t.svm:1:1: expected a numeric label, found 'yes'"
+        );
+        assert_eq!(
+            err("1 2:x\n"),
+            "t.svm:1:5: expected a numeric value after ':', found 'x'"
+        );
+        assert!(
+            err("1 18446744073709551616:1\n")
+                .starts_with("t.svm:1:3: index '18446744073709551616' is out of range")
+        );
+        assert!(err("1 18446744073709551615:1\n").contains("out of range"));
+        assert!(err("1 5:1 3:1\n").contains("indices must increase"));
+        assert_eq!(err("1 a:1\n"), "t.svm:1:3: expected an index, found 'a'");
+        assert!(err("1 1:inf\n").contains("expected a numeric value"));
+    }
+
+    #[test]
+    fn missing_and_empty_files_are_errors_naming_the_file() {
+        let e = read(Path::new("/nonexistent/x.svm"), IndexBase::Auto).unwrap_err();
+        assert!(
+            e.to_string().starts_with("/nonexistent/x.svm: cannot read"),
+            "{e}"
+        );
+        let dir = std::env::temp_dir().join(format!("pserver-libsvm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let empty = dir.join("empty.svm");
+        std::fs::write(&empty, "# only a comment\n").unwrap();
+        let e = read(&empty, IndexBase::Auto).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("no examples: the file is empty or holds only comments")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn shards_cut_at_line_boundaries_and_cover_every_line_once() {
+        let text: Vec<u8> = (0..997)
+            .flat_map(|i| format!("{} {}:1\n", i % 2, i + 1).into_bytes())
+            .collect();
+        for shards in 1..9 {
+            let mut total = 0;
+            let mut end = 0;
+            for s in 0..shards {
+                let r = shard(&text, s, shards);
+                assert_eq!(r.start, end, "shards {shards} leave a gap or overlap");
+                assert!(r.start == 0 || text[r.start - 1] == b'\n');
+                end = r.end;
+                total += parse("t", &text[r], IndexBase::Zero).unwrap().len();
+            }
+            assert_eq!(end, text.len());
+            assert_eq!(total, 997);
+        }
+    }
+}

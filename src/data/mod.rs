@@ -1,0 +1,3 @@
+//! Reading training data.
+
+pub mod libsvm;
