@@ -139,15 +139,29 @@ pub fn shard(text: &[u8], shard: usize, shards: usize) -> Range<usize> {
     cut(shard)..cut(shard + 1).max(cut(shard))
 }
 
-/// Reads and parses the whole file at `path`.
-pub fn read(path: &Path, base: IndexBase) -> Result<Examples, DataError> {
+/// Reads the bytes of the file at `path`, decompressed if its name ends in `.gz`.
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
     let name = path.display().to_string();
-    let text = std::fs::read(path).map_err(|e| DataError {
+    let fail = |message: String| DataError {
         path: name.clone(),
         line: 0,
         column: 0,
-        message: format!("cannot read: {e}"),
-    })?;
+        message,
+    };
+    let raw = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    if path.extension().is_none_or(|e| e != "gz") {
+        return Ok(raw);
+    }
+    let mut text = Vec::with_capacity(raw.len() * 8);
+    std::io::Read::read_to_end(&mut flate2::read::MultiGzDecoder::new(&raw[..]), &mut text)
+        .map_err(|e| fail(format!("not a valid gzip file: {e}")))?;
+    Ok(text)
+}
+
+/// Reads and parses the whole file at `path` (gzip-compressed if its name ends in `.gz`).
+pub fn read(path: &Path, base: IndexBase) -> Result<Examples, DataError> {
+    let name = path.display().to_string();
+    let text = read_bytes(path)?;
     let examples = parse(&name, &text, base)?;
     if examples.is_empty() {
         return Err(DataError {
@@ -419,6 +433,29 @@ mod tests {
             e.to_string()
                 .ends_with("no examples: the file is empty or holds only comments")
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_shipped_adult_data_reads_whole() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/adult");
+        let train = read(&dir.join("adult.train.svm.gz"), IndexBase::Auto).unwrap();
+        let test = read(&dir.join("adult.test.svm.gz"), IndexBase::Auto).unwrap();
+        assert_eq!((train.len(), test.len()), (39_073, 9_769));
+        assert!(train.dimensions() <= 1 << 20);
+        let positive = train.labels().iter().sum::<f32>() / train.len() as f32;
+        assert!((0.2..0.3).contains(&positive), "{positive}");
+        assert!((30..40).contains(&(train.nonzeros() / train.len())));
+    }
+
+    #[test]
+    fn a_corrupt_gzip_file_is_an_error_naming_it() {
+        let dir = std::env::temp_dir().join(format!("pserver-gz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bad = dir.join("bad.svm.gz");
+        std::fs::write(&bad, b"\x1f\x8bnot really gzip").unwrap();
+        let e = read(&bad, IndexBase::Auto).unwrap_err().to_string();
+        assert!(e.contains("bad.svm.gz: not a valid gzip file"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
