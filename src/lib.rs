@@ -11,5 +11,6 @@ pub use pserver_core as core;
 pub use pserver_models as models;
 pub use pserver_transport as transport;
 
+pub mod apps;
 pub mod commands;
 pub mod data;

@@ -79,6 +79,18 @@ impl Examples {
         self.indices.len()
     }
 
+    /// The first `n` examples (all of them if there are fewer).
+    pub fn head(&self, n: usize) -> Examples {
+        let n = n.min(self.len());
+        let end = self.offsets[n];
+        Examples {
+            labels: self.labels[..n].to_vec(),
+            offsets: self.offsets[..=n].to_vec(),
+            indices: self.indices[..end].to_vec(),
+            values: self.values[..end].to_vec(),
+        }
+    }
+
     /// The largest feature index plus one (0 without features).
     pub fn dimensions(&self) -> u64 {
         self.indices.iter().max().map_or(0, |&m| m + 1)

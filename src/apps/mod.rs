@@ -1,0 +1,3 @@
+//! The applications: models trained on the parameter server.
+
+pub mod lr;

@@ -1,0 +1,93 @@
+//! Training sparse logistic regression on a slice of the shipped UCI Adult data, in one
+//! process. Each test pins a bound that a regression in the protocol, the runtime or the
+//! trainer would break.
+
+use std::path::Path;
+
+use pserver::apps::lr::{EpochReport, LrConfig, train_local};
+use pserver::core::{Consistency, Updater};
+use pserver::data::libsvm::{Examples, IndexBase, read};
+
+fn adult(name: &str, rows: usize) -> Examples {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("data/adult")
+        .join(name);
+    read(&path, IndexBase::Auto)
+        .expect("the shipped data")
+        .head(rows)
+}
+
+fn train(cfg: &LrConfig) -> Vec<EpochReport> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (train, test) = (
+        adult("adult.train.svm.gz", 12_000),
+        adult("adult.test.svm.gz", 3_000),
+    );
+    rt.block_on(train_local(cfg, train, test, |_| {}))
+        .expect("training runs")
+}
+
+fn small(cfg: LrConfig) -> LrConfig {
+    LrConfig { epochs: 4, ..cfg }
+}
+
+#[test]
+fn default_settings_reach_a_good_auc_on_a_slice_and_improve_every_epoch() {
+    let reports = train(&small(LrConfig::default()));
+    eprintln!("{reports:?}");
+    assert_eq!(reports.len(), 4);
+    let last = reports.last().unwrap();
+    assert!(last.test_auc >= 0.89, "{reports:?}");
+    assert!(
+        reports
+            .windows(2)
+            .all(|w| w[1].train_logloss < w[0].train_logloss),
+        "{reports:?}"
+    );
+}
+
+#[test]
+fn four_workers_under_bounded_delay_match_one_sequential_worker_within_one_percent() {
+    let one = train(&small(LrConfig {
+        workers: 1,
+        consistency: Consistency::Sequential,
+        ..LrConfig::default()
+    }));
+    let four = train(&small(LrConfig {
+        workers: 4,
+        consistency: Consistency::BoundedDelay(4),
+        ..LrConfig::default()
+    }));
+    let (a, b) = (
+        one.last().unwrap().test_logloss,
+        four.last().unwrap().test_logloss,
+    );
+    assert!((a - b).abs() <= 0.01 * a, "1 worker {a}, 4 workers {b}");
+}
+
+#[test]
+fn a_larger_l1_makes_a_sparser_model() {
+    let nnz = |l1: f64| {
+        let cfg = small(LrConfig {
+            updater: Updater::FtrlProximal {
+                alpha: 0.3,
+                beta: 1.0,
+                l1,
+                l2: 1.0,
+            },
+            ..LrConfig::default()
+        });
+        train(&cfg).last().unwrap().nnz
+    };
+    let (loose, tight, tighter) = (nnz(0.01), nnz(1.0), nnz(10.0));
+    eprintln!("nnz {loose} {tight} {tighter}");
+    assert!(
+        loose > tight && tight > tighter,
+        "{loose} {tight} {tighter}"
+    );
+    assert!(tighter > 0);
+}
