@@ -205,3 +205,31 @@ fn check_mutation_explains_that_it_needs_the_feature() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("--features mutations"), "{err}");
 }
+
+#[test]
+fn train_refuses_bad_data_with_file_line_and_column_and_status_2() {
+    let dir = std::env::temp_dir().join(format!("pserver-cli-train-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("reviews.svm");
+    std::fs::write(&bad, "1 3:1\n0 2:1 abc\n").unwrap();
+    let out = pserver()
+        .args(["train", "--data", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("reviews.svm:2:7: expected 'index:value', found 'abc'"),
+        "{err}"
+    );
+    let missing = dir.join("missing.svm");
+    let out = pserver()
+        .args(["train", "--test", missing.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("missing.svm: cannot read"), "{err}");
+    assert!(!err.contains("panicked"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
