@@ -98,9 +98,13 @@ struct TrainArgs {
     /// Workers.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     workers: u32,
-    /// Consistency model: sequential, bounded:TAU or eventual.
-    #[arg(long, default_value = "bounded:4")]
-    consistency: Consistency,
+    /// Consistency models, comma-separated (sequential, bounded:TAU, eventual): one training
+    /// run each, one curve each in the plot.
+    #[arg(long, value_delimiter = ',', default_value = "bounded:4")]
+    consistency: Vec<Consistency>,
+    /// Draw test log loss and AUC against time into this SVG file.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<std::path::PathBuf>,
     /// Passes over the training data.
     #[arg(long, default_value_t = 10)]
     epochs: u32,
@@ -120,6 +124,7 @@ struct TrainArgs {
 
 fn train_command(args: TrainArgs) -> ExitCode {
     use pserver::apps::lr::{LrConfig, train_local};
+    use pserver::apps::plot::{Curve, write_svg};
     use pserver::data::libsvm::{IndexBase, read};
     let load = |p: &std::path::Path| read(p, IndexBase::Auto);
     let (train, test) = match (load(&args.data), load(&args.test)) {
@@ -129,27 +134,6 @@ fn train_command(args: TrainArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let cfg = LrConfig {
-        servers: args.servers as usize,
-        workers: args.workers as usize,
-        consistency: args.consistency,
-        epochs: args.epochs,
-        batch: args.batch,
-        updater: pserver::core::Updater::FtrlProximal {
-            alpha: args.alpha,
-            beta: 1.0,
-            l1: args.l1,
-            l2: args.l2,
-        },
-    };
-    eprintln!(
-        "train: {} rows, test: {} rows, {} servers, {} workers, {}",
-        train.len(),
-        test.len(),
-        cfg.servers,
-        cfg.workers,
-        cfg.consistency
-    );
     let rt = match tokio_runtime() {
         Ok(rt) => rt,
         Err(e) => {
@@ -157,24 +141,69 @@ fn train_command(args: TrainArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let bar = indicatif::ProgressBar::new(u64::from(cfg.epochs));
-    let result = rt.block_on(train_local(&cfg, train, test, |r| {
-        bar.suspend(|| {
-            println!(
-                "iter={} train_logloss={:.4} test_logloss={:.4} test_auc={:.4} nnz={} secs={:.2}",
-                r.epoch, r.train_logloss, r.test_logloss, r.test_auc, r.nnz, r.secs
-            )
-        });
-        bar.inc(1);
-    }));
-    bar.finish_and_clear();
-    match result {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
+    let several = args.consistency.len() > 1;
+    let mut runs = Vec::new();
+    for &consistency in &args.consistency {
+        let cfg = LrConfig {
+            servers: args.servers as usize,
+            workers: args.workers as usize,
+            consistency,
+            epochs: args.epochs,
+            batch: args.batch,
+            updater: pserver::core::Updater::FtrlProximal {
+                alpha: args.alpha,
+                beta: 1.0,
+                l1: args.l1,
+                l2: args.l2,
+            },
+        };
+        eprintln!(
+            "train: {} rows, test: {} rows, {} servers, {} workers, {}",
+            train.len(),
+            test.len(),
+            cfg.servers,
+            cfg.workers,
+            cfg.consistency
+        );
+        let bar = indicatif::ProgressBar::new(u64::from(cfg.epochs));
+        let prefix = if several {
+            format!("consistency={consistency} ")
+        } else {
+            String::new()
+        };
+        let result = rt.block_on(train_local(&cfg, train.clone(), test.clone(), |r| {
+            bar.suspend(|| {
+                println!(
+                    "{prefix}iter={} train_logloss={:.4} test_logloss={:.4} test_auc={:.4} nnz={} secs={:.2}",
+                    r.epoch, r.train_logloss, r.test_logloss, r.test_auc, r.nnz, r.secs
+                )
+            });
+            bar.inc(1);
+        }));
+        bar.finish_and_clear();
+        match result {
+            Ok(reports) => runs.push((consistency, reports)),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
         }
     }
+    if let Some(path) = &args.plot {
+        let curves: Vec<Curve<'_>> = runs
+            .iter()
+            .map(|(c, reports)| Curve {
+                name: c.to_string(),
+                reports,
+            })
+            .collect();
+        if let Err(e) = write_svg(path, &curves) {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+        eprintln!("plot: {}", path.display());
+    }
+    ExitCode::SUCCESS
 }
 
 #[derive(Args, Debug)]

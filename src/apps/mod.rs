@@ -1,3 +1,4 @@
 //! The applications: models trained on the parameter server.
 
 pub mod lr;
+pub mod plot;
