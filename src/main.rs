@@ -82,6 +82,23 @@ enum Command {
     /// test_auc=... nnz=... secs=...`; a bad data file is one line naming file:line:column,
     /// exit status 2.
     Train(TrainArgs),
+    /// Score a LIBSVM data set with a model saved by `pserver train --save`.
+    ///
+    /// Prints `predict rows=N logloss=L auc=A`, or with --scores one probability per row.
+    Predict(PredictArgs),
+}
+
+#[derive(Args, Debug)]
+struct PredictArgs {
+    /// The model file.
+    #[arg(long, value_name = "FILE")]
+    model: std::path::PathBuf,
+    /// The data to score (LIBSVM, optionally .gz).
+    #[arg(long, value_name = "FILE")]
+    data: std::path::PathBuf,
+    /// Print one probability per row instead of the summary.
+    #[arg(long)]
+    scores: bool,
 }
 
 #[derive(Args, Debug)]
@@ -105,6 +122,10 @@ struct TrainArgs {
     /// Draw test log loss and AUC against time into this SVG file.
     #[arg(long, value_name = "FILE")]
     plot: Option<std::path::PathBuf>,
+    /// Save the trained model (of the last consistency model given) to this file, for
+    /// `pserver predict`.
+    #[arg(long, value_name = "FILE")]
+    save: Option<std::path::PathBuf>,
     /// Passes over the training data.
     #[arg(long, default_value_t = 10)]
     epochs: u32,
@@ -192,9 +213,9 @@ fn train_command(args: TrainArgs) -> ExitCode {
     if let Some(path) = &args.plot {
         let curves: Vec<Curve<'_>> = runs
             .iter()
-            .map(|(c, reports)| Curve {
+            .map(|(c, trained)| Curve {
                 name: c.to_string(),
-                reports,
+                reports: &trained.reports,
             })
             .collect();
         if let Err(e) = write_svg(path, &curves) {
@@ -203,6 +224,61 @@ fn train_command(args: TrainArgs) -> ExitCode {
         }
         eprintln!("plot: {}", path.display());
     }
+    if let (Some(path), Some((_, trained))) = (&args.save, runs.last()) {
+        if let Err(e) = pserver::apps::lr::save_model(path, &trained.model) {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+        let nonzero = trained.model.values().iter().filter(|w| **w != 0.0).count();
+        eprintln!("model: {} ({nonzero} non-zero weights)", path.display());
+    }
+    ExitCode::SUCCESS
+}
+
+fn predict_command(args: PredictArgs) -> ExitCode {
+    use pserver::apps::lr::{auc, load_model, scores};
+    use pserver::data::libsvm::{IndexBase, read};
+    let model = match load_model(&args.model) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let data = match read(&args.data, IndexBase::Auto) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let s = scores(&model, &data);
+    if args.scores {
+        use std::io::Write;
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        for z in &s {
+            // A closed pipe (`| head`) ends the output quietly.
+            if writeln!(out, "{:.6}", 1.0 / (1.0 + (-z).exp())).is_err() {
+                return ExitCode::SUCCESS;
+            }
+        }
+        let _ = out.flush();
+        return ExitCode::SUCCESS;
+    }
+    let logloss: f64 = s
+        .iter()
+        .zip(data.labels())
+        .map(|(&z, &y)| {
+            let p = (1.0 / (1.0 + (-z).exp())).clamp(1e-12, 1.0 - 1e-12);
+            if y > 0.5 { -p.ln() } else { -(1.0 - p).ln() }
+        })
+        .sum::<f64>()
+        / data.len() as f64;
+    println!(
+        "predict rows={} logloss={logloss:.4} auc={:.4}",
+        data.len(),
+        auc(&s, data.labels())
+    );
     ExitCode::SUCCESS
 }
 
@@ -710,6 +786,7 @@ fn main() -> ExitCode {
         Command::Worker(args) => node_command(args, Role::Worker),
         Command::Local(args) => local_command(args),
         Command::Train(args) => train_command(args),
+        Command::Predict(args) => predict_command(args),
         Command::Ring(args) => {
             let config = RingConfig {
                 vnodes: args.vnodes,

@@ -233,3 +233,45 @@ fn train_refuses_bad_data_with_file_line_and_column_and_status_2() {
     assert!(!err.contains("panicked"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_saved_model_predicts_what_training_measured() {
+    let dir = std::env::temp_dir().join(format!("pserver-cli-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("model.bin");
+    let out = pserver()
+        .args(["train", "--epochs", "1", "--save", model.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trained = String::from_utf8(out.stdout).unwrap();
+    let auc_of = |text: &str, key: &str| -> String {
+        let field = text
+            .split_whitespace()
+            .find(|f| f.starts_with(key))
+            .unwrap_or_else(|| panic!("no {key} in {text}"));
+        field[key.len()..].to_owned()
+    };
+    let out = pserver()
+        .args([
+            "predict",
+            "--model",
+            model.to_str().unwrap(),
+            "--data",
+            "data/adult/adult.test.svm.gz",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let predicted = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(auc_of(&predicted, "auc="), auc_of(&trained, "test_auc="));
+    assert_eq!(
+        auc_of(&predicted, "logloss="),
+        auc_of(&trained, "test_logloss=")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

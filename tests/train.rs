@@ -29,6 +29,7 @@ fn train(cfg: &LrConfig) -> Vec<EpochReport> {
     );
     rt.block_on(train_local(cfg, train, test, |_| {}))
         .expect("training runs")
+        .reports
 }
 
 fn small(cfg: LrConfig) -> LrConfig {

@@ -180,6 +180,7 @@ enum Note {
         test_logloss: f64,
         test_auc: f64,
         nnz: usize,
+        weights: KvPairs<f32>,
     },
 }
 
@@ -236,6 +237,7 @@ async fn run_worker(
                 test_logloss,
                 test_auc,
                 nnz,
+                weights: model,
             });
         }
     }
@@ -246,6 +248,15 @@ fn config(e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Config(e.to_string())
 }
 
+/// A finished training run.
+#[derive(Clone, Debug)]
+pub struct Trained {
+    /// One report per epoch.
+    pub reports: Vec<EpochReport>,
+    /// The final model: every stored key with its weight.
+    pub model: KvPairs<f32>,
+}
+
 /// Trains on `train` in one process over the in-memory transport, measuring on `test` after
 /// every epoch; `on_epoch` sees each report as it is made.
 pub async fn train_local(
@@ -253,7 +264,7 @@ pub async fn train_local(
     train: Examples,
     test: Examples,
     mut on_epoch: impl FnMut(&EpochReport),
-) -> Result<Vec<EpochReport>, RuntimeError> {
+) -> Result<Trained, RuntimeError> {
     let began = Instant::now();
     let mut spec = ClusterSpec::new(cfg.servers, cfg.workers);
     spec.consistency = cfg.consistency;
@@ -282,6 +293,7 @@ pub async fn train_local(
     let mut losses: Vec<(f64, usize, usize)> = vec![(0.0, 0, 0); cfg.epochs as usize + 1];
     let mut models = vec![None; cfg.epochs as usize + 1];
     let mut reports = Vec::new();
+    let mut last_model = None;
     let mut next = 1;
     while let Some(note) = rx.recv().await {
         match note {
@@ -296,7 +308,13 @@ pub async fn train_local(
                 test_logloss,
                 test_auc,
                 nnz,
-            } => models[epoch as usize] = Some((test_logloss, test_auc, nnz)),
+                weights,
+            } => {
+                models[epoch as usize] = Some((test_logloss, test_auc, nnz));
+                if epoch == cfg.epochs {
+                    last_model = Some(weights);
+                }
+            }
         }
         while next <= cfg.epochs {
             let (loss, rows, workers) = losses[next as usize];
@@ -323,12 +341,100 @@ pub async fn train_local(
         t.await.map_err(|_| RuntimeError::ShutDown)??;
     }
     cluster.shutdown().await?;
-    Ok(reports)
+    let model = match last_model {
+        Some(m) => m,
+        None => KvPairs::empty(1).map_err(config)?,
+    };
+    Ok(Trained { reports, model })
+}
+
+/// The first bytes of a saved model file.
+const MODEL_MAGIC: &[u8; 8] = b"PSLRv1\0\0";
+
+/// Writes `model` (keys and f32 weights) to `path`: magic, count, then each key and weight in
+/// little-endian. Zero weights are left out.
+pub fn save_model(path: &std::path::Path, model: &KvPairs<f32>) -> Result<(), String> {
+    let rows: Vec<(Key, f32)> = model
+        .iter()
+        .filter(|(_, w)| w[0] != 0.0)
+        .map(|(k, w)| (k, w[0]))
+        .collect();
+    let mut bytes = Vec::with_capacity(16 + rows.len() * 12);
+    bytes.extend_from_slice(MODEL_MAGIC);
+    bytes.extend_from_slice(&(rows.len() as u64).to_le_bytes());
+    for (k, w) in rows {
+        bytes.extend_from_slice(&k.to_le_bytes());
+        bytes.extend_from_slice(&w.to_le_bytes());
+    }
+    std::fs::write(path, bytes).map_err(|e| format!("{}: cannot write: {e}", path.display()))
+}
+
+/// Reads a model written by [`save_model`], checking its header and length before allocating.
+pub fn load_model(path: &std::path::Path) -> Result<KvPairs<f32>, String> {
+    let name = path.display();
+    let bytes = std::fs::read(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
+    let bad = |why: &str| format!("{name}: not a pserver model: {why}");
+    let (magic, rest) = bytes.split_at_checked(8).ok_or_else(|| bad("too short"))?;
+    if magic != MODEL_MAGIC {
+        return Err(bad("wrong magic bytes"));
+    }
+    let (count, rows) = rest.split_at_checked(8).ok_or_else(|| bad("too short"))?;
+    let count = u64::from_le_bytes(count.try_into().map_err(|_| bad("too short"))?);
+    if Some(rows.len() as u64) != count.checked_mul(12) {
+        return Err(bad("its length does not match its row count"));
+    }
+    let mut keys = Vec::with_capacity(rows.len() / 12);
+    let mut weights = Vec::with_capacity(rows.len() / 12);
+    for row in rows.chunks_exact(12) {
+        let (k, w) = row.split_at(8);
+        keys.push(u64::from_le_bytes(
+            k.try_into().map_err(|_| bad("a short row"))?,
+        ));
+        weights.push(f32::from_le_bytes(
+            w.try_into().map_err(|_| bad("a short row"))?,
+        ));
+    }
+    KvPairs::new(keys, weights, 1).map_err(|e| bad(&e.to_string()))
+}
+
+/// The raw score (log-odds) of every example of `data` under `model`.
+pub fn scores(model: &KvPairs<f32>, data: &Examples) -> Vec<f64> {
+    (0..data.len())
+        .map(|i| {
+            let (idx, val) = data.row(i);
+            idx.iter()
+                .zip(val)
+                .map(|(&k, &v)| model.get(k).map_or(0.0, |w| f64::from(w[0]) * f64::from(v)))
+                .sum()
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_saved_model_loads_back_and_a_corrupt_one_is_refused() {
+        let model = KvPairs::new(vec![3, 9, 12], vec![0.5f32, 0.0, -1.25], 1).unwrap();
+        let dir = std::env::temp_dir().join(format!("pserver-model-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.bin");
+        save_model(&path, &model).unwrap();
+        let back = load_model(&path).unwrap();
+        assert_eq!(back.keys(), &[3, 12]);
+        assert_eq!(back.values(), &[0.5, -1.25]);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        assert!(load_model(&path).unwrap_err().contains("does not match"));
+        std::fs::write(&path, b"garbage!").unwrap();
+        assert!(
+            load_model(&path)
+                .unwrap_err()
+                .contains("not a pserver model")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn auc_is_exact_and_handles_ties() {
