@@ -144,7 +144,7 @@ struct TrainArgs {
 }
 
 fn train_command(args: TrainArgs) -> ExitCode {
-    use pserver::apps::lr::{LrConfig, train_local};
+    use pserver::apps::lr::{LrConfig, train_local_until};
     use pserver::apps::plot::{Curve, write_svg};
     use pserver::data::libsvm::{IndexBase, read};
     let load = |p: &std::path::Path| read(p, IndexBase::Auto);
@@ -192,7 +192,16 @@ fn train_command(args: TrainArgs) -> ExitCode {
         } else {
             String::new()
         };
-        let result = rt.block_on(train_local(&cfg, train.clone(), test.clone(), |r| {
+        // The training future runs on this thread (block_on), so a Cell is enough.
+        let interrupted = std::cell::Cell::new(false);
+        let ctrl_c = async {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                interrupted.set(true);
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        let result = rt.block_on(train_local_until(&cfg, train.clone(), test.clone(), |r| {
             bar.suspend(|| {
                 println!(
                     "{prefix}iter={} train_logloss={:.4} test_logloss={:.4} test_auc={:.4} nnz={} secs={:.2}",
@@ -200,7 +209,7 @@ fn train_command(args: TrainArgs) -> ExitCode {
                 )
             });
             bar.inc(1);
-        }));
+        }, ctrl_c));
         bar.finish_and_clear();
         match result {
             Ok(reports) => runs.push((consistency, reports)),
@@ -209,7 +218,15 @@ fn train_command(args: TrainArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         }
+        if interrupted.get() {
+            eprintln!("interrupted: keeping the epochs finished so far");
+            break;
+        }
     }
+    let interrupted = runs.len() < args.consistency.len()
+        || runs
+            .last()
+            .is_some_and(|(_, t)| t.reports.len() < args.epochs as usize);
     if let Some(path) = &args.plot {
         let curves: Vec<Curve<'_>> = runs
             .iter()
@@ -231,6 +248,10 @@ fn train_command(args: TrainArgs) -> ExitCode {
         }
         let nonzero = trained.model.values().iter().filter(|w| **w != 0.0).count();
         eprintln!("model: {} ({nonzero} non-zero weights)", path.display());
+    }
+    if interrupted {
+        // The shell's convention for a run ended by SIGINT.
+        return ExitCode::from(130);
     }
     ExitCode::SUCCESS
 }

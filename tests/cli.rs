@@ -275,3 +275,51 @@ fn a_saved_model_predicts_what_training_measured() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn ctrl_c_stops_training_cleanly_and_keeps_a_partial_plot() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command as Process, Stdio};
+    use std::time::{Duration, Instant};
+    let dir = std::env::temp_dir().join(format!("pserver-cli-ctrlc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plot = dir.join("loss.svg");
+    let mut child = Process::new(assert_cmd::cargo::cargo_bin("pserver"))
+        .args([
+            "train",
+            "--epochs",
+            "100000",
+            "--plot",
+            plot.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Two finished epochs, so that the plot has a line to draw.
+    for _ in 0..2 {
+        let line = lines.next().expect("an epoch line").unwrap();
+        assert!(line.starts_with("iter="), "{line}");
+    }
+    let status = Process::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("training did not stop within 30 s of Ctrl-C");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(code, Some(130));
+    let svg = std::fs::read_to_string(&plot).expect("a partial plot");
+    assert!(svg.starts_with("<svg") && svg.contains("<polyline"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

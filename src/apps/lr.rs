@@ -263,7 +263,19 @@ pub async fn train_local(
     cfg: &LrConfig,
     train: Examples,
     test: Examples,
+    on_epoch: impl FnMut(&EpochReport),
+) -> Result<Trained, RuntimeError> {
+    train_local_until(cfg, train, test, on_epoch, std::future::pending()).await
+}
+
+/// [`train_local`], ending early when `stop` completes (Ctrl-C, say): the result then holds the
+/// epochs finished so far, and the model of the last of them.
+pub async fn train_local_until(
+    cfg: &LrConfig,
+    train: Examples,
+    test: Examples,
     mut on_epoch: impl FnMut(&EpochReport),
+    stop: impl Future<Output = ()>,
 ) -> Result<Trained, RuntimeError> {
     let began = Instant::now();
     let mut spec = ClusterSpec::new(cfg.servers, cfg.workers);
@@ -295,7 +307,27 @@ pub async fn train_local(
     let mut reports = Vec::new();
     let mut last_model = None;
     let mut next = 1;
-    while let Some(note) = rx.recv().await {
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let note = tokio::select! {
+            note = rx.recv() => note,
+            () = &mut stop => {
+                // Workers may be waiting on each other at a consistency bound: end them all at
+                // once rather than one by one.
+                for t in &tasks {
+                    t.abort();
+                }
+                drop(cluster);
+                let model = match last_model {
+                    Some(m) => m,
+                    None => KvPairs::empty(1).map_err(config)?,
+                };
+                return Ok(Trained { reports, model });
+            }
+        };
+        let Some(note) = note else {
+            break;
+        };
         match note {
             Note::Loss { epoch, loss, rows } => {
                 let slot = &mut losses[epoch as usize];
@@ -311,9 +343,7 @@ pub async fn train_local(
                 weights,
             } => {
                 models[epoch as usize] = Some((test_logloss, test_auc, nnz));
-                if epoch == cfg.epochs {
-                    last_model = Some(weights);
-                }
+                last_model = Some(weights);
             }
         }
         while next <= cfg.epochs {
