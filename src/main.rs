@@ -74,9 +74,11 @@ enum Command {
     /// The last line is `local servers=S workers=W keys=K iterations=N totals=exact|WRONG
     /// refused=R secs=T`; the exit status is 1 if the totals are wrong.
     Local(LocalArgs),
-    /// Train sparse logistic regression on a LIBSVM data set, in one process.
+    /// Train a model in one process: sparse logistic regression (lr) or a count-min sketch.
     ///
-    /// With no arguments, trains on the shipped UCI Adult data (data/adult). Workers compute
+    /// With no arguments, trains logistic regression on the shipped UCI Adult data
+    /// (data/adult); `pserver train sketch` counts a generated stream and checks every
+    /// estimate against its exact count (`sketch ... over_bound=O max_overcount=M`). Workers compute
     /// gradients on minibatches of their own share of the rows and push them; servers apply
     /// FTRL-Proximal. After every epoch prints `iter=E train_logloss=... test_logloss=...
     /// test_auc=... nnz=... secs=...`; a bad data file is one line naming file:line:column,
@@ -101,8 +103,29 @@ struct PredictArgs {
     scores: bool,
 }
 
+/// What `pserver train` trains.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum App {
+    /// Sparse logistic regression on LIBSVM data.
+    Lr,
+    /// A count-min sketch of a generated stream, checked against exact counts.
+    Sketch,
+}
+
 #[derive(Args, Debug)]
 struct TrainArgs {
+    /// What to train.
+    #[arg(value_enum, default_value = "lr")]
+    app: App,
+    /// Sketch: items in the stream.
+    #[arg(long, default_value_t = 200_000)]
+    items: u64,
+    /// Sketch: additive error bound, as a fraction of the stream's length.
+    #[arg(long, default_value_t = 0.001)]
+    eps: f64,
+    /// Sketch: probability that an estimate breaks the bound.
+    #[arg(long, default_value_t = 0.01)]
+    delta: f64,
     /// Training data (LIBSVM, optionally .gz).
     #[arg(long, default_value = "data/adult/adult.train.svm.gz")]
     data: std::path::PathBuf,
@@ -143,7 +166,53 @@ struct TrainArgs {
     l2: f64,
 }
 
+fn sketch_command(args: &TrainArgs) -> ExitCode {
+    use pserver::apps::sketch::{SketchConfig, run};
+    if !(args.eps > 0.0 && args.eps < 1.0 && args.delta > 0.0 && args.delta < 1.0) {
+        eprintln!("error: --eps and --delta must lie strictly between 0 and 1");
+        return ExitCode::from(2);
+    }
+    let cfg = SketchConfig {
+        servers: args.servers as usize,
+        workers: args.workers as usize,
+        items: args.items,
+        eps: args.eps,
+        delta: args.delta,
+        ..SketchConfig::default()
+    };
+    let rt = match tokio_runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(run(&cfg)) {
+        Ok(r) => {
+            println!(
+                "sketch items={} width={} depth={} queried={} over_bound={} max_overcount={} bound={:.1} under_counted={}",
+                cfg.items,
+                r.width,
+                r.depth,
+                r.queried,
+                r.over_bound,
+                r.max_overcount,
+                r.bound,
+                r.under_counted
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn train_command(args: TrainArgs) -> ExitCode {
+    if args.app == App::Sketch {
+        return sketch_command(&args);
+    }
     use pserver::apps::lr::{LrConfig, train_local_until};
     use pserver::apps::plot::{Curve, write_svg};
     use pserver::data::libsvm::{IndexBase, read};

@@ -2,3 +2,4 @@
 
 pub mod lr;
 pub mod plot;
+pub mod sketch;
