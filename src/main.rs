@@ -74,7 +74,8 @@ enum Command {
     /// The last line is `local servers=S workers=W keys=K iterations=N totals=exact|WRONG
     /// refused=R secs=T`; the exit status is 1 if the totals are wrong.
     Local(LocalArgs),
-    /// Train a model in one process: sparse logistic regression (lr) or a count-min sketch.
+    /// Train a model in one process: sparse logistic regression (lr), matrix factorization
+    /// (mf) or a count-min sketch (sketch).
     ///
     /// With no arguments, trains logistic regression on the shipped UCI Adult data
     /// (data/adult); `pserver train sketch` counts a generated stream and checks every
@@ -108,6 +109,8 @@ struct PredictArgs {
 enum App {
     /// Sparse logistic regression on LIBSVM data.
     Lr,
+    /// Matrix factorization of generated low-rank ratings with noise of known variance.
+    Mf,
     /// A count-min sketch of a generated stream, checked against exact counts.
     Sketch,
 }
@@ -209,9 +212,52 @@ fn sketch_command(args: &TrainArgs) -> ExitCode {
     }
 }
 
+fn mf_command(args: &TrainArgs) -> ExitCode {
+    use pserver::apps::mf::{MfConfig, train};
+    let cfg = MfConfig {
+        servers: args.servers as usize,
+        workers: args.workers as usize,
+        consistency: args
+            .consistency
+            .first()
+            .copied()
+            .unwrap_or(Consistency::Sequential),
+        epochs: args.epochs,
+        ..MfConfig::default()
+    };
+    let rt = match tokio_runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    eprintln!(
+        "mf: {} users x {} items, rank {}, {} ratings, noise {}",
+        cfg.users, cfg.items, cfg.rank, cfg.ratings, cfg.noise
+    );
+    match rt.block_on(train(&cfg)) {
+        Ok(reports) => {
+            for r in reports {
+                println!(
+                    "iter={} test_rmse={:.4} noise_floor={} secs={:.2}",
+                    r.epoch, r.test_rmse, cfg.noise, r.secs
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn train_command(args: TrainArgs) -> ExitCode {
-    if args.app == App::Sketch {
-        return sketch_command(&args);
+    match args.app {
+        App::Sketch => return sketch_command(&args),
+        App::Mf => return mf_command(&args),
+        App::Lr => {}
     }
     use pserver::apps::lr::{LrConfig, train_local_until};
     use pserver::apps::plot::{Curve, write_svg};
