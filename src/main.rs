@@ -89,6 +89,68 @@ enum Command {
     ///
     /// Prints `predict rows=N logloss=L auc=A`, or with --scores one probability per row.
     Predict(PredictArgs),
+    /// Generate synthetic click-like data in LIBSVM form (zero-based indices): binary features
+    /// with power-law frequencies, labels drawn from a known true logistic model.
+    ///
+    /// The same arguments always give the same file; a name ending in .gz is compressed.
+    Gen(GenArgs),
+}
+
+#[derive(Args, Debug)]
+struct GenArgs {
+    /// Rows to write.
+    #[arg(long, default_value_t = 100_000)]
+    rows: u64,
+    /// Features (the dimension of the problem).
+    #[arg(long, default_value_t = 1 << 22, value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
+    features: u64,
+    /// Distinct features per row.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    per_row: u32,
+    /// Seed of the true model and of the rows.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Number of the first row: a test set is the same seed with rows after the training set's.
+    #[arg(long, default_value_t = 0)]
+    first_row: u64,
+    /// Output file (.gz to compress).
+    #[arg(long, value_name = "FILE")]
+    out: std::path::PathBuf,
+}
+
+fn gen_command(args: GenArgs) -> ExitCode {
+    use pserver::data::synthetic::{GenConfig, write};
+    let cfg = GenConfig {
+        rows: args.rows,
+        features: args.features,
+        per_row: args.per_row as usize,
+        seed: args.seed,
+        first_row: args.first_row,
+    };
+    let file = match std::fs::File::create(&args.out) {
+        Ok(f) => std::io::BufWriter::new(f),
+        Err(e) => {
+            eprintln!("error: {}: cannot create: {e}", args.out.display());
+            return ExitCode::from(2);
+        }
+    };
+    let written = if args.out.extension().is_some_and(|e| e == "gz") {
+        let mut gz = flate2::write::GzEncoder::new(file, flate2::Compression::fast());
+        write(&cfg, &mut gz).and_then(|()| gz.finish().map(drop))
+    } else {
+        let mut file = file;
+        write(&cfg, &mut file)
+    };
+    match written {
+        Ok(()) => {
+            eprintln!("gen: {} rows to {}", cfg.rows, args.out.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {}: cannot write: {e}", args.out.display());
+            ExitCode::from(2)
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -923,6 +985,7 @@ fn main() -> ExitCode {
         Command::Local(args) => local_command(args),
         Command::Train(args) => train_command(args),
         Command::Predict(args) => predict_command(args),
+        Command::Gen(args) => gen_command(args),
         Command::Ring(args) => {
             let config = RingConfig {
                 vnodes: args.vnodes,

@@ -1,3 +1,4 @@
 //! Reading training data.
 
 pub mod libsvm;
+pub mod synthetic;
