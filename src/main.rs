@@ -581,6 +581,10 @@ fn node_command(args: NodeArgs, role: Role) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        Ok(NodeOutcome::Trained { epochs }) => {
+            println!("worker {id} trained epochs={epochs}");
+            ExitCode::SUCCESS
+        }
         Ok(NodeOutcome::Worker(s)) => {
             println!(
                 "worker {id} iterations={} pushes={} pushed_sum={}",

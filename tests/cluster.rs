@@ -350,3 +350,79 @@ fn a_bad_cluster_file_a_port_in_use_or_no_coordinator_is_one_line_and_status_2()
     assert!(text(&out.stderr).contains("cluster.toml: consistency:"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn logistic_regression_trains_across_processes_each_worker_on_its_own_shard() {
+    let dir = std::env::temp_dir().join(format!("pserver-lr-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("secret.key"), "lr-secret\n").unwrap();
+    // A slice of the shipped data, uncompressed.
+    let adult = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/adult");
+    let lines = |name: &str, n: usize| -> String {
+        let bytes = pserver::data::libsvm::read_bytes(&adult.join(name)).unwrap();
+        String::from_utf8(bytes)
+            .unwrap()
+            .lines()
+            .take(n)
+            .map(|l| format!("{l}\n"))
+            .collect()
+    };
+    std::fs::write(dir.join("train.svm"), lines("adult.train.svm.gz", 6_000)).unwrap();
+    std::fs::write(dir.join("test.svm"), lines("adult.test.svm.gz", 1_500)).unwrap();
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let roles = ["coordinator", "server", "worker", "worker"];
+    let mut text = "cluster_id = \"lr\"\nconsistency = \"bounded:2\"\nsecret_file = \"secret.key\"\n\n[job]\napp = \"lr\"\ndata = \"train.svm\"\ntest = \"test.svm\"\nepochs = 3\n".to_string();
+    for (id, (port, role)) in ports.iter().zip(roles).enumerate() {
+        text +=
+            &format!("\n[[node]]\nid = {id}\nrole = \"{role}\"\naddress = \"127.0.0.1:{port}\"\n");
+    }
+    let config = dir.join("cluster.toml");
+    std::fs::write(&config, text).unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    let mut children = Children(Vec::new());
+    for (id, role) in roles.iter().enumerate() {
+        let child = pserver(&[role, "--config", &config, "--id", &id.to_string()])
+            .spawn()
+            .expect("start a node");
+        children.0.push((format!("{role} {id}"), child));
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut outputs = Vec::new();
+    for (name, child) in children.0.drain(2..) {
+        let mut child = child;
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{name}: {}", text_of(&out.stderr));
+        outputs.push(text_of(&out.stdout));
+    }
+    // The first worker measured the model after every epoch; the last measurement is good.
+    let first = &outputs[0];
+    let aucs: Vec<f64> = first
+        .lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|f| f.strip_prefix("test_auc="))
+        })
+        .map(|v| v.parse().unwrap())
+        .collect();
+    assert_eq!(aucs.len(), 3, "{first}");
+    assert!(aucs[2] >= 0.85, "{aucs:?}");
+    // The other worker trained on its own rows, epoch by epoch, without a test set.
+    assert_eq!(
+        outputs[1].matches("train_logloss=").count(),
+        3,
+        "{}",
+        outputs[1]
+    );
+    assert!(!outputs[1].contains("test_auc"));
+    for (_, child) in &children.0 {
+        let _ = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn text_of(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}

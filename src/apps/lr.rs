@@ -184,23 +184,36 @@ enum Note {
     },
 }
 
-async fn run_worker(
-    index: usize,
-    cfg: LrConfig,
-    handle: WorkerHandle<f32>,
-    train: std::sync::Arc<Examples>,
-    test: std::sync::Arc<Examples>,
-    notes: mpsc::UnboundedSender<Note>,
+/// What a worker measured in one epoch.
+#[derive(Clone, Debug)]
+pub struct WorkerEpoch {
+    /// Epochs done, from 1.
+    pub epoch: u32,
+    /// Summed log loss of its minibatches, before each update.
+    pub loss: f64,
+    /// Rows it trained on.
+    pub rows: usize,
+    /// With a test set: test log loss, test AUC, non-zero weights, and the model itself.
+    pub model: Option<(f64, f64, usize, KvPairs<f32>)>,
+}
+
+/// Trains rows `mine` of `data` on one worker for `cfg.epochs` epochs of `steps` minibatches
+/// each, measuring the whole model on `test` after every epoch if one is given. Every worker
+/// of a job must take the same number of steps, even with fewer rows, so that nobody waits at
+/// a consistency bound for a worker that has stopped advancing.
+pub async fn run_shard(
+    cfg: &LrConfig,
+    handle: &WorkerHandle<f32>,
+    data: &Examples,
+    mine: std::ops::Range<usize>,
+    steps: usize,
+    test: Option<&Examples>,
+    mut on_epoch: impl FnMut(WorkerEpoch),
 ) -> Result<(), RuntimeError> {
     handle.ready().await?;
-    let per = train.len().div_ceil(cfg.workers);
-    let mine = (index * per).min(train.len())..((index + 1) * per).min(train.len());
     let batch = cfg.batch.max(1);
     let everything =
         RangeList::new(vec![KeyRange::new(0, MAX_KEY).map_err(config)?]).map_err(config)?;
-    // Every worker takes the same number of steps per epoch, even with a shorter shard, so
-    // that nobody waits at a consistency bound for a worker that has stopped advancing.
-    let steps = per.div_ceil(batch);
     for epoch in 1..=cfg.epochs {
         let mut loss = 0.0;
         for step in 0..steps {
@@ -210,10 +223,10 @@ async fn run_worker(
                 handle.advance().await?;
                 continue;
             }
-            let keys = batch_keys(&train, rows.clone());
+            let keys = batch_keys(data, rows.clone());
             let list = KeyList::new(keys.clone()).map_err(config)?;
             let pulled = handle.pull(KeySelection::Keys(list)).await?;
-            let (grad, l) = gradient(&train, rows, &keys, pulled.values());
+            let (grad, l) = gradient(data, rows, &keys, pulled.values());
             loss += l;
             let kvs = KvPairs::new(keys, grad, 1).map_err(config)?;
             // Not waiting for the acknowledgement: the consistency model bounds how far ahead
@@ -221,27 +234,56 @@ async fn run_worker(
             drop(handle.start_push(kvs).await?);
             handle.advance().await?;
         }
-        let _ = notes.send(Note::Loss {
+        let model = match test {
+            Some(test) => {
+                let model = handle
+                    .pull(KeySelection::Ranges(everything.clone()))
+                    .await?;
+                let (test_logloss, test_auc) = evaluate(&model, test);
+                let nnz = model.values().iter().filter(|w| **w != 0.0).count();
+                Some((test_logloss, test_auc, nnz, model))
+            }
+            None => None,
+        };
+        on_epoch(WorkerEpoch {
             epoch,
             loss,
             rows: mine.len(),
+            model,
         });
-        if index == 0 {
-            let model = handle
-                .pull(KeySelection::Ranges(everything.clone()))
-                .await?;
-            let (test_logloss, test_auc) = evaluate(&model, &test);
-            let nnz = model.values().iter().filter(|w| **w != 0.0).count();
+    }
+    Ok(())
+}
+
+async fn run_worker(
+    index: usize,
+    cfg: LrConfig,
+    handle: WorkerHandle<f32>,
+    train: std::sync::Arc<Examples>,
+    test: std::sync::Arc<Examples>,
+    notes: mpsc::UnboundedSender<Note>,
+) -> Result<(), RuntimeError> {
+    let per = train.len().div_ceil(cfg.workers);
+    let mine = (index * per).min(train.len())..((index + 1) * per).min(train.len());
+    let steps = per.div_ceil(cfg.batch.max(1));
+    let test = (index == 0).then_some(&*test);
+    run_shard(&cfg, &handle, &train, mine, steps, test, |e| {
+        let _ = notes.send(Note::Loss {
+            epoch: e.epoch,
+            loss: e.loss,
+            rows: e.rows,
+        });
+        if let Some((test_logloss, test_auc, nnz, weights)) = e.model {
             let _ = notes.send(Note::Model {
-                epoch,
+                epoch: e.epoch,
                 test_logloss,
                 test_auc,
                 nnz,
-                weights: model,
+                weights,
             });
         }
-    }
-    Ok(())
+    })
+    .await
 }
 
 fn config(e: impl std::fmt::Display) -> RuntimeError {

@@ -6,17 +6,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use pserver_core::{Consistency, Driver, NodeId, Role};
+use pserver_core::{Consistency, Driver, NodeId, OrderedStore, Role, Updater, Value};
 use pserver_transport::TransportError;
 use pserver_transport::mem::{MemFaults, MemNetwork};
 use pserver_transport::runtime::{
-    ClusterSpec, LocalCluster, NodeReport, RuntimeError, WorkerHandle, spawn_node,
+    ClusterSpec, LocalCluster, NodeReport, RuntimeError, Spawned, WorkerHandle, spawn_node,
 };
 use pserver_transport::tcp::TcpTransport;
 use thiserror::Error;
 
-use super::cluster_file::{ClusterFile, ClusterFileError};
+use super::cluster_file::{ClusterFile, ClusterFileError, Job, LrJob};
 use super::script::{Script, WorkerSummary};
+use crate::apps::lr::run_shard;
+use crate::data::libsvm::{DataError, IndexBase, parse, read, read_bytes, shard};
 
 /// Why a node or a local cluster could not run. Each is one line a user can act on; the CLI
 /// exits with status 2 for them.
@@ -43,6 +45,9 @@ pub enum RunError {
     /// The node stopped with an error.
     #[error("{0}")]
     Runtime(#[from] RuntimeError),
+    /// The training data could not be read.
+    #[error("{0}")]
+    Data(String),
 }
 
 /// What a process-mode node did, for its last line of output.
@@ -59,18 +64,30 @@ pub enum NodeOutcome {
     },
     /// A worker finished its script.
     Worker(WorkerSummary),
+    /// A worker finished training.
+    Trained {
+        /// Epochs done.
+        epochs: u32,
+    },
 }
 
-/// Runs node `id` of the cluster file until it is done (a worker) or told to stop by SIGINT or
-/// SIGTERM (the coordinator and servers).
-pub async fn run_node(
+/// A node started over TCP, with its configuration in force.
+struct Started<V: Value> {
+    role: Role,
+    spawned: Spawned<V, Updater, OrderedStore<V>>,
+    transport: Arc<TcpTransport>,
+}
+
+/// Binds node `id`'s port, starts its event loop and, for servers and workers, waits until
+/// the job has started.
+async fn start<V: Value + Send + Sync>(
     file: &ClusterFile,
     id: NodeId,
     join_timeout: Duration,
-) -> Result<NodeOutcome, RunError> {
+) -> Result<Started<V>, RunError> {
     let role = file.role(id)?;
     let tcp = file.tcp(id)?;
-    let driver: Driver<i64> = file.spec.driver(id)?;
+    let driver: Driver<V> = file.spec.driver(id)?;
     let transport = Arc::new(TcpTransport::bind(tcp).await?);
     tracing::info!(%id, %role, address = %transport.local_addr(), "listening");
     let spawned = spawn_node(driver, Arc::clone(&transport), file.spec.runtime.clone());
@@ -89,6 +106,36 @@ pub async fn run_node(
             file: file.path.display().to_string(),
         });
     }
+    Ok(Started {
+        role,
+        spawned,
+        transport,
+    })
+}
+
+/// Runs node `id` of the cluster file until it is done (a worker) or told to stop by SIGINT or
+/// SIGTERM (the coordinator and servers).
+pub async fn run_node(
+    file: &ClusterFile,
+    id: NodeId,
+    join_timeout: Duration,
+) -> Result<NodeOutcome, RunError> {
+    match &file.job {
+        Job::Script => run_script_node(file, id, join_timeout).await,
+        Job::Lr(job) => run_lr_node(file, job, id, join_timeout).await,
+    }
+}
+
+async fn run_script_node(
+    file: &ClusterFile,
+    id: NodeId,
+    join_timeout: Duration,
+) -> Result<NodeOutcome, RunError> {
+    let Started {
+        role,
+        spawned,
+        transport,
+    } = start::<i64>(file, id, join_timeout).await?;
     let outcome = match (role, spawned.worker) {
         (Role::Worker, Some(worker)) => {
             let summary = file
@@ -105,6 +152,79 @@ pub async fn run_node(
             let report = spawned.node.shutdown().await?;
             NodeOutcome::Server {
                 totals: server_totals(&report, &file.script),
+                refused: report.refusals.total(),
+            }
+        }
+        _ => {
+            terminated().await;
+            spawned.node.shutdown().await?;
+            NodeOutcome::Coordinator
+        }
+    };
+    transport.shutdown().await;
+    Ok(outcome)
+}
+
+/// A logistic-regression node. A worker reads the byte range of the training file that is its
+/// share (cut at line boundaries), trains on it, and prints one line per epoch; the first
+/// worker also measures the whole model on the test file.
+async fn run_lr_node(
+    file: &ClusterFile,
+    job: &LrJob,
+    id: NodeId,
+    join_timeout: Duration,
+) -> Result<NodeOutcome, RunError> {
+    let data_error = |e: DataError| RunError::Data(e.to_string());
+    let index = file.spec.layout().workers().position(|w| w == id);
+    // Read before joining, so that a bad file is reported at once.
+    let shard = match index {
+        Some(index) => {
+            let text = read_bytes(&job.data).map_err(data_error)?;
+            // Every worker counts the same lines, so all take the same number of steps.
+            let lines = text.iter().filter(|&&b| b == b'\n').count() + 1;
+            let per = lines.div_ceil(job.cfg.workers.max(1));
+            let steps = per.div_ceil(job.cfg.batch.max(1));
+            let range = shard(&text, index, job.cfg.workers);
+            let name = job.data.display().to_string();
+            let rows = parse(&name, &text[range], IndexBase::Zero).map_err(data_error)?;
+            let test = match (&job.test, index) {
+                (Some(path), 0) => Some(read(path, IndexBase::Zero).map_err(data_error)?),
+                _ => None,
+            };
+            Some((rows, steps, test))
+        }
+        None => None,
+    };
+    let Started {
+        role,
+        spawned,
+        transport,
+    } = start::<f32>(file, id, join_timeout).await?;
+    let outcome = match (role, spawned.worker, shard) {
+        (Role::Worker, Some(worker), Some((rows, steps, test))) => {
+            let all = 0..rows.len();
+            let mut epochs = 0;
+            run_shard(&job.cfg, &worker, &rows, all, steps, test.as_ref(), |e| {
+                epochs = e.epoch;
+                let mut line = format!(
+                    "worker {id} iter={} train_logloss={:.4}",
+                    e.epoch,
+                    e.loss / e.rows.max(1) as f64
+                );
+                if let Some((loss, auc, nnz, _)) = &e.model {
+                    line += &format!(" test_logloss={loss:.4} test_auc={auc:.4} nnz={nnz}");
+                }
+                println!("{line}");
+            })
+            .await?;
+            spawned.node.shutdown().await?;
+            NodeOutcome::Trained { epochs }
+        }
+        (Role::Server, _, _) => {
+            terminated().await;
+            let report = spawned.node.shutdown().await?;
+            NodeOutcome::Server {
+                totals: Vec::new(),
                 refused: report.refusals.total(),
             }
         }

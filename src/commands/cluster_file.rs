@@ -137,12 +137,70 @@ impl Default for RawRing {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawJob {
+    #[serde(default = "default_app")]
+    app: String,
     #[serde(default = "default_keys")]
     keys: u64,
     #[serde(default = "default_iterations")]
     iterations: u32,
     #[serde(default)]
     compute_ms: u64,
+    data: Option<PathBuf>,
+    test: Option<PathBuf>,
+    #[serde(default = "default_epochs")]
+    epochs: u32,
+    #[serde(default = "default_batch")]
+    batch: usize,
+    #[serde(default = "default_alpha")]
+    alpha: f64,
+    #[serde(default = "default_l1")]
+    l1: f64,
+    #[serde(default = "default_l2")]
+    l2: f64,
+}
+
+fn default_app() -> String {
+    "script".into()
+}
+
+fn default_epochs() -> u32 {
+    10
+}
+
+fn default_batch() -> usize {
+    100
+}
+
+fn default_alpha() -> f64 {
+    0.3
+}
+
+fn default_l1() -> f64 {
+    1.0
+}
+
+fn default_l2() -> f64 {
+    1.0
+}
+
+/// What the workers of a cluster do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Job {
+    /// The scripted workload, checked exactly (i64 values, summed).
+    Script,
+    /// Sparse logistic regression (f32 values, FTRL-Proximal on the servers).
+    Lr(LrJob),
+}
+
+/// A logistic-regression job: where the data is and how to train.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LrJob {
+    /// Training data (LIBSVM); every worker reads its own byte range of it.
+    pub data: PathBuf,
+    /// Test data, measured by the first worker after every epoch.
+    pub test: Option<PathBuf>,
+    /// How to train.
+    pub cfg: crate::apps::lr::LrConfig,
 }
 
 fn default_keys() -> u64 {
@@ -156,9 +214,17 @@ fn default_iterations() -> u32 {
 impl Default for RawJob {
     fn default() -> Self {
         RawJob {
+            app: default_app(),
             keys: default_keys(),
             iterations: default_iterations(),
             compute_ms: 0,
+            data: None,
+            test: None,
+            epochs: default_epochs(),
+            batch: default_batch(),
+            alpha: default_alpha(),
+            l1: default_l1(),
+            l2: default_l2(),
         }
     }
 }
@@ -182,6 +248,8 @@ pub struct ClusterFile {
     pub spec: ClusterSpec,
     /// The workers' script.
     pub script: Script,
+    /// What the workers do.
+    pub job: Job,
     /// Every node's address, by id.
     pub addresses: BTreeMap<NodeId, SocketAddr>,
     /// Every node's role, by id.
@@ -290,6 +358,42 @@ impl ClusterFile {
         if raw.job.keys == 0 || raw.job.keys > 10_000_000 {
             return Err(invalid("job.keys", "must be between 1 and 10000000".into()));
         }
+        let relative = |f: PathBuf| match path.parent() {
+            Some(dir) if f.is_relative() => dir.join(f),
+            _ => f,
+        };
+        let job = match raw.job.app.as_str() {
+            "script" => Job::Script,
+            "lr" => {
+                let data = raw.job.data.clone().map(relative).ok_or_else(|| {
+                    invalid("job.data", "an lr job needs the training data file".into())
+                })?;
+                spec.updater = pserver_core::Updater::FtrlProximal {
+                    alpha: raw.job.alpha,
+                    beta: 1.0,
+                    l1: raw.job.l1,
+                    l2: raw.job.l2,
+                };
+                Job::Lr(LrJob {
+                    data,
+                    test: raw.job.test.clone().map(relative),
+                    cfg: crate::apps::lr::LrConfig {
+                        servers,
+                        workers,
+                        consistency,
+                        epochs: raw.job.epochs,
+                        batch: raw.job.batch.max(1),
+                        updater: spec.updater,
+                    },
+                })
+            }
+            other => {
+                return Err(invalid(
+                    "job.app",
+                    format!("`{other}` is not a job: expected \"script\" or \"lr\""),
+                ));
+            }
+        };
         spec.driver::<i64>(layout.coordinator())
             .map_err(|e| invalid("ring", e.to_string()))?;
         let script = Script {
@@ -306,6 +410,7 @@ impl ClusterFile {
             cluster_id: raw.cluster_id,
             spec,
             script,
+            job,
             addresses,
             roles,
             secret_file,
