@@ -220,6 +220,12 @@ struct TrainArgs {
     /// Rows per minibatch on each worker.
     #[arg(long, default_value_t = 100)]
     batch: usize,
+    /// The servers' update rule: ftrl (FTRL-Proximal, sparse), adagrad or sgd.
+    #[arg(long, default_value = "ftrl", value_parser = ["ftrl", "adagrad", "sgd"])]
+    updater: String,
+    /// Learning rate of adagrad and sgd.
+    #[arg(long, default_value_t = 0.1)]
+    lr: f64,
     /// FTRL learning-rate scale.
     #[arg(long, default_value_t = 0.3)]
     alpha: f64,
@@ -348,11 +354,18 @@ fn train_command(args: TrainArgs) -> ExitCode {
             consistency,
             epochs: args.epochs,
             batch: args.batch,
-            updater: pserver::core::Updater::FtrlProximal {
-                alpha: args.alpha,
-                beta: 1.0,
-                l1: args.l1,
-                l2: args.l2,
+            updater: match args.updater.as_str() {
+                "adagrad" => pserver::core::Updater::AdaGrad {
+                    lr: args.lr,
+                    eps: 1e-6,
+                },
+                "sgd" => pserver::core::Updater::Sgd { lr: args.lr },
+                _ => pserver::core::Updater::FtrlProximal {
+                    alpha: args.alpha,
+                    beta: 1.0,
+                    l1: args.l1,
+                    l2: args.l2,
+                },
             },
         };
         eprintln!(
@@ -381,8 +394,8 @@ fn train_command(args: TrainArgs) -> ExitCode {
         let result = rt.block_on(train_local_until(&cfg, train.clone(), test.clone(), |r| {
             bar.suspend(|| {
                 println!(
-                    "{prefix}iter={} train_logloss={:.4} test_logloss={:.4} test_auc={:.4} nnz={} secs={:.2}",
-                    r.epoch, r.train_logloss, r.test_logloss, r.test_auc, r.nnz, r.secs
+                    "{prefix}iter={} train_logloss={:.4} test_logloss={:.4} test_auc={:.4} nnz={} secs={:.2} bytes={}",
+                    r.epoch, r.train_logloss, r.test_logloss, r.test_auc, r.nnz, r.secs, r.bytes_sent
                 )
             });
             bar.inc(1);

@@ -68,6 +68,8 @@ pub struct EpochReport {
     pub nnz: usize,
     /// Seconds since training began.
     pub secs: f64,
+    /// Bytes every node has sent since training began.
+    pub bytes_sent: u64,
 }
 
 fn sigmoid(z: f64) -> f64 {
@@ -325,7 +327,8 @@ pub async fn train_local_until(
     spec.updater = cfg.updater;
     // Held pulls wait for the slowest worker; never declare a busy worker dead for that.
     spec.timing.heartbeat_timeout = Duration::from_secs(60).as_nanos() as u64;
-    let cluster: LocalCluster<f32> = LocalCluster::start(&spec, &MemNetwork::reliable())?;
+    let network = MemNetwork::reliable();
+    let cluster: LocalCluster<f32> = LocalCluster::start(&spec, &network)?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (train, test) = (std::sync::Arc::new(train), std::sync::Arc::new(test));
     let tasks: Vec<_> = cluster
@@ -403,6 +406,7 @@ pub async fn train_local_until(
                 test_auc,
                 nnz,
                 secs: began.elapsed().as_secs_f64(),
+                bytes_sent: network.stats().bytes_sent,
             };
             on_epoch(&report);
             reports.push(report);

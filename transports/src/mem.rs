@@ -151,6 +151,8 @@ pub struct MemStats {
     pub dropped_unreachable: u64,
     /// Copies held back by a delay fault and not yet delivered or dropped.
     pub in_flight: u64,
+    /// Bytes of the frames counted in `sent`.
+    pub bytes_sent: u64,
 }
 
 impl MemStats {
@@ -536,6 +538,7 @@ struct Counters {
     dropped_full: AtomicU64,
     dropped_unreachable: AtomicU64,
     in_flight: AtomicU64,
+    bytes_sent: AtomicU64,
 }
 
 /// Bumps a counter. Relaxed suffices: each counter is an independent tally, and readers that
@@ -662,7 +665,13 @@ impl<M: Mailbox> Fabric<M> {
 
     /// Decides the fate of a frame `from` (registration `generation`) sends to `to`, and counts
     /// it. Errors (sender closed, destination never registered) are not counted as sent.
-    fn route(&self, from: NodeId, generation: u64, to: NodeId) -> Result<Fate, TransportError> {
+    fn route(
+        &self,
+        from: NodeId,
+        generation: u64,
+        to: NodeId,
+        len: usize,
+    ) -> Result<Fate, TransportError> {
         {
             let table = lock(&self.table);
             if table.closed || !table.is_live(from, generation) {
@@ -674,6 +683,7 @@ impl<M: Mailbox> Fabric<M> {
                 Some(Slot::Live { .. }) => true,
             };
             bump(&self.counters.sent, 1);
+            bump(&self.counters.bytes_sent, len as u64);
             if table.severed(from, to) {
                 bump(&self.counters.dropped_partition, 1);
                 return Ok(Fate::Drop(DropReason::Partition));
@@ -754,7 +764,7 @@ impl<M: Mailbox> Fabric<M> {
         to: NodeId,
         frame: Bytes,
     ) -> Result<Option<Later>, TransportError> {
-        match self.route(from, generation, to)? {
+        match self.route(from, generation, to, frame.len())? {
             Fate::Drop(reason) => {
                 tracing::trace!(%from, %to, ?reason, "mem transport: frame dropped");
                 Ok(None)
@@ -792,6 +802,7 @@ impl<M: Mailbox> Fabric<M> {
             dropped_full: get(&c.dropped_full),
             dropped_unreachable: get(&c.dropped_unreachable),
             in_flight: get(&c.in_flight),
+            bytes_sent: get(&c.bytes_sent),
         }
     }
 }
@@ -1235,6 +1246,21 @@ mod tests {
             // Room again.
             a.send(B, numbered(10)).await.unwrap();
             assert_eq!(b.recv().await.unwrap(), (A, numbered(10)));
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn bytes_sent_counts_every_accepted_frame_once() {
+        timeout(LIMIT, async {
+            let net = MemNetwork::new(MemFaults::default().with_dup(0.5).with_seed(1));
+            let (a, b) = (net.endpoint(A).unwrap(), net.endpoint(B).unwrap());
+            a.send(B, Bytes::from_static(b"abc")).await.unwrap();
+            a.send(B, Bytes::from_static(b"hello")).await.unwrap();
+            let _ = a.send(NodeId(9), Bytes::from_static(b"refused")).await;
+            assert_eq!(net.stats().bytes_sent, 8);
+            drop(b);
         })
         .await
         .unwrap();
