@@ -220,6 +220,10 @@ struct TrainArgs {
     /// Rows per minibatch on each worker.
     #[arg(long, default_value_t = 100)]
     batch: usize,
+    /// How the nodes of this process talk: mem (channels) or tcp (authenticated connections
+    /// on 127.0.0.1). For separate processes, see `pserver coordinator | server | worker`.
+    #[arg(long, default_value = "mem", value_parser = ["mem", "tcp"])]
+    transport: String,
     /// The servers' update rule: ftrl (FTRL-Proximal, sparse), adagrad or sgd.
     #[arg(long, default_value = "ftrl", value_parser = ["ftrl", "adagrad", "sgd"])]
     updater: String,
@@ -366,6 +370,11 @@ fn train_command(args: TrainArgs) -> ExitCode {
                     l1: args.l1,
                     l2: args.l2,
                 },
+            },
+            transport: if args.transport == "tcp" {
+                pserver::apps::lr::Wire::Tcp
+            } else {
+                pserver::apps::lr::Wire::Mem
             },
         };
         eprintln!(

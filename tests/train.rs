@@ -92,3 +92,19 @@ fn a_larger_l1_makes_a_sparser_model() {
     );
     assert!(tighter > 0);
 }
+
+#[test]
+fn training_over_loopback_tcp_reaches_what_training_in_memory_does() {
+    use pserver::apps::lr::Wire;
+    let mem = train(&small(LrConfig::default()));
+    let tcp = train(&small(LrConfig {
+        transport: Wire::Tcp,
+        ..LrConfig::default()
+    }));
+    let (a, b) = (mem.last().unwrap(), tcp.last().unwrap());
+    assert!(
+        (a.test_auc - b.test_auc).abs() < 0.01,
+        "mem {a:?} tcp {b:?}"
+    );
+    assert!(b.bytes_sent > 0);
+}

@@ -14,6 +14,7 @@ use pserver_core::{
 };
 use pserver_transport::mem::MemNetwork;
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError, WorkerHandle};
+use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
 use tokio::sync::mpsc;
 
 use crate::data::libsvm::Examples;
@@ -33,6 +34,18 @@ pub struct LrConfig {
     pub batch: usize,
     /// The servers' update rule.
     pub updater: Updater,
+    /// How the nodes talk: in memory, or over TCP on loopback.
+    pub transport: Wire,
+}
+
+/// The transport a single-process training run uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Wire {
+    /// Channels inside the process.
+    #[default]
+    Mem,
+    /// Authenticated TCP connections on 127.0.0.1, one listening port per node.
+    Tcp,
 }
 
 impl Default for LrConfig {
@@ -49,8 +62,48 @@ impl Default for LrConfig {
                 l1: 1.0,
                 l2: 1.0,
             },
+            transport: Wire::Mem,
         }
     }
+}
+
+/// Binds a TCP transport for every node of `spec` on 127.0.0.1, each knowing all the others,
+/// with a secret made for this run.
+async fn loopback(
+    spec: &ClusterSpec,
+) -> Result<
+    std::collections::BTreeMap<pserver_core::NodeId, std::sync::Arc<TcpTransport>>,
+    RuntimeError,
+> {
+    use std::hash::{BuildHasher, Hasher};
+    let mut peers = std::collections::BTreeMap::new();
+    for id in spec.node_ids() {
+        // Reserve a free port; the transport binds it again at once.
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").map_err(config)?;
+        peers.insert(id, probe.local_addr().map_err(config)?);
+    }
+    let state = std::collections::hash_map::RandomState::new();
+    let secret: Vec<u8> = (0..4u64)
+        .flat_map(|i| {
+            let mut h = state.build_hasher();
+            h.write_u64(i);
+            h.finish().to_le_bytes()
+        })
+        .collect();
+    let mut transports = std::collections::BTreeMap::new();
+    for (&id, &addr) in &peers {
+        let mut cfg = TcpConfig::new(
+            id,
+            addr,
+            peers.clone(),
+            "train",
+            Secret::new(secret.clone()),
+        );
+        cfg.max_frame = spec.max_frame + 64;
+        let t = TcpTransport::bind(cfg).await.map_err(config)?;
+        transports.insert(id, std::sync::Arc::new(t));
+    }
+    Ok(transports)
 }
 
 /// What one epoch reached.
@@ -328,7 +381,23 @@ pub async fn train_local_until(
     // Held pulls wait for the slowest worker; never declare a busy worker dead for that.
     spec.timing.heartbeat_timeout = Duration::from_secs(60).as_nanos() as u64;
     let network = MemNetwork::reliable();
-    let cluster: LocalCluster<f32> = LocalCluster::start(&spec, &network)?;
+    let tcp = match cfg.transport {
+        Wire::Mem => None,
+        Wire::Tcp => Some(loopback(&spec).await?),
+    };
+    let cluster: LocalCluster<f32> = match &tcp {
+        None => LocalCluster::start(&spec, &network)?,
+        Some(transports) => LocalCluster::start_over(&spec, |id| {
+            let t = transports
+                .get(&id)
+                .ok_or_else(|| config(format!("no transport for {id}")))?;
+            Ok(t.clone() as std::sync::Arc<dyn pserver_transport::Transport>)
+        })?,
+    };
+    let bytes_sent = || match &tcp {
+        None => network.stats().bytes_sent,
+        Some(transports) => transports.values().map(|t| t.stats().bytes_sent).sum(),
+    };
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (train, test) = (std::sync::Arc::new(train), std::sync::Arc::new(test));
     let tasks: Vec<_> = cluster
@@ -406,7 +475,7 @@ pub async fn train_local_until(
                 test_auc,
                 nnz,
                 secs: began.elapsed().as_secs_f64(),
-                bytes_sent: network.stats().bytes_sent,
+                bytes_sent: bytes_sent(),
             };
             on_epoch(&report);
             reports.push(report);

@@ -384,6 +384,7 @@ impl ClusterFile {
                         epochs: raw.job.epochs,
                         batch: raw.job.batch.max(1),
                         updater: spec.updater,
+                        transport: crate::apps::lr::Wire::Tcp,
                     },
                 })
             }

@@ -10,6 +10,7 @@ use pserver_core::{
 
 use super::handle::{NodeHandle, NodeReport, RuntimeError, WorkerHandle};
 use super::{RuntimeConfig, spawn_node};
+use crate::Transport;
 use crate::mem::MemNetwork;
 
 /// The shape of a job: how many nodes of each kind, and everything they must agree on. Nodes
@@ -176,16 +177,23 @@ impl<V: Value + Send + Sync> LocalCluster<V> {
     /// Starts every node of `spec` on `network` (on the current tokio runtime). The nodes
     /// register with the coordinator; [`WorkerHandle::ready`] says when the job has begun.
     pub fn start(spec: &ClusterSpec, network: &MemNetwork) -> Result<Self, RuntimeError> {
-        let spawn = |id: NodeId| -> Result<_, RuntimeError> {
-            let driver = spec.driver::<V>(id)?;
+        Self::start_over(spec, |id| {
             let transport = network
                 .endpoint(id)
                 .map_err(|e| RuntimeError::Config(e.to_string()))?;
-            Ok(spawn_node(
-                driver,
-                Arc::new(transport),
-                spec.runtime.clone(),
-            ))
+            Ok(Arc::new(transport))
+        })
+    }
+
+    /// Starts every node of `spec`, each over the transport `endpoint` gives for its id (TCP
+    /// connections on loopback, say).
+    pub fn start_over(
+        spec: &ClusterSpec,
+        mut endpoint: impl FnMut(NodeId) -> Result<Arc<dyn Transport>, RuntimeError>,
+    ) -> Result<Self, RuntimeError> {
+        let mut spawn = |id: NodeId| -> Result<_, RuntimeError> {
+            let driver = spec.driver::<V>(id)?;
+            Ok(spawn_node(driver, endpoint(id)?, spec.runtime.clone()))
         };
         let layout = spec.layout();
         let coordinator = spawn(layout.coordinator())?.node;

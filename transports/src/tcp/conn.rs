@@ -298,7 +298,10 @@ async fn write_loop(
                 }
             }
             match timeout(shared.frame_timeout, batch.write_to(&mut wr)).await {
-                Ok(Ok(())) => shared.counters.wrote_batch(batch.frames),
+                Ok(Ok(())) => {
+                    let payload = (batch.bytes as u64).saturating_sub(4 * batch.frames);
+                    shared.counters.wrote_batch(batch.frames, payload);
+                }
                 Ok(Err(e)) => {
                     debug!(%peer, remote = %addr, "connection lost while writing: {e}");
                     return WriteEnd::Broken;

@@ -30,6 +30,8 @@ pub struct TcpStats {
     pub frames_dropped: u64,
     /// Batched writes: each drains every frame queued for a peer into one vectored write.
     pub batches_written: u64,
+    /// Bytes of the frames written (without their length prefixes).
+    pub bytes_sent: u64,
     /// Connections closed because the peer broke the framing: an oversized length prefix, a
     /// truncated frame, or a frame that did not complete within the frame timeout.
     pub bad_framing_closes: u64,
@@ -49,6 +51,7 @@ pub(super) struct Counters {
     dropped: AtomicU64,
     batches: AtomicU64,
     bad_framing: AtomicU64,
+    bytes: AtomicU64,
 }
 
 /// Which counter to bump.
@@ -85,9 +88,10 @@ impl Counters {
         self.cell(c).fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Records one batched write of `frames` frames.
-    pub(super) fn wrote_batch(&self, frames: u64) {
+    /// Records one batched write of `frames` frames holding `bytes` bytes.
+    pub(super) fn wrote_batch(&self, frames: u64, bytes: u64) {
         self.sent.fetch_add(frames, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
         self.batches.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -111,6 +115,7 @@ impl Counters {
             frames_dropped: r(&self.dropped),
             batches_written: r(&self.batches),
             bad_framing_closes: r(&self.bad_framing),
+            bytes_sent: r(&self.bytes),
         }
     }
 }
@@ -146,7 +151,7 @@ mod loom_tests {
                         // never more connections than there are threads.
                         let open = c.open.load(Ordering::Relaxed);
                         assert!((1..=2).contains(&open), "open = {open}");
-                        c.wrote_batch(3);
+                        c.wrote_batch(3, 30);
                         drop(guard);
                     })
                 })

@@ -203,6 +203,9 @@ async fn frames_flow_both_ways_whole_unaltered_and_in_order() {
             sa.frames_sent
         );
         assert_eq!(sa.frames_dropped + sb.frames_dropped, 0);
+        // Every byte of every frame a sent, counted once, without the length prefixes.
+        let sent: usize = frames.iter().map(Bytes::len).sum();
+        assert_eq!(sa.bytes_sent, sent as u64);
     })
     .await;
 }
