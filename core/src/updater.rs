@@ -179,6 +179,62 @@ mod tests {
         assert_eq!(aux[1], 8.0);
     }
 
+    /// Hand-computed from McMahan et al., "Ad Click Prediction: a View from the Trenches" (KDD
+    /// 2013), Algorithm 1, with alpha 0.5, beta 1, l1 0.1, l2 0.2 and gradients 1 then -0.5:
+    ///   step 1: n = 1, sigma = (1 - 0) / 0.5 = 2, z = 0 + 1 - 2 * 0 = 1,
+    ///           w = -(1 - 0.1) / ((1 + 1) / 0.5 + 0.2) = -0.9 / 4.2;
+    ///   step 2: n = 1.25, sigma = (sqrt 1.25 - 1) / 0.5, z = 1 - 0.5 - sigma * w,
+    ///           w = -(z - 0.1) / ((1 + sqrt 1.25) / 0.5 + 0.2).
+    #[test]
+    fn ftrl_proximal_follows_algorithm_1_step_by_step() {
+        let ftrl = Updater::FtrlProximal {
+            alpha: 0.5,
+            beta: 1.0,
+            l1: 0.1,
+            l2: 0.2,
+        };
+        let (w, aux) = run(ftrl, &[1.0]);
+        assert_eq!(aux, vec![1.0, 1.0]);
+        assert!((w - -0.9 / 4.2).abs() < 1e-15, "{w}");
+        let (w, aux) = run(ftrl, &[1.0, -0.5]);
+        let sigma = (1.25f64.sqrt() - 1.0) / 0.5;
+        let z = 1.0 - 0.5 - sigma * (-0.9 / 4.2);
+        assert!((aux[0] - z).abs() < 1e-15 && aux[1] == 1.25, "{aux:?}");
+        let want = -(z - 0.1) / ((1.0 + 1.25f64.sqrt()) / 0.5 + 0.2);
+        assert!((w - want).abs() < 1e-15, "{w} vs {want}");
+        assert!((w - -0.10157328459887148).abs() < 1e-15);
+    }
+
+    /// The L1 dead zone: once |z| falls back to l1 or below, the weight is exactly zero again,
+    /// and a negative gradient gives a positive weight (the sign of -z).
+    #[test]
+    fn ftrl_proximal_returns_to_exactly_zero_inside_the_dead_zone_and_keeps_the_sign() {
+        let ftrl = Updater::FtrlProximal {
+            alpha: 0.5,
+            beta: 1.0,
+            l1: 0.6,
+            l2: 0.2,
+        };
+        // z = 1 > l1 after the first step, 0.5506 <= l1 after the second.
+        assert!(run(ftrl, &[1.0]).0 < 0.0);
+        assert_eq!(run(ftrl, &[1.0, -0.5]).0, 0.0);
+        let (w, aux) = run(ftrl, &[-1.0]);
+        assert_eq!(aux[0], -1.0);
+        assert!((w - 0.4 / 4.2).abs() < 1e-15, "{w}");
+    }
+
+    /// AdaGrad with lr 0.5: w = -0.5 * 2 / sqrt(4) = -0.5, then -0.5 + 0.5 * 1 / sqrt(5).
+    /// SGD with lr 0.1: -0.1 * 3, then + 0.1 * 1.
+    #[test]
+    fn adagrad_and_sgd_follow_their_definitions() {
+        let (w, aux) = run(Updater::AdaGrad { lr: 0.5, eps: 0.0 }, &[2.0]);
+        assert_eq!((w, aux[0]), (-0.5, 4.0));
+        let (w, _) = run(Updater::AdaGrad { lr: 0.5, eps: 0.0 }, &[2.0, -1.0]);
+        assert!((w - (-0.5 + 0.5 / 5f64.sqrt())).abs() < 1e-15, "{w}");
+        let (w, _) = run(Updater::Sgd { lr: 0.1 }, &[3.0, -1.0]);
+        assert!((w - -0.2).abs() < 1e-15, "{w}");
+    }
+
     #[test]
     fn rules_compare_by_bits() {
         assert_eq!(Updater::Sgd { lr: 0.1 }, Updater::Sgd { lr: 0.1 });
