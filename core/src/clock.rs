@@ -153,7 +153,18 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Positions `0..SPACE` stand for keys: the lower half for `0..SPACE / 2`, the upper half
+    /// for the keys just below the end of the key space, up to the largest legal key. Position
+    /// `SPACE` is the end of the key space itself, so ranges ending there end at `u64::MAX`.
     const SPACE: u64 = 64;
+
+    fn key(p: u64) -> u64 {
+        if p < SPACE / 2 {
+            p
+        } else {
+            u64::MAX - (SPACE - p)
+        }
+    }
 
     #[derive(Debug, Clone)]
     enum Op {
@@ -162,8 +173,13 @@ mod tests {
         Merge(Vec<(u64, u64, u32)>),
     }
 
+    /// The key range of positions `a..b` (in either order).
     fn range(a: u64, b: u64) -> KeyRange {
-        KeyRange::new(a.min(b), a.max(b)).unwrap()
+        KeyRange::new(key(a.min(b)), key(a.max(b))).unwrap()
+    }
+
+    fn positions(a: u64, b: u64) -> std::ops::Range<usize> {
+        a.min(b) as usize..a.max(b) as usize
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -175,12 +191,11 @@ mod tests {
         ]
     }
 
-    /// One timestamp per key of `[0, SPACE]`; keys above SPACE share the value of SPACE.
+    /// One timestamp per position. The keys between the halves behave like the last key of the
+    /// lower half: every range holds both or neither.
     fn naive_apply(naive: &mut [u32], op: &Op) {
         let mut set = |a: u64, b: u64, t: u32, only_raise: bool| {
-            let r = range(a, b);
-            for k in r.keys() {
-                let slot = &mut naive[k as usize];
+            for slot in &mut naive[positions(a, b)] {
                 *slot = if only_raise { (*slot).max(t) } else { t };
             }
         };
@@ -190,8 +205,8 @@ mod tests {
             Op::Merge(sets) => {
                 let mut other = vec![0u32; naive.len()];
                 for &(a, b, t) in sets {
-                    for k in range(a, b).keys() {
-                        other[k as usize] = t;
+                    for slot in &mut other[positions(a, b)] {
+                        *slot = t;
                     }
                 }
                 for (slot, o) in naive.iter_mut().zip(other) {
@@ -219,18 +234,20 @@ mod tests {
         #[test]
         fn range_clock_agrees_with_a_per_key_clock(ops in proptest::collection::vec(op(), 0..24)) {
             let mut clock = RangeClock::<u32>::new();
-            let mut naive = vec![0u32; SPACE as usize + 1];
+            let mut naive = vec![0u32; SPACE as usize];
             for op in &ops {
                 clock_apply(&mut clock, op);
                 naive_apply(&mut naive, op);
             }
-            for k in 0..=SPACE {
-                prop_assert_eq!(clock.get(k), naive[k as usize], "key {}", k);
+            for p in 0..SPACE {
+                prop_assert_eq!(clock.get(key(p)), naive[p as usize], "key {}", key(p));
             }
-            prop_assert_eq!(clock.get(u64::MAX - 1), naive[SPACE as usize]);
+            prop_assert_eq!(clock.get(crate::MAX_KEY), naive[SPACE as usize - 1]);
+            // A key of the gap between the halves.
+            prop_assert_eq!(clock.get(1 << 40), naive[SPACE as usize / 2 - 1]);
             for a in 0..=SPACE {
                 for b in a..=SPACE {
-                    let keys = &naive[a as usize..b as usize];
+                    let keys = &naive[positions(a, b)];
                     prop_assert_eq!(clock.min_in(range(a, b)), keys.iter().copied().min());
                     prop_assert_eq!(clock.max_in(range(a, b)), keys.iter().copied().max());
                 }

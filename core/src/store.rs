@@ -144,6 +144,46 @@ mod tests {
         assert_eq!(seen, vec![(3, vec![1, 0]), (9, vec![0, 4])]);
     }
 
+    fn edge_key() -> impl proptest::strategy::Strategy<Value = Key> {
+        use proptest::prelude::*;
+        prop_oneof![
+            0u64..64,
+            (crate::MAX_KEY - 64)..=crate::MAX_KEY,
+            any::<u64>().prop_map(|k| k % u64::MAX),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Rows at the edges of the key space, up to the largest legal key, are kept and found
+        /// by ranges, including ranges that end at the end of the key space.
+        #[test]
+        fn ranges_find_exactly_the_rows_they_hold_up_to_the_end_of_the_key_space(
+            keys in proptest::collection::btree_set(edge_key(), 0..32),
+            start in edge_key(),
+            to_end in proptest::bool::ANY,
+            end in edge_key(),
+        ) {
+            let mut s = OrderedStore::<i64>::new(1, 0);
+            for &k in &keys {
+                s.row_mut(k).0[0] = (k % 1000) as i64 + 1;
+            }
+            let end = if to_end { u64::MAX } else { end.max(start) };
+            let range = KeyRange::new(start.min(end), end).unwrap();
+            let mut seen = Vec::new();
+            s.for_each_in(range, &mut |k, v| seen.push((k, v[0])));
+            let want: Vec<(Key, i64)> = keys
+                .iter()
+                .filter(|&&k| range.contains(k))
+                .map(|&k| (k, (k % 1000) as i64 + 1))
+                .collect();
+            proptest::prop_assert_eq!(seen, want);
+            proptest::prop_assert_eq!(s.len(), keys.len());
+            for &k in &keys {
+                proptest::prop_assert_eq!(s.get(k), Some(&[(k % 1000) as i64 + 1][..]));
+            }
+        }
+    }
+
     #[test]
     fn equality_ignores_the_order_rows_were_created_in() {
         let mut a = OrderedStore::<f32>::new(1, 0);

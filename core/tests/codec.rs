@@ -8,12 +8,33 @@ fn node() -> impl Strategy<Value = NodeId> {
     any::<u32>().prop_map(NodeId)
 }
 
+/// Keys from everywhere, weighted towards the edges: 0, the largest legal key, and both sides
+/// of the varint length boundaries that delta encoding crosses.
 fn key() -> impl Strategy<Value = Key> {
-    prop_oneof![0u64..1000, any::<u64>().prop_map(|k| k % u64::MAX)]
+    let boundary = prop_oneof![
+        Just(127u64),
+        Just(128),
+        Just(16_383),
+        Just(16_384),
+        Just(1 << 21),
+        Just((1 << 21) - 1)
+    ];
+    prop_oneof![
+        0u64..1000,
+        any::<u64>().prop_map(|k| k % u64::MAX),
+        (MAX_KEY - 1000)..=MAX_KEY,
+        Just(0),
+        Just(MAX_KEY),
+        boundary,
+    ]
 }
 
+/// Ranges, some of which end at the end of the key space.
 fn range() -> impl Strategy<Value = KeyRange> {
-    (key(), key()).prop_map(|(a, b)| KeyRange::new(a.min(b), a.max(b)).unwrap())
+    prop_oneof![
+        (key(), key()).prop_map(|(a, b)| KeyRange::new(a.min(b), a.max(b)).unwrap()),
+        key().prop_map(|a| KeyRange::new(a, u64::MAX).unwrap()),
+    ]
 }
 
 fn keys() -> impl Strategy<Value = Vec<Key>> {
