@@ -2,8 +2,8 @@
 //! ARCHITECTURE.md §4. Every run checks every invariant after every step; each test stresses the
 //! faults its invariant is most exposed to. Together they run over 1,000 faulty seeds.
 
-use pserver_core::Consistency;
 use pserver_core::sim::{Faults, MS, SimConfig, SimFailure, SimReport, run};
+use pserver_core::{Consistency, MAX_KEY, Ring};
 
 const MODELS: [Consistency; 3] = [
     Consistency::Sequential,
@@ -234,4 +234,61 @@ fn a_permanently_slow_worker_sets_the_pace_whatever_the_staleness_bound() {
         "bounded {bounded} vs sequential {sequential}"
     );
     assert!(bounded <= sequential);
+}
+
+#[test]
+fn seeds_lay_keys_out_at_the_edges_of_the_key_space_and_of_ring_segments() {
+    let ring = Ring::new(SimConfig::default().server_ids(), SimConfig::default().ring).unwrap();
+    let layouts: Vec<Vec<u64>> = (0..24)
+        .map(|seed| {
+            SimConfig {
+                seed,
+                ..SimConfig::default()
+            }
+            .key_layout(&ring)
+        })
+        .collect();
+    for keys in &layouts {
+        assert_eq!(keys.len(), 16);
+        assert!(keys.windows(2).all(|w| w[0] < w[1]));
+    }
+    assert!(
+        layouts
+            .iter()
+            .any(|k| k.contains(&0) && k.contains(&MAX_KEY))
+    );
+    assert!(
+        layouts
+            .iter()
+            .any(|k| k.windows(2).any(|w| w[1] - w[0] == 128))
+    );
+    assert!(
+        layouts
+            .iter()
+            .any(|k| k.windows(2).any(|w| w[1] - w[0] == 16_384))
+    );
+    let boundaries: Vec<u64> = ring
+        .segments()
+        .map(|(r, _)| r.start())
+        .filter(|&s| s > 0)
+        .collect();
+    assert!(layouts.iter().any(|k| {
+        boundaries
+            .iter()
+            .any(|&b| k.contains(&(b - 1)) && k.contains(&b))
+    }));
+    // And every layout runs clean under faults.
+    for seed in 0..24 {
+        let cfg = faulty(
+            seed,
+            Consistency::BoundedDelay(1),
+            Faults {
+                drop: 0.1,
+                dup: 0.05,
+                reorder: true,
+                ..Faults::default()
+            },
+        );
+        run(&cfg).unwrap_or_else(|f| panic!("{f}"));
+    }
 }

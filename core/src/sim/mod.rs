@@ -156,18 +156,58 @@ impl SimConfig {
         self.layout().workers()
     }
 
-    /// The key of key index `i`: indices are spread evenly over the key space so that they land
-    /// on every server's ranges.
-    pub fn key(&self, i: u64) -> u64 {
-        i * self.stride()
-    }
-
-    fn stride(&self) -> u64 {
-        (u64::MAX - 1) / self.keys.max(1)
-    }
-
-    pub(crate) fn key_index(&self, key: u64) -> usize {
-        (key / self.stride()) as usize
+    /// The keys of a run, `keys` of them in increasing order, laid out by the seed in one of
+    /// three ways: spread evenly over the key space; at its edges (from 0 up and from the
+    /// largest legal key down, with gaps that cross varint lengths: 127, 128, 16383, 16384); or
+    /// on both sides of the ring's segment boundaries.
+    pub fn key_layout(&self, ring: &crate::ring::Ring) -> Vec<u64> {
+        use std::collections::BTreeSet;
+        let n = self.keys as usize;
+        let stride = (u64::MAX - 1) / self.keys.max(1);
+        let even = (0..self.keys).map(|i| i * stride);
+        let mut keys: BTreeSet<u64> = BTreeSet::new();
+        match crate::hash::hash_words(self.seed, &[0x4b45_5953]) % 3 {
+            0 => {}
+            1 => {
+                const GAPS: [u64; 5] = [127, 128, 16_383, 16_384, 1];
+                let (mut low, mut high) = (0u64, crate::MAX_KEY);
+                for i in 0..n {
+                    let gap = GAPS[(i / 2) % GAPS.len()];
+                    if i % 2 == 0 {
+                        keys.insert(low);
+                        low += gap;
+                    } else {
+                        keys.insert(high);
+                        high -= gap;
+                    }
+                }
+            }
+            _ => {
+                for (range, _) in ring.segments() {
+                    if keys.len() >= n {
+                        break;
+                    }
+                    let start = range.start();
+                    if start > 0 {
+                        keys.insert(start - 1);
+                    }
+                    keys.insert(start);
+                }
+            }
+        }
+        for k in even {
+            if keys.len() >= n {
+                break;
+            }
+            keys.insert(k);
+        }
+        // Where the layouts overlapped, fill up with small odd keys.
+        let mut k = 1;
+        while keys.len() < n {
+            keys.insert(k);
+            k += 2;
+        }
+        keys.into_iter().take(n).collect()
     }
 }
 

@@ -28,7 +28,7 @@ impl World<'_> {
         let live = self.live_workers();
         for (key, v) in kvs.iter() {
             let need = self.ledger.required(key, &live, below);
-            let most = self.ledger.issued(self.cfg.key_index(key));
+            let most = self.ledger.issued(super::index_of(&self.keys, key));
             if v[0] < need || v[0] > most {
                 return Err(self.fail(
                     Invariant::Staleness,
@@ -62,7 +62,7 @@ impl World<'_> {
             return Ok(());
         }
         for i in 0..self.cfg.keys {
-            let key = self.cfg.key(i);
+            let key = self.keys[i as usize];
             let Some(total) = self.total(key) else {
                 continue;
             };
@@ -89,7 +89,7 @@ impl World<'_> {
         let (lost, survivors): (Vec<NodeId>, Vec<NodeId>) =
             self.apps.keys().partition(|id| self.apps[*id].crashed);
         for i in 0..self.cfg.keys {
-            let key = self.cfg.key(i);
+            let key = self.keys[i as usize];
             let total = self.total(key).unwrap_or_default();
             let (survived, _) = self.ledger.by_workers(key, &survivors);
             let (lost_issued, lost_acked) = self.ledger.by_workers(key, &lost);

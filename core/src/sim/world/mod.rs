@@ -100,8 +100,15 @@ struct World<'a> {
     ledger: Ledger,
     /// The servers never change during a run, so neither does the ring.
     ring: Ring,
+    /// The keys of the run, in order; a key's position is its index in the ledger.
+    keys: Vec<u64>,
     /// The command that replays this run.
     replay: String,
+}
+
+/// The position of `key` among `keys` (a key of the run).
+fn index_of(keys: &[u64], key: u64) -> usize {
+    keys.binary_search(&key).unwrap_or(0)
 }
 
 /// Runs one simulation to its end, checking every invariant after every step.
@@ -157,13 +164,16 @@ impl<'a> World<'a> {
         let coordinator = Coordinator::new(job).map_err(|e| setup_failure(cfg, e))?;
         let mut nodes = BTreeMap::new();
         nodes.insert(cfg.coordinator_id(), Driver::new(coordinator));
-        // Message sizes from the seed: some runs cut requests and range answers into parts of
-        // two or five keys and keep only one or three slices on the network, so that splitting,
-        // resumed answers and waiting for room in the window are all exercised.
+        // Message sizes from the seed: some runs cut requests and range answers into small parts
+        // and keep only one or three slices on the network, so that splitting, resumed answers
+        // and waiting for room in the window are all exercised.
+        // Slices of a fixed share of the keys, so that a request is cut into a handful of parts
+        // whatever the key count (finer cuts only slow the run down).
+        let rows = |share: u64, least: u64| 128 + 18 * (cfg.keys / share).max(least) as usize;
         let (slice_bytes, window) = match crate::hash::hash_words(cfg.seed, &[0x51ce]) % 3 {
             0 => (crate::worker::DEFAULT_MAX_SLICE_BYTES, 64),
-            1 => (128 + 18 * 2, 1),
-            _ => (128 + 18 * 5, 3),
+            1 => (rows(8, 2), 1),
+            _ => (rows(3, 5), 3),
         };
         for id in cfg.server_ids() {
             let mut sc = ServerConfig::new(id, cfg.coordinator_id());
@@ -193,6 +203,7 @@ impl<'a> World<'a> {
             nodes,
             apps,
             ledger: Ledger::new(cfg.keys as usize),
+            keys: cfg.key_layout(&ring),
             ring,
             replay: cfg.replay_command(),
         })
@@ -460,8 +471,8 @@ impl<'a> World<'a> {
                 self.schedule(self.now + duration, Action::ComputeDone(node));
             }
             Event::PushDone(id) => {
-                let cfg = self.cfg;
-                if !self.ledger.ack(node, id, |k| cfg.key_index(k)) {
+                let keys = &self.keys;
+                if !self.ledger.ack(node, id, |k| index_of(keys, k)) {
                     return Err(self.fail(
                         Invariant::ExactlyOnce,
                         format!("{node} reported push {id} done twice or never issued it"),
@@ -512,13 +523,14 @@ impl<'a> World<'a> {
             .filter(|_| self.rng.chance(0.5))
             .collect();
         let selection = if self.rng.chance(0.25) {
-            let all = KeyRange::new(0, self.cfg.key(self.cfg.keys - 1) + 1);
+            let last = self.keys.last().copied().unwrap_or(0);
+            let all = KeyRange::new(0, last + 1);
             match all.ok().and_then(|r| RangeList::new(vec![r]).ok()) {
                 Some(list) => KeySelection::Ranges(list),
                 None => KeySelection::Keys(KeyList::default()),
             }
         } else {
-            let list: Vec<u64> = keys.iter().map(|&i| self.cfg.key(i)).collect();
+            let list: Vec<u64> = keys.iter().map(|&i| self.keys[i as usize]).collect();
             KeySelection::Keys(KeyList::new(list).unwrap_or_default())
         };
         let now = self.now;
@@ -543,7 +555,7 @@ impl<'a> World<'a> {
             .get(&node)
             .map(|a| a.keys.clone())
             .unwrap_or_default();
-        let keys: Vec<u64> = index_keys.iter().map(|&i| self.cfg.key(i)).collect();
+        let keys: Vec<u64> = index_keys.iter().map(|&i| self.keys[i as usize]).collect();
         let values: Vec<i64> = keys
             .iter()
             .map(|_| 1 + self.rng.below(100) as i64)
@@ -560,9 +572,9 @@ impl<'a> World<'a> {
         // The scripted application ignores a refused advance: the worker was fenced.
         let _ = driver.advance(now);
         if let Ok(id) = pushed {
-            let cfg = self.cfg;
+            let keys = &self.keys;
             self.ledger
-                .issue(node, id, iteration, kvs, |k| cfg.key_index(k));
+                .issue(node, id, iteration, kvs, |k| index_of(keys, k));
         }
     }
 
