@@ -7,7 +7,10 @@
 //! every step:
 //!
 //! - **staleness**: a pull issued in iteration `c` sees every push of every live worker for the
-//!   iterations below `c - tau`;
+//!   iterations below `c - tau`, on every key it asked for (a key a range answer leaves out
+//!   reads as 0);
+//! - **pull complete**: a pull is answered exactly the keys of its key list, or only keys of
+//!   its ranges, and completes once;
 //! - **exactly-once**: every key's total on its server lies between the sum of the acknowledged
 //!   pushes and the sum of the issued ones, and at the end equals exactly the sum of the pushes
 //!   of the workers that did not crash;
@@ -222,6 +225,8 @@ pub enum Invariant {
     InFlight,
     /// A request never completed.
     Completion,
+    /// A pull answered keys it did not ask for, or not the keys it asked for.
+    PullComplete,
     /// A message failed to survive the wire codec.
     Codec,
     /// The cluster could not be set up.
@@ -235,6 +240,7 @@ impl fmt::Display for Invariant {
             Invariant::ExactlyOnce => "exactly-once",
             Invariant::InFlight => "in-flight bound",
             Invariant::Completion => "completion",
+            Invariant::PullComplete => "pull complete",
             Invariant::Codec => "codec",
             Invariant::Setup => "setup",
         })

@@ -2,6 +2,7 @@
 
 use super::World;
 use crate::kv::KvPairs;
+use crate::message::KeySelection;
 use crate::node::{Iteration, NodeId};
 use crate::sim::{Invariant, SimFailure};
 
@@ -18,15 +19,48 @@ impl World<'_> {
         self.server(owner).map(|s| s.received_total(key)[0])
     }
 
-    pub(super) fn check_staleness(
+    /// A completed pull answered exactly what it asked (every key of a key list; only keys of
+    /// the ranges), and every key it asked for, answered or not (a key missing from a range
+    /// answer reads as 0), holds every push it must.
+    pub(super) fn check_pull(
         &self,
         node: NodeId,
         iteration: Iteration,
+        asked: &KeySelection,
         kvs: &KvPairs<i64>,
     ) -> Result<(), SimFailure> {
+        let requested: Vec<u64> = match asked {
+            KeySelection::Keys(list) => {
+                if kvs.keys() != list.keys() {
+                    return Err(self.fail(
+                        Invariant::PullComplete,
+                        format!(
+                            "{node} asked for keys {:?} and was answered {:?}",
+                            list.keys(),
+                            kvs.keys()
+                        ),
+                    ));
+                }
+                list.keys().to_vec()
+            }
+            KeySelection::Ranges(ranges) => {
+                if let Some(k) = kvs.keys().iter().find(|&&k| !ranges.contains(k)) {
+                    return Err(self.fail(
+                        Invariant::PullComplete,
+                        format!("{node} was answered key {k}, outside the ranges it asked for"),
+                    ));
+                }
+                self.keys
+                    .iter()
+                    .copied()
+                    .filter(|&k| ranges.contains(k))
+                    .collect()
+            }
+        };
         let below = self.cfg.consistency.required_below(iteration);
         let live = self.live_workers();
-        for (key, v) in kvs.iter() {
+        for key in requested {
+            let v = [kvs.get(key).map_or(0, |v| v[0])];
             let need = self.ledger.required(key, &live, below);
             let most = self.ledger.issued(super::index_of(&self.keys, key));
             if v[0] < need || v[0] > most {

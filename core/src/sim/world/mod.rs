@@ -78,7 +78,7 @@ struct App {
     /// Key indices of the current iteration's pull and push.
     keys: Vec<u64>,
     /// Iteration each open pull was issued in.
-    pulls: BTreeMap<RequestId, Iteration>,
+    pulls: BTreeMap<RequestId, (Iteration, KeySelection)>,
     busy: Time,
     finished_at: Option<Time>,
     crashed: bool,
@@ -458,12 +458,15 @@ impl<'a> World<'a> {
         match event {
             Event::Ready { .. } => self.begin_iteration(node),
             Event::PullDone(id, kvs) => {
-                let iteration = self
-                    .apps
-                    .get_mut(&node)
-                    .and_then(|a| a.pulls.remove(&id))
-                    .unwrap_or_default();
-                self.check_staleness(node, iteration, &kvs)?;
+                let Some((iteration, asked)) =
+                    self.apps.get_mut(&node).and_then(|a| a.pulls.remove(&id))
+                else {
+                    return Err(self.fail(
+                        Invariant::PullComplete,
+                        format!("{node} reported pull {id} done twice or never issued it"),
+                    ));
+                };
+                self.check_pull(node, iteration, &asked, &kvs)?;
                 let duration = self.compute_time(node, iteration);
                 if let Some(app) = self.apps.get_mut(&node) {
                     app.busy += duration;
@@ -538,10 +541,10 @@ impl<'a> World<'a> {
             return;
         };
         let iteration = driver.node().as_worker().map_or(0, Worker::iteration);
-        if let Ok(id) = driver.pull(now, selection) {
+        if let Ok(id) = driver.pull(now, selection.clone()) {
             if let Some(app) = self.apps.get_mut(&node) {
                 app.keys = keys;
-                app.pulls.insert(id, iteration);
+                app.pulls.insert(id, (iteration, selection));
             }
         }
     }
