@@ -14,3 +14,4 @@ pub use pserver_transport as transport;
 pub mod apps;
 pub mod commands;
 pub mod data;
+mod seeded;

@@ -203,12 +203,12 @@ fn gradient(
     let mut grad = vec![0f32; keys.len()];
     let mut loss = 0.0;
     let n = rows.len().max(1) as f32;
+    // Each row's features' positions among `keys`, in one buffer reused for every row.
+    let mut pos: Vec<usize> = Vec::new();
     for r in rows {
         let (idx, val) = data.row(r);
-        let pos: Vec<usize> = idx
-            .iter()
-            .map(|k| keys.binary_search(k).unwrap_or(0))
-            .collect();
+        pos.clear();
+        pos.extend(idx.iter().map(|k| keys.binary_search(k).unwrap_or(0)));
         let z: f64 = pos
             .iter()
             .zip(val)

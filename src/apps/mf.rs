@@ -6,6 +6,7 @@
 //! (`initial`), added to what the servers hold, which start at zero: no node has to write the
 //! initial model before training begins.
 
+use crate::seeded::{mix, unit};
 use std::time::Instant;
 
 use pserver_core::{Consistency, Key, KeyList, KeySelection, KvPairs, Updater};
@@ -77,17 +78,10 @@ pub struct MfReport {
     pub secs: f64,
 }
 
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
 /// A standard normal draw from two hashed words (Box-Muller).
 fn normal(seed: u64, a: u64, b: u64) -> f64 {
-    let u1 = ((mix(seed ^ mix(a) ^ b.rotate_left(17)) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-    let u2 = ((mix(seed ^ mix(b) ^ a.rotate_left(29)) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    let u1 = unit(mix(seed ^ mix(a) ^ b.rotate_left(17)));
+    let u2 = unit(mix(seed ^ mix(b) ^ a.rotate_left(29)));
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
@@ -118,18 +112,20 @@ pub fn generate(cfg: &MfConfig, n: usize, stream: u64) -> Vec<(Key, Key, f32)> {
 }
 
 /// Factors of `key` in `pulled` (aligned with `keys`) plus their starting point.
-fn factors(cfg: &MfConfig, keys: &[Key], pulled: &[f32], key: Key) -> Vec<f64> {
+/// Writes into `out` (reused between calls, so the hot loop does not allocate).
+fn factors(cfg: &MfConfig, keys: &[Key], pulled: &[f32], key: Key, out: &mut Vec<f64>) {
     let pos = keys.binary_search(&key).unwrap_or(0);
-    (0..cfg.rank)
-        .map(|j| f64::from(pulled[pos * cfg.rank + j]) + initial(cfg, key, j))
-        .collect()
+    out.clear();
+    out.extend((0..cfg.rank).map(|j| f64::from(pulled[pos * cfg.rank + j]) + initial(cfg, key, j)));
 }
 
 fn rmse(cfg: &MfConfig, keys: &[Key], pulled: &[f32], ratings: &[(Key, Key, f32)]) -> f64 {
+    let (mut pu, mut qi) = (Vec::new(), Vec::new());
     let sum: f64 = ratings
         .iter()
         .map(|&(u, i, r)| {
-            let (pu, qi) = (factors(cfg, keys, pulled, u), factors(cfg, keys, pulled, i));
+            factors(cfg, keys, pulled, u, &mut pu);
+            factors(cfg, keys, pulled, i, &mut qi);
             let e = pu.iter().zip(&qi).map(|(a, b)| a * b).sum::<f64>() - f64::from(r);
             e * e
         })
@@ -180,11 +176,10 @@ pub async fn train(cfg: &MfConfig) -> Result<Vec<MfReport>, RuntimeError> {
                     let list = KeyList::new(keys.clone()).map_err(config)?;
                     let pulled = handle.pull(KeySelection::Keys(list)).await?;
                     let mut grad = vec![0f32; keys.len() * cfg.rank];
+                    let (mut pu, mut qi) = (Vec::new(), Vec::new());
                     for &(u, i, r) in batch {
-                        let (pu, qi) = (
-                            factors(&cfg, &keys, pulled.values(), u),
-                            factors(&cfg, &keys, pulled.values(), i),
-                        );
+                        factors(&cfg, &keys, pulled.values(), u, &mut pu);
+                        factors(&cfg, &keys, pulled.values(), i, &mut qi);
                         let e = pu.iter().zip(&qi).map(|(a, b)| a * b).sum::<f64>() - f64::from(r);
                         let (a, b) = (
                             keys.binary_search(&u).unwrap_or(0) * cfg.rank,

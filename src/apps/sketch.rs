@@ -4,6 +4,7 @@
 //! `depth = ceil(ln(1 / delta))`, an estimate exceeds the true count by more than `eps * N`
 //! (N items counted) with probability at most `delta` (Cormode and Muthukrishnan, 2005).
 
+use crate::seeded::mix;
 use std::collections::BTreeMap;
 
 use pserver_core::{Consistency, Key, KeyList, KeySelection, KvPairs, Updater};
@@ -60,13 +61,6 @@ pub struct SketchReport {
     pub bound: f64,
     /// Queries that under-counted (must be none: a count-min sketch never does).
     pub under_counted: usize,
-}
-
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 /// The stream: `n` items, item `i` drawn with weight about `1 / (i + 1)`.

@@ -10,7 +10,8 @@ use pserver_core::{Consistency, Driver, NodeId, OrderedStore, Role, Updater, Val
 use pserver_transport::TransportError;
 use pserver_transport::mem::{MemFaults, MemNetwork};
 use pserver_transport::runtime::{
-    ClusterSpec, LocalCluster, NodeReport, RuntimeError, Spawned, WorkerHandle, spawn_node,
+    ClusterSpec, LocalCluster, NodeHandle, NodeReport, RuntimeError, Spawned, WorkerHandle,
+    spawn_node,
 };
 use pserver_transport::tcp::TcpTransport;
 use thiserror::Error;
@@ -148,16 +149,14 @@ async fn run_script_node(
             NodeOutcome::Worker(summary)
         }
         (Role::Server, _) => {
-            terminated().await;
-            let report = spawned.node.shutdown().await?;
+            let report = until_signal(spawned.node).await?;
             NodeOutcome::Server {
                 totals: server_totals(&report, &file.script),
                 refused: report.refusals.total(),
             }
         }
         _ => {
-            terminated().await;
-            spawned.node.shutdown().await?;
+            until_signal(spawned.node).await?;
             NodeOutcome::Coordinator
         }
     };
@@ -221,16 +220,14 @@ async fn run_lr_node(
             NodeOutcome::Trained { epochs }
         }
         (Role::Server, _, _) => {
-            terminated().await;
-            let report = spawned.node.shutdown().await?;
+            let report = until_signal(spawned.node).await?;
             NodeOutcome::Server {
                 totals: Vec::new(),
                 refused: report.refusals.total(),
             }
         }
         _ => {
-            terminated().await;
-            spawned.node.shutdown().await?;
+            until_signal(spawned.node).await?;
             NodeOutcome::Coordinator
         }
     };
@@ -248,6 +245,14 @@ pub fn server_totals(report: &NodeReport<Driver<i64>>, script: &Script) -> Vec<i
     (0..script.keys)
         .map(|k| server.value(script.key(k)).map_or(0, |row| row[0]))
         .collect()
+}
+
+/// Serves until SIGINT or SIGTERM, then stops the node.
+async fn until_signal<V: Value>(
+    node: NodeHandle<Driver<V>>,
+) -> Result<NodeReport<Driver<V>>, RunError> {
+    terminated().await;
+    Ok(node.shutdown().await?)
 }
 
 async fn terminated() {

@@ -5,6 +5,7 @@
 //! Everything is a function of the seed and the row number: any row can be produced alone,
 //! and the same arguments always give the same file.
 
+use crate::seeded::{mix, unit};
 use std::io::Write;
 
 /// What to generate.
@@ -33,17 +34,6 @@ impl Default for GenConfig {
             first_row: 0,
         }
     }
-}
-
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-fn unit(x: u64) -> f64 {
-    ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
 }
 
 /// The true weight of feature `j`: most features carry no signal, one in eight a normal one.

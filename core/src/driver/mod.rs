@@ -248,13 +248,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
     /// Fires every timer whose deadline is at or before `now`, earliest first. A timer the node
     /// sets again for a deadline at or before `now` fires on the next call, not in this one.
     pub fn handle_timeout(&mut self, now: Time) {
-        let due: Vec<(Time, TimerId)> = self
+        let mut due: Vec<(Time, TimerId)> = self
             .timers
             .iter()
             .filter(|&(_, &at)| at <= now)
             .map(|(&t, &at)| (at, t))
             .collect();
-        let mut due = due;
         due.sort_unstable();
         for (at, timer) in due {
             // An earlier timer's handler may have moved or cancelled this one.

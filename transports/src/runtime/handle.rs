@@ -42,6 +42,16 @@ impl From<WorkerError> for RuntimeError {
     }
 }
 
+/// The epoch of the node's first configuration, once it has one.
+async fn wait_ready(ready: &watch::Receiver<Option<Epoch>>) -> Result<Epoch, RuntimeError> {
+    let mut ready = ready.clone();
+    let epoch = ready
+        .wait_for(Option::is_some)
+        .await
+        .map_err(|_| RuntimeError::ShutDown)?;
+    epoch.ok_or(RuntimeError::ShutDown)
+}
+
 /// An application call, carried to the event loop with the channel that answers it.
 #[derive(Debug)]
 pub(crate) enum Command<V: Value> {
@@ -106,12 +116,7 @@ impl<V: Value> WorkerHandle<V> {
 
     /// Waits until the worker has its first configuration; returns its epoch.
     pub async fn ready(&self) -> Result<Epoch, RuntimeError> {
-        let mut ready = self.ready.clone();
-        let epoch = ready
-            .wait_for(Option::is_some)
-            .await
-            .map_err(|_| RuntimeError::ShutDown)?;
-        epoch.ok_or(RuntimeError::ShutDown)
+        wait_ready(&self.ready).await
     }
 
     /// Pushes `kvs` in the current iteration; returns once every slice was acknowledged by its
@@ -175,12 +180,7 @@ impl<N> NodeHandle<N> {
     /// Waits until the node has its first configuration (a coordinator: until it published
     /// one); returns its epoch.
     pub async fn ready(&self) -> Result<Epoch, RuntimeError> {
-        let mut ready = self.ready.clone();
-        let epoch = ready
-            .wait_for(Option::is_some)
-            .await
-            .map_err(|_| RuntimeError::ShutDown)?;
-        epoch.ok_or(RuntimeError::ShutDown)
+        wait_ready(&self.ready).await
     }
 
     /// Asks the node to stop and waits for it. A worker first finishes what the application

@@ -1,0 +1,15 @@
+//! Seeded, platform-independent randomness for the applications' generators: every draw is a
+//! pure function of its inputs, so that generated data and initial models replay exactly.
+
+/// SplitMix64's output function: a bijective mix of `x`.
+pub(crate) fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// A number in (0, 1) from the top 53 bits of `x`.
+pub(crate) fn unit(x: u64) -> f64 {
+    ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+}
