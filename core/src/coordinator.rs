@@ -132,6 +132,37 @@ impl Coordinator {
         Ok(c)
     }
 
+    /// A coordinator taking over a job whose configuration `config` is in force (its servers
+    /// and workers are the members); nodes are started with that configuration or learn it
+    /// when they ask.
+    pub fn resume(cfg: CoordinatorConfig, config: ClusterConfig) -> Result<Self, CoordinatorError> {
+        if config.servers.is_empty() {
+            return Err(CoordinatorError::NoServers);
+        }
+        let mut c = Coordinator::new(CoordinatorConfig {
+            id: config.coordinator,
+            servers: config.servers.len(),
+            workers: config.workers.len(),
+            ring: config.ring,
+            consistency: config.consistency,
+            ..cfg
+        })?;
+        Ring::new(config.servers.iter().copied(), config.ring).map_err(|source| {
+            CoordinatorError::Ring {
+                servers: config.servers.len(),
+                source,
+            }
+        })?;
+        let roles = config
+            .servers
+            .iter()
+            .map(|&s| (s, Role::Server))
+            .chain(config.workers.iter().map(|&w| (w, Role::Worker)));
+        c.members.extend(roles);
+        c.config = Some(config);
+        Ok(c)
+    }
+
     /// This coordinator's id.
     pub fn id(&self) -> NodeId {
         self.cfg.id

@@ -8,7 +8,7 @@ use crate::consistency::Consistency;
 use crate::key::{Key, KeyRange};
 use crate::kv::{KvError, KvPairs, check_keys};
 use crate::node::{Epoch, Iteration, NodeId, Role, Time};
-use crate::ring::RingConfig;
+use crate::ring::{Ring, RingConfig, RingError};
 use crate::value::Value;
 use crate::wire::seq;
 
@@ -163,6 +163,45 @@ pub struct ClusterConfig {
     pub ring: RingConfig,
     /// The job's consistency model.
     pub consistency: Consistency,
+}
+
+impl ClusterConfig {
+    /// The next epoch's configuration with `server` taken off the ring: its key ranges pass to
+    /// the servers that follow it. Nothing moves with them, so the new owners start those
+    /// ranges empty; a job changes its ring this way only before data was written to the
+    /// moved ranges (ARCHITECTURE.md §8). Workers still on the old epoch are redirected and
+    /// re-slice their requests.
+    ///
+    /// ```
+    /// use pserver_core::{ClusterConfig, Consistency, NodeId, RingConfig};
+    /// let config = ClusterConfig {
+    ///     epoch: 1,
+    ///     coordinator: NodeId(0),
+    ///     servers: vec![NodeId(1), NodeId(2)],
+    ///     workers: vec![NodeId(3)],
+    ///     ring: RingConfig::default(),
+    ///     consistency: Consistency::Sequential,
+    /// };
+    /// let next = config.without_server(NodeId(1)).unwrap();
+    /// assert_eq!((next.epoch, next.servers), (2, vec![NodeId(2)]));
+    /// ```
+    pub fn without_server(&self, server: NodeId) -> Result<ClusterConfig, RingError> {
+        if !self.servers.contains(&server) {
+            return Err(RingError::UnknownServer(server));
+        }
+        let servers: Vec<NodeId> = self
+            .servers
+            .iter()
+            .copied()
+            .filter(|&s| s != server)
+            .collect();
+        Ring::new(servers.iter().copied(), self.ring)?;
+        Ok(ClusterConfig {
+            epoch: self.epoch + 1,
+            servers,
+            ..self.clone()
+        })
+    }
 }
 
 /// A worker's update for one slice of a request.

@@ -654,3 +654,43 @@ fn a_push_that_beats_the_configuration_is_applied_once_it_arrives() {
         .count();
     assert_eq!(acks, 1);
 }
+
+#[test]
+fn a_server_taken_off_the_ring_hands_its_keys_to_the_others() {
+    let old = config(1, &[1, 2, 3], &[W1], Consistency::Eventual);
+    let new = old.without_server(NodeId(2)).unwrap();
+    assert_eq!(new.epoch, 2);
+    assert_eq!(new.servers, vec![NodeId(1), NodeId(3)]);
+    let ring = Ring::new(new.servers.clone(), new.ring).unwrap();
+    assert!(spread(64).iter().all(|&k| ring.primary(k) != NodeId(2)));
+    assert_eq!(
+        new.without_server(NodeId(2)),
+        Err(RingError::UnknownServer(NodeId(2)))
+    );
+    let last = config(1, &[1], &[W1], Consistency::Eventual);
+    assert_eq!(last.without_server(NodeId(1)), Err(RingError::NoServers));
+}
+
+#[test]
+fn a_resumed_coordinator_hands_out_the_configuration_in_force() {
+    let config = config(1, &[1, 2], &[W1], Consistency::Sequential)
+        .without_server(NodeId(1))
+        .unwrap();
+    let mut c = Coordinator::resume(CoordinatorConfig::new(COORD, 9, 9), config.clone()).unwrap();
+    assert_eq!(c.config(), Some(&config));
+    let mut out = Effects::<i64>::new();
+    c.on_message(
+        0,
+        Envelope::new(W1, COORD, 1, Message::ConfigRequest),
+        &mut out,
+    );
+    assert_eq!(sends_of(&mut out), vec![deliver_config::<i64>(W1, &config)]);
+    let empty = ClusterConfig {
+        workers: vec![],
+        ..config.clone()
+    };
+    assert_eq!(
+        Coordinator::resume(CoordinatorConfig::new(COORD, 1, 1), empty),
+        Err(CoordinatorError::NoWorkers)
+    );
+}
