@@ -683,32 +683,43 @@ struct CheckArgs {
     /// How long --simulation walks.
     #[arg(long, default_value_t = 30)]
     timeout_secs: u64,
-    /// Servers.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=4))]
-    servers: u32,
-    /// Workers.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=4))]
-    workers: u32,
-    /// Keys each worker pushes and pulls (for --model clock: keys modelled one by one).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
-    keys: u64,
-    /// Iterations per worker.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=4))]
-    iterations: u32,
-    /// Actors that may crash (adds heartbeats and failure detection).
-    #[arg(long, default_value_t = 0)]
-    crashes: usize,
+    /// Servers [default: 2]. Giving any of the shape options (servers, workers, keys,
+    /// iterations, crashes, network, consistency, registration, ring change, backoff) checks
+    /// that one shape, once per consistency model, instead of the default suite.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
+    servers: Option<u32>,
+    /// Workers [default: 2].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
+    workers: Option<u32>,
+    /// Keys each worker pushes and pulls (for --model clock: keys modelled one by one)
+    /// [default: 1].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=8))]
+    keys: Option<u64>,
+    /// Iterations per worker [default: 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=4))]
+    iterations: Option<u32>,
+    /// Actors that may crash (adds heartbeats and failure detection) [default: 0].
+    #[arg(long)]
+    crashes: Option<usize>,
     /// Network: ordered (per-pair FIFO, reliable, like TCP) or lossy (unordered, duplicating,
-    /// lossy, like UDP).
-    #[arg(long, default_value = "lossy", value_parser = check::network)]
-    network: pserver::models::cluster::NetworkKind,
+    /// lossy, like UDP) [default: lossy].
+    #[arg(long, value_parser = check::network)]
+    network: Option<pserver::models::cluster::NetworkKind>,
     /// Consistency models to check, comma-separated [default: sequential,bounded:1].
     #[arg(long, value_delimiter = ',')]
     consistency: Vec<Consistency>,
     /// Model the registration phase instead of starting with epoch 1 in force.
     #[arg(long)]
     registration: bool,
-    /// Check a deliberately broken protocol: no-dedupe, no-gating or no-retransmit (needs a
+    /// Start with the ring already changed on the coordinator and servers while the workers
+    /// still hold the old one, so that requests are redirected and re-sliced.
+    #[arg(long)]
+    ring_change: bool,
+    /// Model doubling retransmission timeouts (lossy network; each worker retransmits at most
+    /// twice).
+    #[arg(long)]
+    backoff: bool,
+    /// Check a deliberately broken protocol, e.g. no-dedupe or no-gating (needs a
     /// build with --features mutations).
     #[arg(long)]
     mutation: Option<String>,
@@ -742,15 +753,39 @@ fn check_command(args: CheckArgs) -> ExitCode {
     } else {
         args.consistency.clone()
     };
+    let shape_given = args.servers.is_some()
+        || args.workers.is_some()
+        || args.keys.is_some()
+        || args.iterations.is_some()
+        || args.crashes.is_some()
+        || args.network.is_some()
+        || !args.consistency.is_empty()
+        || args.registration
+        || args.ring_change
+        || args.backoff;
+    let defaults = ClusterModelConfig::default();
     let base = ClusterModelConfig {
-        servers: args.servers as usize,
-        workers: args.workers as usize,
-        keys: args.keys,
-        iterations: args.iterations,
+        servers: args.servers.map_or(defaults.servers, |n| n as usize),
+        workers: args.workers.map_or(defaults.workers, |n| n as usize),
+        keys: args.keys.unwrap_or(1),
+        iterations: args.iterations.unwrap_or(1),
         consistency: models[0],
-        network: args.network,
-        crashes: args.crashes,
+        network: args.network.unwrap_or(defaults.network),
+        crashes: args.crashes.unwrap_or(0),
         registration: args.registration,
+        ring_change: args.ring_change,
+        backoff: args.backoff,
+    };
+    let configs: Vec<ClusterModelConfig> = if shape_given {
+        models
+            .iter()
+            .map(|&consistency| ClusterModelConfig {
+                consistency,
+                ..base.clone()
+            })
+            .collect()
+    } else {
+        check::default_suite()
     };
     // Without the mutations feature `broken` can only be None and is not read.
     #[allow(unused_variables)]
@@ -767,9 +802,10 @@ fn check_command(args: CheckArgs) -> ExitCode {
         mutation: broken,
         ..sim::Protocol::default()
     };
-    let clock_max_time = u8::try_from(args.iterations.max(1)).unwrap_or(u8::MAX);
+    let clock_max_time = u8::try_from(base.iterations.max(1)).unwrap_or(u8::MAX);
     if let Some(address) = &args.explore {
-        return match check::explore(args.model, base, protocol, clock_max_time, address) {
+        let first = configs.first().cloned().unwrap_or(base);
+        return match check::explore(args.model, first, protocol, clock_max_time, address) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -779,8 +815,7 @@ fn check_command(args: CheckArgs) -> ExitCode {
     }
     let outcome = match args.model {
         check::ModelName::Cluster => {
-            match check::check_cluster(&base, protocol, &models, strategy, threads, args.max_states)
-            {
+            match check::check_cluster(&configs, protocol, strategy, threads, args.max_states) {
                 Ok(outcome) => outcome,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -788,7 +823,9 @@ fn check_command(args: CheckArgs) -> ExitCode {
                 }
             }
         }
-        check::ModelName::Clock => check::check_clock(args.keys, clock_max_time, strategy, threads),
+        check::ModelName::Clock => {
+            check::check_clock(base.keys, clock_max_time, strategy, threads)
+        }
     };
     print!("{}", outcome.text);
     if outcome.violated {
@@ -855,7 +892,7 @@ struct SimArgs {
     /// Print finish time and idle fraction for tau in 0, 1, 2, 4, 8, inf instead.
     #[arg(long)]
     tau_sweep: bool,
-    /// Run a deliberately broken protocol: no-dedupe, no-gating or no-retransmit (needs a
+    /// Run a deliberately broken protocol, e.g. no-dedupe or no-gating (needs a
     /// build with --features mutations).
     #[arg(long)]
     mutation: Option<String>,

@@ -15,14 +15,29 @@ pub enum Mutation {
     NoGating,
     /// Workers never retransmit (breaks completion on a lossy network).
     NoRetransmit,
+    /// Servers hold a pull back only until the worker asking has finished the required
+    /// iterations, not every worker (breaks staleness, though not a count of pushes).
+    OwnProgressOnly,
+    /// Workers enter the next iteration without waiting for their pushes to be acknowledged
+    /// (breaks the in-flight bound).
+    EagerAdvance,
+    /// Workers drop the last key when they assemble a pull's answer (breaks pull complete).
+    ShortPull,
+    /// Workers ignore redirects and keep resending to the old owner (a livelock: breaks
+    /// livelock freedom while every quiescent state still looks complete).
+    IgnoreRedirect,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 3] = [
+    pub const ALL: [Mutation; 7] = [
         Mutation::NoDedupe,
         Mutation::NoGating,
         Mutation::NoRetransmit,
+        Mutation::OwnProgressOnly,
+        Mutation::EagerAdvance,
+        Mutation::ShortPull,
+        Mutation::IgnoreRedirect,
     ];
 }
 
@@ -32,6 +47,10 @@ impl fmt::Display for Mutation {
             Mutation::NoDedupe => "no-dedupe",
             Mutation::NoGating => "no-gating",
             Mutation::NoRetransmit => "no-retransmit",
+            Mutation::OwnProgressOnly => "own-progress-only",
+            Mutation::EagerAdvance => "eager-advance",
+            Mutation::ShortPull => "short-pull",
+            Mutation::IgnoreRedirect => "ignore-redirect",
         })
     }
 }
@@ -44,7 +63,11 @@ impl FromStr for Mutation {
             .into_iter()
             .find(|m| m.to_string() == s)
             .ok_or_else(|| {
-                format!("unknown mutation `{s}`: expected no-dedupe, no-gating or no-retransmit")
+                let names: Vec<String> = Mutation::ALL.iter().map(ToString::to_string).collect();
+                format!(
+                    "unknown mutation `{s}`: expected one of {}",
+                    names.join(", ")
+                )
             })
     }
 }

@@ -395,7 +395,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
     }
 
-    fn may_answer(&self, iteration: Iteration) -> bool {
+    fn may_answer(&self, asking: NodeId, iteration: Iteration) -> bool {
         let Some(cluster) = &self.cluster else {
             return false;
         };
@@ -407,6 +407,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let workers_done = cluster
             .workers()
             .iter()
+            .filter(|&&w| w == asking || !mutated!(self, OwnProgressOnly))
             .all(|w| self.progress.get(w).copied().unwrap_or(0) >= required);
         workers_done && (consistency != Consistency::Sequential || self.applied_below >= required)
     }
@@ -424,7 +425,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             iteration: pull.iteration,
             keys: pull.keys,
         };
-        if self.may_answer(held.iteration) {
+        if self.may_answer(from, held.iteration) {
             self.answer(from, pull.slice, &held, out);
         } else {
             self.held.insert((from, pull.slice), held);
@@ -435,7 +436,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let ready: Vec<(NodeId, SliceRef)> = self
             .held
             .iter()
-            .filter(|(_, h)| self.may_answer(h.iteration))
+            .filter(|((asking, _), h)| self.may_answer(*asking, h.iteration))
             .map(|(&k, _)| k)
             .collect();
         for key in ready {

@@ -562,7 +562,9 @@ impl<V: Value> Worker<V> {
             }
             // The server knows a newer configuration: fetch it; adopting it re-slices what
             // moved. A server behind us catches up by itself, and retransmission retries.
-            Message::Redirect { epoch, .. } if epoch > self.epoch() => {
+            Message::Redirect { epoch, .. }
+                if epoch > self.epoch() && !mutated!(self, IgnoreRedirect) =>
+            {
                 self.send(self.cfg.coordinator, Message::ConfigRequest, out);
             }
             Message::Redirect { epoch, .. } => out.refuse(
@@ -680,10 +682,12 @@ impl<V: Value> Worker<V> {
             out.emit(Event::PushDone(id));
             self.on_progress(now, out);
         } else {
-            out.emit(Event::PullDone(
-                id,
-                assemble(request.replies, self.cfg.width),
-            ));
+            #[allow(unused_mut)]
+            let mut kvs = assemble(request.replies, self.cfg.width);
+            if mutated!(self, ShortPull) && !kvs.is_empty() {
+                kvs = kvs.rows(0, kvs.len() - 1);
+            }
+            out.emit(Event::PullDone(id, kvs));
         }
     }
 
@@ -702,7 +706,9 @@ impl<V: Value> Worker<V> {
         let mut moved = false;
         while self.advances_waiting > 0 {
             let next = self.iteration + 1;
-            if !consistency.may_enter(next, self.finished_below_at(next)) {
+            if !consistency.may_enter(next, self.finished_below_at(next))
+                && !mutated!(self, EagerAdvance)
+            {
                 break;
             }
             self.iteration = next;

@@ -6,8 +6,8 @@ use std::time::Duration;
 use pserver_core::Consistency;
 use pserver_models::ClockModel;
 use pserver_models::cluster::{
-    CheckReport, ClusterModel, ClusterModelConfig, NetworkKind, Strategy, check_with,
-    cluster_model, describe,
+    CheckReport, ClusterModel, ClusterModelConfig, NetworkKind, Strategy, check_cluster_model,
+    check_with, cluster_model,
 };
 
 use super::sim::Protocol;
@@ -51,42 +51,100 @@ fn summary(reports: &[CheckReport]) -> String {
     format!("check states={states} unique={unique} depth={depth} secs={secs:.2}")
 }
 
-/// Checks the cluster model once per consistency model in `models`.
+/// Checks the cluster model once per configuration in `configs`.
 pub fn check_cluster(
-    base: &ClusterModelConfig,
+    configs: &[ClusterModelConfig],
     protocol: Protocol,
-    models: &[Consistency],
     strategy: Strategy,
     threads: usize,
     max_states: Option<usize>,
 ) -> Result<Outcome, String> {
     let mut out = Outcome::default();
     let mut reports = Vec::new();
-    for &consistency in models {
-        let cfg = ClusterModelConfig {
-            consistency,
-            ..base.clone()
-        };
-        let _ = writeln!(
-            out.text,
-            "model cluster consistency={} network={} servers={} workers={} keys={} iterations={} crashes={}",
-            cfg.consistency,
-            cfg.network,
-            cfg.servers,
-            cfg.workers,
-            cfg.keys,
-            cfg.iterations,
-            cfg.crashes
-        );
-        let model = model_of(cfg, protocol)?;
-        let report = check_with(model, strategy, threads, max_states, describe);
+    for cfg in configs {
+        out.text += &describe_config(cfg);
+        out.text.push('\n');
+        let model = model_of(cfg.clone(), protocol)?;
+        let report = check_cluster_model(model, strategy, threads, max_states);
         out.violated |= report.violated();
         out.text += &report.to_string();
+        let _ = writeln!(
+            out.text,
+            "states={} unique={} depth={} secs={:.2}",
+            report.states, report.unique, report.depth, report.secs
+        );
         reports.push(report);
     }
     out.text += &summary(&reports);
     out.text.push('\n');
     Ok(out)
+}
+
+/// The `model cluster ...` line that heads a configuration's verdicts.
+pub fn describe_config(cfg: &ClusterModelConfig) -> String {
+    let mut line = format!(
+        "model cluster consistency={} network={} servers={} workers={} keys={} iterations={} crashes={}",
+        cfg.consistency,
+        cfg.network,
+        cfg.servers,
+        cfg.workers,
+        cfg.keys,
+        cfg.iterations,
+        cfg.crashes
+    );
+    for (on, flag) in [
+        (cfg.registration, " registration"),
+        (cfg.ring_change, " ring-change"),
+        (cfg.backoff, " backoff"),
+    ] {
+        if on {
+            line += flag;
+        }
+    }
+    line
+}
+
+/// What `pserver check` checks when no shape is given: each configuration is there for a part
+/// of the protocol the others do not reach.
+///
+/// - sequential on the lossy network: retransmission and de-duplication;
+/// - sequential on the lossy network, one worker over 2 iterations, with backoff: doubling
+///   retransmission timeouts;
+/// - bounded:1 on the ordered network over 2 iterations: pulls held back under bounded delay;
+/// - sequential on the lossy network with a ring change: redirects and re-slicing under loss
+///   and duplication;
+/// - bounded:1 on the ordered network over 2 iterations with a ring change: redirects while
+///   pulls are held back.
+pub fn default_suite() -> Vec<ClusterModelConfig> {
+    let base = ClusterModelConfig {
+        keys: 1,
+        iterations: 1,
+        ..ClusterModelConfig::default()
+    };
+    let bounded_ordered = ClusterModelConfig {
+        consistency: Consistency::BoundedDelay(1),
+        network: NetworkKind::Ordered,
+        iterations: 2,
+        ..base.clone()
+    };
+    vec![
+        base.clone(),
+        ClusterModelConfig {
+            workers: 1,
+            iterations: 2,
+            backoff: true,
+            ..base.clone()
+        },
+        bounded_ordered.clone(),
+        ClusterModelConfig {
+            ring_change: true,
+            ..base
+        },
+        ClusterModelConfig {
+            ring_change: true,
+            ..bounded_ordered
+        },
+    ]
 }
 
 /// The cluster model of `cfg`, running `protocol`.
@@ -168,32 +226,24 @@ mod tests {
 
     #[test]
     fn a_check_ends_with_the_summary_line() {
-        let base = ClusterModelConfig {
-            keys: 1,
-            iterations: 1,
-            network: NetworkKind::Ordered,
-            ..ClusterModelConfig::default()
-        };
-        let out = check_cluster(
-            &base,
-            Protocol::default(),
-            &default_models(),
-            Strategy::Bfs,
-            2,
-            None,
-        )
-        .unwrap();
-        assert!(!out.violated);
+        let configs: Vec<ClusterModelConfig> = default_models()
+            .into_iter()
+            .map(|consistency| ClusterModelConfig {
+                keys: 1,
+                iterations: 1,
+                network: NetworkKind::Ordered,
+                consistency,
+                ..ClusterModelConfig::default()
+            })
+            .collect();
+        let out = check_cluster(&configs, Protocol::default(), Strategy::Bfs, 2, None).unwrap();
+        assert!(!out.violated, "{}", out.text);
         let last = out.text.lines().last().unwrap();
         assert!(last.starts_with("check states="), "{}", out.text);
-        assert!(last.contains(" unique=1451 "), "{last}");
-        assert_eq!(
-            out.text
-                .lines()
-                .filter(|l| *l == "property staleness: holds")
-                .count(),
-            2
-        );
+        for property in ["staleness", "pull complete", "in-flight bound", "livelock-free"] {
+            let line = format!("property {property}: holds");
+            assert_eq!(out.text.lines().filter(|l| *l == line).count(), 2, "{line}");
+        }
     }
 
     #[test]

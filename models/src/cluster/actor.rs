@@ -6,12 +6,12 @@ use std::borrow::Cow;
 
 use pserver_core::{
     ClusterConfig, Coordinator, CoordinatorConfig, CoordinatorError, Effects, Envelope, Event,
-    Iteration, KeyList, KeySelection, KvPairs, Message, RequestId, Server, ServerConfig, TimerCmd,
-    TimerId, Updater, Worker, WorkerConfig,
+    Iteration, KeyList, KeySelection, KvPairs, Message, RequestId, Ring, Server, ServerConfig,
+    Time, TimerCmd, TimerId, Updater, Worker, WorkerConfig,
 };
 use stateright::actor::{Actor, Id, Out, model_timeout};
 
-use super::config::{ClusterModelConfig, NetworkKind};
+use super::config::{ClusterModelConfig, MAX_RETRANSMISSIONS, NetworkKind};
 
 /// One actor of the model.
 #[derive(Clone, Debug)]
@@ -35,18 +35,25 @@ pub struct Settings {
     pub retransmission: bool,
     /// Start with this configuration in force instead of registering.
     pub config: Option<ClusterConfig>,
+    /// Workers keep a clock and a retransmission budget ([`ClusterModelConfig::backoff`]).
+    pub backoff: bool,
     #[cfg(feature = "mutations")]
     pub(crate) mutation: Option<pserver_core::Mutation>,
 }
 
-/// The workload of a worker: each iteration pushes 1 to every key and advances, then pulls every
-/// key in the next iteration.
+/// The workload of a worker: each iteration pushes to every key and advances, then pulls every
+/// key in the next iteration. The push of iteration `i` sets this worker's column `i` to 1, so
+/// every value read later says exactly which pushes it includes.
 #[derive(Clone, Debug)]
 pub struct Script {
     /// The keys.
     pub keys: Vec<u64>,
     /// Iterations to run.
     pub iterations: Iteration,
+    /// Values per key ([`ClusterModelConfig::width`]).
+    pub width: usize,
+    /// This worker's column of iteration 0 ([`ClusterModelConfig::column`]).
+    pub first_column: usize,
 }
 
 /// A worker and where its script is.
@@ -54,14 +61,26 @@ pub struct Script {
 pub struct WorkerActorState {
     /// The core worker.
     pub node: Worker<i64>,
-    /// Pushes issued.
-    pub pushed: u32,
-    /// Pushes acknowledged.
-    pub acked: u32,
+    /// The push request of each iteration so far (one per iteration).
+    pub pushes: Vec<RequestId>,
+    /// Bit `i`: the push of iteration `i` was acknowledged.
+    pub acked: u64,
     /// The open pull and the iteration it was issued in.
     pub pulling: Option<(RequestId, Iteration)>,
     /// Every completed pull: the iteration it was issued in and the values it returned.
     pub pulled: Vec<(Iteration, Vec<i64>)>,
+    /// A pull completed with other keys than it asked for, or a pull completed that was not
+    /// open.
+    pub bad_pull: bool,
+    /// With backoff: the worker's clock, the deadline of its retransmission timer, the
+    /// retransmission timer firings so far, and whether a timeout was ever doubled.
+    pub clock: Time,
+    /// The retransmission timer's deadline, when set.
+    pub retransmit_at: Option<Time>,
+    /// Retransmission timer firings so far.
+    pub retransmissions: u8,
+    /// Some retransmission was followed by a doubled timeout.
+    pub backed_off: bool,
     /// The script has run every iteration.
     pub finished: bool,
     /// The worker was removed from the cluster.
@@ -75,6 +94,28 @@ impl WorkerActorState {
     /// Done: script finished and nothing left open.
     pub fn done(&self) -> bool {
         self.finished && self.node.open_requests() == 0
+    }
+
+    /// Pushes issued (one per iteration, from iteration 0).
+    pub fn pushed(&self) -> u32 {
+        self.pushes.len() as u32
+    }
+
+    /// Whether the push of `iteration` was acknowledged.
+    pub fn is_acked(&self, iteration: Iteration) -> bool {
+        iteration < 64 && self.acked & (1 << iteration) != 0
+    }
+
+    /// Every iteration below this one had its push acknowledged.
+    pub fn acked_below(&self) -> Iteration {
+        (0..self.pushed())
+            .find(|&i| !self.is_acked(i))
+            .unwrap_or(self.pushed())
+    }
+
+    /// The retransmission budget is spent: no more retransmissions will be modelled.
+    pub fn gave_up(&self) -> bool {
+        self.retransmissions >= MAX_RETRANSMISSIONS
     }
 }
 
@@ -145,7 +186,7 @@ impl ClusterActor {
         coordinator_cfg.ring = cfg.ring();
         coordinator_cfg.consistency = cfg.consistency;
         coordinator_cfg.timing = timing;
-        let coordinator = if cfg.registration {
+        let coordinator = if cfg.registration && !cfg.ring_change {
             Coordinator::new(coordinator_cfg)?
         } else {
             let servers: Vec<_> = cfg.server_ids().collect();
@@ -156,48 +197,90 @@ impl ClusterActor {
             failure_detection: cfg.crashes > 0,
             retransmission: cfg.network == NetworkKind::Lossy,
             config: coordinator.config().cloned(),
+            backoff: cfg.backoff && cfg.network == NetworkKind::Lossy,
             #[cfg(feature = "mutations")]
             mutation: None,
         };
+        let (coordinator, server_settings) = match (&settings.config, cfg.ring_change) {
+            (Some(old), true) => {
+                let (coordinator, new) = changed_ring(cfg, coordinator_cfg, old)?;
+                let server_settings = Settings {
+                    config: Some(new),
+                    ..settings.clone()
+                };
+                (coordinator, server_settings)
+            }
+            _ => (coordinator, settings.clone()),
+        };
         let mut actors = vec![ClusterActor::Coordinator(
             Box::new(coordinator),
-            settings.clone(),
+            server_settings.clone(),
         )];
+        let width = cfg.width();
         actors.extend(cfg.server_ids().map(|id| {
             let mut sc = ServerConfig::new(id, cfg.coordinator());
             sc.timing = timing;
-            ClusterActor::Server(sc, settings.clone())
+            sc.width = width;
+            ClusterActor::Server(sc, server_settings.clone())
         }));
-        let script = Script {
-            keys: cfg.key_list(),
-            iterations: cfg.iterations,
-        };
-        actors.extend(cfg.worker_ids().map(|id| {
+        actors.extend(cfg.worker_ids().enumerate().map(|(index, id)| {
             let mut wc = WorkerConfig::new(id, cfg.coordinator());
             wc.timing = timing;
-            ClusterActor::Worker(wc, settings.clone(), script.clone())
+            wc.width = width;
+            let script = Script {
+                keys: cfg.key_list(),
+                iterations: cfg.iterations,
+                width,
+                first_column: cfg.column(index, 0),
+            };
+            ClusterActor::Worker(wc, settings.clone(), script)
         }));
         Ok(actors)
     }
 }
 
+/// The coordinator and the epoch-2 configuration of a ring change: the owner of the first key
+/// is taken off the ring of `old`.
+fn changed_ring(
+    cfg: &ClusterModelConfig,
+    coordinator_cfg: CoordinatorConfig,
+    old: &ClusterConfig,
+) -> Result<(Coordinator, ClusterConfig), CoordinatorError> {
+    let ring_error = |source| CoordinatorError::Ring {
+        servers: cfg.servers,
+        source,
+    };
+    let ring = Ring::new(old.servers.iter().copied(), old.ring).map_err(ring_error)?;
+    let first = cfg.key_list().first().copied().unwrap_or(0);
+    let new = old.without_server(ring.primary(first)).map_err(ring_error)?;
+    let coordinator = Coordinator::resume(coordinator_cfg, new.clone())?;
+    Ok((coordinator, new))
+}
+
 impl Script {
-    /// Pushes 1 to every key for the current iteration, then ends the iteration.
+    /// Pushes this worker's column of the current iteration to every key, then ends the
+    /// iteration.
     fn push_and_advance(&self, w: &mut WorkerActorState, out: &mut Effects<i64>) {
-        let ones = vec![1i64; self.keys.len()];
-        if let Ok(kvs) = KvPairs::new(self.keys.clone(), ones, 1) {
-            if w.node.push(0, kvs, out).is_ok() {
-                w.pushed += 1;
+        let it = w.node.iteration();
+        let mut values = vec![0i64; self.keys.len() * self.width];
+        for row in values.chunks_mut(self.width) {
+            if let Some(v) = row.get_mut(self.first_column + it as usize) {
+                *v = 1;
             }
         }
-        let _ = w.node.advance(0, out);
+        if let Ok(kvs) = KvPairs::new(self.keys.clone(), values, self.width) {
+            if let Ok(id) = w.node.push(w.clock, kvs, out) {
+                w.pushes.push(id);
+            }
+        }
+        let _ = w.node.advance(w.clock, out);
     }
 
     /// Pulls every key in the iteration just entered: the values the last push produced.
     fn pull(&self, w: &mut WorkerActorState, out: &mut Effects<i64>) {
         let it = w.node.iteration();
         if let Ok(list) = KeyList::new(self.keys.clone()) {
-            if let Ok(id) = w.node.pull(0, KeySelection::Keys(list), out) {
+            if let Ok(id) = w.node.pull(w.clock, KeySelection::Keys(list), out) {
                 w.pulling = Some((id, it));
             }
         }
@@ -219,29 +302,59 @@ impl Script {
                     Event::Ready { .. } if self.iterations > 0 => self.push_and_advance(w, out),
                     Event::Ready { .. } => w.finished = true,
                     Event::PushDone(id) => {
-                        w.acked += 1;
+                        if let Some(it) = w.pushes.iter().position(|&p| p == id) {
+                            w.acked |= 1 << it;
+                        }
                         w.followed_redirect |= w.redirected.contains(&id);
                     }
                     Event::Advanced(_) => self.pull(w, out),
                     Event::PullDone(id, kvs) => {
                         w.followed_redirect |= w.redirected.contains(&id);
-                        if let Some((_, it)) = w.pulling.take_if(|(open, _)| *open == id) {
-                            w.pulled.push((it, kvs.values().to_vec()));
-                            if it >= self.iterations {
-                                w.finished = true;
-                            } else {
-                                self.push_and_advance(w, out);
+                        match w.pulling.take_if(|(open, _)| *open == id) {
+                            Some((_, it)) => {
+                                w.bad_pull |= kvs.keys() != self.keys.as_slice();
+                                w.pulled.push((it, kvs.values().to_vec()));
+                                if it >= self.iterations {
+                                    w.finished = true;
+                                } else {
+                                    self.push_and_advance(w, out);
+                                }
                             }
+                            None => w.bad_pull = true,
                         }
                     }
                     Event::Fenced => w.fenced = true,
                     _ => {}
                 }
             }
+            track_retransmission(w, out, settings);
             forward(out, settings, o);
         }
+        track_retransmission(w, out, settings);
         forward(out, settings, o);
     }
+}
+
+/// With backoff, remembers the deadline of the worker's retransmission timer (the time it will
+/// be fired at), and once the worker's budget is spent stops handing that timer to the checker.
+fn track_retransmission(w: &mut WorkerActorState, out: &mut Effects<i64>, settings: &Settings) {
+    if !settings.backoff {
+        return;
+    }
+    out.timers.retain(|cmd| match *cmd {
+        TimerCmd::Set {
+            timer: TimerId::Retransmit,
+            at,
+        } => {
+            w.retransmit_at = Some(at);
+            !w.gave_up()
+        }
+        TimerCmd::Cancel(TimerId::Retransmit) => {
+            w.retransmit_at = None;
+            true
+        }
+        _ => true,
+    });
 }
 
 impl Actor for ClusterActor {
@@ -284,10 +397,15 @@ impl Actor for ClusterActor {
                 }
                 let mut w = WorkerActorState {
                     node,
-                    pushed: 0,
+                    pushes: Vec::new(),
                     acked: 0,
                     pulling: None,
                     pulled: Vec::new(),
+                    bad_pull: false,
+                    clock: 0,
+                    retransmit_at: None,
+                    retransmissions: 0,
+                    backed_off: false,
                     finished: false,
                     fenced: false,
                     followed_redirect: false,
@@ -343,7 +461,7 @@ impl Actor for ClusterActor {
                         w.redirected.push(slice.request);
                     }
                 }
-                w.node.on_message(0, msg, &mut out);
+                w.node.on_message(w.clock, msg, &mut out);
                 script.react(w, &mut out, settings, o);
             }
             _ => {}
@@ -367,8 +485,21 @@ impl Actor for ClusterActor {
                 s.node.on_timer(0, *timer, &mut out);
                 forward(&mut out, settings, o);
             }
-            (ClusterActor::Worker(_, settings, script), ClusterActorState::Worker(w)) => {
-                w.node.on_timer(0, *timer, &mut out);
+            (ClusterActor::Worker(cfg, settings, script), ClusterActorState::Worker(w)) => {
+                if settings.backoff && *timer == TimerId::Retransmit {
+                    // The timer fires at its deadline; a timeout set after this firing that is
+                    // longer than the first one was doubled.
+                    w.clock = w.retransmit_at.take().unwrap_or(w.clock).max(w.clock);
+                    w.retransmissions = w.retransmissions.saturating_add(1);
+                    w.node.on_timer(w.clock, *timer, &mut out);
+                    let first = cfg.timing.rto_initial;
+                    w.backed_off |= out.timers.iter().any(|cmd| {
+                        matches!(*cmd, TimerCmd::Set { timer: TimerId::Retransmit, at }
+                            if at >= w.clock + 2 * first)
+                    });
+                } else {
+                    w.node.on_timer(w.clock, *timer, &mut out);
+                }
                 script.react(w, &mut out, settings, o);
             }
             _ => {}

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use stateright::actor::ActorModelAction;
 use stateright::{Checker, Expectation, Model, UniformChooser};
 
-use super::ClusterModel;
+use super::liveness::{Liveness, check_livelock};
+use super::{ClusterModel, livelock_goal};
 
 /// How to explore the state space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +36,8 @@ pub enum Verdict {
     Found,
     /// A `sometimes` property was never reached.
     NotFound,
+    /// Not judged: the search was bounded or random, or the state space too large.
+    NotChecked,
 }
 
 /// One property's verdict.
@@ -86,6 +89,7 @@ impl fmt::Display for CheckReport {
                 Verdict::Violated(_) => "violated",
                 Verdict::Found => "found",
                 Verdict::NotFound => "not found",
+                Verdict::NotChecked => "not checked",
             };
             writeln!(f, "property {}: {word}", p.name)?;
             if let Verdict::Violated(steps) = &p.verdict {
@@ -130,7 +134,50 @@ pub fn describe(action: &Action) -> String {
 /// Checks a cluster model with `strategy` on `threads` threads. Stops early once an `always`
 /// property is violated (with its counterexample).
 pub fn check(model: ClusterModel, strategy: Strategy, threads: usize) -> CheckReport {
-    check_with(model, strategy, threads, None, describe)
+    check_cluster_model(model, strategy, threads, None)
+}
+
+/// Distinct states beyond which `livelock-free` is not judged (its search keeps every state's
+/// fingerprint and every edge in memory).
+pub const LIVELOCK_MAX_STATES: usize = 8_000_000;
+
+/// Checks a cluster model like [`check_with`], then, when the search was exhaustive and no
+/// `always` property failed, judges `livelock-free` (see [`super::liveness`]) on the same
+/// model.
+pub fn check_cluster_model(
+    model: ClusterModel,
+    strategy: Strategy,
+    threads: usize,
+    max_states: Option<usize>,
+) -> CheckReport {
+    let copy = model.clone();
+    let mut report = check_with(model, strategy, threads, max_states, describe);
+    let exhaustive = matches!(strategy, Strategy::Bfs | Strategy::Dfs) && max_states.is_none();
+    let verdict = if exhaustive && !report.violated() {
+        let start = Instant::now();
+        let found = check_livelock(&copy, livelock_goal, LIVELOCK_MAX_STATES, describe);
+        report.secs += start.elapsed().as_secs_f64();
+        match found {
+            Liveness::Holds => Verdict::Holds,
+            Liveness::Trapped(steps) => Verdict::Violated(steps),
+            Liveness::TooLarge => Verdict::NotChecked,
+        }
+    } else {
+        Verdict::NotChecked
+    };
+    let at = report
+        .properties
+        .iter()
+        .position(|p| p.name == "completion")
+        .map_or(report.properties.len(), |i| i + 1);
+    report.properties.insert(
+        at,
+        PropertyResult {
+            name: "livelock-free",
+            verdict,
+        },
+    );
+    report
 }
 
 /// Checks any model, stopping after about `max_states` states if given (a bounded check),

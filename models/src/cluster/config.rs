@@ -55,7 +55,19 @@ pub struct ClusterModelConfig {
     /// Model the registration phase. Off, the cluster starts with epoch 1 in force
     /// ([`pserver_core::Coordinator::bootstrapped`]), which keeps the state space small.
     pub registration: bool,
+    /// Start with the ring already changed on the coordinator and the servers: the owner of the
+    /// first key was taken off the ring ([`pserver_core::ClusterConfig::without_server`], epoch
+    /// 2) before any data was written, while the workers still hold epoch 1. Their first
+    /// requests are redirected and re-sliced. Implies starting configured (no registration).
+    pub ring_change: bool,
+    /// Model retransmission timeouts that double (lossy network only): each worker keeps a
+    /// clock that a retransmission timer moves to its deadline, and retransmits at most
+    /// [`MAX_RETRANSMISSIONS`] times, which keeps the clocks, and so the state space, finite.
+    pub backoff: bool,
 }
+
+/// Retransmission timer firings each worker gets when [`ClusterModelConfig::backoff`] is on.
+pub const MAX_RETRANSMISSIONS: u8 = 2;
 
 impl Default for ClusterModelConfig {
     fn default() -> Self {
@@ -68,6 +80,8 @@ impl Default for ClusterModelConfig {
             network: NetworkKind::Lossy,
             crashes: 0,
             registration: false,
+            ring_change: false,
+            backoff: false,
         }
     }
 }
@@ -102,18 +116,36 @@ impl ClusterModelConfig {
         (0..self.keys).map(|i| i * stride).collect()
     }
 
-    /// Timing for the checker: no backoff (so no attempt counters in the state), and a node
-    /// declared dead after two silent failure checks. Durations are otherwise irrelevant: the
-    /// checker fires any set timer at any point.
+    /// Timing for the checker, where a node is declared dead after two silent failure checks
+    /// and durations are otherwise irrelevant (the checker fires any set timer at any point).
+    /// Without [`ClusterModelConfig::backoff`] there is no backoff, so no attempt counters in
+    /// the state; with it the timeout is 1, then 2.
     pub fn timing(&self) -> Timing {
         let mut t = Timing::default();
         t.heartbeat_interval = 1;
         t.heartbeat_timeout = 1;
-        t.rto_initial = 0;
-        t.rto_max = 0;
         t.register_retry = 1;
-        t.max_doublings = 0;
+        let (rto, doublings) = if self.backoff { (1, 1) } else { (0, 0) };
+        t.rto_initial = rto;
+        t.rto_max = rto << doublings;
+        t.max_doublings = doublings;
         t
+    }
+
+    /// Values per key: one column per (worker, iteration), so that a value says exactly which
+    /// pushes it includes.
+    pub fn width(&self) -> usize {
+        (self.workers * self.iterations as usize).max(1)
+    }
+
+    /// The column of the push of the worker at `index` (0-based) in `iteration`.
+    pub fn column(&self, index: usize, iteration: u32) -> usize {
+        index * self.iterations as usize + iteration as usize
+    }
+
+    /// The 0-based index of worker `id`.
+    pub fn worker_index(&self, id: NodeId) -> Option<usize> {
+        self.worker_ids().position(|w| w == id)
     }
 
     /// A ring whose seed spreads the keys over as many servers as they can reach, so that

@@ -23,10 +23,14 @@
 mod actor;
 mod check;
 mod config;
+pub mod liveness;
 
 pub use actor::{ClusterActor, ClusterActorState, ServerActorState, WorkerActorState};
-pub use check::{CheckReport, PropertyResult, Strategy, Verdict, check, check_with, describe};
-pub use config::{ClusterModelConfig, NetworkKind};
+pub use check::{
+    CheckReport, LIVELOCK_MAX_STATES, PropertyResult, Strategy, Verdict, check,
+    check_cluster_model, check_with, describe,
+};
+pub use config::{ClusterModelConfig, MAX_RETRANSMISSIONS, NetworkKind};
 
 use pserver_core::{CoordinatorError, TimerId};
 use stateright::actor::{ActorModel, ActorModelState, LossyNetwork, Network};
@@ -63,6 +67,8 @@ pub fn cluster_model(cfg: ClusterModelConfig) -> Result<ClusterModel, Coordinato
         .max_crashes(crashes)
         .property(Expectation::Always, "exactly-once", exactly_once)
         .property(Expectation::Always, "staleness", staleness)
+        .property(Expectation::Always, "pull complete", pull_complete)
+        .property(Expectation::Always, "in-flight bound", in_flight_bound)
         .property(Expectation::Always, "completion", completion)
         .property(Expectation::Sometimes, "pull waited", pull_waited)
         .property(
@@ -74,6 +80,11 @@ pub fn cluster_model(cfg: ClusterModelConfig) -> Result<ClusterModel, Coordinato
             Expectation::Sometimes,
             "redirect followed",
             redirect_followed,
+        )
+        .property(
+            Expectation::Sometimes,
+            "retransmission backed off",
+            backed_off,
         )
         .property(Expectation::Sometimes, "job finished", job_finished))
 }
@@ -116,35 +127,117 @@ fn workers(state: &ClusterState) -> impl Iterator<Item = (usize, &WorkerActorSta
         })
 }
 
-fn live_workers(model: &ClusterModel, state: &ClusterState) -> i64 {
+/// The 0-based indexes of the workers in the configuration in force (removed workers are no
+/// longer waited for).
+fn live_workers(model: &ClusterModel, state: &ClusterState) -> Vec<usize> {
     match state.actor_states.first().map(|s| &**s) {
-        Some(ClusterActorState::Coordinator(c)) => {
-            c.config()
-                .map_or(model.cfg.workers, |config| config.workers.len()) as i64
-        }
-        _ => model.cfg.workers as i64,
+        Some(ClusterActorState::Coordinator(c)) => match c.config() {
+            Some(config) => config
+                .workers
+                .iter()
+                .filter_map(|&w| model.cfg.worker_index(w))
+                .collect(),
+            None => (0..model.cfg.workers).collect(),
+        },
+        _ => (0..model.cfg.workers).collect(),
     }
 }
 
-/// Every push adds 1 to every key, so the totals are counts of pushes.
+/// The workers' states in index order.
+fn worker_states(state: &ClusterState) -> Vec<&WorkerActorState> {
+    workers(state).map(|(_, w)| w).collect()
+}
+
+/// Key `k`'s values summed over servers, as `value` reads them (stored or, with `received`,
+/// stored plus buffered).
+fn server_values(model: &ClusterModel, state: &ClusterState, k: u64, received: bool) -> Vec<i64> {
+    let mut total = vec![0i64; model.cfg.width()];
+    for s in servers(state) {
+        let row = if received {
+            s.node.received_total(k)
+        } else {
+            s.node.value(k).map(<[i64]>::to_vec).unwrap_or_default()
+        };
+        for (t, v) in total.iter_mut().zip(row) {
+            *t += v;
+        }
+    }
+    total
+}
+
+/// Every (worker, iteration) column of every key on the servers is 0 or 1: 1 for every
+/// acknowledged push, 0 for every push not yet issued.
 fn exactly_once(model: &ClusterModel, state: &ClusterState) -> bool {
-    let issued: i64 = workers(state).map(|(_, w)| i64::from(w.pushed)).sum();
-    let acked: i64 = workers(state).map(|(_, w)| i64::from(w.acked)).sum();
+    let ws = worker_states(state);
     model.cfg.key_list().iter().all(|&k| {
-        let total: i64 = servers(state).map(|s| s.node.received_total(k)[0]).sum();
-        acked <= total && total <= issued
+        let total = server_values(model, state, k, true);
+        ws.iter().enumerate().all(|(index, w)| {
+            (0..model.cfg.iterations).all(|it| {
+                let v = total[model.cfg.column(index, it)];
+                let issued = it < w.pushed();
+                (0..=1).contains(&v) && (!w.is_acked(it) || v == 1) && (issued || v == 0)
+            })
+        })
     })
 }
 
+/// Every pull issued in iteration `c` includes, on every key, the push of every live worker
+/// for every iteration below `c - tau`: judged push by push, so that one worker's extra pushes
+/// can never stand in for another's missing one.
 fn staleness(model: &ClusterModel, state: &ClusterState) -> bool {
+    let cfg = &model.cfg;
     let live = live_workers(model, state);
-    let issued: i64 = workers(state).map(|(_, w)| i64::from(w.pushed)).sum();
+    let width = cfg.width();
     workers(state).all(|(_, w)| {
-        w.pulled.iter().all(|(it, values)| {
-            let need = live * i64::from(model.cfg.consistency.required_below(*it));
-            values.iter().all(|&v| need <= v && v <= issued)
+        w.pulled.iter().all(|(c, values)| {
+            let required = cfg.consistency.required_below(*c).min(cfg.iterations);
+            values.chunks(width).all(|row| {
+                live.iter().all(|&index| {
+                    (0..required).all(|it| row.get(cfg.column(index, it)) == Some(&1))
+                })
+            })
         })
     })
+}
+
+/// Every pull completed once, with exactly the keys it asked for, and with values the servers
+/// really hold: each column 0 or 1, only for pushes issued, and never ahead of what the owner
+/// has applied by now (stores only grow).
+fn pull_complete(model: &ClusterModel, state: &ClusterState) -> bool {
+    let cfg = &model.cfg;
+    let keys = cfg.key_list();
+    let width = cfg.width();
+    let ws = worker_states(state);
+    let applied: Vec<Vec<i64>> = keys
+        .iter()
+        .map(|&k| server_values(model, state, k, false))
+        .collect();
+    ws.iter().all(|w| {
+        !w.bad_pull
+            && w.pulled.iter().all(|(_, values)| {
+                values.len() == keys.len() * width
+                    && values.chunks(width).zip(&applied).all(|(row, held)| {
+                        ws.iter().enumerate().all(|(index, other)| {
+                            (0..cfg.iterations).all(|it| {
+                                let col = cfg.column(index, it);
+                                let v = row[col];
+                                (0..=1).contains(&v)
+                                    && v <= held[col]
+                                    && (it < other.pushed() || v == 0)
+                            })
+                        })
+                    })
+            })
+    })
+}
+
+/// No worker is more than `tau + 1` iterations ahead of its acknowledged work: it is in
+/// iteration at most `tau` past the first iteration whose push is not yet acknowledged.
+fn in_flight_bound(model: &ClusterModel, state: &ClusterState) -> bool {
+    let Some(tau) = model.cfg.consistency.tau() else {
+        return true;
+    };
+    workers(state).all(|(_, w)| w.node.iteration() <= w.acked_below() + tau)
 }
 
 /// Nothing more will happen: no timer is set but the periodic heartbeats and failure checks,
@@ -165,18 +258,35 @@ fn quiescent(model: &ClusterModel, state: &ClusterState) -> bool {
     idle_network && idle_timers
 }
 
-/// Until key ranges are replicated, a crashed server (or coordinator) takes its requests with
-/// it, so completion is asked of runs where only workers crashed.
-fn completion(model: &ClusterModel, state: &ClusterState) -> bool {
+/// A server (or the coordinator) crashed: until key ranges are replicated its requests are
+/// lost with it, so completion is not asked of such runs.
+fn lost_server(state: &ClusterState) -> bool {
     let worker_ids: Vec<usize> = workers(state).map(|(i, _)| i).collect();
-    let lost_server = state
+    state
         .crashed
         .iter()
         .enumerate()
-        .any(|(i, &crashed)| crashed && !worker_ids.contains(&i));
-    lost_server
-        || !quiescent(model, state)
+        .any(|(i, &crashed)| crashed && !worker_ids.contains(&i))
+}
+
+/// Every worker that can still finish has: done, removed, or crashed.
+fn finished_or_excused(state: &ClusterState) -> bool {
+    lost_server(state)
         || workers(state).all(|(i, w)| w.done() || w.fenced || state.crashed[i])
+}
+
+/// Once quiescent, every surviving worker is done. A worker that spent its retransmission
+/// budget ([`ClusterModelConfig::backoff`]) stops retransmitting by the model's choice, not the
+/// protocol's, so such states are left to `livelock-free`.
+fn completion(model: &ClusterModel, state: &ClusterState) -> bool {
+    workers(state).any(|(_, w)| model.cfg.backoff && w.gave_up())
+        || !quiescent(model, state)
+        || finished_or_excused(state)
+}
+
+/// The goal of `livelock-free`: every worker that can still finish has.
+pub fn livelock_goal(_: &ClusterModel, state: &ClusterState) -> bool {
+    finished_or_excused(state)
 }
 
 fn pull_waited(_: &ClusterModel, state: &ClusterState) -> bool {
@@ -189,6 +299,10 @@ fn duplicate_suppressed(_: &ClusterModel, state: &ClusterState) -> bool {
 
 fn redirect_followed(_: &ClusterModel, state: &ClusterState) -> bool {
     workers(state).any(|(_, w)| w.followed_redirect)
+}
+
+fn backed_off(_: &ClusterModel, state: &ClusterState) -> bool {
+    workers(state).any(|(_, w)| w.backed_off)
 }
 
 fn job_finished(_: &ClusterModel, state: &ClusterState) -> bool {
