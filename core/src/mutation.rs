@@ -15,14 +15,18 @@ pub enum Mutation {
     NoGating,
     /// Workers never retransmit (breaks completion on a lossy network).
     NoRetransmit,
+    /// Servers hand their update rule the negated delta: a gradient ascended instead of
+    /// descended, a count subtracted (breaks the simulator's update-rule oracle).
+    WrongSign,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 3] = [
+    pub const ALL: [Mutation; 4] = [
         Mutation::NoDedupe,
         Mutation::NoGating,
         Mutation::NoRetransmit,
+        Mutation::WrongSign,
     ];
 }
 
@@ -32,6 +36,7 @@ impl fmt::Display for Mutation {
             Mutation::NoDedupe => "no-dedupe",
             Mutation::NoGating => "no-gating",
             Mutation::NoRetransmit => "no-retransmit",
+            Mutation::WrongSign => "wrong-sign",
         })
     }
 }
@@ -44,7 +49,7 @@ impl FromStr for Mutation {
             .into_iter()
             .find(|m| m.to_string() == s)
             .ok_or_else(|| {
-                format!("unknown mutation `{s}`: expected no-dedupe, no-gating or no-retransmit")
+                format!("unknown mutation `{s}`: expected no-dedupe, no-gating, no-retransmit or wrong-sign")
             })
     }
 }
