@@ -8,7 +8,7 @@ use pserver::commands::cluster_file::ClusterFile;
 use pserver::commands::ring::{self, Change};
 use pserver::commands::script::Script;
 use pserver::commands::{check, sim};
-use pserver::core::sim::{Faults, MS, SimConfig};
+use pserver::core::sim::{Faults, MS, SimConfig, SimUpdater};
 use pserver::core::{Consistency, NodeId, RingConfig, Role};
 use pserver::models::cluster::{ClusterModelConfig, Strategy};
 use tracing_subscriber::EnvFilter;
@@ -39,7 +39,8 @@ enum Command {
     /// Each seed runs a coordinator, servers and workers (each worker: pull, compute, push,
     /// advance, for every iteration) on virtual time. A failing seed is printed with the
     /// command that replays it; the last line is always
-    /// `sim seeds=N failed=F steps=X secs=Y`, and the exit status is 1 if any seed failed.
+    /// `sim seeds=N failed=F steps=X redirects=R secs=Y`, and the exit status is 1 if any seed
+    /// failed.
     /// With --tau-sweep, prints instead how long the workload takes, and how much workers
     /// idle, for tau in 0, 1, 2, 4, 8 and infinity.
     Sim(SimArgs),
@@ -892,8 +893,19 @@ struct SimArgs {
     /// Print finish time and idle fraction for tau in 0, 1, 2, 4, 8, inf instead.
     #[arg(long)]
     tau_sweep: bool,
-    /// Run a deliberately broken protocol, e.g. no-dedupe or no-gating (needs a
-    /// build with --features mutations).
+    /// The servers' update rule: sum, sgd, adagrad or ftrl (default: picked by each seed).
+    /// Every run checks the servers' values against a one-node oracle.
+    #[arg(long)]
+    updater: Option<SimUpdater>,
+    /// Start every run with the ring already changed: one server's ranges moved away, workers
+    /// partly on the old ring, so that they are redirected (default: one run in four).
+    #[arg(long, conflicts_with = "no_ring_change")]
+    ring_change: bool,
+    /// Never start a run with the ring changed.
+    #[arg(long)]
+    no_ring_change: bool,
+    /// Run a deliberately broken protocol, e.g. no-dedupe or wrong-sign (needs a build with
+    /// --features mutations).
     #[arg(long)]
     mutation: Option<String>,
 }
@@ -958,6 +970,12 @@ fn sim_command(args: SimArgs) -> ExitCode {
         slow_worker: args.slow_worker,
         wire: !args.no_wire,
         time_limit: args.time_limit_ms * MS,
+        updater: args.updater,
+        ring_change: match (args.ring_change, args.no_ring_change) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        },
         ..SimConfig::default()
     };
     if args.tau_sweep {

@@ -104,6 +104,61 @@ fn a_failing_sim_exits_1_and_prints_the_replay_command() {
 }
 
 #[test]
+fn sim_runs_a_chosen_update_rule_on_a_changed_ring_and_counts_redirects() {
+    let out = pserver()
+        .args([
+            "sim",
+            "--seeds",
+            "10",
+            "--servers",
+            "3",
+            "--updater",
+            "ftrl",
+            "--ring-change",
+            "--drop",
+            "0.05",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let last = text.lines().last().unwrap();
+    let redirects: u64 = last
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("redirects="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no redirect count: {last}"));
+    assert!(redirects > 0, "{last}");
+    // A failing run names the rule and the ring change in its replay command.
+    let out = pserver()
+        .args([
+            "sim",
+            "--seeds",
+            "1",
+            "--updater",
+            "adagrad",
+            "--ring-change",
+            "--time-limit-ms",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains(" --updater adagrad --ring-change"),
+        "{stderr}"
+    );
+    let out = pserver()
+        .args(["sim", "--updater", "adam"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("expected sum, sgd, adagrad or ftrl"), "{err}");
+}
+
+#[test]
 fn sim_refuses_impossible_arguments_with_a_clear_message() {
     let out = pserver().args(["sim", "--drop", "1.5"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));

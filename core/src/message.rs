@@ -177,13 +177,15 @@ impl ClusterConfig {
     /// let config = ClusterConfig {
     ///     epoch: 1,
     ///     coordinator: NodeId(0),
-    ///     servers: vec![NodeId(1), NodeId(2)],
-    ///     workers: vec![NodeId(3)],
+    ///     servers: vec![NodeId(1), NodeId(2), NodeId(3)],
+    ///     workers: vec![NodeId(4)],
     ///     ring: RingConfig::default(),
     ///     consistency: Consistency::Sequential,
     /// };
     /// let next = config.without_server(NodeId(1)).unwrap();
-    /// assert_eq!((next.epoch, next.servers), (2, vec![NodeId(2)]));
+    /// assert_eq!((next.epoch, &next.servers[..]), (2, &[NodeId(2), NodeId(3)][..]));
+    /// // The default ring keeps one replica besides the primary: one server is too few.
+    /// assert!(next.without_server(NodeId(2)).is_err());
     /// ```
     pub fn without_server(&self, server: NodeId) -> Result<ClusterConfig, RingError> {
         if !self.servers.contains(&server) {

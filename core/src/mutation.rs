@@ -26,11 +26,14 @@ pub enum Mutation {
     /// Workers ignore redirects and keep resending to the old owner (a livelock: breaks
     /// livelock freedom while every quiescent state still looks complete).
     IgnoreRedirect,
+    /// Servers hand their update rule the negated delta: a gradient ascended instead of
+    /// descended, a count subtracted (breaks the simulator's update-rule oracle).
+    WrongSign,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 7] = [
+    pub const ALL: [Mutation; 8] = [
         Mutation::NoDedupe,
         Mutation::NoGating,
         Mutation::NoRetransmit,
@@ -38,6 +41,7 @@ impl Mutation {
         Mutation::EagerAdvance,
         Mutation::ShortPull,
         Mutation::IgnoreRedirect,
+        Mutation::WrongSign,
     ];
 }
 
@@ -51,6 +55,7 @@ impl fmt::Display for Mutation {
             Mutation::EagerAdvance => "eager-advance",
             Mutation::ShortPull => "short-pull",
             Mutation::IgnoreRedirect => "ignore-redirect",
+            Mutation::WrongSign => "wrong-sign",
         })
     }
 }

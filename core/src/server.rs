@@ -363,6 +363,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         for (key, deltas) in kvs.iter() {
             let (row, aux) = self.store.row_mut(key);
             for (j, (w, &d)) in row.iter_mut().zip(deltas).enumerate() {
+                let d = if mutated!(self, WrongSign) {
+                    V::default().sub(d)
+                } else {
+                    d
+                };
                 self.updater
                     .apply(w, &mut aux[j * aux_width..(j + 1) * aux_width], d);
             }

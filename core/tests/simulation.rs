@@ -2,7 +2,7 @@
 //! ARCHITECTURE.md §4. Every run checks every invariant after every step; each test stresses the
 //! faults its invariant is most exposed to. Together they run over 1,000 faulty seeds.
 
-use pserver_core::sim::{Faults, MS, SimConfig, SimFailure, SimReport, run};
+use pserver_core::sim::{Faults, MS, SimConfig, SimFailure, SimReport, SimUpdater, run};
 use pserver_core::{Consistency, MAX_KEY, Ring};
 
 const MODELS: [Consistency; 3] = [
@@ -196,8 +196,10 @@ fn the_simulator_catches_every_mutation() {
     ] {
         let caught = (0..20)
             .filter_map(|seed| {
+                // The ledger's checks are exact on sums.
                 let cfg = SimConfig {
                     time_limit: 60_000 * MS,
+                    updater: Some(SimUpdater::Sum),
                     ..faulty(seed, Consistency::Sequential, faults)
                 };
                 pserver_core::sim::run_mutated(&cfg, mutation).err()
@@ -290,5 +292,194 @@ fn seeds_lay_keys_out_at_the_edges_of_the_key_space_and_of_ring_segments() {
             },
         );
         run(&cfg).unwrap_or_else(|f| panic!("{f}"));
+    }
+}
+
+/// Runs `cfg(seed)` for every seed and fails with every broken seed's replay command.
+fn run_seeds(seeds: std::ops::Range<u64>, cfg: impl Fn(u64) -> SimConfig) -> Vec<SimReport> {
+    let mut reports = Vec::new();
+    let mut failures = Vec::new();
+    for seed in seeds {
+        match run(&cfg(seed)) {
+            Ok(r) => reports.push(r),
+            Err(f) => failures.push(f.to_string()),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} runs failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    reports
+}
+
+fn lossy() -> Faults {
+    Faults {
+        drop: 0.1,
+        dup: 0.1,
+        reorder: true,
+        ..Faults::default()
+    }
+}
+
+#[test]
+fn every_update_rule_agrees_with_the_oracle_under_loss_duplication_and_reordering() {
+    for updater in SimUpdater::ALL {
+        let reports = run_seeds(0..240, |seed| SimConfig {
+            updater: Some(updater),
+            ..faulty(seed, MODELS[seed as usize % MODELS.len()], lossy())
+        });
+        assert!(reports.iter().all(|r| r.updater == updater));
+        assert!(reports.iter().any(|r| r.ring_change), "{updater}");
+    }
+}
+
+#[test]
+fn the_seed_picks_every_update_rule_and_sometimes_a_ring_change() {
+    let reports = run_seeds(0..64, |seed| SimConfig {
+        seed,
+        ..SimConfig::default()
+    });
+    for updater in SimUpdater::ALL {
+        assert!(reports.iter().any(|r| r.updater == updater), "{updater}");
+    }
+    let changed = reports.iter().filter(|r| r.ring_change).count();
+    assert!(
+        (4..=32).contains(&changed),
+        "{changed} of 64 runs changed the ring"
+    );
+    // Fixing the choices in the configuration overrides the seed, and the replay says so.
+    let cfg = SimConfig {
+        updater: Some(SimUpdater::Ftrl),
+        ring_change: Some(true),
+        ..SimConfig::default()
+    };
+    let report = run(&cfg).unwrap();
+    assert_eq!(
+        (report.updater, report.ring_change),
+        (SimUpdater::Ftrl, true)
+    );
+    assert!(
+        cfg.replay_command()
+            .ends_with(" --updater ftrl --ring-change"),
+        "{}",
+        cfg.replay_command()
+    );
+}
+
+#[test]
+fn workers_on_the_old_ring_are_redirected_and_nothing_is_lost() {
+    let models = [
+        Consistency::Sequential,
+        Consistency::BoundedDelay(1),
+        Consistency::Eventual,
+    ];
+    let reports = run_seeds(0..300, |seed| SimConfig {
+        servers: 2 + seed as usize % 3,
+        ring_change: Some(true),
+        ..faulty(seed, models[seed as usize % models.len()], lossy())
+    });
+    assert!(reports.iter().all(|r| r.ring_change));
+    // A run follows no redirect when its workers on epoch 1 never touched a moved range
+    // before their first heartbeat brought them epoch 2 (its keys may all lie elsewhere).
+    let redirected = reports.iter().filter(|r| r.redirects > 0).count();
+    assert!(
+        redirected * 5 >= reports.len() * 4,
+        "only {redirected} of {} runs followed a redirect",
+        reports.len()
+    );
+    // Without a ring change nobody is redirected.
+    let plain = run_seeds(0..50, |seed| SimConfig {
+        ring_change: Some(false),
+        ..faulty(seed, Consistency::Sequential, lossy())
+    });
+    assert!(plain.iter().all(|r| r.redirects == 0));
+}
+
+#[test]
+fn a_changed_ring_lays_keys_out_around_the_boundaries_of_the_ring_in_force() {
+    let configs: Vec<SimConfig> = (0..64)
+        .map(|seed| SimConfig {
+            seed,
+            servers: 3,
+            ring_change: Some(true),
+            ..SimConfig::default()
+        })
+        .collect();
+    let mut around_new_boundaries = 0;
+    for cfg in &configs {
+        let gone = cfg.server_taken_off().unwrap();
+        let ring = cfg.ring_in_force().unwrap();
+        assert!(ring.segments().all(|(_, owners)| owners[0] != gone));
+        let keys = cfg.key_layout(&ring);
+        let boundaries: Vec<u64> = ring
+            .segments()
+            .map(|(r, _)| r.start())
+            .filter(|&s| s > 0)
+            .collect();
+        if boundaries
+            .iter()
+            .any(|&b| keys.contains(&(b - 1)) && keys.contains(&b))
+        {
+            around_new_boundaries += 1;
+        }
+    }
+    assert!(around_new_boundaries > 0);
+    // With one server there is no ring to change to.
+    let failure = run(&SimConfig {
+        servers: 1,
+        ring_change: Some(true),
+        ..SimConfig::default()
+    })
+    .unwrap_err();
+    assert_eq!(failure.invariant, pserver_core::sim::Invariant::Setup);
+}
+
+#[cfg(feature = "mutations")]
+#[test]
+fn the_oracle_catches_an_update_rule_applied_with_the_wrong_sign() {
+    use pserver_core::Mutation;
+    use pserver_core::sim::Invariant;
+    for updater in [SimUpdater::Sgd, SimUpdater::AdaGrad, SimUpdater::Ftrl] {
+        for seed in 0..20 {
+            let cfg = SimConfig {
+                updater: Some(updater),
+                ..faulty(seed, MODELS[seed as usize % MODELS.len()], lossy())
+            };
+            let failure = pserver_core::sim::run_mutated(&cfg, Mutation::WrongSign)
+                .expect_err("a wrong sign must not pass");
+            assert_eq!(failure.invariant, Invariant::Oracle, "{failure}");
+            assert!(
+                failure.replay.contains("--mutation wrong-sign"),
+                "{failure}"
+            );
+        }
+    }
+}
+
+#[cfg(feature = "mutations")]
+#[test]
+fn the_oracle_catches_duplicates_applied_again_whatever_the_update_rule() {
+    use pserver_core::Mutation;
+    use pserver_core::sim::Invariant;
+    let faults = Faults {
+        drop: 0.2,
+        dup: 0.2,
+        reorder: true,
+        ..Faults::default()
+    };
+    for updater in [SimUpdater::Sgd, SimUpdater::AdaGrad, SimUpdater::Ftrl] {
+        let caught = (0..20)
+            .filter_map(|seed| {
+                let cfg = SimConfig {
+                    updater: Some(updater),
+                    ..faulty(seed, Consistency::Eventual, faults)
+                };
+                pserver_core::sim::run_mutated(&cfg, Mutation::NoDedupe).err()
+            })
+            .filter(|f| f.invariant == Invariant::Oracle)
+            .count();
+        assert!(caught >= 10, "{updater}: only {caught} of 20 seeds");
     }
 }

@@ -16,18 +16,21 @@ pub struct Batch {
     pub failures: Vec<SimFailure>,
     /// Events processed over all runs.
     pub steps: u64,
+    /// Redirects workers followed over all successful runs.
+    pub redirects: u64,
     /// Wall-clock seconds.
     pub secs: f64,
 }
 
 impl Batch {
-    /// The summary line: `sim seeds=N failed=F steps=X secs=Y`.
+    /// The summary line: `sim seeds=N failed=F steps=X redirects=R secs=Y`.
     pub fn summary(&self) -> String {
         format!(
-            "sim seeds={} failed={} steps={} secs={:.2}",
+            "sim seeds={} failed={} steps={} redirects={} secs={:.2}",
             self.seeds,
             self.failures.len(),
             self.steps,
+            self.redirects,
             self.secs
         )
     }
@@ -66,6 +69,7 @@ pub fn run_seeds(
     let start = Instant::now();
     let tickets = Tickets::new(first, first.saturating_add(seeds));
     let steps = AtomicU64::new(0);
+    let redirects = AtomicU64::new(0);
     let failures = Mutex::new(Vec::new());
     let bar = if progress {
         let bar = ProgressBar::new(seeds);
@@ -87,6 +91,7 @@ pub fn run_seeds(
                     }) {
                         Ok(report) => {
                             steps.fetch_add(report.steps, Ordering::Relaxed);
+                            redirects.fetch_add(report.redirects, Ordering::Relaxed);
                         }
                         Err(failure) => {
                             bar.suspend(|| eprintln!("{failure}"));
@@ -109,6 +114,7 @@ pub fn run_seeds(
         seeds,
         failures,
         steps: steps.into_inner(),
+        redirects: redirects.into_inner(),
         secs: start.elapsed().as_secs_f64(),
     }
 }
@@ -189,6 +195,16 @@ mod tests {
         assert!(batch.failures.is_empty());
         assert!(batch.steps > 0);
         assert!(batch.summary().starts_with("sim seeds=8 failed=0 steps="));
+        assert!(batch.summary().contains(" redirects="));
+
+        let changed = SimConfig {
+            ring_change: Some(true),
+            servers: 3,
+            ..base.clone()
+        };
+        let batch = run_seeds(&changed, Protocol::default(), 0, 8, 2, false);
+        assert!(batch.failures.is_empty());
+        assert!(batch.redirects > 0, "{}", batch.summary());
 
         let hopeless = SimConfig {
             time_limit: MS,

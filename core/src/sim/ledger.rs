@@ -1,5 +1,6 @@
 //! What the simulated workers pushed and had acknowledged: the ground truth the invariants are
-//! checked against.
+//! checked against. Pushed values are small integers (sent as `f64`), kept here as `i64` so that
+//! every total is exact.
 
 use std::collections::BTreeMap;
 
@@ -37,9 +38,14 @@ impl Ledger {
         worker: NodeId,
         id: RequestId,
         iteration: Iteration,
-        kvs: KvPairs<i64>,
+        pushed: &KvPairs<f64>,
         index: impl Fn(u64) -> usize,
     ) {
+        // The simulated deltas are small integers, exact in f64: the ledger keeps them exactly.
+        let values = pushed.iter().map(|(_, v)| v[0] as i64).collect();
+        let Ok(kvs) = KvPairs::new(pushed.keys().to_vec(), values, 1) else {
+            return;
+        };
         for (k, v) in kvs.iter() {
             self.issued[index(k)] += v[0];
         }

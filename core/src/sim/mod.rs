@@ -15,13 +15,52 @@
 //!   pushes and the sum of the issued ones, and at the end equals exactly the sum of the pushes
 //!   of the workers that did not crash;
 //! - **in-flight bound**: no worker has more than `tau + 1` iterations in flight;
-//! - **completion**: at the end every request of every surviving worker has completed.
+//! - **completion**: at the end every request of every surviving worker has completed;
+//! - **oracle**: every server's stored value of every key equals, bit for bit, what a one-node
+//!   replica computes by replaying the pushes that server acknowledged through the same
+//!   [`crate::Updater`].
+//!
+//! # Update rules and the oracle
+//!
+//! A run picks its update rule from the seed ([`SimUpdater`]), unless [`SimConfig::updater`]
+//! fixes one. Values are `f64` and every pushed delta is a small integer, so that sums stay
+//! exact (an `f64` holds every integer below 2^53 exactly): the ledger of what the workers
+//! pushed keeps integer totals, and with [`SimUpdater::Sum`] the servers' totals are compared
+//! with it exactly. With the other rules a stored value is no longer a sum, so the ledger's
+//! checks are judged against the oracle instead:
+//!
+//! - The oracle learns what a server took in from what the server *said*, not from its
+//!   internals: the first `PushAck` a server sends for a push slice `(worker, request, slice)`
+//!   is the moment it accepted that slice, and the slice's content is the push frame the
+//!   worker sent it. A duplicate is acknowledged again but never applied again, so later acks
+//!   of the same slice are ignored; a server that applies a duplicate, loses an acknowledged
+//!   push or applies one it never acknowledged disagrees with the oracle.
+//! - Under [`Consistency::Sequential`] a server buffers the pushes of an iteration and applies
+//!   one key-wise sum over them once every live worker finished it. The oracle buffers the
+//!   accepted pushes per iteration in the order they were acknowledged, and when the server's
+//!   [`crate::Server::applied_below`] moves past an iteration it sums them key by key in that
+//!   order (the order in which the server's `sum_by_key` adds them) and applies each sum once.
+//!   Other models apply every accepted push at once, in acknowledgement order.
+//! - Exactly-once totals are then the oracle's sums of accepted deltas, and a pulled value
+//!   must be one the key's server held while the sum applied to it met the staleness bound
+//!   (a value the server never held is an oracle failure).
+//!
+//! # Ring changes
+//!
+//! In some runs (or always, with [`SimConfig::ring_change`]) the job starts with its ring
+//! already changed: one server's ranges were moved away with
+//! [`crate::ClusterConfig::without_server`] (epoch 2), the coordinator and every server start
+//! on epoch 2, and each worker starts on epoch 1 or 2 (at least one on epoch 1), with no
+//! registration. Workers on epoch 1 send to the old owners, are answered `Redirect`, fetch the
+//! configuration and re-slice; every invariant is judged against the ring of epoch 2, and
+//! [`SimReport::redirects`] counts the redirects the workers followed.
 //!
 //! A run is a pure function of its [`SimConfig`]: a failing seed replays exactly, and the
 //! failure says how ([`SimConfig::replay_command`]).
 
 mod ledger;
 mod network;
+mod oracle;
 mod rng;
 mod world;
 
@@ -36,6 +75,7 @@ use core::fmt;
 use crate::consistency::Consistency;
 use crate::node::{NodeId, NodeLayout, Time};
 use crate::ring::RingConfig;
+use crate::updater::Updater;
 
 /// One millisecond of virtual time.
 pub const MS: Time = 1_000_000;
@@ -71,6 +111,10 @@ pub struct SimConfig {
     pub time_limit: Time,
     /// Ring shape.
     pub ring: RingConfig,
+    /// The servers' update rule; `None` lets the seed pick one.
+    pub updater: Option<SimUpdater>,
+    /// Start with the ring already changed (see the module docs); `None` lets the seed decide.
+    pub ring_change: Option<bool>,
 }
 
 impl Default for SimConfig {
@@ -94,6 +138,8 @@ impl Default for SimConfig {
                 replicas: 0,
                 seed: 0,
             },
+            updater: None,
+            ring_change: None,
         }
     }
 }
@@ -133,7 +179,49 @@ impl SimConfig {
         if self.time_limit != SimConfig::default().time_limit {
             cmd += &format!(" --time-limit-ms {}", self.time_limit / MS);
         }
+        if let Some(updater) = self.updater {
+            cmd += &format!(" --updater {updater}");
+        }
+        match self.ring_change {
+            Some(true) => cmd += " --ring-change",
+            Some(false) => cmd += " --no-ring-change",
+            None => {}
+        }
         cmd
+    }
+
+    /// The server whose ranges this run moved away before it started (see the module docs),
+    /// picked by the seed; `None` without a ring change.
+    pub fn server_taken_off(&self) -> Option<NodeId> {
+        if !self.resolved_ring_change() {
+            return None;
+        }
+        let pick = crate::hash::hash_words(self.seed, &[0x4d4f_5645]) % self.servers.max(1) as u64;
+        self.server_ids().nth(pick as usize)
+    }
+
+    /// The ring in force while the run goes on: every server's, or, after a ring change, that
+    /// of the servers left. Every invariant is judged against it, and the keys are laid out
+    /// around its segment boundaries.
+    pub fn ring_in_force(&self) -> Result<crate::ring::Ring, crate::ring::RingError> {
+        let gone = self.server_taken_off();
+        crate::ring::Ring::new(self.server_ids().filter(|&s| Some(s) != gone), self.ring)
+    }
+
+    /// The update rule of this run: [`SimConfig::updater`], or one picked by the seed.
+    pub fn resolved_updater(&self) -> SimUpdater {
+        self.updater.unwrap_or_else(|| {
+            let pick = crate::hash::hash_words(self.seed, &[0x5550_4441]) % 4;
+            SimUpdater::ALL[pick as usize]
+        })
+    }
+
+    /// Whether this run starts with its ring changed: [`SimConfig::ring_change`], or, in one
+    /// run of four with at least two servers, by the seed.
+    pub fn resolved_ring_change(&self) -> bool {
+        self.ring_change.unwrap_or_else(|| {
+            self.servers >= 2 && crate::hash::hash_words(self.seed, &[0x5249_4e47]) % 4 == 0
+        })
     }
 
     /// How the run numbers its nodes.
@@ -231,6 +319,9 @@ pub enum Invariant {
     Codec,
     /// The cluster could not be set up.
     Setup,
+    /// A server's stored value differs from the one-node oracle's replay of the pushes it
+    /// acknowledged, or a server answered a value it never held.
+    Oracle,
 }
 
 impl fmt::Display for Invariant {
@@ -243,6 +334,7 @@ impl fmt::Display for Invariant {
             Invariant::PullComplete => "pull complete",
             Invariant::Codec => "codec",
             Invariant::Setup => "setup",
+            Invariant::Oracle => "oracle",
         })
     }
 }
@@ -296,6 +388,75 @@ pub struct SimReport {
     pub dropped: u64,
     /// Workers that crashed or were removed.
     pub crashed: usize,
+    /// Redirects the workers followed: answers from a server on a newer epoch that sent a
+    /// worker to fetch the configuration and re-slice.
+    pub redirects: u64,
+    /// The update rule the servers ran.
+    pub updater: SimUpdater,
+    /// Whether the run started with its ring changed.
+    pub ring_change: bool,
     /// A digest of the final state of every node, to compare replays.
     pub fingerprint: u64,
+}
+
+/// The update rules a simulation can run, each with fixed parameters suited to the simulated
+/// pushes (small positive integers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SimUpdater {
+    /// [`Updater::Sum`]: stored values are exact totals.
+    Sum,
+    /// [`Updater::Sgd`] with learning rate 0.05.
+    Sgd,
+    /// [`Updater::AdaGrad`] with learning rate 0.5 and epsilon 1e-6.
+    AdaGrad,
+    /// [`Updater::FtrlProximal`] with alpha 0.5, beta 1, l1 30 (so that the first pushes to a
+    /// key often stay in the L1 dead zone) and l2 0.5.
+    Ftrl,
+}
+
+impl SimUpdater {
+    /// Every choice, in the order the seed picks from.
+    pub const ALL: [SimUpdater; 4] = [
+        SimUpdater::Sum,
+        SimUpdater::Sgd,
+        SimUpdater::AdaGrad,
+        SimUpdater::Ftrl,
+    ];
+
+    /// The rule the servers run.
+    pub fn rule(self) -> Updater {
+        match self {
+            SimUpdater::Sum => Updater::Sum,
+            SimUpdater::Sgd => Updater::Sgd { lr: 0.05 },
+            SimUpdater::AdaGrad => Updater::AdaGrad { lr: 0.5, eps: 1e-6 },
+            SimUpdater::Ftrl => Updater::FtrlProximal {
+                alpha: 0.5,
+                beta: 1.0,
+                l1: 30.0,
+                l2: 0.5,
+            },
+        }
+    }
+}
+
+impl fmt::Display for SimUpdater {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SimUpdater::Sum => "sum",
+            SimUpdater::Sgd => "sgd",
+            SimUpdater::AdaGrad => "adagrad",
+            SimUpdater::Ftrl => "ftrl",
+        })
+    }
+}
+
+impl core::str::FromStr for SimUpdater {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        SimUpdater::ALL
+            .into_iter()
+            .find(|u| u.to_string() == s)
+            .ok_or_else(|| format!("unknown update rule `{s}`: expected sum, sgd, adagrad or ftrl"))
+    }
 }

@@ -1,10 +1,20 @@
-//! The invariants, checked against the ledger of what the workers pushed.
+//! The invariants, checked against the ledger of what the workers pushed and against the
+//! oracle's replay of what each server acknowledged.
 
 use super::World;
 use crate::kv::KvPairs;
 use crate::message::KeySelection;
 use crate::node::{Iteration, NodeId};
-use crate::sim::{Invariant, SimFailure};
+use crate::sim::{Invariant, SimFailure, SimUpdater};
+
+/// Above this many keys the oracle compares every key only at the end of a run (and the keys of
+/// each step's server are left alone), to keep long runs fast.
+const ORACLE_KEYS_PER_STEP: u64 = 1024;
+
+/// `v` as an integer, if it is one that `f64` holds exactly.
+fn exact(v: f64) -> Option<i64> {
+    (v.fract() == 0.0 && v.abs() < 9_007_199_254_740_992.0).then_some(v as i64)
+}
 
 impl World<'_> {
     fn live_workers(&self) -> Vec<NodeId> {
@@ -14,9 +24,49 @@ impl World<'_> {
             .unwrap_or_default()
     }
 
-    fn total(&self, key: u64) -> Option<i64> {
+    /// Everything the key's server took in for `key`: its own total with `Sum`, the oracle's
+    /// sum of the deltas it acknowledged otherwise (the oracle holds the server to it).
+    fn total(&self, key: u64) -> Result<Option<i64>, SimFailure> {
         let owner = self.ring.primary(key);
-        self.server(owner).map(|s| s.received_total(key)[0])
+        let Some(server) = self.server(owner) else {
+            return Ok(None);
+        };
+        let total = match self.updater {
+            SimUpdater::Sum => server.received_total(key)[0],
+            _ => self.oracle.received(owner, key),
+        };
+        match exact(total) {
+            Some(t) => Ok(Some(t)),
+            None => Err(self.fail(
+                Invariant::ExactlyOnce,
+                format!("key {key}: its server took in {total}, which no sum of the pushes is"),
+            )),
+        }
+    }
+
+    /// The server's stored value of every key (every key of the run, when `all` or the run
+    /// has few keys) equals the oracle's, bit for bit.
+    pub(super) fn check_oracle(&self, server: NodeId, all: bool) -> Result<(), SimFailure> {
+        if !all && self.cfg.keys > ORACLE_KEYS_PER_STEP {
+            return Ok(());
+        }
+        let Some(s) = self.server(server) else {
+            return Ok(());
+        };
+        for &key in &self.keys {
+            let held = s.value(key).map(|row| row[0]);
+            let want = self.oracle.value(server, key);
+            if held.map(f64::to_bits) != want.map(f64::to_bits) {
+                return Err(self.fail(
+                    Invariant::Oracle,
+                    format!(
+                        "{server} stores {held:?} for key {key}, but replaying the pushes it acknowledged through {:?} gives {want:?}",
+                        self.updater.rule()
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// A completed pull answered exactly what it asked (every key of a key list; only keys of
@@ -27,7 +77,7 @@ impl World<'_> {
         node: NodeId,
         iteration: Iteration,
         asked: &KeySelection,
-        kvs: &KvPairs<i64>,
+        kvs: &KvPairs<f64>,
     ) -> Result<(), SimFailure> {
         let requested: Vec<u64> = match asked {
             KeySelection::Keys(list) => {
@@ -60,15 +110,31 @@ impl World<'_> {
         let below = self.cfg.consistency.required_below(iteration);
         let live = self.live_workers();
         for key in requested {
-            let v = [kvs.get(key).map_or(0, |v| v[0])];
+            let v = kvs.get(key).map_or(0.0, |v| v[0]);
+            // With `Sum` the value is the sum applied; otherwise the oracle says at which sum
+            // of applied deltas the server held it.
+            let applied = match self.updater {
+                SimUpdater::Sum => exact(v),
+                _ => {
+                    let owner = self.ring.primary(key);
+                    let Some(applied) = self.oracle.applied_when_held(owner, key, v) else {
+                        return Err(self.fail(
+                            Invariant::Oracle,
+                            format!(
+                                "{node} pulled key {key} in iteration {iteration} and got {v}, a value its server {owner} never held"
+                            ),
+                        ));
+                    };
+                    exact(applied)
+                }
+            };
             let need = self.ledger.required(key, &live, below);
             let most = self.ledger.issued(super::index_of(&self.keys, key));
-            if v[0] < need || v[0] > most {
+            if applied.is_none_or(|a| a < need || a > most) {
                 return Err(self.fail(
                     Invariant::Staleness,
                     format!(
-                        "{node} pulled key {key} in iteration {iteration} and got {}, but the pushes of {live:?} below iteration {below} sum to {need} (at most {most} was ever pushed)",
-                        v[0]
+                        "{node} pulled key {key} in iteration {iteration} and got {v} (pushes summing to {applied:?} applied), but the pushes of {live:?} below iteration {below} sum to {need} (at most {most} was ever pushed)"
                     ),
                 ));
             }
@@ -97,7 +163,7 @@ impl World<'_> {
         }
         for i in 0..self.cfg.keys {
             let key = self.keys[i as usize];
-            let Some(total) = self.total(key) else {
+            let Some(total) = self.total(key)? else {
                 continue;
             };
             let (acked, issued) = (
@@ -120,11 +186,14 @@ impl World<'_> {
         if !self.all_done() {
             return Err(self.fail(Invariant::Completion, self.stuck_report()));
         }
+        for server in self.cfg.server_ids() {
+            self.check_oracle(server, true)?;
+        }
         let (lost, survivors): (Vec<NodeId>, Vec<NodeId>) =
             self.apps.keys().partition(|id| self.apps[*id].crashed);
         for i in 0..self.cfg.keys {
             let key = self.keys[i as usize];
-            let total = self.total(key).unwrap_or_default();
+            let total = self.total(key)?.unwrap_or_default();
             let (survived, _) = self.ledger.by_workers(key, &survivors);
             let (lost_issued, lost_acked) = self.ledger.by_workers(key, &lost);
             let extra = total - survived;

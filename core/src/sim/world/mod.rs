@@ -8,21 +8,25 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use super::ledger::Ledger;
 use super::network::Network;
+use super::oracle::Oracle;
 use super::rng::SimRng;
-use super::{Invariant, MS, SimConfig, SimFailure, SimReport};
+use super::{Invariant, MS, SimConfig, SimFailure, SimReport, SimUpdater};
 use bytes::Bytes;
 
+use crate::codec::Codec;
+use crate::consistency::Consistency;
 use crate::coordinator::{Coordinator, CoordinatorConfig};
 use crate::driver::Driver;
 use crate::effects::{Event, Refusal};
 use crate::key::KeyRange;
 use crate::kv::KvPairs;
-use crate::message::{Envelope, KeyList, KeySelection, RangeList, RequestId};
-use crate::node::{Iteration, NodeId, Time};
+use crate::message::{
+    ClusterConfig, Envelope, KeyList, KeySelection, Message, RangeList, RequestId,
+};
+use crate::node::{Epoch, Iteration, NodeId, Time};
 use crate::ring::Ring;
 use crate::server::{Server, ServerConfig};
 use crate::timing::Timing;
-use crate::updater::Updater;
 use crate::worker::{Worker, WorkerConfig};
 
 /// What travels the simulated network: a frame, or the envelope itself when the run skips the
@@ -30,7 +34,7 @@ use crate::worker::{Worker, WorkerConfig};
 #[derive(Clone, Debug)]
 enum Packet {
     Frame(Bytes),
-    Envelope(Envelope<i64>),
+    Envelope(Envelope<f64>),
 }
 
 #[derive(Clone, Debug)]
@@ -39,6 +43,8 @@ enum Action {
         from: NodeId,
         to: NodeId,
         packet: Packet,
+        /// The epoch a `Redirect` names, to count the redirects workers follow.
+        redirect: Option<Epoch>,
     },
     /// A node's earliest timer deadline.
     Wake(NodeId),
@@ -95,11 +101,18 @@ struct World<'a> {
     /// Per node, the deadline its pending wake-up is for.
     wakeups: BTreeMap<NodeId, Time>,
     net: Network,
-    nodes: BTreeMap<NodeId, Driver<i64>>,
+    nodes: BTreeMap<NodeId, Driver<f64>>,
     apps: BTreeMap<NodeId, App>,
     ledger: Ledger,
-    /// The servers never change during a run, so neither does the ring.
+    oracle: Oracle,
+    updater: SimUpdater,
+    /// With a ring change, the configuration each node starts with (no registration).
+    start_configs: BTreeMap<NodeId, ClusterConfig>,
+    /// The ring in force: it never changes during a run (a ring change happened before it).
     ring: Ring,
+    /// Redirects the workers followed.
+    redirects: u64,
+    codec: Codec,
     /// The keys of the run, in order; a key's position is its index in the ledger.
     keys: Vec<u64>,
     /// The command that replays this run.
@@ -154,14 +167,61 @@ fn setup_failure(cfg: &SimConfig, e: impl core::fmt::Display) -> SimFailure {
     }
 }
 
+/// The configuration each node starts with when the run begins with its ring changed: epoch 1
+/// as the coordinator would publish it, then one seeded server taken off the ring (epoch 2).
+/// The coordinator and the servers start on epoch 2; each worker on epoch 1 or 2, by the seed,
+/// at least one on epoch 1 so that redirects happen.
+fn ring_change_configs(
+    cfg: &SimConfig,
+) -> Result<BTreeMap<NodeId, ClusterConfig>, crate::ring::RingError> {
+    let first = ClusterConfig {
+        epoch: 1,
+        coordinator: cfg.coordinator_id(),
+        servers: cfg.server_ids().collect(),
+        workers: cfg.worker_ids().collect(),
+        ring: cfg.ring,
+        consistency: cfg.consistency,
+    };
+    let gone = cfg.server_taken_off().unwrap_or(NodeId(0));
+    let second = first.without_server(gone)?;
+    let mut configs = BTreeMap::new();
+    for id in core::iter::once(cfg.coordinator_id()).chain(cfg.server_ids()) {
+        configs.insert(id, second.clone());
+    }
+    let mut old: Vec<bool> = (0..cfg.workers as u64)
+        .map(|i| crate::hash::hash_words(cfg.seed, &[0x4550_4f43, i]) % 2 == 0)
+        .collect();
+    if !old.contains(&true) {
+        let i = crate::hash::hash_words(cfg.seed, &[0x004f_4c44]) % cfg.workers.max(1) as u64;
+        if let Some(o) = old.get_mut(i as usize) {
+            *o = true;
+        }
+    }
+    for (id, old) in cfg.worker_ids().zip(old) {
+        let config = if old { &first } else { &second };
+        configs.insert(id, config.clone());
+    }
+    Ok(configs)
+}
+
 impl<'a> World<'a> {
     fn new(cfg: &'a SimConfig) -> Result<Self, SimFailure> {
         let timing = Timing::default();
+        let updater = cfg.resolved_updater();
         let mut job = CoordinatorConfig::new(cfg.coordinator_id(), cfg.servers, cfg.workers);
         job.ring = cfg.ring;
         job.consistency = cfg.consistency;
         job.timing = timing;
-        let coordinator = Coordinator::new(job).map_err(|e| setup_failure(cfg, e))?;
+        let start_configs = if cfg.resolved_ring_change() {
+            ring_change_configs(cfg).map_err(|e| setup_failure(cfg, e))?
+        } else {
+            BTreeMap::new()
+        };
+        let coordinator = match start_configs.get(&cfg.coordinator_id()) {
+            Some(config) => Coordinator::resume(job, config.clone()),
+            None => Coordinator::new(job),
+        }
+        .map_err(|e| setup_failure(cfg, e))?;
         let mut nodes = BTreeMap::new();
         nodes.insert(cfg.coordinator_id(), Driver::new(coordinator));
         // Message sizes from the seed: some runs cut requests and range answers into small parts
@@ -179,7 +239,7 @@ impl<'a> World<'a> {
             let mut sc = ServerConfig::new(id, cfg.coordinator_id());
             sc.timing = timing;
             sc.max_reply_bytes = slice_bytes;
-            nodes.insert(id, Driver::new(Server::new(sc, Updater::Sum)));
+            nodes.insert(id, Driver::new(Server::new(sc, updater.rule())));
         }
         for id in cfg.worker_ids() {
             let mut wc = WorkerConfig::new(id, cfg.coordinator_id());
@@ -190,7 +250,16 @@ impl<'a> World<'a> {
             nodes.insert(id, Driver::new(Worker::new(wc)));
         }
         let apps = cfg.worker_ids().map(|id| (id, App::default())).collect();
-        let ring = Ring::new(cfg.server_ids(), cfg.ring).map_err(|e| setup_failure(cfg, e))?;
+        // Every invariant is judged against the ring in force: after a ring change, the ring of
+        // the servers' (newest) configuration.
+        let ring = cfg.ring_in_force().map_err(|e| setup_failure(cfg, e))?;
+        // The failure names the run's resolved choices, so that it says what it ran.
+        let replay = SimConfig {
+            updater: Some(updater),
+            ring_change: Some(!start_configs.is_empty()),
+            ..cfg.clone()
+        }
+        .replay_command();
         Ok(World {
             cfg,
             rng: SimRng::new(cfg.seed),
@@ -203,9 +272,14 @@ impl<'a> World<'a> {
             nodes,
             apps,
             ledger: Ledger::new(cfg.keys as usize),
+            oracle: Oracle::new(updater.rule(), cfg.consistency == Consistency::Sequential),
+            updater,
+            start_configs,
             keys: cfg.key_layout(&ring),
             ring,
-            replay: cfg.replay_command(),
+            redirects: 0,
+            codec: Codec::default(),
+            replay,
         })
     }
 
@@ -215,15 +289,15 @@ impl<'a> World<'a> {
             .and_then(|d| d.node().as_coordinator())
     }
 
-    pub(super) fn server(&self, id: NodeId) -> Option<&Server<i64>> {
+    pub(super) fn server(&self, id: NodeId) -> Option<&Server<f64>> {
         self.nodes.get(&id).and_then(|d| d.node().as_server())
     }
 
-    pub(super) fn worker(&self, id: NodeId) -> Option<&Worker<i64>> {
+    pub(super) fn worker(&self, id: NodeId) -> Option<&Worker<f64>> {
         self.nodes.get(&id).and_then(|d| d.node().as_worker())
     }
 
-    pub(super) fn workers(&self) -> impl Iterator<Item = (NodeId, &Worker<i64>)> {
+    pub(super) fn workers(&self) -> impl Iterator<Item = (NodeId, &Worker<f64>)> {
         self.nodes
             .iter()
             .filter_map(|(&id, d)| Some((id, d.node().as_worker()?)))
@@ -259,7 +333,10 @@ impl<'a> World<'a> {
         let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
         for id in ids {
             if let Some(d) = self.nodes.get_mut(&id) {
-                d.start(0);
+                match self.start_configs.get(&id) {
+                    Some(config) => d.start_configured(0, config.clone()),
+                    None => d.start(0),
+                }
             }
             self.drain(id)?;
         }
@@ -337,9 +414,20 @@ impl<'a> World<'a> {
     fn step(&mut self, action: Action) -> Result<(), SimFailure> {
         let now = self.now;
         let node = match action {
-            Action::Deliver { from, to, packet } => {
+            Action::Deliver {
+                from,
+                to,
+                packet,
+                redirect,
+            } => {
                 if !self.is_down(to) {
                     if let Some(d) = self.nodes.get_mut(&to) {
+                        // A worker follows a redirect to a newer epoch than its own.
+                        if let Some(w) = d.node().as_worker() {
+                            if redirect.is_some_and(|e| e > w.epoch()) {
+                                self.redirects += 1;
+                            }
+                        }
                         match packet {
                             Packet::Frame(frame) => d.handle_frame(now, from, &frame),
                             Packet::Envelope(env) => d.handle_message(now, env),
@@ -412,9 +500,11 @@ impl<'a> World<'a> {
                     packets.push((env.to, Packet::Envelope(env)));
                 }
             }
-            let events: Vec<Event<i64>> = std::iter::from_fn(|| d.poll_event()).collect();
+            let events: Vec<Event<f64>> = std::iter::from_fn(|| d.poll_event()).collect();
             let deadline = d.poll_timeout();
+            let applied_below = d.node().as_server().map(Server::applied_below);
             for (to, packet) in packets {
+                let redirect = self.observe(node, to, &packet)?;
                 for at in self.net.deliveries(&mut self.rng, self.now, node, to) {
                     let packet = packet.clone();
                     self.schedule(
@@ -423,9 +513,16 @@ impl<'a> World<'a> {
                             from: node,
                             to,
                             packet,
+                            redirect,
                         },
                     );
                 }
+            }
+            if let Some(applied_below) = applied_below {
+                self.oracle
+                    .advance(node, applied_below)
+                    .map_err(|detail| self.fail(Invariant::Oracle, detail))?;
+                self.check_oracle(node, false)?;
             }
             if events.is_empty() {
                 if let Some(at) = deadline {
@@ -442,7 +539,42 @@ impl<'a> World<'a> {
         }
     }
 
-    fn on_event(&mut self, node: NodeId, event: Event<i64>) -> Result<(), SimFailure> {
+    /// Shows the oracle what a node sends: the pushes workers send, and the acknowledgements
+    /// servers send (the first for a slice is when the server took it in). Returns the epoch a
+    /// `Redirect` names.
+    fn observe(
+        &mut self,
+        from: NodeId,
+        to: NodeId,
+        packet: &Packet,
+    ) -> Result<Option<Epoch>, SimFailure> {
+        let decoded;
+        let env = match packet {
+            Packet::Envelope(env) => env,
+            Packet::Frame(frame) => match self.codec.decode::<f64>(frame) {
+                Ok(env) => {
+                    decoded = env;
+                    &decoded
+                }
+                Err(e) => {
+                    let detail = format!("{from} sent {to} a frame that does not decode: {e}");
+                    return Err(self.fail(Invariant::Codec, detail));
+                }
+            },
+        };
+        match &env.body {
+            Message::Push(push) => self.oracle.sent(from, to, push),
+            Message::PushAck(slice) if self.server(from).is_some() => self
+                .oracle
+                .acked(from, to, *slice)
+                .map_err(|detail| self.fail(Invariant::Oracle, detail))?,
+            Message::Redirect { epoch, .. } => return Ok(Some(*epoch)),
+            _ => {}
+        }
+        Ok(None)
+    }
+
+    fn on_event(&mut self, node: NodeId, event: Event<f64>) -> Result<(), SimFailure> {
         if let Event::Refused { from, reason } = &event {
             // The simulated network never corrupts or forges: a frame that does not decode is
             // a codec bug.
@@ -559,9 +691,10 @@ impl<'a> World<'a> {
             .map(|a| a.keys.clone())
             .unwrap_or_default();
         let keys: Vec<u64> = index_keys.iter().map(|&i| self.keys[i as usize]).collect();
-        let values: Vec<i64> = keys
+        // Small integers: exact in f64, so that sums stay exact whatever their order.
+        let values: Vec<f64> = keys
             .iter()
-            .map(|_| 1 + self.rng.below(100) as i64)
+            .map(|_| (1 + self.rng.below(100)) as f64)
             .collect();
         let Ok(kvs) = KvPairs::new(keys, values, 1) else {
             return;
@@ -577,7 +710,7 @@ impl<'a> World<'a> {
         if let Ok(id) = pushed {
             let keys = &self.keys;
             self.ledger
-                .issue(node, id, iteration, kvs, |k| index_of(keys, k));
+                .issue(node, id, iteration, &kvs, |k| index_of(keys, k));
         }
     }
 
@@ -602,8 +735,10 @@ impl<'a> World<'a> {
             idle.iter().sum::<f64>() / idle.len() as f64
         };
         let mut h = std::collections::hash_map::DefaultHasher::new();
+        // Node state holding f64 is not `Hash`; its debug form names every value exactly (the
+        // shortest text that reads back to the same bits).
         for d in self.nodes.values() {
-            d.node().hash(&mut h);
+            format!("{:?}", d.node()).hash(&mut h);
         }
         SimReport {
             steps: self.steps,
@@ -612,6 +747,9 @@ impl<'a> World<'a> {
             messages: self.net.sent,
             dropped: self.net.dropped,
             crashed: self.apps.values().filter(|a| a.crashed).count(),
+            redirects: self.redirects,
+            updater: self.updater,
+            ring_change: !self.start_configs.is_empty(),
             fingerprint: h.finish(),
         }
     }
