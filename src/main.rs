@@ -824,9 +824,7 @@ fn check_command(args: CheckArgs) -> ExitCode {
                 }
             }
         }
-        check::ModelName::Clock => {
-            check::check_clock(base.keys, clock_max_time, strategy, threads)
-        }
+        check::ModelName::Clock => check::check_clock(base.keys, clock_max_time, strategy, threads),
     };
     print!("{}", outcome.text);
     if outcome.violated {

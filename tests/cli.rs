@@ -208,7 +208,14 @@ fn check_prints_a_verdict_per_property_and_the_summary_line() {
         .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    for property in ["exactly-once", "staleness", "completion"] {
+    for property in [
+        "exactly-once",
+        "staleness",
+        "pull complete",
+        "in-flight bound",
+        "completion",
+        "livelock-free",
+    ] {
         let line = format!("property {property}: holds");
         assert_eq!(text.lines().filter(|l| *l == line).count(), 2, "{text}");
     }
@@ -223,19 +230,34 @@ fn check_prints_a_verdict_per_property_and_the_summary_line() {
 #[cfg(feature = "mutations")]
 #[test]
 fn check_finds_a_violation_for_every_mutation() {
-    for (mutation, property) in [
-        ("no-dedupe", "exactly-once"),
-        ("no-gating", "staleness"),
-        ("no-retransmit", "completion"),
+    let sequential = ["--consistency", "sequential"].as_slice();
+    for (mutation, property, shape) in [
+        ("no-dedupe", "exactly-once", sequential),
+        ("no-gating", "staleness", sequential),
+        ("no-retransmit", "completion", sequential),
+        (
+            "own-progress-only",
+            "staleness",
+            &[
+                "--consistency",
+                "bounded:1",
+                "--network",
+                "ordered",
+                "--iterations",
+                "2",
+            ],
+        ),
+        ("eager-advance", "in-flight bound", sequential),
+        ("short-pull", "pull complete", sequential),
+        (
+            "ignore-redirect",
+            "livelock-free",
+            &["--consistency", "sequential", "--ring-change"],
+        ),
     ] {
         let out = pserver()
-            .args([
-                "check",
-                "--consistency",
-                "sequential",
-                "--mutation",
-                mutation,
-            ])
+            .args(["check", "--mutation", mutation])
+            .args(shape)
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(1), "{mutation}");

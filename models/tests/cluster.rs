@@ -20,7 +20,14 @@ fn config(consistency: Consistency, network: NetworkKind, iterations: u32) -> Cl
 fn holds(cfg: ClusterModelConfig) -> CheckReport {
     let report = check(cluster_model(cfg.clone()).unwrap(), Strategy::Bfs, 2);
     assert!(!report.violated(), "{cfg:?}\n{report}");
-    for name in ["exactly-once", "staleness", "completion"] {
+    for name in [
+        "exactly-once",
+        "staleness",
+        "pull complete",
+        "in-flight bound",
+        "completion",
+        "livelock-free",
+    ] {
         assert_eq!(report.verdict(name), Some(&Verdict::Holds), "{name}");
     }
     assert_eq!(report.verdict("job finished"), Some(&Verdict::Found));
@@ -30,7 +37,7 @@ fn holds(cfg: ClusterModelConfig) -> CheckReport {
 #[test]
 fn every_property_holds_on_the_ordered_network_and_the_state_space_is_pinned() {
     let report = holds(config(Consistency::Sequential, NetworkKind::Ordered, 1));
-    assert_eq!(report.unique, 370);
+    assert_eq!(report.unique, 482);
     assert_eq!(report.verdict("pull waited"), Some(&Verdict::Found));
     let report = holds(config(
         Consistency::BoundedDelay(1),
@@ -39,13 +46,13 @@ fn every_property_holds_on_the_ordered_network_and_the_state_space_is_pinned() {
     ));
     assert_eq!(report.unique, 1081);
     let report = holds(config(Consistency::Sequential, NetworkKind::Ordered, 2));
-    assert_eq!(report.unique, 5669);
+    assert_eq!(report.unique, 6990);
 }
 
 #[test]
 fn every_property_holds_on_the_lossy_network_and_the_state_space_is_pinned() {
     let report = holds(config(Consistency::Sequential, NetworkKind::Lossy, 1));
-    assert_eq!(report.unique, 9729);
+    assert_eq!(report.unique, 7145);
     assert_eq!(report.verdict("pull waited"), Some(&Verdict::Found));
     assert_eq!(
         report.verdict("duplicate suppressed"),
@@ -62,20 +69,79 @@ fn an_impossible_model_is_refused() {
     assert!(cluster_model(cfg).is_err());
 }
 
+#[test]
+fn a_ring_change_is_followed_by_redirects_on_both_networks() {
+    for (network, consistency, iterations) in [
+        (NetworkKind::Lossy, Consistency::Sequential, 1),
+        (NetworkKind::Ordered, Consistency::BoundedDelay(1), 2),
+    ] {
+        let report = holds(ClusterModelConfig {
+            ring_change: true,
+            ..config(consistency, network, iterations)
+        });
+        assert_eq!(
+            report.verdict("redirect followed"),
+            Some(&Verdict::Found),
+            "{network}"
+        );
+        assert_eq!(report.verdict("pull waited"), Some(&Verdict::Found));
+    }
+}
+
+#[test]
+fn under_bounded_delay_a_pull_is_held_from_the_second_iteration_on() {
+    let report = holds(config(
+        Consistency::BoundedDelay(1),
+        NetworkKind::Ordered,
+        2,
+    ));
+    assert_eq!(report.verdict("pull waited"), Some(&Verdict::Found));
+    assert_eq!(report.unique, 322_730);
+}
+
+#[test]
+fn with_backoff_a_retransmission_doubles_its_timeout() {
+    let report = holds(ClusterModelConfig {
+        workers: 1,
+        backoff: true,
+        ..config(Consistency::Sequential, NetworkKind::Lossy, 2)
+    });
+    assert_eq!(
+        report.verdict("retransmission backed off"),
+        Some(&Verdict::Found)
+    );
+    let without = holds(config(Consistency::Sequential, NetworkKind::Lossy, 1));
+    assert_eq!(
+        without.verdict("retransmission backed off"),
+        Some(&Verdict::NotFound)
+    );
+}
+
 #[cfg(feature = "mutations")]
 mod mutations {
     use super::*;
     use pserver_core::Mutation;
 
-    fn violated(mutation: Mutation, network: NetworkKind, property: &str) -> Vec<String> {
-        let cfg = config(Consistency::Sequential, network, 1);
+    fn violated_in(cfg: ClusterModelConfig, mutation: Mutation, property: &str) -> CheckReport {
         let mut model = cluster_model(cfg).unwrap();
         pserver_models::cluster::mutate(&mut model, mutation);
         let report = check(model, Strategy::Bfs, 2);
         match report.verdict(property) {
-            Some(Verdict::Violated(steps)) => steps.clone(),
+            Some(Verdict::Violated(_)) => report,
             other => panic!("{mutation}: {property} is {other:?}\n{report}"),
         }
+    }
+
+    fn steps(report: &CheckReport, property: &str) -> Vec<String> {
+        match report.verdict(property) {
+            Some(Verdict::Violated(steps)) => steps.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn violated(mutation: Mutation, network: NetworkKind, property: &str) -> Vec<String> {
+        let cfg = config(Consistency::Sequential, network, 1);
+        steps(&violated_in(cfg, mutation, property), property)
     }
 
     #[test]
@@ -90,9 +156,49 @@ mod mutations {
         assert!(steps.iter().any(|s| s.contains("PullReply")), "{steps:?}");
     }
 
+    /// The pull of the worker that ran ahead holds as many pushes as the bound asks for, all
+    /// its own: only a check per worker and iteration sees that the other's is missing.
+    #[test]
+    fn staleness_catches_servers_that_wait_only_for_the_worker_asking() {
+        let cfg = config(Consistency::BoundedDelay(1), NetworkKind::Ordered, 2);
+        let report = violated_in(cfg, Mutation::OwnProgressOnly, "staleness");
+        let steps = steps(&report, "staleness");
+        assert!(steps.iter().any(|s| s.contains("PullReply")), "{steps:?}");
+    }
+
+    #[test]
+    fn the_in_flight_bound_catches_workers_that_advance_without_acknowledgements() {
+        violated(
+            Mutation::EagerAdvance,
+            NetworkKind::Ordered,
+            "in-flight bound",
+        );
+    }
+
+    #[test]
+    fn pull_complete_catches_workers_that_lose_a_key_of_the_answer() {
+        let steps = violated(Mutation::ShortPull, NetworkKind::Ordered, "pull complete");
+        assert!(steps.iter().any(|s| s.contains("PullReply")), "{steps:?}");
+    }
+
     #[test]
     fn completion_catches_workers_that_never_retransmit() {
         violated(Mutation::NoRetransmit, NetworkKind::Lossy, "completion");
+    }
+
+    /// A worker that ignores redirects retransmits to the old owner forever: a retransmission
+    /// timer is always pending, so `completion` (asked of quiescent states) still holds, and
+    /// only the livelock search sees that the job can no longer finish.
+    #[test]
+    fn livelock_freedom_catches_workers_that_ignore_redirects() {
+        let cfg = ClusterModelConfig {
+            ring_change: true,
+            ..config(Consistency::Sequential, NetworkKind::Lossy, 1)
+        };
+        let report = violated_in(cfg, Mutation::IgnoreRedirect, "livelock-free");
+        assert_eq!(report.verdict("completion"), Some(&Verdict::Holds));
+        let steps = steps(&report, "livelock-free");
+        assert!(steps.iter().any(|s| s.contains("Redirect")), "{steps:?}");
     }
 }
 
@@ -102,5 +208,5 @@ fn registration_is_checked_too() {
         registration: true,
         ..config(Consistency::Sequential, NetworkKind::Ordered, 1)
     });
-    assert_eq!(report.unique, 679);
+    assert_eq!(report.unique, 1617);
 }

@@ -240,10 +240,49 @@ mod tests {
         assert!(!out.violated, "{}", out.text);
         let last = out.text.lines().last().unwrap();
         assert!(last.starts_with("check states="), "{}", out.text);
-        for property in ["staleness", "pull complete", "in-flight bound", "livelock-free"] {
+        for property in [
+            "staleness",
+            "pull complete",
+            "in-flight bound",
+            "livelock-free",
+        ] {
             let line = format!("property {property}: holds");
             assert_eq!(out.text.lines().filter(|l| *l == line).count(), 2, "{line}");
         }
+    }
+
+    /// What each configuration of the default suite is there for; the model's tests show
+    /// that these shapes reach it.
+    #[test]
+    fn the_default_suite_holds_back_pulls_under_bounded_delay_changes_the_ring_and_backs_off() {
+        let suite = default_suite();
+        assert!(
+            suite
+                .iter()
+                .any(|c| c.consistency == Consistency::BoundedDelay(1)
+                    && c.iterations >= 2
+                    && !c.ring_change)
+        );
+        assert!(
+            suite
+                .iter()
+                .any(|c| c.ring_change && c.network == NetworkKind::Lossy)
+        );
+        assert!(suite.iter().any(|c| c.ring_change
+            && c.consistency == Consistency::BoundedDelay(1)
+            && c.iterations >= 2));
+        assert!(
+            suite
+                .iter()
+                .any(|c| c.backoff && c.network == NetworkKind::Lossy)
+        );
+        let out = check_cluster(&suite[3..4], Protocol::default(), Strategy::Bfs, 2, None).unwrap();
+        assert!(out.text.contains("ring-change"), "{}", out.text);
+        assert!(
+            out.text.contains("property redirect followed: found"),
+            "{}",
+            out.text
+        );
     }
 
     #[test]

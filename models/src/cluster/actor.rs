@@ -252,7 +252,9 @@ fn changed_ring(
     };
     let ring = Ring::new(old.servers.iter().copied(), old.ring).map_err(ring_error)?;
     let first = cfg.key_list().first().copied().unwrap_or(0);
-    let new = old.without_server(ring.primary(first)).map_err(ring_error)?;
+    let new = old
+        .without_server(ring.primary(first))
+        .map_err(ring_error)?;
     let coordinator = Coordinator::resume(coordinator_cfg, new.clone())?;
     Ok((coordinator, new))
 }

@@ -129,16 +129,30 @@ where
         }
     }
     let reached = graph.can_reach_goal();
-    // Nodes are numbered in breadth-first order, so the first trapped one is the closest.
-    let Some(trapped) = reached.iter().position(|r| !r) else {
+    if reached.iter().all(|&r| r) {
         return Liveness::Holds;
-    };
-    Liveness::Trapped(path_to(model, &graph, trapped as u32, describe))
+    }
+    // Nodes are numbered in breadth-first order. The most telling trapped state is the first
+    // one entered from a state that could still finish (the step that made finishing
+    // impossible); when the very start is trapped, the deepest one shows how far a run gets.
+    let trapped = |i: usize| !reached[i];
+    let entered = (0..reached.len()).find(|&i| {
+        let parent = graph.parent[i];
+        trapped(i) && parent != u32::MAX && !trapped(parent as usize)
+    });
+    let node = entered.or_else(|| (0..reached.len()).rev().find(|&i| trapped(i)));
+    let steps = node.map_or_else(Vec::new, |n| path_to(model, &graph, n as u32, describe));
+    Liveness::Trapped(steps)
 }
 
 /// Replays the parent chain of `node` from its initial state, finding at each step the action
 /// that leads to the next fingerprint.
-fn path_to<M>(model: &M, graph: &Graph, node: u32, describe: fn(&M::Action) -> String) -> Vec<String>
+fn path_to<M>(
+    model: &M,
+    graph: &Graph,
+    node: u32,
+    describe: fn(&M::Action) -> String,
+) -> Vec<String>
 where
     M: Model,
     M::State: Hash,

@@ -271,8 +271,7 @@ fn lost_server(state: &ClusterState) -> bool {
 
 /// Every worker that can still finish has: done, removed, or crashed.
 fn finished_or_excused(state: &ClusterState) -> bool {
-    lost_server(state)
-        || workers(state).all(|(i, w)| w.done() || w.fenced || state.crashed[i])
+    lost_server(state) || workers(state).all(|(i, w)| w.done() || w.fenced || state.crashed[i])
 }
 
 /// Once quiescent, every surviving worker is done. A worker that spent its retransmission
