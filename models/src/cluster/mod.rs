@@ -1,24 +1,39 @@
 //! The whole protocol as a stateright actor model: a coordinator, servers and workers, each an
 //! adapter over the core's own node, on an ordered or a lossy network, with optional crashes.
 //!
-//! Properties, named as in ARCHITECTURE.md §4:
+//! Every worker's push of iteration `i` writes 1 into a column of its own (worker, iteration),
+//! so that any value read says exactly which pushes it includes. Properties, named as in
+//! ARCHITECTURE.md §4:
 //!
-//! - `exactly-once` (always): every key's total on the servers lies between the pushes
-//!   acknowledged and the pushes issued.
-//! - `staleness` (always): a pull issued in iteration `c` returned, for every key, at least the
-//!   pushes of every live worker for the iterations below `c - tau`.
+//! - `exactly-once` (always): on every key, each (worker, iteration) column summed over the
+//!   servers is 0 or 1; 1 for every acknowledged push, 0 for every push not yet issued.
+//! - `staleness` (always): a pull issued in iteration `c` returned, on every key, the push of
+//!   every live worker for every iteration below `c - tau`, judged push by push: a worker's own
+//!   extra pushes never stand in for another's missing one.
+//! - `pull complete` (always): every pull completed once, with exactly the keys it asked for
+//!   and values the servers really held (each column 0 or 1, only for pushes issued, never
+//!   ahead of what the owner has applied).
+//! - `in-flight bound` (always): no worker is more than `tau + 1` iterations ahead of its
+//!   acknowledged pushes.
 //! - `completion` (always): when nothing is in flight and no node waits on a timer, every
 //!   surviving worker has finished its script (asked of runs where no server crashed, until
-//!   key ranges are replicated). (Stateright's `eventually` only follows acyclic
-//!   paths, so liveness is stated as a property of quiescent states.)
+//!   key ranges are replicated).
+//! - `livelock-free` (judged after the search, [`liveness`]): from every reachable state the
+//!   job can still finish. Stateright's `eventually` only follows acyclic paths, and
+//!   `completion` never looks at a state where a retransmission timer is pending, so a worker
+//!   retransmitting forever to a server that never answers escapes both; this search does not.
+//! - reachability (sometimes): a pull had to wait, a duplicate push was suppressed, a redirect
+//!   was followed, a retransmission timeout was doubled, the whole job finished.
 //!
 //! The lossy network is stateright's unordered duplicating network without explicit drops: a
 //! message that is never delivered again is indistinguishable, for every safety property, from
 //! a lost one, and `completion` counts a state as quiescent as soon as no retransmission timer
 //! is left, because losing everything in flight is always possible. This checks the same
 //! behaviours as explicit drops without their exponential number of network states.
-//! - reachability (sometimes): a pull had to wait, a duplicate push was suppressed, a redirect
-//!   was followed, the whole job finished.
+//!
+//! Time is not modelled (every node's clock reads 0, every timer may fire at any point),
+//! except with [`ClusterModelConfig::backoff`], where each worker's clock moves to the deadline
+//! of the retransmission timer that fires, so that doubled timeouts are explored.
 
 mod actor;
 mod check;
