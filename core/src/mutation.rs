@@ -23,8 +23,10 @@ pub enum Mutation {
     EagerAdvance,
     /// Workers drop the last key when they assemble a pull's answer (breaks pull complete).
     ShortPull,
-    /// Workers ignore redirects and keep resending to the old owner (a livelock: breaks
-    /// livelock freedom while every quiescent state still looks complete).
+    /// Workers ignore redirects and keep resending to the old owner: a livelock wherever
+    /// nothing else brings them the new configuration (the model checker leaves heartbeats out
+    /// when nothing crashes), which breaks livelock freedom while every quiescent state still
+    /// looks complete.
     IgnoreRedirect,
     /// Servers hand their update rule the negated delta: a gradient ascended instead of
     /// descended, a count subtracted (breaks the simulator's update-rule oracle).

@@ -213,6 +213,59 @@ fn the_simulator_catches_every_mutation() {
     }
 }
 
+/// The mutations the model checker's newer properties catch are caught here too, each by its
+/// own invariant. (`ignore-redirect` is not: here heartbeats bring a worker the new
+/// configuration anyway, which only slows it down.)
+#[cfg(feature = "mutations")]
+#[test]
+fn the_simulator_catches_what_the_new_model_properties_catch() {
+    use pserver_core::Mutation;
+    use pserver_core::sim::Invariant;
+    let faults = Faults {
+        drop: 0.05,
+        reorder: true,
+        ..Faults::default()
+    };
+    for (mutation, invariant, consistency, ring_change) in [
+        (
+            Mutation::OwnProgressOnly,
+            Invariant::Staleness,
+            Consistency::BoundedDelay(1),
+            false,
+        ),
+        (
+            Mutation::EagerAdvance,
+            Invariant::InFlight,
+            Consistency::Sequential,
+            false,
+        ),
+        (
+            Mutation::ShortPull,
+            Invariant::PullComplete,
+            Consistency::Sequential,
+            false,
+        ),
+    ] {
+        let caught = (0..20)
+            .filter_map(|seed| {
+                let cfg = SimConfig {
+                    time_limit: 30_000 * MS,
+                    updater: Some(SimUpdater::Sum),
+                    ring_change: Some(ring_change),
+                    straggler: 3.0,
+                    ..faulty(seed, consistency, faults)
+                };
+                pserver_core::sim::run_mutated(&cfg, mutation).err()
+            })
+            .filter(|f| f.invariant == invariant)
+            .count();
+        assert!(
+            caught >= 10,
+            "{mutation}: only {caught} of 20 seeds broke {invariant}"
+        );
+    }
+}
+
 #[test]
 fn a_permanently_slow_worker_sets_the_pace_whatever_the_staleness_bound() {
     let time = |consistency| {
