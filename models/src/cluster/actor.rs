@@ -72,8 +72,8 @@ pub struct WorkerActorState {
     /// A pull completed with other keys than it asked for, or a pull completed that was not
     /// open.
     pub bad_pull: bool,
-    /// With backoff: the worker's clock, the deadline of its retransmission timer, the
-    /// retransmission timer firings so far, and whether a timeout was ever doubled.
+    /// The worker's clock: 0 unless backoff is modelled, when each retransmission timer firing
+    /// moves it to that timer's deadline.
     pub clock: Time,
     /// The retransmission timer's deadline, when set.
     pub retransmit_at: Option<Time>,
