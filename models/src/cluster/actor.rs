@@ -438,9 +438,9 @@ impl Actor for ClusterActor {
                     Message::Push(p) => Some(p.kvs.clone()),
                     _ => None,
                 };
-                let before: Vec<i64> = push
+                let before: Vec<Vec<i64>> = push
                     .iter()
-                    .flat_map(|kvs| kvs.keys().iter().map(|&k| s.node.received_total(k)[0]))
+                    .flat_map(|kvs| kvs.keys().iter().map(|&k| s.node.received_total(k)))
                     .collect();
                 s.node.on_message(0, msg, &mut out);
                 if let Some(kvs) = push {
@@ -448,10 +448,10 @@ impl Actor for ClusterActor {
                         .sends
                         .iter()
                         .any(|e| matches!(e.body, Message::PushAck(_)));
-                    let after: Vec<i64> = kvs
+                    let after: Vec<Vec<i64>> = kvs
                         .keys()
                         .iter()
-                        .map(|&k| s.node.received_total(k)[0])
+                        .map(|&k| s.node.received_total(k))
                         .collect();
                     s.suppressed_duplicate |= acked && !kvs.is_empty() && before == after;
                 }
