@@ -134,6 +134,110 @@ fn pull_answers_are_assembled_in_key_order() {
     }
 }
 
+/// Room for three rows of one `i64` each (a key may take 10 bytes) plus the slice overhead.
+const THREE_ROWS: usize = 128 + 3 * (10 + 8);
+
+#[test]
+fn a_pull_of_many_keys_is_cut_into_slices_of_at_most_max_keys() {
+    let cfg = config(1, &[1], &[W1], Consistency::Eventual);
+    let mut s = server(1, &cfg, Updater::Sum);
+    let mut wc = WorkerConfig::new(W1, COORD);
+    wc.max_slice_bytes = THREE_ROWS;
+    let mut w = Worker::new(wc);
+    let mut out = Effects::new();
+    w.start(0, &mut out);
+    w.on_message(0, deliver_config(W1, &cfg), &mut out);
+    out.sends.clear();
+    let keys: Vec<Key> = (0..10).map(|k| k * 7).collect();
+    let list = KeyList::new(keys.clone()).unwrap();
+    let pull = w.pull(1, KeySelection::Keys(list), &mut out).unwrap();
+    let sends = sends_of(&mut out);
+    let sizes: Vec<usize> = sends
+        .iter()
+        .map(|env| match &env.body {
+            Message::Pull(p) => match &p.keys {
+                KeySelection::Keys(l) => l.keys().len(),
+                other => panic!("expected keys, got {other:?}"),
+            },
+            other => panic!("expected a pull, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(sizes, [3, 3, 3, 1], "slices of at most three keys");
+    for env in sends {
+        s.on_message(2, env, &mut out);
+    }
+    for env in sends_of(&mut out) {
+        w.on_message(3, env, &mut out);
+    }
+    let reply = out
+        .events
+        .iter()
+        .find_map(|e| match e {
+            Event::PullDone(id, kvs) if *id == pull => Some(kvs.clone()),
+            _ => None,
+        })
+        .expect("the pull completes");
+    assert_eq!(reply.keys(), &keys[..]);
+}
+
+#[test]
+fn adjacent_ranges_of_a_pull_go_to_their_owner_as_one_range() {
+    // One server owns the whole ring: ranges that touch are joined.
+    let cfg = config(1, &[1], &[W1], Consistency::Eventual);
+    let mut w = worker(W1, &cfg);
+    let mut out = Effects::new();
+    let range = KeyRange::new(0, u64::MAX).unwrap();
+    let list = RangeList::new(vec![
+        KeyRange::new(0, 1 << 40).unwrap(),
+        KeyRange::new(1 << 40, u64::MAX).unwrap(),
+    ])
+    .unwrap();
+    w.pull(1, KeySelection::Ranges(list), &mut out).unwrap();
+    let sends = sends_of(&mut out);
+    assert_eq!(sends.len(), 1);
+    let Message::Pull(p) = &sends[0].body else {
+        panic!("expected a pull, got {:?}", sends[0])
+    };
+    let KeySelection::Ranges(sent) = &p.keys else {
+        panic!("expected ranges, got {:?}", p.keys)
+    };
+    assert_eq!(sent.ranges(), &[range]);
+}
+
+#[test]
+fn a_pull_answer_with_other_keys_than_asked_for_is_not_taken() {
+    let cfg = config(1, &[1], &[W1], Consistency::Eventual);
+    let mut w = worker(W1, &cfg);
+    let mut out = Effects::new();
+    let list = KeyList::new(vec![5, 9]).unwrap();
+    let pull = w.pull(1, KeySelection::Keys(list), &mut out).unwrap();
+    let sends = sends_of(&mut out);
+    let Message::Pull(p) = &sends[0].body else {
+        panic!("expected a pull, got {:?}", sends[0])
+    };
+    let reply = |keys: Vec<Key>| {
+        let n = keys.len();
+        let body = Message::PullReply(PullReply {
+            slice: p.slice,
+            complete_below: 0,
+            kvs: KvPairs::new(keys, vec![1i64; n], 1).unwrap(),
+            resume: None,
+        });
+        Envelope::new(NodeId(1), W1, 1, body)
+    };
+    let done = |out: &Effects<i64>| {
+        out.events
+            .iter()
+            .any(|e| matches!(e, Event::PullDone(id, _) if *id == pull))
+    };
+    // The right width but a key missing, then a key too many: neither answers the slice.
+    w.on_message(2, reply(vec![5]), &mut out);
+    w.on_message(2, reply(vec![5, 7, 9]), &mut out);
+    assert!(!done(&out), "a wrong answer completed the pull");
+    w.on_message(2, reply(vec![5, 9]), &mut out);
+    assert!(done(&out));
+}
+
 #[test]
 fn a_duplicate_push_is_acknowledged_again_and_never_applied_again() {
     let cfg = config(1, &[1], &[W1], Consistency::Eventual);
