@@ -689,6 +689,7 @@ fn the_coordinator_removes_a_silent_worker_and_bumps_the_epoch() {
     assert_eq!(c.epoch(), 2);
     assert_eq!(c.config().unwrap().workers, vec![W1]);
     assert!(out.events.contains(&Event::NodeDead(W2)));
+    assert_eq!(c.dead().iter().collect::<Vec<_>>(), [&W2]);
     assert_eq!(
         c.config().unwrap().servers,
         vec![NodeId(1)],
@@ -797,4 +798,69 @@ fn a_resumed_coordinator_hands_out_the_configuration_in_force() {
         Coordinator::resume(CoordinatorConfig::new(COORD, 1, 1), empty),
         Err(CoordinatorError::NoWorkers)
     );
+}
+
+#[test]
+fn a_bootstrapped_coordinator_counts_the_members_it_is_given() {
+    // The job's shape says 9 servers and 9 workers; the members given up front are what counts.
+    let mut job = CoordinatorConfig::new(COORD, 9, 9);
+    job.ring = ring();
+    let c = Coordinator::bootstrapped(job, &[NodeId(1), NodeId(2)], &[W1]).unwrap();
+    let config = c.config().expect("epoch 1 is in force from the start");
+    assert_eq!(config.epoch, 1);
+    assert_eq!(config.servers, vec![NodeId(1), NodeId(2)]);
+    assert_eq!(config.workers, vec![W1]);
+}
+
+#[test]
+fn a_resumed_coordinator_takes_its_id_and_shape_from_the_configuration() {
+    let config = config(3, &[1, 2], &[W1, W2], Consistency::Sequential);
+    // The job's shape is left at a placeholder: an id of its own, no servers, no workers.
+    let c = Coordinator::resume(CoordinatorConfig::new(NodeId(99), 0, 0), config.clone()).unwrap();
+    assert_eq!(c.id(), COORD);
+    assert_eq!(c.epoch(), 3);
+    assert_eq!(c.config(), Some(&config));
+}
+
+#[test]
+fn the_coordinator_checks_for_silent_workers_every_heartbeat_interval() {
+    let mut c = coordinator();
+    let mut out = Effects::<i64>::new();
+    let every = Timing::default().heartbeat_interval;
+    let check_at = |at| TimerCmd::Set {
+        timer: TimerId::FailureCheck,
+        at,
+    };
+    c.start(1_000, &mut out);
+    assert_eq!(out.timers, [check_at(1_000 + every)]);
+    out.clear();
+    c.on_timer(7_000, TimerId::FailureCheck, &mut out);
+    assert_eq!(out.timers, [check_at(7_000 + every)]);
+}
+
+#[test]
+fn the_coordinator_answers_only_stale_heartbeats_and_keeps_latecomers_out() {
+    let mut c = coordinator();
+    let mut out = Effects::new();
+    register(&mut c, 0, NodeId(1), Role::Server, &mut out);
+    register(&mut c, 0, W1, Role::Worker, &mut out);
+    register(&mut c, 0, W2, Role::Worker, &mut out);
+    let config = c.config().unwrap().clone();
+    out.clear();
+    let beat = |epoch| Envelope::new(W1, COORD, epoch, Message::Heartbeat { sent_at: 1 });
+    // A heartbeat at the current epoch needs no answer, and is no refusal either.
+    c.on_message(0, beat(1), &mut out);
+    assert!(out.sends.is_empty() && out.events.is_empty(), "{out:?}");
+    // A node behind the current epoch is sent the configuration.
+    c.on_message(0, beat(0), &mut out);
+    assert_eq!(sends_of(&mut out), vec![deliver_config::<i64>(W1, &config)]);
+    // A node registering after the configuration was published is told it, and is no member.
+    let late = NodeId(12);
+    register(&mut c, 0, late, Role::Worker, &mut out);
+    assert_eq!(c.config(), Some(&config));
+    assert_eq!(
+        sends_of(&mut out),
+        vec![deliver_config::<i64>(late, &config)]
+    );
+    assert!(out.events.is_empty(), "{out:?}");
 }
