@@ -294,4 +294,14 @@ mod tests {
         clock.advance(KeyRange::new(0, 1_000_000).unwrap(), 3);
         assert_eq!(clock.segment_count(), 2);
     }
+
+    #[test]
+    fn debug_output_lists_the_segments() {
+        let mut clock = RangeClock::<u32>::new();
+        clock.set(KeyRange::new(10, 20).unwrap(), 3);
+        assert_eq!(
+            format!("{clock:?}"),
+            format!("{{[0, 10): 0, [10, 20): 3, [20, {}): 0}}", u64::MAX)
+        );
+    }
 }

@@ -71,12 +71,18 @@ mod tests {
         w.record(s(3, 0));
         assert!(w.is_duplicate(s(3, 0)));
         assert!(!w.is_duplicate(s(3, 1)));
+        w.record(s(5, 2));
+        assert_eq!(w.len(), 2);
+        assert!(!w.is_empty());
         w.settle(4);
+        assert_eq!(w.len(), 1, "settling forgets only what is below the mark");
+        assert!(w.is_duplicate(s(5, 2)));
+        w.settle(6);
         assert!(w.is_duplicate(s(3, 0)));
         assert!(w.is_empty());
         // A stale settle from a delayed message never lowers the mark.
         w.settle(2);
-        assert_eq!(w.settled_below(), 4);
+        assert_eq!(w.settled_below(), 6);
     }
 
     #[test]

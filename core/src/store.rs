@@ -196,4 +196,71 @@ mod tests {
         b.row_mut(1).0[0] = -1.0;
         assert_ne!(a, b);
     }
+
+    /// Rows wider than one value, with updater state, each keep their own values.
+    #[test]
+    fn wide_rows_with_updater_state_do_not_overlap() {
+        let mut s = OrderedStore::<i64>::new(3, 2);
+        for k in 0..6i64 {
+            let (values, aux) = s.row_mut(k as Key * 10);
+            assert_eq!((values.len(), aux.len()), (3, 6));
+            values.copy_from_slice(&[k, k + 1, k + 2]);
+            aux.copy_from_slice(&[-k; 6]);
+        }
+        assert_eq!(s.len(), 6);
+        for k in 0..6i64 {
+            assert_eq!(s.get(k as Key * 10), Some(&[k, k + 1, k + 2][..]));
+            assert_eq!(s.row_mut(k as Key * 10).1, &[-k; 6]);
+        }
+    }
+
+    fn hash_of(s: &OrderedStore<f32>) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        s.hash(&mut h);
+        h.finish()
+    }
+
+    /// Every difference counts: shape, keys, values and updater state; equal stores hash alike
+    /// and (with this hasher) different ones do not.
+    #[test]
+    fn equality_and_hashing_see_every_difference() {
+        let store = |width: usize, aux_width: usize, rows: &[(Key, f32, f32)]| {
+            let mut s = OrderedStore::<f32>::new(width, aux_width);
+            for &(k, v, a) in rows {
+                let (values, aux) = s.row_mut(k);
+                values[0] = v;
+                if let Some(x) = aux.first_mut() {
+                    *x = a;
+                }
+            }
+            s
+        };
+        let base = store(1, 1, &[(1, 1.0, 5.0), (2, 2.0, 6.0)]);
+        assert_eq!(base, store(1, 1, &[(2, 2.0, 6.0), (1, 1.0, 5.0)]));
+        assert_eq!(
+            hash_of(&base),
+            hash_of(&store(1, 1, &[(2, 2.0, 6.0), (1, 1.0, 5.0)]))
+        );
+        let others = [
+            store(2, 1, &[(1, 1.0, 5.0), (2, 2.0, 6.0)]),
+            store(1, 2, &[(1, 1.0, 5.0), (2, 2.0, 6.0)]),
+            store(1, 1, &[(1, 1.0, 5.0)]),
+            store(1, 1, &[(1, 1.0, 5.0), (2, 2.0, 6.0), (3, 0.0, 0.0)]),
+            store(1, 1, &[(1, 1.0, 5.0), (3, 2.0, 6.0)]),
+            store(1, 1, &[(1, 1.0, 5.0), (2, 2.5, 6.0)]),
+            store(1, 1, &[(1, 1.0, 5.0), (2, 2.0, 6.5)]),
+        ];
+        for other in &others {
+            assert_ne!(&base, other);
+            assert_ne!(hash_of(&base), hash_of(other), "{other:?}");
+        }
+        // Bits, not numeric equality: 0.0 and -0.0 differ, a NaN equals itself.
+        assert_ne!(
+            store(1, 0, &[(1, 0.0, 0.0)]),
+            store(1, 0, &[(1, -0.0, 0.0)])
+        );
+        let nan = store(1, 0, &[(1, f32::NAN, 0.0)]);
+        assert_eq!(nan, nan.clone());
+        assert!(!nan.is_empty() && OrderedStore::<f32>::new(1, 0).is_empty());
+    }
 }

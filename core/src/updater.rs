@@ -241,4 +241,48 @@ mod tests {
         assert_ne!(Updater::Sgd { lr: 0.1 }, Updater::Sgd { lr: 0.2 });
         assert_ne!(Updater::Sum, Updater::Sgd { lr: 0.0 });
     }
+
+    fn hash_of(rule: &Updater) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        rule.hash(&mut h);
+        h.finish()
+    }
+
+    /// Every parameter of every rule takes part in equality and hashing.
+    #[test]
+    fn every_parameter_tells_rules_apart() {
+        let ftrl = |alpha, beta, l1, l2| Updater::FtrlProximal {
+            alpha,
+            beta,
+            l1,
+            l2,
+        };
+        let rules = [
+            Updater::Sum,
+            Updater::Sgd { lr: 0.1 },
+            Updater::Sgd { lr: 0.2 },
+            Updater::AdaGrad { lr: 0.1, eps: 1.0 },
+            Updater::AdaGrad { lr: 0.2, eps: 1.0 },
+            Updater::AdaGrad { lr: 0.1, eps: 2.0 },
+            ftrl(1.0, 2.0, 3.0, 4.0),
+            ftrl(9.0, 2.0, 3.0, 4.0),
+            ftrl(1.0, 9.0, 3.0, 4.0),
+            ftrl(1.0, 2.0, 9.0, 4.0),
+            ftrl(1.0, 2.0, 3.0, 9.0),
+        ];
+        for (i, a) in rules.iter().enumerate() {
+            for (j, b) in rules.iter().enumerate() {
+                assert_eq!(a == b, i == j, "{a:?} vs {b:?}");
+                assert_eq!(hash_of(a) == hash_of(b), i == j, "{a:?} vs {b:?}");
+            }
+            assert_eq!(hash_of(a), hash_of(&a.clone()));
+        }
+    }
+
+    /// AdaGrad's eps is added to the denominator: lr 1, eps 1, gradient 3 steps by -3 / (3 + 1).
+    #[test]
+    fn adagrad_adds_eps_to_the_denominator() {
+        let (w, aux) = run(Updater::AdaGrad { lr: 1.0, eps: 1.0 }, &[3.0]);
+        assert_eq!((w, aux[0]), (-0.75, 9.0));
+    }
 }

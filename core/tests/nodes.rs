@@ -134,6 +134,110 @@ fn pull_answers_are_assembled_in_key_order() {
     }
 }
 
+/// Room for three rows of one `i64` each (a key may take 10 bytes) plus the slice overhead.
+const THREE_ROWS: usize = 128 + 3 * (10 + 8);
+
+#[test]
+fn a_pull_of_many_keys_is_cut_into_slices_of_at_most_max_keys() {
+    let cfg = config(1, &[1], &[W1], Consistency::Eventual);
+    let mut s = server(1, &cfg, Updater::Sum);
+    let mut wc = WorkerConfig::new(W1, COORD);
+    wc.max_slice_bytes = THREE_ROWS;
+    let mut w = Worker::new(wc);
+    let mut out = Effects::new();
+    w.start(0, &mut out);
+    w.on_message(0, deliver_config(W1, &cfg), &mut out);
+    out.sends.clear();
+    let keys: Vec<Key> = (0..10).map(|k| k * 7).collect();
+    let list = KeyList::new(keys.clone()).unwrap();
+    let pull = w.pull(1, KeySelection::Keys(list), &mut out).unwrap();
+    let sends = sends_of(&mut out);
+    let sizes: Vec<usize> = sends
+        .iter()
+        .map(|env| match &env.body {
+            Message::Pull(p) => match &p.keys {
+                KeySelection::Keys(l) => l.keys().len(),
+                other => panic!("expected keys, got {other:?}"),
+            },
+            other => panic!("expected a pull, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(sizes, [3, 3, 3, 1], "slices of at most three keys");
+    for env in sends {
+        s.on_message(2, env, &mut out);
+    }
+    for env in sends_of(&mut out) {
+        w.on_message(3, env, &mut out);
+    }
+    let reply = out
+        .events
+        .iter()
+        .find_map(|e| match e {
+            Event::PullDone(id, kvs) if *id == pull => Some(kvs.clone()),
+            _ => None,
+        })
+        .expect("the pull completes");
+    assert_eq!(reply.keys(), &keys[..]);
+}
+
+#[test]
+fn adjacent_ranges_of_a_pull_go_to_their_owner_as_one_range() {
+    // One server owns the whole ring: ranges that touch are joined.
+    let cfg = config(1, &[1], &[W1], Consistency::Eventual);
+    let mut w = worker(W1, &cfg);
+    let mut out = Effects::new();
+    let range = KeyRange::new(0, u64::MAX).unwrap();
+    let list = RangeList::new(vec![
+        KeyRange::new(0, 1 << 40).unwrap(),
+        KeyRange::new(1 << 40, u64::MAX).unwrap(),
+    ])
+    .unwrap();
+    w.pull(1, KeySelection::Ranges(list), &mut out).unwrap();
+    let sends = sends_of(&mut out);
+    assert_eq!(sends.len(), 1);
+    let Message::Pull(p) = &sends[0].body else {
+        panic!("expected a pull, got {:?}", sends[0])
+    };
+    let KeySelection::Ranges(sent) = &p.keys else {
+        panic!("expected ranges, got {:?}", p.keys)
+    };
+    assert_eq!(sent.ranges(), &[range]);
+}
+
+#[test]
+fn a_pull_answer_with_other_keys_than_asked_for_is_not_taken() {
+    let cfg = config(1, &[1], &[W1], Consistency::Eventual);
+    let mut w = worker(W1, &cfg);
+    let mut out = Effects::new();
+    let list = KeyList::new(vec![5, 9]).unwrap();
+    let pull = w.pull(1, KeySelection::Keys(list), &mut out).unwrap();
+    let sends = sends_of(&mut out);
+    let Message::Pull(p) = &sends[0].body else {
+        panic!("expected a pull, got {:?}", sends[0])
+    };
+    let reply = |keys: Vec<Key>| {
+        let n = keys.len();
+        let body = Message::PullReply(PullReply {
+            slice: p.slice,
+            complete_below: 0,
+            kvs: KvPairs::new(keys, vec![1i64; n], 1).unwrap(),
+            resume: None,
+        });
+        Envelope::new(NodeId(1), W1, 1, body)
+    };
+    let done = |out: &Effects<i64>| {
+        out.events
+            .iter()
+            .any(|e| matches!(e, Event::PullDone(id, _) if *id == pull))
+    };
+    // The right width but a key missing, then a key too many: neither answers the slice.
+    w.on_message(2, reply(vec![5]), &mut out);
+    w.on_message(2, reply(vec![5, 7, 9]), &mut out);
+    assert!(!done(&out), "a wrong answer completed the pull");
+    w.on_message(2, reply(vec![5, 9]), &mut out);
+    assert!(done(&out));
+}
+
 #[test]
 fn a_duplicate_push_is_acknowledged_again_and_never_applied_again() {
     let cfg = config(1, &[1], &[W1], Consistency::Eventual);
@@ -585,6 +689,7 @@ fn the_coordinator_removes_a_silent_worker_and_bumps_the_epoch() {
     assert_eq!(c.epoch(), 2);
     assert_eq!(c.config().unwrap().workers, vec![W1]);
     assert!(out.events.contains(&Event::NodeDead(W2)));
+    assert_eq!(c.dead().iter().collect::<Vec<_>>(), [&W2]);
     assert_eq!(
         c.config().unwrap().servers,
         vec![NodeId(1)],
@@ -693,4 +798,69 @@ fn a_resumed_coordinator_hands_out_the_configuration_in_force() {
         Coordinator::resume(CoordinatorConfig::new(COORD, 1, 1), empty),
         Err(CoordinatorError::NoWorkers)
     );
+}
+
+#[test]
+fn a_bootstrapped_coordinator_counts_the_members_it_is_given() {
+    // The job's shape says 9 servers and 9 workers; the members given up front are what counts.
+    let mut job = CoordinatorConfig::new(COORD, 9, 9);
+    job.ring = ring();
+    let c = Coordinator::bootstrapped(job, &[NodeId(1), NodeId(2)], &[W1]).unwrap();
+    let config = c.config().expect("epoch 1 is in force from the start");
+    assert_eq!(config.epoch, 1);
+    assert_eq!(config.servers, vec![NodeId(1), NodeId(2)]);
+    assert_eq!(config.workers, vec![W1]);
+}
+
+#[test]
+fn a_resumed_coordinator_takes_its_id_and_shape_from_the_configuration() {
+    let config = config(3, &[1, 2], &[W1, W2], Consistency::Sequential);
+    // The job's shape is left at a placeholder: an id of its own, no servers, no workers.
+    let c = Coordinator::resume(CoordinatorConfig::new(NodeId(99), 0, 0), config.clone()).unwrap();
+    assert_eq!(c.id(), COORD);
+    assert_eq!(c.epoch(), 3);
+    assert_eq!(c.config(), Some(&config));
+}
+
+#[test]
+fn the_coordinator_checks_for_silent_workers_every_heartbeat_interval() {
+    let mut c = coordinator();
+    let mut out = Effects::<i64>::new();
+    let every = Timing::default().heartbeat_interval;
+    let check_at = |at| TimerCmd::Set {
+        timer: TimerId::FailureCheck,
+        at,
+    };
+    c.start(1_000, &mut out);
+    assert_eq!(out.timers, [check_at(1_000 + every)]);
+    out.clear();
+    c.on_timer(7_000, TimerId::FailureCheck, &mut out);
+    assert_eq!(out.timers, [check_at(7_000 + every)]);
+}
+
+#[test]
+fn the_coordinator_answers_only_stale_heartbeats_and_keeps_latecomers_out() {
+    let mut c = coordinator();
+    let mut out = Effects::new();
+    register(&mut c, 0, NodeId(1), Role::Server, &mut out);
+    register(&mut c, 0, W1, Role::Worker, &mut out);
+    register(&mut c, 0, W2, Role::Worker, &mut out);
+    let config = c.config().unwrap().clone();
+    out.clear();
+    let beat = |epoch| Envelope::new(W1, COORD, epoch, Message::Heartbeat { sent_at: 1 });
+    // A heartbeat at the current epoch needs no answer, and is no refusal either.
+    c.on_message(0, beat(1), &mut out);
+    assert!(out.sends.is_empty() && out.events.is_empty(), "{out:?}");
+    // A node behind the current epoch is sent the configuration.
+    c.on_message(0, beat(0), &mut out);
+    assert_eq!(sends_of(&mut out), vec![deliver_config::<i64>(W1, &config)]);
+    // A node registering after the configuration was published is told it, and is no member.
+    let late = NodeId(12);
+    register(&mut c, 0, late, Role::Worker, &mut out);
+    assert_eq!(c.config(), Some(&config));
+    assert_eq!(
+        sends_of(&mut out),
+        vec![deliver_config::<i64>(late, &config)]
+    );
+    assert!(out.events.is_empty(), "{out:?}");
 }
