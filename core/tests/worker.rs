@@ -715,3 +715,47 @@ fn slices_taken_back_after_a_ring_change_leave_the_window() {
     assert_eq!(out.events, vec![Event::PushDone(id)]);
     assert_eq!(w.slices_in_flight(), 0);
 }
+
+#[test]
+fn progress_to_a_server_that_joins_starts_from_the_first_timeout() {
+    let old = config(1, &[1], Consistency::Eventual);
+    let new = config(2, &[1, 2], Consistency::Eventual);
+    // A key that stays with server 1, so that the ring change moves no slice.
+    let k = key_of(&new, S1);
+    let mut w = worker(&old);
+    let mut out = Effects::new();
+    let a = w.push(T, one(k), &mut out).unwrap();
+    w.advance(T, &mut out).unwrap();
+    w.on_message(
+        T,
+        ack(
+            S1,
+            SliceRef {
+                request: a,
+                slice: 0,
+            },
+        ),
+        &mut out,
+    );
+    w.on_message(
+        T,
+        Envelope::new(S1, W1, 1, Message::ProgressAck { finished_below: 1 }),
+        &mut out,
+    );
+    assert!(w.is_idle());
+    let b = w.push(T, one(k), &mut out).unwrap();
+    out.clear();
+    // Well after every deadline so far: only the push is resent; progress is all acknowledged.
+    let late = T + 30 * MS;
+    w.on_timer(late, TimerId::Retransmit, &mut out);
+    let sent: Vec<RequestId> = pushes(&out).iter().map(|p| p.1.request).collect();
+    assert_eq!(sent, vec![b]);
+    assert!(progress_sends(&out).is_empty());
+    out.clear();
+    // Server 2 joins: it is told the progress, with the first timeout, not a backed-off one.
+    w.on_message(late, deliver_config(&new), &mut out);
+    assert_eq!(progress_sends(&out), vec![(S2, 1)]);
+    assert!(pushes(&out).is_empty(), "no slice moved");
+    let due = retransmit_at(&out);
+    assert!(within(due, late, 20 * MS), "{due:?}");
+}
