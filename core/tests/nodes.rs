@@ -1,33 +1,12 @@
 //! The node state machines driven by hand, message by message (ARCHITECTURE.md §2-4).
 
+mod common;
+
+use common::{COORD, config, deliver_config, ring};
 use pserver_core::*;
 
-const COORD: NodeId = NodeId(0);
 const W1: NodeId = NodeId(10);
 const W2: NodeId = NodeId(11);
-
-fn ring() -> RingConfig {
-    RingConfig {
-        vnodes: 8,
-        replicas: 0,
-        seed: 1,
-    }
-}
-
-fn config(epoch: Epoch, servers: &[u32], workers: &[NodeId], c: Consistency) -> ClusterConfig {
-    ClusterConfig {
-        epoch,
-        coordinator: COORD,
-        servers: servers.iter().map(|&s| NodeId(s)).collect(),
-        workers: workers.to_vec(),
-        ring: ring(),
-        consistency: c,
-    }
-}
-
-fn deliver_config<V: Value>(to: NodeId, config: &ClusterConfig) -> Envelope<V> {
-    Envelope::new(COORD, to, config.epoch, Message::Config(config.clone()))
-}
 
 fn worker(id: NodeId, config: &ClusterConfig) -> Worker<i64> {
     let mut w = Worker::new(WorkerConfig::new(id, COORD));

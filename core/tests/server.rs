@@ -1,35 +1,14 @@
 //! The server state machine driven by hand, message by message: registration and timers,
 //! which messages it takes, keeps or refuses, and the exact shape of what it answers.
 
+mod common;
+
+use common::{COORD, config, deliver_config};
 use pserver_core::*;
 
-const COORD: NodeId = NodeId(0);
 const S1: NodeId = NodeId(1);
 const W1: NodeId = NodeId(10);
 const W2: NodeId = NodeId(11);
-
-fn ring() -> RingConfig {
-    RingConfig {
-        vnodes: 8,
-        replicas: 0,
-        seed: 1,
-    }
-}
-
-fn config(epoch: Epoch, servers: &[u32], workers: &[NodeId], c: Consistency) -> ClusterConfig {
-    ClusterConfig {
-        epoch,
-        coordinator: COORD,
-        servers: servers.iter().map(|&s| NodeId(s)).collect(),
-        workers: workers.to_vec(),
-        ring: ring(),
-        consistency: c,
-    }
-}
-
-fn deliver_config<V: Value>(to: NodeId, config: &ClusterConfig) -> Envelope<V> {
-    Envelope::new(COORD, to, config.epoch, Message::Config(config.clone()))
-}
 
 fn configured<V: Value, U: UpdateRule<V>>(
     cfg: ServerConfig,

@@ -2,9 +2,11 @@
 //! requests are cut and windowed, retransmission and progress deadlines, which answers it takes
 //! or refuses, and what it reports about itself.
 
+mod common;
+
+use common::COORD;
 use pserver_core::*;
 
-const COORD: NodeId = NodeId(0);
 const S1: NodeId = NodeId(1);
 const S2: NodeId = NodeId(2);
 const W1: NodeId = NodeId(10);
@@ -13,27 +15,14 @@ const MS: Time = 1_000_000;
 /// A time well past zero, so that a deadline computed backwards or multiplied shows.
 const T: Time = 1_000 * MS;
 
-fn ring() -> RingConfig {
-    RingConfig {
-        vnodes: 8,
-        replicas: 0,
-        seed: 1,
-    }
-}
-
+/// A configuration whose one worker is `W1`.
 fn config(epoch: Epoch, servers: &[u32], c: Consistency) -> ClusterConfig {
-    ClusterConfig {
-        epoch,
-        coordinator: COORD,
-        servers: servers.iter().map(|&s| NodeId(s)).collect(),
-        workers: vec![W1],
-        ring: ring(),
-        consistency: c,
-    }
+    common::config(epoch, servers, &[W1], c)
 }
 
+/// `config` as the coordinator sends it to `W1`.
 fn deliver_config(config: &ClusterConfig) -> Envelope<i64> {
-    Envelope::new(COORD, W1, config.epoch, Message::Config(config.clone()))
+    common::deliver_config(W1, config)
 }
 
 fn worker_with(wc: WorkerConfig, c: &ClusterConfig) -> Worker<i64> {
