@@ -98,6 +98,11 @@ fn within(at: Option<Time>, from: Time, rto: Time) -> bool {
     at.is_some_and(|at| (from + rto..=from + rto + rto / 4).contains(&at))
 }
 
+/// Slice `slice` of request `request`.
+fn sref(request: RequestId, slice: SliceId) -> SliceRef {
+    SliceRef { request, slice }
+}
+
 fn ack(from: NodeId, slice: SliceRef) -> Envelope<i64> {
     Envelope::new(from, W1, 1, Message::PushAck(slice))
 }
@@ -196,10 +201,7 @@ fn a_worker_registers_and_beats_keeps_requests_until_configured_and_reports_its_
     assert!(out.timers.contains(&TimerCmd::Cancel(TimerId::Register)));
     assert_eq!(out.sends.len(), 1);
     assert_eq!((out.sends[0].to, out.sends[0].epoch), (S1, 1));
-    let slice = SliceRef {
-        request: id,
-        slice: 0,
-    };
+    let slice = sref(id, 0);
     assert_eq!(pushes(&out), vec![(S1, slice, id, vec![5])]);
     out.clear();
     // Configured: a stale registration timer does nothing.
@@ -284,46 +286,14 @@ fn iterations_and_slices_in_flight_are_counted() {
         (2, 0, 3)
     );
     assert_eq!((w.open_requests(), w.slices_in_flight()), (3, 3));
-    w.on_message(
-        T,
-        ack(
-            S1,
-            SliceRef {
-                request: p1,
-                slice: 0,
-            },
-        ),
-        &mut out,
-    );
+    w.on_message(T, ack(S1, sref(p1, 0)), &mut out);
     assert_eq!(
         (w.iteration(), w.finished_below(), w.in_flight()),
         (2, 1, 2)
     );
     assert_eq!((w.open_requests(), w.slices_in_flight()), (2, 2));
-    w.on_message(
-        T,
-        reply(
-            S1,
-            SliceRef {
-                request: q,
-                slice: 0,
-            },
-            one(1),
-            None,
-        ),
-        &mut out,
-    );
-    w.on_message(
-        T,
-        ack(
-            S1,
-            SliceRef {
-                request: p2,
-                slice: 0,
-            },
-        ),
-        &mut out,
-    );
+    w.on_message(T, reply(S1, sref(q, 0), one(1), None), &mut out);
+    w.on_message(T, ack(S1, sref(p2, 0)), &mut out);
     assert_eq!(
         (w.iteration(), w.finished_below(), w.in_flight()),
         (2, 2, 1)
@@ -343,17 +313,7 @@ fn progress_goes_once_to_every_server_and_is_retransmitted_until_each_acknowledg
         "iteration 0 is not finished yet"
     );
     out.clear();
-    w.on_message(
-        T,
-        ack(
-            S2,
-            SliceRef {
-                request: id,
-                slice: 0,
-            },
-        ),
-        &mut out,
-    );
+    w.on_message(T, ack(S2, sref(id, 0)), &mut out);
     assert_eq!(progress_sends(&out), vec![(S1, 1), (S2, 1)]);
     assert_eq!(out.sends.len(), 2, "{:?}", out.sends);
     assert!(!w.is_idle());
@@ -417,17 +377,7 @@ fn only_sent_slices_that_are_due_are_retransmitted() {
     let next = retransmit_at(&out);
     assert!(within(next, T + 10 * MS, 20 * MS), "{next:?}");
     out.clear();
-    w.on_message(
-        first,
-        ack(
-            S1,
-            SliceRef {
-                request: a,
-                slice: 0,
-            },
-        ),
-        &mut out,
-    );
+    w.on_message(first, ack(S1, sref(a, 0)), &mut out);
     let sent: Vec<RequestId> = pushes(&out).iter().map(|p| p.1.request).collect();
     assert_eq!(sent, vec![c], "room for the one waiting");
     let _ = b;
@@ -446,34 +396,12 @@ fn pushes_say_which_requests_are_settled_and_pulls_do_not_count() {
         2,
         "the open pull does not hold the mark back"
     );
-    w.on_message(
-        T,
-        ack(
-            S1,
-            SliceRef {
-                request: a,
-                slice: 0,
-            },
-        ),
-        &mut out,
-    );
+    w.on_message(T, ack(S1, sref(a, 0)), &mut out);
     out.clear();
     w.push(T, one(1), &mut out).unwrap();
     assert_eq!(pushes(&out)[0].2, 3);
     out.clear();
-    w.on_message(
-        T,
-        reply(
-            S1,
-            SliceRef {
-                request: q,
-                slice: 0,
-            },
-            one(1),
-            None,
-        ),
-        &mut out,
-    );
+    w.on_message(T, reply(S1, sref(q, 0), one(1), None), &mut out);
     // No push open: everything below the next request id is settled.
     let b = w.push(T, one(1), &mut out).unwrap();
     assert_eq!(b, 4);
@@ -490,14 +418,8 @@ fn answers_from_another_server_of_the_wrong_shape_or_to_unsent_slices_are_refuse
     let mut out = Effects::new();
     let a = w.push(T, one(k), &mut out).unwrap();
     let b = w.push(T, one(k), &mut out).unwrap();
-    let sa = SliceRef {
-        request: a,
-        slice: 0,
-    };
-    let sb = SliceRef {
-        request: b,
-        slice: 0,
-    };
+    let sa = sref(a, 0);
+    let sb = sref(b, 0);
     out.clear();
     w.on_message(T, ack(S2, sa), &mut out);
     w.on_message(T, ack(S1, sb), &mut out);
@@ -519,10 +441,7 @@ fn answers_from_another_server_of_the_wrong_shape_or_to_unsent_slices_are_refuse
     out.clear();
     // A pull answer must hold exactly the keys asked for, and only a pull takes one.
     let q = w.pull(T, keys(&[k]), &mut out).unwrap();
-    let sq = SliceRef {
-        request: q,
-        slice: 0,
-    };
+    let sq = sref(q, 0);
     w.on_message(T, reply(S1, sq, one(k + 1), None), &mut out);
     w.on_message(T, ack(S1, sq), &mut out);
     assert_eq!(
@@ -550,10 +469,7 @@ fn only_a_redirect_to_a_newer_epoch_fetches_the_configuration() {
             W1,
             epoch,
             Message::Redirect {
-                slice: SliceRef {
-                    request: 1,
-                    slice: 0,
-                },
+                slice: sref(1, 0),
                 epoch,
             },
         )
@@ -584,10 +500,7 @@ fn a_range_pull_answered_in_parts_takes_only_parts_that_move_forward() {
     let mut out = Effects::new();
     let q = w.pull(T, ranges(&[(100, 1_000)]), &mut out).unwrap();
     let waiting = w.pull(T, ranges(&[(100, 1_000)]), &mut out).unwrap();
-    let s = SliceRef {
-        request: q,
-        slice: 0,
-    };
+    let s = sref(q, 0);
     let kv = |ks: &[Key]| KvPairs::new(ks.to_vec(), vec![7; ks.len()], 1).unwrap();
     out.clear();
     let bad = [
@@ -600,15 +513,7 @@ fn a_range_pull_answered_in_parts_takes_only_parts_that_move_forward() {
         // Keys at or beyond where the next part is to begin.
         reply(S1, s, kv(&[100, 200]), Some(200)),
         // To a slice not sent yet.
-        reply(
-            S1,
-            SliceRef {
-                request: waiting,
-                slice: 0,
-            },
-            kv(&[100]),
-            Some(200),
-        ),
+        reply(S1, sref(waiting, 0), kv(&[100]), Some(200)),
     ];
     let n = bad.len();
     for env in bad {
@@ -645,10 +550,7 @@ fn a_range_pull_answered_in_parts_takes_only_parts_that_move_forward() {
     w.on_message(later, reply(S1, s, kv(&[300]), None), &mut out);
     assert_eq!(out.events, vec![Event::PullDone(q, kv(&[100, 150, 300]))]);
     // The waiting pull goes out now; a part that ends at the end of its ranges completes it.
-    let sw = SliceRef {
-        request: waiting,
-        slice: 0,
-    };
+    let sw = sref(waiting, 0);
     assert_eq!(
         pulls(&out).iter().map(|p| p.1.slice).collect::<Vec<_>>(),
         vec![sw]
@@ -715,17 +617,7 @@ fn progress_to_a_server_that_joins_starts_from_the_first_timeout() {
     let mut out = Effects::new();
     let a = w.push(T, one(k), &mut out).unwrap();
     w.advance(T, &mut out).unwrap();
-    w.on_message(
-        T,
-        ack(
-            S1,
-            SliceRef {
-                request: a,
-                slice: 0,
-            },
-        ),
-        &mut out,
-    );
+    w.on_message(T, ack(S1, sref(a, 0)), &mut out);
     w.on_message(
         T,
         Envelope::new(S1, W1, 1, Message::ProgressAck { finished_below: 1 }),
