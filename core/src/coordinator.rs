@@ -71,10 +71,11 @@ pub enum CoordinatorError {
 /// Waits until the expected servers and workers have registered, then publishes epoch 1 (the
 /// members, the ring configuration and the consistency model). Afterwards it answers every
 /// registration, configuration request and stale heartbeat with the current configuration, and
-/// removes workers that stay silent past the heartbeat timeout, publishing a new epoch.
+/// removes nodes that stay silent past the heartbeat timeout, publishing a new epoch.
 ///
-/// Server failure is not handled here: a silent server is kept, because moving its ranges
-/// needs the replication and recovery protocol.
+/// A server removed from the ring passes each of its ranges to the range's first replica, which
+/// holds the data already (ARCHITECTURE.md §8). A server is kept, however silent, when the
+/// servers left could not hold the ring's replicas: [`Event::RingDegraded`] says so.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Coordinator {
     cfg: CoordinatorConfig,
@@ -276,27 +277,42 @@ impl Coordinator {
         };
         let allowed = self.cfg.timing.missed_checks_allowed();
         let mut silent = Vec::new();
-        for &w in &config.workers {
-            let missed = self.silent_checks.entry(w).or_default();
+        for &n in config.workers.iter().chain(&config.servers) {
+            let missed = self.silent_checks.entry(n).or_default();
             *missed += 1;
             if *missed > allowed {
-                silent.push(w);
+                silent.push(n);
             }
         }
         self.declare_dead(&silent, out);
     }
 
-    /// Removes `nodes` (workers) from the membership and publishes a new epoch.
+    /// Removes `nodes` from the membership and publishes a new epoch. Servers go one at a time,
+    /// each only if the ring of the servers left can still be built.
     fn declare_dead<V: Value>(&mut self, nodes: &[NodeId], out: &mut Effects<V>) {
         let Some(config) = &mut self.config else {
             return;
         };
-        if nodes.is_empty() {
+        let mut removed = Vec::new();
+        for &n in nodes {
+            if config.workers.contains(&n) {
+                config.workers.retain(|&w| w != n);
+                removed.push(n);
+            } else if config.servers.contains(&n) {
+                match config.without_server(n) {
+                    Ok(next) => {
+                        config.servers = next.servers;
+                        removed.push(n);
+                    }
+                    Err(_) => out.emit(Event::RingDegraded(n)),
+                }
+            }
+        }
+        if removed.is_empty() {
             return;
         }
-        config.workers.retain(|w| !nodes.contains(w));
         config.epoch += 1;
-        for &n in nodes {
+        for n in removed {
             self.dead.insert(n);
             self.silent_checks.remove(&n);
             out.emit(Event::NodeDead(n));

@@ -1,19 +1,24 @@
-//! Exactly-once bookkeeping for one worker's pushes at one server (ARCHITECTURE.md §4, exactly-once).
+//! Exactly-once bookkeeping for one worker's pushes to one shard (ARCHITECTURE.md §4,
+//! exactly-once).
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
-use crate::message::{RequestId, SliceRef};
+use crate::key::Key;
+use crate::message::{AppliedSpan, DedupeRecord, RequestId};
+use crate::node::NodeId;
 
-/// Which of one worker's push slices a server has applied.
+/// Which rows of one worker's push requests a shard has applied.
 ///
 /// A high-water mark (every request below it is settled: acknowledged, never to be sent again,
-/// as the worker says in each push) plus the slices applied at or above it. The set holds only
-/// the worker's unsettled requests, so it stays as small as the worker's window of requests in
-/// flight instead of growing with the job.
+/// as the worker says in each push) plus, per unsettled request, the spans of keys applied.
+/// Keying by request and key, not by slice, is what lets a resend be recognised after the
+/// worker sliced the request again under a new ring, and after the shard moved to another
+/// server: the window travels with the shard. It holds only the worker's unsettled requests,
+/// so it stays as small as the worker's window of requests in flight.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct DedupeWindow {
     settled_below: RequestId,
-    applied: BTreeSet<SliceRef>,
+    applied: BTreeMap<RequestId, Vec<(Key, Key)>>,
 }
 
 impl DedupeWindow {
@@ -21,22 +26,55 @@ impl DedupeWindow {
     pub fn settle(&mut self, below: RequestId) {
         if below > self.settled_below {
             self.settled_below = below;
-            self.applied = self.applied.split_off(&SliceRef {
-                request: below,
-                slice: 0,
-            });
+            self.applied = self.applied.split_off(&below);
         }
     }
 
-    /// True when `slice` was applied before (or is settled, hence was).
-    pub fn is_duplicate(&self, slice: SliceRef) -> bool {
-        slice.request < self.settled_below || self.applied.contains(&slice)
+    /// True when the row of `key` of `request` was applied before (or the request is settled,
+    /// hence was applied).
+    pub fn is_applied(&self, request: RequestId, key: Key) -> bool {
+        request < self.settled_below
+            || self
+                .applied
+                .get(&request)
+                .is_some_and(|spans| spans.iter().any(|&(a, b)| a <= key && key <= b))
     }
 
-    /// Records that `slice` has been applied.
-    pub fn record(&mut self, slice: SliceRef) {
-        if slice.request >= self.settled_below {
-            self.applied.insert(slice);
+    /// Records that the rows of `span` have been applied.
+    pub fn record(&mut self, span: AppliedSpan) {
+        if span.request >= self.settled_below {
+            let spans = self.applied.entry(span.request).or_default();
+            if !spans.contains(&(span.first, span.last)) {
+                spans.push((span.first, span.last));
+            }
+        }
+    }
+
+    /// Takes in what another copy of the shard recorded (replication, transfers).
+    pub fn merge(&mut self, record: &DedupeRecord) {
+        self.settle(record.settled_below);
+        for &span in &record.applied {
+            self.record(span);
+        }
+    }
+
+    /// This window as `worker`'s record, for replication and transfers.
+    pub fn to_record(&self, worker: NodeId) -> DedupeRecord {
+        let applied = self
+            .applied
+            .iter()
+            .flat_map(|(&request, spans)| {
+                spans.iter().map(move |&(first, last)| AppliedSpan {
+                    request,
+                    first,
+                    last,
+                })
+            })
+            .collect();
+        DedupeRecord {
+            worker,
+            settled_below: self.settled_below,
+            applied,
         }
     }
 
@@ -45,9 +83,9 @@ impl DedupeWindow {
         self.settled_below
     }
 
-    /// Slices remembered above the high-water mark.
+    /// Spans remembered above the high-water mark.
     pub fn len(&self) -> usize {
-        self.applied.len()
+        self.applied.values().map(Vec::len).sum()
     }
 
     /// True when nothing is remembered above the high-water mark.
@@ -60,29 +98,51 @@ impl DedupeWindow {
 mod tests {
     use super::*;
 
-    fn s(request: RequestId, slice: u32) -> SliceRef {
-        SliceRef { request, slice }
+    fn span(request: RequestId, first: Key, last: Key) -> AppliedSpan {
+        AppliedSpan {
+            request,
+            first,
+            last,
+        }
     }
 
     #[test]
     fn a_duplicate_is_recognised_before_and_after_settling() {
         let mut w = DedupeWindow::default();
-        assert!(!w.is_duplicate(s(3, 0)));
-        w.record(s(3, 0));
-        assert!(w.is_duplicate(s(3, 0)));
-        assert!(!w.is_duplicate(s(3, 1)));
-        w.record(s(5, 2));
+        assert!(!w.is_applied(3, 10));
+        w.record(span(3, 10, 20));
+        assert!(w.is_applied(3, 10) && w.is_applied(3, 15) && w.is_applied(3, 20));
+        assert!(!w.is_applied(3, 21), "rows outside the span are fresh");
+        assert!(!w.is_applied(4, 15), "another request's rows are fresh");
+        w.record(span(5, 0, 0));
         assert_eq!(w.len(), 2);
         assert!(!w.is_empty());
         w.settle(4);
         assert_eq!(w.len(), 1, "settling forgets only what is below the mark");
-        assert!(w.is_duplicate(s(5, 2)));
+        assert!(w.is_applied(5, 0));
+        assert!(
+            w.is_applied(3, 99),
+            "a settled request is never applied again"
+        );
         w.settle(6);
-        assert!(w.is_duplicate(s(3, 0)));
         assert!(w.is_empty());
         // A stale settle from a delayed message never lowers the mark.
         w.settle(2);
         assert_eq!(w.settled_below(), 6);
+    }
+
+    #[test]
+    fn a_window_survives_the_trip_through_its_record() {
+        let mut w = DedupeWindow::default();
+        w.settle(2);
+        w.record(span(2, 1, 4));
+        w.record(span(2, 9, 9));
+        w.record(span(7, 3, 3));
+        let mut copy = DedupeWindow::default();
+        copy.merge(&w.to_record(crate::NodeId(1)));
+        assert_eq!(copy, w);
+        copy.merge(&w.to_record(crate::NodeId(1)));
+        assert_eq!(copy, w, "merging the same record twice changes nothing");
     }
 
     #[test]
@@ -91,7 +151,7 @@ mod tests {
         for request in 1..100_000u64 {
             // The worker keeps at most 8 requests unsettled.
             w.settle(request.saturating_sub(8));
-            w.record(s(request, 0));
+            w.record(span(request, 0, 5));
             assert!(w.len() <= 9);
         }
     }

@@ -21,6 +21,8 @@ pub enum TimerId {
     Register,
     /// The coordinator looks for nodes that went silent.
     FailureCheck,
+    /// A primary resends what replicas behind it miss.
+    Replicate,
 }
 
 /// A timer command for the driver.
@@ -54,6 +56,10 @@ pub enum Event<V: Value> {
     PullDone(RequestId, KvPairs<V>),
     /// The coordinator declared a node dead (coordinator only).
     NodeDead(NodeId),
+    /// The coordinator: this server is silent past the timeout but stays in the ring, because
+    /// the servers left are too few for the ring's replicas. Its ranges are not served until it
+    /// answers again or servers join.
+    RingDegraded(NodeId),
     /// The coordinator no longer counts this node as a member: it must stop.
     Fenced,
     /// The node refused a message (see [`Refusal`]). Nothing in the node changed; drivers count

@@ -90,16 +90,16 @@ pub use effects::{Effects, Event, Refusal, TimerCmd, TimerId};
 pub use key::{InvalidRange, Key, KeyRange, MAX_KEY};
 pub use kv::{KvError, KvPairs};
 pub use message::{
-    BadRangeList, ClockRecord, ClusterConfig, DedupeRecord, Envelope, KeyList, KeySelection,
-    Message, PROTOCOL_VERSION, Pull, PullReply, Push, RangeList, Replicate, RequestId, SliceId,
-    SliceRef, Transfer,
+    AppliedSpan, BadRangeList, BufferedPush, ClusterConfig, DedupeRecord, Envelope, KeyList,
+    KeySelection, Message, PROTOCOL_VERSION, Pull, PullReply, Push, RangeList, Replicate,
+    RequestId, ShardAck, ShardUpdate, SliceId, SliceRef, Transfer,
 };
 #[cfg(feature = "mutations")]
 pub use mutation::Mutation;
 pub use node::{Epoch, Iteration, NodeId, NodeLayout, Role, Time};
 pub use ring::{MAX_SERVERS, MAX_VNODES, Ring, RingConfig, RingError};
 pub use server::{Server, ServerConfig};
-pub use store::{OrderedStore, ParamStore};
+pub use store::{OrderedStore, ParamStore, RowVisitor};
 pub use timing::Timing;
 pub use updater::{UpdateRule, Updater};
 pub use value::Value;

@@ -166,11 +166,10 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
-    /// The next epoch's configuration with `server` taken off the ring: its key ranges pass to
-    /// the servers that follow it. Nothing moves with them, so the new owners start those
-    /// ranges empty; a job changes its ring this way only before data was written to the
-    /// moved ranges (ARCHITECTURE.md §8). Workers still on the old epoch are redirected and
-    /// re-slice their requests.
+    /// The next epoch's configuration with `server` taken off the ring: each of its key ranges
+    /// passes to the range's first replica, which holds the range's data already
+    /// (ARCHITECTURE.md §8); with no replicas the new owners start those ranges empty. Workers
+    /// still on the old epoch are redirected and re-slice their requests.
     ///
     /// ```
     /// use pserver_core::{ClusterConfig, Consistency, NodeId, RingConfig};
@@ -247,62 +246,108 @@ pub struct PullReply<V: Value> {
     pub resume: Option<Key>,
 }
 
-/// Which of a worker's requests a server has applied, replicated and transferred with the data
-/// so that de-duplication survives fail-over.
+/// The rows of one worker request that a shard applied: the request, and the first and last
+/// key of the rows. A request's rows in one key range travel together in one slice, so the span
+/// names them exactly, however the worker sliced the request (ARCHITECTURE.md §4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct AppliedSpan {
+    /// The worker's request.
+    pub request: RequestId,
+    /// Smallest key applied.
+    pub first: Key,
+    /// Largest key applied.
+    pub last: Key,
+}
+
+/// One worker's de-duplication state on a shard, as replication and transfers carry it: it
+/// travels with the key range it protects, so a resend is recognised wherever the range goes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct DedupeRecord {
     /// The worker.
     pub worker: NodeId,
-    /// Every request at or below this id has been applied.
-    pub high_water: RequestId,
-    /// Slices above the high-water mark applied out of order.
+    /// Every request of the worker below this id is settled and will never be sent again.
+    pub settled_below: RequestId,
+    /// Rows applied for the worker's unsettled requests.
     #[serde(with = "seq")]
-    pub above: Vec<SliceRef>,
+    pub applied: Vec<AppliedSpan>,
 }
 
-/// A primary's aggregated update for a range, sent to the range's replicas.
+/// What a primary did to a shard; its replicas do the same, in the same order, through the
+/// same update rule, which reproduces the primary's values and updater state bit for bit.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(bound = "V: Value")]
+pub enum ShardUpdate<V: Value> {
+    /// Apply these deltas through the update rule.
+    Apply(KvPairs<V>),
+    /// Sequential mode: keep these deltas until every worker finished `iteration`.
+    Buffer {
+        /// The iteration the deltas belong to.
+        iteration: Iteration,
+        /// The deltas.
+        kvs: KvPairs<V>,
+    },
+    /// Sequential mode: apply, in order, the key-wise sum of every buffered iteration below
+    /// this one.
+    ApplyBelow(Iteration),
+}
+
+/// One step of a shard's update order, from its primary to its replicas.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(bound = "V: Value")]
 pub struct Replicate<V: Value> {
-    /// The replicated range.
+    /// The shard's key range.
     pub range: KeyRange,
-    /// Position in the range's update order; replicas apply in `seq` order.
+    /// Position in the shard's update order: replicas apply `seq` only right after `seq - 1`.
     pub seq: u64,
-    /// The aggregated update, already passed through the primary's updater.
-    pub update: KvPairs<V>,
-    /// The de-duplication state after this update.
+    /// What changed.
+    pub update: ShardUpdate<V>,
+    /// De-duplication state the update adds.
     #[serde(with = "seq")]
     pub dedupe: Vec<DedupeRecord>,
 }
 
-/// A worker's progress on a key range, as a server's clock records it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ClockRecord {
-    /// The worker.
-    pub worker: NodeId,
-    /// `(range, iteration)` segments of the worker's range clock.
-    #[serde(with = "seq")]
-    pub segments: Vec<(KeyRange, Iteration)>,
+/// A replica's position in a shard's update order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ShardAck {
+    /// The shard's key range.
+    pub range: KeyRange,
+    /// The last update applied; `None` when the replica holds no copy it may extend (it needs
+    /// a [`Transfer`]).
+    pub seq: Option<u64>,
 }
 
-/// A chunk of a range moving to a new owner (recovery, re-replication, a joining server).
+/// Deltas a sequential-mode shard keeps for an iteration that is not finished yet.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(bound = "V: Value")]
+pub struct BufferedPush<V: Value> {
+    /// The iteration.
+    pub iteration: Iteration,
+    /// The deltas.
+    pub kvs: KvPairs<V>,
+}
+
+/// A whole shard on its way to a new holder (a new replica, or a new owner): everything that
+/// moves with a key range, as of update `seq`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(bound = "V: Value")]
 pub struct Transfer<V: Value> {
-    /// The range being moved.
+    /// The shard's key range.
     pub range: KeyRange,
-    /// Chunk number within the transfer, from 0.
-    pub chunk: u32,
-    /// True on the last chunk.
-    pub last: bool,
-    /// Parameters of this chunk.
-    pub data: KvPairs<V>,
-    /// De-duplication state of the range.
+    /// The last update the copy includes.
+    pub seq: u64,
+    /// Stored values.
+    pub values: KvPairs<V>,
+    /// The update rule's state of the same keys, `aux_width x width` per key; `None` when the
+    /// rule keeps none.
+    pub state: Option<KvPairs<V>>,
+    /// Sequential mode: deltas buffered for unfinished iterations, in arrival order.
+    #[serde(with = "seq")]
+    pub pending: Vec<BufferedPush<V>>,
+    /// Sequential mode: every iteration below this one is applied.
+    pub applied_below: Iteration,
+    /// De-duplication state.
     #[serde(with = "seq")]
     pub dedupe: Vec<DedupeRecord>,
-    /// Workers' clocks on the range.
-    #[serde(with = "seq")]
-    pub clocks: Vec<ClockRecord>,
 }
 
 /// Every message body of the protocol.
@@ -350,23 +395,26 @@ pub enum Message<V: Value> {
         /// The progress recorded.
         finished_below: Iteration,
     },
-    /// A primary's update for its replicas.
-    Replicate(Replicate<V>),
-    /// A replica has applied updates of a range up to `seq`.
-    ReplicateAck {
-        /// The range.
-        range: KeyRange,
-        /// Highest sequence number applied.
-        seq: u64,
+    /// A primary's updates for a replica, in shard order.
+    Replicate {
+        /// The updates, each of one shard.
+        #[serde(with = "seq")]
+        updates: Vec<Replicate<V>>,
     },
-    /// A chunk of a range moving to a new owner.
+    /// A replica's position in the update order of the shards it was sent.
+    ReplicateAck {
+        /// One per shard.
+        #[serde(with = "seq")]
+        acks: Vec<ShardAck>,
+    },
+    /// A whole shard for a new holder.
     Transfer(Transfer<V>),
-    /// The new owner has stored a transfer chunk.
+    /// The new holder has installed the copy of `range` as of `seq`.
     TransferAck {
-        /// The range.
+        /// The shard's key range.
         range: KeyRange,
-        /// The chunk stored.
-        chunk: u32,
+        /// The update the copy included.
+        seq: u64,
     },
 }
 

@@ -31,11 +31,20 @@ pub enum Mutation {
     /// Servers hand their update rule the negated delta: a gradient ascended instead of
     /// descended, a count subtracted (breaks the simulator's update-rule oracle).
     WrongSign,
+    /// Primaries acknowledge a push as soon as they applied it, before their replicas have it
+    /// (breaks durability: a primary that dies takes acknowledged pushes with it).
+    AckBeforeReplicate,
+    /// A server made a replica of a range takes itself to be in step at once, without the copy
+    /// of the range, and may be promoted so (breaks durability).
+    PromoteStaleReplica,
+    /// Copies of a shard leave its de-duplication state behind (breaks exactly-once across
+    /// fail-over and joins: the new holder applies a resent push again).
+    DropDedupOnTransfer,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 8] = [
+    pub const ALL: [Mutation; 11] = [
         Mutation::NoDedupe,
         Mutation::NoGating,
         Mutation::NoRetransmit,
@@ -44,6 +53,9 @@ impl Mutation {
         Mutation::ShortPull,
         Mutation::IgnoreRedirect,
         Mutation::WrongSign,
+        Mutation::AckBeforeReplicate,
+        Mutation::PromoteStaleReplica,
+        Mutation::DropDedupOnTransfer,
     ];
 }
 
@@ -58,6 +70,9 @@ impl fmt::Display for Mutation {
             Mutation::ShortPull => "short-pull",
             Mutation::IgnoreRedirect => "ignore-redirect",
             Mutation::WrongSign => "wrong-sign",
+            Mutation::AckBeforeReplicate => "ack-before-replicate",
+            Mutation::PromoteStaleReplica => "promote-stale-replica",
+            Mutation::DropDedupOnTransfer => "drop-dedup-on-transfer",
         })
     }
 }

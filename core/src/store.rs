@@ -10,8 +10,17 @@ use std::collections::BTreeMap;
 use crate::key::{Key, KeyRange};
 use crate::value::Value;
 
+/// What [`ParamStore::for_each_row_in`] calls for each row: its key, values and updater state.
+pub type RowVisitor<'a, V> = dyn FnMut(Key, &[V], &[V]) + 'a;
+
 /// A server's parameter rows: `width` values and `aux_width x width` updater state per key.
-pub trait ParamStore<V: Value>: Clone + Debug + Eq + Hash {
+///
+/// A server keeps one store per shard (ARCHITECTURE.md §8): a store is split when the ring cuts
+/// a shard in two, copied row by row when a shard moves to another server, and created empty for
+/// a shard that arrives. Nothing else is asked of it: equality and hashing, which the model
+/// checker needs, come from [`ParamStore::fingerprint`] and [`ParamStore::same_rows`], whose
+/// defaults read the rows through [`ParamStore::for_each_row_in`].
+pub trait ParamStore<V: Value>: Clone + Debug {
     /// Values of `key`, if it was ever written.
     fn get(&self, key: Key) -> Option<&[V]>;
 
@@ -21,12 +30,45 @@ pub trait ParamStore<V: Value>: Clone + Debug + Eq + Hash {
     /// Calls `f` on every stored row in `range`, in key order.
     fn for_each_in(&self, range: KeyRange, f: &mut dyn FnMut(Key, &[V]));
 
+    /// Calls `f` on every stored row in `range` with its updater state, in key order.
+    fn for_each_row_in(&self, range: KeyRange, f: &mut RowVisitor<'_, V>);
+
+    /// An empty store of the same shape.
+    fn empty(&self) -> Self;
+
+    /// Moves every row at or above `at` into a new store of the same shape.
+    fn split_off(&mut self, at: Key) -> Self;
+
     /// Number of stored keys.
     fn len(&self) -> usize;
 
     /// True when nothing is stored.
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Feeds every row (key, then the bits of its values and updater state) into `state`, so
+    /// that two stores holding the same rows hash alike however they lay them out.
+    fn fingerprint(&self, state: &mut dyn Hasher) {
+        self.for_each_row_in(KeyRange::FULL, &mut |key, row, aux| {
+            state.write_u64(key);
+            for v in row.iter().chain(aux) {
+                state.write_u64(v.to_bits());
+            }
+        });
+    }
+
+    /// True when both stores hold the same keys with the same bits.
+    fn same_rows(&self, other: &Self) -> bool {
+        let rows = |s: &Self| {
+            let mut all = Vec::new();
+            s.for_each_row_in(KeyRange::FULL, &mut |key, row, aux| {
+                all.push(key);
+                all.extend(row.iter().chain(aux).map(|v| v.to_bits()));
+            });
+            all
+        };
+        self.len() == other.len() && rows(self) == rows(other)
     }
 }
 
@@ -87,6 +129,29 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
         for (&key, &row) in self.index.range(range.start()..range.end()) {
             f(key, self.row(row));
         }
+    }
+
+    fn for_each_row_in(&self, range: KeyRange, f: &mut RowVisitor<'_, V>) {
+        for (&key, &row) in self.index.range(range.start()..range.end()) {
+            f(key, self.row(row), self.aux_row(row));
+        }
+    }
+
+    fn empty(&self) -> Self {
+        OrderedStore::new(self.width, self.aux_width)
+    }
+
+    fn split_off(&mut self, at: Key) -> Self {
+        let mut high = self.empty();
+        let mut low = self.empty();
+        for (&key, &row) in &self.index {
+            let into = if key >= at { &mut high } else { &mut low };
+            let (values, aux) = into.row_mut(key);
+            values.copy_from_slice(self.row(row));
+            aux.copy_from_slice(self.aux_row(row));
+        }
+        *self = low;
+        high
     }
 
     fn len(&self) -> usize {

@@ -8,8 +8,9 @@ use crate::value::Value;
 /// A per-coordinate update rule run on servers. Implement it for rules of your own.
 ///
 /// `aux` holds [`UpdateRule::aux_width`] values of per-coordinate state (accumulators), zero
-/// for a coordinate never updated. State must be `Eq + Hash` (compare floats by bits) so that
-/// servers stay hashable for the model checker.
+/// for a coordinate never updated. A rule's parameters never change while a server runs, so the
+/// model checker needs nothing of it beyond [`UpdateRule::fingerprint`], whose default feeds
+/// nothing in.
 ///
 /// ```
 /// use pserver_core::{UpdateRule, Updater};
@@ -18,12 +19,18 @@ use crate::value::Value;
 /// rule.apply(&mut w, &mut [], 2.0);
 /// assert_eq!(w, 0.0);
 /// ```
-pub trait UpdateRule<V: Value>: Clone + Debug + Eq + Hash {
+pub trait UpdateRule<V: Value>: Clone + Debug + PartialEq {
     /// Values of per-coordinate state the rule keeps.
     fn aux_width(&self) -> usize;
 
     /// Applies the (aggregated) pushed value `delta` to `weight`.
     fn apply(&self, weight: &mut V, aux: &mut [V], delta: V);
+
+    /// Feeds the rule's parameters into `state`, so that servers running different rules hash
+    /// apart.
+    fn fingerprint(&self, state: &mut dyn Hasher) {
+        let _ = state;
+    }
 }
 
 /// The built-in update rules.
@@ -92,6 +99,10 @@ impl Hash for Updater {
 }
 
 impl<V: Value> UpdateRule<V> for Updater {
+    fn fingerprint(&self, mut state: &mut dyn Hasher) {
+        self.bits().hash(&mut state);
+    }
+
     fn aux_width(&self) -> usize {
         match self {
             Updater::Sum | Updater::Sgd { .. } => 0,

@@ -53,19 +53,30 @@ fn slice() -> impl Strategy<Value = SliceRef> {
 }
 
 fn dedupe() -> impl Strategy<Value = Vec<DedupeRecord>> {
+    let span = (any::<u64>(), key(), key()).prop_map(|(request, first, last)| AppliedSpan {
+        request,
+        first,
+        last,
+    });
     proptest::collection::vec(
-        (
-            node(),
-            any::<u64>(),
-            proptest::collection::vec(slice(), 0..4),
-        )
-            .prop_map(|(worker, high_water, above)| DedupeRecord {
+        (node(), any::<u64>(), proptest::collection::vec(span, 0..4)).prop_map(
+            |(worker, settled_below, applied)| DedupeRecord {
                 worker,
-                high_water,
-                above,
-            }),
+                settled_below,
+                applied,
+            },
+        ),
         0..4,
     )
+}
+
+fn shard_update<V: Value + Arbitrary>() -> impl Strategy<Value = ShardUpdate<V>> {
+    prop_oneof![
+        kvs::<V>().prop_map(ShardUpdate::Apply),
+        (any::<u32>(), kvs::<V>())
+            .prop_map(|(iteration, kvs)| ShardUpdate::Buffer { iteration, kvs }),
+        any::<u32>().prop_map(ShardUpdate::ApplyBelow),
+    ]
 }
 
 fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
@@ -113,13 +124,17 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
         }),
         keys().prop_map(|k| KeySelection::Keys(KeyList::new(k).unwrap())),
     ];
-    let clocks = proptest::collection::vec(
-        (
-            node(),
-            proptest::collection::vec((range(), any::<u32>()), 0..4),
-        )
-            .prop_map(|(worker, segments)| ClockRecord { worker, segments }),
+    let pending = proptest::collection::vec(
+        (any::<u32>(), kvs::<V>()).prop_map(|(iteration, kvs)| BufferedPush { iteration, kvs }),
         0..3,
+    );
+    let replicate = (range(), any::<u64>(), shard_update::<V>(), dedupe()).prop_map(
+        |(range, seq, update, dedupe)| Replicate {
+            range,
+            seq,
+            update,
+            dedupe,
+        },
     );
     prop_oneof![
         role.prop_map(|role| Message::Register { role }),
@@ -157,34 +172,33 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
         (slice(), any::<u64>()).prop_map(|(slice, epoch)| Message::Redirect { slice, epoch }),
         any::<u32>().prop_map(|finished_below| Message::Progress { finished_below }),
         any::<u32>().prop_map(|finished_below| Message::ProgressAck { finished_below }),
-        (range(), any::<u64>(), kvs::<V>(), dedupe()).prop_map(|(range, seq, update, dedupe)| {
-            Message::Replicate(Replicate {
-                range,
-                seq,
-                update,
-                dedupe,
-            })
-        }),
-        (range(), any::<u64>()).prop_map(|(range, seq)| Message::ReplicateAck { range, seq }),
-        (
-            range(),
-            any::<u32>(),
-            any::<bool>(),
-            kvs::<V>(),
-            dedupe(),
-            clocks
+        proptest::collection::vec(replicate, 0..3)
+            .prop_map(|updates| Message::Replicate { updates }),
+        proptest::collection::vec(
+            (range(), any::<Option<u64>>()).prop_map(|(range, seq)| ShardAck { range, seq }),
+            0..3
         )
-            .prop_map(|(range, chunk, last, data, dedupe, clocks)| {
-                Message::Transfer(Transfer {
-                    range,
-                    chunk,
-                    last,
-                    data,
-                    dedupe,
-                    clocks,
-                })
-            }),
-        (range(), any::<u32>()).prop_map(|(range, chunk)| Message::TransferAck { range, chunk }),
+        .prop_map(|acks| Message::ReplicateAck { acks }),
+        (
+            (range(), any::<u64>(), kvs::<V>(), any::<bool>()),
+            pending,
+            any::<u32>(),
+            dedupe(),
+        )
+            .prop_map(
+                |((range, seq, values, with_state), pending, applied_below, dedupe)| {
+                    Message::Transfer(Transfer {
+                        range,
+                        seq,
+                        state: with_state.then(|| values.clone()),
+                        values,
+                        pending,
+                        applied_below,
+                        dedupe,
+                    })
+                }
+            ),
+        (range(), any::<u64>()).prop_map(|(range, seq)| Message::TransferAck { range, seq }),
     ]
 }
 
@@ -390,11 +404,11 @@ fn a_reversed_key_range_is_refused() {
         0,
         Message::TransferAck {
             range: KeyRange::new(3, 9).unwrap(),
-            chunk: 0,
+            seq: 0,
         },
     );
     let mut frame = Codec::default().encode(&env).unwrap().to_vec();
-    // The range is (3, 9) followed by chunk 0: swap the bounds.
+    // The range is (3, 9) followed by seq 0: swap the bounds.
     let n = frame.len();
     assert_eq!(&frame[n - 3..], &[3, 9, 0]);
     frame[n - 3] = 9;
@@ -421,7 +435,7 @@ fn unknown_message_kinds_are_refused() {
         0,
         Message::TransferAck {
             range: KeyRange::new(0, 0).unwrap(),
-            chunk: 0,
+            seq: 0,
         },
     );
     let frame = Codec::default().encode(&last).unwrap();

@@ -149,7 +149,7 @@ fn id_of(node: pserver_core::NodeId) -> Id {
 fn forward(effects: &mut Effects<i64>, settings: &Settings, o: &mut Out<ClusterActor>) {
     let modelled = |t: TimerId| match t {
         TimerId::Heartbeat | TimerId::FailureCheck => settings.failure_detection,
-        TimerId::Retransmit => settings.retransmission,
+        TimerId::Retransmit | TimerId::Replicate => settings.retransmission,
         TimerId::Register => settings.retransmission,
     };
     for env in effects.sends.drain(..) {

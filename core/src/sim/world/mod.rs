@@ -34,7 +34,7 @@ use crate::worker::{Worker, WorkerConfig};
 #[derive(Clone, Debug)]
 enum Packet {
     Frame(Bytes),
-    Envelope(Envelope<f64>),
+    Envelope(Box<Envelope<f64>>),
 }
 
 #[derive(Clone, Debug)]
@@ -430,7 +430,7 @@ impl<'a> World<'a> {
                         }
                         match packet {
                             Packet::Frame(frame) => d.handle_frame(now, from, &frame),
-                            Packet::Envelope(env) => d.handle_message(now, env),
+                            Packet::Envelope(env) => d.handle_message(now, *env),
                         }
                     }
                 }
@@ -497,7 +497,7 @@ impl<'a> World<'a> {
                 }
             } else {
                 while let Some(env) = d.poll_message() {
-                    packets.push((env.to, Packet::Envelope(env)));
+                    packets.push((env.to, Packet::Envelope(Box::new(env))));
                 }
             }
             let events: Vec<Event<f64>> = std::iter::from_fn(|| d.poll_event()).collect();
@@ -629,7 +629,7 @@ impl<'a> World<'a> {
                     app.crashed = true;
                 }
             }
-            Event::NodeDead(_) | Event::Refused { .. } => {}
+            Event::NodeDead(_) | Event::RingDegraded(_) | Event::Refused { .. } => {}
         }
         Ok(())
     }

@@ -1,22 +1,28 @@
-//! The server: holds a share of the parameters, applies pushes through its update rule, and
-//! answers pulls once the job's consistency model allows.
+//! The server: holds shards of the parameters, applies pushes through its update rule,
+//! replicates them, and answers pulls once the job's consistency model allows.
 
+mod replication;
+mod shard;
+
+use core::hash::{Hash, Hasher};
 use std::collections::BTreeMap;
 
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
-use crate::dedupe::DedupeWindow;
 use crate::effects::{Effects, Event, Refusal, TimerId};
 use crate::key::{Key, KeyRange};
 use crate::kv::KvPairs;
 use crate::message::{
-    ClusterConfig, Envelope, KeySelection, Message, Pull, PullReply, Push, SliceRef,
+    ClusterConfig, Envelope, KeySelection, Message, Pull, PullReply, Push, Replicate, ShardUpdate,
+    SliceRef,
 };
 use crate::node::{Epoch, Iteration, NodeId, Role, Time};
 use crate::store::{OrderedStore, ParamStore};
 use crate::timing::Timing;
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
+
+use shard::Shard;
 
 /// Messages kept while a server waits for a configuration; beyond this, retransmission recovers.
 const MAX_EARLY: usize = 64;
@@ -71,28 +77,81 @@ struct HeldPull {
 /// [`Server::on_timer`] whenever a timer it set fires; after each call, carry out the
 /// [`Effects`].
 ///
-/// Invariants: a push slice `(worker, request, slice)` is applied at most once (a duplicate is
-/// acknowledged again, never applied again); a pull from iteration `c` is answered only when
-/// every live worker has finished every iteration below `c - tau` (and, in sequential mode, the
-/// server has applied them).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// A server holds *shards*: one per key range it is the primary or a replica of, each with its
+/// rows, its buffered deltas, its de-duplication state and its update order
+/// (ARCHITECTURE.md §8). The primary of a range applies pushes and streams each step to the
+/// range's replicas, and acknowledges a push only once every replica has it.
+///
+/// Invariants: the rows of a worker's push request are applied at most once per key (a resend
+/// is acknowledged again, never applied again, whichever server holds the range by then); an
+/// acknowledged push is held by the range's primary and every replica; a pull from iteration
+/// `c` is answered only when every live worker has finished every iteration below `c - tau`
+/// (and, in sequential mode, the server has applied them).
+#[derive(Clone, Debug)]
 pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = OrderedStore<V>> {
     cfg: ServerConfig,
     updater: U,
     cluster: Option<Cluster>,
-    store: S,
-    /// Sequential mode: pushes buffered per iteration until every live worker finished it.
-    pending: BTreeMap<Iteration, Vec<KvPairs<V>>>,
-    /// Sequential mode: every iteration below this is applied.
-    applied_below: Iteration,
+    /// Rows to start from, moved into the shards of the first configuration; afterwards an
+    /// empty store that new shards are cut from.
+    template: S,
+    /// By range start; the ranges are disjoint.
+    shards: BTreeMap<Key, Shard<V, S>>,
     /// Per worker: every iteration below this is finished.
     progress: BTreeMap<NodeId, Iteration>,
-    dedupe: BTreeMap<NodeId, DedupeWindow>,
     held: BTreeMap<(NodeId, SliceRef), HeldPull>,
+    /// Push slices taken in but not acknowledged yet: each waits until every replica of the
+    /// named shards has applied the named update.
+    unreplicated: BTreeMap<(NodeId, SliceRef), Vec<(KeyRange, u64)>>,
+    /// Whether the replication timer is set.
+    replication_timer: bool,
+    /// Started with a configuration in force: the job is starting, every shard is empty.
+    started_configured: bool,
     /// Messages from senders with a newer configuration than ours, replayed once we have it.
     early: Vec<Envelope<V>>,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
+}
+
+impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> PartialEq for Server<V, U, S> {
+    fn eq(&self, other: &Self) -> bool {
+        #[cfg(feature = "mutations")]
+        let same_mutation = self.mutation == other.mutation;
+        #[cfg(not(feature = "mutations"))]
+        let same_mutation = true;
+        same_mutation
+            && self.cfg == other.cfg
+            && self.updater == other.updater
+            && self.cluster == other.cluster
+            && self.template.same_rows(&other.template)
+            && self.shards == other.shards
+            && self.progress == other.progress
+            && self.held == other.held
+            && self.unreplicated == other.unreplicated
+            && self.replication_timer == other.replication_timer
+            && self.started_configured == other.started_configured
+            && self.early == other.early
+    }
+}
+
+impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Eq for Server<V, U, S> {}
+
+impl<V: Value + Hash, U: UpdateRule<V>, S: ParamStore<V>> Hash for Server<V, U, S> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.cfg.hash(state);
+        self.updater.fingerprint(state);
+        self.cluster.hash(state);
+        self.template.fingerprint(state);
+        self.shards.hash(state);
+        self.progress.hash(state);
+        self.held.hash(state);
+        self.unreplicated.hash(state);
+        self.replication_timer.hash(state);
+        self.started_configured.hash(state);
+        self.early.hash(state);
+        #[cfg(feature = "mutations")]
+        self.mutation.hash(state);
+    }
 }
 
 impl<V: Value, U: UpdateRule<V>> Server<V, U, OrderedStore<V>> {
@@ -104,18 +163,20 @@ impl<V: Value, U: UpdateRule<V>> Server<V, U, OrderedStore<V>> {
 }
 
 impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
-    /// A server keeping its parameters in `store`.
+    /// A server keeping its parameters in stores shaped like `store`; rows already in `store`
+    /// are the starting values of the keys this server holds in the job's first configuration.
     pub fn with_store(cfg: ServerConfig, updater: U, store: S) -> Self {
         Server {
             cfg,
             updater,
             cluster: None,
-            store,
-            pending: BTreeMap::new(),
-            applied_below: 0,
+            template: store,
+            shards: BTreeMap::new(),
             progress: BTreeMap::new(),
-            dedupe: BTreeMap::new(),
             held: BTreeMap::new(),
+            unreplicated: BTreeMap::new(),
+            replication_timer: false,
+            started_configured: false,
             early: Vec::new(),
             #[cfg(feature = "mutations")]
             mutation: None,
@@ -138,19 +199,27 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.cluster.as_ref().map_or(0, Cluster::epoch)
     }
 
-    /// The stored values of `key`, if it was ever written.
+    fn shard_of(&self, key: Key) -> Option<&Shard<V, S>> {
+        self.shards
+            .range(..=key)
+            .next_back()
+            .map(|(_, s)| s)
+            .filter(|s| s.range.contains(key))
+    }
+
+    /// The stored values of `key`, if it was ever written to a shard this server holds.
     pub fn value(&self, key: Key) -> Option<&[V]> {
-        self.store.get(key)
+        self.shard_of(key)?.store.get(key)
     }
 
     /// Every value received for `key`: stored plus buffered for a later iteration. Pushes are
     /// counted here exactly once, which is what exactly-once checks compare (with [`Updater::Sum`]).
     pub fn received_total(&self, key: Key) -> Vec<V> {
-        let mut total: Vec<V> = self
-            .store
-            .get(key)
+        let shard = self.shard_of(key);
+        let mut total: Vec<V> = shard
+            .and_then(|s| s.store.get(key))
             .map_or_else(|| vec![V::default(); self.cfg.width], <[V]>::to_vec);
-        for kvs in self.pending.values().flatten() {
+        for kvs in shard.iter().flat_map(|s| s.pending.values().flatten()) {
             if let Some(row) = kvs.get(key) {
                 for (t, &d) in total.iter_mut().zip(row) {
                     *t = t.add(d);
@@ -160,9 +229,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         total
     }
 
-    /// Sequential mode: every iteration below this one has been applied.
+    /// Sequential mode: every iteration below this one has been applied on every shard this
+    /// server is the primary of (0 when it is the primary of none).
     pub fn applied_below(&self) -> Iteration {
-        self.applied_below
+        self.shards
+            .values()
+            .filter(|s| s.is_primary())
+            .map(|s| s.applied_below)
+            .min()
+            .unwrap_or(0)
     }
 
     /// Pulls held back by the consistency model.
@@ -170,9 +245,23 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.held.len()
     }
 
-    /// Push slices remembered for de-duplication, over all workers.
+    /// Key spans remembered for de-duplication, over all shards and workers.
     pub fn dedupe_entries(&self) -> usize {
-        self.dedupe.values().map(DedupeWindow::len).sum()
+        self.shards
+            .values()
+            .flat_map(|s| s.dedupe.values())
+            .map(crate::dedupe::DedupeWindow::len)
+            .sum()
+    }
+
+    /// The key ranges of the shards this server holds, each with whether it is their primary.
+    pub fn shards(&self) -> impl Iterator<Item = (KeyRange, bool)> + '_ {
+        self.shards.values().map(|s| (s.range, s.is_primary()))
+    }
+
+    /// Push slices taken in and waiting for their replicas before they are acknowledged.
+    pub fn unreplicated_pushes(&self) -> usize {
+        self.unreplicated.len()
     }
 
     /// Registers with the coordinator and starts heartbeats. Call once, first.
@@ -184,7 +273,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// Starts with `config` already in force (static membership, e.g. from
     /// [`crate::Coordinator::bootstrapped`]) instead of registering. Call once, first, instead
     /// of `start`.
+    ///
+    /// Only for a job that is starting: the server takes every shard of `config` to be empty
+    /// and its replicas in step. A server restarted while a job runs must register instead
+    /// (it then joins as a new member).
     pub fn start_configured(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
+        self.started_configured = true;
         self.adopt(now, config.coordinator, config, out);
         out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
     }
@@ -208,6 +302,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     pub fn on_timer(&mut self, now: Time, timer: TimerId, out: &mut Effects<V>) {
         match timer {
             TimerId::Register if self.cluster.is_none() => self.register(now, out),
+            TimerId::Replicate => {
+                self.replication_timer = false;
+                self.resend_replication(out);
+                self.arm_replication(now, out);
+            }
             TimerId::Heartbeat => {
                 let body = Message::Heartbeat { sent_at: now };
                 self.send(self.cfg.coordinator, body, out);
@@ -249,20 +348,52 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let Some(cluster) = &self.cluster else {
             return;
         };
-        if !cluster.is_worker(from) {
-            out.refuse(from, Refusal::UnknownSender);
-            return;
-        }
+        let from_server = cluster.servers().contains(&from);
         match env.body {
-            Message::Push(push) => self.on_push(from, push, out),
+            Message::Push(_) | Message::Pull(_) | Message::Progress { .. }
+                if !cluster.is_worker(from) =>
+            {
+                out.refuse(from, Refusal::UnknownSender);
+            }
+            Message::Replicate { .. }
+            | Message::ReplicateAck { .. }
+            | Message::Transfer(_)
+            | Message::TransferAck { .. }
+                if !from_server =>
+            {
+                out.refuse(from, Refusal::UnknownSender);
+            }
+            Message::Replicate { .. }
+            | Message::ReplicateAck { .. }
+            | Message::Transfer(_)
+            | Message::TransferAck { .. }
+                if env.epoch < cluster.epoch() =>
+            {
+                // Sent under a configuration that no longer holds (the sender may have lost the
+                // range since): it learns the new one from the coordinator and sends again.
+                out.refuse(
+                    from,
+                    Refusal::StaleEpoch {
+                        epoch: env.epoch,
+                        current: cluster.epoch(),
+                    },
+                );
+            }
+            Message::Push(push) => self.on_push(now, from, push, out),
             Message::Pull(pull) => self.on_pull(from, pull, out),
             Message::Progress { finished_below } => {
                 let p = self.progress.entry(from).or_default();
                 *p = (*p).max(finished_below);
                 let body = Message::ProgressAck { finished_below: *p };
                 self.send(from, body, out);
-                self.apply_finished_iterations();
+                self.apply_finished_iterations(now, out);
                 self.answer_held(out);
+            }
+            Message::Replicate { updates } => self.on_replicate(from, updates, out),
+            Message::ReplicateAck { acks } => self.on_replicate_ack(now, from, &acks, out),
+            Message::Transfer(copy) => self.on_transfer(from, copy, out),
+            Message::TransferAck { range, seq } => {
+                self.on_transfer_ack(now, from, range, seq, out);
             }
             _ => out.refuse(from, Refusal::Unexpected),
         }
@@ -278,14 +409,18 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         // De-duplication windows are kept even for removed workers: forgetting one would let a
         // late duplicate be applied again if the worker ever came back.
         self.held.retain(|(w, _), _| cluster.is_worker(*w));
+        let fresh_start = first && (self.started_configured || cluster.epoch() == 1);
         self.cluster = Some(cluster);
+        self.reshard(fresh_start);
+        self.resend_replication(out);
         if first {
             out.cancel_timer(TimerId::Register);
             out.emit(Event::Ready {
                 epoch: self.epoch(),
             });
         }
-        self.apply_finished_iterations();
+        self.apply_finished_iterations(now, out);
+        self.arm_replication(now, out);
         self.answer_held(out);
         let now_current: Vec<Envelope<V>> = {
             let epoch = self.epoch();
@@ -312,6 +447,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .is_some_and(|c| c.primary(key) == self.cfg.id)
     }
 
+    /// Whether a push or pull may be served, or must be redirected.
+    fn owns_all(&self, keys: &[Key]) -> bool {
+        keys.iter().all(|&k| self.owns(k))
+    }
+
     fn owns_range(&self, range: KeyRange) -> bool {
         self.cluster.as_ref().is_some_and(|c| {
             c.ring
@@ -328,14 +468,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.send(to, body, out);
     }
 
-    fn on_push(&mut self, from: NodeId, push: Push<V>, out: &mut Effects<V>) {
-        let window = self.dedupe.entry(from).or_default();
-        window.settle(push.settled_below);
-        if window.is_duplicate(push.slice) && !mutated!(self, NoDedupe) {
-            self.send(from, Message::PushAck(push.slice), out);
-            return;
-        }
-        if !push.kvs.keys().iter().all(|&k| self.owns(k)) {
+    fn on_push(&mut self, now: Time, from: NodeId, push: Push<V>, out: &mut Effects<V>) {
+        if !self.owns_all(push.kvs.keys()) {
             self.redirect(from, push.slice, out);
             return;
         }
@@ -344,39 +478,83 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             out.refuse(from, Refusal::ForeignJob);
             return;
         }
-        if self.consistency() == Consistency::Sequential && push.iteration >= self.applied_below {
-            self.pending
-                .entry(push.iteration)
-                .or_default()
-                .push(push.kvs);
+        let Some(span) = push.kvs.span() else {
+            self.send(from, Message::PushAck(push.slice), out);
+            return;
+        };
+        let sequential = self.consistency() == Consistency::Sequential;
+        let starts: Vec<Key> = self.shard_starts_in(span);
+        let mut waits = Vec::new();
+        let mut updates = Vec::new();
+        for start in starts {
+            let Some(shard) = self.shards.get_mut(&start) else {
+                continue;
+            };
+            // The span of the push may reach over ranges this server only replicates; the
+            // ownership check above leaves no rows there.
+            if !shard.is_primary() || push.kvs.slice(shard.range).is_empty() {
+                continue;
+            }
+            if let Some(window) = shard.dedupe.get_mut(&from) {
+                window.settle(push.settled_below);
+            }
+            let dedupe = !mutated!(self, NoDedupe);
+            let fresh = shard.fresh_rows(from, push.slice.request, &push.kvs, dedupe);
+            if !fresh.is_empty() {
+                let update = if sequential && push.iteration >= shard.applied_below {
+                    ShardUpdate::Buffer {
+                        iteration: push.iteration,
+                        kvs: fresh.clone(),
+                    }
+                } else {
+                    ShardUpdate::Apply(fresh.clone())
+                };
+                let record = shard.record_of(from, push.settled_below, push.slice.request, &fresh);
+                let entry = Replicate {
+                    range: shard.range,
+                    seq: shard.seq + 1,
+                    update,
+                    dedupe: vec![record],
+                };
+                updates.push(entry);
+            }
+            // A resend waits for the replicas too: they may not have its rows yet.
+            waits.push((shard.range, shard.seq + u64::from(!fresh.is_empty())));
+        }
+        for entry in updates {
+            self.commit(entry, out);
+        }
+        waits.retain(|&(range, seq)| !self.replicated(range, seq));
+        if waits.is_empty() || mutated!(self, AckBeforeReplicate) {
+            self.send(from, Message::PushAck(push.slice), out);
         } else {
-            self.apply(&push.kvs);
+            self.unreplicated.insert((from, push.slice), waits);
+            self.arm_replication(now, out);
         }
-        if let Some(window) = self.dedupe.get_mut(&from) {
-            window.record(push.slice);
-        }
-        self.send(from, Message::PushAck(push.slice), out);
     }
 
-    fn apply(&mut self, kvs: &KvPairs<V>) {
-        let aux_width = self.updater.aux_width();
-        for (key, deltas) in kvs.iter() {
-            let (row, aux) = self.store.row_mut(key);
-            for (j, (w, &d)) in row.iter_mut().zip(deltas).enumerate() {
-                let d = if mutated!(self, WrongSign) {
-                    V::default().sub(d)
-                } else {
-                    d
-                };
-                self.updater
-                    .apply(w, &mut aux[j * aux_width..(j + 1) * aux_width], d);
-            }
-        }
+    /// Starts of the shards overlapping `range`, in key order.
+    fn shard_starts_in(&self, range: KeyRange) -> Vec<Key> {
+        let first = self
+            .shards
+            .range(..=range.start())
+            .next_back()
+            .filter(|(_, s)| s.range.end() > range.start())
+            .map(|(&k, _)| k);
+        first
+            .into_iter()
+            .chain(
+                self.shards
+                    .range(range.start()..range.end())
+                    .map(|(&k, _)| k)
+                    .filter(|&k| Some(k) != first),
+            )
+            .collect()
     }
 
     /// Sequential mode: applies, in order, each buffered iteration that every live worker has
     /// finished, aggregated over workers so that the update rule sees one sum per key.
-    fn apply_finished_iterations(&mut self) {
+    fn apply_finished_iterations(&mut self, now: Time, out: &mut Effects<V>) {
         let Some(cluster) = &self.cluster else {
             return;
         };
@@ -391,12 +569,23 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         else {
             return;
         };
-        while self.applied_below < done_below {
-            if let Some(batch) = self.pending.remove(&self.applied_below) {
-                let summed = sum_by_key(&batch, self.cfg.width);
-                self.apply(&summed);
-            }
-            self.applied_below += 1;
+        let behind: Vec<Replicate<V>> = self
+            .shards
+            .values()
+            .filter(|s| s.is_primary() && s.applied_below < done_below)
+            .map(|s| Replicate {
+                range: s.range,
+                seq: s.seq + 1,
+                update: ShardUpdate::ApplyBelow(done_below),
+                dedupe: Vec::new(),
+            })
+            .collect();
+        let any = !behind.is_empty();
+        for entry in behind {
+            self.commit(entry, out);
+        }
+        if any {
+            self.arm_replication(now, out);
         }
     }
 
@@ -414,12 +603,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .iter()
             .filter(|&&w| w == asking || !mutated!(self, OwnProgressOnly))
             .all(|w| self.progress.get(w).copied().unwrap_or(0) >= required);
-        workers_done && (consistency != Consistency::Sequential || self.applied_below >= required)
+        workers_done && (consistency != Consistency::Sequential || self.applied_below() >= required)
     }
 
     fn on_pull(&mut self, from: NodeId, pull: Pull, out: &mut Effects<V>) {
         let owned = match &pull.keys {
-            KeySelection::Keys(keys) => keys.keys().iter().all(|&k| self.owns(k)),
+            KeySelection::Keys(keys) => self.owns_all(keys.keys()),
             KeySelection::Ranges(ranges) => ranges.ranges().iter().all(|&r| self.owns_range(r)),
         };
         if !owned {
@@ -461,7 +650,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 keys.extend_from_slice(list.keys());
                 values.reserve(keys.len() * width);
                 for &k in list.keys() {
-                    match self.store.get(k) {
+                    match self.value(k) {
                         Some(row) => values.extend_from_slice(row),
                         None => values.resize(values.len() + width, V::default()),
                     }
@@ -470,17 +659,25 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             KeySelection::Ranges(ranges) => {
                 // Beyond the rows one message may carry, remember only where to resume.
                 let most = self.cfg.rows_per_reply::<V>();
-                for &r in ranges.ranges() {
-                    self.store.for_each_in(r, &mut |k, row| {
-                        if keys.len() < most {
-                            keys.push(k);
-                            values.extend_from_slice(row);
-                        } else if resume.is_none() {
-                            resume = Some(k);
+                'ranges: for &r in ranges.ranges() {
+                    for start in self.shard_starts_in(r) {
+                        let Some(shard) = self.shards.get(&start) else {
+                            continue;
+                        };
+                        let Some(part) = shard.range.intersect(r) else {
+                            continue;
+                        };
+                        shard.store.for_each_in(part, &mut |k, row| {
+                            if keys.len() < most {
+                                keys.push(k);
+                                values.extend_from_slice(row);
+                            } else if resume.is_none() {
+                                resume = Some(k);
+                            }
+                        });
+                        if resume.is_some() {
+                            break 'ranges;
                         }
-                    });
-                    if resume.is_some() {
-                        break;
                     }
                 }
             }
@@ -494,28 +691,4 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         });
         self.send(to, body, out);
     }
-}
-
-/// Sums several sparse vectors key-wise into one, in key order.
-fn sum_by_key<V: Value>(batch: &[KvPairs<V>], width: usize) -> KvPairs<V> {
-    let mut rows: Vec<(Key, &[V])> = batch
-        .iter()
-        .filter(|kvs| kvs.width() == width)
-        .flat_map(|kvs| kvs.iter())
-        .collect();
-    rows.sort_by_key(|&(k, _)| k);
-    let mut keys: Vec<Key> = Vec::with_capacity(rows.len());
-    let mut values: Vec<V> = Vec::with_capacity(rows.len() * width);
-    for (k, row) in rows {
-        if keys.last() == Some(&k) {
-            let start = values.len() - width;
-            for (acc, &v) in values[start..].iter_mut().zip(row) {
-                *acc = acc.add(v);
-            }
-        } else {
-            keys.push(k);
-            values.extend_from_slice(row);
-        }
-    }
-    KvPairs::from_validated(keys, values, width)
 }

@@ -1,0 +1,424 @@
+//! Shards on the move: how a primary streams its update order to the replicas, how a replica
+//! follows it, and how a server re-cuts its shards when the ring changes (ARCHITECTURE.md §8).
+
+use std::collections::BTreeMap;
+
+use crate::effects::{Effects, Refusal, TimerId};
+use crate::key::{Key, KeyRange};
+use crate::message::{Message, Replicate, ShardAck, Transfer};
+use crate::node::{NodeId, Time};
+use crate::store::ParamStore;
+use crate::updater::UpdateRule;
+use crate::value::Value;
+
+use super::Server;
+use super::shard::{ReplicaState, Shard, ShardRole, restrict};
+
+impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
+    fn negate(&self) -> bool {
+        mutated!(self, WrongSign)
+    }
+
+    /// Applies `entry` to the primary shard it names and streams it to the replicas that are
+    /// in step; the others catch up from the log or a copy.
+    pub(super) fn commit(&mut self, entry: Replicate<V>, out: &mut Effects<V>) {
+        let negate = self.negate();
+        let Some(shard) = self.shards.get_mut(&entry.range.start()) else {
+            return;
+        };
+        shard.apply_update(&entry, &self.updater, negate);
+        let ShardRole::Primary { log, replicas } = &mut shard.role else {
+            return;
+        };
+        if replicas.is_empty() {
+            return;
+        }
+        let in_step: Vec<NodeId> = replicas
+            .iter()
+            .filter(|(_, r)| matches!(r, ReplicaState::Acked(_)))
+            .map(|(&n, _)| n)
+            .collect();
+        log.push(entry.clone());
+        for replica in in_step {
+            let body = Message::Replicate {
+                updates: vec![entry.clone()],
+            };
+            self.send(replica, body, out);
+        }
+    }
+
+    /// True when every shard overlapping `range` is a primary shard whose replicas all applied
+    /// update `seq`.
+    pub(super) fn replicated(&self, range: KeyRange, seq: u64) -> bool {
+        self.shard_starts_in(range)
+            .iter()
+            .filter_map(|s| self.shards.get(s))
+            .all(|s| s.replicated(seq))
+    }
+
+    /// Acknowledges the pushes whose updates every replica now has.
+    fn ack_replicated(&mut self, out: &mut Effects<V>) {
+        let done: Vec<(NodeId, crate::message::SliceRef)> = self
+            .unreplicated
+            .iter()
+            .filter(|(_, waits)| waits.iter().all(|&(r, seq)| self.replicated(r, seq)))
+            .map(|(&k, _)| k)
+            .collect();
+        for (worker, slice) in done {
+            self.unreplicated.remove(&(worker, slice));
+            self.send(worker, Message::PushAck(slice), out);
+        }
+    }
+
+    /// Sets the replication timer while some replica is behind.
+    pub(super) fn arm_replication(&mut self, now: Time, out: &mut Effects<V>) {
+        let behind = self.shards.values().any(|s| match &s.role {
+            ShardRole::Primary { replicas, .. } => replicas
+                .values()
+                .any(|r| !matches!(r, ReplicaState::Acked(a) if *a >= s.seq)),
+            ShardRole::Replica { .. } => false,
+        });
+        if behind && !self.replication_timer {
+            self.replication_timer = true;
+            out.set_timer(TimerId::Replicate, now + self.cfg.timing.rto_initial);
+        }
+    }
+
+    /// Sends every replica that is behind what it misses: the logged updates it lacks, or the
+    /// whole shard when the log no longer reaches back far enough (or it holds no copy).
+    pub(super) fn resend_replication(&mut self, out: &mut Effects<V>) {
+        let width = self.cfg.width;
+        let aux_width = self.updater.aux_width();
+        let drop_dedupe = mutated!(self, DropDedupOnTransfer);
+        let mut sends: Vec<(NodeId, Message<V>)> = Vec::new();
+        for shard in self.shards.values_mut() {
+            let seq = shard.seq;
+            let copy_needed: Vec<NodeId> = match &shard.role {
+                ShardRole::Primary { log, replicas } => replicas
+                    .iter()
+                    .filter_map(|(&n, r)| match *r {
+                        ReplicaState::Acked(a) if a >= seq => None,
+                        ReplicaState::Acked(a) if log.first().is_some_and(|e| e.seq <= a + 1) => {
+                            let updates = log.iter().filter(|e| e.seq > a).cloned().collect();
+                            sends.push((n, Message::Replicate { updates }));
+                            None
+                        }
+                        _ => Some(n),
+                    })
+                    .collect(),
+                ShardRole::Replica { .. } => continue,
+            };
+            if copy_needed.is_empty() {
+                continue;
+            }
+            let mut copy = shard.copy(width, aux_width);
+            if drop_dedupe {
+                copy.dedupe.clear();
+            }
+            if let ShardRole::Primary { replicas, .. } = &mut shard.role {
+                for n in copy_needed {
+                    replicas.insert(n, ReplicaState::Copying(seq));
+                    sends.push((n, Message::Transfer(copy.clone())));
+                }
+            }
+            shard.trim_log();
+        }
+        for (to, body) in sends {
+            self.send(to, body, out);
+        }
+    }
+
+    /// A replica takes in its primary's updates, in order, and says how far it has come.
+    pub(super) fn on_replicate(
+        &mut self,
+        from: NodeId,
+        updates: Vec<Replicate<V>>,
+        out: &mut Effects<V>,
+    ) {
+        let negate = self.negate();
+        let mut acks = Vec::new();
+        for entry in updates {
+            if !self.is_replica_of(from, entry.range) {
+                out.refuse(from, Refusal::Unexpected);
+                continue;
+            }
+            self.split_shards_at(entry.range.start());
+            self.split_shards_at(entry.range.end());
+            let starts = self.shard_starts_in(entry.range);
+            let covered: u64 = starts
+                .iter()
+                .filter_map(|s| self.shards.get(s))
+                .filter(|s| matches!(s.role, ShardRole::Replica { primary, synced: true } if primary == from))
+                .map(|s| s.range.len())
+                .sum();
+            if covered < entry.range.len() {
+                acks.push(ShardAck {
+                    range: entry.range,
+                    seq: None,
+                });
+                continue;
+            }
+            let mut seq = u64::MAX;
+            for start in starts {
+                if let Some(shard) = self.shards.get_mut(&start) {
+                    if entry.seq == shard.seq + 1 {
+                        shard.apply_update(&restrict(&entry, shard.range), &self.updater, negate);
+                    }
+                    seq = seq.min(shard.seq);
+                }
+            }
+            acks.push(ShardAck {
+                range: entry.range,
+                seq: Some(seq),
+            });
+        }
+        if !acks.is_empty() {
+            self.send(from, Message::ReplicateAck { acks }, out);
+        }
+    }
+
+    /// True when, under this server's configuration, `primary` is the primary of every key of
+    /// `range` and this server one of its replicas.
+    fn is_replica_of(&self, primary: NodeId, range: KeyRange) -> bool {
+        let me = self.cfg.id;
+        self.cluster.as_ref().is_some_and(|c| {
+            c.ring
+                .segments_in(range)
+                .all(|(_, owners)| owners[0] == primary && owners[1..].contains(&me))
+        })
+    }
+
+    /// A primary learns how far a replica has come.
+    pub(super) fn on_replicate_ack(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        acks: &[ShardAck],
+        out: &mut Effects<V>,
+    ) {
+        for ack in acks {
+            self.set_replica_state(from, ack.range, |state| match (state, ack.seq) {
+                (ReplicaState::Acked(a), Some(s)) => ReplicaState::Acked(a.max(s)),
+                (_, Some(s)) => ReplicaState::Acked(s),
+                (ReplicaState::Acked(_), None) => ReplicaState::NeedsCopy,
+                (copying, None) => copying,
+            });
+        }
+        self.ack_replicated(out);
+        self.arm_replication(now, out);
+    }
+
+    fn set_replica_state(
+        &mut self,
+        replica: NodeId,
+        range: KeyRange,
+        next: impl Fn(ReplicaState) -> ReplicaState,
+    ) {
+        for start in self.shard_starts_in(range) {
+            let Some(shard) = self.shards.get_mut(&start) else {
+                continue;
+            };
+            if !range.covers(shard.range) {
+                continue;
+            }
+            if let ShardRole::Primary { replicas, .. } = &mut shard.role {
+                if let Some(state) = replicas.get_mut(&replica) {
+                    *state = next(*state);
+                }
+            }
+            shard.trim_log();
+        }
+    }
+
+    /// A new holder installs a whole shard from the range's primary.
+    pub(super) fn on_transfer(&mut self, from: NodeId, copy: Transfer<V>, out: &mut Effects<V>) {
+        let range = copy.range;
+        let seq = copy.seq;
+        if !self.is_replica_of(from, range) {
+            return out.refuse(from, Refusal::Unexpected);
+        }
+        self.split_shards_at(range.start());
+        self.split_shards_at(range.end());
+        let starts = self.shard_starts_in(range);
+        let newer_held = starts.iter().filter_map(|s| self.shards.get(s)).any(|s| {
+            matches!(s.role, ShardRole::Replica { primary, synced: true } if primary == from)
+                && s.seq > seq
+        });
+        if !newer_held {
+            let role = ShardRole::Replica {
+                primary: from,
+                synced: true,
+            };
+            let store = self.template.empty();
+            let (width, aux_width) = (self.cfg.width, self.updater.aux_width());
+            let Some(shard) = Shard::from_copy(copy, store, width, aux_width, role) else {
+                return out.refuse(from, Refusal::BadAnswer);
+            };
+            for start in starts {
+                self.shards.remove(&start);
+            }
+            self.shards.insert(range.start(), shard);
+        }
+        self.send(from, Message::TransferAck { range, seq }, out);
+    }
+
+    /// A primary learns that a replica installed its copy, and sends what came after it.
+    pub(super) fn on_transfer_ack(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        range: KeyRange,
+        seq: u64,
+        out: &mut Effects<V>,
+    ) {
+        self.set_replica_state(from, range, |state| match state {
+            ReplicaState::Acked(a) => ReplicaState::Acked(a.max(seq)),
+            _ => ReplicaState::Acked(seq),
+        });
+        self.resend_replication(out);
+        self.ack_replicated(out);
+        self.arm_replication(now, out);
+    }
+
+    /// Cuts the shard holding `at` in two there, if `at` falls inside it.
+    pub(super) fn split_shards_at(&mut self, at: Key) {
+        let Some((&start, shard)) = self.shards.range_mut(..at).next_back() else {
+            return;
+        };
+        if shard.range.end() > at && start < at {
+            let high = shard.split_off(at);
+            self.shards.insert(at, high);
+        }
+    }
+
+    /// Re-cuts the shards along the ring in force and sets each one's role: a replica whose
+    /// primary left becomes primary, a new replica waits for a copy, shards of ranges this
+    /// server no longer holds are dropped. At a job's start every shard is created empty, with
+    /// every replica in step.
+    pub(super) fn reshard(&mut self, fresh_start: bool) {
+        let me = self.cfg.id;
+        let promote_stale = mutated!(self, PromoteStaleReplica);
+        let Some(cluster) = self.cluster.as_ref() else {
+            return;
+        };
+        let segments: Vec<(KeyRange, Vec<NodeId>)> = cluster
+            .ring
+            .segments()
+            .filter(|(_, owners)| owners.contains(&me))
+            .map(|(r, o)| (r, o.to_vec()))
+            .collect();
+        let bounds: Vec<Key> = cluster.ring.segments().map(|(r, _)| r.start()).collect();
+        for b in bounds {
+            self.split_shards_at(b);
+        }
+        let Some(cluster) = self.cluster.as_ref() else {
+            return;
+        };
+        let owners_of = |key: Key| -> Vec<NodeId> { cluster.ring.owners(key).to_vec() };
+        let mut gone = Vec::new();
+        for (&start, shard) in &mut self.shards {
+            let owners = owners_of(start);
+            match owners.iter().position(|&n| n == me) {
+                None => gone.push(start),
+                Some(0) => {
+                    let replicas: BTreeMap<NodeId, ReplicaState> = owners[1..]
+                        .iter()
+                        .map(|&n| {
+                            let kept = match &shard.role {
+                                ShardRole::Primary { replicas, .. } => replicas.get(&n).copied(),
+                                ShardRole::Replica { .. } => None,
+                            };
+                            let stale_ok = ReplicaState::Acked(shard.seq);
+                            let fresh = if promote_stale {
+                                stale_ok
+                            } else {
+                                ReplicaState::NeedsCopy
+                            };
+                            (n, kept.unwrap_or(fresh))
+                        })
+                        .collect();
+                    let log = match &mut shard.role {
+                        ShardRole::Primary { log, .. } => core::mem::take(log),
+                        ShardRole::Replica { .. } => Vec::new(),
+                    };
+                    shard.role = ShardRole::Primary { log, replicas };
+                    shard.trim_log();
+                }
+                Some(_) => {
+                    let kept = matches!(shard.role, ShardRole::Replica { primary, .. } if primary == owners[0]);
+                    if !kept {
+                        shard.role = ShardRole::Replica {
+                            primary: owners[0],
+                            synced: false,
+                        };
+                    }
+                }
+            }
+        }
+        for start in gone {
+            self.shards.remove(&start);
+        }
+        for (range, owners) in segments {
+            for gap in self.gaps_in(range) {
+                let role = if owners[0] == me {
+                    let start_as = if fresh_start || promote_stale {
+                        ReplicaState::Acked(0)
+                    } else {
+                        ReplicaState::NeedsCopy
+                    };
+                    ShardRole::Primary {
+                        log: Vec::new(),
+                        replicas: owners[1..].iter().map(|&n| (n, start_as)).collect(),
+                    }
+                } else if fresh_start || promote_stale {
+                    ShardRole::Replica {
+                        primary: owners[0],
+                        synced: true,
+                    }
+                } else {
+                    continue;
+                };
+                let mut store = self.template.empty();
+                if fresh_start {
+                    self.template.for_each_row_in(gap, &mut |k, row, aux| {
+                        let (values, state) = store.row_mut(k);
+                        values.copy_from_slice(row);
+                        state.copy_from_slice(aux);
+                    });
+                }
+                self.shards
+                    .insert(gap.start(), Shard::new(gap, store, role));
+            }
+        }
+        if fresh_start {
+            self.template = self.template.empty();
+        }
+        let shards = &self.shards;
+        self.unreplicated.retain(|_, waits| {
+            waits.iter().all(|&(range, _)| {
+                shards
+                    .range(..range.end())
+                    .any(|(_, s)| s.is_primary() && s.range.intersect(range).is_some())
+            })
+        });
+    }
+
+    /// The parts of `range` no shard covers, in key order.
+    fn gaps_in(&self, range: KeyRange) -> Vec<KeyRange> {
+        let mut gaps = Vec::new();
+        let mut at = range.start();
+        for start in self.shard_starts_in(range) {
+            let Some(shard) = self.shards.get(&start) else {
+                continue;
+            };
+            if shard.range.start() > at {
+                gaps.extend(KeyRange::new(at, shard.range.start()).ok());
+            }
+            at = at.max(shard.range.end());
+        }
+        if at < range.end() {
+            gaps.extend(KeyRange::new(at, range.end()).ok());
+        }
+        gaps
+    }
+}

@@ -1,0 +1,399 @@
+//! A shard: one key range a server holds, as primary or replica, with everything that moves
+//! with the range (ARCHITECTURE.md §8).
+
+use core::hash::{Hash, Hasher};
+use std::collections::BTreeMap;
+
+use crate::dedupe::DedupeWindow;
+use crate::key::{Key, KeyRange};
+use crate::kv::KvPairs;
+use crate::message::{AppliedSpan, BufferedPush, DedupeRecord, Replicate, ShardUpdate, Transfer};
+use crate::node::{Iteration, NodeId};
+use crate::store::ParamStore;
+use crate::updater::UpdateRule;
+use crate::value::Value;
+
+/// How far a replica has come in a shard's update order, as its primary knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ReplicaState {
+    /// Holds no copy the primary may extend: it needs the whole shard.
+    NeedsCopy,
+    /// Was sent the whole shard as of this update, not yet acknowledged.
+    Copying(u64),
+    /// Has applied every update up to this one.
+    Acked(u64),
+}
+
+impl ReplicaState {
+    /// The first update the primary must keep for this replica.
+    fn keeps_from(self) -> Option<u64> {
+        match self {
+            ReplicaState::NeedsCopy => None,
+            ReplicaState::Copying(s) | ReplicaState::Acked(s) => Some(s + 1),
+        }
+    }
+}
+
+/// What this server is to a shard.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ShardRole<V: Value> {
+    /// It takes pushes, orders them, and streams the order to the replicas.
+    Primary {
+        /// Updates some replica may still need, oldest first.
+        log: Vec<Replicate<V>>,
+        /// Every replica of the range and how far it has come.
+        replicas: BTreeMap<NodeId, ReplicaState>,
+    },
+    /// It follows `primary`'s update order. `synced` is false from the moment the primary
+    /// changed until the new primary's copy arrived: the old copy is kept (it holds every
+    /// acknowledged push, so it may yet be promoted) but is not extended.
+    Replica { primary: NodeId, synced: bool },
+}
+
+/// One key range's parameters, buffered deltas, de-duplication state and update order.
+#[derive(Clone, Debug)]
+pub(crate) struct Shard<V: Value, S> {
+    pub(crate) range: KeyRange,
+    pub(crate) store: S,
+    /// Sequential mode: deltas per unfinished iteration, in the order they were taken in.
+    pub(crate) pending: BTreeMap<Iteration, Vec<KvPairs<V>>>,
+    /// Sequential mode: every iteration below this is applied.
+    pub(crate) applied_below: Iteration,
+    pub(crate) dedupe: BTreeMap<NodeId, DedupeWindow>,
+    /// The last update applied.
+    pub(crate) seq: u64,
+    pub(crate) role: ShardRole<V>,
+}
+
+impl<V: Value, S: ParamStore<V>> Shard<V, S> {
+    pub(crate) fn new(range: KeyRange, store: S, role: ShardRole<V>) -> Self {
+        Shard {
+            range,
+            store,
+            pending: BTreeMap::new(),
+            applied_below: 0,
+            dedupe: BTreeMap::new(),
+            seq: 0,
+            role,
+        }
+    }
+
+    pub(crate) fn is_primary(&self) -> bool {
+        matches!(self.role, ShardRole::Primary { .. })
+    }
+
+    /// The rows of `kvs` inside this shard that `worker`'s `request` has not applied yet.
+    pub(crate) fn fresh_rows(
+        &self,
+        worker: NodeId,
+        request: u64,
+        kvs: &KvPairs<V>,
+        dedupe: bool,
+    ) -> KvPairs<V> {
+        let rows = kvs.slice(self.range);
+        match self.dedupe.get(&worker) {
+            Some(window)
+                if dedupe && rows.keys().iter().any(|&k| window.is_applied(request, k)) =>
+            {
+                let width = rows.width();
+                let mut keys = Vec::new();
+                let mut values = Vec::new();
+                for (k, row) in rows.iter() {
+                    if !window.is_applied(request, k) {
+                        keys.push(k);
+                        values.extend_from_slice(row);
+                    }
+                }
+                KvPairs::from_validated(keys, values, width)
+            }
+            _ => rows,
+        }
+    }
+
+    /// Carries out one step of the update order (the primary's own, or one it replicated).
+    pub(crate) fn apply_update<U: UpdateRule<V>>(
+        &mut self,
+        entry: &Replicate<V>,
+        updater: &U,
+        negate: bool,
+    ) {
+        match &entry.update {
+            ShardUpdate::Apply(kvs) => apply_rows(&mut self.store, updater, kvs, negate),
+            ShardUpdate::Buffer { iteration, kvs } => {
+                self.pending
+                    .entry(*iteration)
+                    .or_default()
+                    .push(kvs.slice(self.range));
+            }
+            ShardUpdate::ApplyBelow(below) => {
+                while self.applied_below < *below {
+                    if let Some(batch) = self.pending.remove(&self.applied_below) {
+                        let width = batch.first().map_or(1, KvPairs::width);
+                        let summed = sum_by_key(&batch, width);
+                        apply_rows(&mut self.store, updater, &summed, negate);
+                    }
+                    self.applied_below += 1;
+                }
+            }
+        }
+        for record in &entry.dedupe {
+            self.dedupe.entry(record.worker).or_default().merge(record);
+        }
+        self.seq = entry.seq;
+    }
+
+    /// Cuts this shard at `at` (inside its range) and returns the upper part: both keep the
+    /// update order, the role and the de-duplication state, each with its own rows.
+    pub(crate) fn split_off(&mut self, at: Key) -> Self {
+        let (low, high) = self.range.split_at(at);
+        let mut pending_high = BTreeMap::new();
+        for (&it, batch) in &mut self.pending {
+            pending_high.insert(it, batch.iter().map(|kvs| kvs.slice(high)).collect());
+            for kvs in batch.iter_mut() {
+                *kvs = kvs.slice(low);
+            }
+        }
+        let role_high = match &mut self.role {
+            ShardRole::Primary { log, replicas } => {
+                let high_log = log.iter().map(|e| restrict(e, high)).collect();
+                for e in log.iter_mut() {
+                    *e = restrict(e, low);
+                }
+                ShardRole::Primary {
+                    log: high_log,
+                    replicas: replicas.clone(),
+                }
+            }
+            replica => replica.clone(),
+        };
+        self.range = low;
+        Shard {
+            range: high,
+            store: self.store.split_off(at),
+            pending: pending_high,
+            applied_below: self.applied_below,
+            dedupe: self.dedupe.clone(),
+            seq: self.seq,
+            role: role_high,
+        }
+    }
+
+    /// The whole shard as of its last update, for a new holder.
+    pub(crate) fn copy(&self, width: usize, aux_width: usize) -> Transfer<V> {
+        let (mut keys, mut values, mut state) = (Vec::new(), Vec::new(), Vec::new());
+        self.store.for_each_row_in(self.range, &mut |k, row, aux| {
+            keys.push(k);
+            values.extend_from_slice(row);
+            state.extend_from_slice(aux);
+        });
+        let state = (aux_width > 0)
+            .then(|| KvPairs::from_validated(keys.clone(), state, width * aux_width));
+        let pending = self
+            .pending
+            .iter()
+            .flat_map(|(&iteration, batch)| {
+                batch.iter().map(move |kvs| BufferedPush {
+                    iteration,
+                    kvs: kvs.clone(),
+                })
+            })
+            .collect();
+        Transfer {
+            range: self.range,
+            seq: self.seq,
+            values: KvPairs::from_validated(keys, values, width),
+            state,
+            pending,
+            applied_below: self.applied_below,
+            dedupe: self.dedupe.iter().map(|(&w, d)| d.to_record(w)).collect(),
+        }
+    }
+
+    /// A shard holding `copy`, with an empty `store` to fill. `None` when the copy does not fit
+    /// this server's row shape.
+    pub(crate) fn from_copy(
+        copy: Transfer<V>,
+        mut store: S,
+        width: usize,
+        aux_width: usize,
+        role: ShardRole<V>,
+    ) -> Option<Self> {
+        if copy.values.width() != width
+            || copy.values.keys().iter().any(|&k| !copy.range.contains(k))
+        {
+            return None;
+        }
+        if let Some(state) = &copy.state {
+            if state.keys() != copy.values.keys() || state.width() != width * aux_width {
+                return None;
+            }
+        } else if aux_width > 0 {
+            return None;
+        }
+        for (i, (k, row)) in copy.values.iter().enumerate() {
+            let (values, aux) = store.row_mut(k);
+            values.copy_from_slice(row);
+            if let Some(state) = &copy.state {
+                aux.copy_from_slice(&state.values()[i * aux.len()..(i + 1) * aux.len()]);
+            }
+        }
+        let mut pending: BTreeMap<Iteration, Vec<KvPairs<V>>> = BTreeMap::new();
+        for b in copy.pending {
+            if b.kvs.width() != width {
+                return None;
+            }
+            pending.entry(b.iteration).or_default().push(b.kvs);
+        }
+        let mut dedupe: BTreeMap<NodeId, DedupeWindow> = BTreeMap::new();
+        for record in &copy.dedupe {
+            dedupe.entry(record.worker).or_default().merge(record);
+        }
+        Some(Shard {
+            range: copy.range,
+            store,
+            pending,
+            applied_below: copy.applied_below,
+            dedupe,
+            seq: copy.seq,
+            role,
+        })
+    }
+
+    /// The first update the primary must still keep for some replica.
+    pub(crate) fn log_needed_from(&self) -> Option<u64> {
+        match &self.role {
+            ShardRole::Primary { replicas, .. } => {
+                replicas.values().filter_map(|r| r.keeps_from()).min()
+            }
+            ShardRole::Replica { .. } => None,
+        }
+    }
+
+    /// True when every replica has applied update `seq`.
+    pub(crate) fn replicated(&self, seq: u64) -> bool {
+        match &self.role {
+            ShardRole::Primary { replicas, .. } => replicas
+                .values()
+                .all(|r| matches!(r, ReplicaState::Acked(a) if *a >= seq)),
+            ShardRole::Replica { .. } => false,
+        }
+    }
+
+    /// Drops logged updates every replica has.
+    pub(crate) fn trim_log(&mut self) {
+        let keep_from = self.log_needed_from();
+        if let ShardRole::Primary { log, .. } = &mut self.role {
+            match keep_from {
+                Some(from) => log.retain(|e| e.seq >= from),
+                None => log.clear(),
+            }
+        }
+    }
+
+    /// The record of a push's fresh rows for the de-duplication state.
+    pub(crate) fn record_of(
+        &self,
+        worker: NodeId,
+        settled_below: u64,
+        request: u64,
+        fresh: &KvPairs<V>,
+    ) -> DedupeRecord {
+        let applied = match (fresh.keys().first(), fresh.keys().last()) {
+            (Some(&first), Some(&last)) => vec![AppliedSpan {
+                request,
+                first,
+                last,
+            }],
+            _ => Vec::new(),
+        };
+        DedupeRecord {
+            worker,
+            settled_below,
+            applied,
+        }
+    }
+}
+
+impl<V: Value, S: ParamStore<V>> PartialEq for Shard<V, S> {
+    fn eq(&self, other: &Self) -> bool {
+        self.range == other.range
+            && self.pending == other.pending
+            && self.applied_below == other.applied_below
+            && self.dedupe == other.dedupe
+            && self.seq == other.seq
+            && self.role == other.role
+            && self.store.same_rows(&other.store)
+    }
+}
+
+impl<V: Value, S: ParamStore<V>> Eq for Shard<V, S> {}
+
+impl<V: Value + Hash, S: ParamStore<V>> Hash for Shard<V, S> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.range.hash(state);
+        self.pending.hash(state);
+        self.applied_below.hash(state);
+        self.dedupe.hash(state);
+        self.seq.hash(state);
+        self.role.hash(state);
+        self.store.fingerprint(state);
+    }
+}
+
+/// `entry` cut down to the rows inside `range`.
+pub(crate) fn restrict<V: Value>(entry: &Replicate<V>, range: KeyRange) -> Replicate<V> {
+    let update = match &entry.update {
+        ShardUpdate::Apply(kvs) => ShardUpdate::Apply(kvs.slice(range)),
+        ShardUpdate::Buffer { iteration, kvs } => ShardUpdate::Buffer {
+            iteration: *iteration,
+            kvs: kvs.slice(range),
+        },
+        ShardUpdate::ApplyBelow(i) => ShardUpdate::ApplyBelow(*i),
+    };
+    Replicate {
+        range: entry.range.intersect(range).unwrap_or(range),
+        seq: entry.seq,
+        update,
+        dedupe: entry.dedupe.clone(),
+    }
+}
+
+fn apply_rows<V: Value, U: UpdateRule<V>, S: ParamStore<V>>(
+    store: &mut S,
+    updater: &U,
+    kvs: &KvPairs<V>,
+    negate: bool,
+) {
+    let aux_width = updater.aux_width();
+    for (key, deltas) in kvs.iter() {
+        let (row, aux) = store.row_mut(key);
+        for (j, (w, &d)) in row.iter_mut().zip(deltas).enumerate() {
+            let d = if negate { V::default().sub(d) } else { d };
+            updater.apply(w, &mut aux[j * aux_width..(j + 1) * aux_width], d);
+        }
+    }
+}
+
+/// Sums several sparse vectors key-wise into one, in key order.
+pub(crate) fn sum_by_key<V: Value>(batch: &[KvPairs<V>], width: usize) -> KvPairs<V> {
+    let mut rows: Vec<(Key, &[V])> = batch
+        .iter()
+        .filter(|kvs| kvs.width() == width)
+        .flat_map(|kvs| kvs.iter())
+        .collect();
+    rows.sort_by_key(|&(k, _)| k);
+    let mut keys: Vec<Key> = Vec::with_capacity(rows.len());
+    let mut values: Vec<V> = Vec::with_capacity(rows.len() * width);
+    for (k, row) in rows {
+        if keys.last() == Some(&k) {
+            let start = values.len() - width;
+            for (acc, &v) in values[start..].iter_mut().zip(row) {
+                *acc = acc.add(v);
+            }
+        } else {
+            keys.push(k);
+            values.extend_from_slice(row);
+        }
+    }
+    KvPairs::from_validated(keys, values, width)
+}
