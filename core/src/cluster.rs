@@ -1,7 +1,7 @@
 //! A node's view of the cluster: the configuration of an epoch and the ring built from it.
 
 use crate::effects::Refusal;
-use crate::key::Key;
+use crate::key::{Key, KeyRange};
 use crate::message::ClusterConfig;
 use crate::node::{Epoch, NodeId};
 use crate::ring::{Ring, RingError};
@@ -11,12 +11,25 @@ use crate::ring::{Ring, RingError};
 pub(crate) struct Cluster {
     pub(crate) config: ClusterConfig,
     pub(crate) ring: Ring,
+    /// The ring a change under way leads to.
+    pub(crate) next: Option<Ring>,
 }
 
 impl Cluster {
     pub(crate) fn new(config: ClusterConfig) -> Result<Cluster, RingError> {
         let ring = Ring::new(config.servers.iter().copied(), config.ring)?;
-        Ok(Cluster { config, ring })
+        if let Some(&s) = config.joining.iter().find(|s| config.servers.contains(s)) {
+            return Err(RingError::DuplicateServer(s));
+        }
+        if let Some(&s) = config.leaving.iter().find(|s| !config.servers.contains(s)) {
+            return Err(RingError::UnknownServer(s));
+        }
+        let next = if config.is_changing() {
+            Some(config.next_ring()?)
+        } else {
+            None
+        };
+        Ok(Cluster { config, ring, next })
     }
 
     /// The cluster of `config` if it supersedes `current`: a newer epoch of the same job, with a
@@ -60,6 +73,51 @@ impl Cluster {
 
     pub(crate) fn servers(&self) -> &[NodeId] {
         &self.config.servers
+    }
+
+    /// Servers on the ring or joining it.
+    pub(crate) fn is_server(&self, node: NodeId) -> bool {
+        self.config.servers.contains(&node) || self.config.joining.contains(&node)
+    }
+
+    /// The key space cut where either ring (in force or next) changes owners, each piece with
+    /// its holders: the primary, its replicas, then the servers the next ring gives the piece
+    /// that do not hold it yet (they copy it and follow its updates like replicas).
+    pub(crate) fn pieces_in(&self, range: KeyRange) -> Vec<(KeyRange, Vec<NodeId>)> {
+        let mut cuts: Vec<Key> = self
+            .ring
+            .segments_in(range)
+            .map(|(r, _)| r.start())
+            .collect();
+        if let Some(next) = &self.next {
+            cuts.extend(next.segments_in(range).map(|(r, _)| r.start()));
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut pieces = Vec::with_capacity(cuts.len());
+        for (i, &start) in cuts.iter().enumerate() {
+            let end = cuts.get(i + 1).copied().unwrap_or(range.end());
+            let Ok(piece) = KeyRange::new(start, end) else {
+                continue;
+            };
+            let mut holders = self.ring.owners(start).to_vec();
+            if let Some(next) = &self.next {
+                for &n in next.owners(start) {
+                    if !holders.contains(&n) {
+                        holders.push(n);
+                    }
+                }
+            }
+            pieces.push((piece, holders));
+        }
+        pieces
+    }
+
+    /// True when `node` holds `key` under the next ring but not under the ring in force.
+    pub(crate) fn is_learner(&self, node: NodeId, key: Key) -> bool {
+        self.next.as_ref().is_some_and(|next| {
+            next.owners(key).contains(&node) && !self.ring.owners(key).contains(&node)
+        })
     }
 
     pub(crate) fn primary(&self, key: Key) -> NodeId {

@@ -4,8 +4,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use thiserror::Error;
 
+use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, Refusal, TimerId};
+use crate::key::KeyRange;
 use crate::message::{ClusterConfig, Envelope, Message};
 use crate::node::{Epoch, NodeId, Role, Time};
 use crate::ring::{Ring, RingConfig, RingError};
@@ -66,6 +68,18 @@ pub enum CoordinatorError {
     NoServers,
 }
 
+/// Where the coordinator is in the life of the job's membership.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Waiting for the expected servers and workers to register; no configuration yet.
+    Forming,
+    /// A configuration is in force and no server is joining or leaving.
+    Running,
+    /// Servers are joining or leaving: those the next ring gives ranges copy them; the next
+    /// ring is published once every one of them has caught up.
+    Reconfiguring,
+}
+
 /// The coordinator node (sans-IO).
 ///
 /// Waits until the expected servers and workers have registered, then publishes epoch 1 (the
@@ -76,6 +90,14 @@ pub enum CoordinatorError {
 /// A server removed from the ring passes each of its ranges to the range's first replica, which
 /// holds the data already (ARCHITECTURE.md §8). A server is kept, however silent, when the
 /// servers left could not hold the ring's replicas: [`Event::RingDegraded`] says so.
+///
+/// Membership changes while the job runs in two steps ([`Phase`]). A server that registers
+/// once the job runs (a new one, one declared dead, or one that restarted and lost its state)
+/// and a server that asks to leave are first listed in a configuration as joining or leaving;
+/// the servers the next ring gives a range they do not hold copy it and follow its updates,
+/// and report [`Message::CaughtUp`]. Only when all have does the coordinator publish the next
+/// ring, so that no range is given to a server without its data, and a leaving server keeps
+/// serving until its ranges are held elsewhere.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Coordinator {
     cfg: CoordinatorConfig,
@@ -85,6 +107,10 @@ pub struct Coordinator {
     /// storing arrival times keeps the state bounded, which the model checker needs.
     silent_checks: BTreeMap<NodeId, u64>,
     dead: BTreeSet<NodeId>,
+    /// Servers that reported catching up with the change of the current epoch.
+    caught_up: BTreeSet<NodeId>,
+    /// The incarnation each node last registered with.
+    incarnations: BTreeMap<NodeId, u64>,
 }
 
 impl Coordinator {
@@ -104,6 +130,8 @@ impl Coordinator {
             config: None,
             silent_checks: BTreeMap::new(),
             dead: BTreeSet::new(),
+            caught_up: BTreeSet::new(),
+            incarnations: BTreeMap::new(),
         })
     }
 
@@ -184,6 +212,21 @@ impl Coordinator {
         &self.dead
     }
 
+    fn is_server(&self, node: NodeId) -> bool {
+        self.config
+            .as_ref()
+            .is_some_and(|c| c.servers.contains(&node) || c.joining.contains(&node))
+    }
+
+    /// Where the job's membership stands.
+    pub fn phase(&self) -> Phase {
+        match &self.config {
+            None => Phase::Forming,
+            Some(c) if c.is_changing() => Phase::Reconfiguring,
+            Some(_) => Phase::Running,
+        }
+    }
+
     /// Starts failure detection. Call once, first.
     pub fn start<V: Value>(&mut self, now: Time, out: &mut Effects<V>) {
         out.set_timer(
@@ -215,20 +258,119 @@ impl Coordinator {
         }
         self.silent_checks.remove(&from);
         match env.body {
-            Message::Register { role } => {
+            Message::Register { role, incarnation } => {
+                let known = self.incarnations.get(&from) == Some(&incarnation);
                 if !self.dead.contains(&from) && self.config.is_none() {
                     self.members.entry(from).or_insert(role);
+                    self.incarnations.insert(from, incarnation);
                     self.publish_when_complete(out);
+                } else if role == Role::Server && !(known && self.is_server(from)) {
+                    self.incarnations.insert(from, incarnation);
+                    self.admit_server(from, out);
                 } else {
                     // Members get the configuration again; latecomers and the dead learn that
                     // they are not members.
                     self.send_config(from, out);
                 }
             }
+            Message::CaughtUp { epoch } if epoch == self.epoch() => {
+                self.caught_up.insert(from);
+                self.switch_when_caught_up(out);
+            }
+            Message::CaughtUp { .. } => {}
+            Message::Leave => self.retire_server(from, out),
             Message::ConfigRequest => self.send_config(from, out),
             Message::Heartbeat { .. } if env.epoch < self.epoch() => self.send_config(from, out),
             Message::Heartbeat { .. } => {}
             _ => out.refuse(from, Refusal::Unexpected),
+        }
+    }
+
+    /// A server registering while the job runs, other than a resend of a member's registration,
+    /// joins it. One that is on the ring already restarted and lost its state: it is taken off
+    /// the ring first, in the same epoch.
+    fn admit_server<V: Value>(&mut self, server: NodeId, out: &mut Effects<V>) {
+        let Some(config) = &self.config else {
+            return;
+        };
+        let mut next = config.clone();
+        next.joining.retain(|&s| s != server);
+        if next.servers.contains(&server) {
+            match config.without_server(server) {
+                Ok(without) => next = without,
+                Err(_) => {
+                    out.emit(Event::RingDegraded(server));
+                    return self.send_config(server, out);
+                }
+            }
+        }
+        next.joining.push(server);
+        next.joining.sort_unstable();
+        if next.next_ring().is_err() {
+            return self.send_config(server, out);
+        }
+        self.dead.remove(&server);
+        self.silent_checks.remove(&server);
+        self.members.insert(server, Role::Server);
+        self.publish(next, out);
+    }
+
+    /// A server asking to leave is listed as leaving until its ranges are held elsewhere.
+    fn retire_server<V: Value>(&mut self, server: NodeId, out: &mut Effects<V>) {
+        let Some(config) = &self.config else {
+            return;
+        };
+        if !config.servers.contains(&server) || config.leaving.contains(&server) {
+            return self.send_config(server, out);
+        }
+        let mut next = config.clone();
+        next.leaving.push(server);
+        next.leaving.sort_unstable();
+        if next.next_ring().is_err() {
+            out.emit(Event::RingDegraded(server));
+            return self.send_config(server, out);
+        }
+        self.publish(next, out);
+    }
+
+    /// Puts `next` in force as the next epoch and tells every member; switches to the next
+    /// ring at once if nobody has anything to copy.
+    fn publish<V: Value>(&mut self, mut next: ClusterConfig, out: &mut Effects<V>) {
+        next.epoch = self.epoch() + 1;
+        self.config = Some(next);
+        self.caught_up.clear();
+        self.broadcast(out);
+        self.switch_when_caught_up(out);
+    }
+
+    /// Publishes the next ring once every server it gives a range it does not hold yet has
+    /// caught up with that range.
+    fn switch_when_caught_up<V: Value>(&mut self, out: &mut Effects<V>) {
+        let Some(config) = self.config.as_ref().filter(|c| c.is_changing()) else {
+            return;
+        };
+        let Ok(cluster) = Cluster::new(config.clone()) else {
+            return;
+        };
+        let all_caught_up = cluster
+            .pieces_in(KeyRange::FULL)
+            .iter()
+            .flat_map(|(piece, holders)| {
+                holders
+                    .iter()
+                    .filter(|&&n| cluster.is_learner(n, piece.start()))
+                    .copied()
+                    .collect::<Vec<_>>()
+            })
+            .all(|n| self.caught_up.contains(&n));
+        if all_caught_up {
+            let next = ClusterConfig {
+                servers: config.next_servers(),
+                joining: Vec::new(),
+                leaving: Vec::new(),
+                ..config.clone()
+            };
+            self.publish(next, out);
         }
     }
 
@@ -256,6 +398,8 @@ impl Coordinator {
             workers: of(Role::Worker),
             ring: self.cfg.ring,
             consistency: self.cfg.consistency,
+            joining: Vec::new(),
+            leaving: Vec::new(),
         });
         out.emit(Event::Ready { epoch: 1 });
         self.broadcast(out);
@@ -277,7 +421,12 @@ impl Coordinator {
         };
         let allowed = self.cfg.timing.missed_checks_allowed();
         let mut silent = Vec::new();
-        for &n in config.workers.iter().chain(&config.servers) {
+        for &n in config
+            .workers
+            .iter()
+            .chain(&config.servers)
+            .chain(&config.joining)
+        {
             let missed = self.silent_checks.entry(n).or_default();
             *missed += 1;
             if *missed > allowed {
@@ -290,18 +439,22 @@ impl Coordinator {
     /// Removes `nodes` from the membership and publishes a new epoch. Servers go one at a time,
     /// each only if the ring of the servers left can still be built.
     fn declare_dead<V: Value>(&mut self, nodes: &[NodeId], out: &mut Effects<V>) {
-        let Some(config) = &mut self.config else {
+        let Some(config) = &self.config else {
             return;
         };
+        let mut next = config.clone();
         let mut removed = Vec::new();
         for &n in nodes {
-            if config.workers.contains(&n) {
-                config.workers.retain(|&w| w != n);
+            if next.workers.contains(&n) {
+                next.workers.retain(|&w| w != n);
                 removed.push(n);
-            } else if config.servers.contains(&n) {
-                match config.without_server(n) {
-                    Ok(next) => {
-                        config.servers = next.servers;
+            } else if next.joining.contains(&n) {
+                next.joining.retain(|&s| s != n);
+                removed.push(n);
+            } else if next.servers.contains(&n) {
+                match next.without_server(n) {
+                    Ok(without) => {
+                        next = without;
                         removed.push(n);
                     }
                     Err(_) => out.emit(Event::RingDegraded(n)),
@@ -311,12 +464,11 @@ impl Coordinator {
         if removed.is_empty() {
             return;
         }
-        config.epoch += 1;
         for n in removed {
             self.dead.insert(n);
             self.silent_checks.remove(&n);
             out.emit(Event::NodeDead(n));
         }
-        self.broadcast(out);
+        self.publish(next, out);
     }
 }

@@ -56,9 +56,9 @@ pub enum Event<V: Value> {
     PullDone(RequestId, KvPairs<V>),
     /// The coordinator declared a node dead (coordinator only).
     NodeDead(NodeId),
-    /// The coordinator: this server is silent past the timeout but stays in the ring, because
-    /// the servers left are too few for the ring's replicas. Its ranges are not served until it
-    /// answers again or servers join.
+    /// The coordinator: this server is silent past the timeout, restarted, or asked to leave,
+    /// but stays in the ring, because the servers left are too few for the ring's replicas. A
+    /// silent server's ranges are not served until it answers again or servers join.
     RingDegraded(NodeId),
     /// The coordinator no longer counts this node as a member: it must stop.
     Fenced,

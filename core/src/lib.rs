@@ -83,7 +83,7 @@ mod worker;
 pub use clock::RangeClock;
 pub use codec::{Codec, DEFAULT_MAX_FRAME, DecodeError, EncodeError};
 pub use consistency::{Consistency, ParseConsistencyError};
-pub use coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
+pub use coordinator::{Coordinator, CoordinatorConfig, CoordinatorError, Phase};
 pub use dedupe::DedupeWindow;
 pub use driver::{Driver, DriverError, Node, Refusals, Transmit};
 pub use effects::{Effects, Event, Refusal, TimerCmd, TimerId};

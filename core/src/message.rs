@@ -163,6 +163,16 @@ pub struct ClusterConfig {
     pub ring: RingConfig,
     /// The job's consistency model.
     pub consistency: Consistency,
+    /// Servers joining: members that are not on the ring yet. While a change is under way
+    /// (`joining` or `leaving` not empty), every server that the next ring (`servers` and
+    /// `joining`, without `leaving`) gives a range it does not hold yet copies that range from
+    /// its primary and follows its updates; once all have caught up the coordinator publishes
+    /// the next ring (ARCHITECTURE.md §8).
+    #[serde(with = "seq")]
+    pub joining: Vec<NodeId>,
+    /// Servers leaving: still on the ring until those taking their ranges have caught up.
+    #[serde(with = "seq")]
+    pub leaving: Vec<NodeId>,
 }
 
 impl ClusterConfig {
@@ -180,6 +190,8 @@ impl ClusterConfig {
     ///     workers: vec![NodeId(4)],
     ///     ring: RingConfig::default(),
     ///     consistency: Consistency::Sequential,
+    ///     joining: vec![],
+    ///     leaving: vec![],
     /// };
     /// let next = config.without_server(NodeId(1)).unwrap();
     /// assert_eq!((next.epoch, &next.servers[..]), (2, &[NodeId(2), NodeId(3)][..]));
@@ -197,11 +209,51 @@ impl ClusterConfig {
             .filter(|&s| s != server)
             .collect();
         Ring::new(servers.iter().copied(), self.ring)?;
-        Ok(ClusterConfig {
+        let next = ClusterConfig {
             epoch: self.epoch + 1,
             servers,
+            leaving: self
+                .leaving
+                .iter()
+                .copied()
+                .filter(|&s| s != server)
+                .collect(),
             ..self.clone()
+        };
+        // A change under way that the servers left cannot complete is called off.
+        Ok(if next.next_ring().is_ok() {
+            next
+        } else {
+            ClusterConfig {
+                joining: Vec::new(),
+                leaving: Vec::new(),
+                ..next
+            }
         })
+    }
+
+    /// True while servers are joining or leaving.
+    pub fn is_changing(&self) -> bool {
+        !self.joining.is_empty() || !self.leaving.is_empty()
+    }
+
+    /// The servers of the next ring: `servers` and `joining`, without `leaving`, sorted.
+    pub fn next_servers(&self) -> Vec<NodeId> {
+        let mut next: Vec<NodeId> = self
+            .servers
+            .iter()
+            .chain(&self.joining)
+            .copied()
+            .filter(|s| !self.leaving.contains(s))
+            .collect();
+        next.sort_unstable();
+        next.dedup();
+        next
+    }
+
+    /// The ring once the change under way completes (the ring in force when none is).
+    pub fn next_ring(&self) -> Result<Ring, RingError> {
+        Ring::new(self.next_servers(), self.ring)
     }
 }
 
@@ -358,6 +410,9 @@ pub enum Message<V: Value> {
     Register {
         /// What the node will do.
         role: Role,
+        /// Which start of the node this is: a registration with another incarnation than the
+        /// coordinator knows is a node that restarted and lost its state, not a resend.
+        incarnation: u64,
     },
     /// The coordinator's configuration for an epoch.
     Config(ClusterConfig),
@@ -416,9 +471,17 @@ pub enum Message<V: Value> {
         /// The update the copy included.
         seq: u64,
     },
+    /// A server holds copies of every range the next ring of `epoch` gives it, and follows
+    /// their updates: the coordinator may switch to that ring.
+    CaughtUp {
+        /// The configuration whose change the server caught up with.
+        epoch: Epoch,
+    },
+    /// A server asks to leave the job: the coordinator moves its ranges away first.
+    Leave,
 }
 
 impl<V: Value> Message<V> {
     /// Number of message kinds this version knows; the wire tags are `0..KINDS`.
-    pub const KINDS: u32 = 15;
+    pub const KINDS: u32 = 17;
 }

@@ -269,7 +269,10 @@ impl<V: Value> Worker<V> {
     }
 
     fn register(&mut self, now: Time, out: &mut Effects<V>) {
-        let body = Message::Register { role: Role::Worker };
+        let body = Message::Register {
+            role: Role::Worker,
+            incarnation: 0,
+        };
         self.send(self.cfg.coordinator, body, out);
         out.set_timer(TimerId::Register, now + self.cfg.timing.register_retry);
     }

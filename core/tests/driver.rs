@@ -19,6 +19,8 @@ fn config(workers: &[NodeId], consistency: Consistency) -> ClusterConfig {
             seed: 0,
         },
         consistency,
+        joining: Vec::new(),
+        leaving: Vec::new(),
     }
 }
 

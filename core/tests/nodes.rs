@@ -618,7 +618,15 @@ fn coordinator() -> Coordinator {
 fn register(c: &mut Coordinator, now: Time, from: NodeId, role: Role, out: &mut Effects<i64>) {
     c.on_message(
         now,
-        Envelope::new(from, COORD, 0, Message::Register { role }),
+        Envelope::new(
+            from,
+            COORD,
+            0,
+            Message::Register {
+                role,
+                incarnation: 0,
+            },
+        ),
         out,
     );
 }

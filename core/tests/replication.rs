@@ -185,6 +185,27 @@ impl Cluster {
         (0..n).map(|i| i * (MAX_KEY / n)).collect()
     }
 
+    /// Starts a server with no state that registers with the coordinator: a new machine, or
+    /// `id` restarted after losing everything.
+    fn start_server(&mut self, id: NodeId) {
+        self.down.remove(&id);
+        let mut sc = ServerConfig::new(id, COORD);
+        sc.incarnation = self.now;
+        let mut d = Driver::new(Server::new(sc, Updater::Sum));
+        d.start(self.now);
+        self.nodes.insert(id, d);
+        self.collect();
+    }
+
+    /// True when the coordinator runs its configuration (no change under way) with exactly
+    /// `servers` on the ring, and every one of them adopted it.
+    fn settled_on(&self, servers: &[u32]) -> bool {
+        let c = self.config();
+        self.coordinator().phase() == Phase::Running
+            && c.servers == servers.iter().map(|&s| NodeId(s)).collect::<Vec<_>>()
+            && self.servers_at_epoch(c.epoch)
+    }
+
     fn crash(&mut self, node: NodeId) {
         self.down.insert(node);
         self.queue
@@ -393,4 +414,118 @@ fn ack_before_replicate_loses_an_acknowledged_push_with_its_primary() {
     let (done_before_crash, value) = cut_off_primary_then_crash(Some(Mutation::AckBeforeReplicate));
     assert_eq!(done_before_crash, 1, "acknowledged without the replica");
     assert_eq!(value, 0, "and lost with the primary");
+}
+
+#[test]
+fn a_joining_server_takes_its_ranges_with_their_data_and_exactly_once_holds() {
+    let runs = [Consistency::Eventual, Consistency::Sequential]
+        .into_iter()
+        .flat_map(|c| [(c, 0, 0), (c, 9, 0), (c, 5, 7), (c, 11, 3)]);
+    for (consistency, drop_every, dup_every) in runs {
+        let mut c = Cluster::new(3, 1, 1, consistency);
+        c.drop_every = drop_every;
+        c.dup_every = dup_every;
+        let keys = Cluster::keys(32);
+        let w = NodeId(4);
+        c.push(w, &keys, 3);
+        assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+        c.start_server(NodeId(9));
+        assert!(c.run_until(1_000 * MS, |c| c.coordinator().phase()
+            == Phase::Reconfiguring));
+        assert_eq!(c.config().joining, vec![NodeId(9)]);
+        // Pushes go on while the new server copies its ranges.
+        c.push(w, &keys, 1);
+        assert!(c.run_until(60_000 * MS, |c| c.settled_on(&[1, 2, 3, 9])
+            && c.pushes_done(w) == 2));
+        let ring = c.ring();
+        assert!(
+            keys.iter().any(|&k| ring.primary(k) == NodeId(9)),
+            "the new server is the primary of some keys"
+        );
+        c.push(w, &keys, 1);
+        assert!(c.run_until(60_000 * MS, |c| c.pushes_done(w) == 3));
+        if consistency == Consistency::Sequential {
+            let now = c.now;
+            c.driver(w).advance(now).unwrap();
+            c.collect();
+        }
+        assert!(
+            c.run_until(60_000 * MS, |c| {
+                c.ring()
+                    .servers()
+                    .iter()
+                    .all(|&s| c.server(s).unreplicated_pushes() == 0)
+                    && keys.iter().all(|&k| c.primary_value(k) == 5)
+            }),
+            "every key holds each push once under {consistency:?}, drop 1/{drop_every}"
+        );
+        c.assert_single_owner(&keys);
+        c.assert_converged(&keys);
+    }
+}
+
+#[test]
+fn a_leaving_server_hands_its_ranges_over_before_it_goes() {
+    let mut c = Cluster::new(4, 1, 1, Consistency::Eventual);
+    let keys = Cluster::keys(32);
+    let w = NodeId(5);
+    c.push(w, &keys, 2);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    c.driver(NodeId(2)).leave().unwrap();
+    c.collect();
+    c.push(w, &keys, 1);
+    assert!(c.run_until(60_000 * MS, |c| c.settled_on(&[1, 3, 4])
+        && c.pushes_done(w) == 2));
+    assert!(c.run_until(10_000 * MS, |c| c.server(NodeId(2)).shards().count() == 0));
+    assert!(!c.server(NodeId(2)).is_member());
+    assert!(c.run_until(10_000 * MS, |c| {
+        keys.iter().all(|&k| c.primary_value(k) == 3)
+    }));
+    c.assert_single_owner(&keys);
+    c.assert_converged(&keys);
+    assert!(
+        c.driver(NodeId(5)).leave().is_err(),
+        "only servers leave a ring"
+    );
+}
+
+#[test]
+fn a_restarted_server_rejoins_as_a_new_member() {
+    let mut c = Cluster::new(3, 1, 1, Consistency::Eventual);
+    let keys = Cluster::keys(32);
+    let w = NodeId(4);
+    c.push(w, &keys, 4);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    // The process restarts before anyone noticed it was gone: its state is lost, so it must
+    // not be taken back as the holder of its ranges.
+    c.crash(NodeId(1));
+    c.start_server(NodeId(1));
+    assert!(c.run_until(1_000 * MS, |c| c.config().joining == vec![NodeId(1)]));
+    assert!(!c.config().servers.contains(&NodeId(1)));
+    assert!(c.run_until(60_000 * MS, |c| c.settled_on(&[1, 2, 3])));
+    assert!(c.run_until(10_000 * MS, |c| {
+        keys.iter().all(|&k| c.primary_value(k) == 4)
+    }));
+    c.assert_single_owner(&keys);
+    c.assert_converged(&keys);
+}
+
+#[test]
+fn a_server_declared_dead_that_comes_back_joins_again() {
+    let mut c = Cluster::new(3, 1, 1, Consistency::Eventual);
+    let keys = Cluster::keys(16);
+    let w = NodeId(4);
+    c.push(w, &keys, 1);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    c.crash(NodeId(3));
+    assert!(c.run_until(60_000 * MS, |c| c.settled_on(&[1, 2])));
+    c.start_server(NodeId(3));
+    assert!(c.run_until(60_000 * MS, |c| c.settled_on(&[1, 2, 3])));
+    assert!(!c.coordinator().dead().contains(&NodeId(3)));
+    c.push(w, &keys, 1);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 2));
+    assert!(c.run_until(10_000 * MS, |c| {
+        keys.iter().all(|&k| c.primary_value(k) == 2)
+    }));
+    c.assert_converged(&keys);
 }

@@ -92,7 +92,10 @@ fn a_server_registers_and_beats_until_configured_then_only_beats() {
             S1,
             COORD,
             0,
-            Message::Register { role: Role::Server }
+            Message::Register {
+                role: Role::Server,
+                incarnation: 0,
+            }
         )]
     );
     assert_eq!(
@@ -117,7 +120,10 @@ fn a_server_registers_and_beats_until_configured_then_only_beats() {
             S1,
             COORD,
             0,
-            Message::Register { role: Role::Server }
+            Message::Register {
+                role: Role::Server,
+                incarnation: 0,
+            }
         )]
     );
     assert_eq!(

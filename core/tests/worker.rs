@@ -142,7 +142,15 @@ fn a_worker_registers_and_beats_keeps_requests_until_configured_and_reports_its_
     assert!(w.is_idle() && !w.is_fenced());
     let mut out = Effects::new();
     w.start(T, &mut out);
-    let register = Envelope::new(W1, COORD, 0, Message::Register { role: Role::Worker });
+    let register = Envelope::new(
+        W1,
+        COORD,
+        0,
+        Message::Register {
+            role: Role::Worker,
+            incarnation: 0,
+        },
+    );
     assert_eq!(out.sends, vec![register.clone()]);
     assert_eq!(
         out.timers,

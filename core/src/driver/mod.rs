@@ -84,6 +84,9 @@ pub enum DriverError {
     /// The node is not a worker: only workers push, pull and advance.
     #[error("node {0} is not a worker: only workers push, pull and advance")]
     NotAWorker(NodeId),
+    /// The node is not a server: only servers leave a job's ring.
+    #[error("node {0} is not a server: only servers leave a job's ring")]
+    NotAServer(NodeId),
     /// The worker refused the call.
     #[error(transparent)]
     Worker(#[from] WorkerError),
@@ -321,6 +324,22 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
     /// Ends the driven worker's iteration (see [`crate::Worker::advance`]).
     pub fn advance(&mut self, now: Time) -> Result<(), DriverError> {
         self.on_worker(|w, out| w.advance(now, out))
+    }
+
+    /// Takes the driven server out of the job once its ranges are held elsewhere (see
+    /// [`crate::Server::leave`]).
+    pub fn leave(&mut self) -> Result<(), DriverError> {
+        let id = self.id();
+        let mut out = self.take_scratch();
+        let result = match self.node.as_server_mut() {
+            Some(s) => {
+                s.leave(&mut out);
+                Ok(())
+            }
+            None => Err(DriverError::NotAServer(id)),
+        };
+        self.absorb(out);
+        result
     }
 
     fn on_worker<T>(

@@ -147,4 +147,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Node<V, U, S> {
             _ => None,
         }
     }
+
+    /// The server, mutably, if this node is one.
+    pub fn as_server_mut(&mut self) -> Option<&mut Server<V, U, S>> {
+        match self {
+            Node::Server(s) => Some(s),
+            _ => None,
+        }
+    }
 }

@@ -40,6 +40,10 @@ pub struct ServerConfig {
     pub width: usize,
     /// Timeouts and intervals.
     pub timing: Timing,
+    /// Which start of this server process this is. Give every start a different value (the
+    /// start time will do): the coordinator takes a registration with a new incarnation for a
+    /// restart that lost the server's state, and one with the same incarnation for a resend.
+    pub incarnation: u64,
     /// Largest answer, in bytes of keys and values, to a pull of key ranges; a larger answer is
     /// sent in parts (see [`PullReply::resume`]). Keep it below the codec's frame limit.
     pub max_reply_bytes: usize,
@@ -53,6 +57,7 @@ impl ServerConfig {
             coordinator,
             width: 1,
             timing: Timing::default(),
+            incarnation: 0,
             max_reply_bytes: crate::worker::DEFAULT_MAX_SLICE_BYTES,
         }
     }
@@ -107,6 +112,8 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Order
     replication_timer: bool,
     /// Started with a configuration in force: the job is starting, every shard is empty.
     started_configured: bool,
+    /// [`Server::leave`] was called.
+    leave_requested: bool,
     /// Messages from senders with a newer configuration than ours, replayed once we have it.
     early: Vec<Envelope<V>>,
     #[cfg(feature = "mutations")]
@@ -130,6 +137,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> PartialEq for Server<V, U, S>
             && self.unreplicated == other.unreplicated
             && self.replication_timer == other.replication_timer
             && self.started_configured == other.started_configured
+            && self.leave_requested == other.leave_requested
             && self.early == other.early
     }
 }
@@ -148,6 +156,7 @@ impl<V: Value + Hash, U: UpdateRule<V>, S: ParamStore<V>> Hash for Server<V, U, 
         self.unreplicated.hash(state);
         self.replication_timer.hash(state);
         self.started_configured.hash(state);
+        self.leave_requested.hash(state);
         self.early.hash(state);
         #[cfg(feature = "mutations")]
         self.mutation.hash(state);
@@ -177,6 +186,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             unreplicated: BTreeMap::new(),
             replication_timer: false,
             started_configured: false,
+            leave_requested: false,
             early: Vec::new(),
             #[cfg(feature = "mutations")]
             mutation: None,
@@ -283,8 +293,29 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
     }
 
+    /// Asks the coordinator to take this server out of the job. Its ranges are copied to the
+    /// servers that take them over while it keeps serving; once they caught up, a configuration
+    /// without it arrives and it drops its shards. The request is repeated with every heartbeat
+    /// until then.
+    pub fn leave(&mut self, out: &mut Effects<V>) {
+        self.leave_requested = true;
+        if self.is_member() {
+            self.send(self.cfg.coordinator, Message::Leave, out);
+        }
+    }
+
+    /// True while the configuration in force has this server on the ring or joining it.
+    pub fn is_member(&self) -> bool {
+        self.cluster
+            .as_ref()
+            .is_some_and(|c| c.is_server(self.cfg.id))
+    }
+
     fn register(&mut self, now: Time, out: &mut Effects<V>) {
-        let body = Message::Register { role: Role::Server };
+        let body = Message::Register {
+            role: Role::Server,
+            incarnation: self.cfg.incarnation,
+        };
         out.send(Envelope::new(
             self.cfg.id,
             self.cfg.coordinator,
@@ -310,6 +341,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             TimerId::Heartbeat => {
                 let body = Message::Heartbeat { sent_at: now };
                 self.send(self.cfg.coordinator, body, out);
+                // Either may have been lost; the coordinator waits for both.
+                self.report_caught_up(out);
+                if self.leave_requested && self.is_member() {
+                    self.send(self.cfg.coordinator, Message::Leave, out);
+                }
                 out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
             }
             _ => {}
@@ -348,7 +384,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let Some(cluster) = &self.cluster else {
             return;
         };
-        let from_server = cluster.servers().contains(&from);
+        let from_server = cluster.is_server(from);
         match env.body {
             Message::Push(_) | Message::Pull(_) | Message::Progress { .. }
                 if !cluster.is_worker(from) =>
@@ -410,9 +446,30 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         // late duplicate be applied again if the worker ever came back.
         self.held.retain(|(w, _), _| cluster.is_worker(*w));
         let fresh_start = first && (self.started_configured || cluster.epoch() == 1);
+        // A server listed as joining anew holds nothing, whatever it held before (it may have
+        // restarted): what this server knew of its copies is void.
+        let rejoined: Vec<NodeId> = cluster
+            .config
+            .joining
+            .iter()
+            .copied()
+            .filter(|n| {
+                self.cluster
+                    .as_ref()
+                    .is_none_or(|old| !old.config.joining.contains(n))
+            })
+            .collect();
         self.cluster = Some(cluster);
-        self.reshard(fresh_start);
+        self.reshard(fresh_start, &rejoined);
+        // A pull held for a range this server no longer serves is sent again by its worker,
+        // re-sliced under the new ring.
+        let held = core::mem::take(&mut self.held);
+        self.held = held
+            .into_iter()
+            .filter(|(_, h)| self.serves(&h.keys))
+            .collect();
         self.resend_replication(out);
+        self.report_caught_up(out);
         if first {
             out.cancel_timer(TimerId::Register);
             out.emit(Event::Ready {
@@ -606,12 +663,16 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         workers_done && (consistency != Consistency::Sequential || self.applied_below() >= required)
     }
 
-    fn on_pull(&mut self, from: NodeId, pull: Pull, out: &mut Effects<V>) {
-        let owned = match &pull.keys {
+    /// True when this server is the primary of every key of `keys`.
+    fn serves(&self, keys: &KeySelection) -> bool {
+        match keys {
             KeySelection::Keys(keys) => self.owns_all(keys.keys()),
             KeySelection::Ranges(ranges) => ranges.ranges().iter().all(|&r| self.owns_range(r)),
-        };
-        if !owned {
+        }
+    }
+
+    fn on_pull(&mut self, from: NodeId, pull: Pull, out: &mut Effects<V>) {
+        if !self.serves(&pull.keys) {
             self.redirect(from, pull.slice, out);
             return;
         }

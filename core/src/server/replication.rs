@@ -178,13 +178,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// True when, under this server's configuration, `primary` is the primary of every key of
-    /// `range` and this server one of its replicas.
+    /// `range` and this server one of its replicas, or a server the next ring gives the range.
     fn is_replica_of(&self, primary: NodeId, range: KeyRange) -> bool {
         let me = self.cfg.id;
         self.cluster.as_ref().is_some_and(|c| {
-            c.ring
-                .segments_in(range)
-                .all(|(_, owners)| owners[0] == primary && owners[1..].contains(&me))
+            c.pieces_in(range)
+                .iter()
+                .all(|(_, holders)| holders[0] == primary && holders[1..].contains(&me))
         })
     }
 
@@ -260,6 +260,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             self.shards.insert(range.start(), shard);
         }
         self.send(from, Message::TransferAck { range, seq }, out);
+        self.report_caught_up(out);
     }
 
     /// A primary learns that a replica installed its copy, and sends what came after it.
@@ -291,42 +292,38 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
     }
 
-    /// Re-cuts the shards along the ring in force and sets each one's role: a replica whose
-    /// primary left becomes primary, a new replica waits for a copy, shards of ranges this
-    /// server no longer holds are dropped. At a job's start every shard is created empty, with
-    /// every replica in step.
-    pub(super) fn reshard(&mut self, fresh_start: bool) {
+    /// Re-cuts the shards along the ring in force (and the next ring, while servers join or
+    /// leave) and sets each one's role: a replica whose primary left becomes primary, a new
+    /// replica or a server the next ring gives the range waits for a copy, shards of ranges
+    /// this server no longer holds are dropped. At a job's start every shard is created empty,
+    /// with every replica in step.
+    pub(super) fn reshard(&mut self, fresh_start: bool, rejoined: &[NodeId]) {
         let me = self.cfg.id;
         let promote_stale = mutated!(self, PromoteStaleReplica);
         let Some(cluster) = self.cluster.as_ref() else {
             return;
         };
-        let segments: Vec<(KeyRange, Vec<NodeId>)> = cluster
-            .ring
-            .segments()
-            .filter(|(_, owners)| owners.contains(&me))
-            .map(|(r, o)| (r, o.to_vec()))
-            .collect();
-        let bounds: Vec<Key> = cluster.ring.segments().map(|(r, _)| r.start()).collect();
-        for b in bounds {
-            self.split_shards_at(b);
+        let pieces: Vec<(KeyRange, Vec<NodeId>)> = cluster.pieces_in(KeyRange::FULL);
+        for (piece, _) in &pieces {
+            self.split_shards_at(piece.start());
         }
-        let Some(cluster) = self.cluster.as_ref() else {
-            return;
-        };
-        let owners_of = |key: Key| -> Vec<NodeId> { cluster.ring.owners(key).to_vec() };
         let mut gone = Vec::new();
         for (&start, shard) in &mut self.shards {
-            let owners = owners_of(start);
-            match owners.iter().position(|&n| n == me) {
+            let i = pieces.partition_point(|(p, _)| p.end() <= start);
+            let Some((_, holders)) = pieces.get(i) else {
+                continue;
+            };
+            match holders.iter().position(|&n| n == me) {
                 None => gone.push(start),
                 Some(0) => {
-                    let replicas: BTreeMap<NodeId, ReplicaState> = owners[1..]
+                    let replicas: BTreeMap<NodeId, ReplicaState> = holders[1..]
                         .iter()
                         .map(|&n| {
                             let kept = match &shard.role {
-                                ShardRole::Primary { replicas, .. } => replicas.get(&n).copied(),
-                                ShardRole::Replica { .. } => None,
+                                ShardRole::Primary { replicas, .. } if !rejoined.contains(&n) => {
+                                    replicas.get(&n).copied()
+                                }
+                                _ => None,
                             };
                             let stale_ok = ReplicaState::Acked(shard.seq);
                             let fresh = if promote_stale {
@@ -345,10 +342,10 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     shard.trim_log();
                 }
                 Some(_) => {
-                    let kept = matches!(shard.role, ShardRole::Replica { primary, .. } if primary == owners[0]);
+                    let kept = matches!(shard.role, ShardRole::Replica { primary, .. } if primary == holders[0]);
                     if !kept {
                         shard.role = ShardRole::Replica {
-                            primary: owners[0],
+                            primary: holders[0],
                             synced: false,
                         };
                     }
@@ -358,9 +355,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         for start in gone {
             self.shards.remove(&start);
         }
-        for (range, owners) in segments {
+        for (range, holders) in pieces {
+            let Some(at) = holders.iter().position(|&n| n == me) else {
+                continue;
+            };
             for gap in self.gaps_in(range) {
-                let role = if owners[0] == me {
+                let role = if at == 0 {
                     let start_as = if fresh_start || promote_stale {
                         ReplicaState::Acked(0)
                     } else {
@@ -368,11 +368,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     };
                     ShardRole::Primary {
                         log: Vec::new(),
-                        replicas: owners[1..].iter().map(|&n| (n, start_as)).collect(),
+                        replicas: holders[1..].iter().map(|&n| (n, start_as)).collect(),
                     }
                 } else if fresh_start || promote_stale {
                     ShardRole::Replica {
-                        primary: owners[0],
+                        primary: holders[0],
                         synced: true,
                     }
                 } else {
@@ -401,6 +401,43 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     .any(|(_, s)| s.is_primary() && s.range.intersect(range).is_some())
             })
         });
+    }
+
+    /// True while servers join or leave, the next ring gives this server ranges that the ring in
+    /// force does not, and it holds, in step with their primaries, a copy of each.
+    pub(super) fn caught_up(&self) -> bool {
+        let me = self.cfg.id;
+        let Some(cluster) = self.cluster.as_ref().filter(|c| c.next.is_some()) else {
+            return false;
+        };
+        let pieces = cluster.pieces_in(KeyRange::FULL);
+        let mut learning = pieces
+            .iter()
+            .filter(|(piece, _)| cluster.is_learner(me, piece.start()))
+            .peekable();
+        learning.peek().is_some()
+            && learning.all(|(piece, holders)| {
+                let covered: u64 = self
+                    .shard_starts_in(*piece)
+                    .iter()
+                    .filter_map(|s| self.shards.get(s))
+                    .filter(|s| {
+                        matches!(s.role, ShardRole::Replica { primary, synced: true } if primary == holders[0])
+                    })
+                    .filter_map(|s| s.range.intersect(*piece))
+                    .map(KeyRange::len)
+                    .sum();
+                covered == piece.len()
+            })
+    }
+
+    /// Tells the coordinator, when it is so, that this server caught up with the change under
+    /// way.
+    pub(super) fn report_caught_up(&self, out: &mut Effects<V>) {
+        if self.caught_up() {
+            let epoch = self.epoch();
+            self.send(self.cfg.coordinator, Message::CaughtUp { epoch }, out);
+        }
     }
 
     /// The parts of `range` no shard covers, in key order.

@@ -29,6 +29,8 @@ pub(crate) fn config(
         workers: workers.to_vec(),
         ring: ring(),
         consistency: c,
+        joining: Vec::new(),
+        leaving: Vec::new(),
     }
 }
 

@@ -135,6 +135,11 @@ impl ClusterSpec {
             sc.width = self.width;
             sc.timing = self.timing;
             sc.max_reply_bytes = self.max_slice_bytes;
+            // Each start of a server process registers as a new incarnation, so that the
+            // coordinator tells a restart (state lost) from a resent registration.
+            sc.incarnation = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
             return Ok(Driver::with_codec(Server::new(sc, self.updater), codec));
         }
         if layout.workers().any(|w| w == id) {

@@ -181,6 +181,8 @@ fn ring_change_configs(
         workers: cfg.worker_ids().collect(),
         ring: cfg.ring,
         consistency: cfg.consistency,
+        joining: Vec::new(),
+        leaving: Vec::new(),
     };
     let gone = cfg.server_taken_off().unwrap_or(NodeId(0));
     let second = first.without_server(gone)?;
