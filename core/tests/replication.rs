@@ -28,6 +28,20 @@ impl Cluster {
     /// `servers` servers (ids 1..), `workers` workers after them, `replicas` per range,
     /// everybody starting with epoch 1 in force.
     fn new(servers: u32, workers: u32, replicas: u32, consistency: Consistency) -> Self {
+        Cluster::with_frames(servers, workers, replicas, consistency, DEFAULT_MAX_FRAME)
+    }
+
+    /// As `new`, with frames of at most `frame` bytes, and slices and range answers cut to
+    /// fit them.
+    fn with_frames(
+        servers: u32,
+        workers: u32,
+        replicas: u32,
+        consistency: Consistency,
+        frame: usize,
+    ) -> Self {
+        let codec = Codec::new(frame);
+        let part = (frame / 2).min(DEFAULT_MAX_SLICE_BYTES);
         let server_ids: Vec<NodeId> = (1..=servers).map(NodeId).collect();
         let worker_ids: Vec<NodeId> = (servers + 1..=servers + workers).map(NodeId).collect();
         let mut job = CoordinatorConfig::new(COORD, 0, 0);
@@ -40,16 +54,20 @@ impl Cluster {
         let coordinator = Coordinator::bootstrapped(job, &server_ids, &worker_ids).unwrap();
         let config = coordinator.config().unwrap().clone();
         let mut nodes = BTreeMap::new();
-        let mut c = Driver::new(coordinator);
+        let mut c = Driver::with_codec(coordinator, codec);
         c.start(0);
         nodes.insert(COORD, c);
         for &s in &server_ids {
-            let mut d = Driver::new(Server::new(ServerConfig::new(s, COORD), Updater::Sum));
+            let mut sc = ServerConfig::new(s, COORD);
+            sc.max_reply_bytes = part;
+            let mut d = Driver::with_codec(Server::new(sc, Updater::Sum), codec);
             d.start_configured(0, config.clone());
             nodes.insert(s, d);
         }
         for &w in &worker_ids {
-            let mut d = Driver::new(Worker::new(WorkerConfig::new(w, COORD)));
+            let mut wc = WorkerConfig::new(w, COORD);
+            wc.max_slice_bytes = part;
+            let mut d = Driver::with_codec(Worker::new(wc), codec);
             d.start_configured(0, config.clone());
             nodes.insert(w, d);
         }
@@ -528,4 +546,44 @@ fn a_server_declared_dead_that_comes_back_joins_again() {
         keys.iter().all(|&k| c.primary_value(k) == 2)
     }));
     c.assert_converged(&keys);
+}
+
+#[test]
+fn a_shard_larger_than_a_frame_is_copied_in_parts_that_fit() {
+    let mut c = Cluster::with_frames(3, 1, 1, Consistency::Eventual, 16 << 10);
+    let keys: Vec<Key> = (0..20_000u64).map(|i| i * (MAX_KEY / 20_000)).collect();
+    let w = NodeId(4);
+    c.push(w, &keys, 1);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    let victim = c.ring().primary(keys[0]);
+    c.crash(victim);
+    assert!(c.run_until(60_000 * MS, |c| {
+        !c.config().servers.contains(&victim)
+            && c.servers_at_epoch(2)
+            && c.ring()
+                .servers()
+                .iter()
+                .all(|&s| c.server(s).unreplicated_pushes() == 0)
+    }));
+    c.push(w, &keys, 1);
+    assert!(c.run_until(60_000 * MS, |c| c.pushes_done(w) == 2));
+    for d in c.nodes.values() {
+        assert_eq!(
+            d.refusals().unencodable,
+            0,
+            "{} sent a frame too large",
+            d.id()
+        );
+    }
+    for &k in keys.iter().step_by(97) {
+        assert_eq!(c.primary_value(k), 2, "key {k}");
+    }
+    c.assert_converged(&keys);
+    let shards: usize = c
+        .ring()
+        .servers()
+        .iter()
+        .map(|&s| c.server(s).shards().count())
+        .sum();
+    assert!(shards > 24, "copies were cut into {shards} shards");
 }

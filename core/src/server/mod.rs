@@ -45,7 +45,8 @@ pub struct ServerConfig {
     /// restart that lost the server's state, and one with the same incarnation for a resend.
     pub incarnation: u64,
     /// Largest answer, in bytes of keys and values, to a pull of key ranges; a larger answer is
-    /// sent in parts (see [`PullReply::resume`]). Keep it below the codec's frame limit.
+    /// sent in parts (see [`PullReply::resume`]). Copies of shards for new replicas are cut to
+    /// the same size. Keep it below the codec's frame limit.
     pub max_reply_bytes: usize,
 }
 
@@ -62,7 +63,8 @@ impl ServerConfig {
         }
     }
 
-    /// Rows per answer to a range pull: as many as fit `max_reply_bytes`, at least one.
+    /// Rows per answer to a range pull (and per copy of a shard): as many as fit
+    /// `max_reply_bytes`, at least one.
     fn rows_per_reply<V: Value>(&self) -> usize {
         let row = 10 + self.width.saturating_mul(V::SIZE);
         (self.max_reply_bytes.saturating_sub(128) / row.max(1)).max(1)

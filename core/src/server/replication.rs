@@ -87,6 +87,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// Sends every replica that is behind what it misses: the logged updates it lacks, or the
     /// whole shard when the log no longer reaches back far enough (or it holds no copy).
     pub(super) fn resend_replication(&mut self, out: &mut Effects<V>) {
+        self.cut_for_copies();
         let width = self.cfg.width;
         let aux_width = self.updater.aux_width();
         let drop_dedupe = mutated!(self, DropDedupOnTransfer);
@@ -125,6 +126,35 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
         for (to, body) in sends {
             self.send(to, body, out);
+        }
+    }
+
+    /// Cuts every shard that some replica needs a whole copy of into shards whose copies fit
+    /// a frame (`ServerConfig::max_reply_bytes`): copies then travel, and are acknowledged,
+    /// shard by shard. Shards only ever split, so the replica's cuts follow.
+    fn cut_for_copies(&mut self) {
+        let rows = self.cfg.rows_per_reply::<V>();
+        let aux_width = self.updater.aux_width();
+        let mut cuts = Vec::new();
+        for shard in self.shards.values() {
+            if !shard.needs_copy() {
+                continue;
+            }
+            let batches = shard.pending.values().map(Vec::len).sum::<usize>();
+            let most = (rows / (1 + aux_width + batches)).max(1);
+            if shard.store.len() <= most {
+                continue;
+            }
+            let mut n = 0usize;
+            shard.store.for_each_in(shard.range, &mut |k, _| {
+                if n > 0 && n % most == 0 {
+                    cuts.push(k);
+                }
+                n += 1;
+            });
+        }
+        for k in cuts {
+            self.split_shards_at(k);
         }
     }
 

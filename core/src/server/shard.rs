@@ -269,6 +269,18 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         }
     }
 
+    /// True when some replica can only catch up with a whole copy: it holds none, or the log
+    /// no longer reaches back to what it has.
+    pub(crate) fn needs_copy(&self) -> bool {
+        match &self.role {
+            ShardRole::Primary { log, replicas } => replicas.values().any(|r| match *r {
+                ReplicaState::Acked(a) => a < self.seq && log.first().is_none_or(|e| e.seq > a + 1),
+                ReplicaState::NeedsCopy | ReplicaState::Copying(_) => true,
+            }),
+            ShardRole::Replica { .. } => false,
+        }
+    }
+
     /// True when every replica has applied update `seq`.
     pub(crate) fn replicated(&self, seq: u64) -> bool {
         match &self.role {
