@@ -587,3 +587,88 @@ fn a_shard_larger_than_a_frame_is_copied_in_parts_that_fit() {
         .sum();
     assert!(shards > 24, "copies were cut into {shards} shards");
 }
+
+/// A server joins a job whose data was written before: after the switch, the key's primary
+/// holds the value. With `promote-stale-replica` the new server takes itself to be in step
+/// without copying anything and is made primary of ranges it holds nothing of.
+fn join_after_writes(mutation: Option<Mutation>) -> Vec<i64> {
+    let mut c = Cluster::new(3, 1, 1, Consistency::Eventual);
+    for d in c.nodes.values_mut() {
+        d.set_mutation(mutation);
+    }
+    let keys = Cluster::keys(32);
+    let w = NodeId(4);
+    c.push(w, &keys, 6);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    c.start_server(NodeId(9));
+    c.driver(NodeId(9)).set_mutation(mutation);
+    assert!(c.run_until(60_000 * MS, |c| c.settled_on(&[1, 2, 3, 9])));
+    let ring = c.ring();
+    keys.iter()
+        .filter(|&&k| ring.primary(k) == NodeId(9))
+        .map(|&k| c.primary_value(k))
+        .collect()
+}
+
+#[test]
+fn durability_a_joining_server_is_made_primary_only_with_the_data() {
+    let values = join_after_writes(None);
+    assert!(!values.is_empty());
+    assert!(values.iter().all(|&v| v == 6), "{values:?}");
+}
+
+#[cfg(feature = "mutations")]
+#[test]
+fn promote_stale_replica_makes_an_empty_server_primary() {
+    let values = join_after_writes(Some(Mutation::PromoteStaleReplica));
+    assert!(!values.is_empty());
+    assert!(values.iter().all(|&v| v == 0), "{values:?}");
+}
+
+#[cfg(feature = "mutations")]
+#[test]
+fn drop_dedup_on_transfer_applies_a_resend_again_after_fail_over() {
+    // The push reaches the primary and its replica, but no acknowledgement reaches the worker.
+    // The primary dies; the replica, now primary, copies the range to a new replica; then it
+    // dies too, and the worker's resend reaches the holder of the copy, which recognises it,
+    // unless the copy left the de-duplication state behind.
+    let run = |mutation: Option<Mutation>| -> i64 {
+        let mut c = Cluster::new(4, 1, 1, Consistency::Eventual);
+        for d in c.nodes.values_mut() {
+            d.set_mutation(mutation);
+        }
+        let key = Cluster::keys(8)[3];
+        let ring = c.ring();
+        let (primary, replica) = (ring.owners(key)[0], ring.owners(key)[1]);
+        let w = NodeId(5);
+        c.cut.insert((primary, w));
+        c.cut.insert((replica, w));
+        c.push(w, &[key], 7);
+        assert!(
+            c.run_until(10_000 * MS, |c| c.server(primary).unreplicated_pushes()
+                == 1
+                && c.server(replica).received_total(key) == vec![7])
+        );
+        c.crash(primary);
+        assert!(c.run_until(60_000 * MS, |c| {
+            c.servers_at_epoch(2)
+                && c.ring()
+                    .owners(key)
+                    .iter()
+                    .all(|&s| c.server(s).received_total(key) == vec![7])
+        }));
+        let follower = c.ring().owners(key)[1];
+        assert_eq!(c.pushes_done(w), 0);
+        c.crash(replica);
+        assert!(c.run_until(60_000 * MS, |c| c.pushes_done(w) == 1
+            && c.servers_at_epoch(3)));
+        assert_eq!(c.ring().primary(key), follower);
+        c.primary_value(key)
+    };
+    assert_eq!(run(None), 7, "the resend is recognised");
+    assert_eq!(
+        run(Some(Mutation::DropDedupOnTransfer)),
+        14,
+        "applied twice"
+    );
+}
