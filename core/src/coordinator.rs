@@ -218,6 +218,38 @@ impl Coordinator {
             .is_some_and(|c| c.servers.contains(&node) || c.joining.contains(&node))
     }
 
+    fn is_worker(&self, node: NodeId) -> bool {
+        self.config
+            .as_ref()
+            .is_some_and(|c| c.workers.contains(&node))
+    }
+
+    /// A worker registering while the job runs joins it at once: it has nothing to copy, and
+    /// the servers count it as having finished what the others had (it asks them where to
+    /// start).
+    fn admit_worker<V: Value>(&mut self, worker: NodeId, out: &mut Effects<V>) {
+        let Some(config) = &self.config else {
+            return;
+        };
+        let mut next = config.clone();
+        next.workers.push(worker);
+        next.workers.sort_unstable();
+        self.dead.remove(&worker);
+        self.silent_checks.remove(&worker);
+        self.members.insert(worker, Role::Worker);
+        self.publish(next, out);
+    }
+
+    /// A worker asking to leave is removed at once; its last job is to be fenced.
+    fn remove_worker<V: Value>(&mut self, worker: NodeId, out: &mut Effects<V>) {
+        let Some(config) = &self.config else {
+            return;
+        };
+        let mut next = config.clone();
+        next.workers.retain(|&w| w != worker);
+        self.publish(next, out);
+    }
+
     /// Where the job's membership stands.
     pub fn phase(&self) -> Phase {
         match &self.config {
@@ -267,6 +299,8 @@ impl Coordinator {
                 } else if role == Role::Server && !(known && self.is_server(from)) {
                     self.incarnations.insert(from, incarnation);
                     self.admit_server(from, out);
+                } else if role == Role::Worker && !self.is_worker(from) {
+                    self.admit_worker(from, out);
                 } else {
                     // Members get the configuration again; latecomers and the dead learn that
                     // they are not members.
@@ -278,6 +312,7 @@ impl Coordinator {
                 self.switch_when_caught_up(out);
             }
             Message::CaughtUp { .. } => {}
+            Message::Leave if self.is_worker(from) => self.remove_worker(from, out),
             Message::Leave => self.retire_server(from, out),
             Message::ConfigRequest => self.send_config(from, out),
             Message::Heartbeat { .. } if env.epoch < self.epoch() => self.send_config(from, out),

@@ -162,6 +162,13 @@ pub struct Worker<V: Value> {
     retransmit_at: Option<Time>,
     /// Slices on the network: push slices, pull slices.
     in_flight: [usize; 2],
+    /// Started with a configuration in force.
+    started_configured: bool,
+    /// Joined a running job and is asking the servers which iteration to start in; the
+    /// application hears [`Event::Ready`] once they all answered.
+    learning_start: bool,
+    /// [`Worker::leave`] was called.
+    leave_requested: bool,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -183,6 +190,9 @@ impl<V: Value> Worker<V> {
             progress_attempts: 0,
             retransmit_at: None,
             in_flight: [0, 0],
+            started_configured: false,
+            learning_start: false,
+            leave_requested: false,
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -264,8 +274,20 @@ impl<V: Value> Worker<V> {
     /// [`crate::Coordinator::bootstrapped`]) instead of registering. Call once, first, instead
     /// of `start`.
     pub fn start_configured(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
+        self.started_configured = true;
         self.adopt(now, config.coordinator, config, out);
         out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
+    }
+
+    /// Asks the coordinator to take this worker out of the job; nobody waits on its progress
+    /// afterwards. Call it once the worker's requests have completed: when the configuration
+    /// without it arrives the worker is fenced ([`Event::Fenced`]) and drops what is open. The
+    /// request is repeated with every heartbeat until then.
+    pub fn leave(&mut self, out: &mut Effects<V>) {
+        self.leave_requested = true;
+        if !self.fenced {
+            self.send(self.cfg.coordinator, Message::Leave, out);
+        }
     }
 
     fn register(&mut self, now: Time, out: &mut Effects<V>) {
@@ -450,6 +472,9 @@ impl<V: Value> Worker<V> {
             TimerId::Heartbeat => {
                 let body = Message::Heartbeat { sent_at: now };
                 self.send(self.cfg.coordinator, body, out);
+                if self.leave_requested {
+                    self.send(self.cfg.coordinator, Message::Leave, out);
+                }
                 out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
             }
             TimerId::Retransmit => {
@@ -503,12 +528,21 @@ impl<V: Value> Worker<V> {
     }
 
     fn progress_pending(&self) -> bool {
+        self.cluster
+            .as_ref()
+            .is_some_and(|c| c.servers().iter().any(|&s| self.progress_owed(s).is_some()))
+    }
+
+    /// The progress `server` has not acknowledged yet: ahead of what it acknowledged, or, while
+    /// learning where to start, anything at all.
+    fn progress_owed(&self, server: NodeId) -> Option<Iteration> {
         let done = self.finished_below();
-        self.cluster.as_ref().is_some_and(|c| {
-            c.servers()
-                .iter()
-                .any(|s| self.progress_acked.get(s).copied().unwrap_or(0) < done)
-        })
+        match self.progress_acked.get(&server) {
+            Some(&acked) if acked >= done => None,
+            None if self.learning_start => Some(done),
+            acked if acked.copied().unwrap_or(0) < done => Some(done),
+            _ => None,
+        }
     }
 
     fn send_progress(&mut self, now: Time, out: &mut Effects<V>) {
@@ -516,12 +550,11 @@ impl<V: Value> Worker<V> {
             request: RequestId::MAX,
             slice: self.finished_below(),
         };
-        let done = self.finished_below();
         let Some(cluster) = &self.cluster else {
             return;
         };
         for &server in cluster.servers() {
-            if self.progress_acked.get(&server).copied().unwrap_or(0) < done {
+            if let Some(done) = self.progress_owed(server) {
                 let body = Message::Progress {
                     finished_below: done,
                 };
@@ -558,6 +591,9 @@ impl<V: Value> Worker<V> {
             Message::ProgressAck { finished_below } => {
                 let acked = self.progress_acked.entry(env.from).or_default();
                 *acked = (*acked).max(finished_below);
+                if self.learning_start {
+                    self.start_when_learned(now, out);
+                }
                 if !self.progress_pending() {
                     self.progress_attempts = 0;
                 }
@@ -733,6 +769,9 @@ impl<V: Value> Worker<V> {
             Err(reason) => return out.refuse(from, reason),
         };
         let first = self.cluster.is_none();
+        // A worker that joins a running job asks where the others are before it starts, so
+        // that nobody waits for it to go through iterations the job has finished.
+        let joins_late = first && !self.started_configured && cluster.epoch() > 1;
         if !cluster.is_worker(self.cfg.id) {
             self.fenced = true;
             self.requests.clear();
@@ -746,9 +785,13 @@ impl<V: Value> Worker<V> {
         self.cluster = Some(cluster);
         if first {
             out.cancel_timer(TimerId::Register);
-            out.emit(Event::Ready {
-                epoch: self.epoch(),
-            });
+            if joins_late {
+                self.learning_start = true;
+            } else {
+                out.emit(Event::Ready {
+                    epoch: self.epoch(),
+                });
+            }
         }
         let ids: Vec<RequestId> = self.requests.keys().copied().collect();
         for id in ids {
@@ -760,6 +803,35 @@ impl<V: Value> Worker<V> {
             self.send_progress(now, out);
         }
         self.arm_retransmit(out);
+    }
+
+    /// Once every server answered a late joiner's progress, enters the furthest iteration they
+    /// named (each server counts the joiner as having finished what every other worker had)
+    /// and tells the application it is ready.
+    fn start_when_learned(&mut self, now: Time, out: &mut Effects<V>) {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        let answers: Option<Vec<Iteration>> = cluster
+            .servers()
+            .iter()
+            .map(|s| self.progress_acked.get(s).copied())
+            .collect();
+        let Some(start) = answers.and_then(|a| a.into_iter().max()) else {
+            return;
+        };
+        self.learning_start = false;
+        if self.requests.is_empty() && self.unfinished.is_empty() {
+            self.iteration = self.iteration.max(start);
+        }
+        out.emit(Event::Ready {
+            epoch: self.epoch(),
+        });
+        if self.progress_pending() {
+            self.progress_attempts = 0;
+            self.send_progress(now, out);
+            self.arm_retransmit(out);
+        }
     }
 
     /// Takes back the open slices whose server is no longer the primary of all their keys, so

@@ -826,7 +826,7 @@ fn the_coordinator_checks_for_silent_workers_every_heartbeat_interval() {
 }
 
 #[test]
-fn the_coordinator_answers_only_stale_heartbeats_and_keeps_latecomers_out() {
+fn the_coordinator_answers_only_stale_heartbeats_and_admits_latecomers_in_a_new_epoch() {
     let mut c = coordinator();
     let mut out = Effects::new();
     register(&mut c, 0, NodeId(1), Role::Server, &mut out);
@@ -841,13 +841,18 @@ fn the_coordinator_answers_only_stale_heartbeats_and_keeps_latecomers_out() {
     // A node behind the current epoch is sent the configuration.
     c.on_message(0, beat(0), &mut out);
     assert_eq!(sends_of(&mut out), vec![deliver_config::<i64>(W1, &config)]);
-    // A node registering after the configuration was published is told it, and is no member.
+    // A member registering again (its configuration was lost) is told it again.
+    register(&mut c, 0, W2, Role::Worker, &mut out);
+    assert_eq!(c.config(), Some(&config));
+    assert_eq!(sends_of(&mut out), vec![deliver_config::<i64>(W2, &config)]);
+    // A worker registering after the configuration was published joins in a new epoch, which
+    // every member hears.
     let late = NodeId(12);
     register(&mut c, 0, late, Role::Worker, &mut out);
-    assert_eq!(c.config(), Some(&config));
-    assert_eq!(
-        sends_of(&mut out),
-        vec![deliver_config::<i64>(late, &config)]
-    );
+    let next = c.config().unwrap().clone();
+    assert_eq!(next.epoch, 2);
+    assert_eq!(next.workers, vec![W1, W2, late]);
+    let told: Vec<NodeId> = sends_of(&mut out).iter().map(|e| e.to).collect();
+    assert_eq!(told, vec![NodeId(1), W1, W2, late]);
     assert!(out.events.is_empty(), "{out:?}");
 }

@@ -501,10 +501,6 @@ fn a_leaving_server_hands_its_ranges_over_before_it_goes() {
     }));
     c.assert_single_owner(&keys);
     c.assert_converged(&keys);
-    assert!(
-        c.driver(NodeId(5)).leave().is_err(),
-        "only servers leave a ring"
-    );
 }
 
 #[test]
@@ -670,5 +666,96 @@ fn drop_dedup_on_transfer_applies_a_resend_again_after_fail_over() {
         run(Some(Mutation::DropDedupOnTransfer)),
         14,
         "applied twice"
+    );
+}
+
+impl Cluster {
+    /// Runs one iteration on `worker`: push 1 to every key, then advance.
+    fn iterate(&mut self, worker: NodeId, keys: &[Key]) {
+        self.push(worker, keys, 1);
+        let now = self.now;
+        self.driver(worker).advance(now).unwrap();
+        self.collect();
+    }
+
+    fn iteration(&self, worker: NodeId) -> Iteration {
+        self.nodes[&worker].node().as_worker().unwrap().iteration()
+    }
+}
+
+#[test]
+fn a_worker_joining_a_running_job_starts_where_the_others_are() {
+    let mut c = Cluster::new(3, 2, 1, Consistency::Sequential);
+    let keys = Cluster::keys(12);
+    let (w1, w2, w3) = (NodeId(4), NodeId(5), NodeId(9));
+    for _ in 0..3 {
+        c.iterate(w1, &keys);
+        c.iterate(w2, &keys);
+    }
+    assert!(c.run_until(10_000 * MS, |c| c.iteration(w1) == 3
+        && c.iteration(w2) == 3));
+    let mut d = Driver::new(Worker::new(WorkerConfig::new(w3, COORD)));
+    d.start(c.now);
+    c.nodes.insert(w3, d);
+    c.collect();
+    assert!(c.run_until(10_000 * MS, |c| {
+        c.events
+            .get(&w3)
+            .is_some_and(|e| e.iter().any(|e| matches!(e, Event::Ready { .. })))
+    }));
+    assert_eq!(c.config().workers, vec![w1, w2, w3]);
+    assert_eq!(
+        c.iteration(w3),
+        3,
+        "the newcomer starts where the others are"
+    );
+    // Iteration 3 is aggregated once all three finished it; nobody waited for the newcomer to
+    // go through iterations 0 to 2.
+    for w in [w1, w2, w3] {
+        c.iterate(w, &keys);
+    }
+    assert!(c.run_until(10_000 * MS, |c| {
+        [w1, w2, w3].iter().all(|&w| c.iteration(w) == 4)
+    }));
+    assert!(c.run_until(10_000 * MS, |c| {
+        keys.iter()
+            .all(|&k| c.server(c.ring().primary(k)).applied_below() >= 4)
+    }));
+    for &k in &keys {
+        assert_eq!(c.primary_value(k), 9, "key {k}");
+    }
+}
+
+#[test]
+fn a_worker_that_leaves_is_waited_for_no_more() {
+    let mut c = Cluster::new(3, 2, 1, Consistency::Sequential);
+    let keys = Cluster::keys(12);
+    let (w1, w2) = (NodeId(4), NodeId(5));
+    c.iterate(w1, &keys);
+    c.iterate(w2, &keys);
+    assert!(c.run_until(10_000 * MS, |c| c.iteration(w1) == 1
+        && c.iteration(w2) == 1));
+    c.driver(w2).leave().unwrap();
+    c.collect();
+    assert!(c.run_until(10_000 * MS, |c| c.events[&w2].contains(&Event::Fenced)));
+    assert_eq!(c.config().workers, vec![w1]);
+    assert!(
+        !c.coordinator().dead().contains(&w2),
+        "it left; it did not die"
+    );
+    for _ in 0..2 {
+        c.iterate(w1, &keys);
+    }
+    assert!(c.run_until(10_000 * MS, |c| c.iteration(w1) == 3));
+    assert!(c.run_until(10_000 * MS, |c| {
+        keys.iter()
+            .all(|&k| c.server(c.ring().primary(k)).applied_below() >= 3)
+    }));
+    for &k in &keys {
+        assert_eq!(c.primary_value(k), 4, "key {k}");
+    }
+    assert!(
+        c.driver(COORD).leave().is_err(),
+        "the coordinator cannot leave"
     );
 }

@@ -84,9 +84,9 @@ pub enum DriverError {
     /// The node is not a worker: only workers push, pull and advance.
     #[error("node {0} is not a worker: only workers push, pull and advance")]
     NotAWorker(NodeId),
-    /// The node is not a server: only servers leave a job's ring.
-    #[error("node {0} is not a server: only servers leave a job's ring")]
-    NotAServer(NodeId),
+    /// The coordinator cannot leave its own job.
+    #[error("node {0} is the coordinator: only servers and workers leave a job")]
+    CannotLeave(NodeId),
     /// The worker refused the call.
     #[error(transparent)]
     Worker(#[from] WorkerError),
@@ -326,17 +326,21 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         self.on_worker(|w, out| w.advance(now, out))
     }
 
-    /// Takes the driven server out of the job once its ranges are held elsewhere (see
-    /// [`crate::Server::leave`]).
+    /// Takes the driven server (once its ranges are held elsewhere, see
+    /// [`crate::Server::leave`]) or worker ([`crate::Worker::leave`]) out of the job.
     pub fn leave(&mut self) -> Result<(), DriverError> {
         let id = self.id();
         let mut out = self.take_scratch();
-        let result = match self.node.as_server_mut() {
-            Some(s) => {
+        let result = match &mut self.node {
+            Node::Server(s) => {
                 s.leave(&mut out);
                 Ok(())
             }
-            None => Err(DriverError::NotAServer(id)),
+            Node::Worker(w) => {
+                w.leave(&mut out);
+                Ok(())
+            }
+            Node::Coordinator(_) => Err(DriverError::CannotLeave(id)),
         };
         self.absorb(out);
         result

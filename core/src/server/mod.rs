@@ -461,6 +461,28 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     .is_none_or(|old| !old.config.joining.contains(n))
             })
             .collect();
+        // A worker that joined a running job has nothing to push for the iterations the others
+        // finished: count it as having finished them too, so that nobody waits for it, and
+        // tell it where to start when it asks.
+        if let Some(old) = &self.cluster {
+            let staying: Vec<NodeId> = old
+                .workers()
+                .iter()
+                .copied()
+                .filter(|w| cluster.is_worker(*w))
+                .collect();
+            let known = |w: &NodeId| self.progress.get(w).copied().unwrap_or(0);
+            let floor = match staying.iter().map(known).min() {
+                Some(min) => min,
+                None => self.progress.values().copied().max().unwrap_or(0),
+            };
+            for &w in cluster.workers() {
+                if !old.is_worker(w) {
+                    let p = self.progress.entry(w).or_default();
+                    *p = (*p).max(floor);
+                }
+            }
+        }
         self.cluster = Some(cluster);
         self.reshard(fresh_start, &rejoined);
         // A pull held for a range this server no longer serves is sent again by its worker,
