@@ -759,3 +759,34 @@ fn a_worker_that_leaves_is_waited_for_no_more() {
         "the coordinator cannot leave"
     );
 }
+
+#[test]
+fn a_primary_cut_off_from_its_replica_holds_a_bounded_log_and_catches_it_up_with_a_copy() {
+    // Six workers with 64 slices each on the network: more updates than the log keeps.
+    let mut c = Cluster::new(3, 6, 1, Consistency::Eventual);
+    let key = Cluster::keys(8)[3];
+    let ring = c.ring();
+    let (primary, replica) = (ring.owners(key)[0], ring.owners(key)[1]);
+    c.cut.insert((primary, replica));
+    let workers: Vec<NodeId> = (4..10).map(NodeId).collect();
+    for &w in &workers {
+        for _ in 0..60 {
+            c.push(w, &[key], 1);
+        }
+    }
+    c.run_until(300 * MS, |_| false);
+    assert!(
+        workers.iter().all(|&w| c.pushes_done(w) == 0),
+        "nothing is acknowledged"
+    );
+    let logged = format!("{:?}", c.server(primary))
+        .matches("Replicate {")
+        .count();
+    assert!(logged <= 256, "{logged} updates logged");
+    c.cut.clear();
+    assert!(c.run_until(60_000 * MS, |c| {
+        workers.iter().all(|&w| c.pushes_done(w) == 60)
+    }));
+    assert_eq!(c.primary_value(key), 360);
+    c.assert_converged(&[key]);
+}

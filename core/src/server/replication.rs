@@ -14,6 +14,10 @@ use crate::value::Value;
 use super::Server;
 use super::shard::{ReplicaState, Shard, ShardRole, restrict};
 
+/// Updates a primary keeps per shard for replicas that are behind; beyond this, a replica
+/// catches up with a whole copy.
+pub(crate) const MAX_LOG: usize = 256;
+
 impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     fn negate(&self) -> bool {
         mutated!(self, WrongSign)
@@ -39,6 +43,18 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .map(|(&n, _)| n)
             .collect();
         log.push(entry.clone());
+        if log.len() > MAX_LOG {
+            // A replica this far behind (cut off, or about to be declared dead) catches up
+            // with a whole copy instead of holding the log, and so memory, without bound.
+            let oldest = log.len() - MAX_LOG;
+            let dropped_below = log[oldest].seq;
+            log.drain(..oldest);
+            for state in replicas.values_mut() {
+                if matches!(*state, ReplicaState::Acked(a) if a + 1 < dropped_below) {
+                    *state = ReplicaState::NeedsCopy;
+                }
+            }
+        }
         for replica in in_step {
             let body = Message::Replicate {
                 updates: vec![entry.clone()],
