@@ -4,6 +4,7 @@
 use core::fmt;
 
 use crate::codec::DecodeError;
+use crate::key::KeyRange;
 use crate::kv::KvPairs;
 use crate::message::{Envelope, RequestId};
 use crate::node::{Epoch, Iteration, NodeId, Time};
@@ -62,6 +63,10 @@ pub enum Event<V: Value> {
     RingDegraded(NodeId),
     /// The coordinator no longer counts this node as a member: it must stop.
     Fenced,
+    /// A server became the primary of a range that no live server held a copy of (more
+    /// servers failed than the ring has replicas, faster than copies were refilled): the range
+    /// starts again from zero. Every value pushed to it before is lost.
+    RangeLost(KeyRange),
     /// The node refused a message (see [`Refusal`]). Nothing in the node changed; drivers count
     /// these and log them, so that input the protocol cannot use never vanishes silently.
     Refused {

@@ -790,3 +790,37 @@ fn a_primary_cut_off_from_its_replica_holds_a_bounded_log_and_catches_it_up_with
     assert_eq!(c.primary_value(key), 360);
     c.assert_converged(&[key]);
 }
+
+#[test]
+fn losing_every_holder_of_a_range_at_once_is_reported_not_silent() {
+    let mut c = Cluster::new(4, 1, 1, Consistency::Eventual);
+    let key = Cluster::keys(8)[3];
+    let w = NodeId(5);
+    c.push(w, &[key], 3);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    let owners = c.ring().owners(key).to_vec();
+    for &s in &owners {
+        c.crash(s);
+    }
+    assert!(c.run_until(60_000 * MS, |c| {
+        owners.iter().all(|s| !c.config().servers.contains(s))
+            && c.servers_at_epoch(c.config().epoch)
+    }));
+    let primary = c.ring().primary(key);
+    let lost: Vec<KeyRange> = c.events[&primary]
+        .iter()
+        .filter_map(|e| match e {
+            Event::RangeLost(r) => Some(*r),
+            _ => None,
+        })
+        .collect();
+    assert!(lost.iter().any(|r| r.contains(key)), "{lost:?}");
+    assert_eq!(
+        c.primary_value(key),
+        0,
+        "more failures than replicas lose the range"
+    );
+    c.push(w, &[key], 1);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 2));
+    assert_eq!(c.primary_value(key), 1, "and it serves again from zero");
+}

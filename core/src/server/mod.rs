@@ -484,7 +484,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             }
         }
         self.cluster = Some(cluster);
-        self.reshard(fresh_start, &rejoined);
+        self.reshard(fresh_start, &rejoined, out);
         // A pull held for a range this server no longer serves is sent again by its worker,
         // re-sliced under the new ring.
         let held = core::mem::take(&mut self.held);

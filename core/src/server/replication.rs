@@ -343,7 +343,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// replica or a server the next ring gives the range waits for a copy, shards of ranges
     /// this server no longer holds are dropped. At a job's start every shard is created empty,
     /// with every replica in step.
-    pub(super) fn reshard(&mut self, fresh_start: bool, rejoined: &[NodeId]) {
+    pub(super) fn reshard(&mut self, fresh_start: bool, rejoined: &[NodeId], out: &mut Effects<V>) {
         let me = self.cfg.id;
         let promote_stale = mutated!(self, PromoteStaleReplica);
         let Some(cluster) = self.cluster.as_ref() else {
@@ -406,6 +406,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 continue;
             };
             for gap in self.gaps_in(range) {
+                if at == 0 && !fresh_start {
+                    out.emit(crate::effects::Event::RangeLost(gap));
+                }
                 let role = if at == 0 {
                     let start_as = if fresh_start || promote_stale {
                         ReplicaState::Acked(0)

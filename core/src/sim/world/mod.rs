@@ -631,7 +631,10 @@ impl<'a> World<'a> {
                     app.crashed = true;
                 }
             }
-            Event::NodeDead(_) | Event::RingDegraded(_) | Event::Refused { .. } => {}
+            Event::NodeDead(_)
+            | Event::RingDegraded(_)
+            | Event::RangeLost(_)
+            | Event::Refused { .. } => {}
         }
         Ok(())
     }
