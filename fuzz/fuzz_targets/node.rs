@@ -2,7 +2,10 @@
 //! (frames to the server go through the decoder), plus the worker's application calls and the
 //! passing of time. Nothing may panic, and the protocol's invariants must hold throughout:
 //! exactly-once (the server's totals equal the sum of the push slices it acknowledged for the
-//! first time) and the worker's in-flight bound.
+//! first time) and the worker's in-flight bound. Server-to-server traffic (replication, copies,
+//! acknowledgements, catching up, leaving) and configurations with replicas and joining servers
+//! are thrown in too; once any of it reached the server, its totals also hold what other
+//! servers sent, so only the absence of panics and the in-flight bound are checked.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -47,22 +50,104 @@ fn kvs(ks: &[u16], vals: &[i16]) -> KvPairs<i64> {
 }
 
 fn members(mask: u8, first: u32) -> Vec<NodeId> {
-    (0..3).filter(|i| mask & (1 << i) != 0).map(|i| NodeId(first + i)).collect()
+    (0..3)
+        .filter(|i| mask & (1 << i) != 0)
+        .map(|i| NodeId(first + i))
+        .collect()
 }
 
 #[derive(Arbitrary, Debug)]
 enum Body {
-    Register,
-    Config { epoch: u8, servers: u8, workers: u8, consistency: u8 },
+    Register {
+        incarnation: u8,
+    },
+    Config {
+        epoch: u8,
+        servers: u8,
+        workers: u8,
+        consistency: u8,
+        replicas: bool,
+        joining: u8,
+    },
     ConfigRequest,
     Heartbeat,
-    Push { request: u8, slice: u8, iteration: u8 },
-    PushAck { request: u8, slice: u8 },
-    Pull { request: u8, slice: u8, iteration: u8, keys: Vec<u16>, dense: bool },
-    PullReply { request: u8, slice: u8, keys: Vec<u16>, vals: Vec<i16>, resume: Option<u16> },
-    Redirect { request: u8, slice: u8, epoch: u8 },
+    Push {
+        request: u8,
+        slice: u8,
+        iteration: u8,
+    },
+    PushAck {
+        request: u8,
+        slice: u8,
+    },
+    Pull {
+        request: u8,
+        slice: u8,
+        iteration: u8,
+        keys: Vec<u16>,
+        dense: bool,
+    },
+    PullReply {
+        request: u8,
+        slice: u8,
+        keys: Vec<u16>,
+        vals: Vec<i16>,
+        resume: Option<u16>,
+    },
+    Redirect {
+        request: u8,
+        slice: u8,
+        epoch: u8,
+    },
     Progress(u8),
     ProgressAck(u8),
+    Replicate {
+        from_key: u16,
+        to_key: u16,
+        seq: u8,
+        kind: u8,
+        keys: Vec<u16>,
+        vals: Vec<i16>,
+    },
+    ReplicateAck {
+        from_key: u16,
+        to_key: u16,
+        seq: Option<u8>,
+    },
+    Transfer {
+        from_key: u16,
+        to_key: u16,
+        seq: u8,
+        keys: Vec<u16>,
+        vals: Vec<i16>,
+        worker: u8,
+    },
+    TransferAck {
+        from_key: u16,
+        to_key: u16,
+        seq: u8,
+    },
+    CaughtUp(u8),
+    Leave,
+}
+
+impl Body {
+    /// True for what only another server sends a server.
+    fn is_between_servers(&self) -> bool {
+        matches!(
+            self,
+            Body::Replicate { .. }
+                | Body::ReplicateAck { .. }
+                | Body::Transfer { .. }
+                | Body::TransferAck { .. }
+        ) || matches!(self, Body::Config { replicas: true, .. })
+            || matches!(self, Body::Config { joining, .. } if joining & 7 != 0)
+    }
+}
+
+fn range(a: u16, b: u16) -> KeyRange {
+    let (a, b) = (key(a.min(b)), key(a.max(b)));
+    KeyRange::new(a, b.max(a + 1)).expect("a < b")
 }
 
 #[derive(Arbitrary, Debug)]
@@ -83,15 +168,35 @@ fn message(body: Body) -> Message<i64> {
         slice: u32::from(slice % 4),
     };
     match body {
-        Body::Register => Message::Register { role: Role::Worker },
-        Body::Config { epoch, servers, workers, consistency } => {
+        Body::Register { incarnation } => Message::Register {
+            role: Role::Worker,
+            incarnation: u64::from(incarnation),
+        },
+        Body::Config {
+            epoch,
+            servers,
+            workers,
+            consistency,
+            replicas,
+            joining,
+        } => {
             let servers = members(servers | 1, 1);
+            let joining = members(joining, 1)
+                .into_iter()
+                .filter(|s| !servers.contains(s))
+                .collect();
             Message::Config(ClusterConfig {
                 epoch: u64::from(epoch),
                 coordinator: COORD,
                 servers,
                 workers: members(workers, 8),
-                ring: RingConfig { vnodes: 4, replicas: 0, seed: 0 },
+                ring: RingConfig {
+                    vnodes: 4,
+                    replicas: u32::from(replicas),
+                    seed: 0,
+                },
+                joining,
+                leaving: Vec::new(),
                 consistency: match consistency % 3 {
                     0 => Consistency::Sequential,
                     1 => Consistency::BoundedDelay(u32::from(consistency % 4)),
@@ -101,7 +206,11 @@ fn message(body: Body) -> Message<i64> {
         }
         Body::ConfigRequest => Message::ConfigRequest,
         Body::Heartbeat => Message::Heartbeat { sent_at: 1 },
-        Body::Push { request, slice, iteration } => {
+        Body::Push {
+            request,
+            slice,
+            iteration,
+        } => {
             // Push slices are 0 and 1, pull slices 2 and 3, so answers tell them apart.
             let slice = sref(request, slice % 2);
             Message::Push(Push {
@@ -112,25 +221,127 @@ fn message(body: Body) -> Message<i64> {
             })
         }
         Body::PushAck { request, slice } => Message::PushAck(sref(request, slice)),
-        Body::Pull { request, slice, iteration, keys: ks, dense } => Message::Pull(Pull {
+        Body::Pull {
+            request,
+            slice,
+            iteration,
+            keys: ks,
+            dense,
+        } => Message::Pull(Pull {
             slice: sref(request, 2 + slice % 2),
             iteration: u32::from(iteration % 8),
             keys: selection(&ks, dense),
         }),
-        Body::PullReply { request, slice, keys: ks, vals, resume } => {
-            Message::PullReply(PullReply {
-                slice: sref(request, slice),
-                complete_below: 0,
-                kvs: kvs(&ks, &vals),
-                resume: resume.map(key),
-            })
-        }
-        Body::Redirect { request, slice, epoch } => Message::Redirect {
+        Body::PullReply {
+            request,
+            slice,
+            keys: ks,
+            vals,
+            resume,
+        } => Message::PullReply(PullReply {
+            slice: sref(request, slice),
+            complete_below: 0,
+            kvs: kvs(&ks, &vals),
+            resume: resume.map(key),
+        }),
+        Body::Redirect {
+            request,
+            slice,
+            epoch,
+        } => Message::Redirect {
             slice: sref(request, slice),
             epoch: u64::from(epoch),
         },
-        Body::Progress(i) => Message::Progress { finished_below: u32::from(i % 8) },
-        Body::ProgressAck(i) => Message::ProgressAck { finished_below: u32::from(i % 8) },
+        Body::Progress(i) => Message::Progress {
+            finished_below: u32::from(i % 8),
+        },
+        Body::ProgressAck(i) => Message::ProgressAck {
+            finished_below: u32::from(i % 8),
+        },
+        Body::Replicate {
+            from_key,
+            to_key,
+            seq,
+            kind,
+            keys: ks,
+            vals,
+        } => {
+            let rows = kvs(&ks, &vals);
+            let update = match kind % 3 {
+                0 => ShardUpdate::Apply(rows),
+                1 => ShardUpdate::Buffer {
+                    iteration: u32::from(kind % 4),
+                    kvs: rows,
+                },
+                _ => ShardUpdate::ApplyBelow(u32::from(kind % 5)),
+            };
+            let dedupe = vec![DedupeRecord {
+                worker: WORKER,
+                settled_below: u64::from(seq / 2),
+                applied: vec![AppliedSpan {
+                    request: u64::from(seq),
+                    first: key(from_key),
+                    last: key(to_key),
+                }],
+            }];
+            Message::Replicate {
+                updates: vec![Replicate {
+                    range: range(from_key, to_key),
+                    seq: u64::from(seq % 8),
+                    update,
+                    dedupe,
+                }],
+            }
+        }
+        Body::ReplicateAck {
+            from_key,
+            to_key,
+            seq,
+        } => Message::ReplicateAck {
+            acks: vec![ShardAck {
+                range: range(from_key, to_key),
+                seq: seq.map(|s| u64::from(s % 8)),
+            }],
+        },
+        Body::Transfer {
+            from_key,
+            to_key,
+            seq,
+            keys: ks,
+            vals,
+            worker,
+        } => {
+            let r = range(from_key, to_key);
+            let rows = kvs(&ks, &vals);
+            Message::Transfer(Transfer {
+                range: r,
+                seq: u64::from(seq % 8),
+                values: rows.slice(r),
+                state: None,
+                pending: vec![BufferedPush {
+                    iteration: 1,
+                    kvs: rows,
+                }],
+                applied_below: 0,
+                dedupe: vec![DedupeRecord {
+                    worker: node(worker),
+                    settled_below: 1,
+                    applied: vec![],
+                }],
+            })
+        }
+        Body::TransferAck {
+            from_key,
+            to_key,
+            seq,
+        } => Message::TransferAck {
+            range: range(from_key, to_key),
+            seq: u64::from(seq % 8),
+        },
+        Body::CaughtUp(epoch) => Message::CaughtUp {
+            epoch: u64::from(epoch % 4),
+        },
+        Body::Leave => Message::Leave,
     }
 }
 
@@ -138,7 +349,10 @@ fn message(body: Body) -> Message<i64> {
 /// slice carried even when the server acknowledges it later (after buffering it).
 fn content_of(slice: SliceRef) -> KvPairs<i64> {
     let r = slice.request as u16;
-    kvs(&[r, r + 7], &[i16::from(r as u8) + 1, slice.slice as i16 + 1])
+    kvs(
+        &[r, r + 7],
+        &[i16::from(r as u8) + 1, slice.slice as i16 + 1],
+    )
 }
 
 /// Pushes settle the requests a few below their own.
@@ -175,11 +389,15 @@ fuzz_target!(|ops: Vec<Op>| {
     let mut worker: Driver<i64> = Driver::new(Worker::new(wc));
     let mut now: Time = 0;
     let mut mirror = Mirror::default();
+    // Set once the server took in traffic only other servers send: its totals then hold more
+    // than the worker's pushes.
+    let mut between_servers = false;
     server.start(now);
     worker.start(now);
     for op in ops.into_iter().take(256) {
         match op {
             Op::ToServer { from, epoch, body } => {
+                between_servers |= body.is_between_servers();
                 let env = Envelope::new(node(from), SERVER, u64::from(epoch % 4), message(body));
                 let frame = codec.encode(&env).expect("small messages encode");
                 assert_eq!(codec.decode::<i64>(&frame).as_ref(), Ok(&env));
@@ -218,13 +436,16 @@ fuzz_target!(|ops: Vec<Op>| {
             let settled = mirror.settled.entry(e.to).or_default();
             *settled = (*settled).max(settled_of(slice));
             if acked && slice.request >= *settled {
-                mirror.applied.entry((e.to, slice)).or_insert_with(|| content_of(slice));
+                mirror
+                    .applied
+                    .entry((e.to, slice))
+                    .or_insert_with(|| content_of(slice));
             }
         }
         let s = server.node().as_server().expect("a server");
         let w = worker.node().as_worker().expect("a worker");
         // Exactly-once: totals are the sum of the first acknowledged copy of each slice.
-        for k in 0..64u16 {
+        for k in (0..64u16).filter(|_| !between_servers) {
             let key = key(k);
             let want = mirror
                 .applied
@@ -235,7 +456,11 @@ fuzz_target!(|ops: Vec<Op>| {
         }
         // In-flight bound, and the window on slices.
         if let Some(tau) = w.consistency().and_then(Consistency::tau) {
-            assert!(w.in_flight() <= tau + 1, "{} in flight, tau {tau}", w.in_flight());
+            assert!(
+                w.in_flight() <= tau + 1,
+                "{} in flight, tau {tau}",
+                w.in_flight()
+            );
         }
         assert!(w.slices_in_flight() <= 2 * 2);
         assert_eq!(server.node().clone(), *server.node());
