@@ -190,6 +190,11 @@ impl Cluster {
         self.server(primary).received_total(key)[0]
     }
 
+    /// True when every key's primary holds `value` for it.
+    fn all_hold(&self, keys: &[Key], value: i64) -> bool {
+        keys.iter().all(|&k| self.primary_value(k) == value)
+    }
+
     /// True when every live server has adopted `epoch`.
     fn servers_at_epoch(&self, epoch: Epoch) -> bool {
         self.config()
@@ -307,7 +312,7 @@ fn durability_an_acknowledged_push_survives_the_crash_of_its_primary() {
         assert!(c.coordinator().dead().contains(&victim));
         // Every value is served again, and only by the new owners.
         assert!(c.run_until(10_000 * MS, |c| {
-            c.servers_at_epoch(2) && keys.iter().all(|&k| c.primary_value(k) == 5)
+            c.servers_at_epoch(2) && c.all_hold(&keys, 5)
         }));
         c.assert_single_owner(&keys);
         // The refilled replicas get whole copies and converge.
@@ -473,7 +478,7 @@ fn a_joining_server_takes_its_ranges_with_their_data_and_exactly_once_holds() {
                     .servers()
                     .iter()
                     .all(|&s| c.server(s).unreplicated_pushes() == 0)
-                    && keys.iter().all(|&k| c.primary_value(k) == 5)
+                    && c.all_hold(&keys, 5)
             }),
             "every key holds each push once under {consistency:?}, drop 1/{drop_every}"
         );
@@ -496,9 +501,7 @@ fn a_leaving_server_hands_its_ranges_over_before_it_goes() {
         && c.pushes_done(w) == 2));
     assert!(c.run_until(10_000 * MS, |c| c.server(NodeId(2)).shards().count() == 0));
     assert!(!c.server(NodeId(2)).is_member());
-    assert!(c.run_until(10_000 * MS, |c| {
-        keys.iter().all(|&k| c.primary_value(k) == 3)
-    }));
+    assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 3)));
     c.assert_single_owner(&keys);
     c.assert_converged(&keys);
 }
@@ -517,9 +520,7 @@ fn a_restarted_server_rejoins_as_a_new_member() {
     assert!(c.run_until(1_000 * MS, |c| c.config().joining == vec![NodeId(1)]));
     assert!(!c.config().servers.contains(&NodeId(1)));
     assert!(c.run_until(60_000 * MS, |c| c.settled_on(&[1, 2, 3])));
-    assert!(c.run_until(10_000 * MS, |c| {
-        keys.iter().all(|&k| c.primary_value(k) == 4)
-    }));
+    assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 4)));
     c.assert_single_owner(&keys);
     c.assert_converged(&keys);
 }
@@ -538,9 +539,7 @@ fn a_server_declared_dead_that_comes_back_joins_again() {
     assert!(!c.coordinator().dead().contains(&NodeId(3)));
     c.push(w, &keys, 1);
     assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 2));
-    assert!(c.run_until(10_000 * MS, |c| {
-        keys.iter().all(|&k| c.primary_value(k) == 2)
-    }));
+    assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 2)));
     c.assert_converged(&keys);
 }
 

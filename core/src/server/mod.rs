@@ -590,7 +590,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 } else {
                     ShardUpdate::Apply(fresh.clone())
                 };
-                let record = shard.record_of(from, push.settled_below, push.slice.request, &fresh);
+                let record = shard::record_of(from, push.settled_below, push.slice.request, &fresh);
                 let entry = Replicate {
                     range: shard.range,
                     seq: shard.seq + 1,

@@ -301,29 +301,6 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
             }
         }
     }
-
-    /// The record of a push's fresh rows for the de-duplication state.
-    pub(crate) fn record_of(
-        &self,
-        worker: NodeId,
-        settled_below: u64,
-        request: u64,
-        fresh: &KvPairs<V>,
-    ) -> DedupeRecord {
-        let applied = match (fresh.keys().first(), fresh.keys().last()) {
-            (Some(&first), Some(&last)) => vec![AppliedSpan {
-                request,
-                first,
-                last,
-            }],
-            _ => Vec::new(),
-        };
-        DedupeRecord {
-            worker,
-            settled_below,
-            applied,
-        }
-    }
 }
 
 impl<V: Value, S: ParamStore<V>> PartialEq for Shard<V, S> {
@@ -349,6 +326,28 @@ impl<V: Value + Hash, S: ParamStore<V>> Hash for Shard<V, S> {
         self.seq.hash(state);
         self.role.hash(state);
         self.store.fingerprint(state);
+    }
+}
+
+/// The record of a push's fresh rows for the de-duplication state.
+pub(crate) fn record_of<V: Value>(
+    worker: NodeId,
+    settled_below: u64,
+    request: u64,
+    fresh: &KvPairs<V>,
+) -> DedupeRecord {
+    let applied = match (fresh.keys().first(), fresh.keys().last()) {
+        (Some(&first), Some(&last)) => vec![AppliedSpan {
+            request,
+            first,
+            last,
+        }],
+        _ => Vec::new(),
+    };
+    DedupeRecord {
+        worker,
+        settled_below,
+        applied,
     }
 }
 
