@@ -19,6 +19,8 @@ struct Cluster {
     cut: BTreeSet<(NodeId, NodeId)>,
     queue: VecDeque<(NodeId, NodeId, Bytes)>,
     sent: u64,
+    /// Whole copies of shards sent.
+    transfers: u64,
     drop_every: u64,
     dup_every: u64,
     events: BTreeMap<NodeId, Vec<Event<i64>>>,
@@ -78,6 +80,7 @@ impl Cluster {
             cut: BTreeSet::new(),
             queue: VecDeque::new(),
             sent: 0,
+            transfers: 0,
             drop_every: 0,
             dup_every: 0,
             events: BTreeMap::new(),
@@ -107,6 +110,13 @@ impl Cluster {
                     continue;
                 }
                 self.sent += 1;
+                if let Ok(Envelope {
+                    body: Message::Transfer(_),
+                    ..
+                }) = Codec::new(usize::MAX).decode::<i64>(&t.frame)
+                {
+                    self.transfers += 1;
+                }
                 if self.drop_every > 0 && self.sent % self.drop_every == 0 {
                     continue;
                 }
@@ -315,13 +325,24 @@ fn durability_an_acknowledged_push_survives_the_crash_of_its_primary() {
             c.servers_at_epoch(2) && c.all_hold(&keys, 5)
         }));
         c.assert_single_owner(&keys);
-        // The refilled replicas get whole copies and converge.
+        // The refilled replicas get whole copies and converge, each copy sent about once.
         assert!(c.run_until(10_000 * MS, |c| {
             (1..=3)
                 .map(NodeId)
                 .filter(|s| *s != victim)
                 .all(|s| c.server(s).unreplicated_pushes() == 0)
         }));
+        let shards: usize = c
+            .ring()
+            .servers()
+            .iter()
+            .map(|&s| c.server(s).shards().count())
+            .sum();
+        assert!(
+            c.transfers as usize <= shards,
+            "{} copies for {shards} shards",
+            c.transfers
+        );
         c.push(w, &keys, 1);
         assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 2));
         if consistency == Consistency::Sequential {

@@ -22,6 +22,7 @@ use crate::timing::Timing;
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
 
+use replication::Resend;
 use shard::Shard;
 
 /// Messages kept while a server waits for a configuration; beyond this, retransmission recovers.
@@ -112,6 +113,8 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Order
     unreplicated: BTreeMap<(NodeId, SliceRef), Vec<(KeyRange, u64)>>,
     /// Whether the replication timer is set.
     replication_timer: bool,
+    /// Replication timer firings in a row that found a replica behind.
+    replication_attempts: u8,
     /// Started with a configuration in force: the job is starting, every shard is empty.
     started_configured: bool,
     /// [`Server::leave`] was called.
@@ -138,6 +141,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> PartialEq for Server<V, U, S>
             && self.held == other.held
             && self.unreplicated == other.unreplicated
             && self.replication_timer == other.replication_timer
+            && self.replication_attempts == other.replication_attempts
             && self.started_configured == other.started_configured
             && self.leave_requested == other.leave_requested
             && self.early == other.early
@@ -157,6 +161,7 @@ impl<V: Value + Hash, U: UpdateRule<V>, S: ParamStore<V>> Hash for Server<V, U, 
         self.held.hash(state);
         self.unreplicated.hash(state);
         self.replication_timer.hash(state);
+        self.replication_attempts.hash(state);
         self.started_configured.hash(state);
         self.leave_requested.hash(state);
         self.early.hash(state);
@@ -187,6 +192,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             held: BTreeMap::new(),
             unreplicated: BTreeMap::new(),
             replication_timer: false,
+            replication_attempts: 0,
             started_configured: false,
             leave_requested: false,
             early: Vec::new(),
@@ -337,7 +343,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             TimerId::Register if self.cluster.is_none() => self.register(now, out),
             TimerId::Replicate => {
                 self.replication_timer = false;
-                self.resend_replication(out);
+                self.resend_replication(Resend::Lost, out);
                 self.arm_replication(now, out);
             }
             TimerId::Heartbeat => {
@@ -492,7 +498,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .into_iter()
             .filter(|(_, h)| self.serves(&h.keys))
             .collect();
-        self.resend_replication(out);
+        self.resend_replication(Resend::Changed, out);
         self.report_caught_up(out);
         if first {
             out.cancel_timer(TimerId::Register);

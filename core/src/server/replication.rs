@@ -18,6 +18,18 @@ use super::shard::{ReplicaState, Shard, ShardRole, restrict};
 /// catches up with a whole copy.
 pub(crate) const MAX_LOG: usize = 256;
 
+/// Which replicas [`Server::resend_replication`] serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Resend {
+    /// The replication timer fired: whatever was sent may be lost, copies included.
+    Lost,
+    /// The configuration changed: replicas that need a copy get one; copies on their way are
+    /// left alone.
+    Changed,
+    /// A replica installed a copy of this range: it gets the updates that came after.
+    Range(KeyRange),
+}
+
 impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     fn negate(&self) -> bool {
         mutated!(self, WrongSign)
@@ -86,7 +98,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
     }
 
-    /// Sets the replication timer while some replica is behind.
+    /// Sets the replication timer while some replica is behind, its timeout doubling (up to
+    /// the cap) for as long as some replica stays behind.
     pub(super) fn arm_replication(&mut self, now: Time, out: &mut Effects<V>) {
         let behind = self.shards.values().any(|s| match &s.role {
             ShardRole::Primary { replicas, .. } => replicas
@@ -94,15 +107,24 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 .any(|r| !matches!(r, ReplicaState::Acked(a) if *a >= s.seq)),
             ShardRole::Replica { .. } => false,
         });
-        if behind && !self.replication_timer {
+        if !behind {
+            self.replication_attempts = 0;
+        } else if !self.replication_timer {
             self.replication_timer = true;
-            out.set_timer(TimerId::Replicate, now + self.cfg.timing.rto_initial);
+            let timing = self.cfg.timing;
+            out.set_timer(
+                TimerId::Replicate,
+                now + timing.rto(self.replication_attempts),
+            );
+            self.replication_attempts = timing.next_attempt(self.replication_attempts);
         }
     }
 
-    /// Sends every replica that is behind what it misses: the logged updates it lacks, or the
-    /// whole shard when the log no longer reaches back far enough (or it holds no copy).
-    pub(super) fn resend_replication(&mut self, out: &mut Effects<V>) {
+    /// Sends replicas that are behind what they miss: the logged updates they lack, or the
+    /// whole shard when the log no longer reaches back far enough or they hold no copy.
+    /// `scope` says which shards and which copies: a copy already on its way is sent again
+    /// only when the timer says it was lost.
+    pub(super) fn resend_replication(&mut self, scope: Resend, out: &mut Effects<V>) {
         self.cut_for_copies();
         let width = self.cfg.width;
         let aux_width = self.updater.aux_width();
@@ -110,6 +132,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let mut sends: Vec<(NodeId, Message<V>)> = Vec::new();
         for shard in self.shards.values_mut() {
             let seq = shard.seq;
+            if let Resend::Range(r) = scope {
+                if !r.covers(shard.range) {
+                    continue;
+                }
+            }
             let copy_needed: Vec<NodeId> = match &shard.role {
                 ShardRole::Primary { log, replicas } => replicas
                     .iter()
@@ -120,6 +147,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                             sends.push((n, Message::Replicate { updates }));
                             None
                         }
+                        ReplicaState::Copying(_) if scope != Resend::Lost => None,
+                        _ if matches!(scope, Resend::Range(_)) => None,
                         _ => Some(n),
                     })
                     .collect(),
@@ -322,7 +351,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             ReplicaState::Acked(a) => ReplicaState::Acked(a.max(seq)),
             _ => ReplicaState::Acked(seq),
         });
-        self.resend_replication(out);
+        self.resend_replication(Resend::Range(range), out);
         self.ack_replicated(out);
         self.arm_replication(now, out);
     }
