@@ -467,28 +467,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     .is_none_or(|old| !old.config.joining.contains(n))
             })
             .collect();
-        // A worker that joined a running job has nothing to push for the iterations the others
-        // finished: count it as having finished them too, so that nobody waits for it, and
-        // tell it where to start when it asks.
-        if let Some(old) = &self.cluster {
-            let staying: Vec<NodeId> = old
-                .workers()
-                .iter()
-                .copied()
-                .filter(|w| cluster.is_worker(*w))
-                .collect();
-            let known = |w: &NodeId| self.progress.get(w).copied().unwrap_or(0);
-            let floor = match staying.iter().map(known).min() {
-                Some(min) => min,
-                None => self.progress.values().copied().max().unwrap_or(0),
-            };
-            for &w in cluster.workers() {
-                if !old.is_worker(w) {
-                    let p = self.progress.entry(w).or_default();
-                    *p = (*p).max(floor);
-                }
-            }
-        }
+        self.count_joiners_as_caught_up(&cluster);
         self.cluster = Some(cluster);
         self.reshard(fresh_start, &rejoined, out);
         // A pull held for a range this server no longer serves is sent again by its worker,
@@ -519,6 +498,27 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         };
         for env in now_current {
             self.on_message(now, env, out);
+        }
+    }
+
+    /// A worker that joined a running job has nothing to push for the iterations the others
+    /// finished: count it as having finished them too, so that nobody waits for it, and tell
+    /// it where to start when it asks.
+    fn count_joiners_as_caught_up(&mut self, next: &Cluster) {
+        let Some(old) = &self.cluster else {
+            return;
+        };
+        let known = |w: &NodeId| self.progress.get(w).copied().unwrap_or(0);
+        let staying = old.workers().iter().filter(|w| next.is_worker(**w));
+        let floor = match staying.map(known).min() {
+            Some(min) => min,
+            None => self.progress.values().copied().max().unwrap_or(0),
+        };
+        for &w in next.workers() {
+            if !old.is_worker(w) {
+                let p = self.progress.entry(w).or_default();
+                *p = (*p).max(floor);
+            }
         }
     }
 
