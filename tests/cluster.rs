@@ -40,13 +40,26 @@ fn free_port() -> u16 {
 }
 
 fn write_cluster_file(dir: &Path, ports: &[u16], consistency: &str, iterations: u32) -> PathBuf {
+    write_cluster(dir, ports, SERVERS, consistency, iterations, 0)
+}
+
+/// A cluster file for `ports` (coordinator, then `servers` servers, then workers), whose
+/// workers compute for `compute_ms` each iteration.
+fn write_cluster(
+    dir: &Path,
+    ports: &[u16],
+    servers: u32,
+    consistency: &str,
+    iterations: u32,
+    compute_ms: u64,
+) -> PathBuf {
     let mut text = format!(
-        "cluster_id = \"test\"\nconsistency = \"{consistency}\"\nsecret_file = \"secret.key\"\n\n[job]\nkeys = {KEYS}\niterations = {iterations}\n"
+        "cluster_id = \"test\"\nconsistency = \"{consistency}\"\nsecret_file = \"secret.key\"\n\n[job]\nkeys = {KEYS}\niterations = {iterations}\ncompute_ms = {compute_ms}\n"
     );
     for (id, port) in ports.iter().enumerate() {
         let role = match id as u32 {
             0 => "coordinator",
-            i if i <= SERVERS => "server",
+            i if i <= servers => "server",
             _ => "worker",
         };
         text +=
@@ -256,6 +269,132 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
         .map(|(k, t)| (k as u64, t))
         .collect();
     assert_eq!(totals, expected);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_server_killed_mid_job_over_tcp_loses_no_push() {
+    const SERVERS3: u32 = 3;
+    const WORKERS2: u32 = 2;
+    const LONG: u32 = 40;
+    let dir = std::env::temp_dir().join(format!("pserver-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
+    let ports: Vec<u16> = (0..=SERVERS3 + WORKERS2).map(|_| free_port()).collect();
+    // One replica per range, the cluster file's default with more than one server.
+    let config = write_cluster(&dir, &ports, SERVERS3, "bounded:1", LONG, 25);
+    let config_arg = config.to_str().unwrap();
+    let mut children = Children(Vec::new());
+    let dumps: Vec<PathBuf> = (1..=SERVERS3)
+        .map(|s| dir.join(format!("server{s}.totals")))
+        .collect();
+    let mut start = |role: &str, id: u32, extra: &[&str], log: &str| {
+        let id_arg = id.to_string();
+        let mut args = vec![role, "--config", config_arg, "--id", &id_arg];
+        args.extend_from_slice(extra);
+        let child = pserver(&args)
+            .env("RUST_LOG", log)
+            .spawn()
+            .expect("start a node");
+        children.0.push((format!("{role} {id}"), child));
+    };
+    start("coordinator", 0, &[], "warn");
+    for s in 1..=SERVERS3 {
+        let dump = dumps[s as usize - 1].to_str().unwrap().to_owned();
+        start("server", s, &["--dump", &dump], "warn");
+    }
+    for w in SERVERS3 + 1..=SERVERS3 + WORKERS2 {
+        start("worker", w, &[], "info");
+    }
+    // Kill the first server once the first worker is a few iterations into the job.
+    let first_worker = 1 + SERVERS3 as usize;
+    let stderr = children.0[first_worker]
+        .1
+        .stderr
+        .take()
+        .expect("piped stderr");
+    let (seen, progress) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut log = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains("iteration done") {
+                let _ = seen.send(());
+            }
+            log += &line;
+            log.push('\n');
+        }
+        log
+    });
+    for _ in 0..5 {
+        progress
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the workers make progress");
+    }
+    children.0[1].1.kill().expect("kill server 1");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for (name, child) in &mut children.0[first_worker..] {
+        wait_for(child, deadline, name);
+    }
+    let worker_log = reader.join().expect("the worker's log");
+    for (name, child) in children.0.drain(first_worker..) {
+        let out = finish(child);
+        assert!(
+            out.status.success(),
+            "{name}: {}\n{worker_log}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stdout).contains(&format!("iterations={LONG}")),
+            "{name}"
+        );
+    }
+    for (_, child) in children.0.iter().filter(|(name, _)| name != "server 1") {
+        let status = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+    let mut stopped = Vec::new();
+    for (name, mut child) in children.0.drain(..) {
+        wait_for(&mut child, deadline, &name);
+        stopped.push((name, child.wait_with_output().expect("output")));
+    }
+    let coordinator_log = text(&stopped[0].1.stderr);
+    assert!(
+        coordinator_log.contains("node declared dead"),
+        "the coordinator never noticed: {coordinator_log}"
+    );
+    let mut totals: BTreeMap<u64, i64> = BTreeMap::new();
+    for dump in &dumps[1..] {
+        for line in std::fs::read_to_string(dump)
+            .expect("a server dump")
+            .lines()
+        {
+            let (k, v) = line.split_once(' ').expect("key total");
+            *totals.entry(k.parse().unwrap()).or_default() += v.parse::<i64>().unwrap();
+        }
+    }
+    let script = Script {
+        keys: KEYS,
+        iterations: LONG,
+        compute: Duration::ZERO,
+    };
+    let workers = (SERVERS3 + 1..=SERVERS3 + WORKERS2).map(NodeId);
+    let expected: BTreeMap<u64, i64> = script
+        .expected_totals(workers)
+        .into_iter()
+        .enumerate()
+        .map(|(k, t)| (k as u64, t))
+        .collect();
+    assert_eq!(
+        totals, expected,
+        "the survivors hold every push exactly once"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -235,15 +235,26 @@ async fn run_lr_node(
     Ok(outcome)
 }
 
-/// Per key index of the script, what a stopped server has applied to its store (zeros for
-/// keys it does not own). Pushes received but still waiting for their iteration to close (in
-/// sequential mode) do not count: a finished job has none.
+/// Per key index of the script, what a stopped server has applied to the ranges it is the
+/// primary of (zeros for other keys, its replicas' copies included, so that the servers'
+/// totals add up to the job's). Pushes received but still waiting for their iteration to close
+/// (in sequential mode) do not count: a finished job has none.
 pub fn server_totals(report: &NodeReport<Driver<i64>>, script: &Script) -> Vec<i64> {
     let Some(server) = report.node.node().as_server() else {
         return Vec::new();
     };
+    let primary: Vec<pserver_core::KeyRange> = server
+        .shards()
+        .filter(|&(_, is_primary)| is_primary)
+        .map(|(r, _)| r)
+        .collect();
     (0..script.keys)
-        .map(|k| server.value(script.key(k)).map_or(0, |row| row[0]))
+        .map(|k| script.key(k))
+        .map(|key| {
+            let served = primary.iter().any(|r| r.contains(key));
+            let value = server.value(key).map_or(0, |row| row[0]);
+            if served { value } else { 0 }
+        })
         .collect()
 }
 

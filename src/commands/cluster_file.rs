@@ -9,6 +9,7 @@
 //! [ring]
 //! vnodes = 64
 //! seed = 0
+//! replicas = 1                 # copies of each range besides its primary; default 1 (0 with one server)
 //!
 //! [job]
 //! keys = 1000
@@ -119,6 +120,7 @@ struct RawRing {
     vnodes: u32,
     #[serde(default)]
     seed: u64,
+    replicas: Option<u32>,
 }
 
 fn default_vnodes() -> u32 {
@@ -130,6 +132,7 @@ impl Default for RawRing {
         RawRing {
             vnodes: default_vnodes(),
             seed: 0,
+            replicas: None,
         }
     }
 }
@@ -339,6 +342,19 @@ impl ClusterFile {
         spec.consistency = consistency;
         spec.ring.vnodes = raw.ring.vnodes;
         spec.ring.seed = raw.ring.seed;
+        // One replica of every range by default, so that a server may die without losing
+        // anything, when there is a second server to hold it.
+        spec.ring.replicas = raw.ring.replicas.unwrap_or(u32::from(servers > 1));
+        if spec.ring.replicas as usize >= servers {
+            return Err(invalid(
+                "ring.replicas",
+                format!(
+                    "{} replicas need at least {} servers, but the file names {servers}",
+                    spec.ring.replicas,
+                    spec.ring.replicas + 1
+                ),
+            ));
+        }
         let layout = spec.layout();
         let expected = std::iter::once((layout.coordinator(), Role::Coordinator))
             .chain(layout.servers().map(|s| (s, Role::Server)))

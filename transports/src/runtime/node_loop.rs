@@ -261,6 +261,14 @@ where
                 }
             }
             Event::NodeDead(node) => warn!(node = %node, "node declared dead"),
+            Event::RingDegraded(node) => warn!(
+                node = %node,
+                "server silent or leaving, but kept: too few servers left for the ring's replicas"
+            ),
+            Event::RangeLost(range) => tracing::error!(
+                %range,
+                "every holder of this range failed before it was copied: it starts again from zero"
+            ),
             Event::Fenced => {
                 warn!("removed from the cluster");
                 self.fenced = true;
