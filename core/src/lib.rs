@@ -90,8 +90,8 @@ pub use effects::{Effects, Event, Refusal, TimerCmd, TimerId};
 pub use key::{InvalidRange, Key, KeyRange, MAX_KEY};
 pub use kv::{KvError, KvPairs};
 pub use message::{
-    AppliedSpan, BadRangeList, BufferedPush, ClusterConfig, DedupeRecord, Envelope, KeyList,
-    KeySelection, Message, PROTOCOL_VERSION, Pull, PullReply, Push, RangeList, Replicate,
+    AppliedSpan, BadRangeList, BufferedPush, ClockRecord, ClusterConfig, DedupeRecord, Envelope,
+    KeyList, KeySelection, Message, PROTOCOL_VERSION, Pull, PullReply, Push, RangeList, Replicate,
     RequestId, ShardAck, ShardUpdate, SliceId, SliceRef, Transfer,
 };
 #[cfg(feature = "mutations")]

@@ -146,6 +146,23 @@ pub enum KeySelection {
     Keys(KeyList),
 }
 
+impl KeySelection {
+    /// The smallest range holding every key asked for; `None` when nothing is asked.
+    pub fn span(&self) -> Option<KeyRange> {
+        let (first, end) = match self {
+            KeySelection::Keys(list) => {
+                let keys = list.keys();
+                (*keys.first()?, keys.last()?.checked_add(1)?)
+            }
+            KeySelection::Ranges(list) => {
+                let ranges = list.ranges();
+                (ranges.first()?.start(), ranges.last()?.end())
+            }
+        };
+        KeyRange::new(first, end).ok()
+    }
+}
+
 /// The membership and ring of one epoch, as the coordinator broadcasts it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ClusterConfig {
@@ -378,6 +395,16 @@ pub struct BufferedPush<V: Value> {
     pub kvs: KvPairs<V>,
 }
 
+/// A worker's progress on a key range: the iterations it finished, by segment of its range clock.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ClockRecord {
+    /// The worker.
+    pub worker: NodeId,
+    /// `(range, finished below)` segments.
+    #[serde(with = "seq")]
+    pub segments: Vec<(KeyRange, Iteration)>,
+}
+
 /// A whole shard on its way to a new holder (a new replica, or a new owner): everything that
 /// moves with a key range, as of update `seq`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -400,6 +427,10 @@ pub struct Transfer<V: Value> {
     /// De-duplication state.
     #[serde(with = "seq")]
     pub dedupe: Vec<DedupeRecord>,
+    /// The workers' range clocks on the range, so that the new holder knows at once how far
+    /// each worker has come there.
+    #[serde(with = "seq")]
+    pub clocks: Vec<ClockRecord>,
 }
 
 /// Every message body of the protocol.

@@ -140,6 +140,14 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
         (any::<u32>(), kvs::<V>()).prop_map(|(iteration, kvs)| BufferedPush { iteration, kvs }),
         0..3,
     );
+    let clocks = proptest::collection::vec(
+        (
+            node(),
+            proptest::collection::vec((range(), any::<u32>()), 0..4),
+        )
+            .prop_map(|(worker, segments)| ClockRecord { worker, segments }),
+        0..3,
+    );
     let replicate = (range(), any::<u64>(), shard_update::<V>(), dedupe()).prop_map(
         |(range, seq, update, dedupe)| Replicate {
             range,
@@ -197,9 +205,10 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
             pending,
             any::<u32>(),
             dedupe(),
+            clocks,
         )
             .prop_map(
-                |((range, seq, values, with_state), pending, applied_below, dedupe)| {
+                |((range, seq, values, with_state), pending, applied_below, dedupe, clocks)| {
                     Message::Transfer(Transfer {
                         range,
                         seq,
@@ -208,6 +217,7 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                         pending,
                         applied_below,
                         dedupe,
+                        clocks,
                     })
                 }
             ),

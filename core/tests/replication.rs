@@ -844,3 +844,94 @@ fn losing_every_holder_of_a_range_at_once_is_reported_not_silent() {
     assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 2));
     assert_eq!(c.primary_value(key), 1, "and it serves again from zero");
 }
+
+/// A server taking a range over learns from the copy how far each worker has come there, so
+/// it can answer a pull at once instead of waiting for the workers to report to it.
+#[test]
+fn a_copy_brings_the_workers_range_clocks_with_it() {
+    let (s1, s2, w) = (NodeId(1), NodeId(2), NodeId(10));
+    let ring = RingConfig {
+        vnodes: 4,
+        replicas: 0,
+        seed: 3,
+    };
+    let config = |epoch: Epoch, servers: Vec<NodeId>, joining: Vec<NodeId>| ClusterConfig {
+        epoch,
+        coordinator: COORD,
+        servers,
+        workers: vec![w],
+        ring,
+        consistency: Consistency::Sequential,
+        joining,
+        leaving: Vec::new(),
+    };
+    let next = Ring::new([s1, s2], ring).unwrap();
+    let (range, _) = next
+        .segments()
+        .find(|(_, owners)| owners[0] == s2)
+        .expect("the joiner takes some range");
+    let answered = |clocks: Vec<ClockRecord>| -> bool {
+        let mut s: Server<i64> = Server::new(ServerConfig::new(s2, COORD), Updater::Sum);
+        let mut out = Effects::new();
+        s.start(0, &mut out);
+        let deliver = |s: &mut Server<i64>, from: NodeId, epoch: Epoch, body, out: &mut _| {
+            s.on_message(0, Envelope::new(from, s2, epoch, body), out);
+        };
+        deliver(
+            &mut s,
+            COORD,
+            2,
+            Message::Config(config(2, vec![s1], vec![s2])),
+            &mut out,
+        );
+        let copy = Transfer {
+            range,
+            seq: 0,
+            values: KvPairs::empty(1).unwrap(),
+            state: None,
+            pending: Vec::new(),
+            applied_below: 3,
+            dedupe: Vec::new(),
+            clocks,
+        };
+        deliver(&mut s, s1, 2, Message::Transfer(copy), &mut out);
+        assert!(
+            out.sends
+                .iter()
+                .any(|e| matches!(e.body, Message::TransferAck { .. })),
+            "the copy is installed"
+        );
+        deliver(
+            &mut s,
+            COORD,
+            3,
+            Message::Config(config(3, vec![s1, s2], vec![])),
+            &mut out,
+        );
+        out.clear();
+        let pull = Pull {
+            slice: SliceRef {
+                request: 1,
+                slice: 0,
+            },
+            iteration: 3,
+            keys: KeySelection::Keys(KeyList::new(vec![range.start()]).unwrap()),
+        };
+        deliver(&mut s, w, 3, Message::Pull(pull), &mut out);
+        out.sends
+            .iter()
+            .any(|e| matches!(e.body, Message::PullReply(_)))
+    };
+    let clock = ClockRecord {
+        worker: w,
+        segments: vec![(range, 3)],
+    };
+    assert!(
+        answered(vec![clock]),
+        "the copy's clock says the worker finished 0..3"
+    );
+    assert!(
+        !answered(Vec::new()),
+        "without it the pull waits for the worker's report"
+    );
+}

@@ -328,6 +328,10 @@ fn message(body: Body) -> Message<i64> {
                     settled_below: 1,
                     applied: vec![],
                 }],
+                clocks: vec![ClockRecord {
+                    worker: node(worker),
+                    segments: vec![(r, u32::from(seq % 4))],
+                }],
             })
         }
         Body::TransferAck {

@@ -7,6 +7,7 @@ mod shard;
 use core::hash::{Hash, Hasher};
 use std::collections::BTreeMap;
 
+use crate::clock::RangeClock;
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, Refusal, TimerId};
@@ -105,8 +106,10 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Order
     template: S,
     /// By range start; the ranges are disjoint.
     shards: BTreeMap<Key, Shard<V, S>>,
-    /// Per worker: every iteration below this is finished.
-    progress: BTreeMap<NodeId, Iteration>,
+    /// Per worker, by key range: every iteration below the clock's reading is finished. A
+    /// worker's progress report raises the whole key space; a copy of a shard brings the
+    /// clocks of its range (ARCHITECTURE.md §8).
+    progress: BTreeMap<NodeId, RangeClock>,
     held: BTreeMap<(NodeId, SliceRef), HeldPull>,
     /// Push slices taken in but not acknowledged yet: each waits until every replica of the
     /// named shards has applied the named update.
@@ -426,9 +429,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             Message::Push(push) => self.on_push(now, from, push, out),
             Message::Pull(pull) => self.on_pull(from, pull, out),
             Message::Progress { finished_below } => {
-                let p = self.progress.entry(from).or_default();
-                *p = (*p).max(finished_below);
-                let body = Message::ProgressAck { finished_below: *p };
+                let clock = self.progress.entry(from).or_default();
+                clock.advance(KeyRange::FULL, finished_below);
+                let recorded = clock.min_in(KeyRange::FULL).unwrap_or(finished_below);
+                let body = Message::ProgressAck {
+                    finished_below: recorded,
+                };
                 self.send(from, body, out);
                 self.apply_finished_iterations(now, out);
                 self.answer_held(out);
@@ -508,16 +514,20 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let Some(old) = &self.cluster else {
             return;
         };
-        let known = |w: &NodeId| self.progress.get(w).copied().unwrap_or(0);
         let staying = old.workers().iter().filter(|w| next.is_worker(**w));
-        let floor = match staying.map(known).min() {
+        let floor = match staying.map(|&w| self.finished_in(w, KeyRange::FULL)).min() {
             Some(min) => min,
-            None => self.progress.values().copied().max().unwrap_or(0),
+            None => self
+                .progress
+                .values()
+                .filter_map(|c| c.min_in(KeyRange::FULL))
+                .max()
+                .unwrap_or(0),
         };
         for &w in next.workers() {
             if !old.is_worker(w) {
-                let p = self.progress.entry(w).or_default();
-                *p = (*p).max(floor);
+                let clock = self.progress.entry(w).or_default();
+                clock.advance(KeyRange::FULL, floor);
             }
         }
     }
@@ -648,23 +658,22 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         if cluster.config.consistency != Consistency::Sequential {
             return;
         }
-        let Some(done_below) = cluster
-            .workers()
-            .iter()
-            .map(|w| self.progress.get(w).copied().unwrap_or(0))
-            .min()
-        else {
-            return;
-        };
+        let workers = cluster.workers();
         let behind: Vec<Replicate<V>> = self
             .shards
             .values()
-            .filter(|s| s.is_primary() && s.applied_below < done_below)
-            .map(|s| Replicate {
-                range: s.range,
-                seq: s.seq + 1,
-                update: ShardUpdate::ApplyBelow(done_below),
-                dedupe: Vec::new(),
+            .filter(|s| s.is_primary())
+            .filter_map(|s| {
+                let done_below = workers
+                    .iter()
+                    .map(|&w| self.finished_in(w, s.range))
+                    .min()?;
+                (s.applied_below < done_below).then(|| Replicate {
+                    range: s.range,
+                    seq: s.seq + 1,
+                    update: ShardUpdate::ApplyBelow(done_below),
+                    dedupe: Vec::new(),
+                })
             })
             .collect();
         let any = !behind.is_empty();
@@ -676,21 +685,39 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
     }
 
-    fn may_answer(&self, asking: NodeId, iteration: Iteration) -> bool {
+    /// The iterations `worker` finished on every key of `range`.
+    fn finished_in(&self, worker: NodeId, range: KeyRange) -> Iteration {
+        self.progress
+            .get(&worker)
+            .and_then(|c| c.min_in(range))
+            .unwrap_or(0)
+    }
+
+    fn may_answer(&self, asking: NodeId, pull: &HeldPull) -> bool {
         let Some(cluster) = &self.cluster else {
             return false;
         };
         if mutated!(self, NoGating) {
             return true;
         }
+        let Some(span) = pull.keys.span() else {
+            return true;
+        };
         let consistency = cluster.config.consistency;
-        let required = consistency.required_below(iteration);
+        let required = consistency.required_below(pull.iteration);
         let workers_done = cluster
             .workers()
             .iter()
             .filter(|&&w| w == asking || !mutated!(self, OwnProgressOnly))
-            .all(|w| self.progress.get(w).copied().unwrap_or(0) >= required);
-        workers_done && (consistency != Consistency::Sequential || self.applied_below() >= required)
+            .all(|&w| self.finished_in(w, span) >= required);
+        let applied = || {
+            self.shard_starts_in(span)
+                .iter()
+                .filter_map(|s| self.shards.get(s))
+                .filter(|s| s.is_primary())
+                .all(|s| s.applied_below >= required)
+        };
+        workers_done && (consistency != Consistency::Sequential || applied())
     }
 
     /// True when this server is the primary of every key of `keys`.
@@ -710,7 +737,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             iteration: pull.iteration,
             keys: pull.keys,
         };
-        if self.may_answer(from, held.iteration) {
+        if self.may_answer(from, &held) {
             self.answer(from, pull.slice, &held, out);
         } else {
             self.held.insert((from, pull.slice), held);
@@ -721,7 +748,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let ready: Vec<(NodeId, SliceRef)> = self
             .held
             .iter()
-            .filter(|((asking, _), h)| self.may_answer(*asking, h.iteration))
+            .filter(|((asking, _), h)| self.may_answer(*asking, h))
             .map(|(&k, _)| k)
             .collect();
         for key in ready {

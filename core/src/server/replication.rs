@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::effects::{Effects, Refusal, TimerId};
 use crate::key::{Key, KeyRange};
-use crate::message::{Message, Replicate, ShardAck, Transfer};
+use crate::message::{ClockRecord, Message, Replicate, ShardAck, Transfer};
 use crate::node::{NodeId, Time};
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
@@ -161,6 +161,14 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             if drop_dedupe {
                 copy.dedupe.clear();
             }
+            copy.clocks = self
+                .progress
+                .iter()
+                .map(|(&worker, clock)| ClockRecord {
+                    worker,
+                    segments: clock.segments_in(shard.range).collect(),
+                })
+                .collect();
             if let ShardRole::Primary { replicas, .. } = &mut shard.role {
                 for n in copy_needed {
                     replicas.insert(n, ReplicaState::Copying(seq));
@@ -320,6 +328,14 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 && s.seq > seq
         });
         if !newer_held {
+            for record in &copy.clocks {
+                let clock = self.progress.entry(record.worker).or_default();
+                for &(segment, finished) in &record.segments {
+                    if let Some(inside) = segment.intersect(range) {
+                        clock.advance(inside, finished);
+                    }
+                }
+            }
             let role = ShardRole::Replica {
                 primary: from,
                 synced: true,

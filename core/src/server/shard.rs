@@ -206,6 +206,7 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
             pending,
             applied_below: self.applied_below,
             dedupe: self.dedupe.iter().map(|(&w, d)| d.to_record(w)).collect(),
+            clocks: Vec::new(),
         }
     }
 
