@@ -74,9 +74,13 @@
 //! comes at a seeded time, each later one only once the cluster has recovered from the one
 //! before and refilled its replicas (every range served, every member on the epoch in force
 //! with no push waiting for its replicas, every owner holding its ranges, every replica equal
-//! to its primary). The one exception is deliberate: a later crash may be planned to hit the
-//! server a range copy (`Transfer`) was just sent to, while the copy is in flight; that server
-//! holds nothing an acknowledgement depends on yet. A crashed server stops receiving, sending
+//! to its primary). The exceptions are deliberate, and kept where durability does not depend
+//! on the spacing: a later crash may be planned to hit the server a range copy (`Transfer`)
+//! was just sent to, while the copy is in flight (that server holds nothing an
+//! acknowledgement depends on yet); and with two replicas or more, the server that sent a copy
+//! right after a replica installed it (every acknowledged push is still on the replicas that
+//! held the range before, and the pushes waiting for the copy are not acknowledged yet: their
+//! resends meet a copy's de-duplication state). A crashed server stops receiving, sending
 //! and firing timers, and what it sent that is still on the network is lost with it. The seed
 //! picks each crash's kind (counted in [`SimReport::server_faults`]):
 //!
@@ -84,7 +88,9 @@
 //! - a crash and a restart: once the coordinator declared the server dead, a fresh
 //!   [`crate::Server`] starts and registers; not being a member any more, it stays idle (joins
 //!   at runtime are not built yet);
-//! - (second crash onwards) a crash of the server a copy was just sent to.
+//! - (second crash onwards) a crash of the server a copy was just sent to;
+//! - (second crash onwards, two replicas or more) a crash of a copy's sender as soon as the
+//!   copy is installed.
 //!
 //! With replicas, `--partition` also (by the seed) cuts one server off from every other server
 //! for up to 1.5 s while it still reaches the coordinator and the workers (a primary cut off
@@ -546,6 +552,8 @@ pub struct ServerFaults {
     pub restarts: usize,
     /// Servers that crashed right after a copy of a range was sent to them.
     pub crashes_during_copy: usize,
+    /// Servers that crashed right after a replica installed a copy of a range they sent.
+    pub crashes_after_copy: usize,
     /// Servers cut off from every other server (not from the coordinator or the workers) for
     /// a while, then healed.
     pub cut_offs: usize,
@@ -556,7 +564,7 @@ pub struct ServerFaults {
 impl ServerFaults {
     /// Every crash of any kind.
     pub fn crashed(&self) -> usize {
-        self.crashes + self.restarts + self.crashes_during_copy
+        self.crashes + self.restarts + self.crashes_during_copy + self.crashes_after_copy
     }
 
     /// Adds `other`'s counts to these.
@@ -564,6 +572,7 @@ impl ServerFaults {
         self.crashes += other.crashes;
         self.restarts += other.restarts;
         self.crashes_during_copy += other.crashes_during_copy;
+        self.crashes_after_copy += other.crashes_after_copy;
         self.cut_offs += other.cut_offs;
         self.flaps += other.flaps;
     }

@@ -22,6 +22,11 @@ enum CrashKind {
     Restart,
     /// The server crashes right after a copy of a range was sent to it.
     DuringCopy,
+    /// The server crashes right after a replica that held a range before installed a copy of
+    /// it the server sent, before the pushes that waited for that copy are acknowledged (only
+    /// with two replicas or more: the replicas that had the range before still hold every
+    /// acknowledged push).
+    AfterCopy,
 }
 
 /// The server fault plan of a run and what has come of it.
@@ -38,8 +43,9 @@ pub(super) struct Plan {
     restart: BTreeSet<NodeId>,
     /// Restarts planned and not carried out yet.
     restarts_pending: usize,
-    /// The next crash waits for the next copy of a range to be sent.
-    copy_armed: bool,
+    /// The next crash waits for the next copy of a range to be sent (or, for a crash of the
+    /// sender, to be acknowledged).
+    copy_armed: Option<CrashKind>,
     /// The next crash waits until the cluster recovered from the last one and refilled its
     /// replicas.
     waiting_refill: bool,
@@ -59,7 +65,7 @@ impl Plan {
             crashed: 0,
             restart: BTreeSet::new(),
             restarts_pending: 0,
-            copy_armed: false,
+            copy_armed: None,
             waiting_refill: false,
             open: Vec::new(),
             happened: ServerFaults::default(),
@@ -90,12 +96,18 @@ impl World<'_> {
         let members = self.member_servers();
         let mut kinds = Vec::new();
         for i in 0..self.cfg.crash_servers {
-            // A crash during a copy needs a copy in flight: only a recovery sends one.
-            let choices = if i == 0 { 2 } else { 3 };
+            // A crash around a copy needs a copy: only a recovery sends one. Crashing its sender
+            // leaves the promoted replica's own copy, so that takes a second replica.
+            let choices = match i {
+                0 => 2,
+                _ if self.cfg.ring.replicas < 2 => 3,
+                _ => 4,
+            };
             kinds.push(match self.plan.rng.below(choices) {
                 0 => CrashKind::Crash,
                 1 => CrashKind::Restart,
-                _ => CrashKind::DuringCopy,
+                2 => CrashKind::DuringCopy,
+                _ => CrashKind::AfterCopy,
             });
         }
         self.plan.kinds = kinds;
@@ -178,9 +190,12 @@ impl World<'_> {
                 self.plan.restarts_pending += 1;
             }
             CrashKind::DuringCopy => self.plan.happened.crashes_during_copy += 1,
+            CrashKind::AfterCopy => self.plan.happened.crashes_after_copy += 1,
         }
         match self.plan.kinds.get(self.plan.crashed) {
-            Some(CrashKind::DuringCopy) => self.plan.copy_armed = true,
+            Some(&k @ (CrashKind::DuringCopy | CrashKind::AfterCopy)) => {
+                self.plan.copy_armed = Some(k);
+            }
             Some(_) => self.plan.waiting_refill = true,
             None => {}
         }
@@ -203,11 +218,28 @@ impl World<'_> {
         self.plan.restarts_pending = self.plan.restarts_pending.saturating_sub(1);
     }
 
-    /// A server sent `to` a copy of a range: the crash armed for this moment hits `to`.
+    /// A server sent `to` a copy of a range: a crash armed for this moment hits `to`.
     pub(super) fn copy_sent(&mut self, to: NodeId) {
-        if self.plan.copy_armed && !self.down.contains(&to) {
-            self.plan.copy_armed = false;
+        if self.plan.copy_armed == Some(CrashKind::DuringCopy) && !self.down.contains(&to) {
+            self.plan.copy_armed = None;
             self.schedule(self.now, Action::CrashServer(Some(to)));
+        }
+    }
+
+    /// `replica` acknowledged installing a copy of `range` that `sender` sent it: a crash
+    /// armed for this moment hits `sender`, if the replica held the range before the ring last
+    /// changed (its copy replaced one that had the range's every push).
+    pub(super) fn copy_installed(&mut self, replica: NodeId, sender: NodeId, range: KeyRange) {
+        let held_before = self
+            .previous_ring
+            .as_ref()
+            .is_some_and(|r| r.owners(range.start()).contains(&replica));
+        if self.plan.copy_armed == Some(CrashKind::AfterCopy)
+            && held_before
+            && !self.down.contains(&sender)
+        {
+            self.plan.copy_armed = None;
+            self.schedule(self.now, Action::CrashServer(Some(sender)));
         }
     }
 
@@ -229,7 +261,7 @@ impl World<'_> {
         }
         let epoch = config.epoch;
         if let Ok(ring) = Ring::new(config.servers.iter().copied(), config.ring) {
-            self.ring = ring;
+            self.previous_ring = Some(core::mem::replace(&mut self.ring, ring));
             self.ring_epoch = epoch;
         }
     }

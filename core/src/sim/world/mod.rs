@@ -124,6 +124,8 @@ struct World<'a> {
     ring: Ring,
     /// The epoch of the configuration `ring` was built from.
     ring_epoch: Epoch,
+    /// The ring in force before the last change, if it changed.
+    previous_ring: Option<Ring>,
     /// Whether ranges have replicas: the oracle is then left out (see the module docs).
     replicated: bool,
     /// Servers whose process is down: they receive, send and fire nothing.
@@ -311,6 +313,7 @@ impl<'a> World<'a> {
             keys: cfg.key_layout(&ring),
             ring,
             ring_epoch,
+            previous_ring: None,
             replicated: cfg.ring.replicas > 0,
             down: BTreeSet::new(),
             plan: faults::Plan::new(cfg.seed),
@@ -637,6 +640,7 @@ impl<'a> World<'a> {
                 .map_err(|detail| self.fail(Invariant::Oracle, detail))?,
             Message::Redirect { epoch, .. } => return Ok(Some(*epoch)),
             Message::Transfer(_) => self.copy_sent(to),
+            Message::TransferAck { range, .. } => self.copy_installed(from, to, *range),
             _ => {}
         }
         Ok(None)
