@@ -890,6 +890,10 @@ struct SimArgs {
     /// is on its way to.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..64))]
     crash_servers: u32,
+    /// Restart the crashed servers that restart within the heartbeat timeout, before the
+    /// coordinator declares them dead (a case the protocol does not handle yet).
+    #[arg(long)]
+    quick_restart: bool,
     /// Skip encoding and decoding every message (faster, checks less).
     #[arg(long)]
     no_wire: bool,
@@ -986,6 +990,7 @@ fn sim_command(args: SimArgs) -> ExitCode {
             _ => None,
         },
         crash_servers: args.crash_servers as usize,
+        quick_restart: args.quick_restart,
         ..SimConfig::default()
     };
     let base = SimConfig {

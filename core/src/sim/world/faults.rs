@@ -186,8 +186,13 @@ impl World<'_> {
             CrashKind::Crash => self.plan.happened.crashes += 1,
             CrashKind::Restart => {
                 self.plan.happened.restarts += 1;
-                self.plan.restart.insert(victim);
                 self.plan.restarts_pending += 1;
+                if self.cfg.quick_restart {
+                    let at = self.now + 50 * MS + self.plan.rng.below(1_000 * MS);
+                    self.schedule(at, Action::RestartServer(victim));
+                } else {
+                    self.plan.restart.insert(victim);
+                }
             }
             CrashKind::DuringCopy => self.plan.happened.crashes_during_copy += 1,
             CrashKind::AfterCopy => self.plan.happened.crashes_after_copy += 1,
