@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::World;
+use crate::key::KeyRange;
 use crate::kv::KvPairs;
 use crate::message::KeySelection;
 use crate::node::{Epoch, Iteration, NodeId};
@@ -246,14 +247,15 @@ impl World<'_> {
 }
 
 impl World<'_> {
-    /// Live servers holding a shard (primary or replica) that contains `key`.
-    fn live_holders(&self, key: u64) -> Vec<NodeId> {
+    /// Per live server, the ranges of the shards it holds (primary or replica), by start.
+    fn live_shard_ranges(&self) -> Vec<(NodeId, Vec<KeyRange>)> {
         self.cfg
             .server_ids()
             .filter(|s| !self.down.contains(s))
-            .filter(|&s| {
-                self.server(s)
-                    .is_some_and(|srv| srv.shards().any(|(r, _)| r.contains(key)))
+            .filter_map(|id| {
+                let mut ranges: Vec<KeyRange> = self.server(id)?.shards().map(|(r, _)| r).collect();
+                ranges.sort_by_key(|r| r.start());
+                Some((id, ranges))
             })
             .collect()
     }
@@ -261,12 +263,20 @@ impl World<'_> {
     /// Durability: every key some acknowledged push wrote is held by a live server, and (with
     /// sums the ledger can judge) one live holder's total covers every acknowledged push.
     pub(super) fn check_durability(&self) -> Result<(), SimFailure> {
+        let held = self.live_shard_ranges();
         for (i, &key) in self.keys.iter().enumerate() {
             let acked = self.ledger.acked(i);
             if acked == 0 {
                 continue;
             }
-            let holders = self.live_holders(key);
+            let holders: Vec<NodeId> = held
+                .iter()
+                .filter(|(_, ranges)| {
+                    let i = ranges.partition_point(|r| r.start() <= key);
+                    i > 0 && ranges[i - 1].contains(key)
+                })
+                .map(|&(id, _)| id)
+                .collect();
             if holders.is_empty() {
                 return Err(self.fail(
                     Invariant::Durability,
