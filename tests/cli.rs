@@ -176,6 +176,69 @@ fn sim_refuses_impossible_arguments_with_a_clear_message() {
 }
 
 #[test]
+fn sim_crashes_servers_and_prints_recovery_times_before_the_summary() {
+    let out = pserver()
+        .args([
+            "sim",
+            "--seeds",
+            "12",
+            "--servers",
+            "3",
+            "--replicas",
+            "1",
+            "--crash-servers",
+            "1",
+            "--drop",
+            "0.05",
+            "--reorder",
+            "--partition",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    let n = lines.len();
+    assert!(n >= 3, "{text}");
+    assert!(
+        lines[n - 1].starts_with("sim seeds=12 failed=0 steps="),
+        "{text}"
+    );
+    let recovery = lines[n - 2];
+    assert!(recovery.starts_with("recovery_ms mean="), "{text}");
+    let crashes: usize = recovery
+        .rsplit("crashes=")
+        .next()
+        .and_then(|c| c.parse().ok())
+        .unwrap();
+    assert!(crashes > 0, "{text}");
+    assert!(lines[n - 3].starts_with("server_faults crashes="), "{text}");
+}
+
+#[test]
+fn sim_refuses_more_crashes_than_replicas_and_more_replicas_than_servers() {
+    for (args, says) in [
+        (
+            &["--replicas", "1", "--crash-servers", "2", "--servers", "4"][..],
+            "--crash-servers 2 exceeds --replicas 1",
+        ),
+        (
+            &["--replicas", "2", "--servers", "2"][..],
+            "--replicas 2 needs more than 2 servers",
+        ),
+        (
+            &["--replicas", "1", "--crash-servers", "1", "--servers", "2"][..],
+            "--servers 2 is too few",
+        ),
+    ] {
+        let out = pserver().arg("sim").args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn the_tau_sweep_prints_a_row_per_tau() {
     let out = pserver()
         .args([

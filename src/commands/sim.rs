@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pserver_core::Consistency;
-use pserver_core::sim::{MS, SimConfig, SimFailure, SimReport, run};
+use pserver_core::sim::{MS, ServerFaults, SimConfig, SimFailure, SimReport, run};
 use pserver_transport::sync::{AtomicU64, Mutex, Ordering, Tickets};
 
 /// The outcome of running a range of seeds.
@@ -20,6 +20,10 @@ pub struct Batch {
     pub redirects: u64,
     /// Wall-clock seconds.
     pub secs: f64,
+    /// Server faults over all successful runs, by kind.
+    pub server_faults: ServerFaults,
+    /// Recovery time of every server crash recovered from, over all successful runs.
+    pub recoveries: Vec<pserver_core::Time>,
 }
 
 impl Batch {
@@ -32,6 +36,30 @@ impl Batch {
             self.steps,
             self.redirects,
             self.secs
+        )
+    }
+
+    /// How long the cluster took to serve every range again after a server crash, in virtual
+    /// milliseconds: `recovery_ms mean=M max=X crashes=N` (N the crashes recovered from).
+    pub fn recovery_summary(&self) -> String {
+        let n = self.recoveries.len();
+        let ms = |t: pserver_core::Time| t as f64 / MS as f64;
+        let mean = if n == 0 {
+            0.0
+        } else {
+            self.recoveries.iter().map(|&t| ms(t)).sum::<f64>() / n as f64
+        };
+        let max = self.recoveries.iter().copied().max().map_or(0.0, ms);
+        format!("recovery_ms mean={mean:.1} max={max:.1} crashes={n}")
+    }
+
+    /// The server faults injected, by kind: `server_faults crashes=C restarts=R
+    /// crashes_during_copy=D crashes_after_copy=A cut_offs=X flaps=F`.
+    pub fn server_fault_summary(&self) -> String {
+        let f = &self.server_faults;
+        format!(
+            "server_faults crashes={} restarts={} crashes_during_copy={} crashes_after_copy={} cut_offs={} flaps={}",
+            f.crashes, f.restarts, f.crashes_during_copy, f.crashes_after_copy, f.cut_offs, f.flaps
         )
     }
 }
@@ -71,6 +99,7 @@ pub fn run_seeds(
     let steps = AtomicU64::new(0);
     let redirects = AtomicU64::new(0);
     let failures = Mutex::new(Vec::new());
+    let faults = Mutex::new((ServerFaults::default(), Vec::new()));
     let bar = if progress {
         let bar = ProgressBar::new(seeds);
         let style =
@@ -92,6 +121,10 @@ pub fn run_seeds(
                         Ok(report) => {
                             steps.fetch_add(report.steps, Ordering::Relaxed);
                             redirects.fetch_add(report.redirects, Ordering::Relaxed);
+                            if let Ok(mut f) = faults.lock() {
+                                f.0.add(&report.server_faults);
+                                f.1.extend_from_slice(&report.recoveries);
+                            }
                         }
                         Err(failure) => {
                             bar.suspend(|| eprintln!("{failure}"));
@@ -110,7 +143,10 @@ pub fn run_seeds(
     bar.finish_and_clear();
     let mut failures = failures.into_inner().unwrap_or_default();
     failures.sort_by_key(|f| f.seed);
+    let (server_faults, recoveries) = faults.into_inner().unwrap_or_default();
     Batch {
+        server_faults,
+        recoveries,
         seeds,
         failures,
         steps: steps.into_inner(),
@@ -213,6 +249,31 @@ mod tests {
         let batch = run_seeds(&hopeless, Protocol::default(), 0, 3, 2, false);
         let seeds: Vec<u64> = batch.failures.iter().map(|f| f.seed).collect();
         assert_eq!(seeds, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn the_batch_sums_server_faults_and_recovery_times() {
+        let mut base = SimConfig {
+            servers: 3,
+            crash_servers: 1,
+            ..SimConfig::default()
+        };
+        base.ring.replicas = 1;
+        let batch = run_seeds(&base, Protocol::default(), 0, 6, 2, false);
+        assert!(batch.failures.is_empty(), "{:?}", batch.failures);
+        assert_eq!(batch.recoveries.len(), batch.server_faults.crashed());
+        assert!(!batch.recoveries.is_empty());
+        let line = batch.recovery_summary();
+        assert!(line.starts_with("recovery_ms mean="), "{line}");
+        assert!(
+            line.ends_with(&format!(" crashes={}", batch.recoveries.len())),
+            "{line}"
+        );
+        assert!(
+            batch
+                .server_fault_summary()
+                .starts_with("server_faults crashes=")
+        );
     }
 
     #[test]

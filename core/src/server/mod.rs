@@ -484,6 +484,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .filter(|(_, h)| self.serves(&h.keys))
             .collect();
         self.resend_replication(Resend::Changed, out);
+        // A replica that was behind may have left the range's holders: what every holder
+        // left has is acknowledged now.
+        self.ack_replicated(out);
         self.report_caught_up(out);
         if first {
             out.cancel_timer(TimerId::Register);

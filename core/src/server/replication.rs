@@ -85,7 +85,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// Acknowledges the pushes whose updates every replica now has.
-    fn ack_replicated(&mut self, out: &mut Effects<V>) {
+    pub(super) fn ack_replicated(&mut self, out: &mut Effects<V>) {
         let done: Vec<(NodeId, crate::message::SliceRef)> = self
             .unreplicated
             .iter()
@@ -487,12 +487,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         if fresh_start {
             self.template = self.template.empty();
         }
+        // A push waiting on a range this server no longer leads all of is resent by its worker
+        // to the new primary; waiting on would never end.
         let shards = &self.shards;
         self.unreplicated.retain(|_, waits| {
             waits.iter().all(|&(range, _)| {
                 shards
                     .range(..range.end())
-                    .any(|(_, s)| s.is_primary() && s.range.intersect(range).is_some())
+                    .filter(|(_, s)| s.range.intersect(range).is_some())
+                    .all(|(_, s)| s.is_primary())
             })
         });
     }

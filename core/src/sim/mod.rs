@@ -11,9 +11,20 @@
 //!   reads as 0);
 //! - **pull complete**: a pull is answered exactly the keys of its key list, or only keys of
 //!   its ranges, and completes once;
-//! - **exactly-once**: every key's total on its server lies between the sum of the acknowledged
-//!   pushes and the sum of the issued ones, and at the end equals exactly the sum of the pushes
-//!   of the workers that did not crash;
+//! - **exactly-once**: every key's total on its primary in the ring in force (the coordinator's
+//!   current configuration, which changes when a crashed server is removed) lies between the
+//!   sum of the acknowledged pushes and the sum of the issued ones, and at the end equals
+//!   exactly the sum of the pushes of the workers that did not crash;
+//! - **durability** (with replicas): for every key some acknowledged push wrote, some live
+//!   server (one whose process has not crashed) holds a shard containing the key, and with
+//!   [`SimUpdater::Sum`] the largest `received_total` among those live holders is at least the
+//!   sum of the acknowledged pushes of the key: no acknowledged push is lost while at most
+//!   `k` servers crashed;
+//! - **single-owner**: live servers are grouped by the epoch they are on, and within one epoch
+//!   at most one of them holds a primary shard containing a key; at quiescence (see below)
+//!   exactly one live server does, the primary the coordinator's ring names;
+//! - **replica-convergence** (with replicas, at quiescence): every live replica of every key
+//!   holds, bit for bit, its primary's value and `received_total`;
 //! - **in-flight bound**: no worker has more than `tau + 1` iterations in flight;
 //! - **completion**: at the end every request of every surviving worker has completed;
 //! - **oracle**: every server's stored value of every key equals, bit for bit, what a one-node
@@ -54,6 +65,66 @@
 //! registration. Workers on epoch 1 send to the old owners, are answered `Redirect`, fetch the
 //! configuration and re-slice; every invariant is judged against the ring of epoch 2, and
 //! [`SimReport::redirects`] counts the redirects the workers followed.
+//!
+//! # Replicas and server faults
+//!
+//! With `ring.replicas = k > 0` every key range has a primary and `k` replicas
+//! (ARCHITECTURE.md §8), and with [`SimConfig::crash_servers`] up to `k` servers crash. The
+//! fault model is **at most `k` server crashes, not faster than recovery**: the first crash
+//! comes at a seeded time, each later one only once the cluster has recovered from the one
+//! before and refilled its replicas (every range served, every member on the epoch in force
+//! with no push waiting for its replicas, every owner holding its ranges, every replica equal
+//! to its primary). The exceptions are deliberate, and kept where durability does not depend
+//! on the spacing: a later crash may be planned to hit the server a range copy (`Transfer`)
+//! was just sent to, while the copy is in flight (that server holds nothing an
+//! acknowledgement depends on yet); and with two replicas or more, the server that sent a copy
+//! right after a replica installed it (every acknowledged push is still on the replicas that
+//! held the range before, and the pushes waiting for the copy are not acknowledged yet: their
+//! resends meet a copy's de-duplication state). A crashed server stops receiving, sending
+//! and firing timers, and what it sent that is still on the network is lost with it. The seed
+//! picks each crash's kind (counted in [`SimReport::server_faults`]):
+//!
+//! - a crash for good;
+//! - a crash and a restart: once the coordinator declared the server dead, a fresh
+//!   [`crate::Server`] with a new incarnation starts and registers, and joins the job again
+//!   (it copies the ranges the ring gives it, then the ring switches). With
+//!   [`SimConfig::quick_restart`] it restarts within the heartbeat timeout instead, still a
+//!   member: its registration under a new incarnation takes it off the ring first;
+//! - (second crash onwards) a crash of the server a copy was just sent to;
+//! - (second crash onwards, two replicas or more) a crash of a copy's sender as soon as the
+//!   copy is installed.
+//!
+//! With replicas, `--partition` also (by the seed) cuts one server off from every other server
+//! for up to 1.5 s while it still reaches the coordinator and the workers (a primary cut off
+//! from its replicas; half the time the first crash then hits it while it is cut off), makes
+//! one server flap (isolated and healed three to six times, briefly each time), or both. The
+//! server faults draw from a stream of their own, so runs without replicas draw exactly what
+//! they drew before.
+//!
+//! A run with replicas or server crashes does not end when its workers finish but once the
+//! cluster is quiescent: every crash recovered from, every restart carried out, every replica
+//! equal to its primary. Replica convergence and single ownership are then checked in full;
+//! a cluster that never gets there fails on the time limit (as `replica-convergence` when only
+//! the replicas disagree). [`SimReport::recoveries`] holds, per crash, the virtual time until
+//! every range was served again: no crashed server left in the coordinator's ring, and every
+//! range's primary there on the new epoch and holding the range as primary.
+//!
+//! ## What the oracle can still judge
+//!
+//! The oracle follows one server's acknowledgements, in order. With replicas a primary
+//! acknowledges a push only once its replicas have it, so acknowledgement order is no longer
+//! the order pushes were applied in across shards, and after a fail-over a range's values move
+//! to another server: the oracle cannot follow. So:
+//!
+//! - without replicas every check is as before, the oracle included;
+//! - with replicas and [`SimUpdater::Sum`] stored values are sums, and exactly-once,
+//!   durability and staleness are judged exactly against the ledger;
+//! - with replicas and another rule the oracle is left out, and exactly-once and staleness
+//!   (which need to know which sum a value stands for) are not judged; the rule is checked by
+//!   replica convergence (replicas reproduce the primary's update rule and state bit for bit,
+//!   across copies and promotions), and durability checks that some live server still holds
+//!   every key an acknowledged push wrote. Pull completeness, the in-flight bound, completion
+//!   and single ownership hold for every rule.
 //!
 //! A run is a pure function of its [`SimConfig`]: a failing seed replays exactly, and the
 //! failure says how ([`SimConfig::replay_command`]).
@@ -115,6 +186,14 @@ pub struct SimConfig {
     pub updater: Option<SimUpdater>,
     /// Start with the ring already changed (see the module docs); `None` lets the seed decide.
     pub ring_change: Option<bool>,
+    /// Servers that crash during the run, one after another, each once the cluster has
+    /// recovered from the previous one (see "Server faults" in the module docs). At most
+    /// `ring.replicas`, and the servers left must still hold a primary and every replica.
+    pub crash_servers: usize,
+    /// Restart crashed servers (those the seed picks to restart) within the heartbeat timeout,
+    /// before the coordinator declares them dead, instead of after. Outside what the protocol
+    /// handles today: such a server is still a member and takes its ranges up again empty.
+    pub quick_restart: bool,
 }
 
 impl Default for SimConfig {
@@ -140,6 +219,8 @@ impl Default for SimConfig {
             },
             updater: None,
             ring_change: None,
+            crash_servers: 0,
+            quick_restart: false,
         }
     }
 }
@@ -187,7 +268,60 @@ impl SimConfig {
             Some(false) => cmd += " --no-ring-change",
             None => {}
         }
+        if self.ring.replicas > 0 {
+            cmd += &format!(" --replicas {}", self.ring.replicas);
+        }
+        if self.crash_servers > 0 {
+            cmd += &format!(" --crash-servers {}", self.crash_servers);
+        }
+        if self.quick_restart {
+            cmd += " --quick-restart";
+        }
         cmd
+    }
+
+    /// Checks that the run's shape is one the fault model covers: fewer replicas than
+    /// servers, at most `replicas` server crashes, and enough servers left after them (and
+    /// after a ring change asked for) to hold a primary and every replica of each range.
+    ///
+    /// ```
+    /// use pserver_core::sim::SimConfig;
+    /// let mut cfg = SimConfig { servers: 3, crash_servers: 1, ..SimConfig::default() };
+    /// assert!(cfg.validate().is_err(), "no replica to fail over to");
+    /// cfg.ring.replicas = 1;
+    /// assert!(cfg.validate().is_ok());
+    /// ```
+    pub fn validate(&self) -> Result<(), String> {
+        let replicas = self.ring.replicas as usize;
+        if self.servers == 0 {
+            return Err("a run needs at least one server".into());
+        }
+        if replicas >= self.servers {
+            return Err(format!(
+                "--replicas {replicas} needs more than {replicas} servers (--servers {}): every range has a primary and {replicas} replicas on distinct servers",
+                self.servers
+            ));
+        }
+        if self.crash_servers > replicas {
+            return Err(format!(
+                "--crash-servers {} exceeds --replicas {replicas}: acknowledged pushes survive at most as many crashed servers as there are replicas",
+                self.crash_servers
+            ));
+        }
+        let taken_off = usize::from(self.ring_change == Some(true));
+        if self.servers < replicas + 1 + self.crash_servers + taken_off {
+            return Err(format!(
+                "--servers {} is too few for --replicas {replicas} with {} server crashes{}: the servers left must hold a primary and {replicas} replicas of every range",
+                self.servers,
+                self.crash_servers,
+                if taken_off > 0 {
+                    " after a ring change"
+                } else {
+                    ""
+                }
+            ));
+        }
+        Ok(())
     }
 
     /// The server whose ranges this run moved away before it started (see the module docs),
@@ -217,10 +351,12 @@ impl SimConfig {
     }
 
     /// Whether this run starts with its ring changed: [`SimConfig::ring_change`], or, in one
-    /// run of four with at least two servers, by the seed.
+    /// run of four with a server to spare (at least two servers, and with replicas or server
+    /// crashes enough left after taking one off), by the seed.
     pub fn resolved_ring_change(&self) -> bool {
         self.ring_change.unwrap_or_else(|| {
-            self.servers >= 2 && crate::hash::hash_words(self.seed, &[0x5249_4e47]) % 4 == 0
+            let spare = self.ring.replicas as usize + self.crash_servers + 1;
+            self.servers > spare && crate::hash::hash_words(self.seed, &[0x5249_4e47]) % 4 == 0
         })
     }
 
@@ -322,6 +458,13 @@ pub enum Invariant {
     /// A server's stored value differs from the one-node oracle's replay of the pushes it
     /// acknowledged, or a server answered a value it never held.
     Oracle,
+    /// An acknowledged push is held by no live server any more.
+    Durability,
+    /// Two live servers on the same epoch are both primary of a key, or at quiescence a key's
+    /// primary is not the one the coordinator's ring names.
+    SingleOwner,
+    /// At quiescence a live replica of a range holds other values than its primary.
+    ReplicaConvergence,
 }
 
 impl fmt::Display for Invariant {
@@ -335,6 +478,9 @@ impl fmt::Display for Invariant {
             Invariant::Codec => "codec",
             Invariant::Setup => "setup",
             Invariant::Oracle => "oracle",
+            Invariant::Durability => "durability",
+            Invariant::SingleOwner => "single-owner",
+            Invariant::ReplicaConvergence => "replica-convergence",
         })
     }
 }
@@ -395,8 +541,51 @@ pub struct SimReport {
     pub updater: SimUpdater,
     /// Whether the run started with its ring changed.
     pub ring_change: bool,
+    /// The server faults that happened, by kind.
+    pub server_faults: ServerFaults,
+    /// For each server crash the cluster recovered from: virtual time from the crash until
+    /// every range was served again (its primary in the coordinator's ring live, on the new
+    /// epoch and holding the range as primary).
+    pub recoveries: Vec<Time>,
     /// A digest of the final state of every node, to compare replays.
     pub fingerprint: u64,
+}
+
+/// How many server faults of each kind a run went through (see "Server faults" in the module
+/// docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ServerFaults {
+    /// Servers that crashed for good.
+    pub crashes: usize,
+    /// Servers that crashed and were restarted as fresh processes (they register again and
+    /// join the job anew).
+    pub restarts: usize,
+    /// Servers that crashed right after a copy of a range was sent to them.
+    pub crashes_during_copy: usize,
+    /// Servers that crashed right after a replica installed a copy of a range they sent.
+    pub crashes_after_copy: usize,
+    /// Servers cut off from every other server (not from the coordinator or the workers) for
+    /// a while, then healed.
+    pub cut_offs: usize,
+    /// Servers isolated and healed several times in a row, briefly each time.
+    pub flaps: usize,
+}
+
+impl ServerFaults {
+    /// Every crash of any kind.
+    pub fn crashed(&self) -> usize {
+        self.crashes + self.restarts + self.crashes_during_copy + self.crashes_after_copy
+    }
+
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &ServerFaults) {
+        self.crashes += other.crashes;
+        self.restarts += other.restarts;
+        self.crashes_during_copy += other.crashes_during_copy;
+        self.crashes_after_copy += other.crashes_after_copy;
+        self.cut_offs += other.cut_offs;
+        self.flaps += other.flaps;
+    }
 }
 
 /// The update rules a simulation can run, each with fixed parameters suited to the simulated

@@ -36,6 +36,8 @@ pub(crate) struct Network {
     /// Latest delivery time per ordered pair, to keep FIFO when reordering is off.
     last: BTreeMap<(NodeId, NodeId), Time>,
     isolated: BTreeSet<NodeId>,
+    /// Links that lose everything sent on them, as (from, to).
+    cut: BTreeSet<(NodeId, NodeId)>,
     pub(crate) sent: u64,
     pub(crate) dropped: u64,
 }
@@ -47,6 +49,7 @@ impl Network {
             latency,
             last: BTreeMap::new(),
             isolated: BTreeSet::new(),
+            cut: BTreeSet::new(),
             sent: 0,
             dropped: 0,
         }
@@ -60,6 +63,21 @@ impl Network {
         self.isolated.remove(&node);
     }
 
+    /// Cuts the links between `node` and each of `peers`, both ways.
+    pub(crate) fn cut_off(&mut self, node: NodeId, peers: impl IntoIterator<Item = NodeId>) {
+        for peer in peers {
+            if peer != node {
+                self.cut.insert((node, peer));
+                self.cut.insert((peer, node));
+            }
+        }
+    }
+
+    /// Restores every link of `node` that [`Network::cut_off`] cut.
+    pub(crate) fn reconnect(&mut self, node: NodeId) {
+        self.cut.retain(|&(a, b)| a != node && b != node);
+    }
+
     /// Delivery times of one message sent now: none (lost), one, or two (duplicated).
     pub(crate) fn deliveries(
         &mut self,
@@ -71,6 +89,7 @@ impl Network {
         self.sent += 1;
         if self.isolated.contains(&from)
             || self.isolated.contains(&to)
+            || self.cut.contains(&(from, to))
             || rng.chance(self.faults.drop)
         {
             self.dropped += 1;

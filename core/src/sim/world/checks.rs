@@ -1,14 +1,18 @@
 //! The invariants, checked against the ledger of what the workers pushed and against the
 //! oracle's replay of what each server acknowledged.
 
+use std::collections::BTreeMap;
+
 use super::World;
+use crate::key::KeyRange;
 use crate::kv::KvPairs;
 use crate::message::KeySelection;
-use crate::node::{Iteration, NodeId};
+use crate::node::{Epoch, Iteration, NodeId};
 use crate::sim::{Invariant, SimFailure, SimUpdater};
 
 /// Above this many keys the oracle compares every key only at the end of a run (and the keys of
-/// each step's server are left alone), to keep long runs fast.
+/// each step's server are left alone), and single ownership is checked only at the end, to keep
+/// long runs fast.
 const ORACLE_KEYS_PER_STEP: u64 = 1024;
 
 /// `v` as an integer, if it is one that `f64` holds exactly.
@@ -24,15 +28,28 @@ impl World<'_> {
             .unwrap_or_default()
     }
 
-    /// Everything the key's server took in for `key`: its own total with `Sum`, the oracle's
-    /// sum of the deltas it acknowledged otherwise (the oracle holds the server to it).
+    /// Whether the run's values are sums the ledger can judge: with `Sum` always, with another
+    /// rule through the oracle, which only follows runs without replicas.
+    fn sums_known(&self) -> bool {
+        self.updater == SimUpdater::Sum || !self.replicated
+    }
+
+    /// Everything the key's primary in the ring in force took in for `key`: its own total with
+    /// `Sum`, the oracle's sum of the deltas it acknowledged otherwise (the oracle holds the
+    /// server to it). `None` when that cannot be told (another rule with replicas).
     fn total(&self, key: u64) -> Result<Option<i64>, SimFailure> {
         let owner = self.ring.primary(key);
         let Some(server) = self.server(owner) else {
             return Ok(None);
         };
+        // A server restarted with nothing, named by a ring the coordinator has yet to replace,
+        // serves nothing either: judged once it holds the key again.
+        if !server.shards().any(|(r, _)| r.contains(key)) && self.now < self.cfg.time_limit {
+            return Ok(None);
+        }
         let total = match self.updater {
             SimUpdater::Sum => server.received_total(key)[0],
+            _ if self.replicated => return Ok(None),
             _ => self.oracle.received(owner, key),
         };
         match exact(total) {
@@ -107,6 +124,10 @@ impl World<'_> {
                     .collect()
             }
         };
+        if !self.sums_known() {
+            // Another rule with replicas: which sum a value stands for is not known.
+            return Ok(());
+        }
         let below = self.cfg.consistency.required_below(iteration);
         let live = self.live_workers();
         for key in requested {
@@ -161,6 +182,13 @@ impl World<'_> {
         if self.coordinator().is_none_or(|c| c.config().is_none()) {
             return Ok(());
         }
+        if self.cfg.keys <= ORACLE_KEYS_PER_STEP {
+            self.check_single_owner(false)?;
+        }
+        if self.replicated {
+            // Without replicas the primary is the only holder: exactly-once below says more.
+            self.check_durability()?;
+        }
         for i in 0..self.cfg.keys {
             let key = self.keys[i as usize];
             let Some(total) = self.total(key)? else {
@@ -186,14 +214,27 @@ impl World<'_> {
         if !self.all_done() {
             return Err(self.fail(Invariant::Completion, self.stuck_report()));
         }
-        for server in self.cfg.server_ids() {
-            self.check_oracle(server, true)?;
+        if !self.replicated {
+            for server in self.cfg.server_ids() {
+                self.check_oracle(server, true)?;
+            }
+        }
+        if self.settles() {
+            self.check_single_owner(true)?;
+            self.check_durability()?;
+            if let Some(detail) = self.divergence() {
+                return Err(self.fail(Invariant::ReplicaConvergence, detail));
+            }
         }
         let (lost, survivors): (Vec<NodeId>, Vec<NodeId>) =
             self.apps.keys().partition(|id| self.apps[*id].crashed);
         for i in 0..self.cfg.keys {
             let key = self.keys[i as usize];
-            let total = self.total(key)?.unwrap_or_default();
+            let total = match self.total(key)? {
+                Some(total) => total,
+                None if !self.sums_known() => continue,
+                None => 0,
+            };
             let (survived, _) = self.ledger.by_workers(key, &survivors);
             let (lost_issued, lost_acked) = self.ledger.by_workers(key, &lost);
             let extra = total - survived;
@@ -204,6 +245,117 @@ impl World<'_> {
                         "key {key}: its server holds {total}; surviving workers pushed {survived}, crashed ones {lost_acked}..={lost_issued}"
                     ),
                 ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl World<'_> {
+    /// Per live server, the ranges of the shards it holds (primary or replica), by start.
+    fn live_shard_ranges(&self) -> Vec<(NodeId, Vec<KeyRange>)> {
+        self.cfg
+            .server_ids()
+            .filter(|s| !self.down.contains(s))
+            .filter_map(|id| {
+                let mut ranges: Vec<KeyRange> = self.server(id)?.shards().map(|(r, _)| r).collect();
+                ranges.sort_by_key(|r| r.start());
+                Some((id, ranges))
+            })
+            .collect()
+    }
+
+    /// Durability: every key some acknowledged push wrote is held by a live server, and (with
+    /// sums the ledger can judge) one live holder's total covers every acknowledged push.
+    pub(super) fn check_durability(&self) -> Result<(), SimFailure> {
+        let held = self.live_shard_ranges();
+        for (i, &key) in self.keys.iter().enumerate() {
+            let acked = self.ledger.acked(i);
+            if acked == 0 {
+                continue;
+            }
+            let holders: Vec<NodeId> = held
+                .iter()
+                .filter(|(_, ranges)| {
+                    let i = ranges.partition_point(|r| r.start() <= key);
+                    i > 0 && ranges[i - 1].contains(key)
+                })
+                .map(|&(id, _)| id)
+                .collect();
+            if holders.is_empty() {
+                return Err(self.fail(
+                    Invariant::Durability,
+                    format!(
+                        "key {key}: acknowledged pushes sum to {acked}, but no live server holds it (crashed: {:?})",
+                        self.down
+                    ),
+                ));
+            }
+            if self.updater != SimUpdater::Sum {
+                continue;
+            }
+            let best = holders
+                .iter()
+                .filter_map(|&s| self.server(s))
+                .map(|s| s.received_total(key)[0])
+                .fold(f64::NEG_INFINITY, f64::max);
+            if best < acked as f64 {
+                return Err(self.fail(
+                    Invariant::Durability,
+                    format!(
+                        "key {key}: acknowledged pushes sum to {acked}, but its live holders {holders:?} hold at most {best} (crashed: {:?})",
+                        self.down
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Single owner: among the live servers on one epoch, at most one holds a primary shard
+    /// containing a key; at quiescence (`settled`) exactly one live server does, the primary
+    /// the coordinator's ring names.
+    pub(super) fn check_single_owner(&self, settled: bool) -> Result<(), SimFailure> {
+        let mut seen: BTreeMap<(Epoch, u64), NodeId> = BTreeMap::new();
+        let mut primaries: BTreeMap<u64, Vec<NodeId>> = BTreeMap::new();
+        for id in self.cfg.server_ids().filter(|s| !self.down.contains(s)) {
+            let Some(server) = self.server(id) else {
+                continue;
+            };
+            let epoch = server.epoch();
+            for (range, primary) in server.shards() {
+                if !primary {
+                    continue;
+                }
+                let from = self.keys.partition_point(|&k| k < range.start());
+                for &key in self.keys[from..].iter().take_while(|&&k| k < range.end()) {
+                    primaries.entry(key).or_default().push(id);
+                    if let Some(other) = seen.insert((epoch, key), id) {
+                        if other != id {
+                            return Err(self.fail(
+                                Invariant::SingleOwner,
+                                format!(
+                                    "key {key}: {other} and {id} are both its primary on epoch {epoch}"
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        if settled {
+            for &key in &self.keys {
+                let want = self.ring.primary(key);
+                let got = primaries.get(&key).map_or(&[][..], Vec::as_slice);
+                if got != [want] {
+                    return Err(self.fail(
+                        Invariant::SingleOwner,
+                        format!(
+                            "key {key}: at quiescence its primary shards are on {got:?}, but the coordinator's ring (epoch {}) names {want}",
+                            self.ring_epoch
+                        ),
+                    ));
+                }
             }
         }
         Ok(())

@@ -1,10 +1,11 @@
 //! The simulation loop: one event queue on virtual time for every node, message and timer.
 
 mod checks;
+mod faults;
 
 use core::cmp::Ordering;
 use core::hash::{Hash, Hasher};
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use super::ledger::Ledger;
 use super::network::Network;
@@ -52,6 +53,16 @@ enum Action {
     Crash(NodeId),
     Isolate(NodeId),
     Heal(NodeId),
+    /// A server crash of the fault plan: of this server, or of one the plan picks then.
+    CrashServer(Option<NodeId>),
+    /// A crashed server comes back as a fresh process.
+    RestartServer(NodeId),
+    /// A server is cut off from every other server.
+    CutOff(NodeId),
+    /// The first isolation of a flapping server.
+    FlapStart(NodeId),
+    /// Its links to the other servers come back.
+    Reconnect(NodeId),
 }
 
 struct Scheduled {
@@ -108,8 +119,23 @@ struct World<'a> {
     updater: SimUpdater,
     /// With a ring change, the configuration each node starts with (no registration).
     start_configs: BTreeMap<NodeId, ClusterConfig>,
-    /// The ring in force: it never changes during a run (a ring change happened before it).
+    /// The ring in force: that of the coordinator's configuration (before the first one, that
+    /// of the configuration the run starts from). It changes when a crashed server is removed.
     ring: Ring,
+    /// The epoch of the configuration `ring` was built from.
+    ring_epoch: Epoch,
+    /// The ring in force before the last change, if it changed.
+    previous_ring: Option<Ring>,
+    /// Whether ranges have replicas: the oracle is then left out (see the module docs).
+    replicated: bool,
+    /// Servers whose process is down: they receive, send and fire nothing.
+    down: BTreeSet<NodeId>,
+    /// The server fault plan and what has come of it.
+    plan: faults::Plan,
+    /// Server configuration shared by every server, to start a fresh one on a restart.
+    server_config: ServerConfig,
+    #[cfg(feature = "mutations")]
+    mutation: Option<crate::mutation::Mutation>,
     /// Redirects the workers followed.
     redirects: u64,
     codec: Codec,
@@ -149,6 +175,7 @@ pub fn run_mutated(
     for d in world.nodes.values_mut() {
         d.set_mutation(Some(mutation));
     }
+    world.mutation = Some(mutation);
     world.replay = format!("{} --mutation {mutation}", world.replay);
     world.start()?;
     world.run()
@@ -208,6 +235,7 @@ fn ring_change_configs(
 
 impl<'a> World<'a> {
     fn new(cfg: &'a SimConfig) -> Result<Self, SimFailure> {
+        cfg.validate().map_err(|e| setup_failure(cfg, e))?;
         let timing = Timing::default();
         let updater = cfg.resolved_updater();
         let mut job = CoordinatorConfig::new(cfg.coordinator_id(), cfg.servers, cfg.workers);
@@ -237,10 +265,14 @@ impl<'a> World<'a> {
             1 => (rows(8, 2), 1),
             _ => (rows(3, 5), 3),
         };
+        let mut server_config = ServerConfig::new(cfg.coordinator_id(), cfg.coordinator_id());
+        server_config.timing = timing;
+        server_config.max_reply_bytes = slice_bytes;
         for id in cfg.server_ids() {
-            let mut sc = ServerConfig::new(id, cfg.coordinator_id());
-            sc.timing = timing;
-            sc.max_reply_bytes = slice_bytes;
+            let sc = ServerConfig {
+                id,
+                ..server_config
+            };
             nodes.insert(id, Driver::new(Server::new(sc, updater.rule())));
         }
         for id in cfg.worker_ids() {
@@ -255,6 +287,9 @@ impl<'a> World<'a> {
         // Every invariant is judged against the ring in force: after a ring change, the ring of
         // the servers' (newest) configuration.
         let ring = cfg.ring_in_force().map_err(|e| setup_failure(cfg, e))?;
+        let ring_epoch = start_configs
+            .get(&cfg.coordinator_id())
+            .map_or(1, |c| c.epoch);
         // The failure names the run's resolved choices, so that it says what it ran.
         let replay = SimConfig {
             updater: Some(updater),
@@ -279,6 +314,14 @@ impl<'a> World<'a> {
             start_configs,
             keys: cfg.key_layout(&ring),
             ring,
+            ring_epoch,
+            previous_ring: None,
+            replicated: cfg.ring.replicas > 0,
+            down: BTreeSet::new(),
+            plan: faults::Plan::new(cfg.seed),
+            server_config,
+            #[cfg(feature = "mutations")]
+            mutation: None,
             redirects: 0,
             codec: Codec::default(),
             replay,
@@ -360,21 +403,24 @@ impl<'a> World<'a> {
                 self.schedule(at, Action::Crash(node));
             }
         }
+        self.plan_server_faults();
         Ok(())
     }
 
     fn run(mut self) -> Result<SimReport, SimFailure> {
         while let Some(next) = self.queue.pop() {
-            if self.all_done() {
+            if self.finished() {
                 break;
             }
             self.now = next.at;
             if self.now > self.cfg.time_limit {
-                return Err(self.fail(Invariant::Completion, self.stuck_report()));
+                return Err(self.time_out());
             }
             self.steps += 1;
             self.step(next.action)?;
+            self.refresh_ring();
             self.check_step()?;
+            self.track_recovery();
         }
         self.check_end()?;
         Ok(self.report())
@@ -408,9 +454,10 @@ impl<'a> World<'a> {
         )
     }
 
-    /// True when the node is a worker whose process crashed: it takes no more input.
+    /// True when the node is a worker or server whose process crashed: it takes no more
+    /// input.
     fn is_down(&self, node: NodeId) -> bool {
-        self.apps.get(&node).is_some_and(|a| a.crashed)
+        self.down.contains(&node) || self.apps.get(&node).is_some_and(|a| a.crashed)
     }
 
     fn step(&mut self, action: Action) -> Result<(), SimFailure> {
@@ -472,6 +519,29 @@ impl<'a> World<'a> {
                 self.net.heal(node);
                 node
             }
+            Action::CrashServer(victim) => match self.crash_server(victim) {
+                Some(node) => node,
+                None => return Ok(()),
+            },
+            Action::RestartServer(node) => {
+                self.restart_server(node);
+                node
+            }
+            Action::FlapStart(node) => {
+                self.plan.happened.flaps += 1;
+                self.net.isolate(node);
+                node
+            }
+            Action::CutOff(node) => {
+                self.plan.happened.cut_offs += 1;
+                let servers: Vec<NodeId> = self.cfg.server_ids().collect();
+                self.net.cut_off(node, servers);
+                node
+            }
+            Action::Reconnect(node) => {
+                self.net.reconnect(node);
+                node
+            }
         };
         self.drain(node)
     }
@@ -520,7 +590,7 @@ impl<'a> World<'a> {
                     );
                 }
             }
-            if let Some(applied_below) = applied_below {
+            if let Some(applied_below) = applied_below.filter(|_| !self.replicated) {
                 self.oracle
                     .advance(node, applied_below)
                     .map_err(|detail| self.fail(Invariant::Oracle, detail))?;
@@ -565,18 +635,24 @@ impl<'a> World<'a> {
             },
         };
         match &env.body {
-            Message::Push(push) => self.oracle.sent(from, to, push),
-            Message::PushAck(slice) if self.server(from).is_some() => self
+            Message::Push(push) if !self.replicated => self.oracle.sent(from, to, push),
+            Message::PushAck(slice) if !self.replicated && self.server(from).is_some() => self
                 .oracle
                 .acked(from, to, *slice)
                 .map_err(|detail| self.fail(Invariant::Oracle, detail))?,
             Message::Redirect { epoch, .. } => return Ok(Some(*epoch)),
+            Message::Transfer(_) => self.copy_sent(to),
+            Message::TransferAck { range, .. } => self.copy_installed(from, to, *range),
             _ => {}
         }
         Ok(None)
     }
 
     fn on_event(&mut self, node: NodeId, event: Event<f64>) -> Result<(), SimFailure> {
+        if let Event::NodeDead(dead) = event {
+            self.node_dead(dead);
+            return Ok(());
+        }
         if let Event::Refused { from, reason } = &event {
             // The simulated network never corrupts or forges: a frame that does not decode is
             // a codec bug.
@@ -755,6 +831,8 @@ impl<'a> World<'a> {
             redirects: self.redirects,
             updater: self.updater,
             ring_change: !self.start_configs.is_empty(),
+            server_faults: self.plan.happened,
+            recoveries: self.plan.recoveries.clone(),
             fingerprint: h.finish(),
         }
     }
