@@ -22,6 +22,11 @@
 //!   job can still finish. Stateright's `eventually` only follows acyclic paths, and
 //!   `completion` never looks at a state where a retransmission timer is pending, so a worker
 //!   retransmitting forever to a server that never answers escapes both; this search does not.
+//! - with replicas ([`ClusterModelConfig::replicas`], the replication model):
+//!   `durability` (no acknowledged push lost while at most `replicas` servers are lost),
+//!   `single-owner` (one primary per key and epoch; at quiescence the coordinator's) and
+//!   `replica-convergence` (at quiescence replicas hold what their primary holds), always; and
+//!   `exactly-once` judged per range holder instead of summed over servers.
 //! - reachability (sometimes): a pull had to wait, a duplicate push was suppressed, a redirect
 //!   was followed, a retransmission timeout was doubled, the whole job finished.
 //!
@@ -34,6 +39,10 @@
 //! Time is not modelled (every node's clock reads 0, every timer may fire at any point),
 //! except with [`ClusterModelConfig::backoff`], where each worker's clock moves to the deadline
 //! of the retransmission timer that fires, so that doubled timeouts are explored.
+//!
+//! With replicas, only servers crash and failure detection is an accurate oracle
+//! ([`ModelTimer::Detect`]): heartbeats and periodic failure checks would multiply every state
+//! by their interleavings.
 
 mod actor;
 mod check;
