@@ -669,7 +669,9 @@ fn local_command(args: LocalArgs) -> ExitCode {
 
 #[derive(Args, Debug)]
 struct CheckArgs {
-    /// Model: cluster (the whole protocol) or clock (the range vector clock).
+    /// Model: cluster (the whole protocol), replication (the whole protocol with a primary and
+    /// a replica per key range on 3 servers, one of which may crash) or clock (the range
+    /// vector clock). The shape options change the replication model's shape too.
     #[arg(long, default_value = "cluster")]
     model: check::ModelName,
     /// Explore breadth first (the default; shortest counterexamples, most memory).
@@ -764,20 +766,37 @@ fn check_command(args: CheckArgs) -> ExitCode {
         || args.registration
         || args.ring_change
         || args.backoff;
-    let defaults = ClusterModelConfig::default();
+    let replication = args.model == check::ModelName::Replication;
+    let defaults = if replication {
+        ClusterModelConfig::replication()
+    } else {
+        ClusterModelConfig::default()
+    };
+    let (keys, iterations, crashes) = if replication {
+        (defaults.keys, defaults.iterations, defaults.crashes)
+    } else {
+        (1, 1, 0)
+    };
     let base = ClusterModelConfig {
         servers: args.servers.map_or(defaults.servers, |n| n as usize),
         workers: args.workers.map_or(defaults.workers, |n| n as usize),
-        keys: args.keys.unwrap_or(1),
-        iterations: args.iterations.unwrap_or(1),
-        consistency: models[0],
+        keys: args.keys.unwrap_or(keys),
+        iterations: args.iterations.unwrap_or(iterations),
+        consistency: args
+            .consistency
+            .first()
+            .copied()
+            .unwrap_or(defaults.consistency),
         network: args.network.unwrap_or(defaults.network),
-        crashes: args.crashes.unwrap_or(0),
+        crashes: args.crashes.unwrap_or(crashes),
         registration: args.registration,
         ring_change: args.ring_change,
+        replicas: defaults.replicas,
         backoff: args.backoff,
     };
-    let configs: Vec<ClusterModelConfig> = if shape_given {
+    let configs: Vec<ClusterModelConfig> = if replication && args.consistency.is_empty() {
+        vec![base.clone()]
+    } else if shape_given || replication {
         models
             .iter()
             .map(|&consistency| ClusterModelConfig {
@@ -815,7 +834,7 @@ fn check_command(args: CheckArgs) -> ExitCode {
         };
     }
     let outcome = match args.model {
-        check::ModelName::Cluster => {
+        check::ModelName::Cluster | check::ModelName::Replication => {
             match check::check_cluster(&configs, protocol, strategy, threads, args.max_states) {
                 Ok(outcome) => outcome,
                 Err(e) => {

@@ -290,6 +290,58 @@ fn check_prints_a_verdict_per_property_and_the_summary_line() {
     }
 }
 
+/// The replication model with a worker that runs no iteration: the crash, the fail-over and
+/// the refilled replicas, small enough for a test (the default shape takes minutes).
+#[test]
+fn check_model_replication_fails_over_and_checks_the_replication_properties() {
+    let out = pserver()
+        .args(["check", "--model", "replication", "--iterations", "0"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.lines().next().is_some_and(|l| l.contains("servers=3")
+            && l.contains("crashes=1")
+            && l.contains("replicas=1")),
+        "{text}"
+    );
+    for property in [
+        "exactly-once",
+        "durability",
+        "single-owner",
+        "replica-convergence",
+        "completion",
+        "livelock-free",
+    ] {
+        let line = format!("property {property}: holds");
+        assert_eq!(text.lines().filter(|l| *l == line).count(), 1, "{text}");
+    }
+    for found in ["primary failed over", "replica refilled"] {
+        assert!(text.contains(&format!("property {found}: found")), "{text}");
+    }
+    assert!(text.lines().last().unwrap().starts_with("check states="));
+}
+
+#[cfg(feature = "mutations")]
+#[test]
+fn check_model_replication_catches_acknowledgements_before_replication() {
+    let out = pserver()
+        .args([
+            "check",
+            "--model",
+            "replication",
+            "--mutation",
+            "ack-before-replicate",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("property durability: violated"), "{text}");
+    assert!(text.contains("n1 crashes"), "{text}");
+}
+
 #[cfg(feature = "mutations")]
 #[test]
 fn check_finds_a_violation_for_every_mutation() {

@@ -463,7 +463,9 @@ impl Coordinator {
             .chain(&config.joining)
         {
             let missed = self.silent_checks.entry(n).or_default();
-            *missed += 1;
+            // Saturates: a server kept because the ring could not lose it (`RingDegraded`) is
+            // counted silent on every check, and its count must not grow without end.
+            *missed = (*missed + 1).min(allowed + 1);
             if *missed > allowed {
                 silent.push(n);
             }

@@ -18,6 +18,8 @@ use stateright::{Checker, Model};
 pub enum ModelName {
     /// The whole protocol: coordinator, servers, workers.
     Cluster,
+    /// The whole protocol with replicated key ranges and a server crash: fail-over.
+    Replication,
     /// The range vector clock against a per-key clock.
     Clock,
 }
@@ -28,8 +30,11 @@ impl std::str::FromStr for ModelName {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "cluster" => Ok(ModelName::Cluster),
+            "replication" => Ok(ModelName::Replication),
             "clock" => Ok(ModelName::Clock),
-            _ => Err(format!("unknown model `{s}`: expected cluster or clock")),
+            _ => Err(format!(
+                "unknown model `{s}`: expected cluster, replication or clock"
+            )),
         }
     }
 }
@@ -92,6 +97,9 @@ pub fn describe_config(cfg: &ClusterModelConfig) -> String {
         cfg.iterations,
         cfg.crashes
     );
+    if cfg.replicas > 0 {
+        let _ = write!(line, " replicas={}", cfg.replicas);
+    }
     for (on, flag) in [
         (cfg.registration, " registration"),
         (cfg.ring_change, " ring-change"),
@@ -183,7 +191,7 @@ pub fn explore(
     address: &str,
 ) -> Result<(), String> {
     match name {
-        ModelName::Cluster => serve(model_of(cfg, protocol)?, address),
+        ModelName::Cluster | ModelName::Replication => serve(model_of(cfg, protocol)?, address),
         ModelName::Clock => serve(
             ClockModel {
                 keys: cfg.keys,

@@ -6,8 +6,8 @@ use std::borrow::Cow;
 
 use pserver_core::{
     ClusterConfig, Coordinator, CoordinatorConfig, CoordinatorError, Effects, Envelope, Event,
-    Iteration, KeyList, KeySelection, KvPairs, Message, RequestId, Ring, Server, ServerConfig,
-    Time, TimerCmd, TimerId, Updater, Worker, WorkerConfig,
+    Iteration, KeyList, KeySelection, KvPairs, Message, NodeId, RequestId, Ring, Server,
+    ServerConfig, Time, TimerCmd, TimerId, Updater, Worker, WorkerConfig,
 };
 use stateright::actor::{Actor, Id, Out, model_timeout};
 
@@ -24,9 +24,44 @@ pub enum ClusterActor {
     Worker(WorkerConfig, Settings, Script),
 }
 
+/// A timer of the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ModelTimer {
+    /// A core node's timer, tagged with the actor that set it when crashes are modelled (0
+    /// otherwise).
+    ///
+    /// Stateright leaves `crashed` out of a state's fingerprint, and hashes each actor's set of
+    /// timers without a delimiter, so two states that differ only in which actor crashed (its
+    /// timers cancelled) get the same fingerprint when the actors had the same timers set: the
+    /// checker would explore the crash of one server and take the crash of another for it.
+    /// With the actor in every timer, the timers of different actors never hash alike.
+    Node {
+        /// The actor that set it (0 when no crash is modelled).
+        actor: u32,
+        /// The core's timer.
+        timer: TimerId,
+    },
+    /// The replication model's failure detector (a coordinator timer, one per server): the
+    /// coordinator finds this server silent, having heard from every other member, for as many
+    /// failure checks as it takes to declare it dead. The checker fires it at any point; runs
+    /// where it names a server that has not crashed are outside the model (an accurate
+    /// failure detector), and once one fired the others are cancelled.
+    Detect(NodeId),
+}
+
 /// What every node actor shares from the model configuration.
 #[derive(Clone, Debug)]
 pub struct Settings {
+    /// The actor tag of this actor's core timers ([`ModelTimer::Node`]).
+    pub timer_tag: u32,
+    /// The coordinator of the replication model: the servers its failure detector may find
+    /// silent ([`ModelTimer::Detect`]); empty otherwise.
+    pub detect: Vec<NodeId>,
+    /// True in the replication model, whose failure detector ([`ModelTimer::Detect`]) needs no
+    /// heartbeats: the heartbeat timer is still kept set, and its firings send nothing, only so
+    /// that a crash, which cancels the crashed actor's timers, changes the state's fingerprint
+    /// (stateright leaves `crashed` out of it).
+    pub heartbeat_marks_crash: bool,
     /// Heartbeats and failure checks are modelled only when crashes are.
     pub failure_detection: bool,
     /// Retransmission is modelled only on the lossy network: on the reliable ordered one the
@@ -37,6 +72,9 @@ pub struct Settings {
     pub config: Option<ClusterConfig>,
     /// Workers keep a clock and a retransmission budget ([`ClusterModelConfig::backoff`]).
     pub backoff: bool,
+    /// With replicas: the keys whose values each server remembers the most it ever held
+    /// ([`ServerActorState::ever_held`]).
+    pub held_keys: Vec<u64>,
     #[cfg(feature = "mutations")]
     pub(crate) mutation: Option<pserver_core::Mutation>,
 }
@@ -126,6 +164,33 @@ pub struct ServerActorState {
     pub node: Server<i64>,
     /// It acknowledged a push without applying it (a duplicate).
     pub suppressed_duplicate: bool,
+    /// It took in a whole copy of a shard (`Transfer`) as a new replica and acknowledged it.
+    pub installed_copy: bool,
+    /// With replicas: per key (in key order) and column, the most this server ever held, stored
+    /// or buffered. A server removed from the ring drops its shards, so what it answered a pull
+    /// with is remembered here. Empty without replicas.
+    pub ever_held: Vec<i64>,
+}
+
+impl ServerActorState {
+    /// Raises [`ServerActorState::ever_held`] to what the server holds now.
+    fn note_held(&mut self, settings: &Settings) {
+        if settings.held_keys.is_empty() {
+            return;
+        }
+        let now: Vec<i64> = settings
+            .held_keys
+            .iter()
+            .flat_map(|&k| self.node.received_total(k))
+            .collect();
+        if self.ever_held.len() != now.len() {
+            self.ever_held = now;
+        } else {
+            for (e, v) in self.ever_held.iter_mut().zip(now) {
+                *e = (*e).max(v);
+            }
+        }
+    }
 }
 
 /// The state of one actor.
@@ -148,7 +213,8 @@ fn id_of(node: pserver_core::NodeId) -> Id {
 /// multiply states.
 fn forward(effects: &mut Effects<i64>, settings: &Settings, o: &mut Out<ClusterActor>) {
     let modelled = |t: TimerId| match t {
-        TimerId::Heartbeat | TimerId::FailureCheck => settings.failure_detection,
+        TimerId::Heartbeat => settings.failure_detection || settings.heartbeat_marks_crash,
+        TimerId::FailureCheck => settings.failure_detection,
         TimerId::Retransmit | TimerId::Replicate => settings.retransmission,
         TimerId::Register => settings.retransmission,
     };
@@ -160,21 +226,36 @@ fn forward(effects: &mut Effects<i64>, settings: &Settings, o: &mut Out<ClusterA
     }
     for cmd in effects.timers.drain(..) {
         match cmd {
-            TimerCmd::Set { timer, .. } if modelled(timer) => o.set_timer(timer, model_timeout()),
+            TimerCmd::Set { timer, .. } if modelled(timer) => {
+                o.set_timer(settings.tag(timer), model_timeout());
+            }
             TimerCmd::Set { .. } => {}
-            TimerCmd::Cancel(timer) => o.cancel_timer(timer),
+            TimerCmd::Cancel(timer) => o.cancel_timer(settings.tag(timer)),
+        }
+    }
+}
+
+impl Settings {
+    fn tag(&self, timer: TimerId) -> ModelTimer {
+        ModelTimer::Node {
+            actor: self.timer_tag,
+            timer,
         }
     }
 }
 
 impl ClusterActor {
+    fn settings_mut(&mut self) -> &mut Settings {
+        match self {
+            ClusterActor::Coordinator(_, s) | ClusterActor::Server(_, s) => s,
+            ClusterActor::Worker(_, s, _) => s,
+        }
+    }
+
     /// Makes this actor run a deliberately broken protocol.
     #[cfg(feature = "mutations")]
     pub(crate) fn set_mutation(&mut self, mutation: Option<pserver_core::Mutation>) {
-        match self {
-            ClusterActor::Coordinator(_, s) | ClusterActor::Server(_, s) => s.mutation = mutation,
-            ClusterActor::Worker(_, s, _) => s.mutation = mutation,
-        }
+        self.settings_mut().mutation = mutation;
     }
 
     /// The actors of a model: coordinator, servers, workers, in node-id order. Fails when the
@@ -194,10 +275,18 @@ impl ClusterActor {
             Coordinator::bootstrapped(coordinator_cfg, &servers, &workers)?
         };
         let settings = Settings {
-            failure_detection: cfg.crashes > 0,
+            timer_tag: 0,
+            detect: Vec::new(),
+            heartbeat_marks_crash: cfg.crashes > 0 && cfg.replicas > 0,
+            failure_detection: cfg.crashes > 0 && cfg.replicas == 0,
             retransmission: cfg.network == NetworkKind::Lossy,
             config: coordinator.config().cloned(),
             backoff: cfg.backoff && cfg.network == NetworkKind::Lossy,
+            held_keys: if cfg.replicas > 0 {
+                cfg.key_list()
+            } else {
+                Vec::new()
+            },
             #[cfg(feature = "mutations")]
             mutation: None,
         };
@@ -235,9 +324,53 @@ impl ClusterActor {
             };
             ClusterActor::Worker(wc, settings.clone(), script)
         }));
+        if cfg.crashes > 0 {
+            for (i, actor) in actors.iter_mut().enumerate() {
+                actor.settings_mut().timer_tag = i as u32;
+            }
+            if cfg.replicas > 0 {
+                actors[0].settings_mut().detect = cfg.server_ids().collect();
+            }
+        }
         Ok(actors)
     }
 }
+
+/// The coordinator's failure checks find `victim` silent: before each check every other member
+/// is heard from (a heartbeat at the current epoch), and as many checks run as it takes to
+/// declare a silent member dead.
+fn detect(c: &mut Coordinator, victim: NodeId, out: &mut Effects<i64>) {
+    let Some(config) = c.config() else {
+        return;
+    };
+    if !config.servers.contains(&victim) {
+        return;
+    }
+    for _ in 0..DETECTION_CHECKS {
+        let Some(config) = c.config() else {
+            return;
+        };
+        let (epoch, heard): (_, Vec<NodeId>) = (
+            config.epoch,
+            config
+                .workers
+                .iter()
+                .chain(&config.servers)
+                .copied()
+                .filter(|&n| n != victim)
+                .collect(),
+        );
+        for from in heard {
+            let body = Message::Heartbeat { sent_at: 0 };
+            c.on_message(0, Envelope::new(from, c.id(), epoch, body), out);
+        }
+        c.on_timer(0, TimerId::FailureCheck, out);
+    }
+}
+
+/// Failure checks a silent member survives before it is declared dead, plus one: the model's
+/// timing ([`ClusterModelConfig::timing`]) allows one missed check.
+const DETECTION_CHECKS: usize = 2;
 
 /// The coordinator and the epoch-2 configuration of a ring change: the owner of the first key
 /// is taken off the ring of `old`.
@@ -361,7 +494,7 @@ fn track_retransmission(w: &mut WorkerActorState, out: &mut Effects<i64>, settin
 
 impl Actor for ClusterActor {
     type Msg = Envelope<i64>;
-    type Timer = TimerId;
+    type Timer = ModelTimer;
     type State = ClusterActorState;
 
     fn on_start(&self, _id: Id, o: &mut Out<Self>) -> Self::State {
@@ -371,6 +504,9 @@ impl Actor for ClusterActor {
                 let mut c = (**c).clone();
                 c.start(0, &mut out);
                 forward(&mut out, settings, o);
+                for &server in &settings.detect {
+                    o.set_timer(ModelTimer::Detect(server), model_timeout());
+                }
                 ClusterActorState::Coordinator(Box::new(c))
             }
             ClusterActor::Server(cfg, settings) => {
@@ -386,6 +522,8 @@ impl Actor for ClusterActor {
                 ClusterActorState::Server(Box::new(ServerActorState {
                     node,
                     suppressed_duplicate: false,
+                    installed_copy: false,
+                    ever_held: Vec::new(),
                 }))
             }
             ClusterActor::Worker(cfg, settings, script) => {
@@ -438,6 +576,7 @@ impl Actor for ClusterActor {
                     Message::Push(p) => Some(p.kvs.clone()),
                     _ => None,
                 };
+                let transfer = matches!(msg.body, Message::Transfer(_));
                 let before: Vec<Vec<i64>> = push
                     .iter()
                     .flat_map(|kvs| kvs.keys().iter().map(|&k| s.node.received_total(k)))
@@ -455,6 +594,12 @@ impl Actor for ClusterActor {
                         .collect();
                     s.suppressed_duplicate |= acked && !kvs.is_empty() && before == after;
                 }
+                s.installed_copy |= transfer
+                    && out
+                        .sends
+                        .iter()
+                        .any(|e| matches!(e.body, Message::TransferAck { .. }));
+                s.note_held(settings);
                 forward(&mut out, settings, o);
             }
             (ClusterActor::Worker(_, settings, script), ClusterActorState::Worker(w)) => {
@@ -478,6 +623,22 @@ impl Actor for ClusterActor {
         o: &mut Out<Self>,
     ) {
         let mut out = Effects::new();
+        let timer = match *timer {
+            ModelTimer::Node { timer, .. } => timer,
+            ModelTimer::Detect(victim) => {
+                if let (ClusterActor::Coordinator(_, settings), ClusterActorState::Coordinator(c)) =
+                    (self, state.to_mut())
+                {
+                    detect(c, victim, &mut out);
+                    forward(&mut out, settings, o);
+                    for &server in &settings.detect {
+                        o.cancel_timer(ModelTimer::Detect(server));
+                    }
+                }
+                return;
+            }
+        };
+        let timer = &timer;
         match (self, state.to_mut()) {
             (ClusterActor::Coordinator(_, settings), ClusterActorState::Coordinator(c)) => {
                 c.on_timer(0, *timer, &mut out);
@@ -485,6 +646,7 @@ impl Actor for ClusterActor {
             }
             (ClusterActor::Server(_, settings), ClusterActorState::Server(s)) => {
                 s.node.on_timer(0, *timer, &mut out);
+                s.note_held(settings);
                 forward(&mut out, settings, o);
             }
             (ClusterActor::Worker(cfg, settings, script), ClusterActorState::Worker(w)) => {

@@ -7,7 +7,7 @@ use stateright::actor::ActorModelAction;
 use stateright::{Checker, Expectation, Model, UniformChooser};
 
 use super::liveness::{Liveness, check_livelock};
-use super::{ClusterModel, livelock_goal};
+use super::{ClusterModel, ModelTimer, livelock_goal};
 
 /// How to explore the state space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,8 +124,14 @@ pub fn describe(action: &Action) -> String {
             usize::from(env.dst),
             env.msg.body
         ),
-        ActorModelAction::Timeout(id, timer) => {
+        ActorModelAction::Timeout(id, ModelTimer::Node { timer, .. }) => {
             format!("timer {timer:?} fires at n{}", usize::from(*id))
+        }
+        ActorModelAction::Timeout(id, ModelTimer::Detect(server)) => {
+            format!(
+                "n{} finds {server} silent and declares it dead",
+                usize::from(*id)
+            )
         }
         ActorModelAction::Crash(id) => format!("n{} crashes", usize::from(*id)),
     }

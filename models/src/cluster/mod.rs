@@ -22,6 +22,11 @@
 //!   job can still finish. Stateright's `eventually` only follows acyclic paths, and
 //!   `completion` never looks at a state where a retransmission timer is pending, so a worker
 //!   retransmitting forever to a server that never answers escapes both; this search does not.
+//! - with replicas ([`ClusterModelConfig::replicas`], the replication model):
+//!   `durability` (no acknowledged push lost while at most `replicas` servers are lost),
+//!   `single-owner` (one primary per key and epoch; at quiescence the coordinator's) and
+//!   `replica-convergence` (at quiescence replicas hold what their primary holds), always; and
+//!   `exactly-once` judged per range holder instead of summed over servers.
 //! - reachability (sometimes): a pull had to wait, a duplicate push was suppressed, a redirect
 //!   was followed, a retransmission timeout was doubled, the whole job finished.
 //!
@@ -34,20 +39,24 @@
 //! Time is not modelled (every node's clock reads 0, every timer may fire at any point),
 //! except with [`ClusterModelConfig::backoff`], where each worker's clock moves to the deadline
 //! of the retransmission timer that fires, so that doubled timeouts are explored.
+//!
+//! With replicas, only servers crash and failure detection is an accurate oracle
+//! ([`ModelTimer::Detect`]): heartbeats and periodic failure checks would multiply every state
+//! by their interleavings.
 
 mod actor;
 mod check;
 mod config;
 pub mod liveness;
 
-pub use actor::{ClusterActor, ClusterActorState, ServerActorState, WorkerActorState};
+pub use actor::{ClusterActor, ClusterActorState, ModelTimer, ServerActorState, WorkerActorState};
 pub use check::{
     CheckReport, LIVELOCK_MAX_STATES, PropertyResult, Strategy, Verdict, check,
     check_cluster_model, check_with, describe,
 };
 pub use config::{ClusterModelConfig, MAX_RETRANSMISSIONS, NetworkKind};
 
-use pserver_core::{CoordinatorError, TimerId};
+use pserver_core::{Coordinator, CoordinatorError, Epoch, Key, NodeId, Ring, TimerId};
 use stateright::actor::{ActorModel, ActorModelState, LossyNetwork, Network};
 use stateright::{Expectation, Model};
 
@@ -74,13 +83,25 @@ pub fn cluster_model(cfg: ClusterModelConfig) -> Result<ClusterModel, Coordinato
         NetworkKind::Lossy => (Network::new_unordered_duplicating([]), LossyNetwork::No),
     };
     let crashes = cfg.crashes;
-    Ok(ActorModel::new(cfg, ())
+    let replicated = cfg.replicas > 0;
+    let mut model = ActorModel::new(cfg, ())
         .within_boundary(within_boundary)
         .actors(actors)
         .init_network(network)
         .lossy_network(lossy)
         .max_crashes(crashes)
-        .property(Expectation::Always, "exactly-once", exactly_once)
+        .property(Expectation::Always, "exactly-once", exactly_once);
+    if replicated {
+        model = model
+            .property(Expectation::Always, "durability", durability)
+            .property(Expectation::Always, "single-owner", single_owner)
+            .property(
+                Expectation::Always,
+                "replica-convergence",
+                replica_convergence,
+            );
+    }
+    model = model
         .property(Expectation::Always, "staleness", staleness)
         .property(Expectation::Always, "pull complete", pull_complete)
         .property(Expectation::Always, "in-flight bound", in_flight_bound)
@@ -100,8 +121,17 @@ pub fn cluster_model(cfg: ClusterModelConfig) -> Result<ClusterModel, Coordinato
             Expectation::Sometimes,
             "retransmission backed off",
             backed_off,
-        )
-        .property(Expectation::Sometimes, "job finished", job_finished))
+        );
+    if replicated {
+        model = model
+            .property(
+                Expectation::Sometimes,
+                "primary failed over",
+                primary_failed_over,
+            )
+            .property(Expectation::Sometimes, "replica refilled", replica_refilled);
+    }
+    Ok(model.property(Expectation::Sometimes, "job finished", job_finished))
 }
 
 /// The names of the model's properties, in order.
@@ -114,7 +144,32 @@ pub fn property_names(model: &ClusterModel) -> Vec<&'static str> {
 /// longer channel are not explored further.
 pub const MAX_CHANNEL: usize = 3;
 
+/// With replicas, only servers crash, and the failure detector is accurate: a state where the
+/// coordinator or a worker crashed, or where the coordinator declared a server dead that has
+/// not crashed, is outside the model and not explored.
+/// Heartbeats one channel of the ordered network may hold in the replication model. Every
+/// heartbeat carries the same thing (its time is always 0 in the model), and the coordinator
+/// only notes that the sender is alive, so a second heartbeat queued behind the first adds no
+/// behaviour: anything it could do, the sender's next heartbeat after the first was delivered
+/// does too. Leaving out the states with a second one cuts the interleavings of redundant
+/// heartbeats without losing a behaviour.
+pub const MAX_HEARTBEATS: usize = 1;
+
 fn within_boundary(cfg: &ClusterModelConfig, state: &ClusterState) -> bool {
+    if cfg.replicas > 0
+        && state
+            .crashed
+            .iter()
+            .enumerate()
+            .any(|(i, &crashed)| crashed && !(1..=cfg.servers).contains(&i))
+    {
+        return false;
+    }
+    if cfg.replicas > 0
+        && coordinator(state).is_some_and(|c| c.dead().iter().any(|d| !state.crashed[d.0 as usize]))
+    {
+        return false;
+    }
     match &state.network {
         Network::Ordered(channels) if cfg.crashes > 0 => {
             channels.values().all(|c| c.len() <= MAX_CHANNEL)
@@ -180,10 +235,35 @@ fn server_values(model: &ClusterModel, state: &ClusterState, k: u64, received: b
     total
 }
 
+/// Per column, the most any server ever held of key `k`, stored or buffered
+/// ([`ServerActorState::ever_held`]).
+fn most_held(model: &ClusterModel, state: &ClusterState, k: u64) -> Vec<i64> {
+    let width = model.cfg.width();
+    let at = model.cfg.key_list().iter().position(|&key| key == k);
+    let mut most = vec![0i64; width];
+    for s in servers(state) {
+        let Some(row) = at.and_then(|i| s.ever_held.get(i * width..(i + 1) * width)) else {
+            continue;
+        };
+        for (m, &v) in most.iter_mut().zip(row) {
+            *m = (*m).max(v);
+        }
+    }
+    most
+}
+
 /// Every (worker, iteration) column of every key on the servers is 0 or 1: 1 for every
-/// acknowledged push, 0 for every push not yet issued.
+/// acknowledged push, 0 for every push not yet issued. Without replicas a key has one holder at
+/// a time, so the column is summed over the servers (a push applied by two owners counts
+/// twice). With replicas every holder of a range has its own copy of the same pushes, so the
+/// column is judged per holder instead: 0 or 1 on every server, 0 for pushes not issued, and 1
+/// for every acknowledged push on the key's primary in the coordinator's ring once it holds
+/// the range as primary at the coordinator's epoch.
 fn exactly_once(model: &ClusterModel, state: &ClusterState) -> bool {
     let ws = worker_states(state);
+    if model.cfg.replicas > 0 {
+        return exactly_once_per_holder(model, state, &ws);
+    }
     model.cfg.key_list().iter().all(|&k| {
         let total = server_values(model, state, k, true);
         ws.iter().enumerate().all(|(index, w)| {
@@ -193,6 +273,165 @@ fn exactly_once(model: &ClusterModel, state: &ClusterState) -> bool {
                 (0..=1).contains(&v) && (!w.is_acked(it) || v == 1) && (issued || v == 0)
             })
         })
+    })
+}
+
+fn exactly_once_per_holder(
+    model: &ClusterModel,
+    state: &ClusterState,
+    ws: &[&WorkerActorState],
+) -> bool {
+    let cfg = &model.cfg;
+    let current = current_ring(state);
+    cfg.key_list().iter().all(|&k| {
+        let primary = current
+            .as_ref()
+            .and_then(|(epoch, ring)| serving_primary(state, *epoch, ring, k));
+        let primary_row = primary.map(|p| p.node.received_total(k));
+        servers(state).all(|s| {
+            let row = s.node.received_total(k);
+            ws.iter().enumerate().all(|(index, w)| {
+                (0..cfg.iterations).all(|it| {
+                    let v = row[cfg.column(index, it)];
+                    (0..=1).contains(&v) && (it < w.pushed() || v == 0)
+                })
+            })
+        }) && primary_row.is_none_or(|row| {
+            ws.iter().enumerate().all(|(index, w)| {
+                (0..cfg.iterations).all(|it| !w.is_acked(it) || row[cfg.column(index, it)] == 1)
+            })
+        })
+    })
+}
+
+/// The coordinator's epoch and ring.
+fn current_ring(state: &ClusterState) -> Option<(Epoch, Ring)> {
+    let config = coordinator(state)?.config()?;
+    let ring = Ring::new(config.servers.iter().copied(), config.ring).ok()?;
+    Some((config.epoch, ring))
+}
+
+fn coordinator(state: &ClusterState) -> Option<&Coordinator> {
+    match state.actor_states.first().map(|s| &**s) {
+        Some(ClusterActorState::Coordinator(c)) => Some(c),
+        _ => None,
+    }
+}
+
+/// Whether server `s` has not crashed (actor index = node id).
+fn live(state: &ClusterState, s: &ServerActorState) -> bool {
+    !state.crashed[s.node.id().0 as usize]
+}
+
+fn holds_primary(s: &ServerActorState, k: Key) -> bool {
+    s.node
+        .shards()
+        .any(|(range, primary)| primary && range.contains(k))
+}
+
+/// The primary of `k` in `ring` (the coordinator's, at `epoch`), when it is live, has adopted
+/// `epoch` and holds a primary shard containing `k`: the server that answers for `k` now.
+fn serving_primary<'a>(
+    state: &'a ClusterState,
+    epoch: Epoch,
+    ring: &Ring,
+    k: Key,
+) -> Option<&'a ServerActorState> {
+    let id = ring.primary(k);
+    servers(state).find(|s| {
+        s.node.id() == id && live(state, s) && s.node.epoch() == epoch && holds_primary(s, k)
+    })
+}
+
+/// Servers that crashed or that the coordinator declared dead (a live server wrongly suspected
+/// drops its shards when it learns it was removed, so it is lost as much as a crashed one).
+fn lost_servers(model: &ClusterModel, state: &ClusterState) -> usize {
+    let dead = coordinator(state).map(Coordinator::dead);
+    model
+        .cfg
+        .server_ids()
+        .filter(|&id| state.crashed[id.0 as usize] || dead.is_some_and(|d| d.contains(&id)))
+        .count()
+}
+
+/// No acknowledged push is lost while at most `replicas` servers are lost (crashed, or removed
+/// by the coordinator): for every key and every acknowledged (worker, iteration) column, some
+/// live server holds the column, and the key's primary in the coordinator's ring, once it is
+/// live, has adopted the coordinator's epoch and holds a primary shard for the key, has it.
+fn durability(model: &ClusterModel, state: &ClusterState) -> bool {
+    let cfg = &model.cfg;
+    if lost_servers(model, state) > cfg.replicas as usize {
+        return true;
+    }
+    let current = current_ring(state);
+    let ws = worker_states(state);
+    cfg.key_list().iter().all(|&k| {
+        let primary = current
+            .as_ref()
+            .and_then(|(epoch, ring)| serving_primary(state, *epoch, ring, k))
+            .map(|p| p.node.received_total(k));
+        let rows: Vec<Vec<i64>> = servers(state)
+            .filter(|s| live(state, s))
+            .map(|s| s.node.received_total(k))
+            .collect();
+        ws.iter().enumerate().all(|(index, w)| {
+            (0..cfg.iterations).filter(|&it| w.is_acked(it)).all(|it| {
+                let col = cfg.column(index, it);
+                rows.iter().any(|row| row[col] == 1)
+                    && primary.as_ref().is_none_or(|row| row[col] == 1)
+            })
+        })
+    })
+}
+
+/// Among live servers on the same epoch, at most one holds a primary shard containing a given
+/// key; at quiescence the live holders of a primary shard of the key are exactly the
+/// coordinator's ring's primary (none while that primary is crashed and not yet removed).
+fn single_owner(model: &ClusterModel, state: &ClusterState) -> bool {
+    let quiet = quiescent(model, state);
+    let current = current_ring(state);
+    model.cfg.key_list().iter().all(|&k| {
+        let holders: Vec<(Epoch, NodeId)> = servers(state)
+            .filter(|s| live(state, s) && holds_primary(s, k))
+            .map(|s| (s.node.epoch(), s.node.id()))
+            .collect();
+        let one_per_epoch = holders
+            .iter()
+            .enumerate()
+            .all(|(i, (e, _))| holders[i + 1..].iter().all(|(other, _)| other != e));
+        let settled = !quiet
+            || current.as_ref().is_none_or(|(_, ring)| {
+                let primary = ring.primary(k);
+                let want: Vec<NodeId> = servers(state)
+                    .filter(|s| s.node.id() == primary && live(state, s))
+                    .map(|s| s.node.id())
+                    .collect();
+                holders.iter().map(|&(_, id)| id).collect::<Vec<_>>() == want
+            });
+        one_per_epoch && settled
+    })
+}
+
+/// At quiescence every live replica of a key in the coordinator's ring holds exactly what the
+/// key's live primary holds (stored plus buffered).
+fn replica_convergence(model: &ClusterModel, state: &ClusterState) -> bool {
+    if !quiescent(model, state) {
+        return true;
+    }
+    let Some((_, ring)) = current_ring(state) else {
+        return true;
+    };
+    let by_id = |id: NodeId| servers(state).find(|s| s.node.id() == id && live(state, s));
+    model.cfg.key_list().iter().all(|&k| {
+        let owners = ring.owners(k);
+        let Some(primary) = by_id(owners[0]) else {
+            return true;
+        };
+        let want = primary.node.received_total(k);
+        owners[1..]
+            .iter()
+            .filter_map(|&r| by_id(r))
+            .all(|r| r.node.received_total(k) == want)
     })
 }
 
@@ -217,7 +456,10 @@ fn staleness(model: &ClusterModel, state: &ClusterState) -> bool {
 
 /// Every pull completed once, with exactly the keys it asked for, and with values the servers
 /// really hold: each column 0 or 1, only for pushes issued, and never ahead of what the owner
-/// has applied by now (stores only grow).
+/// has applied by now (stores only grow). With replicas a range changes holders, the new
+/// primary may still hold buffered a push the old one had applied, and a server removed from
+/// the ring drops its shards, so a value read must have been held, stored or buffered, by some
+/// server at some point.
 fn pull_complete(model: &ClusterModel, state: &ClusterState) -> bool {
     let cfg = &model.cfg;
     let keys = cfg.key_list();
@@ -225,7 +467,13 @@ fn pull_complete(model: &ClusterModel, state: &ClusterState) -> bool {
     let ws = worker_states(state);
     let applied: Vec<Vec<i64>> = keys
         .iter()
-        .map(|&k| server_values(model, state, k, false))
+        .map(|&k| {
+            if cfg.replicas > 0 {
+                most_held(model, state, k)
+            } else {
+                server_values(model, state, k, false)
+            }
+        })
         .collect();
     ws.iter().all(|w| {
         !w.bad_pull
@@ -256,7 +504,7 @@ fn in_flight_bound(model: &ClusterModel, state: &ClusterState) -> bool {
 }
 
 /// Nothing more will happen: no timer is set but the periodic heartbeats and failure checks,
-/// and no message can still arrive. On the lossy network any message in flight may be lost, so
+/// no message can still arrive, and (with replicas) no crashed server waits to be removed. On the lossy network any message in flight may be lost, so
 /// only the timers count there: a state without timers reaches quiescence by losing the rest.
 fn quiescent(model: &ClusterModel, state: &ClusterState) -> bool {
     let idle_network = model.cfg.network == NetworkKind::Lossy
@@ -266,16 +514,33 @@ fn quiescent(model: &ClusterModel, state: &ClusterState) -> bool {
             .all(|env| state.crashed[usize::from(env.dst)]);
     let idle_timers = state.timers_set.iter().enumerate().all(|(i, timers)| {
         state.crashed[i]
-            || timers
-                .iter()
-                .all(|t| matches!(t, TimerId::Heartbeat | TimerId::FailureCheck))
+            || timers.iter().all(|t| match t {
+                ModelTimer::Node { timer, .. } => {
+                    matches!(timer, TimerId::Heartbeat | TimerId::FailureCheck)
+                }
+                ModelTimer::Detect(_) => true,
+            })
     });
-    idle_network && idle_timers
+    idle_network && idle_timers && !failure_pending(model, state)
 }
 
-/// A server (or the coordinator) crashed: until key ranges are replicated its requests are
-/// lost with it, so completion is not asked of such runs.
-fn lost_server(state: &ClusterState) -> bool {
+/// With replicas, a crashed server that the coordinator still counts as a member: its ranges
+/// will pass to their replicas once the failure checks find it silent, so the heartbeats and
+/// failure checks still have work to do.
+fn failure_pending(model: &ClusterModel, state: &ClusterState) -> bool {
+    model.cfg.replicas > 0
+        && coordinator(state)
+            .and_then(Coordinator::config)
+            .is_some_and(|c| c.servers.iter().any(|&s| state.crashed[s.0 as usize]))
+}
+
+/// Runs whose requests may be lost, so that completion is not asked of them: without replicas,
+/// any run where a server (or the coordinator) crashed; with replicas (where only servers
+/// crash), runs that lost more servers than there are replicas.
+fn lost_server(model: &ClusterModel, state: &ClusterState) -> bool {
+    if model.cfg.replicas > 0 {
+        return lost_servers(model, state) > model.cfg.replicas as usize;
+    }
     let worker_ids: Vec<usize> = workers(state).map(|(i, _)| i).collect();
     state
         .crashed
@@ -285,8 +550,9 @@ fn lost_server(state: &ClusterState) -> bool {
 }
 
 /// Every worker that can still finish has: done, removed, or crashed.
-fn finished_or_excused(state: &ClusterState) -> bool {
-    lost_server(state) || workers(state).all(|(i, w)| w.done() || w.fenced || state.crashed[i])
+fn finished_or_excused(model: &ClusterModel, state: &ClusterState) -> bool {
+    lost_server(model, state)
+        || workers(state).all(|(i, w)| w.done() || w.fenced || state.crashed[i])
 }
 
 /// Once quiescent, every surviving worker is done. A worker that spent its retransmission
@@ -295,12 +561,12 @@ fn finished_or_excused(state: &ClusterState) -> bool {
 fn completion(model: &ClusterModel, state: &ClusterState) -> bool {
     workers(state).any(|(_, w)| model.cfg.backoff && w.gave_up())
         || !quiescent(model, state)
-        || finished_or_excused(state)
+        || finished_or_excused(model, state)
 }
 
 /// The goal of `livelock-free`: every worker that can still finish has.
-pub fn livelock_goal(_: &ClusterModel, state: &ClusterState) -> bool {
-    finished_or_excused(state)
+pub fn livelock_goal(model: &ClusterModel, state: &ClusterState) -> bool {
+    finished_or_excused(model, state)
 }
 
 fn pull_waited(_: &ClusterModel, state: &ClusterState) -> bool {
@@ -317,6 +583,24 @@ fn redirect_followed(_: &ClusterModel, state: &ClusterState) -> bool {
 
 fn backed_off(_: &ClusterModel, state: &ClusterState) -> bool {
     workers(state).any(|(_, w)| w.backed_off)
+}
+
+/// Some key's primary in the coordinator's ring is no longer its primary of the first epoch,
+/// and the new primary serves it.
+fn primary_failed_over(model: &ClusterModel, state: &ClusterState) -> bool {
+    let Ok(first) = Ring::new(model.cfg.server_ids(), model.cfg.ring()) else {
+        return false;
+    };
+    let Some((epoch, ring)) = current_ring(state) else {
+        return false;
+    };
+    model.cfg.key_list().iter().any(|&k| {
+        ring.primary(k) != first.primary(k) && serving_primary(state, epoch, &ring, k).is_some()
+    })
+}
+
+fn replica_refilled(_: &ClusterModel, state: &ClusterState) -> bool {
+    servers(state).any(|s| s.installed_copy)
 }
 
 fn job_finished(_: &ClusterModel, state: &ClusterState) -> bool {
