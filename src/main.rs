@@ -909,6 +909,14 @@ struct SimArgs {
     /// is on its way to.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..64))]
     crash_servers: u32,
+    /// Servers that join each run while it goes on: they copy the ranges the ring will give
+    /// them while the old holders serve, then the ring switches.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..64))]
+    join_servers: u32,
+    /// Servers that leave each run while it goes on: their ranges are copied to the servers
+    /// taking them over first.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..64))]
+    leave_servers: u32,
     /// Restart the crashed servers that restart within the heartbeat timeout, before the
     /// coordinator declares them dead (a case the protocol does not handle yet).
     #[arg(long)]
@@ -1009,6 +1017,8 @@ fn sim_command(args: SimArgs) -> ExitCode {
             _ => None,
         },
         crash_servers: args.crash_servers as usize,
+        join_servers: args.join_servers as usize,
+        leave_servers: args.leave_servers as usize,
         quick_restart: args.quick_restart,
         ..SimConfig::default()
     };
@@ -1062,7 +1072,7 @@ fn sim_command(args: SimArgs) -> ExitCode {
         threads
     );
     let batch = sim::run_seeds(&base, protocol, args.first_seed, args.seeds, threads, true);
-    if base.crash_servers > 0 || base.ring.replicas > 0 {
+    if base.crash_servers > 0 || base.ring.replicas > 0 || base.join_servers > 0 {
         println!("{}", batch.server_fault_summary());
         println!("{}", batch.recovery_summary());
     }

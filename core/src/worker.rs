@@ -792,6 +792,9 @@ impl<V: Value> Worker<V> {
                     epoch: self.epoch(),
                 });
             }
+        } else if self.learning_start {
+            // A server that had not answered may have left the configuration.
+            self.start_when_learned(now, out);
         }
         let ids: Vec<RequestId> = self.requests.keys().copied().collect();
         for id in ids {

@@ -764,3 +764,21 @@ fn exactly_once_holds_when_a_server_restarts_within_the_heartbeat_timeout() {
         ..one_crash(seed, c, lossy())
     });
 }
+
+/// Servers join while the workers push and pull: each copies the ranges the next ring gives it
+/// while the old holders serve, then the ring switches; no push is lost or applied twice, every
+/// key has one primary, and the replicas converge.
+#[test]
+fn exactly_once_and_single_owner_hold_while_servers_join() {
+    let reports = run_all(&MODELS, 0..12, |seed, c| {
+        let mut cfg = SimConfig {
+            servers: 3,
+            join_servers: 1,
+            ..faulty(seed, c, lossy())
+        };
+        cfg.ring.replicas = 1;
+        cfg
+    });
+    let joins: usize = reports.iter().map(|r| r.server_faults.joins).sum();
+    assert_eq!(joins, reports.len(), "every run had its join");
+}

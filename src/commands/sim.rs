@@ -54,12 +54,19 @@ impl Batch {
     }
 
     /// The server faults injected, by kind: `server_faults crashes=C restarts=R
-    /// crashes_during_copy=D crashes_after_copy=A cut_offs=X flaps=F`.
+    /// crashes_during_copy=D crashes_after_copy=A cut_offs=X flaps=F joins=J leaves=L`.
     pub fn server_fault_summary(&self) -> String {
         let f = &self.server_faults;
         format!(
-            "server_faults crashes={} restarts={} crashes_during_copy={} crashes_after_copy={} cut_offs={} flaps={}",
-            f.crashes, f.restarts, f.crashes_during_copy, f.crashes_after_copy, f.cut_offs, f.flaps
+            "server_faults crashes={} restarts={} crashes_during_copy={} crashes_after_copy={} cut_offs={} flaps={} joins={} leaves={}",
+            f.crashes,
+            f.restarts,
+            f.crashes_during_copy,
+            f.crashes_after_copy,
+            f.cut_offs,
+            f.flaps,
+            f.joins,
+            f.leaves
         )
     }
 }

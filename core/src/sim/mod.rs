@@ -85,6 +85,8 @@
 //! picks each crash's kind (counted in [`SimReport::server_faults`]):
 //!
 //! - a crash for good;
+//! - (with [`SimConfig::join_servers`] and [`SimConfig::leave_servers`]) servers joining and
+//!   leaving the running job at seeded times, through the coordinator's two-step change;
 //! - a crash and a restart: once the coordinator declared the server dead, a fresh
 //!   [`crate::Server`] with a new incarnation starts and registers, and joins the job again
 //!   (it copies the ranges the ring gives it, then the ring switches). With
@@ -190,6 +192,11 @@ pub struct SimConfig {
     /// recovered from the previous one (see "Server faults" in the module docs). At most
     /// `ring.replicas`, and the servers left must still hold a primary and every replica.
     pub crash_servers: usize,
+    /// Servers that join the job while it runs (new processes with ids after the workers'),
+    /// each at a seeded time.
+    pub join_servers: usize,
+    /// Servers of the job that ask to leave it while it runs, each at a seeded time.
+    pub leave_servers: usize,
     /// Restart crashed servers (those the seed picks to restart) within the heartbeat timeout,
     /// before the coordinator declares them dead, instead of after. Outside what the protocol
     /// handles today: such a server is still a member and takes its ranges up again empty.
@@ -220,6 +227,8 @@ impl Default for SimConfig {
             updater: None,
             ring_change: None,
             crash_servers: 0,
+            join_servers: 0,
+            leave_servers: 0,
             quick_restart: false,
         }
     }
@@ -271,6 +280,12 @@ impl SimConfig {
         if self.ring.replicas > 0 {
             cmd += &format!(" --replicas {}", self.ring.replicas);
         }
+        if self.join_servers > 0 {
+            cmd += &format!(" --join-servers {}", self.join_servers);
+        }
+        if self.leave_servers > 0 {
+            cmd += &format!(" --leave-servers {}", self.leave_servers);
+        }
         if self.crash_servers > 0 {
             cmd += &format!(" --crash-servers {}", self.crash_servers);
         }
@@ -309,11 +324,12 @@ impl SimConfig {
             ));
         }
         let taken_off = usize::from(self.ring_change == Some(true));
-        if self.servers < replicas + 1 + self.crash_servers + taken_off {
+        if self.servers < replicas + 1 + self.crash_servers + self.leave_servers + taken_off {
             return Err(format!(
-                "--servers {} is too few for --replicas {replicas} with {} server crashes{}: the servers left must hold a primary and {replicas} replicas of every range",
+                "--servers {} is too few for --replicas {replicas} with {} server crashes and {} leaving{}: the servers left must hold a primary and {replicas} replicas of every range",
                 self.servers,
                 self.crash_servers,
+                self.leave_servers,
                 if taken_off > 0 {
                     " after a ring change"
                 } else {
@@ -355,7 +371,7 @@ impl SimConfig {
     /// crashes enough left after taking one off), by the seed.
     pub fn resolved_ring_change(&self) -> bool {
         self.ring_change.unwrap_or_else(|| {
-            let spare = self.ring.replicas as usize + self.crash_servers + 1;
+            let spare = self.ring.replicas as usize + self.crash_servers + self.leave_servers + 1;
             self.servers > spare && crate::hash::hash_words(self.seed, &[0x5249_4e47]) % 4 == 0
         })
     }
@@ -569,6 +585,10 @@ pub struct ServerFaults {
     pub cut_offs: usize,
     /// Servers isolated and healed several times in a row, briefly each time.
     pub flaps: usize,
+    /// Servers that joined the job while it ran.
+    pub joins: usize,
+    /// Servers that asked to leave the job while it ran.
+    pub leaves: usize,
 }
 
 impl ServerFaults {
@@ -585,6 +605,8 @@ impl ServerFaults {
         self.crashes_after_copy += other.crashes_after_copy;
         self.cut_offs += other.cut_offs;
         self.flaps += other.flaps;
+        self.joins += other.joins;
+        self.leaves += other.leaves;
     }
 }
 

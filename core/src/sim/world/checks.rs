@@ -202,7 +202,9 @@ impl World<'_> {
                 return Err(self.fail(
                     Invariant::ExactlyOnce,
                     format!(
-                        "key {key}: its server holds {total}, but acknowledged pushes sum to {acked} and issued ones to {issued}"
+                        "key {key}: its server {} (ring of epoch {}) holds {total}, but acknowledged pushes sum to {acked} and issued ones to {issued}",
+                        self.ring.primary(key),
+                        self.ring_epoch
                     ),
                 ));
             }
@@ -254,8 +256,8 @@ impl World<'_> {
 impl World<'_> {
     /// Per live server, the ranges of the shards it holds (primary or replica), by start.
     fn live_shard_ranges(&self) -> Vec<(NodeId, Vec<KeyRange>)> {
-        self.cfg
-            .server_ids()
+        self.server_nodes()
+            .into_iter()
             .filter(|s| !self.down.contains(s))
             .filter_map(|id| {
                 let mut ranges: Vec<KeyRange> = self.server(id)?.shards().map(|(r, _)| r).collect();
@@ -318,7 +320,11 @@ impl World<'_> {
     pub(super) fn check_single_owner(&self, settled: bool) -> Result<(), SimFailure> {
         let mut seen: BTreeMap<(Epoch, u64), NodeId> = BTreeMap::new();
         let mut primaries: BTreeMap<u64, Vec<NodeId>> = BTreeMap::new();
-        for id in self.cfg.server_ids().filter(|s| !self.down.contains(s)) {
+        for id in self
+            .server_nodes()
+            .into_iter()
+            .filter(|s| !self.down.contains(s))
+        {
             let Some(server) = self.server(id) else {
                 continue;
             };

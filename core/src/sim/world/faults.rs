@@ -43,6 +43,8 @@ pub(super) struct Plan {
     restart: BTreeSet<NodeId>,
     /// Restarts planned and not carried out yet.
     restarts_pending: usize,
+    /// Joins and leaves planned and not carried out yet.
+    membership_pending: usize,
     /// The next crash waits for the next copy of a range to be sent (or, for a crash of the
     /// sender, to be acknowledged).
     copy_armed: Option<CrashKind>,
@@ -65,6 +67,7 @@ impl Plan {
             crashed: 0,
             restart: BTreeSet::new(),
             restarts_pending: 0,
+            membership_pending: 0,
             copy_armed: None,
             waiting_refill: false,
             open: Vec::new(),
@@ -78,7 +81,10 @@ impl World<'_> {
     /// Whether the run goes on after the workers finished until the cluster is quiescent, and
     /// then checks the replicas and the owners.
     pub(super) fn settles(&self) -> bool {
-        self.replicated || self.cfg.crash_servers > 0
+        self.replicated
+            || self.cfg.crash_servers > 0
+            || self.cfg.join_servers > 0
+            || self.cfg.leave_servers > 0
     }
 
     /// The servers of the job (the ring's, before any crash).
@@ -111,6 +117,17 @@ impl World<'_> {
             });
         }
         self.plan.kinds = kinds;
+        // Joins take ids after the workers'; joins and leaves come at seeded times.
+        let first_new = (self.cfg.servers + self.cfg.workers + 1) as u32;
+        self.plan.membership_pending = self.cfg.join_servers + self.cfg.leave_servers;
+        for i in 0..self.cfg.join_servers {
+            let at = self.plan.rng.below(horizon);
+            self.schedule(at, Action::JoinServer(NodeId(first_new + i as u32)));
+        }
+        for _ in 0..self.cfg.leave_servers {
+            let at = self.plan.rng.below(horizon);
+            self.schedule(at, Action::LeaveServer);
+        }
         let mut first_crash =
             (self.cfg.crash_servers > 0).then(|| (self.plan.rng.below(horizon), None));
         if self.cfg.faults.partition && self.replicated && !members.is_empty() {
@@ -224,6 +241,54 @@ impl World<'_> {
         self.down.remove(&node);
         self.wakeups.remove(&node);
         self.plan.restarts_pending = self.plan.restarts_pending.saturating_sub(1);
+    }
+
+    /// A new server process starts and registers: the coordinator lists it as joining, it
+    /// copies the ranges the next ring gives it, then the ring switches.
+    pub(super) fn join_server(&mut self, node: NodeId) {
+        if self.coordinator().is_none_or(|c| c.config().is_none()) {
+            // The job has not started: joining is for a running job. Try later.
+            self.schedule(self.now + 10 * MS, Action::JoinServer(node));
+            return;
+        }
+        let sc = ServerConfig {
+            id: node,
+            incarnation: self.now + 1,
+            ..self.server_config
+        };
+        let mut d = Driver::new(Server::new(sc, self.updater.rule()));
+        #[cfg(feature = "mutations")]
+        d.set_mutation(self.mutation);
+        d.start(self.now);
+        self.nodes.insert(node, d);
+        self.plan.happened.joins += 1;
+        self.plan.membership_pending -= 1;
+    }
+
+    /// A live server of the ring, picked by the seed, asks to leave. `None` when no server
+    /// may leave now (too few would be left): tried again later.
+    pub(super) fn leave_server(&mut self) -> Option<NodeId> {
+        let config = self.coordinator().and_then(|c| c.config()).cloned();
+        let Some(config) = config.filter(|c| !c.is_changing()) else {
+            self.schedule(self.now + 10 * MS, Action::LeaveServer);
+            return None;
+        };
+        let candidates: Vec<NodeId> = config
+            .servers
+            .iter()
+            .copied()
+            .filter(|s| !self.down.contains(s))
+            .collect();
+        if candidates.len() <= self.cfg.ring.replicas as usize + 1 {
+            self.schedule(self.now + 10 * MS, Action::LeaveServer);
+            return None;
+        }
+        let node = candidates[self.plan.rng.below(candidates.len() as u64) as usize];
+        let d = self.nodes.get_mut(&node)?;
+        d.leave().ok()?;
+        self.plan.happened.leaves += 1;
+        self.plan.membership_pending -= 1;
+        Some(node)
     }
 
     /// A server sent `to` a copy of a range: a crash armed for this moment hits `to`.
@@ -341,7 +406,10 @@ impl World<'_> {
     /// Served, every member on the epoch in force with no push waiting for its replicas, and
     /// every owner of every range holding it.
     fn quiescent(&self) -> bool {
-        self.plan.open.is_empty()
+        self.coordinator()
+            .is_some_and(|c| c.phase() == crate::coordinator::Phase::Running)
+            && self.plan.membership_pending == 0
+            && self.plan.open.is_empty()
             && self.plan.restarts_pending == 0
             && self.served()
             && self.live_members().iter().all(|&s| {

@@ -59,6 +59,10 @@ enum Action {
     RestartServer(NodeId),
     /// A server is cut off from every other server.
     CutOff(NodeId),
+    /// A new server starts and registers.
+    JoinServer(NodeId),
+    /// A server of the ring, picked then, asks to leave.
+    LeaveServer,
     /// The first isolation of a flapping server.
     FlapStart(NodeId),
     /// Its links to the other servers come back.
@@ -334,6 +338,15 @@ impl<'a> World<'a> {
             .and_then(|d| d.node().as_coordinator())
     }
 
+    /// Every server process of the run, those that joined while it ran included.
+    pub(super) fn server_nodes(&self) -> Vec<NodeId> {
+        self.nodes
+            .iter()
+            .filter(|(_, d)| d.node().as_server().is_some())
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
     pub(super) fn server(&self, id: NodeId) -> Option<&Server<f64>> {
         self.nodes.get(&id).and_then(|d| d.node().as_server())
     }
@@ -534,7 +547,7 @@ impl<'a> World<'a> {
             }
             Action::CutOff(node) => {
                 self.plan.happened.cut_offs += 1;
-                let servers: Vec<NodeId> = self.cfg.server_ids().collect();
+                let servers = self.server_nodes();
                 self.net.cut_off(node, servers);
                 node
             }
@@ -542,6 +555,14 @@ impl<'a> World<'a> {
                 self.net.reconnect(node);
                 node
             }
+            Action::JoinServer(node) => {
+                self.join_server(node);
+                node
+            }
+            Action::LeaveServer => match self.leave_server() {
+                Some(node) => node,
+                None => return Ok(()),
+            },
         };
         self.drain(node)
     }
