@@ -9,6 +9,19 @@ use pserver_core::*;
 const COORD: NodeId = NodeId(0);
 const MS: Time = 1_000_000;
 
+/// A deliberately broken protocol to run, where the build has them.
+#[cfg(feature = "mutations")]
+type Broken = Option<Mutation>;
+#[cfg(not(feature = "mutations"))]
+type Broken = Option<core::convert::Infallible>;
+
+fn break_node(d: &mut Driver<i64>, mutation: Broken) {
+    #[cfg(feature = "mutations")]
+    d.set_mutation(mutation);
+    #[cfg(not(feature = "mutations"))]
+    let _ = (d, mutation);
+}
+
 /// A cluster on one FIFO queue. Crashed nodes receive nothing, send nothing and fire no timers.
 /// Every `drop_every`-th frame is lost, every `dup_every`-th delivered twice.
 struct Cluster {
@@ -422,10 +435,10 @@ fn a_server_whose_loss_would_leave_too_few_for_the_replicas_is_kept_and_reported
 /// A primary cut off from its replica holds a push without acknowledging it; once the primary
 /// dies, the worker's resend reaches the promoted replica and is applied there exactly once.
 /// With `ack-before-replicate` the push is acknowledged at once and dies with the primary.
-fn cut_off_primary_then_crash(mutation: Option<Mutation>) -> (usize, i64) {
+fn cut_off_primary_then_crash(mutation: Broken) -> (usize, i64) {
     let mut c = Cluster::new(3, 1, 1, Consistency::Eventual);
     for d in c.nodes.values_mut() {
-        d.set_mutation(mutation);
+        break_node(d, mutation);
     }
     let key = Cluster::keys(8)[3];
     let ring = c.ring();
@@ -607,17 +620,17 @@ fn a_shard_larger_than_a_frame_is_copied_in_parts_that_fit() {
 /// A server joins a job whose data was written before: after the switch, the key's primary
 /// holds the value. With `promote-stale-replica` the new server takes itself to be in step
 /// without copying anything and is made primary of ranges it holds nothing of.
-fn join_after_writes(mutation: Option<Mutation>) -> Vec<i64> {
+fn join_after_writes(mutation: Broken) -> Vec<i64> {
     let mut c = Cluster::new(3, 1, 1, Consistency::Eventual);
     for d in c.nodes.values_mut() {
-        d.set_mutation(mutation);
+        break_node(d, mutation);
     }
     let keys = Cluster::keys(32);
     let w = NodeId(4);
     c.push(w, &keys, 6);
     assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
     c.start_server(NodeId(9));
-    c.driver(NodeId(9)).set_mutation(mutation);
+    break_node(c.driver(NodeId(9)), mutation);
     assert!(c.run_until(60_000 * MS, |c| c.settled_on(&[1, 2, 3, 9])));
     let ring = c.ring();
     keys.iter()

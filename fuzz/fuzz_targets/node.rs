@@ -273,7 +273,7 @@ fn message(body: Body) -> Message<i64> {
                     iteration: u32::from(kind % 4),
                     kvs: rows,
                 },
-                _ => ShardUpdate::ApplyBelow(u32::from(kind % 5)),
+                _ => ShardUpdate::ApplyBelow(if kind > 250 { u32::MAX } else { u32::from(kind % 5) }),
             };
             let dedupe = vec![DedupeRecord {
                 worker: WORKER,

@@ -5,9 +5,7 @@
 //! Each exhaustive check of the default configuration takes a few minutes (README, "Model
 //! checking").
 
-use pserver_models::cluster::{
-    CheckReport, ClusterModelConfig, Strategy, Verdict, check, cluster_model,
-};
+use pserver_models::cluster::{ClusterModelConfig, Strategy, Verdict, check, cluster_model};
 
 /// The default configuration's distinct states (breadth first; the same depth first).
 const DEFAULT_UNIQUE: usize = 930_471;
@@ -64,6 +62,7 @@ fn the_replication_properties_are_only_in_replicated_models() {
 mod mutations {
     use super::*;
     use pserver_core::Mutation;
+    use pserver_models::cluster::CheckReport;
 
     fn mutated(mutation: Mutation) -> CheckReport {
         let mut model = cluster_model(ClusterModelConfig::replication()).unwrap();

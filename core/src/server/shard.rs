@@ -126,14 +126,18 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
                     .push(kvs.slice(self.range));
             }
             ShardUpdate::ApplyBelow(below) => {
-                while self.applied_below < *below {
-                    if let Some(batch) = self.pending.remove(&self.applied_below) {
+                // Iteration by iteration, in order, but only over those buffered: the step may
+                // come from another server, and a huge `below` must not cost a loop per number.
+                let finished: Vec<Iteration> =
+                    self.pending.range(..*below).map(|(&i, _)| i).collect();
+                for iteration in finished {
+                    if let Some(batch) = self.pending.remove(&iteration) {
                         let width = batch.first().map_or(1, KvPairs::width);
                         let summed = sum_by_key(&batch, width);
                         apply_rows(&mut self.store, updater, &summed, negate);
                     }
-                    self.applied_below += 1;
                 }
+                self.applied_below = self.applied_below.max(*below);
             }
         }
         for record in &entry.dedupe {
@@ -408,4 +412,48 @@ pub(crate) fn sum_by_key<V: Value>(batch: &[KvPairs<V>], width: usize) -> KvPair
         }
     }
     KvPairs::from_validated(keys, values, width)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::OrderedStore;
+    use crate::updater::Updater;
+
+    fn kvs(keys: &[u64], v: i64) -> KvPairs<i64> {
+        KvPairs::new(keys.to_vec(), vec![v; keys.len()], 1).unwrap()
+    }
+
+    #[test]
+    fn applying_every_iteration_below_a_huge_bound_costs_only_the_buffered_ones() {
+        let range = KeyRange::new(0, 100).unwrap();
+        let role = ShardRole::Replica {
+            primary: NodeId(1),
+            synced: true,
+        };
+        let mut shard = Shard::new(range, OrderedStore::<i64>::new(1, 0), role);
+        shard.pending.insert(0, vec![kvs(&[1, 2], 3), kvs(&[2], 4)]);
+        shard.pending.insert(7, vec![kvs(&[1], 5)]);
+        let step = |seq, update| Replicate {
+            range,
+            seq,
+            update,
+            dedupe: Vec::new(),
+        };
+        shard.apply_update(&step(1, ShardUpdate::ApplyBelow(5)), &Updater::Sum, false);
+        assert_eq!(
+            (shard.store.get(1), shard.store.get(2)),
+            (Some(&[3][..]), Some(&[7][..]))
+        );
+        assert_eq!(shard.applied_below, 5);
+        assert!(shard.pending.contains_key(&7));
+        shard.apply_update(
+            &step(2, ShardUpdate::ApplyBelow(u32::MAX)),
+            &Updater::Sum,
+            false,
+        );
+        assert_eq!(shard.store.get(1), Some(&[8][..]));
+        assert_eq!(shard.applied_below, u32::MAX);
+        assert!(shard.pending.is_empty());
+    }
 }
