@@ -772,6 +772,18 @@ impl<V: Value> Worker<V> {
         // A worker that joins a running job asks where the others are before it starts, so
         // that nobody waits for it to go through iterations the job has finished.
         let joins_late = first && !self.started_configured && cluster.epoch() > 1;
+        // A server joining, or back on the ring, may be a new process that never heard this
+        // worker's progress, whatever an earlier process of the same id acknowledged.
+        let old_servers: Vec<NodeId> = self
+            .cluster
+            .as_ref()
+            .map(|c| c.servers().to_vec())
+            .unwrap_or_default();
+        for s in cluster.config.servers.iter().chain(&cluster.config.joining) {
+            if cluster.config.joining.contains(s) || !old_servers.contains(s) {
+                self.progress_acked.remove(s);
+            }
+        }
         if !cluster.is_worker(self.cfg.id) {
             self.fenced = true;
             self.requests.clear();
