@@ -70,6 +70,36 @@ fn write_cluster(
     path
 }
 
+/// Per key index, the sum of the `key_index total` lines of the servers' dumps.
+fn summed_dumps(dumps: &[PathBuf]) -> BTreeMap<u64, i64> {
+    let mut totals: BTreeMap<u64, i64> = BTreeMap::new();
+    for dump in dumps {
+        for line in std::fs::read_to_string(dump)
+            .expect("a server dump")
+            .lines()
+        {
+            let (k, v) = line.split_once(' ').expect("key total");
+            *totals.entry(k.parse().unwrap()).or_default() += v.parse::<i64>().unwrap();
+        }
+    }
+    totals
+}
+
+/// Per key index, what `workers` running the script for `iterations` push in all.
+fn expected_totals(iterations: u32, workers: impl Iterator<Item = NodeId>) -> BTreeMap<u64, i64> {
+    let script = Script {
+        keys: KEYS,
+        iterations,
+        compute: Duration::ZERO,
+    };
+    script
+        .expected_totals(workers)
+        .into_iter()
+        .enumerate()
+        .map(|(k, t)| (k as u64, t))
+        .collect()
+}
+
 fn pserver(args: &[&str]) -> Command {
     let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("pserver"));
     cmd.args(args)
@@ -246,29 +276,8 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
         "the coordinator does not say why it refused the intruder:\n{coordinator_log}"
     );
 
-    let mut totals: BTreeMap<u64, i64> = BTreeMap::new();
-    for dump in &dumps {
-        for line in std::fs::read_to_string(dump)
-            .expect("a server dump")
-            .lines()
-        {
-            let (k, v) = line.split_once(' ').expect("key total");
-            *totals.entry(k.parse().unwrap()).or_default() += v.parse::<i64>().unwrap();
-        }
-    }
-    let script = Script {
-        keys: KEYS,
-        iterations: ITERATIONS,
-        compute: Duration::ZERO,
-    };
     let workers = (SERVERS + 1..=SERVERS + WORKERS).map(NodeId);
-    let expected: BTreeMap<u64, i64> = script
-        .expected_totals(workers)
-        .into_iter()
-        .enumerate()
-        .map(|(k, t)| (k as u64, t))
-        .collect();
-    assert_eq!(totals, expected);
+    assert_eq!(summed_dumps(&dumps), expected_totals(ITERATIONS, workers));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -369,30 +378,10 @@ fn a_server_killed_mid_job_over_tcp_loses_no_push() {
         coordinator_log.contains("node declared dead"),
         "the coordinator never noticed: {coordinator_log}"
     );
-    let mut totals: BTreeMap<u64, i64> = BTreeMap::new();
-    for dump in &dumps[1..] {
-        for line in std::fs::read_to_string(dump)
-            .expect("a server dump")
-            .lines()
-        {
-            let (k, v) = line.split_once(' ').expect("key total");
-            *totals.entry(k.parse().unwrap()).or_default() += v.parse::<i64>().unwrap();
-        }
-    }
-    let script = Script {
-        keys: KEYS,
-        iterations: LONG,
-        compute: Duration::ZERO,
-    };
     let workers = (SERVERS3 + 1..=SERVERS3 + WORKERS2).map(NodeId);
-    let expected: BTreeMap<u64, i64> = script
-        .expected_totals(workers)
-        .into_iter()
-        .enumerate()
-        .map(|(k, t)| (k as u64, t))
-        .collect();
     assert_eq!(
-        totals, expected,
+        summed_dumps(&dumps[1..]),
+        expected_totals(LONG, workers),
         "the survivors hold every push exactly once"
     );
     let _ = std::fs::remove_dir_all(&dir);

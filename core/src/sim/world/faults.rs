@@ -224,10 +224,10 @@ impl World<'_> {
         Some(victim)
     }
 
-    /// A fresh process of a crashed server starts and registers.
-    pub(super) fn restart_server(&mut self, node: NodeId) {
-        // A new process is a new incarnation: the coordinator takes it for a restart, never for
-        // a resend of the old process's registration.
+    /// Starts a fresh server process `node` that registers. A new process is a new incarnation:
+    /// the coordinator takes it for a restart or a join, never for a resend of an old
+    /// process's registration.
+    fn start_server_process(&mut self, node: NodeId) {
         let sc = ServerConfig {
             id: node,
             incarnation: self.now + 1,
@@ -238,6 +238,11 @@ impl World<'_> {
         d.set_mutation(self.mutation);
         d.start(self.now);
         self.nodes.insert(node, d);
+    }
+
+    /// A fresh process of a crashed server starts and registers.
+    pub(super) fn restart_server(&mut self, node: NodeId) {
+        self.start_server_process(node);
         self.down.remove(&node);
         self.wakeups.remove(&node);
         self.plan.restarts_pending = self.plan.restarts_pending.saturating_sub(1);
@@ -251,16 +256,7 @@ impl World<'_> {
             self.schedule(self.now + 10 * MS, Action::JoinServer(node));
             return;
         }
-        let sc = ServerConfig {
-            id: node,
-            incarnation: self.now + 1,
-            ..self.server_config
-        };
-        let mut d = Driver::new(Server::new(sc, self.updater.rule()));
-        #[cfg(feature = "mutations")]
-        d.set_mutation(self.mutation);
-        d.start(self.now);
-        self.nodes.insert(node, d);
+        self.start_server_process(node);
         self.plan.happened.joins += 1;
         self.plan.membership_pending -= 1;
     }
