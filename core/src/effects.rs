@@ -61,7 +61,9 @@ pub enum Event<V: Value> {
     /// but stays in the ring, because the servers left are too few for the ring's replicas. A
     /// silent server's ranges are not served until it answers again or servers join.
     RingDegraded(NodeId),
-    /// The coordinator no longer counts this node as a member: it must stop.
+    /// The coordinator no longer counts this node as a member: it must stop. A server gets it
+    /// once it has left ([`crate::Server::leave`]) or was declared dead while still running;
+    /// started again (with a new incarnation), it joins as a new member.
     Fenced,
     /// A server became the primary of a range that no live server held a copy of (more
     /// servers failed than the ring has replicas, faster than copies were refilled): the range

@@ -535,9 +535,52 @@ fn a_leaving_server_hands_its_ranges_over_before_it_goes() {
         && c.pushes_done(w) == 2));
     assert!(c.run_until(10_000 * MS, |c| c.server(NodeId(2)).shards().count() == 0));
     assert!(!c.server(NodeId(2)).is_member());
+    assert!(
+        c.events[&NodeId(2)].contains(&Event::Fenced),
+        "told to stop"
+    );
     assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 3)));
     c.assert_single_owner(&keys);
     c.assert_converged(&keys);
+}
+
+#[test]
+fn durability_a_leaving_primary_does_not_acknowledge_what_its_successor_lacks() {
+    let mut c = Cluster::new(4, 1, 1, Consistency::Eventual);
+    let (leaver, w) = (NodeId(2), NodeId(5));
+    let ring = c.ring();
+    let keys: Vec<Key> = Cluster::keys(64)
+        .into_iter()
+        .filter(|&k| ring.primary(k) == leaver)
+        .collect();
+    assert!(!keys.is_empty());
+    c.push(w, &keys, 2);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    c.driver(leaver).leave().unwrap();
+    c.collect();
+    assert!(c.run_until(60_000 * MS, |c| !c.config().servers.contains(&leaver)));
+    // The ring without the leaver is published. Neither the leaver nor the worker hears of it
+    // yet, and nothing the leaver replicates arrives: it takes a push in on the old ring that
+    // the range's new primary never gets.
+    c.queue
+        .retain(|&(from, to, _)| !(from == COORD && (to == leaver || to == w)));
+    c.cut.extend([(COORD, leaver), (COORD, w)]);
+    c.cut.extend((1..=4).map(|s| (leaver, NodeId(s))));
+    c.push(w, &keys, 1);
+    c.run_until(500 * MS, |_| false);
+    assert_eq!(c.pushes_done(w), 1);
+    c.cut.remove(&(COORD, leaver));
+    assert!(c.run_until(10_000 * MS, |c| !c.server(leaver).is_member()));
+    c.run_until(500 * MS, |_| false);
+    assert_eq!(
+        c.pushes_done(w),
+        1,
+        "a server that gave up a range acknowledged a push only it had"
+    );
+    assert!(c.events[&leaver].contains(&Event::Fenced));
+    c.cut.clear();
+    assert!(c.run_until(60_000 * MS, |c| c.pushes_done(w) == 2));
+    assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 3)));
 }
 
 #[test]

@@ -306,7 +306,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
 
     /// Asks the coordinator to take this server out of the job. Its ranges are copied to the
     /// servers that take them over while it keeps serving; once they caught up, a configuration
-    /// without it arrives and it drops its shards. The request is repeated with every heartbeat
+    /// without it arrives, it drops its shards and emits [`Event::Fenced`]: it may stop. The request is repeated with every heartbeat
     /// until then.
     pub fn leave(&mut self, out: &mut Effects<V>) {
         self.leave_requested = true;
@@ -474,7 +474,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             })
             .collect();
         self.count_joiners_as_caught_up(&cluster);
+        let was_member = self.is_member();
         self.cluster = Some(cluster);
+        if was_member && !self.is_member() {
+            // It left, or the coordinator declared it dead: its ranges are served elsewhere
+            // now, and the process must stop (it may start again, as a new member).
+            out.emit(Event::Fenced);
+        }
         self.reshard(fresh_start, &rejoined, out);
         // A pull held for a range this server no longer serves is sent again by its worker,
         // re-sliced under the new ring.

@@ -75,13 +75,30 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
     }
 
-    /// True when every shard overlapping `range` is a primary shard whose replicas all applied
-    /// update `seq`.
+    /// True when primary shards of this server cover all of `range` and their replicas all
+    /// applied update `seq`.
     pub(super) fn replicated(&self, range: KeyRange, seq: u64) -> bool {
-        self.shard_starts_in(range)
+        self.leads_all_of(range)
+            && self
+                .shard_starts_in(range)
+                .iter()
+                .filter_map(|s| self.shards.get(s))
+                .all(|s| s.replicated(seq))
+    }
+
+    /// True when primary shards of this server cover every key of `range`. A server that gave
+    /// up part of a range (it left the ring, or the range failed over) must not count the part
+    /// it no longer holds as replicated: that part's new primary may lack the update.
+    fn leads_all_of(&self, range: KeyRange) -> bool {
+        let led: u64 = self
+            .shard_starts_in(range)
             .iter()
             .filter_map(|s| self.shards.get(s))
-            .all(|s| s.replicated(seq))
+            .filter(|s| s.is_primary())
+            .filter_map(|s| s.range.intersect(range))
+            .map(KeyRange::len)
+            .sum();
+        led == range.len()
     }
 
     /// Acknowledges the pushes whose updates every replica now has.
@@ -489,15 +506,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
         // A push waiting on a range this server no longer leads all of is resent by its worker
         // to the new primary; waiting on would never end.
-        let shards = &self.shards;
-        self.unreplicated.retain(|_, waits| {
-            waits.iter().all(|&(range, _)| {
-                shards
-                    .range(..range.end())
-                    .filter(|(_, s)| s.range.intersect(range).is_some())
-                    .all(|(_, s)| s.is_primary())
-            })
-        });
+        let waiting = core::mem::take(&mut self.unreplicated);
+        self.unreplicated = waiting
+            .into_iter()
+            .filter(|(_, waits)| waits.iter().all(|&(range, _)| self.leads_all_of(range)))
+            .collect();
     }
 
     /// True while servers join or leave, the next ring gives this server ranges that the ring in

@@ -45,6 +45,9 @@ pub(super) struct Plan {
     restarts_pending: usize,
     /// Joins and leaves planned and not carried out yet.
     membership_pending: usize,
+    /// Servers that asked to leave and have not yet learned that they are out (the moment a
+    /// real server process stops).
+    pub(super) leaving: BTreeSet<NodeId>,
     /// The next crash waits for the next copy of a range to be sent (or, for a crash of the
     /// sender, to be acknowledged).
     copy_armed: Option<CrashKind>,
@@ -68,6 +71,7 @@ impl Plan {
             restart: BTreeSet::new(),
             restarts_pending: 0,
             membership_pending: 0,
+            leaving: BTreeSet::new(),
             copy_armed: None,
             waiting_refill: false,
             open: Vec::new(),
@@ -245,6 +249,8 @@ impl World<'_> {
         self.start_server_process(node);
         self.down.remove(&node);
         self.wakeups.remove(&node);
+        // The new process knows nothing of the old one's wish to leave.
+        self.plan.leaving.remove(&node);
         self.plan.restarts_pending = self.plan.restarts_pending.saturating_sub(1);
     }
 
@@ -284,6 +290,7 @@ impl World<'_> {
         d.leave().ok()?;
         self.plan.happened.leaves += 1;
         self.plan.membership_pending -= 1;
+        self.plan.leaving.insert(node);
         Some(node)
     }
 
@@ -329,9 +336,21 @@ impl World<'_> {
             return;
         }
         let epoch = config.epoch;
+        // A crashed server that was leaving may be taken off the ring without ever being
+        // declared dead: it restarts once it is off.
+        let off: Vec<NodeId> = self
+            .plan
+            .restart
+            .iter()
+            .copied()
+            .filter(|s| !config.servers.contains(s))
+            .collect();
         if let Ok(ring) = Ring::new(config.servers.iter().copied(), config.ring) {
             self.previous_ring = Some(core::mem::replace(&mut self.ring, ring));
             self.ring_epoch = epoch;
+        }
+        for node in off {
+            self.node_dead(node);
         }
     }
 
@@ -405,6 +424,7 @@ impl World<'_> {
         self.coordinator()
             .is_some_and(|c| c.phase() == crate::coordinator::Phase::Running)
             && self.plan.membership_pending == 0
+            && self.plan.leaving.iter().all(|s| self.down.contains(s))
             && self.plan.open.is_empty()
             && self.plan.restarts_pending == 0
             && self.served()

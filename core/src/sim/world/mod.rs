@@ -674,6 +674,10 @@ impl<'a> World<'a> {
             self.node_dead(dead);
             return Ok(());
         }
+        if matches!(event, Event::Fenced) && self.server(node).is_some() {
+            self.plan.leaving.remove(&node);
+            return Ok(());
+        }
         if let Event::Refused { from, reason } = &event {
             // The simulated network never corrupts or forges: a frame that does not decode is
             // a codec bug.
