@@ -372,6 +372,7 @@ impl Coordinator {
     /// ring at once if nobody has anything to copy.
     fn publish<V: Value>(&mut self, mut next: ClusterConfig, out: &mut Effects<V>) {
         next.epoch = self.epoch() + 1;
+        next.hand_over_shares();
         self.config = Some(next);
         self.caught_up.clear();
         self.broadcast(out);
@@ -435,6 +436,7 @@ impl Coordinator {
             consistency: self.cfg.consistency,
             joining: Vec::new(),
             leaving: Vec::new(),
+            shares: of(Role::Worker),
         });
         out.emit(Event::Ready { epoch: 1 });
         self.broadcast(out);

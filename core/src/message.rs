@@ -190,6 +190,12 @@ pub struct ClusterConfig {
     /// Servers leaving: still on the ring until those taking their ranges have caught up.
     #[serde(with = "seq")]
     pub leaving: Vec<NodeId>,
+    /// The job's work, cut into one share per worker it started with (an application's part
+    /// of the data, say): share `i` is worked on by `shares[i]`. The shares of a worker that
+    /// dies or leaves pass to live workers ([`ClusterConfig::hand_over_shares`]), so that no
+    /// part of the work is left undone.
+    #[serde(with = "seq")]
+    pub shares: Vec<NodeId>,
 }
 
 impl ClusterConfig {
@@ -209,6 +215,7 @@ impl ClusterConfig {
     ///     consistency: Consistency::Sequential,
     ///     joining: vec![],
     ///     leaving: vec![],
+    ///     shares: vec![NodeId(4)],
     /// };
     /// let next = config.without_server(NodeId(1)).unwrap();
     /// assert_eq!((next.epoch, &next.servers[..]), (2, &[NodeId(2), NodeId(3)][..]));
@@ -271,6 +278,56 @@ impl ClusterConfig {
     /// The ring once the change under way completes (the ring in force when none is).
     pub fn next_ring(&self) -> Result<Ring, RingError> {
         Ring::new(self.next_servers(), self.ring)
+    }
+
+    /// The shares `worker` works on, in order (see [`ClusterConfig::shares`]).
+    pub fn shares_of(&self, worker: NodeId) -> Vec<usize> {
+        (0..self.shares.len())
+            .filter(|&i| self.shares[i] == worker)
+            .collect()
+    }
+
+    /// Gives every share whose worker is no longer one of `workers` to the live worker that
+    /// holds the fewest (the lowest id among equals), one share at a time, so that the work
+    /// of the workers lost spreads over those left. With no worker left, shares stay where
+    /// they are until one joins.
+    ///
+    /// ```
+    /// use pserver_core::{ClusterConfig, Consistency, NodeId, RingConfig};
+    /// let w = |i| NodeId(i);
+    /// let mut config = ClusterConfig {
+    ///     epoch: 1,
+    ///     coordinator: NodeId(0),
+    ///     servers: vec![NodeId(1)],
+    ///     workers: vec![w(2), w(3), w(4)],
+    ///     ring: RingConfig { replicas: 0, ..RingConfig::default() },
+    ///     consistency: Consistency::Sequential,
+    ///     joining: vec![],
+    ///     leaving: vec![],
+    ///     shares: vec![w(2), w(3), w(4)],
+    /// };
+    /// config.workers.retain(|&n| n != w(3));
+    /// config.hand_over_shares();
+    /// assert_eq!(config.shares_of(w(2)), [0, 1]);
+    /// assert_eq!(config.shares_of(w(4)), [2]);
+    /// ```
+    pub fn hand_over_shares(&mut self) {
+        if self.workers.is_empty() {
+            return;
+        }
+        for i in 0..self.shares.len() {
+            if self.workers.contains(&self.shares[i]) {
+                continue;
+            }
+            let least = self
+                .workers
+                .iter()
+                .copied()
+                .min_by_key(|&w| (self.shares.iter().filter(|&&s| s == w).count(), w));
+            if let Some(w) = least {
+                self.shares[i] = w;
+            }
+        }
     }
 }
 

@@ -219,6 +219,16 @@ impl<V: Value> Worker<V> {
         self.cluster.as_ref().map(|c| c.config.consistency)
     }
 
+    /// The shares of the job's work this worker does under the configuration in force
+    /// ([`ClusterConfig::shares`]): its own, and those of workers that died or left and were
+    /// handed to it. Empty before the first configuration, and for a worker that joined a
+    /// running job while every share had a live worker.
+    pub fn shares(&self) -> Vec<usize> {
+        self.cluster
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.config.shares_of(self.cfg.id))
+    }
+
     /// The iteration the worker is in.
     pub fn iteration(&self) -> Iteration {
         self.iteration

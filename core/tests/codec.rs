@@ -121,6 +121,7 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                     },
                     consistency,
                     joining,
+                    shares: leaving.iter().rev().copied().collect(),
                     leaving,
                 })
             },

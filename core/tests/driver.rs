@@ -21,6 +21,7 @@ fn config(workers: &[NodeId], consistency: Consistency) -> ClusterConfig {
         consistency,
         joining: Vec::new(),
         leaving: Vec::new(),
+        shares: workers.to_vec(),
     }
 }
 

@@ -837,6 +837,35 @@ fn a_worker_that_leaves_is_waited_for_no_more() {
 }
 
 #[test]
+fn a_dead_workers_share_of_the_work_passes_to_a_live_worker() {
+    let mut c = Cluster::new(2, 3, 1, Consistency::Sequential);
+    let keys = Cluster::keys(8);
+    let (w1, w2, w3) = (NodeId(3), NodeId(4), NodeId(5));
+    let shares = |c: &Cluster, w: NodeId| c.nodes[&w].node().as_worker().unwrap().shares();
+    assert_eq!(
+        [shares(&c, w1), shares(&c, w2), shares(&c, w3)],
+        [vec![0], vec![1], vec![2]]
+    );
+    c.crash(w2);
+    c.iterate(w1, &keys);
+    c.iterate(w3, &keys);
+    assert!(c.run_until(60_000 * MS, |c| c.config().workers == [w1, w3]
+        && c.iteration(w1) == 1
+        && c.iteration(w3) == 1));
+    assert!(c.coordinator().dead().contains(&w2));
+    // Every share has exactly one live worker, and the workers left know it.
+    assert_eq!(c.config().shares, [w1, w1, w3]);
+    assert!(c.run_until(10_000 * MS, |c| shares(c, w1) == [0, 1]));
+    assert_eq!(shares(&c, w3), [2]);
+    // One that leaves hands its share on too.
+    c.driver(w3).leave().unwrap();
+    c.collect();
+    assert!(c.run_until(10_000 * MS, |c| c.events[&w3].contains(&Event::Fenced)));
+    assert_eq!(c.config().shares, [w1, w1, w1]);
+    assert!(c.run_until(10_000 * MS, |c| shares(c, w1) == [0, 1, 2]));
+}
+
+#[test]
 fn a_primary_cut_off_from_its_replica_holds_a_bounded_log_and_catches_it_up_with_a_copy() {
     // Six workers with 64 slices each on the network: more updates than the log keeps.
     let mut c = Cluster::new(3, 6, 1, Consistency::Eventual);
@@ -920,6 +949,7 @@ fn a_copy_brings_the_workers_range_clocks_with_it() {
         consistency: Consistency::Sequential,
         joining,
         leaving: Vec::new(),
+        shares: vec![w],
     };
     let next = Ring::new([s1, s2], ring).unwrap();
     let (range, _) = next

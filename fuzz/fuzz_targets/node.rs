@@ -197,6 +197,7 @@ fn message(body: Body) -> Message<i64> {
                 },
                 joining,
                 leaving: Vec::new(),
+                shares: members(workers, 8),
                 consistency: match consistency % 3 {
                     0 => Consistency::Sequential,
                     1 => Consistency::BoundedDelay(u32::from(consistency % 4)),

@@ -31,6 +31,7 @@ pub(crate) fn config(
         consistency: c,
         joining: Vec::new(),
         leaving: Vec::new(),
+        shares: workers.to_vec(),
     }
 }
 

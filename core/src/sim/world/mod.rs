@@ -214,6 +214,7 @@ fn ring_change_configs(
         consistency: cfg.consistency,
         joining: Vec::new(),
         leaving: Vec::new(),
+        shares: cfg.worker_ids().collect(),
     };
     let gone = cfg.server_taken_off().unwrap_or(NodeId(0));
     let second = first.without_server(gone)?;
