@@ -479,12 +479,11 @@ fn a_bad_cluster_file_a_port_in_use_or_no_coordinator_is_one_line_and_status_2()
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn logistic_regression_trains_across_processes_each_worker_on_its_own_shard() {
-    let dir = std::env::temp_dir().join(format!("pserver-lr-cluster-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// Writes a logistic-regression cluster into `dir` (a slice of the shipped data, one server,
+/// `workers` workers, `epochs` epochs) and returns its cluster file and the nodes' roles.
+fn lr_cluster(dir: &Path, workers: usize, epochs: u32) -> (String, Vec<&'static str>) {
+    std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("secret.key"), "lr-secret\n").unwrap();
-    // A slice of the shipped data, uncompressed.
     let adult = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/adult");
     let lines = |name: &str, n: usize| -> String {
         let bytes = pserver::data::libsvm::read_bytes(&adult.join(name)).unwrap();
@@ -495,18 +494,38 @@ fn logistic_regression_trains_across_processes_each_worker_on_its_own_shard() {
             .map(|l| format!("{l}\n"))
             .collect()
     };
-    std::fs::write(dir.join("train.svm"), lines("adult.train.svm.gz", 6_000)).unwrap();
+    std::fs::write(dir.join("train.svm"), lines("adult.train.svm.gz", LR_ROWS)).unwrap();
     std::fs::write(dir.join("test.svm"), lines("adult.test.svm.gz", 1_500)).unwrap();
-    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
-    let roles = ["coordinator", "server", "worker", "worker"];
-    let mut text = "cluster_id = \"lr\"\nconsistency = \"bounded:2\"\nsecret_file = \"secret.key\"\n\n[job]\napp = \"lr\"\ndata = \"train.svm\"\ntest = \"test.svm\"\nepochs = 3\n".to_string();
-    for (id, (port, role)) in ports.iter().zip(roles).enumerate() {
+    let mut roles = vec!["coordinator", "server"];
+    roles.extend(std::iter::repeat_n("worker", workers));
+    let ports: Vec<u16> = roles.iter().map(|_| free_port()).collect();
+    let mut text = format!(
+        "cluster_id = \"lr\"\nconsistency = \"bounded:2\"\nsecret_file = \"secret.key\"\n\n[job]\napp = \"lr\"\ndata = \"train.svm\"\ntest = \"test.svm\"\nepochs = {epochs}\n"
+    );
+    for (id, (port, role)) in ports.iter().zip(&roles).enumerate() {
         text +=
             &format!("\n[[node]]\nid = {id}\nrole = \"{role}\"\naddress = \"127.0.0.1:{port}\"\n");
     }
     let config = dir.join("cluster.toml");
     std::fs::write(&config, text).unwrap();
-    let config = config.to_str().unwrap().to_owned();
+    (config.to_str().unwrap().to_owned(), roles)
+}
+
+/// Training rows in the logistic-regression clusters.
+const LR_ROWS: usize = 6_000;
+
+/// The `key=value` fields named `key` in a worker's epoch lines, in order.
+fn fields(out: &str, key: &str) -> Vec<f64> {
+    out.lines()
+        .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix(key)))
+        .map(|v| v.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn logistic_regression_trains_across_processes_each_worker_on_its_own_shard() {
+    let dir = std::env::temp_dir().join(format!("pserver-lr-cluster-{}", std::process::id()));
+    let (config, roles) = lr_cluster(&dir, 2, 3);
     let mut children = Children(Vec::new());
     for (id, role) in roles.iter().enumerate() {
         let child = pserver(&[role, "--config", &config, "--id", &id.to_string()])
@@ -525,14 +544,7 @@ fn logistic_regression_trains_across_processes_each_worker_on_its_own_shard() {
     }
     // The first worker measured the model after every epoch; the last measurement is good.
     let first = &outputs[0];
-    let aucs: Vec<f64> = first
-        .lines()
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find_map(|f| f.strip_prefix("test_auc="))
-        })
-        .map(|v| v.parse().unwrap())
-        .collect();
+    let aucs = fields(first, "test_auc=");
     assert_eq!(aucs.len(), 3, "{first}");
     assert!(aucs[2] >= 0.85, "{aucs:?}");
     // The other worker trained on its own rows, epoch by epoch, without a test set.
@@ -543,6 +555,64 @@ fn logistic_regression_trains_across_processes_each_worker_on_its_own_shard() {
         outputs[1]
     );
     assert!(!outputs[1].contains("test_auc"));
+    let rows: f64 = outputs.iter().map(|o| fields(o, "rows=")[2]).sum();
+    assert_eq!(rows as usize, LR_ROWS, "every row once per epoch");
+    for (_, child) in &children.0 {
+        let _ = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_worker_killed_mid_training_has_its_share_taken_over_by_a_live_worker() {
+    const EPOCHS: u32 = 12;
+    let dir = std::env::temp_dir().join(format!("pserver-lr-kill-{}", std::process::id()));
+    let (config, roles) = lr_cluster(&dir, 3, EPOCHS);
+    let mut children = Children(Vec::new());
+    for (id, role) in roles.iter().enumerate() {
+        let log = if *role == "worker" { "info" } else { "warn" };
+        let child = pserver(&[role, "--config", &config, "--id", &id.to_string()])
+            .env("RUST_LOG", log)
+            .spawn()
+            .expect("start a node");
+        children.0.push((format!("{role} {id}"), child));
+    }
+    // Kill the last worker once it has finished its first epoch.
+    let victim = children.0.len() - 1;
+    let stdout = children.0[victim].1.stdout.take().expect("piped stdout");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    let first = lines.next().expect("an epoch line").expect("utf-8");
+    assert!(first.contains("iter=1 "), "{first}");
+    children.0[victim].1.kill().expect("kill the worker");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut outputs = Vec::new();
+    for (name, child) in children.0.drain(2..victim) {
+        let mut child = child;
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().unwrap();
+        let stderr = text_of(&out.stderr);
+        assert!(out.status.success(), "{name}: {stderr}");
+        outputs.push((text_of(&out.stdout), stderr));
+    }
+    for (out, _) in &outputs {
+        assert_eq!(fields(out, "rows=").len(), EPOCHS as usize, "{out}");
+    }
+    assert!(
+        outputs
+            .iter()
+            .any(|(_, log)| log.contains("took over the share")),
+        "nobody took the dead worker's share"
+    );
+    // In the last epoch the two survivors trained on all the rows, the dead worker's included.
+    let last: f64 = outputs
+        .iter()
+        .map(|(out, _)| fields(out, "rows=")[EPOCHS as usize - 1])
+        .sum();
+    assert_eq!(last as usize, LR_ROWS);
+    let aucs = fields(&outputs[0].0, "test_auc=");
+    assert!(aucs[EPOCHS as usize - 1] >= 0.85, "{aucs:?}");
     for (_, child) in &children.0 {
         let _ = Command::new("kill")
             .args(["-INT", &child.id().to_string()])

@@ -7,6 +7,8 @@
 //! every epoch the first worker pulls the whole model (a range pull, answered in parts) and
 //! measures it on the test set.
 
+use std::ops::Range;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pserver_core::{
@@ -16,6 +18,7 @@ use pserver_transport::mem::MemNetwork;
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError, WorkerHandle};
 use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
 use tokio::sync::mpsc;
+use tracing::info;
 
 use crate::data::libsvm::Examples;
 
@@ -252,15 +255,19 @@ pub struct WorkerEpoch {
     pub model: Option<(f64, f64, usize, KvPairs<f32>)>,
 }
 
-/// Trains rows `mine` of `data` on one worker for `cfg.epochs` epochs of `steps` minibatches
-/// each, measuring the whole model on `test` after every epoch if one is given. Every worker
-/// of a job must take the same number of steps, even with fewer rows, so that nobody waits at
-/// a consistency bound for a worker that has stopped advancing.
-pub async fn run_shard(
+/// The rows of one share of the training data: the examples that hold them, and which.
+pub type ShareRows = (Arc<Examples>, Range<usize>);
+
+/// Trains on one worker for `cfg.epochs` epochs of `steps` minibatches each, measuring the
+/// whole model on `test` after every epoch if one is given. Each step takes the next minibatch
+/// of every share of the data the worker has ([`WorkerHandle::shares`]): its own, and those of
+/// workers that died or left, which `rows_of` finds. Every worker of a job must take the same
+/// number of steps, even with fewer rows, so that nobody waits at a consistency bound for a
+/// worker that has stopped advancing.
+pub async fn run_shares(
     cfg: &LrConfig,
     handle: &WorkerHandle<f32>,
-    data: &Examples,
-    mine: std::ops::Range<usize>,
+    mut rows_of: impl FnMut(usize) -> Result<ShareRows, RuntimeError>,
     steps: usize,
     test: Option<&Examples>,
     mut on_epoch: impl FnMut(WorkerEpoch),
@@ -269,24 +276,39 @@ pub async fn run_shard(
     let batch = cfg.batch.max(1);
     let everything =
         RangeList::new(vec![KeyRange::new(0, MAX_KEY).map_err(config)?]).map_err(config)?;
+    let mut held: Vec<usize> = Vec::new();
     for epoch in 1..=cfg.epochs {
         let mut loss = 0.0;
+        let mut trained = 0;
         for step in 0..steps {
-            let from = (mine.start + step * batch).min(mine.end);
-            let rows = from..(from + batch).min(mine.end);
-            if rows.is_empty() {
-                handle.advance().await?;
-                continue;
+            let shares = handle.shares().await?;
+            for &share in shares.iter().filter(|s| !held.contains(s)) {
+                if !held.is_empty() {
+                    info!(
+                        share,
+                        epoch, step, "took over the share of a worker that is gone"
+                    );
+                }
             }
-            let keys = batch_keys(data, rows.clone());
-            let list = KeyList::new(keys.clone()).map_err(config)?;
-            let pulled = handle.pull(KeySelection::Keys(list)).await?;
-            let (grad, l) = gradient(data, rows, &keys, pulled.values());
-            loss += l;
-            let kvs = KvPairs::new(keys, grad, 1).map_err(config)?;
-            // Not waiting for the acknowledgement: the consistency model bounds how far ahead
-            // of its acknowledged pushes the worker may run.
-            drop(handle.start_push(kvs).await?);
+            held = shares;
+            for &share in &held {
+                let (data, mine) = rows_of(share)?;
+                let from = (mine.start + step * batch).min(mine.end);
+                let rows = from..(from + batch).min(mine.end);
+                if rows.is_empty() {
+                    continue;
+                }
+                trained += rows.len();
+                let keys = batch_keys(&data, rows.clone());
+                let list = KeyList::new(keys.clone()).map_err(config)?;
+                let pulled = handle.pull(KeySelection::Keys(list)).await?;
+                let (grad, l) = gradient(&data, rows, &keys, pulled.values());
+                loss += l;
+                let kvs = KvPairs::new(keys, grad, 1).map_err(config)?;
+                // Not waiting for the acknowledgement: the consistency model bounds how far
+                // ahead of its acknowledged pushes the worker may run.
+                drop(handle.start_push(kvs).await?);
+            }
             handle.advance().await?;
         }
         let model = match test {
@@ -303,7 +325,7 @@ pub async fn run_shard(
         on_epoch(WorkerEpoch {
             epoch,
             loss,
-            rows: mine.len(),
+            rows: trained,
             model,
         });
     }
@@ -319,10 +341,13 @@ async fn run_worker(
     notes: mpsc::UnboundedSender<Note>,
 ) -> Result<(), RuntimeError> {
     let per = train.len().div_ceil(cfg.workers);
-    let mine = (index * per).min(train.len())..((index + 1) * per).min(train.len());
+    let rows_of = |share: usize| {
+        let share = (share * per).min(train.len())..((share + 1) * per).min(train.len());
+        Ok((train.clone(), share))
+    };
     let steps = per.div_ceil(cfg.batch.max(1));
     let test = (index == 0).then_some(&*test);
-    run_shard(&cfg, &handle, &train, mine, steps, test, |e| {
+    run_shares(&cfg, &handle, rows_of, steps, test, |e| {
         let _ = notes.send(Note::Loss {
             epoch: e.epoch,
             loss: e.loss,

@@ -18,7 +18,7 @@ use thiserror::Error;
 
 use super::cluster_file::{ClusterFile, ClusterFileError, Job, LrJob};
 use super::script::{Script, WorkerSummary};
-use crate::apps::lr::run_shard;
+use crate::apps::lr::{ShareRows, run_shares};
 use crate::data::libsvm::{DataError, IndexBase, parse, read, read_bytes, shard};
 
 /// Why a node or a local cluster could not run. Each is one line a user can act on; the CLI
@@ -166,7 +166,8 @@ async fn run_script_node(
 
 /// A logistic-regression node. A worker reads the byte range of the training file that is its
 /// share (cut at line boundaries), trains on it, and prints one line per epoch; the first
-/// worker also measures the whole model on the test file.
+/// worker also measures the whole model on the test file. A worker handed the share of a
+/// worker that died or left reads that share's rows too, and trains on both from then on.
 async fn run_lr_node(
     file: &ClusterFile,
     job: &LrJob,
@@ -176,7 +177,8 @@ async fn run_lr_node(
     let data_error = |e: DataError| RunError::Data(e.to_string());
     let index = file.spec.layout().workers().position(|w| w == id);
     // Read before joining, so that a bad file is reported at once.
-    let shard = match index {
+    let name = job.data.display().to_string();
+    let data = match index {
         Some(index) => {
             let text = read_bytes(&job.data).map_err(data_error)?;
             // Every worker counts the same lines, so all take the same number of steps.
@@ -184,13 +186,13 @@ async fn run_lr_node(
             let per = lines.div_ceil(job.cfg.workers.max(1));
             let steps = per.div_ceil(job.cfg.batch.max(1));
             let range = shard(&text, index, job.cfg.workers);
-            let name = job.data.display().to_string();
             let rows = parse(&name, &text[range], IndexBase::Zero).map_err(data_error)?;
             let test = match (&job.test, index) {
                 (Some(path), 0) => Some(read(path, IndexBase::Zero).map_err(data_error)?),
                 _ => None,
             };
-            Some((rows, steps, test))
+            let shares = std::collections::BTreeMap::from([(index, Arc::new(rows))]);
+            Some((text, shares, steps, test))
         }
         None => None,
     };
@@ -199,15 +201,27 @@ async fn run_lr_node(
         spawned,
         transport,
     } = start::<f32>(file, id, join_timeout).await?;
-    let outcome = match (role, spawned.worker, shard) {
-        (Role::Worker, Some(worker), Some((rows, steps, test))) => {
-            let all = 0..rows.len();
+    let outcome = match (role, spawned.worker, data) {
+        (Role::Worker, Some(worker), Some((text, mut shares, steps, test))) => {
+            let workers = job.cfg.workers;
+            let rows_of = |share: usize| -> Result<ShareRows, RuntimeError> {
+                if let Some(rows) = shares.get(&share) {
+                    return Ok((rows.clone(), 0..rows.len()));
+                }
+                let range = shard(&text, share, workers);
+                let rows = parse(&name, &text[range], IndexBase::Zero)
+                    .map_err(|e| RuntimeError::Config(e.to_string()))?;
+                let rows = Arc::new(rows);
+                shares.insert(share, rows.clone());
+                Ok((rows.clone(), 0..rows.len()))
+            };
             let mut epochs = 0;
-            run_shard(&job.cfg, &worker, &rows, all, steps, test.as_ref(), |e| {
+            run_shares(&job.cfg, &worker, rows_of, steps, test.as_ref(), |e| {
                 epochs = e.epoch;
                 let mut line = format!(
-                    "worker {id} iter={} train_logloss={:.4}",
+                    "worker {id} iter={} rows={} train_logloss={:.4}",
                     e.epoch,
+                    e.rows,
                     e.loss / e.rows.max(1) as f64
                 );
                 if let Some((loss, auc, nnz, _)) = &e.model {

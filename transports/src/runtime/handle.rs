@@ -61,6 +61,7 @@ pub(crate) enum Command<V: Value> {
         oneshot::Sender<Result<KvPairs<V>, RuntimeError>>,
     ),
     Advance(oneshot::Sender<Result<Iteration, RuntimeError>>),
+    Shares(oneshot::Sender<Result<Vec<usize>, RuntimeError>>),
 }
 
 impl<V: Value> Command<V> {
@@ -74,6 +75,9 @@ impl<V: Value> Command<V> {
                 let _ = reply.send(Err(error));
             }
             Command::Advance(reply) => {
+                let _ = reply.send(Err(error));
+            }
+            Command::Shares(reply) => {
                 let _ = reply.send(Err(error));
             }
         }
@@ -148,6 +152,13 @@ impl<V: Value> WorkerHandle<V> {
     /// lets the worker enter it.
     pub async fn advance(&self) -> Result<Iteration, RuntimeError> {
         self.call(Command::Advance).await
+    }
+
+    /// The shares of the job's work this worker does now
+    /// ([`pserver_core::ClusterConfig::shares`]): its own, and those handed to it when other
+    /// workers died or left. Ask again at every step; the answer changes with the membership.
+    pub async fn shares(&self) -> Result<Vec<usize>, RuntimeError> {
+        self.call(Command::Shares).await
     }
 }
 

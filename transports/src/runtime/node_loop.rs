@@ -220,6 +220,11 @@ where
                     let _ = reply.send(Err(runtime_error(e)));
                 }
             },
+            Command::Shares(reply) => {
+                let node = self.driver.node();
+                let shares = node.as_worker().map(|w| w.shares());
+                let _ = reply.send(shares.ok_or(RuntimeError::NotAWorker(self.driver.id())));
+            }
         }
     }
 
