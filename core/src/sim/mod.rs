@@ -481,6 +481,9 @@ pub enum Invariant {
     SingleOwner,
     /// At quiescence a live replica of a range holds other values than its primary.
     ReplicaConvergence,
+    /// A share of the work is left with a worker that is no longer a member while live
+    /// workers remain, or a worker does a share the coordinator gave another.
+    WorkCoverage,
 }
 
 impl fmt::Display for Invariant {
@@ -497,6 +500,7 @@ impl fmt::Display for Invariant {
             Invariant::Durability => "durability",
             Invariant::SingleOwner => "single-owner",
             Invariant::ReplicaConvergence => "replica-convergence",
+            Invariant::WorkCoverage => "work-coverage",
         })
     }
 }

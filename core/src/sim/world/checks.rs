@@ -182,6 +182,7 @@ impl World<'_> {
         if self.coordinator().is_none_or(|c| c.config().is_none()) {
             return Ok(());
         }
+        self.check_work_coverage()?;
         if self.cfg.keys <= ORACLE_KEYS_PER_STEP {
             self.check_single_owner(false)?;
         }
@@ -307,6 +308,53 @@ impl World<'_> {
                     format!(
                         "key {key}: acknowledged pushes sum to {acked}, but its live holders {holders:?} hold at most {best} (crashed: {:?})",
                         self.down
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Work coverage: every share of the work has a live member worker while any is left, and
+    /// no live worker on the coordinator's epoch does a share given to another.
+    fn check_work_coverage(&self) -> Result<(), SimFailure> {
+        let Some(config) = self.coordinator().and_then(|c| c.config()) else {
+            return Ok(());
+        };
+        if config.shares.len() != self.cfg.workers {
+            return Err(self.fail(
+                Invariant::WorkCoverage,
+                format!(
+                    "{} shares for {} workers",
+                    config.shares.len(),
+                    self.cfg.workers
+                ),
+            ));
+        }
+        if config.workers.is_empty() {
+            return Ok(());
+        }
+        if let Some((share, holder)) = config
+            .shares
+            .iter()
+            .enumerate()
+            .find(|(_, h)| !config.workers.contains(h))
+        {
+            return Err(self.fail(
+                Invariant::WorkCoverage,
+                format!("share {share} is left with {holder}, who is not a member"),
+            ));
+        }
+        for (id, w) in self.workers() {
+            let current =
+                w.epoch() == config.epoch && self.apps.get(&id).is_some_and(|a| !a.crashed);
+            if current && w.shares() != config.shares_of(id) {
+                return Err(self.fail(
+                    Invariant::WorkCoverage,
+                    format!(
+                        "{id} does shares {:?}, but the coordinator gave it {:?}",
+                        w.shares(),
+                        config.shares_of(id)
                     ),
                 ));
             }
