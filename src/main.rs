@@ -918,7 +918,8 @@ struct SimArgs {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..64))]
     leave_servers: u32,
     /// Restart the crashed servers that restart within the heartbeat timeout, before the
-    /// coordinator declares them dead (a case the protocol does not handle yet).
+    /// coordinator declares them dead: the new process registers under a new incarnation, is
+    /// taken off the ring and joins again.
     #[arg(long)]
     quick_restart: bool,
     /// Skip encoding and decoding every message (faster, checks less).

@@ -13,7 +13,7 @@ use crate::value::Value;
 use crate::wire::seq;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;
@@ -567,9 +567,13 @@ pub enum Message<V: Value> {
     },
     /// A server asks to leave the job: the coordinator moves its ranges away first.
     Leave,
+    /// A server that joined the running job asks a worker for its progress: an earlier
+    /// process with the server's id may have acknowledged it, but this one never heard it.
+    /// Repeated with every heartbeat until the worker's `Progress` arrives.
+    ProgressRequest,
 }
 
 impl<V: Value> Message<V> {
     /// Number of message kinds this version knows; the wire tags are `0..KINDS`.
-    pub const KINDS: u32 = 17;
+    pub const KINDS: u32 = 18;
 }

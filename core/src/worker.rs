@@ -598,6 +598,18 @@ impl<V: Value> Worker<V> {
                 None => self.on_answer(now, from, slice, Some(kvs), out),
                 Some(next) => self.on_partial_answer(now, from, slice, kvs, next, out),
             },
+            Message::ProgressRequest
+                if self.cluster.as_ref().is_some_and(|c| c.is_server(from)) =>
+            {
+                // A new process that never heard our progress, whatever its id acknowledged
+                // before: tell it, and count nothing as acknowledged until it answers.
+                self.progress_acked.remove(&from);
+                let body = Message::Progress {
+                    finished_below: self.finished_below(),
+                };
+                self.send(from, body, out);
+            }
+            Message::ProgressRequest => out.refuse(from, Refusal::UnknownSender),
             Message::ProgressAck { finished_below } => {
                 let acked = self.progress_acked.entry(env.from).or_default();
                 *acked = (*acked).max(finished_below);

@@ -272,6 +272,40 @@ fn progress_is_acknowledged_with_the_highest_iteration_reported() {
 }
 
 #[test]
+fn a_server_that_joins_a_running_job_asks_every_worker_for_its_progress_until_it_hears_it() {
+    let mut cfg = config(3, &[2], &[W1, W2], Consistency::Sequential);
+    cfg.joining = vec![S1];
+    let mut s = Server::<i64>::new(ServerConfig::new(S1, COORD), Updater::Sum);
+    let mut out = Effects::new();
+    s.start(0, &mut out);
+    out.clear();
+    s.on_message(0, deliver_config(S1, &cfg), &mut out);
+    let asked = |out: &Effects<i64>| -> Vec<NodeId> {
+        out.sends
+            .iter()
+            .filter(|e| e.body == Message::ProgressRequest)
+            .map(|e| e.to)
+            .collect()
+    };
+    assert_eq!(asked(&out), [W1, W2]);
+    let progress = Envelope::new(W1, S1, 3, Message::Progress { finished_below: 2 });
+    s.on_message(1, progress, &mut out);
+    out.clear();
+    s.on_timer(2, TimerId::Heartbeat, &mut out);
+    assert_eq!(asked(&out), [W2], "asked again on every heartbeat");
+    let progress = Envelope::new(W2, S1, 3, Message::Progress { finished_below: 2 });
+    s.on_message(3, progress, &mut out);
+    out.clear();
+    s.on_timer(4, TimerId::Heartbeat, &mut out);
+    assert!(asked(&out).is_empty());
+    // A server that started with the job asks nobody.
+    let mut fresh = server(&config(1, &[1], &[W1, W2], Consistency::Sequential));
+    let mut out = Effects::new();
+    fresh.on_timer(1, TimerId::Heartbeat, &mut out);
+    assert!(asked(&out).is_empty());
+}
+
+#[test]
 fn a_message_from_a_newer_epoch_waits_for_its_configuration_and_an_older_one_is_served() {
     let cfg = config(1, &[1], &[W1], Consistency::Eventual);
     let mut s = server(&cfg);

@@ -362,6 +362,39 @@ fn progress_goes_once_to_every_server_and_is_retransmitted_until_each_acknowledg
 }
 
 #[test]
+fn a_server_asking_for_progress_gets_it_even_if_its_id_acknowledged_it_before() {
+    let cfg = config(1, &[1, 2], Consistency::Eventual);
+    let mut w = worker(&cfg);
+    let mut out = Effects::new();
+    let id = w.push(T, one(key_of(&cfg, S2)), &mut out).unwrap();
+    w.advance(T, &mut out).unwrap();
+    w.on_message(T, ack(S2, sref(id, 0)), &mut out);
+    for s in [S1, S2] {
+        let acked = Message::ProgressAck { finished_below: 1 };
+        w.on_message(T, Envelope::new(s, W1, 1, acked), &mut out);
+    }
+    assert!(w.is_idle());
+    out.clear();
+    // S1 restarted: the new process never heard the progress its id acknowledged.
+    w.on_message(
+        T,
+        Envelope::new(S1, W1, 2, Message::ProgressRequest),
+        &mut out,
+    );
+    assert_eq!(progress_sends(&out), vec![(S1, 1)]);
+    assert!(!w.is_idle(), "resent until the new process acknowledges");
+    out.clear();
+    let stranger = NodeId(99);
+    w.on_message(
+        T,
+        Envelope::new(stranger, W1, 1, Message::ProgressRequest),
+        &mut out,
+    );
+    assert!(progress_sends(&out).is_empty());
+    assert_eq!(out.events, vec![refused(stranger, Refusal::UnknownSender)]);
+}
+
+#[test]
 fn only_sent_slices_that_are_due_are_retransmitted() {
     let cfg = config(1, &[1], Consistency::Eventual);
     let mut wc = WorkerConfig::new(W1, COORD);

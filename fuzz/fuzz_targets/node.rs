@@ -129,6 +129,7 @@ enum Body {
     },
     CaughtUp(u8),
     Leave,
+    ProgressRequest,
 }
 
 impl Body {
@@ -347,6 +348,7 @@ fn message(body: Body) -> Message<i64> {
             epoch: u64::from(epoch % 4),
         },
         Body::Leave => Message::Leave,
+        Body::ProgressRequest => Message::ProgressRequest,
     }
 }
 

@@ -5,7 +5,7 @@ mod replication;
 mod shard;
 
 use core::hash::{Hash, Hasher};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::clock::RangeClock;
 use crate::cluster::Cluster;
@@ -124,6 +124,10 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Order
     leave_requested: bool,
     /// Messages from senders with a newer configuration than ours, replayed once we have it.
     early: Vec<Envelope<V>>,
+    /// Workers this process, which joined a running job, has not heard its progress from: an
+    /// earlier process with this id may have acknowledged it, so they would not resend it by
+    /// themselves. Asked with `ProgressRequest` on every heartbeat until they answer.
+    progress_unheard: BTreeSet<NodeId>,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -148,6 +152,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> PartialEq for Server<V, U, S>
             && self.started_configured == other.started_configured
             && self.leave_requested == other.leave_requested
             && self.early == other.early
+            && self.progress_unheard == other.progress_unheard
     }
 }
 
@@ -168,6 +173,7 @@ impl<V: Value + Hash, U: UpdateRule<V>, S: ParamStore<V>> Hash for Server<V, U, 
         self.started_configured.hash(state);
         self.leave_requested.hash(state);
         self.early.hash(state);
+        self.progress_unheard.hash(state);
         #[cfg(feature = "mutations")]
         self.mutation.hash(state);
     }
@@ -199,6 +205,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             started_configured: false,
             leave_requested: false,
             early: Vec::new(),
+            progress_unheard: BTreeSet::new(),
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -336,6 +343,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         out.set_timer(TimerId::Register, now + self.cfg.timing.register_retry);
     }
 
+    /// Asks every worker this process has not heard its progress from for it.
+    fn ask_for_progress(&self, out: &mut Effects<V>) {
+        for &w in &self.progress_unheard {
+            self.send(w, Message::ProgressRequest, out);
+        }
+    }
+
     fn send(&self, to: NodeId, body: Message<V>, out: &mut Effects<V>) {
         out.send(Envelope::new(self.cfg.id, to, self.epoch(), body));
     }
@@ -354,6 +368,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 self.send(self.cfg.coordinator, body, out);
                 // Either may have been lost; the coordinator waits for both.
                 self.report_caught_up(out);
+                self.ask_for_progress(out);
                 if self.leave_requested && self.is_member() {
                     self.send(self.cfg.coordinator, Message::Leave, out);
                 }
@@ -429,6 +444,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             Message::Push(push) => self.on_push(now, from, push, out),
             Message::Pull(pull) => self.on_pull(from, pull, out),
             Message::Progress { finished_below } => {
+                self.progress_unheard.remove(&from);
                 let clock = self.progress.entry(from).or_default();
                 clock.advance(KeyRange::FULL, finished_below);
                 let recorded = clock.min_in(KeyRange::FULL).unwrap_or(finished_below);
@@ -474,6 +490,10 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             })
             .collect();
         self.count_joiners_as_caught_up(&cluster);
+        if first && !fresh_start {
+            self.progress_unheard = cluster.workers().iter().copied().collect();
+        }
+        self.progress_unheard.retain(|w| cluster.is_worker(*w));
         let was_member = self.is_member();
         self.cluster = Some(cluster);
         if was_member && !self.is_member() {
@@ -499,6 +519,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             out.emit(Event::Ready {
                 epoch: self.epoch(),
             });
+            self.ask_for_progress(out);
         }
         self.apply_finished_iterations(now, out);
         self.arm_replication(now, out);

@@ -198,8 +198,8 @@ pub struct SimConfig {
     /// Servers of the job that ask to leave it while it runs, each at a seeded time.
     pub leave_servers: usize,
     /// Restart crashed servers (those the seed picks to restart) within the heartbeat timeout,
-    /// before the coordinator declares them dead, instead of after. Outside what the protocol
-    /// handles today: such a server is still a member and takes its ranges up again empty.
+    /// before the coordinator declares them dead, instead of after: the new process, still a
+    /// member, registers under a new incarnation, is taken off the ring and joins again.
     pub quick_restart: bool,
 }
 
