@@ -113,11 +113,11 @@ impl Cluster {
         pieces
     }
 
-    /// True when `node` holds `key` under the next ring but not under the ring in force.
-    pub(crate) fn is_learner(&self, node: NodeId, key: Key) -> bool {
-        self.next.as_ref().is_some_and(|next| {
-            next.owners(key).contains(&node) && !self.ring.owners(key).contains(&node)
-        })
+    /// True when the next ring gives `node` the key (whether or not it holds it now).
+    pub(crate) fn will_hold(&self, node: NodeId, key: Key) -> bool {
+        self.next
+            .as_ref()
+            .is_some_and(|next| next.owners(key).contains(&node))
     }
 
     pub(crate) fn primary(&self, key: Key) -> NodeId {

@@ -392,9 +392,12 @@ impl Coordinator {
             .pieces_in(KeyRange::FULL)
             .iter()
             .flat_map(|(piece, holders)| {
+                // Every holder of the next ring, not only those new to the piece: a server on
+                // the ring in force may not hold its piece yet either (a replica chosen when
+                // another server died during the change, still waiting for its copy).
                 holders
                     .iter()
-                    .filter(|&&n| cluster.is_learner(n, piece.start()))
+                    .filter(|&&n| cluster.will_hold(n, piece.start()))
                     .copied()
                     .collect::<Vec<_>>()
             })

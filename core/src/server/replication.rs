@@ -513,8 +513,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .collect();
     }
 
-    /// True while servers join or leave, the next ring gives this server ranges that the ring in
-    /// force does not, and it holds, in step with their primaries, a copy of each.
+    /// True while servers join or leave, the next ring gives this server ranges, and it holds
+    /// each of them: as their primary, or with a copy in step with their primary.
     pub(super) fn caught_up(&self) -> bool {
         let me = self.cfg.id;
         let Some(cluster) = self.cluster.as_ref().filter(|c| c.next.is_some()) else {
@@ -523,7 +523,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let pieces = cluster.pieces_in(KeyRange::FULL);
         let mut learning = pieces
             .iter()
-            .filter(|(piece, _)| cluster.is_learner(me, piece.start()))
+            .filter(|(piece, _)| cluster.will_hold(me, piece.start()))
             .peekable();
         learning.peek().is_some()
             && learning.all(|(piece, holders)| {
@@ -531,8 +531,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     .shard_starts_in(*piece)
                     .iter()
                     .filter_map(|s| self.shards.get(s))
-                    .filter(|s| {
-                        matches!(s.role, ShardRole::Replica { primary, synced: true } if primary == holders[0])
+                    .filter(|s| match s.role {
+                        ShardRole::Primary { .. } => holders[0] == me,
+                        ShardRole::Replica { primary, synced } => synced && primary == holders[0],
                     })
                     .filter_map(|s| s.range.intersect(*piece))
                     .map(KeyRange::len)
