@@ -36,6 +36,8 @@ struct Cluster {
     transfers: u64,
     drop_every: u64,
     dup_every: u64,
+    /// Copies of the range holding this key sent to this server are lost.
+    lost_copies: Option<(NodeId, Key)>,
     events: BTreeMap<NodeId, Vec<Event<i64>>>,
 }
 
@@ -96,6 +98,7 @@ impl Cluster {
             transfers: 0,
             drop_every: 0,
             dup_every: 0,
+            lost_copies: None,
             events: BTreeMap::new(),
         };
         cluster.collect();
@@ -124,11 +127,17 @@ impl Cluster {
                 }
                 self.sent += 1;
                 if let Ok(Envelope {
-                    body: Message::Transfer(_),
+                    body: Message::Transfer(copy),
                     ..
                 }) = Codec::new(usize::MAX).decode::<i64>(&t.frame)
                 {
                     self.transfers += 1;
+                    if self
+                        .lost_copies
+                        .is_some_and(|(to, k)| to == t.to && copy.range.contains(k))
+                    {
+                        continue;
+                    }
                 }
                 if self.drop_every > 0 && self.sent % self.drop_every == 0 {
                     continue;
@@ -581,6 +590,49 @@ fn durability_a_leaving_primary_does_not_acknowledge_what_its_successor_lacks() 
     c.cut.clear();
     assert!(c.run_until(60_000 * MS, |c| c.pushes_done(w) == 2));
     assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 3)));
+}
+
+#[test]
+fn durability_a_server_dying_during_a_change_holds_the_switch_until_its_range_is_refilled() {
+    let mut c = Cluster::new(4, 1, 1, Consistency::Eventual);
+    let w = NodeId(5);
+    let ring = c.config().ring;
+    let ring_of = |servers: &[NodeId]| Ring::new(servers.iter().copied(), ring).unwrap();
+    let all: Vec<NodeId> = (1..=4).map(NodeId).collect();
+    let without = |servers: &[NodeId], gone: NodeId| -> Vec<NodeId> {
+        servers.iter().copied().filter(|&s| s != gone).collect()
+    };
+    // A key whose primary `b` dies while its replica `a` leaves, so that the replica chosen in
+    // `b`'s place, `r`, is to be the key's primary once `a` is gone.
+    let (key, a, b, r) = Cluster::keys(512)
+        .into_iter()
+        .find_map(|k| {
+            let (b, a) = (ring_of(&all).owners(k)[0], ring_of(&all).owners(k)[1]);
+            let after_b = ring_of(&without(&all, b)).owners(k).to_vec();
+            let r = after_b[1];
+            let last = ring_of(&without(&without(&all, b), a)).primary(k);
+            (after_b[0] == a && last == r).then_some((k, a, b, r))
+        })
+        .expect("some key moves that way");
+    c.push(w, &[key], 5);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    // `r` gets no copy of the key's range until the copies go through again.
+    c.lost_copies = Some((r, key));
+    c.driver(a).leave().unwrap();
+    c.collect();
+    assert!(c.run_until(10_000 * MS, |c| c.config().leaving == [a]));
+    c.crash(b);
+    assert!(c.run_until(60_000 * MS, |c| !c.config().servers.contains(&b)));
+    c.run_until(3_000 * MS, |_| false);
+    assert!(
+        c.config().servers.contains(&a),
+        "the ring switched while {r} lacked the range it was to lead"
+    );
+    c.lost_copies = None;
+    let rest = without(&without(&all, b), a);
+    let rest: Vec<u32> = rest.iter().map(|n| n.0).collect();
+    assert!(c.run_until(60_000 * MS, |c| c.settled_on(&rest)));
+    assert_eq!(c.primary_value(key), 5);
 }
 
 #[test]
