@@ -369,6 +369,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 // Either may have been lost; the coordinator waits for both.
                 self.report_caught_up(out);
                 self.ask_for_progress(out);
+                self.ask_for_copies(out);
                 if self.leave_requested && self.is_member() {
                     self.send(self.cfg.coordinator, Message::Leave, out);
                 }

@@ -542,6 +542,44 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             })
     }
 
+    /// Tells each primary which of its ranges this server should follow but holds no copy in
+    /// step of. A primary may count this server in step: it missed the epoch in which this
+    /// server dropped the range, or this server's primary changed. It would otherwise only
+    /// find out with its next update, and a range nobody writes to any more would never be
+    /// copied.
+    pub(super) fn ask_for_copies(&self, out: &mut Effects<V>) {
+        let me = self.cfg.id;
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        let mut wanted: BTreeMap<NodeId, Vec<ShardAck>> = BTreeMap::new();
+        for (piece, holders) in cluster.pieces_in(KeyRange::FULL) {
+            if holders[1..].contains(&me) {
+                for gap in self.gaps_in(piece) {
+                    wanted.entry(holders[0]).or_default().push(ShardAck {
+                        range: gap,
+                        seq: None,
+                    });
+                }
+            }
+        }
+        for shard in self.shards.values() {
+            if let ShardRole::Replica {
+                primary,
+                synced: false,
+            } = shard.role
+            {
+                wanted.entry(primary).or_default().push(ShardAck {
+                    range: shard.range,
+                    seq: None,
+                });
+            }
+        }
+        for (primary, acks) in wanted {
+            self.send(primary, Message::ReplicateAck { acks }, out);
+        }
+    }
+
     /// Tells the coordinator, when it is so, that this server caught up with the change under
     /// way.
     pub(super) fn report_caught_up(&self, out: &mut Effects<V>) {
