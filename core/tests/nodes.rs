@@ -18,9 +18,7 @@ fn worker(id: NodeId, config: &ClusterConfig) -> Worker<i64> {
 
 fn server<U: UpdateRule<i64>>(id: u32, config: &ClusterConfig, updater: U) -> Server<i64, U> {
     let mut s = Server::new(ServerConfig::new(NodeId(id), COORD), updater);
-    let mut out = Effects::new();
-    s.start(0, &mut out);
-    s.on_message(0, deliver_config(NodeId(id), config), &mut out);
+    s.start_configured(0, config.clone(), &mut Effects::new());
     s
 }
 

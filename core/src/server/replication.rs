@@ -549,7 +549,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// copied.
     pub(super) fn ask_for_copies(&self, out: &mut Effects<V>) {
         let me = self.cfg.id;
-        let Some(cluster) = &self.cluster else {
+        // Only a change under way waits for every holder to hold its ranges; otherwise the
+        // next update sets the primary right.
+        let Some(cluster) = self.cluster.as_ref().filter(|c| c.next.is_some()) else {
             return;
         };
         let mut wanted: BTreeMap<NodeId, Vec<ShardAck>> = BTreeMap::new();
