@@ -42,8 +42,8 @@ fn varint(mut x: u64) -> Vec<u8> {
     out
 }
 
-/// version 1, value type f32, from 1, to 2, epoch 0.
-const HEADER: [u8; 5] = [1, 1, 1, 2, 0];
+/// Protocol version, value type f32, from 1, to 2, epoch 0.
+const HEADER: [u8; 5] = [PROTOCOL_VERSION as u8, 1, 1, 2, 0];
 
 #[test]
 fn a_short_frame_claiming_2_pow_40_keys_is_refused_before_allocating() {
