@@ -669,9 +669,12 @@ fn local_command(args: LocalArgs) -> ExitCode {
 
 #[derive(Args, Debug)]
 struct CheckArgs {
-    /// Model: cluster (the whole protocol), replication (the whole protocol with a primary and
-    /// a replica per key range on 3 servers, one of which may crash) or clock (the range
-    /// vector clock). The shape options change the replication model's shape too.
+    /// Model: cluster (the whole protocol), replication (key ranges copied between servers,
+    /// in two configurations checked one after the other: a primary and a replica per range on
+    /// 3 servers, one of which may crash; and 1 server holding every range while a second
+    /// joins at any point and takes a range over) or clock (the range vector clock). The shape
+    /// options change the replication model's shape too; giving --servers, --crashes, --joins
+    /// or --replicas checks the one configuration they describe.
     #[arg(long, default_value = "cluster")]
     model: check::ModelName,
     /// Explore breadth first (the default; shortest counterexamples, most memory).
@@ -687,8 +690,8 @@ struct CheckArgs {
     #[arg(long, default_value_t = 30)]
     timeout_secs: u64,
     /// Servers [default: 2]. Giving any of the shape options (servers, workers, keys,
-    /// iterations, crashes, network, consistency, registration, ring change, backoff) checks
-    /// that one shape, once per consistency model, instead of the default suite.
+    /// iterations, crashes, joins, network, consistency, registration, ring change, backoff)
+    /// checks that one shape, once per consistency model, instead of the default suite.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
     servers: Option<u32>,
     /// Workers [default: 2].
@@ -704,6 +707,14 @@ struct CheckArgs {
     /// Actors that may crash (adds heartbeats and failure detection) [default: 0].
     #[arg(long)]
     crashes: Option<usize>,
+    /// Servers that join while the job runs (replication model only): each registers at a
+    /// point the checker chooses, copies the ranges the next ring gives it and takes them
+    /// over [default: 0].
+    #[arg(long)]
+    joins: Option<usize>,
+    /// Replicas per key range (replication model only) [default: 1].
+    #[arg(long)]
+    replicas: Option<u32>,
     /// Network: ordered (per-pair FIFO, reliable, like TCP) or lossy (unordered, duplicating,
     /// lossy, like UDP) [default: lossy].
     #[arg(long, value_parser = check::network)]
@@ -761,47 +772,76 @@ fn check_command(args: CheckArgs) -> ExitCode {
         || args.keys.is_some()
         || args.iterations.is_some()
         || args.crashes.is_some()
+        || args.joins.is_some()
         || args.network.is_some()
         || !args.consistency.is_empty()
         || args.registration
         || args.ring_change
         || args.backoff;
     let replication = args.model == check::ModelName::Replication;
-    let defaults = if replication {
-        ClusterModelConfig::replication()
-    } else {
-        ClusterModelConfig::default()
+    if !replication && (args.joins.is_some() || args.replicas.is_some()) {
+        eprintln!(
+            "error: --joins and --replicas shape the replication model: add --model replication"
+        );
+        return ExitCode::from(2);
+    }
+    // The replication model checks fail-over and a join, each exhaustively, unless its servers
+    // are shaped on the command line: then the one configuration asked for.
+    let servers_given = args.servers.is_some()
+        || args.crashes.is_some()
+        || args.joins.is_some()
+        || args.replicas.is_some();
+    let bases = match (replication, servers_given) {
+        (true, false) => ClusterModelConfig::replication_suite(),
+        (true, true) => vec![ClusterModelConfig::replication()],
+        (false, _) => vec![ClusterModelConfig::default()],
     };
-    let (keys, iterations, crashes) = if replication {
-        (defaults.keys, defaults.iterations, defaults.crashes)
-    } else {
-        (1, 1, 0)
+    let shaped = |defaults: ClusterModelConfig| {
+        let (keys, iterations, crashes) = if replication {
+            (defaults.keys, defaults.iterations, defaults.crashes)
+        } else {
+            (1, 1, 0)
+        };
+        ClusterModelConfig {
+            servers: args.servers.map_or(defaults.servers, |n| n as usize),
+            workers: args.workers.map_or(defaults.workers, |n| n as usize),
+            keys: args.keys.unwrap_or(keys),
+            iterations: args.iterations.unwrap_or(iterations),
+            consistency: args
+                .consistency
+                .first()
+                .copied()
+                .unwrap_or(defaults.consistency),
+            network: args.network.unwrap_or(defaults.network),
+            crashes: args.crashes.unwrap_or(crashes),
+            registration: args.registration,
+            ring_change: args.ring_change,
+            replicas: args.replicas.unwrap_or(defaults.replicas),
+            backoff: args.backoff,
+            joins: args.joins.unwrap_or(defaults.joins),
+        }
     };
-    let base = ClusterModelConfig {
-        servers: args.servers.map_or(defaults.servers, |n| n as usize),
-        workers: args.workers.map_or(defaults.workers, |n| n as usize),
-        keys: args.keys.unwrap_or(keys),
-        iterations: args.iterations.unwrap_or(iterations),
-        consistency: args
-            .consistency
-            .first()
-            .copied()
-            .unwrap_or(defaults.consistency),
-        network: args.network.unwrap_or(defaults.network),
-        crashes: args.crashes.unwrap_or(crashes),
-        registration: args.registration,
-        ring_change: args.ring_change,
-        replicas: defaults.replicas,
-        backoff: args.backoff,
-    };
+    let bases: Vec<ClusterModelConfig> = bases.into_iter().map(shaped).collect();
+    if bases
+        .iter()
+        .any(|b| b.joins > 0 && (b.registration || b.ring_change))
+    {
+        eprintln!(
+            "error: a server join does not combine with --registration or --ring-change (give --joins 0 to check fail-over alone)"
+        );
+        return ExitCode::from(2);
+    }
+    let base = bases[0].clone();
     let configs: Vec<ClusterModelConfig> = if replication && args.consistency.is_empty() {
-        vec![base.clone()]
+        bases
     } else if shape_given || replication {
-        models
+        bases
             .iter()
-            .map(|&consistency| ClusterModelConfig {
-                consistency,
-                ..base.clone()
+            .flat_map(|b| {
+                models.iter().map(|&consistency| ClusterModelConfig {
+                    consistency,
+                    ..b.clone()
+                })
             })
             .collect()
     } else {

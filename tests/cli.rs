@@ -290,20 +290,32 @@ fn check_prints_a_verdict_per_property_and_the_summary_line() {
     }
 }
 
-/// The replication model with a worker that runs no iteration: the crash, the fail-over and
-/// the refilled replicas, small enough for a test (the default shape takes minutes).
+/// The replication model with a worker that runs no iteration, in both its configurations:
+/// the crash, the fail-over and the refilled replicas; the join, the copy and the switch.
+/// Small enough for a test (the default shape takes minutes).
 #[test]
-fn check_model_replication_fails_over_and_checks_the_replication_properties() {
+fn check_model_replication_fails_over_joins_and_checks_the_replication_properties() {
     let out = pserver()
         .args(["check", "--model", "replication", "--iterations", "0"])
         .output()
         .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
+    let heads: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("model cluster"))
+        .collect();
+    assert_eq!(heads.len(), 2, "{text}");
     assert!(
-        text.lines().next().is_some_and(|l| l.contains("servers=3")
-            && l.contains("crashes=1")
-            && l.contains("replicas=1")),
+        heads[0].contains("servers=3")
+            && heads[0].contains("crashes=1")
+            && heads[0].contains("replicas=1"),
+        "{text}"
+    );
+    assert!(
+        heads[1].contains("servers=1")
+            && heads[1].contains("crashes=0")
+            && heads[1].contains("joins=1"),
         "{text}"
     );
     for property in [
@@ -315,12 +327,48 @@ fn check_model_replication_fails_over_and_checks_the_replication_properties() {
         "livelock-free",
     ] {
         let line = format!("property {property}: holds");
-        assert_eq!(text.lines().filter(|l| *l == line).count(), 1, "{text}");
+        assert_eq!(text.lines().filter(|l| *l == line).count(), 2, "{text}");
     }
-    for found in ["primary failed over", "replica refilled"] {
+    for found in ["primary failed over", "server joined", "replica refilled"] {
         assert!(text.contains(&format!("property {found}: found")), "{text}");
     }
     assert!(text.lines().last().unwrap().starts_with("check states="));
+}
+
+/// The shape options that place servers check the one configuration they describe.
+#[test]
+fn check_model_replication_with_joins_checks_that_one_shape() {
+    let out = pserver()
+        .args([
+            "check",
+            "--model",
+            "replication",
+            "--iterations",
+            "0",
+            "--servers",
+            "1",
+            "--replicas",
+            "0",
+            "--crashes",
+            "0",
+            "--joins",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let heads: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("model cluster"))
+        .collect();
+    assert_eq!(heads.len(), 1, "{text}");
+    assert!(heads[0].contains("joins=1"), "{text}");
+    assert!(text.contains("property server joined: found"), "{text}");
+    let refused = pserver().args(["check", "--joins", "1"]).output().unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let err = String::from_utf8(refused.stderr).unwrap();
+    assert!(err.contains("--model replication"), "{err}");
 }
 
 #[cfg(feature = "mutations")]

@@ -18,7 +18,8 @@ use stateright::{Checker, Model};
 pub enum ModelName {
     /// The whole protocol: coordinator, servers, workers.
     Cluster,
-    /// The whole protocol with replicated key ranges and a server crash: fail-over.
+    /// The whole protocol with key ranges copied between servers: fail-over after a server
+    /// crash, and a server joining.
     Replication,
     /// The range vector clock against a per-key clock.
     Clock,
@@ -97,8 +98,11 @@ pub fn describe_config(cfg: &ClusterModelConfig) -> String {
         cfg.iterations,
         cfg.crashes
     );
-    if cfg.replicas > 0 {
+    if cfg.copies_ranges() {
         let _ = write!(line, " replicas={}", cfg.replicas);
+    }
+    if cfg.joins > 0 {
+        let _ = write!(line, " joins={}", cfg.joins);
     }
     for (on, flag) in [
         (cfg.registration, " registration"),

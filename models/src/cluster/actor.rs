@@ -45,7 +45,7 @@ pub enum ModelTimer {
     /// coordinator finds this server silent, having heard from every other member, for as many
     /// failure checks as it takes to declare it dead. The checker fires it at any point; runs
     /// where it names a server that has not crashed are outside the model (an accurate
-    /// failure detector), and once one fired the others are cancelled.
+    /// failure detector), and once one declared a server dead the others are cancelled.
     Detect(NodeId),
 }
 
@@ -277,12 +277,12 @@ impl ClusterActor {
         let settings = Settings {
             timer_tag: 0,
             detect: Vec::new(),
-            heartbeat_marks_crash: cfg.crashes > 0 && cfg.replicas > 0,
-            failure_detection: cfg.crashes > 0 && cfg.replicas == 0,
+            heartbeat_marks_crash: cfg.crashes > 0 && cfg.copies_ranges(),
+            failure_detection: cfg.crashes > 0 && !cfg.copies_ranges(),
             retransmission: cfg.network == NetworkKind::Lossy,
             config: coordinator.config().cloned(),
             backoff: cfg.backoff && cfg.network == NetworkKind::Lossy,
-            held_keys: if cfg.replicas > 0 {
+            held_keys: if cfg.copies_ranges() {
                 cfg.key_list()
             } else {
                 Vec::new()
@@ -324,12 +324,24 @@ impl ClusterActor {
             };
             ClusterActor::Worker(wc, settings.clone(), script)
         }));
+        // A joining server starts as a fresh process that registers: its `Register` is on the
+        // network from the start, and the checker delivers it at any point of the run.
+        actors.extend(cfg.joiner_ids().map(|id| {
+            let mut sc = ServerConfig::new(id, cfg.coordinator());
+            sc.timing = timing;
+            sc.width = width;
+            let settings = Settings {
+                config: None,
+                ..server_settings.clone()
+            };
+            ClusterActor::Server(sc, settings)
+        }));
         if cfg.crashes > 0 {
             for (i, actor) in actors.iter_mut().enumerate() {
                 actor.settings_mut().timer_tag = i as u32;
             }
-            if cfg.replicas > 0 {
-                actors[0].settings_mut().detect = cfg.server_ids().collect();
+            if cfg.copies_ranges() {
+                actors[0].settings_mut().detect = cfg.all_server_ids().collect();
             }
         }
         Ok(actors)
@@ -337,13 +349,13 @@ impl ClusterActor {
 }
 
 /// The coordinator's failure checks find `victim` silent: before each check every other member
-/// is heard from (a heartbeat at the current epoch), and as many checks run as it takes to
-/// declare a silent member dead.
+/// (joining servers included) is heard from (a heartbeat at the current epoch), and as many
+/// checks run as it takes to declare a silent member dead.
 fn detect(c: &mut Coordinator, victim: NodeId, out: &mut Effects<i64>) {
     let Some(config) = c.config() else {
         return;
     };
-    if !config.servers.contains(&victim) {
+    if !config.servers.contains(&victim) && !config.joining.contains(&victim) {
         return;
     }
     for _ in 0..DETECTION_CHECKS {
@@ -356,6 +368,7 @@ fn detect(c: &mut Coordinator, victim: NodeId, out: &mut Effects<i64>) {
                 .workers
                 .iter()
                 .chain(&config.servers)
+                .chain(&config.joining)
                 .copied()
                 .filter(|&n| n != victim)
                 .collect(),
@@ -629,10 +642,17 @@ impl Actor for ClusterActor {
                 if let (ClusterActor::Coordinator(_, settings), ClusterActorState::Coordinator(c)) =
                     (self, state.to_mut())
                 {
+                    let dead = c.dead().len();
                     detect(c, victim, &mut out);
                     forward(&mut out, settings, o);
-                    for &server in &settings.detect {
-                        o.cancel_timer(ModelTimer::Detect(server));
+                    if c.dead().len() > dead {
+                        for &server in &settings.detect {
+                            o.cancel_timer(ModelTimer::Detect(server));
+                        }
+                    } else {
+                        // Not a member yet (a server that has still to join): it may be
+                        // found silent once it is.
+                        o.set_timer(ModelTimer::Detect(victim), model_timeout());
                     }
                 }
                 return;

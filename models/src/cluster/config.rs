@@ -69,6 +69,16 @@ pub struct ClusterModelConfig {
     /// clock that a retransmission timer moves to its deadline, and retransmits at most
     /// [`MAX_RETRANSMISSIONS`] times, which keeps the clocks, and so the state space, finite.
     pub backoff: bool,
+    /// Servers that join while the job runs: server processes outside the first ring (node ids
+    /// after the workers', [`ClusterModelConfig::joiner_ids`]) that register with the
+    /// coordinator when the checker delivers their `Register`, at any point of the run. The
+    /// coordinator lists them as joining, they copy the ranges the next ring gives them and
+    /// follow their updates, and once they caught up the ring switches
+    /// ([`pserver_core::Phase::Reconfiguring`]). Ranges move with their data, with or without
+    /// replicas, so the replication properties are checked
+    /// ([`ClusterModelConfig::copies_ranges`]). Not with `registration` or `ring_change`: a
+    /// join is into a job that runs on its first configuration.
+    pub joins: usize,
 }
 
 /// Retransmission timer firings each worker gets when [`ClusterModelConfig::backoff`] is on.
@@ -88,20 +98,21 @@ impl Default for ClusterModelConfig {
             ring_change: false,
             replicas: 0,
             backoff: false,
+            joins: 0,
         }
     }
 }
 
 impl ClusterModelConfig {
-    /// The replication model (`pserver check --model replication`): three servers, each key
-    /// range with a primary and one replica, one server crash with failure detection, on the
-    /// ordered network. One worker pushes one key in one iteration and pulls it, under
-    /// eventual consistency: the smallest job in which a push is replicated, its primary may
-    /// die before or after acknowledging it, the range fails over to the replica and a new
-    /// replica is refilled with a copy, and which is still checked exhaustively in minutes
-    /// (about 1.2 million distinct states; sequential consistency adds a `Progress` to every
-    /// server and an `ApplyBelow` step on every shard, and does not fit in 8 GB). README,
-    /// "Model checking", has the measurements.
+    /// The replication model's fail-over configuration, the first of
+    /// [`ClusterModelConfig::replication_suite`]: three servers, each key range with a primary
+    /// and one replica, one server crash with failure detection, on the ordered network. One
+    /// worker pushes one key in one iteration and pulls it, under eventual consistency: the
+    /// smallest job in which a push is replicated, its primary may die before or after
+    /// acknowledging it, the range fails over to the replica and a new replica is refilled with
+    /// a copy, and which is still checked exhaustively in minutes (sequential consistency adds
+    /// a `Progress` to every server and an `ApplyBelow` step on every shard, and does not fit
+    /// in 8 GB). README, "Model checking", has the measurements.
     pub fn replication() -> Self {
         ClusterModelConfig {
             servers: 3,
@@ -114,6 +125,43 @@ impl ClusterModelConfig {
             replicas: 1,
             ..ClusterModelConfig::default()
         }
+    }
+
+    /// The replication model's join configuration, the second of
+    /// [`ClusterModelConfig::replication_suite`]: one server holds the whole key space, and a
+    /// second server registers at a point the checker chooses and takes the key's range over
+    /// (the ring's seed makes it the key's primary), with the same job as
+    /// [`ClusterModelConfig::replication`]. The range is copied to the new server while pushes
+    /// go on, the new server follows its updates and counts for acknowledgements, the ring
+    /// switches once it caught up, and the worker resends what it has not seen acknowledged to
+    /// the new primary: the smallest shape in which a copy is followed by a resend of a push
+    /// the copy already holds. No replicas: with one replica per range on two servers, a join
+    /// exceeded 48 million distinct states (README, "Model checking").
+    pub fn replication_join() -> Self {
+        ClusterModelConfig {
+            servers: 1,
+            crashes: 0,
+            replicas: 0,
+            joins: 1,
+            ..ClusterModelConfig::replication()
+        }
+    }
+
+    /// What `pserver check --model replication` checks, each configuration exhaustively:
+    /// fail-over ([`ClusterModelConfig::replication`]) and a join
+    /// ([`ClusterModelConfig::replication_join`]). Together they would be checked in one
+    /// model only at a size far beyond minutes: a join alone multiplies the states of the job
+    /// it runs beside by hundreds.
+    pub fn replication_suite() -> Vec<Self> {
+        vec![Self::replication(), Self::replication_join()]
+    }
+
+    /// Whether key ranges are copied between servers, by replication or to servers that join:
+    /// then every holder of a range holds its own copy of the same pushes, properties judge
+    /// each holder, and the replication properties (`durability`, `single-owner`,
+    /// `replica-convergence`) are checked.
+    pub fn copies_ranges(&self) -> bool {
+        self.replicas > 0 || self.joins > 0
     }
 
     /// How the model numbers its actors (actor index = node id).
@@ -137,6 +185,22 @@ impl ClusterModelConfig {
     /// Worker node ids (the actors after the servers).
     pub fn worker_ids(&self) -> impl Iterator<Item = NodeId> {
         self.layout().workers()
+    }
+
+    /// Node ids of the servers that join while the job runs (the actors after the workers).
+    pub fn joiner_ids(&self) -> impl Iterator<Item = NodeId> + use<> {
+        let first = (self.servers + self.workers + 1) as u32;
+        (first..first + self.joins as u32).map(NodeId)
+    }
+
+    /// Every server node id: those of the first ring, then those that join.
+    pub fn all_server_ids(&self) -> impl Iterator<Item = NodeId> + use<> {
+        self.layout().servers().chain(self.joiner_ids())
+    }
+
+    /// Whether the actor at `index` (= node id) is a server, of the first ring or joining.
+    pub fn is_server_actor(&self, index: usize) -> bool {
+        self.all_server_ids().any(|id| id.0 as usize == index)
     }
 
     /// The keys, spread evenly over the key space.
@@ -181,27 +245,35 @@ impl ClusterModelConfig {
     /// requests really are sliced. With replicas, one virtual node per server: every segment
     /// is a shard with its own update order, and in sequential mode every primary shard takes
     /// an `ApplyBelow` step for every iteration and streams it to its replica, so each segment
-    /// multiplies the messages in flight.
+    /// multiplies the messages in flight. With [`ClusterModelConfig::joins`], the seed also
+    /// makes the first server to join the primary of the first key once every joiner is on the
+    /// ring: the key's range moves to a server that starts without it.
     pub fn ring(&self) -> RingConfig {
         let keys = self.key_list();
+        let joined: Vec<NodeId> = self.all_server_ids().collect();
+        let first_joiner = self.joiner_ids().next();
         let spread = |seed: u64| {
             let config = RingConfig {
-                vnodes: if self.replicas > 0 { 1 } else { 2 },
+                vnodes: if self.copies_ranges() { 1 } else { 2 },
                 replicas: self.replicas,
                 seed,
             };
             let Ok(ring) = Ring::new(self.server_ids(), config) else {
-                return (0, config);
+                return (0, false, config);
             };
             let mut owners: Vec<NodeId> = keys.iter().map(|&k| ring.primary(k)).collect();
             owners.sort();
             owners.dedup();
-            (owners.len(), config)
+            let moves_to_joiner = first_joiner.is_none_or(|j| {
+                Ring::new(joined.iter().copied(), config)
+                    .is_ok_and(|next| keys.first().is_some_and(|&k| next.primary(k) == j))
+            });
+            (owners.len(), moves_to_joiner, config)
         };
         let want = self.servers.min(keys.len());
         (0..64)
             .map(spread)
-            .find(|(n, _)| *n >= want)
-            .map_or_else(|| spread(0).1, |(_, c)| c)
+            .find(|&(n, moves, _)| n >= want && moves)
+            .map_or_else(|| spread(0).2, |(_, _, c)| c)
     }
 }

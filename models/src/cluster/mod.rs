@@ -22,13 +22,16 @@
 //!   job can still finish. Stateright's `eventually` only follows acyclic paths, and
 //!   `completion` never looks at a state where a retransmission timer is pending, so a worker
 //!   retransmitting forever to a server that never answers escapes both; this search does not.
-//! - with replicas ([`ClusterModelConfig::replicas`], the replication model):
-//!   `durability` (no acknowledged push lost while at most `replicas` servers are lost),
-//!   `single-owner` (one primary per key and epoch; at quiescence the coordinator's) and
-//!   `replica-convergence` (at quiescence replicas hold what their primary holds), always; and
-//!   `exactly-once` judged per range holder instead of summed over servers.
+//! - with ranges copied between servers ([`ClusterModelConfig::replicas`] or
+//!   [`ClusterModelConfig::joins`], the replication model): `durability` (no acknowledged push
+//!   lost while at most `replicas` servers are lost), `single-owner` (one primary per key and
+//!   epoch; at quiescence the coordinator's) and `replica-convergence` (at quiescence replicas
+//!   hold what their primary holds), always; and `exactly-once` judged per range holder
+//!   instead of summed over servers.
 //! - reachability (sometimes): a pull had to wait, a duplicate push was suppressed, a redirect
-//!   was followed, a retransmission timeout was doubled, the whole job finished.
+//!   was followed, a retransmission timeout was doubled, the whole job finished; in the
+//!   replication model, a range failed over to its replica (with crashes), a server that
+//!   joined serves a range (with joins), a new holder installed a copy.
 //!
 //! The lossy network is stateright's unordered duplicating network without explicit drops: a
 //! message that is never delivered again is indistinguishable, for every safety property, from
@@ -43,6 +46,11 @@
 //! With replicas, only servers crash and failure detection is an accurate oracle
 //! ([`ModelTimer::Detect`]): heartbeats and periodic failure checks would multiply every state
 //! by their interleavings.
+//!
+//! A server that joins ([`ClusterModelConfig::joins`]) is an actor after the workers that
+//! starts as a fresh server process: its `Register` is on the network from the start, so the
+//! checker chooses when the coordinator admits it, and from then on it runs the core's join
+//! (copy, follow, catch up, switch) like any server.
 
 mod actor;
 mod check;
@@ -83,7 +91,8 @@ pub fn cluster_model(cfg: ClusterModelConfig) -> Result<ClusterModel, Coordinato
         NetworkKind::Lossy => (Network::new_unordered_duplicating([]), LossyNetwork::No),
     };
     let crashes = cfg.crashes;
-    let replicated = cfg.replicas > 0;
+    let joins = cfg.joins;
+    let replicated = cfg.copies_ranges();
     let mut model = ActorModel::new(cfg, ())
         .within_boundary(within_boundary)
         .actors(actors)
@@ -122,14 +131,18 @@ pub fn cluster_model(cfg: ClusterModelConfig) -> Result<ClusterModel, Coordinato
             "retransmission backed off",
             backed_off,
         );
+    if replicated && crashes > 0 {
+        model = model.property(
+            Expectation::Sometimes,
+            "primary failed over",
+            primary_failed_over,
+        );
+    }
+    if replicated && joins > 0 {
+        model = model.property(Expectation::Sometimes, "server joined", server_joined);
+    }
     if replicated {
-        model = model
-            .property(
-                Expectation::Sometimes,
-                "primary failed over",
-                primary_failed_over,
-            )
-            .property(Expectation::Sometimes, "replica refilled", replica_refilled);
+        model = model.property(Expectation::Sometimes, "replica refilled", replica_refilled);
     }
     Ok(model.property(Expectation::Sometimes, "job finished", job_finished))
 }
@@ -144,9 +157,6 @@ pub fn property_names(model: &ClusterModel) -> Vec<&'static str> {
 /// longer channel are not explored further.
 pub const MAX_CHANNEL: usize = 3;
 
-/// With replicas, only servers crash, and the failure detector is accurate: a state where the
-/// coordinator or a worker crashed, or where the coordinator declared a server dead that has
-/// not crashed, is outside the model and not explored.
 /// Heartbeats one channel of the ordered network may hold in the replication model. Every
 /// heartbeat carries the same thing (its time is always 0 in the model), and the coordinator
 /// only notes that the sender is alive, so a second heartbeat queued behind the first adds no
@@ -155,17 +165,21 @@ pub const MAX_CHANNEL: usize = 3;
 /// heartbeats without losing a behaviour.
 pub const MAX_HEARTBEATS: usize = 1;
 
+/// In the replication model only servers crash (those of the first ring or joining), and the
+/// failure detector is accurate: a state where the coordinator or a worker crashed, or where
+/// the coordinator declared a server dead that has not crashed, is outside the model and not
+/// explored.
 fn within_boundary(cfg: &ClusterModelConfig, state: &ClusterState) -> bool {
-    if cfg.replicas > 0
+    if cfg.copies_ranges()
         && state
             .crashed
             .iter()
             .enumerate()
-            .any(|(i, &crashed)| crashed && !(1..=cfg.servers).contains(&i))
+            .any(|(i, &crashed)| crashed && !cfg.is_server_actor(i))
     {
         return false;
     }
-    if cfg.replicas > 0
+    if cfg.copies_ranges()
         && coordinator(state).is_some_and(|c| c.dead().iter().any(|d| !state.crashed[d.0 as usize]))
     {
         return false;
@@ -261,7 +275,7 @@ fn most_held(model: &ClusterModel, state: &ClusterState, k: u64) -> Vec<i64> {
 /// the range as primary at the coordinator's epoch.
 fn exactly_once(model: &ClusterModel, state: &ClusterState) -> bool {
     let ws = worker_states(state);
-    if model.cfg.replicas > 0 {
+    if model.cfg.copies_ranges() {
         return exactly_once_per_holder(model, state, &ws);
     }
     model.cfg.key_list().iter().all(|&k| {
@@ -349,7 +363,7 @@ fn lost_servers(model: &ClusterModel, state: &ClusterState) -> usize {
     let dead = coordinator(state).map(Coordinator::dead);
     model
         .cfg
-        .server_ids()
+        .all_server_ids()
         .filter(|&id| state.crashed[id.0 as usize] || dead.is_some_and(|d| d.contains(&id)))
         .count()
 }
@@ -468,7 +482,7 @@ fn pull_complete(model: &ClusterModel, state: &ClusterState) -> bool {
     let applied: Vec<Vec<i64>> = keys
         .iter()
         .map(|&k| {
-            if cfg.replicas > 0 {
+            if cfg.copies_ranges() {
                 most_held(model, state, k)
             } else {
                 server_values(model, state, k, false)
@@ -524,21 +538,26 @@ fn quiescent(model: &ClusterModel, state: &ClusterState) -> bool {
     idle_network && idle_timers && !failure_pending(model, state)
 }
 
-/// With replicas, a crashed server that the coordinator still counts as a member: its ranges
-/// will pass to their replicas once the failure checks find it silent, so the heartbeats and
-/// failure checks still have work to do.
+/// With replicas, a crashed server that the coordinator still counts as a member, on the ring
+/// or joining it: its ranges will pass to their replicas (or its join be called off) once the
+/// failure checks find it silent, so the heartbeats and failure checks still have work to do.
 fn failure_pending(model: &ClusterModel, state: &ClusterState) -> bool {
-    model.cfg.replicas > 0
+    model.cfg.copies_ranges()
         && coordinator(state)
             .and_then(Coordinator::config)
-            .is_some_and(|c| c.servers.iter().any(|&s| state.crashed[s.0 as usize]))
+            .is_some_and(|c| {
+                c.servers
+                    .iter()
+                    .chain(&c.joining)
+                    .any(|&s| state.crashed[s.0 as usize])
+            })
 }
 
 /// Runs whose requests may be lost, so that completion is not asked of them: without replicas,
 /// any run where a server (or the coordinator) crashed; with replicas (where only servers
 /// crash), runs that lost more servers than there are replicas.
 fn lost_server(model: &ClusterModel, state: &ClusterState) -> bool {
-    if model.cfg.replicas > 0 {
+    if model.cfg.copies_ranges() {
         return lost_servers(model, state) > model.cfg.replicas as usize;
     }
     let worker_ids: Vec<usize> = workers(state).map(|(i, _)| i).collect();
@@ -585,8 +604,8 @@ fn backed_off(_: &ClusterModel, state: &ClusterState) -> bool {
     workers(state).any(|(_, w)| w.backed_off)
 }
 
-/// Some key's primary in the coordinator's ring is no longer its primary of the first epoch,
-/// and the new primary serves it.
+/// Some key's primary in the coordinator's ring is no longer its primary of the first epoch
+/// but another server of the first ring (its replica), and the new primary serves it.
 fn primary_failed_over(model: &ClusterModel, state: &ClusterState) -> bool {
     let Ok(first) = Ring::new(model.cfg.server_ids(), model.cfg.ring()) else {
         return false;
@@ -595,7 +614,22 @@ fn primary_failed_over(model: &ClusterModel, state: &ClusterState) -> bool {
         return false;
     };
     model.cfg.key_list().iter().any(|&k| {
-        ring.primary(k) != first.primary(k) && serving_primary(state, epoch, &ring, k).is_some()
+        let now = ring.primary(k);
+        now != first.primary(k)
+            && first.servers().contains(&now)
+            && serving_primary(state, epoch, &ring, k).is_some()
+    })
+}
+
+/// A server that joined while the job ran is the primary of some key in the coordinator's ring
+/// and serves it.
+fn server_joined(model: &ClusterModel, state: &ClusterState) -> bool {
+    let Some((epoch, ring)) = current_ring(state) else {
+        return false;
+    };
+    model.cfg.key_list().iter().any(|&k| {
+        model.cfg.joiner_ids().any(|j| j == ring.primary(k))
+            && serving_primary(state, epoch, &ring, k).is_some()
     })
 }
 
