@@ -188,6 +188,7 @@ impl Coordinator {
             .map(|&s| (s, Role::Server))
             .chain(config.workers.iter().map(|&w| (w, Role::Worker)));
         c.members.extend(roles);
+        c.incarnations.extend(config.incarnations.iter().copied());
         c.config = Some(config);
         Ok(c)
     }
@@ -291,6 +292,15 @@ impl Coordinator {
         self.silent_checks.remove(&from);
         match env.body {
             Message::Register { role, incarnation } => {
+                if let Some(&known) = self.incarnations.get(&from).filter(|&&i| incarnation < i) {
+                    return out.refuse(
+                        from,
+                        Refusal::OtherIncarnation {
+                            known,
+                            claimed: incarnation,
+                        },
+                    );
+                }
                 let known = self.incarnations.get(&from) == Some(&incarnation);
                 if !self.dead.contains(&from) && self.config.is_none() {
                     self.members.entry(from).or_insert(role);
@@ -373,6 +383,7 @@ impl Coordinator {
     fn publish<V: Value>(&mut self, mut next: ClusterConfig, out: &mut Effects<V>) {
         next.epoch = self.epoch() + 1;
         next.hand_over_shares();
+        next.incarnations = server_incarnations(&self.incarnations, &next);
         self.config = Some(next);
         self.caught_up.clear();
         self.broadcast(out);
@@ -440,7 +451,11 @@ impl Coordinator {
             joining: Vec::new(),
             leaving: Vec::new(),
             shares: of(Role::Worker),
+            incarnations: Vec::new(),
         });
+        if let Some(config) = &mut self.config {
+            config.incarnations = server_incarnations(&self.incarnations, config);
+        }
         out.emit(Event::Ready { epoch: 1 });
         self.broadcast(out);
     }
@@ -513,4 +528,24 @@ impl Coordinator {
         }
         self.publish(next, out);
     }
+}
+
+/// The registered incarnation of every server member of `config`, sorted by node
+/// ([`ClusterConfig::incarnations`]).
+fn server_incarnations(
+    registered: &BTreeMap<NodeId, u64>,
+    config: &ClusterConfig,
+) -> Vec<(NodeId, u64)> {
+    let mut servers: Vec<NodeId> = config
+        .servers
+        .iter()
+        .chain(&config.joining)
+        .copied()
+        .collect();
+    servers.sort_unstable();
+    servers.dedup();
+    servers
+        .into_iter()
+        .filter_map(|n| registered.get(&n).map(|&i| (n, i)))
+        .collect()
 }

@@ -44,7 +44,8 @@ pub enum TimerCmd {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Event<V: Value> {
-    /// The node received its first configuration and serves requests.
+    /// The node received its first configuration and serves requests (a server: the first
+    /// configuration that lists it as a member).
     Ready {
         /// The configuration's epoch.
         epoch: Epoch,
@@ -117,6 +118,17 @@ pub enum Refusal {
     Overflow,
     /// The node has been removed from the cluster and takes no more messages.
     Fenced,
+    /// The message speaks of another process of the same server node than the one the
+    /// receiver knows: a configuration listing this server process under the incarnation of
+    /// an earlier start (the process keeps registering until the coordinator lists it), or a
+    /// registration from an earlier start than the one the coordinator took last (a late
+    /// resend from a process that is gone).
+    OtherIncarnation {
+        /// The incarnation the receiver knows: its own, or the one registered last.
+        known: u64,
+        /// The incarnation the message speaks of.
+        claimed: u64,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -136,6 +148,10 @@ impl fmt::Display for Refusal {
             Refusal::BadAnswer => f.write_str("answer does not match the slice it answers"),
             Refusal::Overflow => f.write_str("too many messages waiting for a configuration"),
             Refusal::Fenced => f.write_str("this node was removed from the cluster"),
+            Refusal::OtherIncarnation { known, claimed } => write!(
+                f,
+                "speaks of incarnation {claimed} of the node, not of incarnation {known}"
+            ),
         }
     }
 }

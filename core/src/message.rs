@@ -13,7 +13,7 @@ use crate::value::Value;
 use crate::wire::seq;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;
@@ -196,6 +196,13 @@ pub struct ClusterConfig {
     /// part of the work is left undone.
     #[serde(with = "seq")]
     pub shares: Vec<NodeId>,
+    /// The incarnation each server member (on the ring or joining) registered with, sorted by
+    /// node. A server process that finds itself listed under another incarnation is a
+    /// restart of that node the coordinator has not heard from yet: the configuration speaks
+    /// of the earlier process, whose ranges the new one does not hold. A server missing from
+    /// the list (a configuration made by hand, say) is taken at its word.
+    #[serde(with = "seq")]
+    pub incarnations: Vec<(NodeId, u64)>,
 }
 
 impl ClusterConfig {
@@ -216,6 +223,7 @@ impl ClusterConfig {
     ///     joining: vec![],
     ///     leaving: vec![],
     ///     shares: vec![NodeId(4)],
+    ///     incarnations: vec![],
     /// };
     /// let next = config.without_server(NodeId(1)).unwrap();
     /// assert_eq!((next.epoch, &next.servers[..]), (2, &[NodeId(2), NodeId(3)][..]));
@@ -254,6 +262,15 @@ impl ClusterConfig {
                 ..next
             }
         })
+    }
+
+    /// The incarnation `server` registered with, if the configuration records it (see
+    /// [`ClusterConfig::incarnations`]).
+    pub fn incarnation_of(&self, server: NodeId) -> Option<u64> {
+        self.incarnations
+            .binary_search_by_key(&server, |&(n, _)| n)
+            .ok()
+            .map(|i| self.incarnations[i].1)
     }
 
     /// True while servers are joining or leaving.
@@ -305,6 +322,7 @@ impl ClusterConfig {
     ///     joining: vec![],
     ///     leaving: vec![],
     ///     shares: vec![w(2), w(3), w(4)],
+    ///     incarnations: vec![],
     /// };
     /// config.workers.retain(|&n| n != w(3));
     /// config.hand_over_shares();

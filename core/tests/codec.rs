@@ -120,6 +120,7 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                         seed,
                     },
                     consistency,
+                    incarnations: joining.iter().map(|&n| (n, epoch ^ 7)).collect(),
                     joining,
                     shares: leaving.iter().rev().copied().collect(),
                     leaving,
@@ -349,7 +350,10 @@ fn an_unknown_version_is_refused_with_a_clear_error() {
             supported: PROTOCOL_VERSION
         }
     );
-    assert!(err.to_string().contains("unsupported protocol version 3"));
+    assert!(err.to_string().contains(&format!(
+        "unsupported protocol version {}",
+        PROTOCOL_VERSION + 1
+    )));
 }
 
 #[test]

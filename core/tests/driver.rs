@@ -22,6 +22,7 @@ fn config(workers: &[NodeId], consistency: Consistency) -> ClusterConfig {
         joining: Vec::new(),
         leaving: Vec::new(),
         shares: workers.to_vec(),
+        incarnations: Vec::new(),
     }
 }
 

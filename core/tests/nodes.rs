@@ -854,3 +854,50 @@ fn the_coordinator_answers_only_stale_heartbeats_and_admits_latecomers_in_a_new_
     assert_eq!(told, vec![NodeId(1), W1, W2, late]);
     assert!(out.events.is_empty(), "{out:?}");
 }
+
+fn register_as(c: &mut Coordinator, from: NodeId, incarnation: u64, out: &mut Effects<i64>) {
+    let body = Message::Register {
+        role: Role::Server,
+        incarnation,
+    };
+    c.on_message(0, Envelope::new(from, COORD, 0, body), out);
+}
+
+/// Every configuration names the incarnation each server registered with, so that a restarted
+/// process can tell a configuration about its earlier start from one about itself; and a late
+/// registration of an earlier start does not take the node off the ring again.
+#[test]
+fn the_coordinator_lists_registered_incarnations_and_refuses_earlier_ones() {
+    let mut job = CoordinatorConfig::new(COORD, 2, 1);
+    job.ring = ring();
+    let mut c = Coordinator::new(job).unwrap();
+    let mut out = Effects::new();
+    register_as(&mut c, NodeId(1), 5, &mut out);
+    register_as(&mut c, NodeId(2), 6, &mut out);
+    register(&mut c, 0, W1, Role::Worker, &mut out);
+    let first = c.config().unwrap().clone();
+    assert_eq!(first.incarnations, vec![(NodeId(1), 5), (NodeId(2), 6)]);
+    assert_eq!(first.incarnation_of(NodeId(2)), Some(6));
+    assert_eq!(first.incarnation_of(W1), None);
+    // The node restarts: the new process is taken off the ring and joins under its own
+    // incarnation.
+    register_as(&mut c, NodeId(1), 9, &mut out);
+    let next = c.config().unwrap().clone();
+    assert_eq!((next.epoch, &next.joining[..]), (2, &[NodeId(1)][..]));
+    assert_eq!(next.incarnations, vec![(NodeId(1), 9), (NodeId(2), 6)]);
+    // A resend from the process that is gone changes nothing, and is reported.
+    out.clear();
+    register_as(&mut c, NodeId(1), 5, &mut out);
+    assert_eq!(c.config(), Some(&next));
+    assert!(out.sends.is_empty());
+    assert_eq!(
+        out.events,
+        vec![Event::Refused {
+            from: NodeId(1),
+            reason: Refusal::OtherIncarnation {
+                known: 9,
+                claimed: 5
+            }
+        }]
+    );
+}

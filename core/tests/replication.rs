@@ -654,6 +654,62 @@ fn a_restarted_server_rejoins_as_a_new_member() {
     c.assert_converged(&keys);
 }
 
+/// A process that restarts quickly may hear of a configuration before its own registration
+/// reaches the coordinator: here its registrations are lost, and a worker joining makes the
+/// coordinator broadcast a configuration that still gives the node the ranges its earlier
+/// process held. The new process holds none of them; it must not serve them, but wait until
+/// it is listed under its own incarnation, while its ranges fail over to their replicas.
+#[test]
+fn exactly_once_a_quickly_restarted_server_waits_to_be_listed_under_its_own_incarnation() {
+    let mut c = Cluster::new(3, 1, 1, Consistency::Eventual);
+    let keys = Cluster::keys(32);
+    let (w, s1) = (NodeId(4), NodeId(1));
+    c.push(w, &keys, 4);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    // A first restart, so that the configuration records the node's incarnation.
+    c.crash(s1);
+    c.start_server(s1);
+    assert!(c.run_until(60_000 * MS, |c| c.settled_on(&[1, 2, 3])));
+    assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 4)));
+    let earlier = c.config().incarnation_of(s1);
+    assert!(earlier.is_some());
+    // The second restart cannot reach the coordinator.
+    c.now += MS;
+    c.crash(s1);
+    c.cut.insert((s1, COORD));
+    c.start_server(s1);
+    c.events.remove(&s1);
+    let mut d = Driver::new(Worker::new(WorkerConfig::new(NodeId(9), COORD)));
+    d.start(c.now);
+    c.nodes.insert(NodeId(9), d);
+    c.collect();
+    assert!(c.run_until(10_000 * MS, |c| c.config().workers.len() == 2));
+    assert!(c.config().servers.contains(&s1));
+    assert_eq!(c.config().incarnation_of(s1), earlier);
+    // The worker pushes meanwhile: the node's ranges fail over to their replicas, whose copies
+    // hold the earlier pushes.
+    c.push(w, &keys, 1);
+    assert!(c.run_until(60_000 * MS, |c| c.pushes_done(w) == 2));
+    let events = &c.events[&s1];
+    assert!(
+        !events.iter().any(|e| matches!(e, Event::Ready { .. })),
+        "the new process served before it was listed: {events:?}"
+    );
+    assert!(events.iter().any(|e| matches!(
+        e,
+        Event::Refused {
+            reason: Refusal::OtherIncarnation { .. },
+            ..
+        }
+    )));
+    c.cut.clear();
+    assert!(c.run_until(60_000 * MS, |c| c.settled_on(&[1, 2, 3])));
+    assert_ne!(c.config().incarnation_of(s1), earlier);
+    assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 5)));
+    c.assert_single_owner(&keys);
+    c.assert_converged(&keys);
+}
+
 #[test]
 fn a_server_declared_dead_that_comes_back_joins_again() {
     let mut c = Cluster::new(3, 1, 1, Consistency::Eventual);
@@ -1002,6 +1058,7 @@ fn a_copy_brings_the_workers_range_clocks_with_it() {
         joining,
         leaving: Vec::new(),
         shares: vec![w],
+        incarnations: Vec::new(),
     };
     let next = Ring::new([s1, s2], ring).unwrap();
     let (range, _) = next

@@ -541,3 +541,64 @@ fn adagrad_keeps_one_accumulator_per_value_of_a_row() {
     let v = s.value(4).unwrap();
     assert_eq!(v, &[-1.0 - 0.8, -1.0 - 0.6][..]);
 }
+
+/// A restarted server process that hears of a configuration before its own registration
+/// reached the coordinator must not take the ranges that configuration gives its node: they
+/// were held by the earlier process, and serving them from empty shards would lose what was
+/// acknowledged there. It refuses the configuration, visibly, and keeps registering until it
+/// is listed under its own incarnation.
+#[test]
+fn exactly_once_a_restarted_server_refuses_a_configuration_of_its_earlier_process() {
+    let mut sc = ServerConfig::new(S1, COORD);
+    sc.incarnation = 7;
+    let mut s: Server<i64> = Server::new(sc, Updater::Sum);
+    let mut out = Effects::new();
+    s.start(0, &mut out);
+    let mut earlier = config(2, &[1, 2], &[W1], Consistency::Eventual);
+    earlier.incarnations = vec![(S1, 3), (NodeId(2), 1)];
+    out.clear();
+    s.on_message(0, deliver_config(S1, &earlier), &mut out);
+    assert_eq!(
+        out.events,
+        vec![Event::Refused {
+            from: COORD,
+            reason: Refusal::OtherIncarnation {
+                known: 7,
+                claimed: 3
+            }
+        }]
+    );
+    assert!(!s.is_member());
+    assert_eq!(s.epoch(), 0);
+    // Still registering: the retry timer was not cancelled and fires a new registration.
+    out.clear();
+    s.on_timer(5_000, TimerId::Register, &mut out);
+    assert!(out.sends.iter().any(|e| e.body
+        == Message::Register {
+            role: Role::Server,
+            incarnation: 7
+        }));
+    // The coordinator took the registration: it lists the node as joining, under incarnation 7.
+    let mut own = config(3, &[2], &[W1], Consistency::Eventual);
+    own.joining = vec![S1];
+    own.incarnations = vec![(S1, 7), (NodeId(2), 1)];
+    out.clear();
+    s.on_message(5_000, deliver_config(S1, &own), &mut out);
+    assert!(out.events.contains(&Event::Ready { epoch: 3 }));
+    assert!(s.is_member());
+}
+
+/// A configuration that does not record incarnations (made by hand, or by a coordinator that
+/// was handed its members) is taken as it stands.
+#[test]
+fn a_configuration_without_incarnations_is_adopted_by_any_process() {
+    let mut sc = ServerConfig::new(S1, COORD);
+    sc.incarnation = 7;
+    let s = configured::<i64, _>(
+        sc,
+        &config(1, &[1], &[W1], Consistency::Eventual),
+        Updater::Sum,
+    );
+    assert_eq!(s.epoch(), 1);
+    assert!(s.is_member());
+}

@@ -182,10 +182,18 @@ fn message(body: Body) -> Message<i64> {
             joining,
         } => {
             let servers = members(servers | 1, 1);
-            let joining = members(joining, 1)
+            let joining: Vec<NodeId> = members(joining, 1)
                 .into_iter()
                 .filter(|s| !servers.contains(s))
                 .collect();
+            // Some configurations name the server under test with another incarnation than
+            // its own (0): they speak of an earlier process, which it must refuse.
+            let mut incarnations: Vec<(NodeId, u64)> = servers
+                .iter()
+                .chain(&joining)
+                .map(|&s| (s, u64::from(epoch % 2)))
+                .collect();
+            incarnations.sort_unstable();
             Message::Config(ClusterConfig {
                 epoch: u64::from(epoch),
                 coordinator: COORD,
@@ -199,6 +207,7 @@ fn message(body: Body) -> Message<i64> {
                 joining,
                 leaving: Vec::new(),
                 shares: members(workers, 8),
+                incarnations,
                 consistency: match consistency % 3 {
                     0 => Consistency::Sequential,
                     1 => Consistency::BoundedDelay(u32::from(consistency % 4)),

@@ -42,9 +42,11 @@ pub struct ServerConfig {
     pub width: usize,
     /// Timeouts and intervals.
     pub timing: Timing,
-    /// Which start of this server process this is. Give every start a different value (the
-    /// start time will do): the coordinator takes a registration with a new incarnation for a
-    /// restart that lost the server's state, and one with the same incarnation for a resend.
+    /// Which start of this server process this is. Give every start a larger value than the
+    /// last (the start time will do): the coordinator takes a registration with a new
+    /// incarnation for a restart that lost the server's state, one with the same incarnation
+    /// for a resend, and refuses one with a smaller incarnation (a late resend of a process
+    /// that is gone).
     pub incarnation: u64,
     /// Largest answer, in bytes of keys and values, to a pull of key ranges; a larger answer is
     /// sent in parts (see [`PullReply::resume`]). Copies of shards for new replicas are cut to
@@ -122,6 +124,10 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Order
     started_configured: bool,
     /// [`Server::leave`] was called.
     leave_requested: bool,
+    /// A configuration this process adopted listed it as a member (on the ring or joining):
+    /// until then it keeps registering, whatever configurations it hears of that do not list
+    /// it (one broadcast before its registration reached the coordinator, say).
+    listed: bool,
     /// Messages from senders with a newer configuration than ours, replayed once we have it.
     early: Vec<Envelope<V>>,
     /// Workers this process, which joined a running job, has not heard its progress from: an
@@ -151,6 +157,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> PartialEq for Server<V, U, S>
             && self.replication_attempts == other.replication_attempts
             && self.started_configured == other.started_configured
             && self.leave_requested == other.leave_requested
+            && self.listed == other.listed
             && self.early == other.early
             && self.progress_unheard == other.progress_unheard
     }
@@ -172,6 +179,7 @@ impl<V: Value + Hash, U: UpdateRule<V>, S: ParamStore<V>> Hash for Server<V, U, 
         self.replication_attempts.hash(state);
         self.started_configured.hash(state);
         self.leave_requested.hash(state);
+        self.listed.hash(state);
         self.early.hash(state);
         self.progress_unheard.hash(state);
         #[cfg(feature = "mutations")]
@@ -204,6 +212,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             replication_attempts: 0,
             started_configured: false,
             leave_requested: false,
+            listed: false,
             early: Vec::new(),
             progress_unheard: BTreeSet::new(),
             #[cfg(feature = "mutations")]
@@ -357,7 +366,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// Call when a timer this server set fires.
     pub fn on_timer(&mut self, now: Time, timer: TimerId, out: &mut Effects<V>) {
         match timer {
-            TimerId::Register if self.cluster.is_none() => self.register(now, out),
+            TimerId::Register if !self.listed => self.register(now, out),
             TimerId::Replicate => {
                 self.replication_timer = false;
                 self.resend_replication(Resend::Lost, out);
@@ -467,6 +476,20 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     fn adopt(&mut self, now: Time, from: NodeId, config: ClusterConfig, out: &mut Effects<V>) {
+        let mine = self.cfg.incarnation;
+        if let Some(listed) = config.incarnation_of(self.cfg.id).filter(|&i| i != mine) {
+            // The configuration gives ranges to an earlier start of this node, which held
+            // them; this process holds none of it, and serving them would answer pulls and
+            // de-duplicate pushes from empty shards. It waits for a configuration that lists
+            // it under its own incarnation.
+            return out.refuse(
+                from,
+                Refusal::OtherIncarnation {
+                    known: mine,
+                    claimed: listed,
+                },
+            );
+        }
         let cluster = match Cluster::successor(self.cluster.as_ref(), config) {
             Ok(Some(cluster)) => cluster,
             Ok(None) => return,
@@ -515,7 +538,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         // left has is acknowledged now.
         self.ack_replicated(out);
         self.report_caught_up(out);
-        if first {
+        if !self.listed && self.is_member() {
+            self.listed = true;
             out.cancel_timer(TimerId::Register);
             out.emit(Event::Ready {
                 epoch: self.epoch(),

@@ -32,6 +32,7 @@ pub(crate) fn config(
         joining: Vec::new(),
         leaving: Vec::new(),
         shares: workers.to_vec(),
+        incarnations: Vec::new(),
     }
 }
 
