@@ -1116,6 +1116,7 @@ fn sim_command(args: SimArgs) -> ExitCode {
     if base.crash_servers > 0 || base.ring.replicas > 0 || base.join_servers > 0 {
         println!("{}", batch.server_fault_summary());
         println!("{}", batch.recovery_summary());
+        println!("{}", batch.replication_summary());
     }
     println!("{}", batch.summary());
     if batch.failures.is_empty() {

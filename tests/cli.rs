@@ -199,12 +199,20 @@ fn sim_crashes_servers_and_prints_recovery_times_before_the_summary() {
     assert!(out.status.success(), "{text}");
     let lines: Vec<&str> = text.lines().collect();
     let n = lines.len();
-    assert!(n >= 3, "{text}");
+    assert!(n >= 4, "{text}");
     assert!(
         lines[n - 1].starts_with("sim seeds=12 failed=0 steps="),
         "{text}"
     );
-    let recovery = lines[n - 2];
+    let traffic = lines[n - 2];
+    assert!(traffic.starts_with("replication pushed_values="), "{text}");
+    let ratio: f64 = traffic
+        .rsplit("ratio=")
+        .next()
+        .and_then(|r| r.parse().ok())
+        .unwrap();
+    assert!(ratio > 0.0, "{text}");
+    let recovery = lines[n - 3];
     assert!(recovery.starts_with("recovery_ms mean="), "{text}");
     let crashes: usize = recovery
         .rsplit("crashes=")
@@ -212,7 +220,7 @@ fn sim_crashes_servers_and_prints_recovery_times_before_the_summary() {
         .and_then(|c| c.parse().ok())
         .unwrap();
     assert!(crashes > 0, "{text}");
-    assert!(lines[n - 3].starts_with("server_faults crashes="), "{text}");
+    assert!(lines[n - 4].starts_with("server_faults crashes="), "{text}");
 }
 
 #[test]

@@ -441,8 +441,14 @@ pub enum ShardUpdate<V: Value> {
 pub struct Replicate<V: Value> {
     /// The shard's key range.
     pub range: KeyRange,
-    /// Position in the shard's update order: replicas apply `seq` only right after `seq - 1`.
+    /// Position in the shard's update order: the last step this entry stands for.
     pub seq: u64,
+    /// How many consecutive steps of the update order, ending at `seq`, this entry stands
+    /// for: replicas apply it only right after step `seq - span`. Usually 1; more when a
+    /// primary ships the buffered pushes of one iteration that queued up while its replicas
+    /// were still acknowledging earlier steps as one sum (ARCHITECTURE.md §8). An entry with a
+    /// span of 0, or one reaching below step 1, is refused.
+    pub span: u64,
     /// What changed.
     pub update: ShardUpdate<V>,
     /// De-duplication state the update adds.

@@ -150,14 +150,19 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
             .prop_map(|(worker, segments)| ClockRecord { worker, segments }),
         0..3,
     );
-    let replicate = (range(), any::<u64>(), shard_update::<V>(), dedupe()).prop_map(
-        |(range, seq, update, dedupe)| Replicate {
+    let replicate = (
+        range(),
+        (any::<u64>(), any::<u64>()),
+        shard_update::<V>(),
+        dedupe(),
+    )
+        .prop_map(|(range, (seq, span), update, dedupe)| Replicate {
             range,
             seq,
+            span,
             update,
             dedupe,
-        },
-    );
+        });
     prop_oneof![
         (role, any::<u64>())
             .prop_map(|(role, incarnation)| Message::Register { role, incarnation }),

@@ -299,6 +299,8 @@ fn message(body: Body) -> Message<i64> {
                 updates: vec![Replicate {
                     range: range(from_key, to_key),
                     seq: u64::from(seq % 8),
+                    // Spans of 0 and spans reaching below step 1 must be refused.
+                    span: u64::from(seq / 8 % 4),
                     update,
                     dedupe,
                 }],

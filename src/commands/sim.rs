@@ -24,6 +24,10 @@ pub struct Batch {
     pub server_faults: ServerFaults,
     /// Recovery time of every server crash recovered from, over all successful runs.
     pub recoveries: Vec<pserver_core::Time>,
+    /// Values workers sent in pushes, over all successful runs.
+    pub pushed_values: u64,
+    /// Values primaries sent their replicas in updates, over all successful runs.
+    pub replicated_values: u64,
 }
 
 impl Batch {
@@ -51,6 +55,20 @@ impl Batch {
         };
         let max = self.recoveries.iter().copied().max().map_or(0.0, ms);
         format!("recovery_ms mean={mean:.1} max={max:.1} crashes={n}")
+    }
+
+    /// Replication traffic against push traffic, in values sent (resends included):
+    /// `replication pushed_values=P replicated_values=R ratio=R/P`.
+    pub fn replication_summary(&self) -> String {
+        let ratio = if self.pushed_values == 0 {
+            0.0
+        } else {
+            self.replicated_values as f64 / self.pushed_values as f64
+        };
+        format!(
+            "replication pushed_values={} replicated_values={} ratio={ratio:.3}",
+            self.pushed_values, self.replicated_values
+        )
     }
 
     /// The server faults injected, by kind: `server_faults crashes=C restarts=R
@@ -105,6 +123,8 @@ pub fn run_seeds(
     let tickets = Tickets::new(first, first.saturating_add(seeds));
     let steps = AtomicU64::new(0);
     let redirects = AtomicU64::new(0);
+    let pushed = AtomicU64::new(0);
+    let replicated = AtomicU64::new(0);
     let failures = Mutex::new(Vec::new());
     let faults = Mutex::new((ServerFaults::default(), Vec::new()));
     let bar = if progress {
@@ -128,6 +148,8 @@ pub fn run_seeds(
                         Ok(report) => {
                             steps.fetch_add(report.steps, Ordering::Relaxed);
                             redirects.fetch_add(report.redirects, Ordering::Relaxed);
+                            pushed.fetch_add(report.pushed_values, Ordering::Relaxed);
+                            replicated.fetch_add(report.replicated_values, Ordering::Relaxed);
                             if let Ok(mut f) = faults.lock() {
                                 f.0.add(&report.server_faults);
                                 f.1.extend_from_slice(&report.recoveries);
@@ -158,6 +180,8 @@ pub fn run_seeds(
         failures,
         steps: steps.into_inner(),
         redirects: redirects.into_inner(),
+        pushed_values: pushed.into_inner(),
+        replicated_values: replicated.into_inner(),
         secs: start.elapsed().as_secs_f64(),
     }
 }

@@ -519,6 +519,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
         self.progress_unheard.retain(|w| cluster.is_worker(*w));
         let was_member = self.is_member();
+        // What is queued goes to the replicas of the ring it was taken in under.
+        self.ship_queued(true, out);
         self.cluster = Some(cluster);
         if was_member && !self.is_member() {
             // It left, or the coordinator declared it dead: its ranges are served elsewhere
@@ -665,6 +667,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 let entry = Replicate {
                     range: shard.range,
                     seq: shard.seq + 1,
+                    span: 1,
                     update,
                     dedupe: vec![record],
                 };
@@ -726,6 +729,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 (s.applied_below < done_below).then(|| Replicate {
                     range: s.range,
                     seq: s.seq + 1,
+                    span: 1,
                     update: ShardUpdate::ApplyBelow(done_below),
                     dedupe: Vec::new(),
                 })

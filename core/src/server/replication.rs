@@ -12,7 +12,7 @@ use crate::updater::UpdateRule;
 use crate::value::Value;
 
 use super::Server;
-use super::shard::{ReplicaState, Shard, ShardRole, restrict};
+use super::shard::{ReplicaState, Shard, ShardRole, first_step, restrict};
 
 /// Updates a primary keeps per shard for replicas that are behind; beyond this, a replica
 /// catches up with a whole copy.
@@ -36,42 +36,46 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// Applies `entry` to the primary shard it names and streams it to the replicas that are
-    /// in step; the others catch up from the log or a copy.
+    /// in step (or queues it, [`Shard::take_step`]); the others catch up from the log or a
+    /// copy.
     pub(super) fn commit(&mut self, entry: Replicate<V>, out: &mut Effects<V>) {
         let negate = self.negate();
+        let width = self.cfg.width;
         let Some(shard) = self.shards.get_mut(&entry.range.start()) else {
             return;
         };
-        shard.apply_update(&entry, &self.updater, negate);
-        let ShardRole::Primary { log, replicas } = &mut shard.role else {
-            return;
-        };
-        if replicas.is_empty() {
+        let steps = shard.take_step(entry, &self.updater, negate, width);
+        let in_step = shard.ship(&steps);
+        self.send_steps(&in_step, steps, out);
+    }
+
+    fn send_steps(&self, to: &[NodeId], steps: Vec<Replicate<V>>, out: &mut Effects<V>) {
+        if steps.is_empty() {
             return;
         }
-        let in_step: Vec<NodeId> = replicas
-            .iter()
-            .filter(|(_, r)| matches!(r, ReplicaState::Acked(_)))
-            .map(|(&n, _)| n)
-            .collect();
-        log.push(entry.clone());
-        if log.len() > MAX_LOG {
-            // A replica this far behind (cut off, or about to be declared dead) catches up
-            // with a whole copy instead of holding the log, and so memory, without bound.
-            let oldest = log.len() - MAX_LOG;
-            let dropped_below = log[oldest].seq;
-            log.drain(..oldest);
-            for state in replicas.values_mut() {
-                if matches!(*state, ReplicaState::Acked(a) if a + 1 < dropped_below) {
-                    *state = ReplicaState::NeedsCopy;
-                }
-            }
-        }
-        for replica in in_step {
+        for &replica in to {
             let body = Message::Replicate {
-                updates: vec![entry.clone()],
+                updates: steps.clone(),
             };
             self.send(replica, body, out);
+        }
+    }
+
+    /// Ships the queued buffered pushes of every primary shard whose replicas acknowledged
+    /// what went before, or of every one with `force` (a copy is about to be cut, the ring
+    /// changes, the replication timer says what was shipped may be lost).
+    pub(super) fn ship_queued(&mut self, force: bool, out: &mut Effects<V>) {
+        let width = self.cfg.width;
+        let mut sends = Vec::new();
+        for shard in self.shards.values_mut() {
+            if shard.may_ship_queued(force) {
+                let steps = shard.ship_queued(width);
+                let in_step = shard.ship(&steps);
+                sends.push((in_step, steps));
+            }
+        }
+        for (to, steps) in sends {
+            self.send_steps(&to, steps, out);
         }
     }
 
@@ -121,7 +125,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let behind = self.shards.values().any(|s| match &s.role {
             ShardRole::Primary { replicas, .. } => replicas
                 .values()
-                .any(|r| !matches!(r, ReplicaState::Acked(a) if *a >= s.seq)),
+                .any(|r| !matches!(r, ReplicaState::Acked(a) if *a >= s.shipped_seq())),
             ShardRole::Replica { .. } => false,
         });
         if !behind {
@@ -142,6 +146,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// `scope` says which shards and which copies: a copy already on its way is sent again
     /// only when the timer says it was lost.
     pub(super) fn resend_replication(&mut self, scope: Resend, out: &mut Effects<V>) {
+        // Copies are cut from the shards as they stand: nothing may stay queued behind them.
+        self.ship_queued(true, out);
         self.cut_for_copies();
         let width = self.cfg.width;
         let aux_width = self.updater.aux_width();
@@ -155,11 +161,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 }
             }
             let copy_needed: Vec<NodeId> = match &shard.role {
-                ShardRole::Primary { log, replicas } => replicas
+                ShardRole::Primary { log, replicas, .. } => replicas
                     .iter()
                     .filter_map(|(&n, r)| match *r {
                         ReplicaState::Acked(a) if a >= seq => None,
-                        ReplicaState::Acked(a) if log.first().is_some_and(|e| e.seq <= a + 1) => {
+                        ReplicaState::Acked(a)
+                            if log.first().is_some_and(|e| first_step(e) <= a + 1) =>
+                        {
                             let updates = log.iter().filter(|e| e.seq > a).cloned().collect();
                             sends.push((n, Message::Replicate { updates }));
                             None
@@ -238,7 +246,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let negate = self.negate();
         let mut acks = Vec::new();
         for entry in updates {
-            if !self.is_replica_of(from, entry.range) {
+            if entry.span == 0 || entry.span > entry.seq || !self.is_replica_of(from, entry.range) {
                 out.refuse(from, Refusal::Unexpected);
                 continue;
             }
@@ -261,7 +269,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             let mut seq = u64::MAX;
             for start in starts {
                 if let Some(shard) = self.shards.get_mut(&start) {
-                    if entry.seq == shard.seq + 1 {
+                    if entry.seq - entry.span == shard.seq {
                         shard.apply_update(&restrict(&entry, shard.range), &self.updater, negate);
                     }
                     seq = seq.min(shard.seq);
@@ -304,6 +312,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 (copying, None) => copying,
             });
         }
+        self.ship_queued(false, out);
         self.ack_replicated(out);
         self.arm_replication(now, out);
     }
@@ -446,7 +455,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                         ShardRole::Primary { log, .. } => core::mem::take(log),
                         ShardRole::Replica { .. } => Vec::new(),
                     };
-                    shard.role = ShardRole::Primary { log, replicas };
+                    shard.role = ShardRole::Primary {
+                        log,
+                        replicas,
+                        queued: Vec::new(),
+                    };
                     shard.trim_log();
                 }
                 Some(_) => {
@@ -480,6 +493,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     ShardRole::Primary {
                         log: Vec::new(),
                         replicas: holders[1..].iter().map(|&n| (n, start_as)).collect(),
+                        queued: Vec::new(),
                     }
                 } else if fresh_start || promote_stale {
                     ShardRole::Replica {

@@ -13,6 +13,8 @@ use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
 
+use super::replication::MAX_LOG;
+
 /// How far a replica has come in a shard's update order, as its primary knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum ReplicaState {
@@ -43,6 +45,10 @@ pub(crate) enum ShardRole<V: Value> {
         log: Vec<Replicate<V>>,
         /// Every replica of the range and how far it has come.
         replicas: BTreeMap<NodeId, ReplicaState>,
+        /// Buffered pushes applied here but not shipped yet: they arrived while the replicas
+        /// were still acknowledging earlier steps, and go out together, one sum per
+        /// iteration, once they have ([`Shard::ship`]).
+        queued: Vec<Replicate<V>>,
     },
     /// It follows `primary`'s update order. `synced` is false from the moment the primary
     /// changed until the new primary's copy arrived: the old copy is kept (it holds every
@@ -158,14 +164,23 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
             }
         }
         let role_high = match &mut self.role {
-            ShardRole::Primary { log, replicas } => {
+            ShardRole::Primary {
+                log,
+                replicas,
+                queued,
+            } => {
                 let high_log = log.iter().map(|e| restrict(e, high)).collect();
                 for e in log.iter_mut() {
+                    *e = restrict(e, low);
+                }
+                let high_queued = queued.iter().map(|e| restrict(e, high)).collect();
+                for e in queued.iter_mut() {
                     *e = restrict(e, low);
                 }
                 ShardRole::Primary {
                     log: high_log,
                     replicas: replicas.clone(),
+                    queued: high_queued,
                 }
             }
             replica => replica.clone(),
@@ -278,12 +293,161 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
     /// no longer reaches back to what it has.
     pub(crate) fn needs_copy(&self) -> bool {
         match &self.role {
-            ShardRole::Primary { log, replicas } => replicas.values().any(|r| match *r {
-                ReplicaState::Acked(a) => a < self.seq && log.first().is_none_or(|e| e.seq > a + 1),
+            ShardRole::Primary { log, replicas, .. } => replicas.values().any(|r| match *r {
+                ReplicaState::Acked(a) => {
+                    a < self.shipped_seq() && log.first().is_none_or(|e| first_step(e) > a + 1)
+                }
                 ReplicaState::NeedsCopy | ReplicaState::Copying(_) => true,
             }),
             ShardRole::Replica { .. } => false,
         }
+    }
+
+    /// The last step shipped to the replicas: steps after it are queued.
+    pub(crate) fn shipped_seq(&self) -> u64 {
+        match &self.role {
+            ShardRole::Primary { queued, .. } => {
+                queued.first().map_or(self.seq, |e| first_step(e) - 1)
+            }
+            ShardRole::Replica { .. } => self.seq,
+        }
+    }
+
+    /// True when a replica in step has not acknowledged everything shipped to it yet.
+    fn awaiting_acks(&self) -> bool {
+        let shipped = self.shipped_seq();
+        match &self.role {
+            ShardRole::Primary { replicas, .. } => replicas
+                .values()
+                .any(|r| matches!(r, ReplicaState::Acked(a) if *a < shipped)),
+            ShardRole::Replica { .. } => false,
+        }
+    }
+
+    /// True when steps are queued and may be shipped: the replicas acknowledged what went
+    /// before, or `force`.
+    pub(crate) fn may_ship_queued(&self, force: bool) -> bool {
+        matches!(&self.role, ShardRole::Primary { queued, .. } if !queued.is_empty())
+            && (force || !self.awaiting_acks())
+    }
+
+    /// Takes `entry`, a step of this primary shard's update order, and returns the steps to
+    /// ship to the replicas now (group commit). A buffered push (sequential mode) that
+    /// arrives while the replicas are still acknowledging earlier steps is applied here and
+    /// queued: the pushes of one iteration that queue up go out as their sum
+    /// ([`Shard::ship_queued`]) once the replicas acknowledged. Any other step ships the
+    /// queue first, then itself: an iteration is applied (`ApplyBelow`) only after its
+    /// buffered pushes were shipped, in the form both sides sum.
+    pub(crate) fn take_step<U: UpdateRule<V>>(
+        &mut self,
+        entry: Replicate<V>,
+        updater: &U,
+        negate: bool,
+        width: usize,
+    ) -> Vec<Replicate<V>> {
+        let buffered = matches!(entry.update, ShardUpdate::Buffer { .. });
+        let mut ship = if buffered {
+            Vec::new()
+        } else {
+            self.ship_queued(width)
+        };
+        let queue = buffered && (self.awaiting_acks() || self.may_ship_queued(true));
+        self.apply_update(&entry, updater, negate);
+        let ShardRole::Primary {
+            replicas, queued, ..
+        } = &mut self.role
+        else {
+            return Vec::new();
+        };
+        if replicas.is_empty() {
+            return Vec::new();
+        }
+        if queue {
+            queued.push(entry);
+        } else {
+            ship.push(entry);
+        }
+        ship
+    }
+
+    /// Empties the queue into the steps to ship: per iteration (in order) one buffered step
+    /// holding the key-wise sum of its queued pushes, spanning their steps, with every queued
+    /// push's de-duplication record, in arrival order, on the last. This shard's own buffer
+    /// keeps the same sum in place of the pushes it sums, so that primary and replicas sum an
+    /// iteration from the same parts and hold the same bits.
+    pub(crate) fn ship_queued(&mut self, width: usize) -> Vec<Replicate<V>> {
+        let ShardRole::Primary { queued, .. } = &mut self.role else {
+            return Vec::new();
+        };
+        let queue = core::mem::take(queued);
+        let (Some(first), Some(last)) = (queue.first(), queue.last()) else {
+            return Vec::new();
+        };
+        let (first, last) = (first_step(first), last.seq);
+        let mut groups: BTreeMap<Iteration, Vec<KvPairs<V>>> = BTreeMap::new();
+        let mut dedupe = Vec::new();
+        for entry in queue {
+            if let ShardUpdate::Buffer { iteration, kvs } = entry.update {
+                groups.entry(iteration).or_default().push(kvs);
+            }
+            dedupe.extend(entry.dedupe);
+        }
+        let steps = last - first + 1;
+        let k = groups.len() as u64;
+        let mut ship = Vec::with_capacity(groups.len());
+        for (j, (iteration, batch)) in groups.into_iter().enumerate() {
+            let j = j as u64;
+            let sum = sum_by_key(&batch, width);
+            if let Some(parts) = self.pending.get_mut(&iteration) {
+                parts.truncate(parts.len().saturating_sub(batch.len()));
+                parts.push(sum.slice(self.range));
+            }
+            ship.push(Replicate {
+                range: self.range,
+                seq: last - (k - 1 - j),
+                span: if j == 0 { steps - k + 1 } else { 1 },
+                update: ShardUpdate::Buffer {
+                    iteration,
+                    kvs: sum,
+                },
+                dedupe: Vec::new(),
+            });
+        }
+        if let Some(entry) = ship.last_mut() {
+            entry.dedupe = dedupe;
+        }
+        ship
+    }
+
+    /// Logs `entries` for replicas that fall behind and returns the replicas in step, to
+    /// send them. A replica that would need more than [`MAX_LOG`] steps catches up with a
+    /// whole copy instead.
+    pub(crate) fn ship(&mut self, entries: &[Replicate<V>]) -> Vec<NodeId> {
+        let ShardRole::Primary { log, replicas, .. } = &mut self.role else {
+            return Vec::new();
+        };
+        if entries.is_empty() || replicas.is_empty() {
+            return Vec::new();
+        }
+        let in_step: Vec<NodeId> = replicas
+            .iter()
+            .filter(|(_, r)| matches!(r, ReplicaState::Acked(_)))
+            .map(|(&n, _)| n)
+            .collect();
+        log.extend_from_slice(entries);
+        if log.len() > MAX_LOG {
+            // A replica this far behind (cut off, or about to be declared dead) catches up
+            // with a whole copy instead of holding the log, and so memory, without bound.
+            let oldest = log.len() - MAX_LOG;
+            let dropped_below = first_step(&log[oldest]);
+            log.drain(..oldest);
+            for state in replicas.values_mut() {
+                if matches!(*state, ReplicaState::Acked(a) if a + 1 < dropped_below) {
+                    *state = ReplicaState::NeedsCopy;
+                }
+            }
+        }
+        in_step
     }
 
     /// True when every replica has applied update `seq`.
@@ -334,6 +498,11 @@ impl<V: Value + Hash, S: ParamStore<V>> Hash for Shard<V, S> {
     }
 }
 
+/// The first step of the update order `entry` stands for.
+pub(crate) fn first_step<V: Value>(entry: &Replicate<V>) -> u64 {
+    (entry.seq + 1).saturating_sub(entry.span)
+}
+
 /// The record of a push's fresh rows for the de-duplication state.
 pub(crate) fn record_of<V: Value>(
     worker: NodeId,
@@ -369,6 +538,7 @@ pub(crate) fn restrict<V: Value>(entry: &Replicate<V>, range: KeyRange) -> Repli
     Replicate {
         range: entry.range.intersect(range).unwrap_or(range),
         seq: entry.seq,
+        span: entry.span,
         update,
         dedupe: entry.dedupe.clone(),
     }
@@ -437,6 +607,7 @@ mod tests {
         let step = |seq, update| Replicate {
             range,
             seq,
+            span: 1,
             update,
             dedupe: Vec::new(),
         };

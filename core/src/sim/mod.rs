@@ -567,6 +567,11 @@ pub struct SimReport {
     /// every range was served again (its primary in the coordinator's ring live, on the new
     /// epoch and holding the range as primary).
     pub recoveries: Vec<Time>,
+    /// Values sent in pushes, by workers to servers (resends included).
+    pub pushed_values: u64,
+    /// Values sent in replication updates, by primaries to replicas (resends included; whole
+    /// copies not).
+    pub replicated_values: u64,
     /// A digest of the final state of every node, to compare replays.
     pub fingerprint: u64,
 }

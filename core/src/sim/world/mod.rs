@@ -22,7 +22,7 @@ use crate::effects::{Event, Refusal};
 use crate::key::KeyRange;
 use crate::kv::KvPairs;
 use crate::message::{
-    ClusterConfig, Envelope, KeyList, KeySelection, Message, RangeList, RequestId,
+    ClusterConfig, Envelope, KeyList, KeySelection, Message, RangeList, RequestId, ShardUpdate,
 };
 use crate::node::{Epoch, Iteration, NodeId, Time};
 use crate::ring::Ring;
@@ -142,6 +142,9 @@ struct World<'a> {
     mutation: Option<crate::mutation::Mutation>,
     /// Redirects the workers followed.
     redirects: u64,
+    /// Values sent in pushes and in replication updates ([`crate::sim::SimReport`]).
+    pushed_values: u64,
+    replicated_values: u64,
     codec: Codec,
     /// The keys of the run, in order; a key's position is its index in the ledger.
     keys: Vec<u64>,
@@ -329,6 +332,8 @@ impl<'a> World<'a> {
             #[cfg(feature = "mutations")]
             mutation: None,
             redirects: 0,
+            pushed_values: 0,
+            replicated_values: 0,
             codec: Codec::default(),
             replay,
         })
@@ -658,6 +663,21 @@ impl<'a> World<'a> {
             },
         };
         match &env.body {
+            Message::Push(push) => self.pushed_values += push.kvs.values().len() as u64,
+            Message::Replicate { updates } => {
+                self.replicated_values += updates
+                    .iter()
+                    .map(|u| match &u.update {
+                        ShardUpdate::Apply(kvs) | ShardUpdate::Buffer { kvs, .. } => {
+                            kvs.values().len() as u64
+                        }
+                        ShardUpdate::ApplyBelow(_) => 0,
+                    })
+                    .sum::<u64>();
+            }
+            _ => {}
+        }
+        match &env.body {
             Message::Push(push) if !self.replicated => self.oracle.sent(from, to, push),
             Message::PushAck(slice) if !self.replicated && self.server(from).is_some() => self
                 .oracle
@@ -860,6 +880,8 @@ impl<'a> World<'a> {
             ring_change: !self.start_configs.is_empty(),
             server_faults: self.plan.happened,
             recoveries: self.plan.recoveries.clone(),
+            pushed_values: self.pushed_values,
+            replicated_values: self.replicated_values,
             fingerprint: h.finish(),
         }
     }
