@@ -298,6 +298,13 @@ fn check_prints_a_verdict_per_property_and_the_summary_line() {
     }
 }
 
+/// The header line of each model configuration a `pserver check` run printed.
+fn model_heads(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|l| l.starts_with("model cluster"))
+        .collect()
+}
+
 /// The replication model with a worker that runs no iteration, in both its configurations:
 /// the crash, the fail-over and the refilled replicas; the join, the copy and the switch.
 /// Small enough for a test (the default shape takes minutes).
@@ -309,10 +316,7 @@ fn check_model_replication_fails_over_joins_and_checks_the_replication_propertie
         .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    let heads: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("model cluster"))
-        .collect();
+    let heads = model_heads(&text);
     assert_eq!(heads.len(), 2, "{text}");
     assert!(
         heads[0].contains("servers=3")
@@ -366,10 +370,7 @@ fn check_model_replication_with_joins_checks_that_one_shape() {
         .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    let heads: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("model cluster"))
-        .collect();
+    let heads = model_heads(&text);
     assert_eq!(heads.len(), 1, "{text}");
     assert!(heads[0].contains("joins=1"), "{text}");
     assert!(text.contains("property server joined: found"), "{text}");

@@ -114,23 +114,32 @@ mod mutations {
     use pserver_core::Mutation;
     use pserver_models::cluster::CheckReport;
 
-    fn mutated(cfg: ClusterModelConfig, mutation: Mutation) -> CheckReport {
+    /// Checks `cfg` with every node running `mutation`, and returns the report with the steps
+    /// of the counterexample to `property`; fails the test if `property` was not violated.
+    fn violation(
+        cfg: ClusterModelConfig,
+        mutation: Mutation,
+        property: &str,
+    ) -> (CheckReport, Vec<String>) {
         let mut model = cluster_model(cfg).unwrap();
         pserver_models::cluster::mutate(&mut model, mutation);
-        check(model, Strategy::Bfs, 2)
+        let report = check(model, Strategy::Bfs, 2);
+        let Some(Verdict::Violated(steps)) = report.verdict(property) else {
+            panic!("{property} not violated:\n{report}");
+        };
+        let steps = steps.clone();
+        (report, steps)
     }
 
     /// The primary acknowledges the push before its replica has it and crashes: no live server
     /// holds an acknowledged push.
     #[test]
     fn durability_catches_primaries_that_acknowledge_before_replicating() {
-        let report = mutated(
+        let (_, steps) = violation(
             ClusterModelConfig::replication(),
             Mutation::AckBeforeReplicate,
+            "durability",
         );
-        let Some(Verdict::Violated(steps)) = report.verdict("durability") else {
-            panic!("{report}");
-        };
         assert!(steps.iter().any(|s| s.contains("PushAck")), "{steps:?}");
         assert!(
             steps.last().is_some_and(|s| s.contains("crashes")),
@@ -143,13 +152,11 @@ mod mutations {
     /// joining server.
     #[test]
     fn durability_catches_primaries_that_acknowledge_before_the_joining_server_has_the_push() {
-        let report = mutated(
+        let (_, steps) = violation(
             ClusterModelConfig::replication_join(),
             Mutation::AckBeforeReplicate,
+            "durability",
         );
-        let Some(Verdict::Violated(steps)) = report.verdict("durability") else {
-            panic!("{report}");
-        };
         for step in ["Register", "Transfer", "PushAck", "CaughtUp"] {
             assert!(steps.iter().any(|s| s.contains(step)), "{step}: {steps:?}");
         }
@@ -162,13 +169,11 @@ mod mutations {
     /// second ring change.)
     #[test]
     fn replica_convergence_catches_new_replicas_that_skip_the_copy() {
-        let report = mutated(
+        let (report, steps) = violation(
             ClusterModelConfig::replication(),
             Mutation::PromoteStaleReplica,
+            "replica-convergence",
         );
-        let Some(Verdict::Violated(steps)) = report.verdict("replica-convergence") else {
-            panic!("{report}");
-        };
         assert!(steps.iter().any(|s| s.contains("crashes")), "{steps:?}");
         assert!(steps.iter().any(|s| s.contains("Config")), "{steps:?}");
         assert_eq!(report.verdict("durability"), Some(&Verdict::Holds));
@@ -179,13 +184,11 @@ mod mutations {
     /// range whose acknowledged push it never had.
     #[test]
     fn durability_catches_joining_servers_that_take_over_without_the_copy() {
-        let report = mutated(
+        let (_, steps) = violation(
             ClusterModelConfig::replication_join(),
             Mutation::PromoteStaleReplica,
+            "durability",
         );
-        let Some(Verdict::Violated(steps)) = report.verdict("durability") else {
-            panic!("{report}");
-        };
         assert!(steps.iter().any(|s| s.contains("PushAck")), "{steps:?}");
         assert!(steps.iter().any(|s| s.contains("CaughtUp")), "{steps:?}");
         assert!(steps.iter().all(|s| !s.contains("Transfer")), "{steps:?}");
@@ -197,13 +200,11 @@ mod mutations {
     /// with one crash among three servers the replica refilled by a copy is never promoted.)
     #[test]
     fn exactly_once_catches_copies_that_leave_the_dedup_state_behind() {
-        let report = mutated(
+        let (_, steps) = violation(
             ClusterModelConfig::replication_join(),
             Mutation::DropDedupOnTransfer,
+            "exactly-once",
         );
-        let Some(Verdict::Violated(steps)) = report.verdict("exactly-once") else {
-            panic!("{report}");
-        };
         let joiner = ClusterModelConfig::replication_join()
             .joiner_ids()
             .next()

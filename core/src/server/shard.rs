@@ -324,11 +324,14 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         }
     }
 
+    fn has_queued(&self) -> bool {
+        matches!(&self.role, ShardRole::Primary { queued, .. } if !queued.is_empty())
+    }
+
     /// True when steps are queued and may be shipped: the replicas acknowledged what went
     /// before, or `force`.
     pub(crate) fn may_ship_queued(&self, force: bool) -> bool {
-        matches!(&self.role, ShardRole::Primary { queued, .. } if !queued.is_empty())
-            && (force || !self.awaiting_acks())
+        self.has_queued() && (force || !self.awaiting_acks())
     }
 
     /// Takes `entry`, a step of this primary shard's update order, and returns the steps to
@@ -351,7 +354,7 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         } else {
             self.ship_queued(width)
         };
-        let queue = buffered && (self.awaiting_acks() || self.may_ship_queued(true));
+        let queue = buffered && (self.awaiting_acks() || self.has_queued());
         self.apply_update(&entry, updater, negate);
         let ShardRole::Primary {
             replicas, queued, ..
