@@ -52,8 +52,14 @@ pub enum Event<V: Value> {
     },
     /// The worker entered this iteration (after `advance`, once consistency allows it).
     Advanced(Iteration),
-    /// Every slice of a push was acknowledged.
+    /// A push is done for its iteration: every slice was acknowledged or, in sequential mode
+    /// with replicas, taken in by its server (its replicas get it with the iteration's sum).
+    /// The application may go on; [`Event::PushDurable`] follows once the replicas hold it.
     PushDone(RequestId),
+    /// Every slice of a push was acknowledged: its servers and their replicas hold it, and it
+    /// survives as many server crashes as there are replicas. Comes with or after
+    /// [`Event::PushDone`]; until then the worker keeps the push and resends it where needed.
+    PushDurable(RequestId),
     /// Every slice of a pull was answered; the values in key order.
     PullDone(RequestId, KvPairs<V>),
     /// The coordinator declared a node dead (coordinator only).

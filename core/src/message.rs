@@ -13,7 +13,7 @@ use crate::value::Value;
 use crate::wire::seq;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;
@@ -554,13 +554,20 @@ pub enum Message<V: Value> {
     /// A worker has finished every iteration below `finished_below` (all their pushes acked,
     /// and it advanced past them). Re-sent until acknowledged.
     Progress {
-        /// Every iteration below this one is finished.
+        /// Every iteration below this one is finished, every push of it acknowledged.
         finished_below: Iteration,
+        /// Sequential mode: every push of every iteration below this one was taken in
+        /// (`PushTaken`) or acknowledged by a server that is the primary of its keys at the
+        /// message's epoch, which holds it. Servers count it only at that epoch: a range that
+        /// moves may leave taken pushes behind, and the worker resends them.
+        taken_below: Iteration,
     },
-    /// A server has recorded a worker's progress up to `finished_below`.
+    /// A server has recorded a worker's progress.
     ProgressAck {
         /// The progress recorded.
         finished_below: Iteration,
+        /// The taken progress recorded at the message's epoch.
+        taken_below: Iteration,
     },
     /// A primary's updates for a replica, in shard order.
     Replicate {
@@ -595,9 +602,15 @@ pub enum Message<V: Value> {
     /// process with the server's id may have acknowledged it, but this one never heard it.
     /// Repeated with every heartbeat until the worker's `Progress` arrives.
     ProgressRequest,
+    /// Sequential mode: a server has taken a push slice in, and it counts towards its
+    /// iteration, but its replicas do not hold it yet: they get each iteration's pushes as
+    /// one sum once the iteration is finished. The worker counts the slice as done for its
+    /// iteration and keeps it, resending it now and then, until `PushAck` says the replicas
+    /// hold it (ARCHITECTURE.md §8).
+    PushTaken(SliceRef),
 }
 
 impl<V: Value> Message<V> {
     /// Number of message kinds this version knows; the wire tags are `0..KINDS`.
-    pub const KINDS: u32 = 18;
+    pub const KINDS: u32 = 19;
 }

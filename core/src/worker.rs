@@ -120,6 +120,10 @@ struct Slice<V: Value> {
     /// Next retransmission, once sent.
     due: Time,
     attempts: u8,
+    /// A push slice the server took in ([`Message::PushTaken`]), and the server's epoch then:
+    /// it has left the window and is kept (now and then resent) until acknowledged, and it
+    /// counts for its iteration while the worker is at that epoch.
+    taken: Option<Epoch>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -134,6 +138,9 @@ struct Request<V: Value> {
     /// Pull answers received so far.
     replies: Vec<KvPairs<V>>,
     next_slice: SliceId,
+    /// A push counted as finished for its iteration (every slice taken in or acknowledged),
+    /// with [`Event::PushDone`] emitted.
+    counted: bool,
 }
 
 /// A worker node (sans-IO).
@@ -156,7 +163,9 @@ pub struct Worker<V: Value> {
     /// Unfinished push requests per iteration.
     unfinished: BTreeMap<Iteration, u32>,
     /// Per server: the progress it acknowledged.
-    progress_acked: BTreeMap<NodeId, Iteration>,
+    /// Per server: the progress it acknowledged, finished and taken (the latter at the
+    /// current epoch only).
+    progress_acked: BTreeMap<NodeId, (Iteration, Iteration)>,
     progress_due: Time,
     progress_attempts: u8,
     retransmit_at: Option<Time>,
@@ -368,6 +377,7 @@ impl<V: Value> Worker<V> {
             open: BTreeMap::new(),
             replies: Vec::new(),
             next_slice: 0,
+            counted: false,
         };
         self.requests.insert(id, request);
         if self.cluster.is_some() {
@@ -400,6 +410,7 @@ impl<V: Value> Worker<V> {
                     sent: false,
                     due: 0,
                     attempts: 0,
+                    taken: None,
                 },
             );
         }
@@ -540,44 +551,69 @@ impl<V: Value> Worker<V> {
     fn progress_pending(&self) -> bool {
         self.cluster
             .as_ref()
-            .is_some_and(|c| c.servers().iter().any(|&s| self.progress_owed(s).is_some()))
+            .is_some_and(|c| c.servers().iter().any(|&s| self.progress_owed(s)))
     }
 
-    /// The progress `server` has not acknowledged yet: ahead of what it acknowledged, or, while
-    /// learning where to start, anything at all.
-    fn progress_owed(&self, server: NodeId) -> Option<Iteration> {
-        let done = self.finished_below();
-        match self.progress_acked.get(&server) {
-            Some(&acked) if acked >= done => None,
-            None if self.learning_start => Some(done),
-            acked if acked.copied().unwrap_or(0) < done => Some(done),
-            _ => None,
+    /// Every push of every iteration below this one is acknowledged (and it was left).
+    fn durable_below(&self) -> Iteration {
+        self.requests
+            .values()
+            .filter(|r| r.is_push)
+            .map(|r| r.iteration)
+            .min()
+            .map_or(self.iteration, |i| i.min(self.iteration))
+    }
+
+    /// Every push of every iteration below this one is acknowledged or taken in, at this
+    /// epoch, by the server its slices are addressed to, the primary of their keys (and it
+    /// was left).
+    fn taken_below(&self) -> Iteration {
+        let epoch = self.epoch();
+        self.requests
+            .values()
+            .filter(|r| r.is_push && (r.whole.is_some() || !all_taken_at(r, epoch)))
+            .map(|r| r.iteration)
+            .min()
+            .map_or(self.iteration, |i| i.min(self.iteration))
+    }
+
+    fn progress_message(&self) -> Message<V> {
+        Message::Progress {
+            finished_below: self.durable_below(),
+            taken_below: self.taken_below(),
         }
     }
 
+    /// Whether `server` has not acknowledged this worker's progress yet: it is ahead of what
+    /// the server acknowledged, or, while learning where to start, anything at all.
+    fn progress_owed(&self, server: NodeId) -> bool {
+        match self.progress_acked.get(&server) {
+            None if self.learning_start => true,
+            acked => {
+                // Finished progress the server holds covers taken progress as far as it goes.
+                let (finished, taken) = acked.copied().unwrap_or((0, 0));
+                finished < self.durable_below() || finished.max(taken) < self.taken_below()
+            }
+        }
+    }
+
+    /// When progress sent now is next retransmitted.
+    fn progress_deadline(&self, now: Time) -> Time {
+        let attempts = self.progress_attempts;
+        now + jittered_rto(&self.cfg, RequestId::MAX, self.finished_below(), attempts)
+    }
+
     fn send_progress(&mut self, now: Time, out: &mut Effects<V>) {
-        let jitter_of = SliceRef {
-            request: RequestId::MAX,
-            slice: self.finished_below(),
-        };
         let Some(cluster) = &self.cluster else {
             return;
         };
         for &server in cluster.servers() {
-            if let Some(done) = self.progress_owed(server) {
-                let body = Message::Progress {
-                    finished_below: done,
-                };
+            if self.progress_owed(server) {
+                let body = self.progress_message();
                 out.send(Envelope::new(self.cfg.id, server, cluster.epoch(), body));
             }
         }
-        self.progress_due = now
-            + jittered_rto(
-                &self.cfg,
-                jitter_of.request,
-                jitter_of.slice,
-                self.progress_attempts,
-            );
+        self.progress_due = self.progress_deadline(now);
     }
 
     /// Call for every message addressed to this worker.
@@ -592,6 +628,19 @@ impl<V: Value> Worker<V> {
         match env.body {
             Message::Config(config) => self.adopt(now, from, config, out),
             Message::PushAck(sref) => self.on_answer(now, from, sref, None, out),
+            // Taken in counts only at the epoch it happened in: a server that took a push in
+            // under an earlier configuration may have lost it since (ARCHITECTURE.md §8). A
+            // later one counts once this worker is there too.
+            Message::PushTaken(sref) if env.epoch >= self.epoch() => {
+                self.on_taken(now, from, env.epoch, sref, out)
+            }
+            Message::PushTaken(_) => out.refuse(
+                from,
+                Refusal::StaleEpoch {
+                    epoch: env.epoch,
+                    current: self.epoch(),
+                },
+            ),
             Message::PullReply(PullReply {
                 slice, kvs, resume, ..
             }) => match resume {
@@ -603,16 +652,31 @@ impl<V: Value> Worker<V> {
             {
                 // A new process that never heard our progress, whatever its id acknowledged
                 // before: tell it, and count nothing as acknowledged until it answers.
+                let was_pending = self.progress_pending();
                 self.progress_acked.remove(&from);
-                let body = Message::Progress {
-                    finished_below: self.finished_below(),
-                };
+                let body = self.progress_message();
                 self.send(from, body, out);
+                if !was_pending {
+                    // The deadline of progress acknowledged long ago is in the past.
+                    self.progress_attempts = 0;
+                    self.progress_due = self.progress_deadline(now);
+                }
+                self.arm_retransmit(out);
             }
             Message::ProgressRequest => out.refuse(from, Refusal::UnknownSender),
-            Message::ProgressAck { finished_below } => {
+            Message::ProgressAck {
+                finished_below,
+                taken_below,
+            } => {
+                let current = env.epoch == self.epoch();
                 let acked = self.progress_acked.entry(env.from).or_default();
-                *acked = (*acked).max(finished_below);
+                acked.0 = acked.0.max(finished_below);
+                // Taken progress counts at one epoch: an acknowledgement from an earlier one
+                // says nothing of what the server holds now.
+                // Kept only where it runs ahead of finished progress.
+                if current && taken_below > acked.0 {
+                    acked.1 = acked.1.max(taken_below);
+                }
                 if self.learning_start {
                     self.start_when_learned(now, out);
                 }
@@ -666,12 +730,93 @@ impl<V: Value> Worker<V> {
             // An answer of the wrong kind or shape: leave the slice open.
             _ => return out.refuse(from, Refusal::BadAnswer),
         }
+        let taken = slice.taken.is_some();
         request.open.remove(&sref.slice);
-        let kind = usize::from(!request.is_push);
-        self.in_flight[kind] -= 1;
+        if !taken {
+            self.in_flight[usize::from(!request.is_push)] -= 1;
+        }
         self.fill_window(now, out);
+        if self.count_if_taken(sref.request, out) {
+            self.on_progress(now, out);
+        }
         self.complete_if_done(now, sref.request, out);
         self.arm_retransmit(out);
+    }
+
+    /// A server took a push slice in without its replicas holding it yet: the slice leaves
+    /// the window and counts for its iteration, and is resent only at the longest
+    /// retransmission timeout (a lost acknowledgement, or a server that died with it) until
+    /// it is acknowledged.
+    fn on_taken(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        epoch: Epoch,
+        sref: SliceRef,
+        out: &mut Effects<V>,
+    ) {
+        let timing = self.cfg.timing;
+        let Some(request) = self.requests.get_mut(&sref.request) else {
+            return;
+        };
+        let Some(slice) = request.open.get_mut(&sref.slice) else {
+            return;
+        };
+        if !slice.sent || from != slice.server || !matches!(slice.part, Part::Push(_)) {
+            return out.refuse(from, Refusal::BadAnswer);
+        }
+        let was_taken = slice.taken.is_some();
+        if slice.taken >= Some(epoch) {
+            return;
+        }
+        slice.taken = Some(epoch);
+        slice.attempts = timing.max_doublings;
+        slice.due = now + jittered_rto(&self.cfg, sref.request, sref.slice, slice.attempts);
+        if !was_taken {
+            self.in_flight[0] -= 1;
+        }
+        self.fill_window(now, out);
+        if self.count_if_taken(sref.request, out) {
+            self.on_progress(now, out);
+        }
+        self.arm_retransmit(out);
+    }
+
+    /// Counts a push for its iteration once every slice of it was taken in or acknowledged.
+    /// Returns whether the worker's taken progress may have moved (the caller tells the
+    /// servers).
+    fn count_if_taken(&mut self, id: RequestId, out: &mut Effects<V>) -> bool {
+        let epoch = self.epoch();
+        let Some(request) = self.requests.get_mut(&id) else {
+            return false;
+        };
+        // With no slice open the push is acknowledged: `complete_if_done` counts it.
+        let taken = request.is_push
+            && request.whole.is_none()
+            && !request.open.is_empty()
+            && all_taken_at(request, epoch);
+        if !taken {
+            return false;
+        }
+        // Already counted: taken in again at a new epoch.
+        if !request.counted {
+            request.counted = true;
+            let iteration = request.iteration;
+            self.count_push(id, iteration, out);
+        }
+        true
+    }
+
+    /// A push is done for its iteration: the iteration may finish (the caller tells the
+    /// servers), and the application hears [`Event::PushDone`].
+    fn count_push(&mut self, id: RequestId, iteration: Iteration, out: &mut Effects<V>) {
+        if let Some(n) = self.unfinished.get_mut(&iteration) {
+            *n -= 1;
+            if *n == 0 {
+                self.unfinished.remove(&iteration);
+            }
+        }
+        out.emit(Event::PushDone(id));
     }
 
     /// The first part of an answer to a range pull too large for one message: keep it, and ask
@@ -734,14 +879,12 @@ impl<V: Value> Worker<V> {
             return;
         };
         if request.is_push {
-            if let Some(n) = self.unfinished.get_mut(&request.iteration) {
-                *n -= 1;
-                if *n == 0 {
-                    self.unfinished.remove(&request.iteration);
-                }
+            if !request.counted {
+                self.count_push(id, request.iteration, out);
             }
-            out.emit(Event::PushDone(id));
+            // Durable progress moved, and maybe finished progress: servers hear it.
             self.on_progress(now, out);
+            out.emit(Event::PushDurable(id));
         } else {
             #[allow(unused_mut)]
             let mut kvs = assemble(request.replies, self.cfg.width);
@@ -806,6 +949,17 @@ impl<V: Value> Worker<V> {
                 self.progress_acked.remove(s);
             }
         }
+        if self
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.epoch() < cluster.epoch())
+        {
+            // Servers count taken progress at one epoch only: tell them again at this one.
+            for acked in self.progress_acked.values_mut() {
+                acked.1 = 0;
+            }
+            self.untake_before(cluster.epoch());
+        }
         if !cluster.is_worker(self.cfg.id) {
             self.fenced = true;
             self.requests.clear();
@@ -835,6 +989,13 @@ impl<V: Value> Worker<V> {
             self.reslice_moved(id);
             self.slice_request(now, id, out);
         }
+        // Slices taken back from servers that kept their ranges go out again too; slices
+        // taken at this epoch before the worker heard of it count now.
+        self.fill_window(now, out);
+        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        for id in ids {
+            self.count_if_taken(id, out);
+        }
         self.try_advance(now, out);
         if self.progress_pending() {
             self.send_progress(now, out);
@@ -852,7 +1013,7 @@ impl<V: Value> Worker<V> {
         let answers: Option<Vec<Iteration>> = cluster
             .servers()
             .iter()
-            .map(|s| self.progress_acked.get(s).copied())
+            .map(|s| self.progress_acked.get(s).map(|a| a.0))
             .collect();
         let Some(start) = answers.and_then(|a| a.into_iter().max()) else {
             return;
@@ -868,6 +1029,22 @@ impl<V: Value> Worker<V> {
             self.progress_attempts = 0;
             self.send_progress(now, out);
             self.arm_retransmit(out);
+        }
+    }
+
+    /// A new epoch: what servers took in under earlier ones counts no more (a server may have
+    /// crashed with it, and a process restarted under the same id, and at the same place on
+    /// the ring, does not hold it). Every such slice goes back to the window and is sent
+    /// again; a server that still holds it says so at once.
+    fn untake_before(&mut self, epoch: Epoch) {
+        for request in self.requests.values_mut() {
+            for slice in request.open.values_mut() {
+                if slice.taken.is_some_and(|e| e < epoch) {
+                    slice.taken = None;
+                    slice.sent = false;
+                    slice.attempts = 0;
+                }
+            }
         }
     }
 
@@ -893,7 +1070,7 @@ impl<V: Value> Worker<V> {
             .iter()
             .filter_map(|sid| request.open.remove(sid))
             .map(|s| {
-                if s.sent {
+                if s.sent && s.taken.is_none() {
                     self.in_flight[usize::from(!request.is_push)] -= 1;
                 }
                 s.part
@@ -901,6 +1078,11 @@ impl<V: Value> Worker<V> {
             .collect();
         request.whole = merge_parts(parts, self.cfg.width);
     }
+}
+
+/// Every open slice of `request` was taken in by its server at `epoch`.
+fn all_taken_at<V: Value>(request: &Request<V>, epoch: Epoch) -> bool {
+    request.open.values().all(|s| s.taken == Some(epoch))
 }
 
 /// The retransmission timeout of a slice after `attempts` sends, stretched by up to a quarter

@@ -341,7 +341,15 @@ fn push_env(from: NodeId, request: u64, iteration: Iteration, key: Key, v: i64) 
 }
 
 fn progress(from: NodeId, finished_below: Iteration) -> Envelope<i64> {
-    Envelope::new(from, NodeId(1), 1, Message::Progress { finished_below })
+    Envelope::new(
+        from,
+        NodeId(1),
+        1,
+        Message::Progress {
+            finished_below,
+            taken_below: finished_below,
+        },
+    )
 }
 
 #[test]
@@ -368,7 +376,15 @@ fn sequential_mode_applies_one_aggregated_update_per_iteration() {
         )
     };
     let progress = |from, finished_below| {
-        Envelope::new(from, NodeId(1), 1, Message::Progress { finished_below })
+        Envelope::new(
+            from,
+            NodeId(1),
+            1,
+            Message::Progress {
+                finished_below,
+                taken_below: finished_below,
+            },
+        )
     };
     // Gradients 3 and 6 for key 9 in iteration 0. AdaGrad sees their sum once: n = 81,
     // w = -9 / 9 = -1. Applied one by one it would give -1 - 6 / sqrt(45).

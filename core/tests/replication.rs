@@ -218,9 +218,12 @@ impl Cluster {
         id
     }
 
+    /// Pushes of `worker` acknowledged by their servers and every replica.
     fn pushes_done(&self, worker: NodeId) -> usize {
         self.events.get(&worker).map_or(0, |e| {
-            e.iter().filter(|e| matches!(e, Event::PushDone(_))).count()
+            e.iter()
+                .filter(|e| matches!(e, Event::PushDurable(_)))
+                .count()
         })
     }
 
@@ -884,12 +887,13 @@ impl Cluster {
     }
 }
 
-/// Sequential mode (group commit): the pushes of an iteration that reach a primary while its
-/// replica is still acknowledging the first one are shipped to the replica as their sum, so
-/// replication carries half the values the four workers pushed here; the replica still ends
-/// up holding exactly what its primary holds, bit for bit.
+/// Sequential mode: a primary takes the pushes of an iteration in (`PushTaken`), and ships
+/// them to its replica as one sum once every worker finished the iteration, so replication
+/// carries a quarter of the values the four workers pushed; every push is acknowledged once
+/// the replica holds the sum, and the replica holds exactly what its primary holds, bit for
+/// bit.
 #[test]
-fn replica_convergence_pushes_queued_behind_a_replication_round_ship_as_one_sum() {
+fn replica_convergence_an_iterations_pushes_are_replicated_as_their_sum() {
     let mut c = Cluster::new(3, 4, 1, Consistency::Sequential);
     let keys = Cluster::keys(12);
     let workers = [4, 5, 6, 7].map(NodeId);
@@ -913,7 +917,7 @@ fn replica_convergence_pushes_queued_behind_a_replication_round_ship_as_one_sum(
     }));
     c.assert_converged(&keys);
     assert!(
-        c.replicated_values * 2 <= c.pushed_values,
+        c.replicated_values * 4 <= c.pushed_values,
         "replicated {} values for {} pushed",
         c.replicated_values,
         c.pushed_values

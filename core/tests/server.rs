@@ -253,15 +253,31 @@ fn progress_is_acknowledged_with_the_highest_iteration_reported() {
     let cfg = config(1, &[1], &[W1], Consistency::Eventual);
     let mut s = server(&cfg);
     let mut out = Effects::new();
-    let progress = |finished_below| Envelope::new(W1, S1, 1, Message::Progress { finished_below });
+    let progress = |finished_below| {
+        Envelope::new(
+            W1,
+            S1,
+            1,
+            Message::Progress {
+                finished_below,
+                taken_below: finished_below,
+            },
+        )
+    };
     s.on_message(1, progress(3), &mut out);
     s.on_message(1, progress(2), &mut out);
     let acked: Vec<Message<i64>> = out.sends.iter().map(|e| e.body.clone()).collect();
     assert_eq!(
         acked,
         vec![
-            Message::ProgressAck { finished_below: 3 },
-            Message::ProgressAck { finished_below: 3 }
+            Message::ProgressAck {
+                finished_below: 3,
+                taken_below: 3,
+            },
+            Message::ProgressAck {
+                finished_below: 3,
+                taken_below: 3,
+            }
         ]
     );
     assert!(
@@ -288,12 +304,28 @@ fn a_server_that_joins_a_running_job_asks_every_worker_for_its_progress_until_it
             .collect()
     };
     assert_eq!(asked(&out), [W1, W2]);
-    let progress = Envelope::new(W1, S1, 3, Message::Progress { finished_below: 2 });
+    let progress = Envelope::new(
+        W1,
+        S1,
+        3,
+        Message::Progress {
+            finished_below: 2,
+            taken_below: 2,
+        },
+    );
     s.on_message(1, progress, &mut out);
     out.clear();
     s.on_timer(2, TimerId::Heartbeat, &mut out);
     assert_eq!(asked(&out), [W2], "asked again on every heartbeat");
-    let progress = Envelope::new(W2, S1, 3, Message::Progress { finished_below: 2 });
+    let progress = Envelope::new(
+        W2,
+        S1,
+        3,
+        Message::Progress {
+            finished_below: 2,
+            taken_below: 2,
+        },
+    );
     s.on_message(3, progress, &mut out);
     out.clear();
     s.on_timer(4, TimerId::Heartbeat, &mut out);

@@ -76,7 +76,7 @@ fn progress_sends(out: &Effects<i64>) -> Vec<(NodeId, Iteration)> {
     out.sends
         .iter()
         .filter_map(|e| match e.body {
-            Message::Progress { finished_below } => Some((e.to, finished_below)),
+            Message::Progress { finished_below, .. } => Some((e.to, finished_below)),
             _ => None,
         })
         .collect()
@@ -216,7 +216,10 @@ fn a_worker_registers_and_beats_keeps_requests_until_configured_and_reports_its_
     w.on_timer(5 * T, TimerId::Register, &mut out);
     assert!(out.is_empty(), "{out:?}");
     w.on_message(5 * T, ack(S1, slice), &mut out);
-    assert_eq!(out.events, vec![Event::PushDone(id)]);
+    assert_eq!(
+        out.events,
+        vec![Event::PushDone(id), Event::PushDurable(id)]
+    );
     assert!(w.is_idle());
 }
 
@@ -342,7 +345,15 @@ fn progress_goes_once_to_every_server_and_is_retransmitted_until_each_acknowledg
     // One server acknowledges: the other is still asked, with the backoff going on.
     w.on_message(
         due - 1,
-        Envelope::new(S1, W1, 1, Message::ProgressAck { finished_below: 1 }),
+        Envelope::new(
+            S1,
+            W1,
+            1,
+            Message::ProgressAck {
+                finished_below: 1,
+                taken_below: 1,
+            },
+        ),
         &mut out,
     );
     assert!(!w.is_idle());
@@ -354,7 +365,15 @@ fn progress_goes_once_to_every_server_and_is_retransmitted_until_each_acknowledg
     out.clear();
     w.on_message(
         due,
-        Envelope::new(S2, W1, 1, Message::ProgressAck { finished_below: 1 }),
+        Envelope::new(
+            S2,
+            W1,
+            1,
+            Message::ProgressAck {
+                finished_below: 1,
+                taken_below: 1,
+            },
+        ),
         &mut out,
     );
     assert!(w.is_idle());
@@ -370,7 +389,10 @@ fn a_server_asking_for_progress_gets_it_even_if_its_id_acknowledged_it_before() 
     w.advance(T, &mut out).unwrap();
     w.on_message(T, ack(S2, sref(id, 0)), &mut out);
     for s in [S1, S2] {
-        let acked = Message::ProgressAck { finished_below: 1 };
+        let acked = Message::ProgressAck {
+            finished_below: 1,
+            taken_below: 1,
+        };
         w.on_message(T, Envelope::new(s, W1, 1, acked), &mut out);
     }
     assert!(w.is_idle());
@@ -477,7 +499,15 @@ fn answers_from_another_server_of_the_wrong_shape_or_to_unsent_slices_are_refuse
     out.clear();
     w.on_message(T, ack(S1, sa), &mut out);
     w.on_message(T, ack(S1, sb), &mut out);
-    assert_eq!(out.events, vec![Event::PushDone(a), Event::PushDone(b)]);
+    assert_eq!(
+        out.events,
+        vec![
+            Event::PushDone(a),
+            Event::PushDurable(a),
+            Event::PushDone(b),
+            Event::PushDurable(b)
+        ]
+    );
     assert_eq!(w.slices_in_flight(), 0);
     out.clear();
     // A pull answer must hold exactly the keys asked for, and only a pull takes one.
@@ -644,7 +674,10 @@ fn slices_taken_back_after_a_ring_change_leave_the_window() {
     for (to, slice, _, _) in sent {
         w.on_message(T, ack(to, slice), &mut out);
     }
-    assert_eq!(out.events, vec![Event::PushDone(id)]);
+    assert_eq!(
+        out.events,
+        vec![Event::PushDone(id), Event::PushDurable(id)]
+    );
     assert_eq!(w.slices_in_flight(), 0);
 }
 
@@ -661,7 +694,15 @@ fn progress_to_a_server_that_joins_starts_from_the_first_timeout() {
     w.on_message(T, ack(S1, sref(a, 0)), &mut out);
     w.on_message(
         T,
-        Envelope::new(S1, W1, 1, Message::ProgressAck { finished_below: 1 }),
+        Envelope::new(
+            S1,
+            W1,
+            1,
+            Message::ProgressAck {
+                finished_below: 1,
+                taken_below: 1,
+            },
+        ),
         &mut out,
     );
     assert!(w.is_idle());
@@ -680,4 +721,120 @@ fn progress_to_a_server_that_joins_starts_from_the_first_timeout() {
     assert!(pushes(&out).is_empty(), "no slice moved");
     let due = retransmit_at(&out);
     assert!(within(due, late, 20 * MS), "{due:?}");
+}
+
+/// Sequential mode with replicas: a push its server took in (`PushTaken`) counts for its
+/// iteration at once (the application hears `PushDone` and may advance), leaves the window,
+/// and is kept, resent only at the longest timeout, until `PushAck` says the replicas hold it
+/// (`PushDurable`, with no second `PushDone`).
+#[test]
+fn in_flight_bound_a_taken_push_finishes_its_iteration_and_is_kept_until_durable() {
+    let timing = Timing::default();
+    let c = config(1, &[1], Consistency::Sequential);
+    let mut wc = WorkerConfig::new(W1, COORD);
+    wc.max_slices_in_flight = 1;
+    let mut w = worker_with(wc, &c);
+    let mut out = Effects::new();
+    let id = w.push(T, one(key_of(&c, S1)), &mut out).unwrap();
+    let (_, slice, _, _) = pushes(&out)[0].clone();
+    // A second push waits for room in the window of one.
+    w.push(T, one(key_of(&c, S1)), &mut out).unwrap();
+    assert_eq!(pushes(&out).len(), 1);
+    out.clear();
+    let taken = Envelope::new(S1, W1, 1, Message::PushTaken(slice));
+    w.on_message(T, taken.clone(), &mut out);
+    assert_eq!(out.events, vec![Event::PushDone(id)]);
+    // The taken slice left the window: the second push goes out.
+    assert_eq!(pushes(&out).len(), 1);
+    assert_eq!(w.open_requests(), 2);
+    assert!(!w.is_idle());
+    // A duplicate changes nothing.
+    out.clear();
+    w.on_message(T, taken, &mut out);
+    assert!(out.events.is_empty() && out.sends.is_empty(), "{out:?}");
+    // Resent at the longest timeout, not before.
+    out.clear();
+    w.on_timer(T + timing.rto_initial * 2, TimerId::Retransmit, &mut out);
+    assert!(pushes(&out).iter().all(|p| p.1 != slice), "{out:?}");
+    out.clear();
+    let late = T + timing.rto_max * 2;
+    w.on_timer(late, TimerId::Retransmit, &mut out);
+    assert!(pushes(&out).iter().any(|p| p.1 == slice), "{out:?}");
+    out.clear();
+    w.on_message(late, ack(S1, slice), &mut out);
+    assert_eq!(out.events, vec![Event::PushDurable(id)]);
+    assert_eq!(w.open_requests(), 1);
+}
+
+/// The taken progress in every `Progress` of `out`: (server, epoch, taken_below).
+fn taken_sends(out: &Effects<i64>) -> Vec<(NodeId, Epoch, Iteration)> {
+    out.sends
+        .iter()
+        .filter_map(|e| match e.body {
+            Message::Progress { taken_below, .. } => Some((e.to, e.epoch, taken_below)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Taken in counts only at the epoch it happened in: at a new epoch the worker sends the taken
+/// push again and reports no taken progress for it until the server takes it in anew (a
+/// server restarted under the same id, at the same place on the ring, does not hold it). A
+/// `PushTaken` from an earlier epoch is refused; one from a later epoch counts once the worker
+/// is there too.
+#[test]
+fn staleness_a_push_taken_in_at_an_earlier_epoch_counts_only_when_taken_in_again() {
+    let c1 = config(1, &[1], Consistency::Sequential);
+    let c2 = config(2, &[1], Consistency::Sequential);
+    let c3 = config(3, &[1], Consistency::Sequential);
+    let mut w = worker(&c1);
+    let mut out = Effects::new();
+    w.push(T, one(key_of(&c1, S1)), &mut out).unwrap();
+    let (_, slice, _, _) = pushes(&out)[0].clone();
+    w.advance(T, &mut out).unwrap();
+    w.on_message(
+        T,
+        Envelope::new(S1, W1, 1, Message::PushTaken(slice)),
+        &mut out,
+    );
+    assert_eq!(taken_sends(&out), vec![(S1, 1, 1)]);
+    out.clear();
+    w.on_message(T, deliver_config(&c2), &mut out);
+    assert!(
+        pushes(&out).iter().any(|p| p.1 == slice),
+        "sent again: {out:?}"
+    );
+    assert!(
+        taken_sends(&out).iter().all(|&(_, _, taken)| taken == 0),
+        "{out:?}"
+    );
+    out.clear();
+    w.on_message(
+        T,
+        Envelope::new(S1, W1, 1, Message::PushTaken(slice)),
+        &mut out,
+    );
+    assert_eq!(
+        out.events,
+        vec![Event::Refused {
+            from: S1,
+            reason: Refusal::StaleEpoch {
+                epoch: 1,
+                current: 2
+            }
+        }]
+    );
+    assert!(taken_sends(&out).is_empty());
+    out.clear();
+    // Taken in at epoch 3 before the worker heard of it: it counts on adopting epoch 3.
+    w.on_message(
+        T,
+        Envelope::new(S1, W1, 3, Message::PushTaken(slice)),
+        &mut out,
+    );
+    assert!(taken_sends(&out).is_empty(), "{out:?}");
+    out.clear();
+    w.on_message(T, deliver_config(&c3), &mut out);
+    assert!(pushes(&out).iter().all(|p| p.1 != slice), "{out:?}");
+    assert_eq!(taken_sends(&out), vec![(S1, 3, 1)]);
 }

@@ -106,6 +106,7 @@ fn message<V: Value>(u: &mut Unstructured) -> Result<Message<V>> {
         },
         5 => Message::Progress {
             finished_below: u.arbitrary()?,
+            taken_below: u.arbitrary()?,
         },
         _ => Message::Heartbeat {
             sent_at: u.arbitrary()?,

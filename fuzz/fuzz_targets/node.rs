@@ -99,8 +99,12 @@ enum Body {
         slice: u8,
         epoch: u8,
     },
-    Progress(u8),
-    ProgressAck(u8),
+    Progress(u8, u8),
+    ProgressAck(u8, u8),
+    PushTaken {
+        request: u8,
+        slice: u8,
+    },
     Replicate {
         from_key: u16,
         to_key: u16,
@@ -263,12 +267,15 @@ fn message(body: Body) -> Message<i64> {
             slice: sref(request, slice),
             epoch: u64::from(epoch),
         },
-        Body::Progress(i) => Message::Progress {
+        Body::Progress(i, t) => Message::Progress {
             finished_below: u32::from(i % 8),
+            taken_below: u32::from(t % 8),
         },
-        Body::ProgressAck(i) => Message::ProgressAck {
+        Body::ProgressAck(i, t) => Message::ProgressAck {
             finished_below: u32::from(i % 8),
+            taken_below: u32::from(t % 8),
         },
+        Body::PushTaken { request, slice } => Message::PushTaken(sref(request, slice)),
         Body::Replicate {
             from_key,
             to_key,

@@ -28,6 +28,8 @@ pub struct Batch {
     pub pushed_values: u64,
     /// Values primaries sent their replicas in updates, over all successful runs.
     pub replicated_values: u64,
+    /// Values one replicated sum per key and iteration would carry, over all successful runs.
+    pub aggregate_values: u64,
 }
 
 impl Batch {
@@ -57,17 +59,23 @@ impl Batch {
         format!("recovery_ms mean={mean:.1} max={max:.1} crashes={n}")
     }
 
-    /// Replication traffic against push traffic, in values sent (resends included):
-    /// `replication pushed_values=P replicated_values=R ratio=R/P`.
+    /// Replication traffic against push traffic, in values sent (resends included), and the
+    /// floor one replicated sum per key and iteration would reach: `replication
+    /// pushed_values=P replicated_values=R ratio=R/P aggregate_ratio=A/P`.
     pub fn replication_summary(&self) -> String {
-        let ratio = if self.pushed_values == 0 {
-            0.0
-        } else {
-            self.replicated_values as f64 / self.pushed_values as f64
+        let of_pushed = |v: u64| {
+            if self.pushed_values == 0 {
+                0.0
+            } else {
+                v as f64 / self.pushed_values as f64
+            }
         };
         format!(
-            "replication pushed_values={} replicated_values={} ratio={ratio:.3}",
-            self.pushed_values, self.replicated_values
+            "replication pushed_values={} replicated_values={} ratio={:.3} aggregate_ratio={:.3}",
+            self.pushed_values,
+            self.replicated_values,
+            of_pushed(self.replicated_values),
+            of_pushed(self.aggregate_values)
         )
     }
 
@@ -125,6 +133,7 @@ pub fn run_seeds(
     let redirects = AtomicU64::new(0);
     let pushed = AtomicU64::new(0);
     let replicated = AtomicU64::new(0);
+    let aggregate = AtomicU64::new(0);
     let failures = Mutex::new(Vec::new());
     let faults = Mutex::new((ServerFaults::default(), Vec::new()));
     let bar = if progress {
@@ -150,6 +159,7 @@ pub fn run_seeds(
                             redirects.fetch_add(report.redirects, Ordering::Relaxed);
                             pushed.fetch_add(report.pushed_values, Ordering::Relaxed);
                             replicated.fetch_add(report.replicated_values, Ordering::Relaxed);
+                            aggregate.fetch_add(report.aggregate_values, Ordering::Relaxed);
                             if let Ok(mut f) = faults.lock() {
                                 f.0.add(&report.server_faults);
                                 f.1.extend_from_slice(&report.recoveries);
@@ -182,6 +192,7 @@ pub fn run_seeds(
         redirects: redirects.into_inner(),
         pushed_values: pushed.into_inner(),
         replicated_values: replicated.into_inner(),
+        aggregate_values: aggregate.into_inner(),
         secs: start.elapsed().as_secs_f64(),
     }
 }

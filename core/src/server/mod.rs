@@ -124,6 +124,12 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Order
     started_configured: bool,
     /// [`Server::leave`] was called.
     leave_requested: bool,
+    /// Per worker, the epoch it last reported taken progress at and that progress
+    /// ([`Message::Progress`]); counted only while that epoch is in force.
+    taken: BTreeMap<NodeId, (Epoch, Iteration)>,
+    /// Per primary shard with buffered pushes queued, its last step at the last heartbeat: a
+    /// queue that has not grown for a whole heartbeat is shipped then.
+    queue_seen: BTreeMap<Key, u64>,
     /// A configuration this process adopted listed it as a member (on the ring or joining):
     /// until then it keeps registering, whatever configurations it hears of that do not list
     /// it (one broadcast before its registration reached the coordinator, say).
@@ -157,6 +163,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> PartialEq for Server<V, U, S>
             && self.replication_attempts == other.replication_attempts
             && self.started_configured == other.started_configured
             && self.leave_requested == other.leave_requested
+            && self.taken == other.taken
+            && self.queue_seen == other.queue_seen
             && self.listed == other.listed
             && self.early == other.early
             && self.progress_unheard == other.progress_unheard
@@ -179,6 +187,8 @@ impl<V: Value + Hash, U: UpdateRule<V>, S: ParamStore<V>> Hash for Server<V, U, 
         self.replication_attempts.hash(state);
         self.started_configured.hash(state);
         self.leave_requested.hash(state);
+        self.taken.hash(state);
+        self.queue_seen.hash(state);
         self.listed.hash(state);
         self.early.hash(state);
         self.progress_unheard.hash(state);
@@ -212,6 +222,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             replication_attempts: 0,
             started_configured: false,
             leave_requested: false,
+            taken: BTreeMap::new(),
+            queue_seen: BTreeMap::new(),
             listed: false,
             early: Vec::new(),
             progress_unheard: BTreeSet::new(),
@@ -375,6 +387,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             TimerId::Heartbeat => {
                 let body = Message::Heartbeat { sent_at: now };
                 self.send(self.cfg.coordinator, body, out);
+                self.ship_idle_queues(out);
+                self.arm_replication(now, out);
                 // Either may have been lost; the coordinator waits for both.
                 self.report_caught_up(out);
                 self.ask_for_progress(out);
@@ -391,6 +405,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// Call for every message addressed to this server.
     pub fn on_message(&mut self, now: Time, env: Envelope<V>, out: &mut Effects<V>) {
         let from = env.from;
+        let env_epoch = env.epoch;
         if env.to != self.cfg.id {
             out.refuse(from, Refusal::Misaddressed { to: env.to });
             return;
@@ -453,13 +468,35 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             }
             Message::Push(push) => self.on_push(now, from, push, out),
             Message::Pull(pull) => self.on_pull(from, pull, out),
-            Message::Progress { finished_below } => {
+            Message::Progress {
+                finished_below,
+                taken_below,
+            } => {
                 self.progress_unheard.remove(&from);
                 let clock = self.progress.entry(from).or_default();
                 clock.advance(KeyRange::FULL, finished_below);
                 let recorded = clock.min_in(KeyRange::FULL).unwrap_or(finished_below);
+                let epoch = self.epoch();
+                // Taken progress is kept only where it runs ahead of finished progress (in
+                // sequential mode with replicas), and only at the epoch it was reported in.
+                let taken = if env_epoch != epoch {
+                    0
+                } else if taken_below > recorded {
+                    let entry = self.taken.entry(from).or_insert((epoch, 0));
+                    if entry.0 != epoch {
+                        *entry = (epoch, 0);
+                    }
+                    entry.1 = entry.1.max(taken_below);
+                    entry.1
+                } else {
+                    self.taken
+                        .get(&from)
+                        .filter(|&&(at, _)| at == epoch)
+                        .map_or(recorded, |&(_, below)| below.max(recorded))
+                };
                 let body = Message::ProgressAck {
                     finished_below: recorded,
+                    taken_below: taken,
                 };
                 self.send(from, body, out);
                 self.apply_finished_iterations(now, out);
@@ -520,7 +557,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.progress_unheard.retain(|w| cluster.is_worker(*w));
         let was_member = self.is_member();
         // What is queued goes to the replicas of the ring it was taken in under.
-        self.ship_queued(true, out);
+        self.ship_queued(out);
         self.cluster = Some(cluster);
         if was_member && !self.is_member() {
             // It left, or the coordinator declared it dead: its ranges are served elsewhere
@@ -683,6 +720,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         if waits.is_empty() || mutated!(self, AckBeforeReplicate) {
             self.send(from, Message::PushAck(push.slice), out);
         } else {
+            if sequential {
+                // Its replicas get it with the iteration's sum, once every worker finished
+                // the iteration, which this push may be what it waits for.
+                self.send(from, Message::PushTaken(push.slice), out);
+            }
             self.unreplicated.insert((from, push.slice), waits);
             self.arm_replication(now, out);
         }
@@ -744,12 +786,20 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
     }
 
-    /// The iterations `worker` finished on every key of `range`.
+    /// The iterations `worker` finished on every key of `range`: acknowledged, or taken in
+    /// at this epoch by the primaries of their keys (which this server is, where it asks).
     fn finished_in(&self, worker: NodeId, range: KeyRange) -> Iteration {
-        self.progress
+        let finished = self
+            .progress
             .get(&worker)
             .and_then(|c| c.min_in(range))
-            .unwrap_or(0)
+            .unwrap_or(0);
+        let taken = self
+            .taken
+            .get(&worker)
+            .filter(|&&(epoch, _)| epoch == self.epoch())
+            .map_or(0, |&(_, below)| below);
+        finished.max(taken)
     }
 
     fn may_answer(&self, asking: NodeId, pull: &HeldPull) -> bool {

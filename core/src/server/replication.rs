@@ -61,17 +61,41 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
     }
 
-    /// Ships the queued buffered pushes of every primary shard whose replicas acknowledged
-    /// what went before, or of every one with `force` (a copy is about to be cut, the ring
-    /// changes, the replication timer says what was shipped may be lost).
-    pub(super) fn ship_queued(&mut self, force: bool, out: &mut Effects<V>) {
+    /// Ships the queued buffered pushes of every primary shard: before a copy is cut or the
+    /// ring changes.
+    pub(super) fn ship_queued(&mut self, out: &mut Effects<V>) {
         let width = self.cfg.width;
         let mut sends = Vec::new();
         for shard in self.shards.values_mut() {
-            if shard.may_ship_queued(force) {
+            if shard.has_queued() {
                 let steps = shard.ship_queued(width);
                 let in_step = shard.ship(&steps);
                 sends.push((in_step, steps));
+            }
+        }
+        for (to, steps) in sends {
+            self.send_steps(&to, steps, out);
+        }
+    }
+
+    /// Heartbeat: ships the queues that did not grow since the last heartbeat. Pushes of an
+    /// iteration that never finishes (the last, which no worker advances past) reach the
+    /// replicas that way and are acknowledged after all, while an iteration still under way
+    /// keeps gathering its pushes into one sum.
+    pub(super) fn ship_idle_queues(&mut self, out: &mut Effects<V>) {
+        let width = self.cfg.width;
+        let seen = core::mem::take(&mut self.queue_seen);
+        let mut sends = Vec::new();
+        for (&start, shard) in &mut self.shards {
+            if !shard.has_queued() {
+                continue;
+            }
+            if seen.get(&start) == Some(&shard.seq) {
+                let steps = shard.ship_queued(width);
+                let in_step = shard.ship(&steps);
+                sends.push((in_step, steps));
+            } else {
+                self.queue_seen.insert(start, shard.seq);
             }
         }
         for (to, steps) in sends {
@@ -147,7 +171,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// only when the timer says it was lost.
     pub(super) fn resend_replication(&mut self, scope: Resend, out: &mut Effects<V>) {
         // Copies are cut from the shards as they stand: nothing may stay queued behind them.
-        self.ship_queued(true, out);
+        self.ship_queued(out);
         self.cut_for_copies();
         let width = self.cfg.width;
         let aux_width = self.updater.aux_width();
@@ -312,7 +336,6 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 (copying, None) => copying,
             });
         }
-        self.ship_queued(false, out);
         self.ack_replicated(out);
         self.arm_replication(now, out);
     }

@@ -313,34 +313,18 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         }
     }
 
-    /// True when a replica in step has not acknowledged everything shipped to it yet.
-    fn awaiting_acks(&self) -> bool {
-        let shipped = self.shipped_seq();
-        match &self.role {
-            ShardRole::Primary { replicas, .. } => replicas
-                .values()
-                .any(|r| matches!(r, ReplicaState::Acked(a) if *a < shipped)),
-            ShardRole::Replica { .. } => false,
-        }
-    }
-
-    fn has_queued(&self) -> bool {
+    /// True when buffered pushes wait to be shipped.
+    pub(crate) fn has_queued(&self) -> bool {
         matches!(&self.role, ShardRole::Primary { queued, .. } if !queued.is_empty())
     }
 
-    /// True when steps are queued and may be shipped: the replicas acknowledged what went
-    /// before, or `force`.
-    pub(crate) fn may_ship_queued(&self, force: bool) -> bool {
-        self.has_queued() && (force || !self.awaiting_acks())
-    }
-
     /// Takes `entry`, a step of this primary shard's update order, and returns the steps to
-    /// ship to the replicas now (group commit). A buffered push (sequential mode) that
-    /// arrives while the replicas are still acknowledging earlier steps is applied here and
-    /// queued: the pushes of one iteration that queue up go out as their sum
-    /// ([`Shard::ship_queued`]) once the replicas acknowledged. Any other step ships the
-    /// queue first, then itself: an iteration is applied (`ApplyBelow`) only after its
-    /// buffered pushes were shipped, in the form both sides sum.
+    /// ship to the replicas now. A buffered push (sequential mode) is applied here and
+    /// queued: the pushes of an iteration go out as their sum ([`Shard::ship_queued`]) when
+    /// the iteration is applied, so that replication carries one update per iteration where
+    /// the workers pushed many. Any other step ships the queue first, then itself: an
+    /// iteration is applied (`ApplyBelow`) only after its buffered pushes were shipped, in
+    /// the form both sides sum.
     pub(crate) fn take_step<U: UpdateRule<V>>(
         &mut self,
         entry: Replicate<V>,
@@ -354,7 +338,6 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         } else {
             self.ship_queued(width)
         };
-        let queue = buffered && (self.awaiting_acks() || self.has_queued());
         self.apply_update(&entry, updater, negate);
         let ShardRole::Primary {
             replicas, queued, ..
@@ -365,7 +348,7 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         if replicas.is_empty() {
             return Vec::new();
         }
-        if queue {
+        if buffered {
             queued.push(entry);
         } else {
             ship.push(entry);

@@ -572,6 +572,10 @@ pub struct SimReport {
     /// Values sent in replication updates, by primaries to replicas (resends included; whole
     /// copies not).
     pub replicated_values: u64,
+    /// Values a replication carrying one sum per key and iteration would send (the distinct
+    /// keys pushed per iteration, times the width): what `replicated_values` comes down to in
+    /// sequential mode when every iteration's pushes reach the replicas as one aggregate.
+    pub aggregate_values: u64,
     /// A digest of the final state of every node, to compare replays.
     pub fingerprint: u64,
 }

@@ -101,8 +101,11 @@ pub struct WorkerActorState {
     pub node: Worker<i64>,
     /// The push request of each iteration so far (one per iteration).
     pub pushes: Vec<RequestId>,
-    /// Bit `i`: the push of iteration `i` was acknowledged.
+    /// Bit `i`: the push of iteration `i` was acknowledged (`PushDurable`).
     pub acked: u64,
+    /// Bit `i`: the push of iteration `i` counted for its iteration (`PushDone`: acknowledged,
+    /// or, in sequential mode with replicas, taken in by its servers).
+    pub counted: u64,
     /// The open pull and the iteration it was issued in.
     pub pulling: Option<(RequestId, Iteration)>,
     /// Every completed pull: the iteration it was issued in and the values it returned.
@@ -148,6 +151,13 @@ impl WorkerActorState {
     pub fn acked_below(&self) -> Iteration {
         (0..self.pushed())
             .find(|&i| !self.is_acked(i))
+            .unwrap_or(self.pushed())
+    }
+
+    /// Every iteration below this one had its push counted ([`Event::PushDone`]).
+    pub fn counted_below(&self) -> Iteration {
+        (0..self.pushed())
+            .find(|&i| i >= 64 || self.counted & (1 << i) == 0)
             .unwrap_or(self.pushed())
     }
 
@@ -451,9 +461,14 @@ impl Script {
                     Event::Ready { .. } => w.finished = true,
                     Event::PushDone(id) => {
                         if let Some(it) = w.pushes.iter().position(|&p| p == id) {
-                            w.acked |= 1 << it;
+                            w.counted |= 1 << it;
                         }
                         w.followed_redirect |= w.redirected.contains(&id);
+                    }
+                    Event::PushDurable(id) => {
+                        if let Some(it) = w.pushes.iter().position(|&p| p == id) {
+                            w.acked |= 1 << it;
+                        }
                     }
                     Event::Advanced(_) => self.pull(w, out),
                     Event::PullDone(id, kvs) => {
@@ -552,6 +567,7 @@ impl Actor for ClusterActor {
                     node,
                     pushes: Vec::new(),
                     acked: 0,
+                    counted: 0,
                     pulling: None,
                     pulled: Vec::new(),
                     bad_pull: false,

@@ -14,7 +14,8 @@
 //!   and values the servers really held (each column 0 or 1, only for pushes issued, never
 //!   ahead of what the owner has applied).
 //! - `in-flight bound` (always): no worker is more than `tau + 1` iterations ahead of its
-//!   acknowledged pushes.
+//!   counted pushes (acknowledged, or in sequential mode with replicas taken in by their
+//!   servers; `durability` asks for the acknowledgement).
 //! - `completion` (always): when nothing is in flight and no node waits on a timer, every
 //!   surviving worker has finished its script (asked of runs where no server crashed, until
 //!   key ranges are replicated).
@@ -514,7 +515,7 @@ fn in_flight_bound(model: &ClusterModel, state: &ClusterState) -> bool {
     let Some(tau) = model.cfg.consistency.tau() else {
         return true;
     };
-    workers(state).all(|(_, w)| w.node.iteration() <= w.acked_below() + tau)
+    workers(state).all(|(_, w)| w.node.iteration() <= w.counted_below() + tau)
 }
 
 /// Nothing more will happen: no timer is set but the periodic heartbeats and failure checks,

@@ -19,7 +19,7 @@ use crate::consistency::Consistency;
 use crate::coordinator::{Coordinator, CoordinatorConfig};
 use crate::driver::Driver;
 use crate::effects::{Event, Refusal};
-use crate::key::KeyRange;
+use crate::key::{Key, KeyRange};
 use crate::kv::KvPairs;
 use crate::message::{
     ClusterConfig, Envelope, KeyList, KeySelection, Message, RangeList, RequestId, ShardUpdate,
@@ -145,6 +145,9 @@ struct World<'a> {
     /// Values sent in pushes and in replication updates ([`crate::sim::SimReport`]).
     pushed_values: u64,
     replicated_values: u64,
+    /// The (iteration, key) pairs pushed, and the values per key: [`SimReport::aggregate_values`].
+    pushed_keys: BTreeSet<(Iteration, Key)>,
+    width: u64,
     codec: Codec,
     /// The keys of the run, in order; a key's position is its index in the ledger.
     keys: Vec<u64>,
@@ -334,6 +337,8 @@ impl<'a> World<'a> {
             redirects: 0,
             pushed_values: 0,
             replicated_values: 0,
+            pushed_keys: BTreeSet::new(),
+            width: 0,
             codec: Codec::default(),
             replay,
         })
@@ -626,6 +631,8 @@ impl<'a> World<'a> {
             }
             if events.is_empty() {
                 if let Some(at) = deadline {
+                    // A deadline already past is due now; virtual time never runs back.
+                    let at = at.max(self.now);
                     if self.wakeups.get(&node) != Some(&at) {
                         self.wakeups.insert(node, at);
                         self.schedule(at, Action::Wake(node));
@@ -663,7 +670,13 @@ impl<'a> World<'a> {
             },
         };
         match &env.body {
-            Message::Push(push) => self.pushed_values += push.kvs.values().len() as u64,
+            Message::Push(push) => {
+                self.pushed_values += push.kvs.values().len() as u64;
+                self.width = push.kvs.width() as u64;
+                let iteration = push.iteration;
+                self.pushed_keys
+                    .extend(push.kvs.keys().iter().map(|&k| (iteration, k)));
+            }
             Message::Replicate { updates } => {
                 self.replicated_values += updates
                     .iter()
@@ -730,7 +743,8 @@ impl<'a> World<'a> {
                 }
                 self.schedule(self.now + duration, Action::ComputeDone(node));
             }
-            Event::PushDone(id) => {
+            Event::PushDone(_) => {}
+            Event::PushDurable(id) => {
                 let keys = &self.keys;
                 if !self.ledger.ack(node, id, |k| index_of(keys, k)) {
                     return Err(self.fail(
@@ -882,6 +896,7 @@ impl<'a> World<'a> {
             recoveries: self.plan.recoveries.clone(),
             pushed_values: self.pushed_values,
             replicated_values: self.replicated_values,
+            aggregate_values: self.pushed_keys.len() as u64 * self.width,
             fingerprint: h.finish(),
         }
     }
