@@ -123,8 +123,11 @@ impl<V: Value> WorkerHandle<V> {
         wait_ready(&self.ready).await
     }
 
-    /// Pushes `kvs` in the current iteration; returns once every slice was acknowledged by its
-    /// server. Calls made before the worker is ready wait for its configuration.
+    /// Pushes `kvs` in the current iteration; returns once the push counts for its iteration
+    /// ([`pserver_core::Event::PushDone`]): every slice acknowledged by its server or, in
+    /// sequential mode with replicas, taken in by it, the replicas getting the iteration's
+    /// sum later (the worker keeps and resends the push until they hold it). Calls made
+    /// before the worker is ready wait for its configuration.
     pub async fn push(&self, kvs: KvPairs<V>) -> Result<(), RuntimeError> {
         self.start_push(kvs).await?.await
     }
