@@ -145,6 +145,8 @@ impl Workload {
                 self.pushes_done += 1;
                 self.finish_if_drained();
             }
+            // Follows `PushDone`; this job has no replicas to wait for.
+            (_, Event::PushDurable(_)) => {}
             (_, Event::Refused { from, reason }) => note_refusal(d.id(), from, &reason),
             (phase, event) => return Err(format!("{event:?} while {phase:?}").into()),
         }
