@@ -1,5 +1,5 @@
-//! Whole clusters: separate processes over loopback TCP, and one process over the in-memory
-//! transport with faults. Both run the script (pull, compute, push, advance) and check that
+//! Whole clusters: separate processes over loopback TCP and UDP, and one process over the
+//! in-memory transport with faults. All run the script (pull, compute, push, advance) and check that
 //! every server ends with exactly what the workers pushed.
 
 use std::collections::BTreeMap;
@@ -623,4 +623,77 @@ fn a_worker_killed_mid_training_has_its_share_taken_over_by_a_live_worker() {
 
 fn text_of(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback UDP port")
+}
+
+#[test]
+fn separate_processes_over_udp_end_with_exactly_what_the_workers_pushed() {
+    let dir = std::env::temp_dir().join(format!("pserver-udp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
+    let ports: Vec<u16> = (0..=SERVERS + WORKERS).map(|_| free_udp_port()).collect();
+    let config = write_cluster_file(&dir, &ports, "bounded:2", ITERATIONS);
+    let text_of = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text_of.replacen(
+            "cluster_id = \"test\"\n",
+            "cluster_id = \"test\"\ntransport = \"udp\"\n",
+            1,
+        ),
+    )
+    .unwrap();
+    let config_arg = config.to_str().unwrap();
+    let mut children = Children(Vec::new());
+    let dumps: Vec<PathBuf> = (1..=SERVERS)
+        .map(|s| dir.join(format!("server{s}.totals")))
+        .collect();
+    for id in 0..=SERVERS + WORKERS {
+        let role = match id {
+            0 => "coordinator",
+            i if i <= SERVERS => "server",
+            _ => "worker",
+        };
+        let id_arg = id.to_string();
+        let mut args = vec![role, "--config", config_arg, "--id", &id_arg];
+        let dump;
+        if role == "server" {
+            dump = dumps[id as usize - 1].to_str().unwrap().to_owned();
+            args.extend(["--dump", &dump]);
+        }
+        children.0.push((
+            format!("{role} {id}"),
+            pserver(&args).spawn().expect("start a node"),
+        ));
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let first_worker = 1 + SERVERS as usize;
+    for (name, child) in &mut children.0[first_worker..] {
+        wait_for(child, deadline, name);
+    }
+    for (name, child) in children.0.drain(first_worker..) {
+        let out = finish(child);
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+    }
+    for (_, child) in &children.0 {
+        let status = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+    for (name, mut child) in children.0.drain(..) {
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().expect("output");
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+    }
+    let workers = (SERVERS + 1..=SERVERS + WORKERS).map(NodeId);
+    assert_eq!(summed_dumps(&dumps), expected_totals(ITERATIONS, workers));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pserver_core::{Consistency, Driver, NodeId, OrderedStore, Role, Updater, Value};
+use pserver_transport::Transport;
 use pserver_transport::TransportError;
 use pserver_transport::mem::{MemFaults, MemNetwork};
 use pserver_transport::runtime::{
@@ -14,6 +15,9 @@ use pserver_transport::runtime::{
     spawn_node,
 };
 use pserver_transport::tcp::TcpTransport;
+use pserver_transport::udp::UdpTransport;
+
+use super::cluster_file::ProcessWire;
 use thiserror::Error;
 
 use super::cluster_file::{ClusterFile, ClusterFileError, Job, LrJob};
@@ -76,7 +80,47 @@ pub enum NodeOutcome {
 struct Started<V: Value> {
     role: Role,
     spawned: Spawned<V, Updater, OrderedStore<V>>,
-    transport: Arc<TcpTransport>,
+    transport: NodeTransport,
+}
+
+/// The transport a node process runs over, as its cluster file names it.
+enum NodeTransport {
+    Tcp(Arc<TcpTransport>),
+    Udp(Arc<UdpTransport>),
+}
+
+impl NodeTransport {
+    async fn bind(file: &ClusterFile, id: NodeId) -> Result<Self, RunError> {
+        Ok(match file.transport {
+            ProcessWire::Tcp => {
+                NodeTransport::Tcp(Arc::new(TcpTransport::bind(file.tcp(id)?).await?))
+            }
+            ProcessWire::Udp => {
+                NodeTransport::Udp(Arc::new(UdpTransport::bind(file.udp(id)?).await?))
+            }
+        })
+    }
+
+    fn shared(&self) -> Arc<dyn Transport> {
+        match self {
+            NodeTransport::Tcp(t) => Arc::clone(t) as Arc<dyn Transport>,
+            NodeTransport::Udp(t) => Arc::clone(t) as Arc<dyn Transport>,
+        }
+    }
+
+    fn local_addr(&self) -> std::net::SocketAddr {
+        match self {
+            NodeTransport::Tcp(t) => t.local_addr(),
+            NodeTransport::Udp(t) => t.local_addr(),
+        }
+    }
+
+    async fn shutdown(&self) {
+        match self {
+            NodeTransport::Tcp(t) => t.shutdown().await,
+            NodeTransport::Udp(t) => t.shutdown(),
+        }
+    }
 }
 
 /// Binds node `id`'s port, starts its event loop and, for servers and workers, waits until
@@ -87,11 +131,10 @@ async fn start<V: Value + Send + Sync>(
     join_timeout: Duration,
 ) -> Result<Started<V>, RunError> {
     let role = file.role(id)?;
-    let tcp = file.tcp(id)?;
     let driver: Driver<V> = file.spec.driver(id)?;
-    let transport = Arc::new(TcpTransport::bind(tcp).await?);
+    let transport = NodeTransport::bind(file, id).await?;
     tracing::info!(%id, %role, address = %transport.local_addr(), "listening");
-    let spawned = spawn_node(driver, Arc::clone(&transport), file.spec.runtime.clone());
+    let spawned = spawn_node(driver, transport.shared(), file.spec.runtime.clone());
     if role != Role::Coordinator
         && tokio::time::timeout(join_timeout, spawned.node.ready())
             .await

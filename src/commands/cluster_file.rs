@@ -30,6 +30,7 @@ use std::time::Duration;
 use pserver_core::{Consistency, NodeId, Role};
 use pserver_transport::runtime::ClusterSpec;
 use pserver_transport::tcp::{Secret, TcpConfig};
+use pserver_transport::udp::UdpConfig;
 use serde::Deserialize;
 use thiserror::Error;
 
@@ -257,7 +258,18 @@ pub struct ClusterFile {
     pub addresses: BTreeMap<NodeId, SocketAddr>,
     /// Every node's role, by id.
     pub roles: BTreeMap<NodeId, Role>,
+    /// How the nodes talk.
+    pub transport: ProcessWire,
     secret_file: Option<PathBuf>,
+}
+
+/// The transport a cluster file names (`transport = "tcp"` or `"udp"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessWire {
+    /// Authenticated TCP connections.
+    Tcp,
+    /// UDP datagrams, each with a MAC from the shared secret.
+    Udp,
 }
 
 impl ClusterFile {
@@ -285,15 +297,18 @@ impl ClusterFile {
             .consistency
             .parse()
             .map_err(|e| invalid("consistency", format!("{e}")))?;
-        if raw.transport != "tcp" {
-            return Err(invalid(
-                "transport",
-                format!(
-                    "`{}` is not a transport for separate processes: use \"tcp\" (`pserver local` runs the in-memory one)",
-                    raw.transport
-                ),
-            ));
-        }
+        let transport = match raw.transport.as_str() {
+            "tcp" => ProcessWire::Tcp,
+            "udp" => ProcessWire::Udp,
+            other => {
+                return Err(invalid(
+                    "transport",
+                    format!(
+                        "`{other}` is not a transport for separate processes: use \"tcp\" or \"udp\" (`pserver local` runs the in-memory one)"
+                    ),
+                ));
+            }
+        };
         if raw.cluster_id.is_empty() || raw.cluster_id.len() > 256 {
             return Err(invalid("cluster_id", "must be 1 to 256 bytes long".into()));
         }
@@ -430,6 +445,7 @@ impl ClusterFile {
             job,
             addresses,
             roles,
+            transport,
             secret_file,
         })
     }
@@ -478,6 +494,16 @@ impl ClusterFile {
             self.secret()?,
         );
         cfg.max_frame = self.spec.max_frame + 64;
+        Ok(cfg)
+    }
+
+    /// The UDP transport's configuration for node `id`: the same addresses (as UDP ports) and
+    /// the shared secret, which keys every datagram's MAC.
+    pub fn udp(&self, id: NodeId) -> Result<UdpConfig, ClusterFileError> {
+        let tcp = self.tcp(id)?;
+        let mut cfg = UdpConfig::new(id, tcp.listen, tcp.peers);
+        cfg.secret = Some(tcp.secret);
+        cfg.limits.max_frame = tcp.max_frame;
         Ok(cfg)
     }
 
@@ -531,6 +557,26 @@ address = "127.0.0.1:7402"
         assert_eq!(f.script.iterations, 3);
         assert_eq!(f.addresses.len(), 3);
         assert_eq!(f.secret_file, Some(PathBuf::from("/etc/pserver/s.key")));
+    }
+
+    #[test]
+    fn the_transport_is_tcp_by_default_udp_on_request_and_nothing_else() {
+        assert_eq!(parse(GOOD).unwrap().transport, ProcessWire::Tcp);
+        let udp = GOOD.replace(
+            "cluster_id = \"t\"",
+            "cluster_id = \"t\"\ntransport = \"udp\"",
+        );
+        let f = parse(&udp).unwrap();
+        assert_eq!(f.transport, ProcessWire::Udp);
+        let mem = GOOD.replace(
+            "cluster_id = \"t\"",
+            "cluster_id = \"t\"\ntransport = \"mem\"",
+        );
+        let e = parse(&mem).unwrap_err().to_string();
+        assert!(
+            e.starts_with("/etc/pserver/c.toml: transport: `mem`") && e.contains("\"udp\""),
+            "{e}"
+        );
     }
 
     #[test]

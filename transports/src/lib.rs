@@ -6,6 +6,7 @@
 //!
 //! - [`mem`]: tokio channels inside one process, with seeded faults;
 //! - [`tcp`]: authenticated TCP connections between processes;
+//! - [`udp`]: datagrams below the MTU, reassembled, optionally authenticated;
 //! - [`runtime`]: one event loop per node over any transport, and the application's handles.
 //!
 //! ARCHITECTURE.md §6 describes how they fit together.
@@ -15,6 +16,7 @@ pub mod mem;
 pub mod runtime;
 pub mod sync;
 pub mod tcp;
+pub mod udp;
 
 pub use bytes::{self, Bytes};
 /// The protocol core whose types this crate's API takes and gives.

@@ -109,7 +109,7 @@ impl Secret {
     }
 
     #[cfg_attr(loom, allow(dead_code))]
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         &self.0
     }
 }

@@ -1,0 +1,405 @@
+//! The UDP transport: one socket per node, frames fragmented below the MTU, a receive task
+//! that authenticates and reassembles.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::{BufMut, Bytes, BytesMut};
+use hmac::{Hmac, Mac};
+use pserver_core::NodeId;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use sha2::Sha256;
+use tokio::net::UdpSocket;
+use tokio::sync::{Mutex as TokioMutex, mpsc};
+use tokio::task::JoinHandle;
+use tracing::debug;
+
+use super::fragment::{FragmentHeader, Reassembler, ReassemblyLimits, fragment};
+use crate::tcp::Secret;
+use crate::{Transport, TransportError};
+
+/// Bytes of the MAC each datagram ends with when a secret is configured: HMAC-SHA256,
+/// truncated to 128 bits.
+pub const MAC_LEN: usize = 16;
+/// Default payload bytes per datagram: below a 1,500-byte Ethernet MTU with room for the IP,
+/// UDP and fragment headers and the MAC.
+pub const DEFAULT_MAX_PAYLOAD: usize = 1400;
+/// The largest datagram the receive task reads.
+const MAX_DATAGRAM: usize = 65_536;
+
+/// How a [`UdpTransport`] binds, authenticates and reassembles.
+///
+/// [`UdpConfig::new`] takes what has no sensible default; the other fields start at the values
+/// their docs give and may be changed before [`UdpTransport::bind`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct UdpConfig {
+    /// This node.
+    pub id: NodeId,
+    /// The address to bind; port 0 picks a free port (see [`UdpTransport::local_addr`]).
+    pub listen: SocketAddr,
+    /// Every node this one may talk to, at its address. Datagrams from any other address are
+    /// dropped (and counted), as are datagrams whose header names another node than the one at
+    /// their source address. An entry for `id` itself is ignored.
+    pub peers: BTreeMap<NodeId, SocketAddr>,
+    /// With a secret, every datagram carries a MAC that the receiver checks before it
+    /// reassembles anything. Default: none.
+    pub secret: Option<Secret>,
+    /// Payload bytes per datagram. Default: [`DEFAULT_MAX_PAYLOAD`].
+    pub max_payload: usize,
+    /// What the receiver holds of incomplete frames, and the longest frame, which `send` also
+    /// enforces. Default: [`ReassemblyLimits::default`].
+    pub limits: ReassemblyLimits,
+    /// Fault injection: the fraction of outgoing datagrams dropped, for tests of recovery from
+    /// loss. Default: 0.
+    pub drop_outgoing: f64,
+    /// Seed of the fault injector.
+    pub seed: u64,
+    /// Frames reassembled but not yet taken by `recv`; beyond it the receive task waits.
+    /// Default: 1024.
+    pub recv_queue: usize,
+}
+
+impl UdpConfig {
+    /// A configuration with the default limits and no secret.
+    pub fn new(id: NodeId, listen: SocketAddr, peers: BTreeMap<NodeId, SocketAddr>) -> Self {
+        UdpConfig {
+            id,
+            listen,
+            peers,
+            secret: None,
+            max_payload: DEFAULT_MAX_PAYLOAD,
+            limits: ReassemblyLimits::default(),
+            drop_outgoing: 0.0,
+            seed: 0,
+            recv_queue: 1024,
+        }
+    }
+}
+
+/// What a [`UdpTransport`] sent, received and dropped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UdpStats {
+    /// Datagrams handed to the socket.
+    pub sent: u64,
+    /// Outgoing datagrams the fault injector dropped.
+    pub injected_drops: u64,
+    /// Datagrams received.
+    pub received: u64,
+    /// Datagrams from an address outside the peer table, or naming another node than the one
+    /// at their address.
+    pub unknown_source: u64,
+    /// Datagrams whose MAC did not verify (or that were too short to carry one).
+    pub bad_mac: u64,
+    /// Datagrams the reassembler refused (truncated, inconsistent, corrupt, too large).
+    pub refused: u64,
+    /// Frames delivered to `recv`.
+    pub frames: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    sent: AtomicU64,
+    injected_drops: AtomicU64,
+    received: AtomicU64,
+    unknown_source: AtomicU64,
+    bad_mac: AtomicU64,
+    refused: AtomicU64,
+    frames: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+struct Shared {
+    id: NodeId,
+    socket: UdpSocket,
+    peers: BTreeMap<NodeId, SocketAddr>,
+    key: Option<Hmac<Sha256>>,
+    max_payload: usize,
+    max_frame: usize,
+    next_frame: AtomicU64,
+    drop_outgoing: f64,
+    rng: Mutex<SmallRng>,
+    counters: Counters,
+}
+
+/// Carries frames over UDP between the nodes of a peer table ([`UdpConfig`]).
+///
+/// A frame is cut into datagrams of at most [`UdpConfig::max_payload`] bytes of payload; the
+/// receiver puts it back together within [`UdpConfig::limits`]. A lost datagram loses its
+/// frame, which the core retransmits. `send` does not wait for the peer, only for the local
+/// socket buffer.
+pub struct UdpTransport {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    inbound: TokioMutex<mpsc::Receiver<(NodeId, Bytes)>>,
+    task: JoinHandle<()>,
+}
+
+impl fmt::Debug for UdpTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UdpTransport")
+            .field("id", &self.shared.id)
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn io_error(context: String, source: std::io::Error) -> TransportError {
+    TransportError::Io { context, source }
+}
+
+impl UdpTransport {
+    /// Binds `cfg.listen` and starts the receive task.
+    ///
+    /// Fails with [`TransportError::Io`], naming the address, if it cannot bind there, or if
+    /// the configuration is unusable (no payload room, a drop fraction outside 0..=1).
+    pub async fn bind(cfg: UdpConfig) -> Result<UdpTransport, TransportError> {
+        let invalid = |msg: String| {
+            io_error(
+                "invalid UDP transport configuration".into(),
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, msg),
+            )
+        };
+        let overhead = super::fragment::HEADER_LEN + MAC_LEN;
+        if cfg.max_payload == 0 || cfg.max_payload + overhead > MAX_DATAGRAM - 64 {
+            return Err(invalid(format!(
+                "max_payload of {} bytes: it must be between 1 and {}",
+                cfg.max_payload,
+                MAX_DATAGRAM - 64 - overhead
+            )));
+        }
+        if !(0.0..=1.0).contains(&cfg.drop_outgoing) {
+            return Err(invalid(format!(
+                "drop_outgoing of {}: it must be a fraction between 0 and 1",
+                cfg.drop_outgoing
+            )));
+        }
+        let key = match &cfg.secret {
+            Some(secret) => Some(
+                Hmac::<Sha256>::new_from_slice(secret.bytes())
+                    .map_err(|e| invalid(format!("secret unusable as an HMAC key: {e}")))?,
+            ),
+            None => None,
+        };
+        let socket = UdpSocket::bind(cfg.listen)
+            .await
+            .map_err(|e| io_error(format!("binding UDP socket on {}", cfg.listen), e))?;
+        let local_addr = socket
+            .local_addr()
+            .map_err(|e| io_error("reading the UDP socket's address".into(), e))?;
+        let mut peers = cfg.peers.clone();
+        peers.remove(&cfg.id);
+        let by_addr: HashMap<SocketAddr, NodeId> = peers.iter().map(|(&n, &a)| (a, n)).collect();
+        let shared = Arc::new(Shared {
+            id: cfg.id,
+            socket,
+            peers,
+            key,
+            max_payload: cfg.max_payload,
+            max_frame: cfg.limits.max_frame,
+            next_frame: AtomicU64::new(0),
+            drop_outgoing: cfg.drop_outgoing,
+            rng: Mutex::new(SmallRng::seed_from_u64(cfg.seed)),
+            counters: Counters::default(),
+        });
+        let (tx, rx) = mpsc::channel(cfg.recv_queue.max(1));
+        let task = tokio::spawn(receive(Arc::clone(&shared), by_addr, cfg.limits, tx));
+        Ok(UdpTransport {
+            shared,
+            local_addr,
+            inbound: TokioMutex::new(rx),
+            task,
+        })
+    }
+
+    /// The address the socket is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// What was sent, received and dropped so far.
+    pub fn stats(&self) -> UdpStats {
+        let c = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        UdpStats {
+            sent: get(&c.sent),
+            injected_drops: get(&c.injected_drops),
+            received: get(&c.received),
+            unknown_source: get(&c.unknown_source),
+            bad_mac: get(&c.bad_mac),
+            refused: get(&c.refused),
+            frames: get(&c.frames),
+        }
+    }
+
+    /// Stops the receive task: frames not yet taken by `recv` are still delivered, then `recv`
+    /// reports [`TransportError::Closed`].
+    pub fn shutdown(&self) {
+        self.task.abort();
+    }
+
+    fn drop_injected(&self) -> bool {
+        if self.shared.drop_outgoing <= 0.0 {
+            return false;
+        }
+        let mut rng = self
+            .shared
+            .rng
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        rng.random::<f64>() < self.shared.drop_outgoing
+    }
+}
+
+impl Drop for UdpTransport {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[async_trait]
+impl Transport for UdpTransport {
+    /// Fragments `frame` and sends its datagrams to `to`. Fails if the frame exceeds the frame
+    /// limit ([`TransportError::FrameTooLarge`]), `to` is not a peer
+    /// ([`TransportError::UnknownPeer`]), or the socket fails.
+    async fn send(&self, to: NodeId, frame: Bytes) -> Result<(), TransportError> {
+        let shared = &self.shared;
+        if frame.len() > shared.max_frame {
+            return Err(TransportError::FrameTooLarge {
+                len: frame.len(),
+                limit: shared.max_frame,
+            });
+        }
+        let addr = *shared
+            .peers
+            .get(&to)
+            .ok_or(TransportError::UnknownPeer(to))?;
+        let id = shared.next_frame.fetch_add(1, Ordering::Relaxed);
+        let datagrams = fragment(shared.id, id, &frame, shared.max_payload).map_err(|_| {
+            TransportError::FrameTooLarge {
+                len: frame.len(),
+                limit: shared.max_payload * super::fragment::MAX_FRAGMENTS,
+            }
+        })?;
+        for datagram in datagrams {
+            let datagram = match &shared.key {
+                Some(key) => with_mac(key, &datagram),
+                None => datagram,
+            };
+            if self.drop_injected() {
+                bump(&shared.counters.injected_drops);
+                continue;
+            }
+            shared
+                .socket
+                .send_to(&datagram, addr)
+                .await
+                .map_err(|e| io_error(format!("sending a datagram to {to} at {addr}"), e))?;
+            bump(&shared.counters.sent);
+        }
+        Ok(())
+    }
+
+    /// Waits for the next reassembled frame. Cancel-safe: frames wait in a channel.
+    async fn recv(&self) -> Result<(NodeId, Bytes), TransportError> {
+        let mut inbound = self.inbound.lock().await;
+        inbound.recv().await.ok_or(TransportError::Closed)
+    }
+}
+
+fn with_mac(key: &Hmac<Sha256>, datagram: &[u8]) -> Bytes {
+    let mut mac = key.clone();
+    mac.update(datagram);
+    let tag = mac.finalize().into_bytes();
+    let mut out = BytesMut::with_capacity(datagram.len() + MAC_LEN);
+    out.put_slice(datagram);
+    out.put_slice(&tag[..MAC_LEN]);
+    out.freeze()
+}
+
+/// The datagram without its MAC, if the MAC verifies.
+fn verified<'a>(key: &Hmac<Sha256>, datagram: &'a [u8]) -> Option<&'a [u8]> {
+    let body_len = datagram.len().checked_sub(MAC_LEN)?;
+    let (body, tag) = datagram.split_at(body_len);
+    let mut mac = key.clone();
+    mac.update(body);
+    mac.verify_truncated_left(tag).ok()?;
+    Some(body)
+}
+
+/// The receive task: reads datagrams, drops those from outside the peer table or with a bad
+/// MAC, reassembles the rest, and expires incomplete frames twice per timeout.
+async fn receive(
+    shared: Arc<Shared>,
+    by_addr: HashMap<SocketAddr, NodeId>,
+    limits: ReassemblyLimits,
+    tx: mpsc::Sender<(NodeId, Bytes)>,
+) {
+    let mut reassembler = Reassembler::new(limits);
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut tick = tokio::time::interval((limits.timeout / 2).max(Duration::from_millis(1)));
+    let c = &shared.counters;
+    loop {
+        let (n, addr) = tokio::select! {
+            got = shared.socket.recv_from(&mut buf) => match got {
+                Ok(got) => got,
+                Err(e) => {
+                    // ICMP errors surface here on some systems (a peer's port closed): the
+                    // socket stays usable.
+                    debug!(error = %e, "UDP receive failed");
+                    continue;
+                }
+            },
+            _ = tick.tick() => {
+                reassembler.expire(Instant::now());
+                continue;
+            }
+        };
+        bump(&c.received);
+        let Some(&peer) = by_addr.get(&addr) else {
+            bump(&c.unknown_source);
+            continue;
+        };
+        let datagram = &buf[..n];
+        let body = match &shared.key {
+            Some(key) => match verified(key, datagram) {
+                Some(body) => body,
+                None => {
+                    bump(&c.bad_mac);
+                    continue;
+                }
+            },
+            None => datagram,
+        };
+        if FragmentHeader::read(body).is_ok_and(|h| h.from != peer) {
+            bump(&c.unknown_source);
+            continue;
+        }
+        match reassembler.accept(Instant::now(), Bytes::copy_from_slice(body)) {
+            Ok(Some((_, frame))) => {
+                bump(&c.frames);
+                if tx.send((peer, frame)).await.is_err() {
+                    return;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                bump(&c.refused);
+                debug!(peer = %peer, error = %e, "datagram refused");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,104 @@
+use super::*;
+
+const A: NodeId = NodeId(1);
+const B: NodeId = NodeId(2);
+const C: NodeId = NodeId(3);
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// Binds one transport per (node, secret), all peers of each other.
+async fn cluster(nodes: &[(NodeId, Option<&[u8]>)]) -> Vec<UdpTransport> {
+    // Bind first on free ports, then again with the full peer table on the same ports.
+    let mut addrs = BTreeMap::new();
+    for &(id, _) in nodes {
+        let s = std::net::UdpSocket::bind(loopback()).unwrap();
+        addrs.insert(id, s.local_addr().unwrap());
+    }
+    let mut out = Vec::new();
+    for &(id, secret) in nodes {
+        let mut cfg = UdpConfig::new(id, addrs[&id], addrs.clone());
+        cfg.secret = secret.map(|s| Secret::new(s.to_vec()));
+        out.push(UdpTransport::bind(cfg).await.unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn small_and_fragmented_frames_arrive_whole_from_their_sender() {
+    let t = cluster(&[(A, None), (B, None)]).await;
+    let big: Bytes = (0..100_000u32).map(|i| i as u8).collect::<Vec<u8>>().into();
+    t[0].send(B, Bytes::from_static(b"hello")).await.unwrap();
+    t[0].send(B, big.clone()).await.unwrap();
+    assert_eq!(
+        t[1].recv().await.unwrap(),
+        (A, Bytes::from_static(b"hello"))
+    );
+    assert_eq!(t[1].recv().await.unwrap(), (A, big));
+    assert_eq!(t[0].stats().sent, 1 + 100_000u64.div_ceil(1400));
+    assert_eq!(t[1].stats().frames, 2);
+    assert!(matches!(
+        t[0].send(C, Bytes::from_static(b"x")).await,
+        Err(TransportError::UnknownPeer(C))
+    ));
+}
+
+#[tokio::test]
+async fn datagrams_from_outside_the_peer_table_are_dropped() {
+    let t = cluster(&[(A, None), (B, None)]).await;
+    let stranger = UdpSocket::bind(loopback()).await.unwrap();
+    let forged = fragment(A, 0, b"not from a", 1400).unwrap();
+    stranger
+        .send_to(&forged[0], t[1].local_addr())
+        .await
+        .unwrap();
+    // Loopback delivers in send order: once the peer's frame is in, the forged one was seen.
+    t[0].send(B, Bytes::from_static(b"from a")).await.unwrap();
+    assert_eq!(
+        t[1].recv().await.unwrap(),
+        (A, Bytes::from_static(b"from a"))
+    );
+    assert_eq!(t[1].stats().unknown_source, 1);
+    assert_eq!(t[1].stats().frames, 1);
+}
+
+#[tokio::test]
+async fn with_a_secret_a_datagram_without_a_valid_mac_is_dropped_before_reassembly() {
+    let t = cluster(&[(A, Some(b"s1")), (B, Some(b"s2")), (C, Some(b"s1"))]).await;
+    t[1].send(A, Bytes::from_static(b"wrong key"))
+        .await
+        .unwrap();
+    t[2].send(A, Bytes::from_static(b"right key"))
+        .await
+        .unwrap();
+    assert_eq!(
+        t[0].recv().await.unwrap(),
+        (C, Bytes::from_static(b"right key"))
+    );
+    let stats = t[0].stats();
+    assert_eq!((stats.bad_mac, stats.refused, stats.frames), (1, 0, 1));
+}
+
+#[tokio::test]
+async fn the_fault_injector_drops_outgoing_datagrams() {
+    let mut addrs = BTreeMap::new();
+    addrs.insert(B, "127.0.0.1:9".parse().unwrap());
+    let mut cfg = UdpConfig::new(A, loopback(), addrs);
+    cfg.drop_outgoing = 1.0;
+    let t = UdpTransport::bind(cfg).await.unwrap();
+    t.send(B, Bytes::from(vec![0u8; 5000])).await.unwrap();
+    assert_eq!((t.stats().sent, t.stats().injected_drops), (0, 4));
+}
+
+#[tokio::test]
+async fn a_bad_configuration_is_an_error_naming_the_field() {
+    let mut cfg = UdpConfig::new(A, loopback(), BTreeMap::new());
+    cfg.drop_outgoing = 1.5;
+    let err = UdpTransport::bind(cfg).await.unwrap_err().to_string();
+    assert!(err.contains("drop_outgoing"), "{err}");
+    let mut cfg = UdpConfig::new(A, loopback(), BTreeMap::new());
+    cfg.max_payload = 0;
+    let err = UdpTransport::bind(cfg).await.unwrap_err().to_string();
+    assert!(err.contains("max_payload"), "{err}");
+}
