@@ -75,6 +75,13 @@ enum Command {
     /// The last line is `local servers=S workers=W keys=K iterations=N totals=exact|WRONG
     /// refused=R secs=T`; the exit status is 1 if the totals are wrong.
     Local(LocalArgs),
+    /// Measure push and pull throughput and small-request latency over each transport (mem,
+    /// tcp, udp; one server and one worker on loopback), with a raw TCP stream and ping-pong
+    /// as baselines measured in the same run. Build with --release.
+    ///
+    /// Prints one `name value unit` line per measure (GB/s of values, microseconds); --table
+    /// adds a table with each figure's ratio to the raw TCP baseline.
+    Bench(BenchArgs),
     /// Train a model in one process: sparse logistic regression (lr), matrix factorization
     /// (mf) or a count-min sketch (sketch).
     ///
@@ -523,6 +530,20 @@ struct NodeArgs {
 }
 
 #[derive(Args, Debug)]
+struct BenchArgs {
+    /// Seconds instead of minutes: requests of 1K and 64K values, few repetitions (a smoke
+    /// test of the benchmark itself).
+    #[arg(long)]
+    quick: bool,
+    /// Also print a table with each figure's ratio to the raw TCP baselines.
+    #[arg(long)]
+    table: bool,
+    /// The transports to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "mem,tcp,udp", value_parser = ["mem", "tcp", "udp"])]
+    transports: Vec<String>,
+}
+
+#[derive(Args, Debug)]
 struct LocalArgs {
     /// Servers.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -617,6 +638,59 @@ fn node_command(args: NodeArgs, role: Role) -> ExitCode {
         }
         Err(e) => fail(&e),
     }
+}
+
+fn bench_command(args: BenchArgs) -> ExitCode {
+    use pserver::commands::bench::{BenchOptions, run_bench};
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "warning: a debug build; benchmark figures come from `cargo run --release -- bench`"
+        );
+    }
+    let rt = match tokio_runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let opts = BenchOptions {
+        quick: args.quick,
+        transports: args.transports,
+    };
+    let measures = match rt.block_on(run_bench(&opts, |m| println!("{}", m.line()))) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if args.table {
+        let base = |name: &str| {
+            measures
+                .iter()
+                .find(|m| m.name == name)
+                .map_or(f64::NAN, |m| m.value)
+        };
+        let (stream, ping) = (base("raw_tcp.stream"), base("raw_tcp.ping_pong.p50"));
+        println!();
+        println!(
+            "{:<36} {:>12} {:<6} {:>10}",
+            "measure", "value", "unit", "vs raw TCP"
+        );
+        for m in &measures {
+            let ratio = match m.unit {
+                "GB/s" => m.value / stream,
+                "us" => m.value / ping,
+                _ => f64::NAN,
+            };
+            println!(
+                "{:<36} {:>12.4} {:<6} {:>9.2}x",
+                m.name, m.value, m.unit, ratio
+            );
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn local_command(args: LocalArgs) -> ExitCode {
@@ -1165,6 +1239,7 @@ fn main() -> ExitCode {
         Command::Server(args) => node_command(args, Role::Server),
         Command::Worker(args) => node_command(args, Role::Worker),
         Command::Local(args) => local_command(args),
+        Command::Bench(args) => bench_command(args),
         Command::Train(args) => train_command(args),
         Command::Predict(args) => predict_command(args),
         Command::Gen(args) => gen_command(args),

@@ -572,3 +572,45 @@ fn ctrl_c_stops_training_cleanly_and_keeps_a_partial_plot() {
     assert!(svg.starts_with("<svg") && svg.contains("<polyline"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `bench --quick` measures every transport and the raw baselines, one `name value unit` line
+/// each, and `--table` adds the ratios to the raw TCP baseline.
+#[test]
+fn bench_quick_prints_one_machine_readable_line_per_measure() {
+    let out = pserver()
+        .args(["bench", "--quick", "--table"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (lines, table) = text.split_once("\n\n").expect("a table after the lines");
+    let mut names = Vec::new();
+    for line in lines.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert_eq!(fields.len(), 3, "{line}");
+        let value: f64 = fields[1].parse().unwrap();
+        assert!(value.is_finite() && value > 0.0, "{line}");
+        assert!(["GB/s", "us"].contains(&fields[2]), "{line}");
+        names.push(fields[0].to_owned());
+    }
+    for name in ["raw_tcp.stream", "raw_tcp.ping_pong.p50"] {
+        assert!(names.iter().any(|n| n == name), "{name} missing: {names:?}");
+    }
+    for wire in ["mem", "tcp", "udp"] {
+        for what in [
+            "dense_push.1K",
+            "dense_pull.64K",
+            "small_push_rtt.p50",
+            "small_push_rtt.p99",
+        ] {
+            let name = format!("{wire}.1s1w.{what}");
+            assert!(names.contains(&name), "{name} missing: {names:?}");
+        }
+    }
+    assert!(table.contains("vs raw TCP"), "{table}");
+    assert_eq!(table.lines().count(), names.len() + 1, "{table}");
+}

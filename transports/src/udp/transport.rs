@@ -64,6 +64,10 @@ pub struct UdpConfig {
     /// Frames reassembled but not yet taken by `recv`; beyond it the receive task waits.
     /// Default: 1024.
     pub recv_queue: usize,
+    /// The socket's receive and send buffers, in bytes: a frame's datagrams arrive in a burst,
+    /// and what overflows the receive buffer is lost. The kernel caps it (on Linux at
+    /// `net.core.rmem_max`). Default: 4 MiB.
+    pub socket_buffer: usize,
 }
 
 impl UdpConfig {
@@ -79,6 +83,7 @@ impl UdpConfig {
             drop_outgoing: 0.0,
             seed: 0,
             recv_queue: 1024,
+            socket_buffer: 4 << 20,
         }
     }
 }
@@ -191,8 +196,7 @@ impl UdpTransport {
             ),
             None => None,
         };
-        let socket = UdpSocket::bind(cfg.listen)
-            .await
+        let socket = bind_socket(cfg.listen, cfg.socket_buffer)
             .map_err(|e| io_error(format!("binding UDP socket on {}", cfg.listen), e))?;
         let local_addr = socket
             .local_addr()
@@ -315,6 +319,19 @@ impl Transport for UdpTransport {
         let mut inbound = self.inbound.lock().await;
         inbound.recv().await.ok_or(TransportError::Closed)
     }
+}
+
+/// A non-blocking UDP socket on `addr` with buffers of `buffer` bytes (as far as the kernel
+/// allows), registered with the tokio runtime.
+fn bind_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    // Best effort: a smaller buffer only means more loss under bursts.
+    let _ = socket.set_recv_buffer_size(buffer);
+    let _ = socket.set_send_buffer_size(buffer);
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    UdpSocket::from_std(socket.into())
 }
 
 fn with_mac(key: &Hmac<Sha256>, datagram: &[u8]) -> Bytes {

@@ -1,0 +1,353 @@
+//! `pserver bench`: push and pull throughput and small-request latency over each transport,
+//! next to raw TCP baselines measured in the same run, so that every figure reads as a ratio
+//! to what the machine's loopback can do.
+//!
+//! Every measure is one `name value unit` line; [`Measure::line`] gives it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pserver_core::{Consistency, Key, KeyRange, KeySelection, KvPairs, NodeId, RangeList};
+use pserver_transport::Transport;
+use pserver_transport::mem::MemNetwork;
+use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError, WorkerHandle};
+use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
+use pserver_transport::udp::{UdpConfig, UdpTransport};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// One measured figure.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measure {
+    /// Dotted name, e.g. `tcp.1s1w.dense_push.1M`.
+    pub name: String,
+    /// The figure.
+    pub value: f64,
+    /// Its unit: `GB/s`, `us`, `Mkeys/s`.
+    pub unit: &'static str,
+}
+
+impl Measure {
+    /// The machine-readable line: `name value unit`.
+    pub fn line(&self) -> String {
+        format!("{} {:.4} {}", self.name, self.value, self.unit)
+    }
+}
+
+/// The transports `pserver bench` measures.
+pub const TRANSPORTS: [&str; 3] = ["mem", "tcp", "udp"];
+
+/// What to measure.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchOptions {
+    /// Seconds rather than minutes: small requests only, few repetitions.
+    pub quick: bool,
+    /// Which of [`TRANSPORTS`] to measure.
+    pub transports: Vec<String>,
+}
+
+/// Values per request of the dense measures, with their short names.
+fn dense_sizes(quick: bool) -> Vec<(usize, &'static str)> {
+    if quick {
+        vec![(1 << 10, "1K"), (64 << 10, "64K")]
+    } else {
+        vec![
+            (1 << 10, "1K"),
+            (64 << 10, "64K"),
+            (1 << 20, "1M"),
+            (16 << 20, "16M"),
+        ]
+    }
+}
+
+/// Why a benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The cluster or a request failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// A socket of the raw baselines failed.
+    #[error("raw TCP baseline: {0}")]
+    Io(#[from] std::io::Error),
+    /// A transport name outside [`TRANSPORTS`].
+    #[error("`{0}` is not a transport: expected mem, tcp or udp")]
+    UnknownTransport(String),
+    /// A measure did not finish in time.
+    #[error("{0} did not finish within {1} s")]
+    Timeout(String, u64),
+}
+
+fn runtime_err(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Config(e.to_string())
+}
+
+/// Runs every measure, calling `report` with each as soon as it is known.
+pub async fn run_bench(
+    opts: &BenchOptions,
+    mut report: impl FnMut(&Measure),
+) -> Result<Vec<Measure>, BenchError> {
+    let mut all = Vec::new();
+    let mut emit = |m: Measure| {
+        report(&m);
+        all.push(m);
+    };
+    for m in raw_tcp(opts.quick).await? {
+        emit(m);
+    }
+    for wire in &opts.transports {
+        if !TRANSPORTS.contains(&wire.as_str()) {
+            return Err(BenchError::UnknownTransport(wire.clone()));
+        }
+        let mut spec = ClusterSpec::new(1, 1);
+        spec.consistency = Consistency::Eventual;
+        let cluster = start(&spec, wire).await?;
+        let worker = cluster.workers[0].clone();
+        worker.ready().await?;
+        let prefix = format!("{wire}.1s1w");
+        for (size, name) in dense_sizes(opts.quick) {
+            let (push, pull) = match dense(&worker, size, opts.quick, &prefix).await {
+                Ok(figures) => figures,
+                // Reported, and the transport's larger requests are skipped: they would not
+                // finish either.
+                Err(e @ BenchError::Timeout(..)) => {
+                    eprintln!("{e}: skipped, with the larger requests");
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
+            emit(Measure {
+                name: format!("{prefix}.dense_push.{name}"),
+                value: push,
+                unit: "GB/s",
+            });
+            emit(Measure {
+                name: format!("{prefix}.dense_pull.{name}"),
+                value: pull,
+                unit: "GB/s",
+            });
+        }
+        let requests = if opts.quick { 200 } else { 10_000 };
+        let (p50, p99) = round_trips(&worker, requests).await?;
+        emit(Measure {
+            name: format!("{prefix}.small_push_rtt.p50"),
+            value: p50,
+            unit: "us",
+        });
+        emit(Measure {
+            name: format!("{prefix}.small_push_rtt.p99"),
+            value: p99,
+            unit: "us",
+        });
+        cluster.shutdown().await?;
+    }
+    Ok(all)
+}
+
+/// A 1-server, 1-worker cluster over `wire` on loopback.
+async fn start(spec: &ClusterSpec, wire: &str) -> Result<LocalCluster<f32>, BenchError> {
+    if wire == "mem" {
+        return Ok(LocalCluster::start(spec, &MemNetwork::reliable())?);
+    }
+    let ids = spec.node_ids();
+    let mut addrs = BTreeMap::new();
+    for &id in &ids {
+        let probe = if wire == "tcp" {
+            std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?
+        } else {
+            std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?
+        };
+        addrs.insert(id, probe);
+    }
+    let secret = Secret::new(b"pserver-bench".to_vec());
+    let mut transports: BTreeMap<NodeId, Arc<dyn Transport>> = BTreeMap::new();
+    for &id in &ids {
+        let t: Arc<dyn Transport> = if wire == "tcp" {
+            let mut cfg = TcpConfig::new(id, addrs[&id], addrs.clone(), "bench", secret.clone());
+            cfg.max_frame = spec.max_frame + 64;
+            Arc::new(TcpTransport::bind(cfg).await.map_err(runtime_err)?)
+        } else {
+            let mut cfg = UdpConfig::new(id, addrs[&id], addrs.clone());
+            cfg.limits.max_frame = spec.max_frame + 64;
+            Arc::new(UdpTransport::bind(cfg).await.map_err(runtime_err)?)
+        };
+        transports.insert(id, t);
+    }
+    Ok(LocalCluster::start_over(spec, |id| {
+        transports
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| RuntimeError::Config(format!("no transport for {id}")))
+    })?)
+}
+
+/// Dense push and pull of `size` contiguous keys, repeated; GB/s of values each way.
+async fn dense(
+    worker: &WorkerHandle<f32>,
+    size: usize,
+    quick: bool,
+    what: &str,
+) -> Result<(f64, f64), BenchError> {
+    // About 256 MiB of values per measure (4 MiB quick), at least 3 requests.
+    let budget: usize = if quick { 4 << 20 } else { 256 << 20 };
+    let reps = (budget / (size * 4)).clamp(3, 20_000);
+    let keys: Vec<Key> = (0..size as Key).collect();
+    let vals = vec![1.0f32; size];
+    let kvs = KvPairs::new(keys, vals, 1).map_err(runtime_err)?;
+    let range = KeyRange::new(0, size as Key).map_err(runtime_err)?;
+    let selection = KeySelection::Ranges(RangeList::new(vec![range]).map_err(runtime_err)?);
+    // Several requests in flight, so that small ones measure throughput, not round trips.
+    let lanes = (reps / 3).clamp(1, 16);
+    let limit = Duration::from_secs(if quick { 60 } else { 120 });
+    let bytes = (size * 4 * reps) as f64;
+    let start = Instant::now();
+    run_lanes(
+        lanes,
+        reps,
+        || {
+            let worker = worker.clone();
+            let kvs = kvs.clone();
+            async move { worker.push(kvs).await.map(|_| ()) }
+        },
+        limit,
+        format!("{what} dense push of {size}"),
+    )
+    .await?;
+    let push = bytes / start.elapsed().as_secs_f64() / 1e9;
+    let start = Instant::now();
+    run_lanes(
+        lanes,
+        reps,
+        || {
+            let worker = worker.clone();
+            let selection = selection.clone();
+            async move { worker.pull(selection).await.map(|_| ()) }
+        },
+        limit,
+        format!("{what} dense pull of {size}"),
+    )
+    .await?;
+    let pull = bytes / start.elapsed().as_secs_f64() / 1e9;
+    Ok((push, pull))
+}
+
+/// Runs `reps` calls of `call` on `lanes` concurrent tasks, within `limit`.
+async fn run_lanes<F, Fut>(
+    lanes: usize,
+    reps: usize,
+    call: F,
+    limit: Duration,
+    what: String,
+) -> Result<(), BenchError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), RuntimeError>> + Send + 'static,
+{
+    let mut tasks = tokio::task::JoinSet::new();
+    for lane in 0..lanes {
+        let n = reps / lanes + usize::from(lane < reps % lanes);
+        let calls: Vec<Fut> = (0..n).map(|_| call()).collect();
+        tasks.spawn(async move {
+            for c in calls {
+                c.await?;
+            }
+            Ok::<(), RuntimeError>(())
+        });
+    }
+    let all = async {
+        while let Some(done) = tasks.join_next().await {
+            done.map_err(runtime_err)??;
+        }
+        Ok::<(), BenchError>(())
+    };
+    tokio::time::timeout(limit, all)
+        .await
+        .map_err(|_| BenchError::Timeout(what, limit.as_secs()))?
+}
+
+/// One 1-key push at a time, `n` times: p50 and p99 of the round trip, in microseconds.
+async fn round_trips(worker: &WorkerHandle<f32>, n: usize) -> Result<(f64, f64), BenchError> {
+    let kvs = KvPairs::new(vec![7], vec![1.0f32], 1).map_err(runtime_err)?;
+    let mut times = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = Instant::now();
+        worker.push(kvs.clone()).await?;
+        times.push(start.elapsed());
+    }
+    Ok(percentiles(&mut times))
+}
+
+fn percentiles(times: &mut [Duration]) -> (f64, f64) {
+    times.sort();
+    let at = |q: f64| {
+        let i = ((times.len() as f64 - 1.0) * q).round() as usize;
+        times.get(i).map_or(0.0, |d| d.as_secs_f64() * 1e6)
+    };
+    (at(0.5), at(0.99))
+}
+
+/// The baselines: one raw tokio TCP stream on loopback (GB/s) and an 8-byte ping-pong (p50,
+/// microseconds).
+async fn raw_tcp(quick: bool) -> Result<Vec<Measure>, BenchError> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let total: usize = if quick { 16 << 20 } else { 1 << 30 };
+    let reader = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0;
+        while got < total {
+            let want = (total - got).min(buf.len());
+            let n = s.read(&mut buf[..want]).await?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        // Ping-pong on the same connection.
+        let mut ping = [0u8; 8];
+        while s.read_exact(&mut ping).await.is_ok() {
+            s.write_all(&ping).await?;
+        }
+        Ok::<usize, std::io::Error>(got)
+    });
+    let mut s = TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    let chunk = vec![1u8; 1 << 20];
+    let start = Instant::now();
+    let mut sent = 0;
+    while sent < total {
+        s.write_all(&chunk).await?;
+        sent += chunk.len();
+    }
+    s.flush().await?;
+    // The reader reads the same amount before it answers pings: the first pong ends the
+    // stream measure.
+    let mut pong = [0u8; 8];
+    s.write_all(&[0u8; 8]).await?;
+    s.read_exact(&mut pong).await?;
+    let stream = total as f64 / start.elapsed().as_secs_f64() / 1e9;
+    let n = if quick { 200 } else { 10_000 };
+    let mut times = Vec::with_capacity(n);
+    for i in 0..n as u64 {
+        let start = Instant::now();
+        s.write_all(&i.to_le_bytes()).await?;
+        s.read_exact(&mut pong).await?;
+        times.push(start.elapsed());
+    }
+    drop(s);
+    reader.await.map_err(runtime_err)??;
+    let (p50, _) = percentiles(&mut times);
+    Ok(vec![
+        Measure {
+            name: "raw_tcp.stream".into(),
+            value: stream,
+            unit: "GB/s",
+        },
+        Measure {
+            name: "raw_tcp.ping_pong.p50".into(),
+            value: p50,
+            unit: "us",
+        },
+    ])
+}
