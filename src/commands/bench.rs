@@ -200,8 +200,7 @@ async fn dense(
     let lanes = (reps / 3).clamp(1, 16);
     let limit = Duration::from_secs(if quick { 60 } else { 120 });
     let bytes = (size * 4 * reps) as f64;
-    let start = Instant::now();
-    run_lanes(
+    let push_secs = run_lanes(
         lanes,
         reps,
         || {
@@ -213,9 +212,7 @@ async fn dense(
         format!("{what} dense push of {size}"),
     )
     .await?;
-    let push = bytes / start.elapsed().as_secs_f64() / 1e9;
-    let start = Instant::now();
-    run_lanes(
+    let pull_secs = run_lanes(
         lanes,
         reps,
         || {
@@ -227,22 +224,23 @@ async fn dense(
         format!("{what} dense pull of {size}"),
     )
     .await?;
-    let pull = bytes / start.elapsed().as_secs_f64() / 1e9;
-    Ok((push, pull))
+    Ok((bytes / push_secs / 1e9, bytes / pull_secs / 1e9))
 }
 
-/// Runs `reps` calls of `call` on `lanes` concurrent tasks, within `limit`.
+/// Runs `reps` calls of `call` on `lanes` concurrent tasks, within `limit`; returns the
+/// seconds they took.
 async fn run_lanes<F, Fut>(
     lanes: usize,
     reps: usize,
     call: F,
     limit: Duration,
     what: String,
-) -> Result<(), BenchError>
+) -> Result<f64, BenchError>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<(), RuntimeError>> + Send + 'static,
 {
+    let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for lane in 0..lanes {
         let n = reps / lanes + usize::from(lane < reps % lanes);
@@ -262,7 +260,8 @@ where
     };
     tokio::time::timeout(limit, all)
         .await
-        .map_err(|_| BenchError::Timeout(what, limit.as_secs()))?
+        .map_err(|_| BenchError::Timeout(what, limit.as_secs()))??;
+    Ok(start.elapsed().as_secs_f64())
 }
 
 /// One 1-key push at a time, `n` times: p50 and p99 of the round trip, in microseconds.

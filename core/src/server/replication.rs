@@ -64,18 +64,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// Ships the queued buffered pushes of every primary shard: before a copy is cut or the
     /// ring changes.
     pub(super) fn ship_queued(&mut self, out: &mut Effects<V>) {
-        let width = self.cfg.width;
-        let mut sends = Vec::new();
-        for shard in self.shards.values_mut() {
-            if shard.has_queued() {
-                let steps = shard.ship_queued(width);
-                let in_step = shard.ship(&steps);
-                sends.push((in_step, steps));
-            }
-        }
-        for (to, steps) in sends {
-            self.send_steps(&to, steps, out);
-        }
+        self.ship_queues_where(|_, _| true, out);
     }
 
     /// Heartbeat: ships the queues that did not grow since the last heartbeat. Pushes of an
@@ -83,19 +72,31 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// replicas that way and are acknowledged after all, while an iteration still under way
     /// keeps gathering its pushes into one sum.
     pub(super) fn ship_idle_queues(&mut self, out: &mut Effects<V>) {
-        let width = self.cfg.width;
         let seen = core::mem::take(&mut self.queue_seen);
+        let mut grew = BTreeMap::new();
+        self.ship_queues_where(
+            |start, seq| {
+                let idle = seen.get(&start) == Some(&seq);
+                if !idle {
+                    grew.insert(start, seq);
+                }
+                idle
+            },
+            out,
+        );
+        self.queue_seen = grew;
+    }
+
+    /// Ships the queue of every primary shard with one that `pick` (given the shard's start
+    /// and last step) chooses.
+    fn ship_queues_where(&mut self, mut pick: impl FnMut(Key, u64) -> bool, out: &mut Effects<V>) {
+        let width = self.cfg.width;
         let mut sends = Vec::new();
         for (&start, shard) in &mut self.shards {
-            if !shard.has_queued() {
-                continue;
-            }
-            if seen.get(&start) == Some(&shard.seq) {
+            if shard.has_queued() && pick(start, shard.seq) {
                 let steps = shard.ship_queued(width);
                 let in_step = shard.ship(&steps);
                 sends.push((in_step, steps));
-            } else {
-                self.queue_seen.insert(start, shard.seq);
             }
         }
         for (to, steps) in sends {
