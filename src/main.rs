@@ -541,6 +541,10 @@ struct BenchArgs {
     /// The transports to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "mem,tcp,udp", value_parser = ["mem", "tcp", "udp"])]
     transports: Vec<String>,
+    /// Only these dense request sizes, comma-separated (values per request); by default all
+    /// of them (1K and 64K with --quick).
+    #[arg(long, value_delimiter = ',', value_parser = ["1K", "64K", "1M", "16M"])]
+    sizes: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -657,6 +661,7 @@ fn bench_command(args: BenchArgs) -> ExitCode {
     let opts = BenchOptions {
         quick: args.quick,
         transports: args.transports,
+        sizes: args.sizes,
     };
     let measures = match rt.block_on(run_bench(&opts, |m| println!("{}", m.line()))) {
         Ok(m) => m,

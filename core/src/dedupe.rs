@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::key::Key;
+use crate::key::{Key, KeyRange};
 use crate::message::{AppliedSpan, DedupeRecord, RequestId};
 use crate::node::NodeId;
 
@@ -38,6 +38,50 @@ impl DedupeWindow {
                 .applied
                 .get(&request)
                 .is_some_and(|spans| spans.iter().any(|&(a, b)| a <= key && key <= b))
+    }
+
+    /// True when some row of `request` between `first` and `last` (inclusive) may have been
+    /// applied: one look at the request's spans, where [`DedupeWindow::is_applied`] would be
+    /// asked of every key.
+    pub fn applied_any(&self, request: RequestId, first: Key, last: Key) -> bool {
+        request < self.settled_below
+            || self
+                .applied
+                .get(&request)
+                .is_some_and(|spans| spans.iter().any(|&(a, b)| a <= last && first <= b))
+    }
+
+    /// The parts of `within` holding no row of `request` applied before, in key order: empty
+    /// for a settled request, `within` itself for a request never seen. A few spans per
+    /// request, so this costs a sort of those, not a look per key.
+    pub fn fresh_ranges(&self, request: RequestId, within: KeyRange) -> Vec<KeyRange> {
+        if request < self.settled_below {
+            return Vec::new();
+        }
+        let mut spans = self.applied.get(&request).cloned().unwrap_or_default();
+        spans.sort_unstable();
+        let mut fresh = Vec::new();
+        let mut from = within.start();
+        for (first, last) in spans {
+            if first > from {
+                if let Ok(gap) = KeyRange::new(from, first.min(within.end())) {
+                    if !gap.is_empty() {
+                        fresh.push(gap);
+                    }
+                }
+            }
+            // last <= MAX_KEY, so last + 1 is at most the end of the key space.
+            from = from.max(last.saturating_add(1));
+            if from >= within.end() {
+                return fresh;
+            }
+        }
+        if let Ok(rest) = KeyRange::new(from, within.end()) {
+            if !rest.is_empty() {
+                fresh.push(rest);
+            }
+        }
+        fresh
     }
 
     /// Records that the rows of `span` have been applied.
@@ -129,6 +173,57 @@ mod tests {
         // A stale settle from a delayed message never lowers the mark.
         w.settle(2);
         assert_eq!(w.settled_below(), 6);
+    }
+
+    #[test]
+    fn a_span_check_sees_every_overlap_and_nothing_else() {
+        let mut w = DedupeWindow::default();
+        w.record(span(3, 10, 20));
+        for (first, last, overlaps) in [
+            (0, 9, false),
+            (0, 10, true),
+            (20, 30, true),
+            (21, 30, false),
+            (12, 13, true),
+            (0, 100, true),
+        ] {
+            assert_eq!(w.applied_any(3, first, last), overlaps, "{first}..={last}");
+        }
+        assert!(
+            !w.applied_any(4, 0, 100),
+            "another request's rows are fresh"
+        );
+        w.settle(4);
+        assert!(w.applied_any(3, 50, 60), "a settled request is all applied");
+    }
+
+    proptest::proptest! {
+        /// The fresh ranges hold exactly the keys of `within` that no applied span covers.
+        #[test]
+        fn fresh_ranges_hold_exactly_the_keys_no_span_covers(
+            spans in proptest::collection::vec((0u64..60, 0u64..8), 0..5),
+            settled in proptest::bool::weighted(0.1),
+            a in 0u64..70,
+            b in 0u64..70,
+        ) {
+            let mut w = DedupeWindow::default();
+            for &(first, len) in &spans {
+                w.record(span(3, first, first + len));
+            }
+            if settled {
+                w.settle(4);
+            }
+            let within = KeyRange::new(a.min(b), a.max(b)).unwrap();
+            let fresh = w.fresh_ranges(3, within);
+            for pair in fresh.windows(2) {
+                proptest::prop_assert!(pair[0].end() < pair[1].start(), "{fresh:?}");
+            }
+            for k in within.keys() {
+                let in_fresh = fresh.iter().any(|r| r.contains(k));
+                proptest::prop_assert_eq!(in_fresh, !w.is_applied(3, k), "key {}", k);
+            }
+            proptest::prop_assert!(fresh.iter().all(|r| within.covers(*r) && !r.is_empty()));
+        }
     }
 
     #[test]

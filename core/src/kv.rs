@@ -183,6 +183,25 @@ impl<V: Value> KvPairs<V> {
         }
     }
 
+    /// The pairs of `pieces`, one after another: the caller gives them in increasing, disjoint
+    /// key order. A single piece is returned as it is, without a copy.
+    pub(crate) fn concat(mut pieces: Vec<KvPairs<V>>, width: usize) -> KvPairs<V> {
+        pieces.retain(|p| !p.is_empty());
+        if pieces.len() == 1 {
+            if let Some(only) = pieces.pop() {
+                return only;
+            }
+        }
+        let n: usize = pieces.iter().map(KvPairs::len).sum();
+        let mut keys = Vec::with_capacity(n);
+        let mut values = Vec::with_capacity(n * width);
+        for p in &pieces {
+            keys.extend_from_slice(p.keys());
+            values.extend_from_slice(p.values());
+        }
+        KvPairs::from_validated(keys, values, width)
+    }
+
     /// The pairs whose keys lie in `range`, sharing this vector's storage (no copy).
     pub fn slice(&self, range: KeyRange) -> KvPairs<V> {
         let keys = self.keys();

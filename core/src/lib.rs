@@ -99,7 +99,7 @@ pub use mutation::Mutation;
 pub use node::{Epoch, Iteration, NodeId, NodeLayout, Role, Time};
 pub use ring::{MAX_SERVERS, MAX_VNODES, Ring, RingConfig, RingError};
 pub use server::{Server, ServerConfig};
-pub use store::{OrderedStore, ParamStore, RowVisitor};
+pub use store::{OrderedStore, ParamStore, RowVisitor, RowsUpdate, RunVisitor};
 pub use timing::Timing;
 pub use updater::{UpdateRule, Updater};
 pub use value::Value;

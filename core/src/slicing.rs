@@ -54,7 +54,7 @@ fn split_by_owner<V: Value>(cluster: &Cluster, part: Part<V>) -> Vec<(NodeId, Pa
             }
             pieces
                 .into_iter()
-                .map(|(server, ps)| (server, Part::Push(concat(ps, kvs.width()))))
+                .map(|(server, ps)| (server, Part::Push(KvPairs::concat(ps, kvs.width()))))
                 .collect()
         }
         Part::Pull(KeySelection::Keys(list)) => {
@@ -102,12 +102,28 @@ pub(crate) fn primary_of_all<V: Value>(cluster: &Cluster, server: NodeId, part: 
             .all(|(_, owners)| owners[0] == server)
     };
     match part {
-        Part::Push(kvs) => kvs.keys().iter().all(|&k| cluster.primary(k) == server),
-        Part::Pull(KeySelection::Keys(list)) => {
-            list.keys().iter().all(|&k| cluster.primary(k) == server)
-        }
+        Part::Push(kvs) => primary_of_keys(cluster, server, kvs.keys()),
+        Part::Pull(KeySelection::Keys(list)) => primary_of_keys(cluster, server, list.keys()),
         Part::Pull(KeySelection::Ranges(list)) => list.ranges().iter().all(|&r| range_owned(r)),
     }
+}
+
+/// True when `server` is the primary of every one of `keys` (strictly increasing): a look per
+/// ring segment the keys span, not per key.
+pub(crate) fn primary_of_keys(cluster: &Cluster, server: NodeId, keys: &[Key]) -> bool {
+    let (Some(&first), Some(&last)) = (keys.first(), keys.last()) else {
+        return true;
+    };
+    // last <= MAX_KEY, so the range is valid.
+    let Ok(span) = KeyRange::new(first, last + 1) else {
+        return false;
+    };
+    cluster.ring.segments_in(span).all(|(range, owners)| {
+        owners[0] == server || {
+            let from = keys.partition_point(|&k| k < range.start());
+            keys.get(from).is_none_or(|&k| k >= range.end())
+        }
+    })
 }
 
 /// Joins parts taken back from moved slices into one part to slice again.
@@ -139,22 +155,6 @@ pub(crate) fn merge_parts<V: Value>(parts: Vec<Part<V>>, width: usize) -> Option
 }
 
 /// Concatenates sparse vectors whose keys are disjoint and already in order across the list.
-fn concat<V: Value>(mut pieces: Vec<KvPairs<V>>, width: usize) -> KvPairs<V> {
-    if pieces.len() == 1 {
-        if let Some(only) = pieces.pop() {
-            return only;
-        }
-    }
-    let n: usize = pieces.iter().map(KvPairs::len).sum();
-    let mut keys = Vec::with_capacity(n);
-    let mut values = Vec::with_capacity(n * width);
-    for p in &pieces {
-        keys.extend_from_slice(p.keys());
-        values.extend_from_slice(p.values());
-    }
-    KvPairs::from_validated(keys, values, width)
-}
-
 /// True when `kvs` is a well-formed answer to a pull of `part`: right width, and exactly the
 /// keys asked for (sparse) or only keys inside the ranges asked for (dense).
 pub(crate) fn answers<V: Value>(part: &Part<V>, kvs: &KvPairs<V>, width: usize) -> bool {
@@ -169,8 +169,16 @@ pub(crate) fn answers<V: Value>(part: &Part<V>, kvs: &KvPairs<V>, width: usize) 
 /// Sparse vectors with disjoint keys merged into one in key order: the answers of a pull's
 /// slices, or the parts of moved push slices.
 pub(crate) fn assemble<V: Value>(mut replies: Vec<KvPairs<V>>, width: usize) -> KvPairs<V> {
-    // Slices hold disjoint keys; a server's slice may interleave with another's, so sort rows.
+    // Slices hold disjoint keys; a server's slice may interleave with another's, so sort rows
+    // unless the replies, in order of their first keys, follow one another.
     replies.retain(|r| !r.is_empty());
+    replies.sort_by_key(|r| r.keys().first().copied());
+    let in_order = replies
+        .windows(2)
+        .all(|pair| pair[0].keys().last() < pair[1].keys().first());
+    if in_order {
+        return KvPairs::concat(replies, width);
+    }
     let mut rows: Vec<(Key, &[V])> = replies.iter().flat_map(|r| r.iter()).collect();
     rows.sort_unstable_by_key(|&(k, _)| k);
     let mut keys = Vec::with_capacity(rows.len());

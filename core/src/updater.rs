@@ -26,6 +26,18 @@ pub trait UpdateRule<V: Value>: Clone + Debug + PartialEq {
     /// Applies the (aggregated) pushed value `delta` to `weight`.
     fn apply(&self, weight: &mut V, aux: &mut [V], delta: V);
 
+    /// Applies `deltas` to `weights` element by element, `aux` holding
+    /// [`UpdateRule::aux_width`] values per weight; `negate` applies each delta's negation.
+    /// The default calls [`UpdateRule::apply`] per element; a rule may override it with a loop
+    /// the compiler can vectorise.
+    fn apply_all(&self, weights: &mut [V], aux: &mut [V], deltas: &[V], negate: bool) {
+        let aux_width = self.aux_width();
+        for (j, (w, &d)) in weights.iter_mut().zip(deltas).enumerate() {
+            let d = if negate { V::default().sub(d) } else { d };
+            self.apply(w, &mut aux[j * aux_width..(j + 1) * aux_width], d);
+        }
+    }
+
     /// Feeds the rule's parameters into `state`, so that servers running different rules hash
     /// apart.
     fn fingerprint(&self, state: &mut dyn Hasher) {
@@ -111,6 +123,30 @@ impl<V: Value> UpdateRule<V> for Updater {
         }
     }
 
+    fn apply_all(&self, weights: &mut [V], aux: &mut [V], deltas: &[V], negate: bool) {
+        // The sum is the dense hot path: one tight loop with the rule decided outside it.
+        match (self, negate) {
+            (Updater::Sum, false) => {
+                for (w, &d) in weights.iter_mut().zip(deltas) {
+                    *w = w.add(d);
+                }
+            }
+            (Updater::Sum, true) => {
+                // Adding the negation, not subtracting: the two differ on signed zeros.
+                for (w, &d) in weights.iter_mut().zip(deltas) {
+                    *w = w.add(V::default().sub(d));
+                }
+            }
+            _ => {
+                let aux_width = UpdateRule::<V>::aux_width(self);
+                for (j, (w, &d)) in weights.iter_mut().zip(deltas).enumerate() {
+                    let d = if negate { V::default().sub(d) } else { d };
+                    self.apply(w, &mut aux[j * aux_width..(j + 1) * aux_width], d);
+                }
+            }
+        }
+    }
+
     fn apply(&self, weight: &mut V, aux: &mut [V], delta: V) {
         match *self {
             Updater::Sum => *weight = weight.add(delta),
@@ -156,6 +192,42 @@ mod tests {
             rule.apply(&mut w, &mut aux, g);
         }
         (w, aux)
+    }
+
+    /// Every rule's batch form does what its per-element form does, negated or not.
+    #[test]
+    fn applying_a_slice_matches_applying_each_element() {
+        let rules = [
+            Updater::Sum,
+            Updater::Sgd { lr: 0.1 },
+            Updater::AdaGrad { lr: 0.5, eps: 1e-6 },
+            Updater::FtrlProximal {
+                alpha: 0.1,
+                beta: 1.0,
+                l1: 0.01,
+                l2: 0.1,
+            },
+        ];
+        let deltas = [0.5f64, -1.5, 0.0, -0.25];
+        for rule in rules {
+            for negate in [false, true] {
+                let aw = UpdateRule::<f64>::aux_width(&rule);
+                let start = [0.3f64, 0.3, -0.0, 0.3];
+                let (mut w, mut aux) = (start.to_vec(), vec![0.2f64; 4 * aw]);
+                rule.apply_all(&mut w, &mut aux, &deltas, negate);
+                let (mut ew, mut eaux) = (start.to_vec(), vec![0.2f64; 4 * aw]);
+                for (j, &d) in deltas.iter().enumerate() {
+                    let d = if negate { 0.0 - d } else { d };
+                    rule.apply(&mut ew[j], &mut eaux[j * aw..(j + 1) * aw], d);
+                }
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    (bits(&w), bits(&aux)),
+                    (bits(&ew), bits(&eaux)),
+                    "{rule:?} negate={negate}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -127,7 +127,14 @@ impl<V: Value> Visitor<'_> for ValuesSeed<V> {
         if self.count.checked_mul(V::SIZE) != Some(blob.len()) {
             return Err(E::custom("value bytes do not match keys x width"));
         }
-        Ok(blob.chunks_exact(V::SIZE).map(V::from_le_slice).collect())
+        if cfg!(target_endian = "little") {
+            // One copy of the whole array; the blob may not be aligned for `V`.
+            let mut values = vec![V::default(); self.count];
+            bytemuck::cast_slice_mut::<V, u8>(&mut values).copy_from_slice(blob);
+            Ok(values)
+        } else {
+            Ok(blob.chunks_exact(V::SIZE).map(V::from_le_slice).collect())
+        }
     }
 }
 

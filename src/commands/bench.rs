@@ -45,10 +45,18 @@ pub struct BenchOptions {
     pub quick: bool,
     /// Which of [`TRANSPORTS`] to measure.
     pub transports: Vec<String>,
+    /// Only the dense sizes of these names (`1K`, `64K`, `1M`, `16M`); all when empty.
+    pub sizes: Vec<String>,
 }
 
 /// Values per request of the dense measures, with their short names.
-fn dense_sizes(quick: bool) -> Vec<(usize, &'static str)> {
+fn dense_sizes(quick: bool, only: &[String]) -> Vec<(usize, &'static str)> {
+    if !only.is_empty() {
+        return dense_sizes(false, &[])
+            .into_iter()
+            .filter(|(_, name)| only.iter().any(|o| o == name))
+            .collect();
+    }
     if quick {
         vec![(1 << 10, "1K"), (64 << 10, "64K")]
     } else {
@@ -105,7 +113,7 @@ pub async fn run_bench(
         let worker = cluster.workers[0].clone();
         worker.ready().await?;
         let prefix = format!("{wire}.1s1w");
-        for (size, name) in dense_sizes(opts.quick) {
+        for (size, name) in dense_sizes(opts.quick, &opts.sizes) {
             let (push, pull) = match dense(&worker, size, opts.quick, &prefix).await {
                 Ok(figures) => figures,
                 // Reported, and the transport's larger requests are skipped: they would not

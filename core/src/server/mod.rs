@@ -632,15 +632,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .map_or_else(Consistency::default, |c| c.config.consistency)
     }
 
-    fn owns(&self, key: Key) -> bool {
-        self.cluster
-            .as_ref()
-            .is_some_and(|c| c.primary(key) == self.cfg.id)
-    }
-
     /// Whether a push or pull may be served, or must be redirected.
     fn owns_all(&self, keys: &[Key]) -> bool {
-        keys.iter().all(|&k| self.owns(k))
+        keys.is_empty()
+            || self
+                .cluster
+                .as_ref()
+                .is_some_and(|c| crate::slicing::primary_of_keys(c, self.cfg.id, keys))
     }
 
     fn owns_range(&self, range: KeyRange) -> bool {
@@ -876,11 +874,17 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             KeySelection::Keys(list) => {
                 keys.extend_from_slice(list.keys());
                 values.reserve(keys.len() * width);
-                for &k in list.keys() {
-                    match self.value(k) {
-                        Some(row) => values.extend_from_slice(row),
-                        None => values.resize(values.len() + width, V::default()),
+                // Shard by shard, so that each store reads its keys in one ordered pass.
+                let mut rest = list.keys();
+                while let Some(&first) = rest.first() {
+                    let shard = self.shard_of(first);
+                    let n = shard.map_or(1, |s| rest.partition_point(|&k| s.range.contains(k)));
+                    let n = n.max(1);
+                    match shard {
+                        Some(shard) => shard.store.values_of(&rest[..n], width, &mut values),
+                        None => values.resize(values.len() + n * width, V::default()),
                     }
+                    rest = &rest[n..];
                 }
             }
             KeySelection::Ranges(ranges) => {
@@ -894,14 +898,18 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                         let Some(part) = shard.range.intersect(r) else {
                             continue;
                         };
-                        shard.store.for_each_in(part, &mut |k, row| {
-                            if keys.len() < most {
-                                keys.push(k);
-                                values.extend_from_slice(row);
-                            } else if resume.is_none() {
-                                resume = Some(k);
-                            }
-                        });
+                        shard
+                            .store
+                            .for_each_run_in(part, &mut |run_keys, run_values| {
+                                if resume.is_some() {
+                                    return;
+                                }
+                                let room = most - keys.len();
+                                let take = run_keys.len().min(room);
+                                keys.extend_from_slice(&run_keys[..take]);
+                                values.extend_from_slice(&run_values[..take * width]);
+                                resume = run_keys.get(take).copied();
+                            });
                         if resume.is_some() {
                             break 'ranges;
                         }

@@ -97,22 +97,14 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         dedupe: bool,
     ) -> KvPairs<V> {
         let rows = kvs.slice(self.range);
-        match self.dedupe.get(&worker) {
-            Some(window)
-                if dedupe && rows.keys().iter().any(|&k| window.is_applied(request, k)) =>
-            {
-                let width = rows.width();
-                let mut keys = Vec::new();
-                let mut values = Vec::new();
-                for (k, row) in rows.iter() {
-                    if !window.is_applied(request, k) {
-                        keys.push(k);
-                        values.extend_from_slice(row);
-                    }
-                }
-                KvPairs::from_validated(keys, values, width)
-            }
-            _ => rows,
+        let (Some(window), Some(span), true) = (self.dedupe.get(&worker), rows.span(), dedupe)
+        else {
+            return rows;
+        };
+        let fresh = window.fresh_ranges(request, span);
+        match fresh.as_slice() {
+            [only] if *only == span => rows,
+            _ => KvPairs::concat(fresh.iter().map(|&r| rows.slice(r)).collect(), rows.width()),
         }
     }
 
@@ -536,14 +528,9 @@ fn apply_rows<V: Value, U: UpdateRule<V>, S: ParamStore<V>>(
     kvs: &KvPairs<V>,
     negate: bool,
 ) {
-    let aux_width = updater.aux_width();
-    for (key, deltas) in kvs.iter() {
-        let (row, aux) = store.row_mut(key);
-        for (j, (w, &d)) in row.iter_mut().zip(deltas).enumerate() {
-            let d = if negate { V::default().sub(d) } else { d };
-            updater.apply(w, &mut aux[j * aux_width..(j + 1) * aux_width], d);
-        }
-    }
+    store.update_rows(kvs.keys(), kvs.values(), &mut |rows, aux, deltas| {
+        updater.apply_all(rows, aux, deltas, negate);
+    });
 }
 
 /// Sums several sparse vectors key-wise into one, in key order.

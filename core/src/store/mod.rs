@@ -1,0 +1,121 @@
+//! Where a server keeps its parameters.
+//!
+//! Storage is not protocol: the trait is small, so that another layout can serve behind the same
+//! server code. Its batch methods have per-row defaults; [`OrderedStore`] overrides them to
+//! work on runs of consecutive rows, which is what makes a dense push one pass over memory
+//! (ARCHITECTURE.md §6).
+
+use core::fmt::Debug;
+use core::hash::Hasher;
+
+use crate::key::{Key, KeyRange};
+use crate::value::Value;
+
+mod ordered;
+
+pub use ordered::OrderedStore;
+
+/// What [`ParamStore::for_each_row_in`] calls for each row: its key, values and updater state.
+pub type RowVisitor<'a, V> = dyn FnMut(Key, &[V], &[V]) + 'a;
+
+/// What [`ParamStore::update_rows`] calls for each run of rows stored one after another: their
+/// values, their updater state, and the pushed values for them, all in key order.
+pub type RowsUpdate<'a, V> = dyn FnMut(&mut [V], &mut [V], &[V]) + 'a;
+
+/// What [`ParamStore::for_each_run_in`] calls for each run of stored rows: their keys and their
+/// values, in key order.
+pub type RunVisitor<'a, V> = dyn FnMut(&[Key], &[V]) + 'a;
+
+/// A server's parameter rows: `width` values and `aux_width x width` updater state per key.
+///
+/// A server keeps one store per shard (ARCHITECTURE.md §8): a store is split when the ring cuts
+/// a shard in two, copied row by row when a shard moves to another server, and created empty for
+/// a shard that arrives. Nothing else is asked of it: equality and hashing, which the model
+/// checker needs, come from [`ParamStore::fingerprint`] and [`ParamStore::same_rows`], whose
+/// defaults read the rows through [`ParamStore::for_each_row_in`].
+pub trait ParamStore<V: Value>: Clone + Debug {
+    /// Values of `key`, if it was ever written.
+    fn get(&self, key: Key) -> Option<&[V]>;
+
+    /// Values and updater state of `key`, created as zeros if absent.
+    fn row_mut(&mut self, key: Key) -> (&mut [V], &mut [V]);
+
+    /// Calls `f` on the rows of `keys` (strictly increasing), creating absent ones as zeros,
+    /// with `deltas` cut to match: `deltas.len() / keys.len()` values per key. A store may
+    /// hand several consecutive rows to one call.
+    fn update_rows(&mut self, keys: &[Key], deltas: &[V], f: &mut RowsUpdate<'_, V>) {
+        let width = deltas.len() / keys.len().max(1);
+        if width == 0 {
+            return;
+        }
+        for (&key, delta) in keys.iter().zip(deltas.chunks_exact(width)) {
+            let (row, aux) = self.row_mut(key);
+            f(row, aux, delta);
+        }
+    }
+
+    /// Appends the values of `keys` (strictly increasing) to `out`, `width` zeros for a key
+    /// never written.
+    fn values_of(&self, keys: &[Key], width: usize, out: &mut Vec<V>) {
+        out.reserve(keys.len() * width);
+        for &key in keys {
+            match self.get(key) {
+                Some(row) => out.extend_from_slice(row),
+                None => out.resize(out.len() + width, V::default()),
+            }
+        }
+    }
+
+    /// Calls `f` on the stored rows in `range`, in key order, several at a time where the
+    /// layout allows.
+    fn for_each_run_in(&self, range: KeyRange, f: &mut RunVisitor<'_, V>) {
+        self.for_each_in(range, &mut |key, row| f(&[key], row));
+    }
+
+    /// Calls `f` on every stored row in `range`, in key order.
+    fn for_each_in(&self, range: KeyRange, f: &mut dyn FnMut(Key, &[V]));
+
+    /// Calls `f` on every stored row in `range` with its updater state, in key order.
+    fn for_each_row_in(&self, range: KeyRange, f: &mut RowVisitor<'_, V>);
+
+    /// An empty store of the same shape.
+    fn empty(&self) -> Self;
+
+    /// Moves every row at or above `at` into a new store of the same shape.
+    fn split_off(&mut self, at: Key) -> Self;
+
+    /// Number of stored keys.
+    fn len(&self) -> usize;
+
+    /// True when nothing is stored.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Feeds every row (key, then the bits of its values and updater state) into `state`, so
+    /// that two stores holding the same rows hash alike however they lay them out.
+    fn fingerprint(&self, state: &mut dyn Hasher) {
+        self.for_each_row_in(KeyRange::FULL, &mut |key, row, aux| {
+            state.write_u64(key);
+            for v in row.iter().chain(aux) {
+                state.write_u64(v.to_bits());
+            }
+        });
+    }
+
+    /// True when both stores hold the same keys with the same bits.
+    fn same_rows(&self, other: &Self) -> bool {
+        let rows = |s: &Self| {
+            let mut all = Vec::new();
+            s.for_each_row_in(KeyRange::FULL, &mut |key, row, aux| {
+                all.push(key);
+                all.extend(row.iter().chain(aux).map(|v| v.to_bits()));
+            });
+            all
+        };
+        self.len() == other.len() && rows(self) == rows(other)
+    }
+}
+
+#[cfg(test)]
+mod tests;

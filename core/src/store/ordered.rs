@@ -1,0 +1,447 @@
+//! [`OrderedStore`]: rows in sorted leaves of a few thousand keys each.
+
+use core::hash::{Hash, Hasher};
+use std::collections::BTreeMap;
+
+use super::{ParamStore, RowVisitor, RowsUpdate, RunVisitor};
+use crate::key::{Key, KeyRange};
+use crate::value::Value;
+
+/// Rows a leaf is cut into once it holds more than twice as many.
+const LEAF_ROWS: usize = 1 << 13;
+
+/// Keys in order with their values and updater state laid out in the same order.
+#[derive(Clone, Debug)]
+struct Leaf<V> {
+    keys: Vec<Key>,
+    values: Vec<V>,
+    aux: Vec<V>,
+}
+
+/// Where `key` is in `keys`, searching forward from `from`: galloping, so that a sorted batch
+/// costs a step per key when its keys sit next to each other and a logarithm when they do not.
+fn seek(keys: &[Key], from: usize, key: Key) -> Result<usize, usize> {
+    let mut lo = from;
+    let mut step = 1;
+    let mut hi = from;
+    while hi < keys.len() && keys[hi] < key {
+        lo = hi + 1;
+        hi = hi.saturating_add(step);
+        step *= 2;
+    }
+    // keys[hi] >= key (or hi is past the end): the key is in keys[lo..=hi] if anywhere.
+    let hi = hi.saturating_add(1).min(keys.len());
+    keys[lo..hi]
+        .binary_search(&key)
+        .map(|i| lo + i)
+        .map_err(|i| lo + i)
+}
+
+impl<V: Value> Leaf<V> {
+    fn empty() -> Self {
+        Leaf {
+            keys: Vec::new(),
+            values: Vec::new(),
+            aux: Vec::new(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// True when every key of `batch` (strictly increasing) is in this leaf.
+    fn holds_all(&self, batch: &[Key]) -> bool {
+        let mut at = 0;
+        for &key in batch {
+            match seek(&self.keys, at, key) {
+                Ok(i) => at = i + 1,
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// Adds the keys of `batch` (strictly increasing) not yet here, as zero rows, in one merge;
+    /// returns how many it added.
+    fn insert_missing(&mut self, batch: &[Key], width: usize, aux_width: usize) -> usize {
+        let row_aux = width * aux_width;
+        let total = self.keys.len() + batch.len();
+        let mut keys = Vec::with_capacity(total);
+        let mut values = Vec::with_capacity(total * width);
+        let mut aux = Vec::with_capacity(total * row_aux);
+        let (mut i, mut added) = (0, 0);
+        for &key in batch {
+            let end = self.keys[i..].partition_point(|&k| k < key) + i;
+            keys.extend_from_slice(&self.keys[i..end]);
+            values.extend_from_slice(&self.values[i * width..end * width]);
+            aux.extend_from_slice(&self.aux[i * row_aux..end * row_aux]);
+            i = end;
+            if self.keys.get(i) != Some(&key) {
+                keys.push(key);
+                values.resize(values.len() + width, V::default());
+                aux.resize(aux.len() + row_aux, V::default());
+                added += 1;
+            }
+        }
+        keys.extend_from_slice(&self.keys[i..]);
+        values.extend_from_slice(&self.values[i * width..]);
+        aux.extend_from_slice(&self.aux[i * row_aux..]);
+        *self = Leaf { keys, values, aux };
+        added
+    }
+
+    /// Calls `f` on the rows of `batch`, every one of which this leaf holds, a run of
+    /// consecutive rows at a time.
+    fn update(
+        &mut self,
+        batch: &[Key],
+        deltas: &[V],
+        width: usize,
+        aux_width: usize,
+        f: &mut RowsUpdate<'_, V>,
+    ) {
+        let row_aux = width * aux_width;
+        let mut call = |leaf: &mut Self, at: usize, from: usize, to: usize| {
+            let n = to - from;
+            f(
+                &mut leaf.values[at * width..(at + n) * width],
+                &mut leaf.aux[at * row_aux..(at + n) * row_aux],
+                &deltas[from * width..to * width],
+            );
+        };
+        let Some(&first) = batch.first() else {
+            return;
+        };
+        let Ok(mut at) = seek(&self.keys, 0, first) else {
+            return;
+        };
+        let (mut run_at, mut run_from) = (at, 0);
+        for (t, &key) in batch.iter().enumerate().skip(1) {
+            let next = if self.keys.get(at + 1) == Some(&key) {
+                at + 1
+            } else {
+                match seek(&self.keys, at + 1, key) {
+                    Ok(i) => i,
+                    Err(_) => return,
+                }
+            };
+            if next != at + 1 {
+                call(self, run_at, run_from, t);
+                (run_at, run_from) = (next, t);
+            }
+            at = next;
+        }
+        call(self, run_at, run_from, batch.len());
+    }
+
+    /// Cuts off the rows from position `i` on.
+    fn split_off(&mut self, i: usize, width: usize, aux_width: usize) -> Self {
+        Leaf {
+            keys: self.keys.split_off(i),
+            values: self.values.split_off(i * width),
+            aux: self.aux.split_off(i * width * aux_width),
+        }
+    }
+
+    fn row(&self, i: usize, width: usize) -> &[V] {
+        &self.values[i * width..(i + 1) * width]
+    }
+
+    fn aux_row(&self, i: usize, row_aux: usize) -> &[V] {
+        &self.aux[i * row_aux..(i + 1) * row_aux]
+    }
+}
+
+/// Rows kept in key order in leaves of a few thousand keys, each leaf three flat arrays (keys,
+/// values, updater state), found through an ordered map of the leaves.
+///
+/// A push of keys stored one after another is applied as one slice per leaf; a batch of keys
+/// all present costs a step per key, not a tree lookup; a leaf grows by one merge per batch,
+/// not by one insertion per key. Iteration is in key order. Equality and hashing compare rows
+/// by bits and ignore how they are cut into leaves.
+///
+/// ```
+/// use pserver_core::{KeyRange, OrderedStore, ParamStore};
+/// let mut store = OrderedStore::<f32>::new(1, 0);
+/// store.update_rows(&[3, 4, 5], &[1.0, 2.0, 3.0], &mut |rows, _, deltas| {
+///     for (w, d) in rows.iter_mut().zip(deltas) {
+///         *w += d;
+///     }
+/// });
+/// assert_eq!(store.get(4), Some(&[2.0f32][..]));
+/// assert_eq!(store.len(), 3);
+/// ```
+#[derive(Clone, Debug)]
+pub struct OrderedStore<V> {
+    width: usize,
+    aux_width: usize,
+    /// Non-empty leaves by their first key; their keys do not overlap.
+    leaves: BTreeMap<Key, Leaf<V>>,
+    len: usize,
+}
+
+impl<V: Value> OrderedStore<V> {
+    /// An empty store of rows `width` wide with `aux_width` updater values per value.
+    pub fn new(width: usize, aux_width: usize) -> Self {
+        OrderedStore {
+            width,
+            aux_width,
+            leaves: BTreeMap::new(),
+            len: 0,
+        }
+    }
+
+    /// The first key of the leaf `key` belongs in: the last leaf starting at or below it, or
+    /// the first leaf for a key below every leaf.
+    fn leaf_for(&self, key: Key) -> Option<Key> {
+        self.leaves
+            .range(..=key)
+            .next_back()
+            .or_else(|| self.leaves.iter().next())
+            .map(|(&start, _)| start)
+    }
+
+    /// Every row in key order, with its updater state.
+    fn rows(&self) -> impl Iterator<Item = (Key, &[V], &[V])> + '_ {
+        let (width, row_aux) = (self.width, self.width * self.aux_width);
+        self.leaves.values().flat_map(move |leaf| {
+            leaf.keys
+                .iter()
+                .enumerate()
+                .map(move |(i, &k)| (k, leaf.row(i, width), leaf.aux_row(i, row_aux)))
+        })
+    }
+
+    /// Puts `leaf` back under its first key, cut into leaves of [`LEAF_ROWS`] if it grew past
+    /// twice that.
+    fn put_leaf(&mut self, mut leaf: Leaf<V>) {
+        while leaf.len() > 2 * LEAF_ROWS {
+            let tail = leaf.split_off(leaf.len() - LEAF_ROWS, self.width, self.aux_width);
+            self.leaves.insert(tail.keys[0], tail);
+        }
+        if let Some(&first) = leaf.keys.first() {
+            self.leaves.insert(first, leaf);
+        }
+    }
+
+    /// Leaves overlapping `range`, in key order.
+    fn leaves_in(&self, range: KeyRange) -> impl Iterator<Item = &Leaf<V>> + '_ {
+        let from = self.leaf_for(range.start()).unwrap_or(range.start());
+        self.leaves
+            .range(from..range.end().max(from))
+            .map(|(_, leaf)| leaf)
+    }
+}
+
+impl<V: Value> ParamStore<V> for OrderedStore<V> {
+    fn get(&self, key: Key) -> Option<&[V]> {
+        let (_, leaf) = self.leaves.range(..=key).next_back()?;
+        let i = leaf.keys.binary_search(&key).ok()?;
+        Some(leaf.row(i, self.width))
+    }
+
+    fn row_mut(&mut self, key: Key) -> (&mut [V], &mut [V]) {
+        let held = self
+            .leaves
+            .range(..=key)
+            .next_back()
+            .is_some_and(|(_, leaf)| leaf.keys.binary_search(&key).is_ok());
+        if !held {
+            let mut leaf = self
+                .leaf_for(key)
+                .and_then(|start| self.leaves.remove(&start))
+                .unwrap_or_else(Leaf::empty);
+            self.len += leaf.insert_missing(&[key], self.width, self.aux_width);
+            self.put_leaf(leaf);
+        }
+        let (width, row_aux) = (self.width, self.width * self.aux_width);
+        // The key is now held by the last leaf starting at or below it.
+        if let Some((_, leaf)) = self.leaves.range_mut(..=key).next_back() {
+            if let Ok(i) = leaf.keys.binary_search(&key) {
+                return (
+                    &mut leaf.values[i * width..(i + 1) * width],
+                    &mut leaf.aux[i * row_aux..(i + 1) * row_aux],
+                );
+            }
+        }
+        (&mut [], &mut [])
+    }
+
+    fn update_rows(&mut self, keys: &[Key], deltas: &[V], f: &mut RowsUpdate<'_, V>) {
+        let (width, aux_width) = (self.width, self.aux_width);
+        if keys.is_empty() || deltas.len() != keys.len() * width {
+            return;
+        }
+        let mut i = 0;
+        while i < keys.len() {
+            let start = self.leaf_for(keys[i]);
+            let bound = start.and_then(|s| {
+                self.leaves
+                    .range(s.saturating_add(1)..)
+                    .next()
+                    .map(|(&b, _)| b)
+            });
+            let j = i + keys[i..].partition_point(|&k| bound.is_none_or(|b| k < b));
+            let batch = &keys[i..j];
+            let batch_deltas = &deltas[i * width..j * width];
+            let whole_run = |leaf: &Leaf<V>| {
+                // Strictly increasing keys spanning exactly their count are consecutive.
+                let n = batch.len();
+                let at = leaf.keys.binary_search(&batch[0]).ok()?;
+                (batch[n - 1] - batch[0] == n as Key - 1
+                    && leaf.keys.get(at + n - 1) == Some(&batch[n - 1]))
+                .then_some(at)
+            };
+            let done = match start.and_then(|s| self.leaves.get_mut(&s)) {
+                Some(leaf) => match whole_run(leaf) {
+                    Some(at) => {
+                        let (n, row_aux) = (batch.len(), width * aux_width);
+                        f(
+                            &mut leaf.values[at * width..(at + n) * width],
+                            &mut leaf.aux[at * row_aux..(at + n) * row_aux],
+                            batch_deltas,
+                        );
+                        true
+                    }
+                    None if leaf.holds_all(batch) => {
+                        leaf.update(batch, batch_deltas, width, aux_width, f);
+                        true
+                    }
+                    None => false,
+                },
+                None => false,
+            };
+            if !done {
+                let mut leaf = start
+                    .and_then(|s| self.leaves.remove(&s))
+                    .unwrap_or_else(Leaf::empty);
+                self.len += leaf.insert_missing(batch, width, aux_width);
+                leaf.update(batch, batch_deltas, width, aux_width, f);
+                self.put_leaf(leaf);
+            }
+            i = j;
+        }
+    }
+
+    fn values_of(&self, keys: &[Key], width: usize, out: &mut Vec<V>) {
+        out.reserve(keys.len() * width);
+        let mut i = 0;
+        while i < keys.len() {
+            let Some((&start, leaf)) = self.leaves.range(..=keys[i]).next_back() else {
+                // Below every leaf: never written.
+                let j = i + keys[i..]
+                    .partition_point(|&k| self.leaves.keys().next().is_none_or(|&first| k < first));
+                out.resize(out.len() + (j - i) * width, V::default());
+                i = j;
+                continue;
+            };
+            let bound = self
+                .leaves
+                .range(start.saturating_add(1)..)
+                .next()
+                .map(|(&b, _)| b);
+            let j = i + keys[i..].partition_point(|&k| bound.is_none_or(|b| k < b));
+            let mut at = 0;
+            for &key in &keys[i..j] {
+                match seek(&leaf.keys, at, key) {
+                    Ok(p) if width == self.width => {
+                        out.extend_from_slice(leaf.row(p, width));
+                        at = p + 1;
+                    }
+                    Ok(p) | Err(p) => {
+                        out.resize(out.len() + width, V::default());
+                        at = p;
+                    }
+                }
+            }
+            i = j;
+        }
+    }
+
+    fn for_each_run_in(&self, range: KeyRange, f: &mut RunVisitor<'_, V>) {
+        for leaf in self.leaves_in(range) {
+            let from = leaf.keys.partition_point(|&k| k < range.start());
+            let to = leaf.keys.partition_point(|&k| k < range.end());
+            if from < to {
+                f(
+                    &leaf.keys[from..to],
+                    &leaf.values[from * self.width..to * self.width],
+                );
+            }
+        }
+    }
+
+    fn for_each_in(&self, range: KeyRange, f: &mut dyn FnMut(Key, &[V])) {
+        self.for_each_run_in(range, &mut |keys, values| {
+            for (&k, row) in keys.iter().zip(values.chunks_exact(self.width)) {
+                f(k, row);
+            }
+        });
+    }
+
+    fn for_each_row_in(&self, range: KeyRange, f: &mut RowVisitor<'_, V>) {
+        let row_aux = self.width * self.aux_width;
+        for leaf in self.leaves_in(range) {
+            let from = leaf.keys.partition_point(|&k| k < range.start());
+            let to = leaf.keys.partition_point(|&k| k < range.end());
+            for i in from..to {
+                f(
+                    leaf.keys[i],
+                    leaf.row(i, self.width),
+                    leaf.aux_row(i, row_aux),
+                );
+            }
+        }
+    }
+
+    fn empty(&self) -> Self {
+        OrderedStore::new(self.width, self.aux_width)
+    }
+
+    fn split_off(&mut self, at: Key) -> Self {
+        let mut high = self.empty();
+        high.leaves = self.leaves.split_off(&at);
+        if let Some(leaf) = self.leaves.values_mut().next_back() {
+            let i = leaf.keys.partition_point(|&k| k < at);
+            if i < leaf.len() {
+                let tail = leaf.split_off(i, self.width, self.aux_width);
+                high.leaves.insert(tail.keys[0], tail);
+            }
+        }
+        high.len = high.leaves.values().map(Leaf::len).sum();
+        self.len -= high.len;
+        high
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl<V: Value> PartialEq for OrderedStore<V> {
+    fn eq(&self, other: &Self) -> bool {
+        let same_bits = |a: &[V], b: &[V]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        self.width == other.width
+            && self.aux_width == other.aux_width
+            && self.len == other.len
+            && self
+                .rows()
+                .zip(other.rows())
+                .all(|((k, r, a), (ok, or, oa))| k == ok && same_bits(r, or) && same_bits(a, oa))
+    }
+}
+
+impl<V: Value> Eq for OrderedStore<V> {}
+
+impl<V: Value> Hash for OrderedStore<V> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.width.hash(state);
+        for (k, row, aux) in self.rows() {
+            k.hash(state);
+            for v in row.iter().chain(aux) {
+                v.to_bits().hash(state);
+            }
+        }
+    }
+}

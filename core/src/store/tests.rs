@@ -1,0 +1,300 @@
+
+use core::hash::{Hash, Hasher};
+
+use super::*;
+use crate::key::{Key, KeyRange};
+
+#[test]
+fn rows_start_at_zero_and_iterate_in_key_order() {
+    let mut s = OrderedStore::<i64>::new(2, 1);
+    s.row_mut(9).0[1] = 4;
+    s.row_mut(3).0[0] = 1;
+    assert_eq!(s.get(9), Some(&[0, 4][..]));
+    assert_eq!(s.row_mut(3).1, &[0, 0]);
+    let mut seen = Vec::new();
+    s.for_each_in(KeyRange::new(0, 10).unwrap(), &mut |k, v| {
+        seen.push((k, v.to_vec()))
+    });
+    assert_eq!(seen, vec![(3, vec![1, 0]), (9, vec![0, 4])]);
+}
+
+fn edge_key() -> impl proptest::strategy::Strategy<Value = Key> {
+    use proptest::prelude::*;
+    prop_oneof![
+        0u64..64,
+        (crate::MAX_KEY - 64)..=crate::MAX_KEY,
+        any::<u64>().prop_map(|k| k % u64::MAX),
+    ]
+}
+
+proptest::proptest! {
+    /// Rows at the edges of the key space, up to the largest legal key, are kept and found
+    /// by ranges, including ranges that end at the end of the key space.
+    #[test]
+    fn ranges_find_exactly_the_rows_they_hold_up_to_the_end_of_the_key_space(
+        keys in proptest::collection::btree_set(edge_key(), 0..32),
+        start in edge_key(),
+        to_end in proptest::bool::ANY,
+        end in edge_key(),
+    ) {
+        let mut s = OrderedStore::<i64>::new(1, 0);
+        for &k in &keys {
+            s.row_mut(k).0[0] = (k % 1000) as i64 + 1;
+        }
+        let end = if to_end { u64::MAX } else { end.max(start) };
+        let range = KeyRange::new(start.min(end), end).unwrap();
+        let mut seen = Vec::new();
+        s.for_each_in(range, &mut |k, v| seen.push((k, v[0])));
+        let want: Vec<(Key, i64)> = keys
+            .iter()
+            .filter(|&&k| range.contains(k))
+            .map(|&k| (k, (k % 1000) as i64 + 1))
+            .collect();
+        proptest::prop_assert_eq!(seen, want);
+        proptest::prop_assert_eq!(s.len(), keys.len());
+        for &k in &keys {
+            proptest::prop_assert_eq!(s.get(k), Some(&[(k % 1000) as i64 + 1][..]));
+        }
+    }
+}
+
+#[test]
+fn equality_ignores_the_order_rows_were_created_in() {
+    let mut a = OrderedStore::<f32>::new(1, 0);
+    let mut b = OrderedStore::<f32>::new(1, 0);
+    a.row_mut(1).0[0] = 1.0;
+    a.row_mut(2).0[0] = 2.0;
+    b.row_mut(2).0[0] = 2.0;
+    b.row_mut(1).0[0] = 1.0;
+    assert_eq!(a, b);
+    b.row_mut(1).0[0] = -1.0;
+    assert_ne!(a, b);
+}
+
+/// Rows wider than one value, with updater state, each keep their own values.
+#[test]
+fn wide_rows_with_updater_state_do_not_overlap() {
+    let mut s = OrderedStore::<i64>::new(3, 2);
+    for k in 0..6i64 {
+        let (values, aux) = s.row_mut(k as Key * 10);
+        assert_eq!((values.len(), aux.len()), (3, 6));
+        values.copy_from_slice(&[k, k + 1, k + 2]);
+        aux.copy_from_slice(&[-k; 6]);
+    }
+    assert_eq!(s.len(), 6);
+    for k in 0..6i64 {
+        assert_eq!(s.get(k as Key * 10), Some(&[k, k + 1, k + 2][..]));
+        assert_eq!(s.row_mut(k as Key * 10).1, &[-k; 6]);
+    }
+}
+
+fn hash_of(s: &OrderedStore<f32>) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
+}
+
+/// Every difference counts: shape, keys, values and updater state; equal stores hash alike
+/// and (with this hasher) different ones do not.
+#[test]
+fn equality_and_hashing_see_every_difference() {
+    let store = |width: usize, aux_width: usize, rows: &[(Key, f32, f32)]| {
+        let mut s = OrderedStore::<f32>::new(width, aux_width);
+        for &(k, v, a) in rows {
+            let (values, aux) = s.row_mut(k);
+            values[0] = v;
+            if let Some(x) = aux.first_mut() {
+                *x = a;
+            }
+        }
+        s
+    };
+    let base = store(1, 1, &[(1, 1.0, 5.0), (2, 2.0, 6.0)]);
+    assert_eq!(base, store(1, 1, &[(2, 2.0, 6.0), (1, 1.0, 5.0)]));
+    assert_eq!(
+        hash_of(&base),
+        hash_of(&store(1, 1, &[(2, 2.0, 6.0), (1, 1.0, 5.0)]))
+    );
+    let others = [
+        store(2, 1, &[(1, 1.0, 5.0), (2, 2.0, 6.0)]),
+        store(1, 2, &[(1, 1.0, 5.0), (2, 2.0, 6.0)]),
+        store(1, 1, &[(1, 1.0, 5.0)]),
+        store(1, 1, &[(1, 1.0, 5.0), (2, 2.0, 6.0), (3, 0.0, 0.0)]),
+        store(1, 1, &[(1, 1.0, 5.0), (3, 2.0, 6.0)]),
+        store(1, 1, &[(1, 1.0, 5.0), (2, 2.5, 6.0)]),
+        store(1, 1, &[(1, 1.0, 5.0), (2, 2.0, 6.5)]),
+    ];
+    for other in &others {
+        assert_ne!(&base, other);
+        assert_ne!(hash_of(&base), hash_of(other), "{other:?}");
+    }
+    // Bits, not numeric equality: 0.0 and -0.0 differ, a NaN equals itself.
+    assert_ne!(
+        store(1, 0, &[(1, 0.0, 0.0)]),
+        store(1, 0, &[(1, -0.0, 0.0)])
+    );
+    let nan = store(1, 0, &[(1, f32::NAN, 0.0)]);
+    assert_eq!(nan, nan.clone());
+    assert!(!nan.is_empty() && OrderedStore::<f32>::new(1, 0).is_empty());
+}
+
+/// One step of the model-based test below.
+#[derive(Clone, Debug)]
+enum Step {
+    /// Adds `delta` to every key of the batch (sorted, de-duplicated before use).
+    Update(Vec<Key>, i64),
+    /// Adds one to a single row through `row_mut`.
+    Touch(Key),
+    /// Splits at the key and keeps the low part (or the high part).
+    Split(Key, bool),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    // Keys from a small space, so that batches meet stored rows, and runs long enough to
+    // cross several leaves.
+    let key = prop_oneof![
+        0u64..40,
+        20_000u64..20_100,
+        (crate::MAX_KEY - 3)..=crate::MAX_KEY
+    ];
+    let dense = (0u64..40_000, 1usize..20_000)
+        .prop_map(|(from, n)| (from..from + n as u64).collect::<Vec<_>>());
+    prop_oneof![
+        4 => (proptest::collection::vec(key.clone(), 0..40), -5i64..5)
+            .prop_map(|(k, d)| Step::Update(k, d)),
+        2 => (dense, -5i64..5).prop_map(|(k, d)| Step::Update(k, d)),
+        1 => key.clone().prop_map(Step::Touch),
+        1 => (key, proptest::bool::ANY).prop_map(|(k, high)| Step::Split(k, high)),
+    ]
+}
+
+fn aux_of(delta: i64) -> i64 {
+    delta * 100 + 1
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Whatever the batches, single-row writes and splits, the store holds exactly what
+    /// a plain ordered map of rows would, and every way of reading it agrees.
+    #[test]
+    fn the_store_agrees_with_an_ordered_map_under_batches_touches_and_splits(
+        steps in proptest::collection::vec(step(), 1..12),
+        probe in proptest::collection::vec(0u64..40_100, 0..64),
+    ) {
+        use std::collections::BTreeMap;
+        let mut store = OrderedStore::<i64>::new(2, 1);
+        let mut model: BTreeMap<Key, ([i64; 2], [i64; 2])> = BTreeMap::new();
+        for step in steps {
+            match step {
+                Step::Update(mut keys, delta) => {
+                    keys.sort_unstable();
+                    keys.dedup();
+                    let deltas: Vec<i64> =
+                        keys.iter().flat_map(|&k| [delta, k as i64]).collect();
+                    let (mut calls, mut shapes_agree) = (0, true);
+                    store.update_rows(&keys, &deltas, &mut |rows, aux, d| {
+                        calls += 1;
+                        shapes_agree &= rows.len() == d.len() && aux.len() == d.len();
+                        for ((w, a), &x) in rows.iter_mut().zip(aux.iter_mut()).zip(d) {
+                            *w += x;
+                            *a += aux_of(x);
+                        }
+                    });
+                    proptest::prop_assert!(shapes_agree);
+                    for &k in &keys {
+                        let (row, aux) = model.entry(k).or_default();
+                        for (j, x) in [delta, k as i64].into_iter().enumerate() {
+                            row[j] += x;
+                            aux[j] += aux_of(x);
+                        }
+                    }
+                    // A dense batch into rows stored one after another is a few calls,
+                    // not one per row.
+                    proptest::prop_assert!(calls <= keys.len());
+                }
+                Step::Touch(k) => {
+                    let (row, aux) = store.row_mut(k);
+                    row[1] += 1;
+                    aux[0] += 7;
+                    let (mrow, maux) = model.entry(k).or_default();
+                    mrow[1] += 1;
+                    maux[0] += 7;
+                }
+                Step::Split(at, keep_high) => {
+                    let high = store.split_off(at);
+                    let model_high = model.split_off(&at);
+                    proptest::prop_assert_eq!(high.len(), model_high.len());
+                    if keep_high {
+                        store = high;
+                        model = model_high;
+                    }
+                }
+            }
+            proptest::prop_assert_eq!(store.len(), model.len());
+        }
+        let mut rows = Vec::new();
+        store.for_each_row_in(KeyRange::FULL, &mut |k, row, aux| {
+            rows.push((k, [row[0], row[1]], [aux[0], aux[1]]));
+        });
+        let want: Vec<_> = model.iter().map(|(&k, &(r, a))| (k, r, a)).collect();
+        proptest::prop_assert_eq!(&rows, &want);
+        let mut runs = Vec::new();
+        let range = KeyRange::new(10, 20_050).unwrap();
+        store.for_each_run_in(range, &mut |keys, values| {
+            for (&k, row) in keys.iter().zip(values.chunks_exact(2)) {
+                runs.push((k, [row[0], row[1]]));
+            }
+        });
+        let want_runs: Vec<_> = model.range(10..20_050).map(|(&k, &(r, _))| (k, r)).collect();
+        proptest::prop_assert_eq!(runs, want_runs);
+        let mut probe = probe;
+        probe.sort_unstable();
+        probe.dedup();
+        let mut got = Vec::new();
+        store.values_of(&probe, 2, &mut got);
+        let want_values: Vec<i64> = probe
+            .iter()
+            .flat_map(|k| model.get(k).map_or([0, 0], |&(r, _)| r))
+            .collect();
+        proptest::prop_assert_eq!(got, want_values);
+        for &k in &probe {
+            proptest::prop_assert_eq!(store.get(k), model.get(&k).map(|(r, _)| &r[..]));
+        }
+        // The same rows written one by one into a fresh store: equal, and equal hashes,
+        // however differently the two are cut into leaves.
+        let mut fresh = OrderedStore::<i64>::new(2, 1);
+        for (&k, (r, a)) in model.iter().rev() {
+            let (row, aux) = fresh.row_mut(k);
+            row.copy_from_slice(r);
+            aux.copy_from_slice(a);
+        }
+        proptest::prop_assert!(fresh == store);
+        let hash = |s: &OrderedStore<i64>| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            s.hash(&mut h);
+            h.finish()
+        };
+        proptest::prop_assert_eq!(hash(&fresh), hash(&store));
+    }
+}
+
+/// Rows pushed as one run of consecutive keys are updated in one call per leaf.
+#[test]
+fn a_dense_batch_over_stored_rows_is_one_call_per_leaf() {
+    let mut s = OrderedStore::<f32>::new(1, 0);
+    let keys: Vec<Key> = (1000..1000 + 3 * 8192).collect();
+    let ones = vec![1.0f32; keys.len()];
+    s.update_rows(&keys, &ones, &mut |_, _, _| {});
+    let mut calls = 0;
+    s.update_rows(&keys, &ones, &mut |rows, _, d| {
+        calls += 1;
+        for (w, x) in rows.iter_mut().zip(d) {
+            *w += x;
+        }
+    });
+    assert!(calls <= 3, "{calls} calls");
+    assert_eq!(s.get(1000 + 3 * 8192 - 1), Some(&[1.0f32][..]));
+    assert_eq!(s.len(), keys.len());
+}
