@@ -154,14 +154,26 @@ pub(crate) fn merge_parts<V: Value>(parts: Vec<Part<V>>, width: usize) -> Option
     ))))
 }
 
-/// Concatenates sparse vectors whose keys are disjoint and already in order across the list.
 /// True when `kvs` is a well-formed answer to a pull of `part`: right width, and exactly the
 /// keys asked for (sparse) or only keys inside the ranges asked for (dense).
 pub(crate) fn answers<V: Value>(part: &Part<V>, kvs: &KvPairs<V>, width: usize) -> bool {
     kvs.width() == width
         && match part {
             Part::Pull(KeySelection::Keys(list)) => kvs.keys() == list.keys(),
-            Part::Pull(KeySelection::Ranges(list)) => kvs.keys().iter().all(|&k| list.contains(k)),
+            Part::Pull(KeySelection::Ranges(list)) => {
+                // The ranges are disjoint: every key lies in one exactly when the keys the
+                // ranges hold add up to all of them.
+                let keys = kvs.keys();
+                let held: usize = list
+                    .ranges()
+                    .iter()
+                    .map(|r| {
+                        keys.partition_point(|&k| k < r.end())
+                            - keys.partition_point(|&k| k < r.start())
+                    })
+                    .sum();
+                held == keys.len()
+            }
             Part::Push(_) => false,
         }
 }

@@ -47,11 +47,29 @@ fn take_varint(bytes: &mut &[u8]) -> Option<u64> {
 
 /// Encodes strictly increasing keys as the first key, then each gap minus one.
 fn encode_keys(keys: &[Key]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(keys.len() * 2);
-    let mut prev: Option<Key> = None;
-    for &k in keys {
-        put_varint(prev.map_or(k, |p| k - p - 1), &mut out);
-        prev = Some(k);
+    let mut out = Vec::with_capacity(keys.len() + 16);
+    let Some((&first, rest)) = keys.split_first() else {
+        return out;
+    };
+    put_varint(first, &mut out);
+    let mut prev = first;
+    let mut i = 0;
+    while i < rest.len() {
+        // Consecutive keys, the dense case, are a run of zero bytes written at once.
+        let run = rest[i..]
+            .iter()
+            .zip(prev..)
+            .take_while(|&(&k, p)| k == p + 1)
+            .count();
+        if run > 0 {
+            out.resize(out.len() + run, 0);
+            i += run;
+            prev = rest[i - 1];
+            continue;
+        }
+        put_varint(rest[i] - prev - 1, &mut out);
+        prev = rest[i];
+        i += 1;
     }
     out
 }
@@ -66,7 +84,23 @@ fn decode_keys(blob: &[u8], count: usize) -> Result<Vec<Key>, &'static str> {
     let mut keys = Vec::with_capacity(count);
     let mut rest = blob;
     let mut prev: Option<Key> = None;
-    for _ in 0..count {
+    while keys.len() < count {
+        if let (Some(p), Some(0)) = (prev, rest.first()) {
+            // A run of zero gaps, the dense case: consecutive keys, filled in at once.
+            let run = rest
+                .iter()
+                .take(count - keys.len())
+                .take_while(|&&b| b == 0)
+                .count();
+            let last = p
+                .checked_add(run as Key)
+                .filter(|&k| k <= MAX_KEY)
+                .ok_or("reserved key u64::MAX")?;
+            keys.extend(p + 1..=last);
+            rest = &rest[run..];
+            prev = Some(last);
+            continue;
+        }
         let d = take_varint(&mut rest).ok_or("malformed key varint")?;
         let k = match prev {
             None => d,
@@ -301,6 +335,19 @@ mod tests {
     }
 
     #[test]
+    fn a_run_of_consecutive_keys_may_not_pass_the_reserved_key() {
+        let mut blob = Vec::new();
+        put_varint(MAX_KEY - 2, &mut blob);
+        blob.extend_from_slice(&[0, 0]);
+        assert_eq!(
+            decode_keys(&blob, 3),
+            Ok(vec![MAX_KEY - 2, MAX_KEY - 1, MAX_KEY])
+        );
+        blob.push(0);
+        assert!(decode_keys(&blob, 4).is_err());
+    }
+
+    #[test]
     fn a_key_count_beyond_the_bytes_is_refused() {
         assert!(decode_keys(&[1, 2, 3], 1 << 40).is_err());
         assert!(decode_keys(&[1, 2, 3], 2).is_err());
@@ -314,6 +361,38 @@ mod tests {
             let mut s = &out[..];
             prop_assert_eq!(take_varint(&mut s), Some(x));
             prop_assert!(s.is_empty());
+        }
+
+        /// Runs of consecutive keys take the fast paths, and the bytes are exactly those of
+        /// one varint per key: the wire form does not depend on which path wrote it.
+        #[test]
+        fn key_runs_round_trip_in_the_one_varint_per_key_form(
+            start in prop_oneof![0u64..1000, (MAX_KEY - 5000)..MAX_KEY],
+            runs in proptest::collection::vec((0u64..300, 1usize..200), 0..8),
+        ) {
+            let mut keys = Vec::new();
+            let mut next = start;
+            for (gap, len) in runs {
+                for _ in 0..len {
+                    if next <= MAX_KEY {
+                        keys.push(next);
+                    }
+                    next = next.saturating_add(1);
+                }
+                next = next.saturating_add(gap);
+            }
+            let mut naive = Vec::new();
+            let mut prev: Option<Key> = None;
+            for &k in &keys {
+                put_varint(prev.map_or(k, |p| k - p - 1), &mut naive);
+                prev = Some(k);
+            }
+            let encoded = encode_keys(&keys);
+            prop_assert_eq!(&encoded, &naive);
+            prop_assert_eq!(decode_keys(&encoded, keys.len()), Ok(keys.clone()));
+            if !keys.is_empty() {
+                prop_assert!(decode_keys(&encoded, keys.len() - 1).is_err());
+            }
         }
 
         #[test]

@@ -1,4 +1,3 @@
-
 use core::hash::{Hash, Hasher};
 
 use super::*;
