@@ -20,9 +20,10 @@ use super::transport::Shared;
 
 /// Read buffer per connection: many small frames are cut out of one read.
 const READ_BUF: usize = 64 << 10;
-/// A frame body's buffer grows by at most this much (or doubles) per read, so a peer that
-/// announces a large frame and stalls holds little memory.
-const READ_CHUNK: usize = 64 << 10;
+/// A frame body up to this size gets its whole buffer at once: no copy as it grows. Beyond it
+/// the buffer doubles as bytes arrive, so that a peer that announces a large frame and stalls
+/// holds at most this much, or twice what it sent.
+const READ_UPFRONT: usize = 8 << 20;
 /// Frames up to this size are copied into the batch buffer; larger ones are written from their
 /// own buffer in the same vectored write.
 const COPY_MAX: usize = 16 << 10;
@@ -86,10 +87,10 @@ pub(super) async fn read_frame<R: AsyncRead + Unpin>(
             });
         }
     };
-    let mut buf = BytesMut::new();
+    let mut buf = BytesMut::with_capacity(len.min(READ_UPFRONT));
     while buf.len() < len {
         if buf.len() == buf.capacity() {
-            buf.reserve((len - buf.len()).min(buf.len().max(READ_CHUNK)));
+            buf.reserve((len - buf.len()).min(buf.len()));
         }
         let room = (len - buf.len()) as u64;
         if (&mut *r).take(room).read_buf(&mut buf).await? == 0 {
