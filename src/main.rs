@@ -76,11 +76,12 @@ enum Command {
     /// refused=R secs=T`; the exit status is 1 if the totals are wrong.
     Local(LocalArgs),
     /// Measure push and pull throughput and small-request latency over each transport (mem,
-    /// tcp, udp; one server and one worker on loopback), with a raw TCP stream and ping-pong
-    /// as baselines measured in the same run. Build with --release.
+    /// tcp, udp; one server and one worker, then two of each, on loopback), with a raw TCP
+    /// stream and ping-pong as baselines measured in the same run. Build with --release.
     ///
-    /// Prints one `name value unit` line per measure (GB/s of values, microseconds); --table
-    /// adds a table with each figure's ratio to the raw TCP baseline.
+    /// Dense requests carry contiguous keys; sparse ones 1M keys drawn from 2^40 (64K with
+    /// --quick). Prints one `name value unit` line per measure (GB/s of values, million keys
+    /// per second, microseconds); --table adds each figure's ratio to the raw TCP baseline.
     Bench(BenchArgs),
     /// Train a model in one process: sparse logistic regression (lr), matrix factorization
     /// (mf) or a count-min sketch (sketch).
@@ -680,17 +681,18 @@ fn bench_command(args: BenchArgs) -> ExitCode {
         let (stream, ping) = (base("raw_tcp.stream"), base("raw_tcp.ping_pong.p50"));
         println!();
         println!(
-            "{:<36} {:>12} {:<6} {:>10}",
+            "{:<36} {:>12} {:<7} {:>10}",
             "measure", "value", "unit", "vs raw TCP"
         );
         for m in &measures {
+            // Key rates have no byte baseline to compare with.
             let ratio = match m.unit {
-                "GB/s" => m.value / stream,
-                "us" => m.value / ping,
-                _ => f64::NAN,
+                "GB/s" => format!("{:.2}x", m.value / stream),
+                "us" => format!("{:.2}x", m.value / ping),
+                _ => "-".to_owned(),
             };
             println!(
-                "{:<36} {:>12.4} {:<6} {:>9.2}x",
+                "{:<36} {:>12.4} {:<7} {:>10}",
                 m.name, m.value, m.unit, ratio
             );
         }

@@ -594,21 +594,25 @@ fn bench_quick_prints_one_machine_readable_line_per_measure() {
         assert_eq!(fields.len(), 3, "{line}");
         let value: f64 = fields[1].parse().unwrap();
         assert!(value.is_finite() && value > 0.0, "{line}");
-        assert!(["GB/s", "us"].contains(&fields[2]), "{line}");
+        assert!(["GB/s", "us", "Mkeys/s"].contains(&fields[2]), "{line}");
         names.push(fields[0].to_owned());
     }
     for name in ["raw_tcp.stream", "raw_tcp.ping_pong.p50"] {
         assert!(names.iter().any(|n| n == name), "{name} missing: {names:?}");
     }
     for wire in ["mem", "tcp", "udp"] {
-        for what in [
-            "dense_push.1K",
-            "dense_pull.64K",
-            "small_push_rtt.p50",
-            "small_push_rtt.p99",
-        ] {
-            let name = format!("{wire}.1s1w.{what}");
-            assert!(names.contains(&name), "{name} missing: {names:?}");
+        for shape in ["1s1w", "2s2w"] {
+            for what in [
+                "dense_push.1K",
+                "dense_pull.64K",
+                "sparse_push.64K",
+                "sparse_pull.64K",
+                "small_push_rtt.p50",
+                "small_push_rtt.p99",
+            ] {
+                let name = format!("{wire}.{shape}.{what}");
+                assert!(names.contains(&name), "{name} missing: {names:?}");
+            }
         }
     }
     assert!(table.contains("vs raw TCP"), "{table}");

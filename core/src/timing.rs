@@ -19,6 +19,11 @@ pub struct Timing {
     pub rto_max: Time,
     /// Between registration attempts until a configuration arrives.
     pub register_retry: Time,
+    /// Added to a message's retransmission timeout for every whole MiB of requests the worker
+    /// has on the network when it sends: a large message, or one queued behind large ones, is
+    /// not resent only because it takes long to move. The default allows 100 MiB/s. Messages
+    /// below a MiB in all add nothing.
+    pub rto_per_mib: Time,
     /// How many times the retransmission timeout may double. The attempt counter kept per
     /// message never exceeds it, so 0 keeps no counter at all (the model checker's setting).
     pub max_doublings: u8,
@@ -32,6 +37,7 @@ impl Default for Timing {
             rto_initial: 20 * MS,
             rto_max: 1_000 * MS,
             register_retry: 100 * MS,
+            rto_per_mib: 10 * MS,
             max_doublings: 16,
         }
     }

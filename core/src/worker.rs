@@ -75,6 +75,23 @@ impl WorkerConfig {
     }
 
     /// Keys per slice: as many rows as fit `max_slice_bytes`, at least one.
+    /// The bytes a slice moves: its rows for a push or a pull of keys, at most a message's rows
+    /// for a pull of ranges (whose answer size only the server knows).
+    fn slice_bytes<V: Value>(&self, part: &Part<V>) -> u64 {
+        let row = (MAX_KEY_BYTES + self.width.saturating_mul(V::SIZE)) as u64;
+        let rows = match part {
+            Part::Push(kvs) => kvs.len() as u64,
+            Part::Pull(KeySelection::Keys(list)) => list.keys().len() as u64,
+            Part::Pull(KeySelection::Ranges(list)) => list
+                .ranges()
+                .iter()
+                .map(|r| r.len())
+                .fold(0u64, u64::saturating_add)
+                .min(self.keys_per_slice::<V>() as u64),
+        };
+        rows.saturating_mul(row)
+    }
+
     fn keys_per_slice<V: Value>(&self) -> usize {
         let row = MAX_KEY_BYTES + self.width.saturating_mul(V::SIZE);
         (self.max_slice_bytes.saturating_sub(SLICE_OVERHEAD) / row.max(1)).max(1)
@@ -443,8 +460,35 @@ impl<V: Value> Worker<V> {
                 }
             }
         }
+        let allowance = self.transfer_allowance();
         for (id, sid) in to_send {
+            self.delay_due(id, sid, allowance);
             self.send_slice(id, sid, out);
+        }
+    }
+
+    /// What [`Timing::rto_per_mib`] adds to a deadline for what is on the network now.
+    fn transfer_allowance(&self) -> Time {
+        let bytes = self
+            .requests
+            .values()
+            .flat_map(|r| r.open.values())
+            .filter(|s| s.sent && s.taken.is_none())
+            .map(|s| self.cfg.slice_bytes(&s.part))
+            .fold(0u64, u64::saturating_add);
+        (bytes >> 20).saturating_mul(self.cfg.timing.rto_per_mib)
+    }
+
+    fn delay_due(&mut self, id: RequestId, sid: SliceId, by: Time) {
+        if by == 0 {
+            return;
+        }
+        if let Some(slice) = self
+            .requests
+            .get_mut(&id)
+            .and_then(|r| r.open.get_mut(&sid))
+        {
+            slice.due = slice.due.saturating_add(by);
         }
     }
 
@@ -519,7 +563,9 @@ impl<V: Value> Worker<V> {
                 }
             }
         }
+        let allowance = self.transfer_allowance();
         for (id, sid) in due {
+            self.delay_due(id, sid, allowance);
             self.send_slice(id, sid, out);
         }
         if self.progress_pending() && self.progress_due <= now {
@@ -862,6 +908,8 @@ impl<V: Value> Worker<V> {
             slice.part = Part::Pull(KeySelection::Ranges(rest));
             slice.attempts = 0;
             slice.due = now + jittered_rto(&self.cfg, sref.request, sref.slice, 0);
+            let allowance = self.transfer_allowance();
+            self.delay_due(sref.request, sref.slice, allowance);
             self.send_slice(sref.request, sref.slice, out);
         }
         self.arm_retransmit(out);

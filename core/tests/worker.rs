@@ -278,6 +278,47 @@ fn slices_hold_as_many_rows_as_the_configured_size_allows() {
     assert_eq!(wc.frame_needed::<i64>(), rows * 18 + 128);
 }
 
+/// A large message's deadline allows for moving the bytes on the network: a MiB of requests in
+/// flight adds `rto_per_mib`, and resends allow for everything still on the network.
+#[test]
+fn retransmission_deadlines_allow_for_the_bytes_on_the_network() {
+    let cfg = config(1, &[1], Consistency::Eventual);
+    let timing = Timing::default();
+    let (rto, per_mib) = (timing.rto_initial, timing.rto_per_mib);
+    assert!(per_mib > 0);
+    // 100,000 rows of i64 count 18 bytes each: 1.7 MiB, one whole MiB.
+    let big = |from: Key| KvPairs::new((from..from + 100_000).collect(), vec![1; 100_000], 1);
+    let mut w = worker(&cfg);
+    let mut out = Effects::new();
+    w.push(T, one(7), &mut out).unwrap();
+    assert!(
+        within(retransmit_at(&out), T, rto),
+        "a small push adds nothing"
+    );
+    let mut w = worker(&cfg);
+    out.clear();
+    w.push(T, big(0).unwrap(), &mut out).unwrap();
+    assert_eq!(pushes(&out).len(), 1);
+    assert!(within(retransmit_at(&out), T + per_mib, rto));
+    // A second one leaves with 3.4 MiB on the network: three whole MiB.
+    out.clear();
+    w.push(T, big(200_000).unwrap(), &mut out).unwrap();
+    let at = T + 2 * rto;
+    out.clear();
+    w.on_timer(at, TimerId::Retransmit, &mut out);
+    assert_eq!(pushes(&out).len(), 1, "only the first is due");
+    assert!(
+        within(retransmit_at(&out), T + 3 * per_mib, rto),
+        "the second is due next, after its allowance"
+    );
+    // Both resent with both on the network: the first is due next again.
+    let at2 = T + 3 * rto;
+    out.clear();
+    w.on_timer(at2, TimerId::Retransmit, &mut out);
+    assert_eq!(pushes(&out).len(), 1, "now the second is due");
+    assert!(within(retransmit_at(&out), at + 3 * per_mib, timing.rto(1)));
+}
+
 #[test]
 fn iterations_and_slices_in_flight_are_counted() {
     let cfg = config(1, &[1], Consistency::BoundedDelay(2));

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pserver_core::{Consistency, Key, KeyRange, KeySelection, KvPairs, NodeId, RangeList};
+use pserver_core::{Consistency, Key, KeyList, KeyRange, KeySelection, KvPairs, NodeId, RangeList};
 use pserver_transport::Transport;
 use pserver_transport::mem::MemNetwork;
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError, WorkerHandle};
@@ -107,52 +107,79 @@ pub async fn run_bench(
         if !TRANSPORTS.contains(&wire.as_str()) {
             return Err(BenchError::UnknownTransport(wire.clone()));
         }
-        let mut spec = ClusterSpec::new(1, 1);
-        spec.consistency = Consistency::Eventual;
-        let cluster = start(&spec, wire).await?;
-        let worker = cluster.workers[0].clone();
-        worker.ready().await?;
-        let prefix = format!("{wire}.1s1w");
-        for (size, name) in dense_sizes(opts.quick, &opts.sizes) {
-            let (push, pull) = match dense(&worker, size, opts.quick, &prefix).await {
-                Ok(figures) => figures,
-                // Reported, and the transport's larger requests are skipped: they would not
-                // finish either.
-                Err(e @ BenchError::Timeout(..)) => {
-                    eprintln!("{e}: skipped, with the larger requests");
-                    break;
-                }
-                Err(e) => return Err(e),
+        for (servers, workers) in TOPOLOGIES {
+            let mut spec = ClusterSpec::new(servers, workers);
+            spec.consistency = Consistency::Eventual;
+            let cluster = start(&spec, wire).await?;
+            for w in &cluster.workers {
+                w.ready().await?;
+            }
+            let prefix = format!("{wire}.{servers}s{workers}w");
+            for (size, name) in dense_sizes(opts.quick, &opts.sizes) {
+                let (push, pull) = match dense(&cluster.workers, size, opts.quick, &prefix).await {
+                    Ok(figures) => figures,
+                    // Reported, and the transport's larger requests are skipped: they would
+                    // not finish either.
+                    Err(e @ BenchError::Timeout(..)) => {
+                        eprintln!("{e}: skipped, with the larger requests");
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                };
+                emit(Measure {
+                    name: format!("{prefix}.dense_push.{name}"),
+                    value: push,
+                    unit: "GB/s",
+                });
+                emit(Measure {
+                    name: format!("{prefix}.dense_pull.{name}"),
+                    value: pull,
+                    unit: "GB/s",
+                });
+            }
+            let (keys, name) = if opts.quick {
+                (64 << 10, "64K")
+            } else {
+                (1 << 20, "1M")
             };
+            match sparse(&cluster.workers, keys, opts.quick, &prefix).await {
+                Ok((push, pull)) => {
+                    emit(Measure {
+                        name: format!("{prefix}.sparse_push.{name}"),
+                        value: push,
+                        unit: "Mkeys/s",
+                    });
+                    emit(Measure {
+                        name: format!("{prefix}.sparse_pull.{name}"),
+                        value: pull,
+                        unit: "Mkeys/s",
+                    });
+                }
+                Err(e @ BenchError::Timeout(..)) => eprintln!("{e}: skipped"),
+                Err(e) => return Err(e),
+            }
+            let requests = if opts.quick { 200 } else { 10_000 };
+            let (p50, p99) = round_trips(&cluster.workers[0], requests).await?;
             emit(Measure {
-                name: format!("{prefix}.dense_push.{name}"),
-                value: push,
-                unit: "GB/s",
+                name: format!("{prefix}.small_push_rtt.p50"),
+                value: p50,
+                unit: "us",
             });
             emit(Measure {
-                name: format!("{prefix}.dense_pull.{name}"),
-                value: pull,
-                unit: "GB/s",
+                name: format!("{prefix}.small_push_rtt.p99"),
+                value: p99,
+                unit: "us",
             });
+            cluster.shutdown().await?;
         }
-        let requests = if opts.quick { 200 } else { 10_000 };
-        let (p50, p99) = round_trips(&worker, requests).await?;
-        emit(Measure {
-            name: format!("{prefix}.small_push_rtt.p50"),
-            value: p50,
-            unit: "us",
-        });
-        emit(Measure {
-            name: format!("{prefix}.small_push_rtt.p99"),
-            value: p99,
-            unit: "us",
-        });
-        cluster.shutdown().await?;
     }
     Ok(all)
 }
 
-/// A 1-server, 1-worker cluster over `wire` on loopback.
+/// The cluster shapes measured: (servers, workers).
+const TOPOLOGIES: [(usize, usize); 2] = [(1, 1), (2, 2)];
+
+/// A cluster over `wire` on loopback.
 async fn start(spec: &ClusterSpec, wire: &str) -> Result<LocalCluster<f32>, BenchError> {
     if wire == "mem" {
         return Ok(LocalCluster::start(spec, &MemNetwork::reliable())?);
@@ -189,50 +216,105 @@ async fn start(spec: &ClusterSpec, wire: &str) -> Result<LocalCluster<f32>, Benc
     })?)
 }
 
-/// Dense push and pull of `size` contiguous keys, repeated; GB/s of values each way.
+/// Dense push and pull of `size` contiguous keys by every worker, repeated; GB/s of values
+/// each way, all workers together.
 async fn dense(
-    worker: &WorkerHandle<f32>,
+    workers: &[WorkerHandle<f32>],
     size: usize,
     quick: bool,
     what: &str,
 ) -> Result<(f64, f64), BenchError> {
-    // About 256 MiB of values per measure (4 MiB quick), at least 3 requests.
-    let budget: usize = if quick { 4 << 20 } else { 256 << 20 };
-    let reps = (budget / (size * 4)).clamp(3, 20_000);
     let keys: Vec<Key> = (0..size as Key).collect();
-    let vals = vec![1.0f32; size];
-    let kvs = KvPairs::new(keys, vals, 1).map_err(runtime_err)?;
+    let kvs = KvPairs::new(keys, vec![1.0f32; size], 1).map_err(runtime_err)?;
     let range = KeyRange::new(0, size as Key).map_err(runtime_err)?;
     let selection = KeySelection::Ranges(RangeList::new(vec![range]).map_err(runtime_err)?);
+    let (push, pull) = push_and_pull(
+        workers,
+        kvs,
+        selection,
+        quick,
+        format!("{what} dense requests of {size}"),
+    )
+    .await?;
+    let bytes = (size * 4) as f64;
+    Ok((bytes / push / 1e9, bytes / pull / 1e9))
+}
+
+/// Push and pull of `count` keys drawn at random from 2^40, by every worker, repeated; million
+/// keys per second each way, all workers together.
+async fn sparse(
+    workers: &[WorkerHandle<f32>],
+    count: usize,
+    quick: bool,
+    what: &str,
+) -> Result<(f64, f64), BenchError> {
+    let mut keys = std::collections::BTreeSet::new();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    while keys.len() < count {
+        // splitmix64: a fixed, seeded key set, the same in every run.
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        keys.insert((z ^ (z >> 31)) >> 24);
+    }
+    let keys: Vec<Key> = keys.into_iter().collect();
+    let list = KeyList::new(keys.clone()).map_err(runtime_err)?;
+    let kvs = KvPairs::new(keys, vec![1.0f32; count], 1).map_err(runtime_err)?;
+    let (push, pull) = push_and_pull(
+        workers,
+        kvs,
+        KeySelection::Keys(list),
+        quick,
+        format!("{what} sparse requests of {count}"),
+    )
+    .await?;
+    Ok((count as f64 / push / 1e6, count as f64 / pull / 1e6))
+}
+
+/// Seconds per request of `kvs` pushed, then of `selection` pulled, each worker repeating its
+/// share with several requests in flight.
+async fn push_and_pull(
+    workers: &[WorkerHandle<f32>],
+    kvs: KvPairs<f32>,
+    selection: KeySelection,
+    quick: bool,
+    what: String,
+) -> Result<(f64, f64), BenchError> {
+    // About 256 MiB of values per measure (4 MiB quick), at least 3 requests per worker.
+    let budget: usize = if quick { 4 << 20 } else { 256 << 20 };
+    let per_worker = (budget / (kvs.len().max(1) * 4)).clamp(3, 20_000);
+    let reps = per_worker * workers.len();
     // Several requests in flight, so that small ones measure throughput, not round trips.
-    let lanes = (reps / 3).clamp(1, 16);
+    let lanes = (per_worker / 3).clamp(1, 16) * workers.len();
     let limit = Duration::from_secs(if quick { 60 } else { 120 });
-    let bytes = (size * 4 * reps) as f64;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let pick = || &workers[next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % workers.len()];
     let push_secs = run_lanes(
         lanes,
         reps,
         || {
-            let worker = worker.clone();
+            let worker = pick().clone();
             let kvs = kvs.clone();
             async move { worker.push(kvs).await.map(|_| ()) }
         },
         limit,
-        format!("{what} dense push of {size}"),
+        format!("{what}: push"),
     )
     .await?;
     let pull_secs = run_lanes(
         lanes,
         reps,
         || {
-            let worker = worker.clone();
+            let worker = pick().clone();
             let selection = selection.clone();
             async move { worker.pull(selection).await.map(|_| ()) }
         },
         limit,
-        format!("{what} dense pull of {size}"),
+        format!("{what}: pull"),
     )
     .await?;
-    Ok((bytes / push_secs / 1e9, bytes / pull_secs / 1e9))
+    Ok((push_secs / reps as f64, pull_secs / reps as f64))
 }
 
 /// Runs `reps` calls of `call` on `lanes` concurrent tasks, within `limit`; returns the
