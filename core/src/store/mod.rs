@@ -3,7 +3,7 @@
 //! Storage is not protocol: the trait is small, so that another layout can serve behind the same
 //! server code. Its batch methods have per-row defaults; [`OrderedStore`] overrides them to
 //! work on runs of consecutive rows, which is what makes a dense push one pass over memory
-//! (ARCHITECTURE.md §6).
+//! (ARCHITECTURE.md §3).
 
 use core::fmt::Debug;
 use core::hash::Hasher;
