@@ -80,8 +80,10 @@ enum Command {
     /// stream and ping-pong as baselines measured in the same run. Build with --release.
     ///
     /// Dense requests carry contiguous keys; sparse ones 1M keys drawn from 2^40 (64K with
-    /// --quick). Prints one `name value unit` line per measure (GB/s of values, million keys
-    /// per second, microseconds); --table adds each figure's ratio to the raw TCP baseline.
+    /// --quick); `udp_lossy` drops 0.1% of the datagrams. Every dense measure checks that the
+    /// servers end with exactly the pushes sent, and fails otherwise. Prints one `name value
+    /// unit` line per measure (GB/s of values, million keys per second, microseconds); --table
+    /// adds each figure's ratio to the raw TCP baseline.
     Bench(BenchArgs),
     /// Train a model in one process: sparse logistic regression (lr), matrix factorization
     /// (mf) or a count-min sketch (sketch).

@@ -81,6 +81,9 @@ pub enum BenchError {
     /// A transport name outside [`TRANSPORTS`].
     #[error("`{0}` is not a transport: expected mem, tcp or udp")]
     UnknownTransport(String),
+    /// The servers did not end with exactly what was pushed.
+    #[error("{0}")]
+    Inexact(String),
     /// A measure did not finish in time.
     #[error("{0} did not finish within {1} s")]
     Timeout(String, u64),
@@ -110,7 +113,7 @@ pub async fn run_bench(
         for (servers, workers) in TOPOLOGIES {
             let mut spec = ClusterSpec::new(servers, workers);
             spec.consistency = Consistency::Eventual;
-            let cluster = start(&spec, wire).await?;
+            let cluster = start(&spec, wire, 0.0).await?;
             for w in &cluster.workers {
                 w.ready().await?;
             }
@@ -172,15 +175,54 @@ pub async fn run_bench(
             });
             cluster.shutdown().await?;
         }
+        if wire == "udp" {
+            emit_lossy(opts, &mut emit).await?;
+        }
     }
     Ok(all)
+}
+
+/// Fraction of datagrams the lossy UDP measure drops.
+const LOSSY_DROP: f64 = 0.001;
+
+/// Dense push and pull over UDP with [`LOSSY_DROP`] of the datagrams lost: 1M values per
+/// request (64K with `--quick`), every push still applied exactly once.
+async fn emit_lossy(opts: &BenchOptions, emit: &mut impl FnMut(Measure)) -> Result<(), BenchError> {
+    let (size, name) = if opts.quick {
+        (64 << 10, "64K")
+    } else {
+        (1 << 20, "1M")
+    };
+    let mut spec = ClusterSpec::new(1, 1);
+    spec.consistency = Consistency::Eventual;
+    let cluster = start(&spec, "udp", LOSSY_DROP).await?;
+    cluster.workers[0].ready().await?;
+    let prefix = "udp_lossy.1s1w";
+    match dense(&cluster.workers, size, opts.quick, prefix).await {
+        Ok((push, pull)) => {
+            emit(Measure {
+                name: format!("{prefix}.dense_push.{name}"),
+                value: push,
+                unit: "GB/s",
+            });
+            emit(Measure {
+                name: format!("{prefix}.dense_pull.{name}"),
+                value: pull,
+                unit: "GB/s",
+            });
+        }
+        Err(e @ BenchError::Timeout(..)) => eprintln!("{e}: skipped"),
+        Err(e) => return Err(e),
+    }
+    cluster.shutdown().await?;
+    Ok(())
 }
 
 /// The cluster shapes measured: (servers, workers).
 const TOPOLOGIES: [(usize, usize); 2] = [(1, 1), (2, 2)];
 
 /// A cluster over `wire` on loopback.
-async fn start(spec: &ClusterSpec, wire: &str) -> Result<LocalCluster<f32>, BenchError> {
+async fn start(spec: &ClusterSpec, wire: &str, drop: f64) -> Result<LocalCluster<f32>, BenchError> {
     if wire == "mem" {
         return Ok(LocalCluster::start(spec, &MemNetwork::reliable())?);
     }
@@ -204,6 +246,8 @@ async fn start(spec: &ClusterSpec, wire: &str) -> Result<LocalCluster<f32>, Benc
         } else {
             let mut cfg = UdpConfig::new(id, addrs[&id], addrs.clone());
             cfg.limits.max_frame = spec.max_frame + 64;
+            cfg.drop_outgoing = drop;
+            cfg.seed = u64::from(id.0);
             Arc::new(UdpTransport::bind(cfg).await.map_err(runtime_err)?)
         };
         transports.insert(id, t);
@@ -228,14 +272,27 @@ async fn dense(
     let kvs = KvPairs::new(keys, vec![1.0f32; size], 1).map_err(runtime_err)?;
     let range = KeyRange::new(0, size as Key).map_err(runtime_err)?;
     let selection = KeySelection::Ranges(RangeList::new(vec![range]).map_err(runtime_err)?);
-    let (push, pull) = push_and_pull(
+    let before = workers[0].pull(selection.clone()).await?;
+    let (push, pull, pushes) = push_and_pull(
         workers,
         kvs,
-        selection,
+        selection.clone(),
         quick,
         format!("{what} dense requests of {size}"),
     )
     .await?;
+    // Every push added one to every key: the totals say whether each was applied exactly once.
+    let after = workers[0].pull(selection).await?;
+    let exact = after.len() == size
+        && after.iter().all(|(k, v)| {
+            let was = before.get(k).map_or(0.0, |b| b[0]);
+            v[0] - was == pushes as f32
+        });
+    if !exact {
+        return Err(BenchError::Inexact(format!(
+            "{what} dense push of {size}: the servers do not hold exactly {pushes} pushes"
+        )));
+    }
     let bytes = (size * 4) as f64;
     Ok((bytes / push / 1e9, bytes / pull / 1e9))
 }
@@ -261,7 +318,7 @@ async fn sparse(
     let keys: Vec<Key> = keys.into_iter().collect();
     let list = KeyList::new(keys.clone()).map_err(runtime_err)?;
     let kvs = KvPairs::new(keys, vec![1.0f32; count], 1).map_err(runtime_err)?;
-    let (push, pull) = push_and_pull(
+    let (push, pull, _) = push_and_pull(
         workers,
         kvs,
         KeySelection::Keys(list),
@@ -273,14 +330,14 @@ async fn sparse(
 }
 
 /// Seconds per request of `kvs` pushed, then of `selection` pulled, each worker repeating its
-/// share with several requests in flight.
+/// share with several requests in flight; and how many pushes there were.
 async fn push_and_pull(
     workers: &[WorkerHandle<f32>],
     kvs: KvPairs<f32>,
     selection: KeySelection,
     quick: bool,
     what: String,
-) -> Result<(f64, f64), BenchError> {
+) -> Result<(f64, f64, usize), BenchError> {
     // About 256 MiB of values per measure (4 MiB quick), at least 3 requests per worker.
     let budget: usize = if quick { 4 << 20 } else { 256 << 20 };
     let per_worker = (budget / (kvs.len().max(1) * 4)).clamp(3, 20_000);
@@ -314,7 +371,7 @@ async fn push_and_pull(
         format!("{what}: pull"),
     )
     .await?;
-    Ok((push_secs / reps as f64, pull_secs / reps as f64))
+    Ok((push_secs / reps as f64, pull_secs / reps as f64, reps))
 }
 
 /// Runs `reps` calls of `call` on `lanes` concurrent tasks, within `limit`; returns the
