@@ -129,16 +129,9 @@ pub async fn run_bench(
                     }
                     Err(e) => return Err(e),
                 };
-                emit(Measure {
-                    name: format!("{prefix}.dense_push.{name}"),
-                    value: push,
-                    unit: "GB/s",
-                });
-                emit(Measure {
-                    name: format!("{prefix}.dense_pull.{name}"),
-                    value: pull,
-                    unit: "GB/s",
-                });
+                for m in push_and_pull_measures(&prefix, "dense", name, (push, pull), "GB/s") {
+                    emit(m);
+                }
             }
             let (keys, name) = if opts.quick {
                 (64 << 10, "64K")
@@ -147,16 +140,11 @@ pub async fn run_bench(
             };
             match sparse(&cluster.workers, keys, opts.quick, &prefix).await {
                 Ok((push, pull)) => {
-                    emit(Measure {
-                        name: format!("{prefix}.sparse_push.{name}"),
-                        value: push,
-                        unit: "Mkeys/s",
-                    });
-                    emit(Measure {
-                        name: format!("{prefix}.sparse_pull.{name}"),
-                        value: pull,
-                        unit: "Mkeys/s",
-                    });
+                    for m in
+                        push_and_pull_measures(&prefix, "sparse", name, (push, pull), "Mkeys/s")
+                    {
+                        emit(m);
+                    }
                 }
                 Err(e @ BenchError::Timeout(..)) => eprintln!("{e}: skipped"),
                 Err(e) => return Err(e),
@@ -182,6 +170,22 @@ pub async fn run_bench(
     Ok(all)
 }
 
+/// The push and the pull figure of one measure, named `{prefix}.{kind}_push.{size}` and
+/// `{prefix}.{kind}_pull.{size}`.
+fn push_and_pull_measures(
+    prefix: &str,
+    kind: &str,
+    size: &str,
+    (push, pull): (f64, f64),
+    unit: &'static str,
+) -> [Measure; 2] {
+    [("push", push), ("pull", pull)].map(|(way, value)| Measure {
+        name: format!("{prefix}.{kind}_{way}.{size}"),
+        value,
+        unit,
+    })
+}
+
 /// Fraction of datagrams the lossy UDP measure drops.
 const LOSSY_DROP: f64 = 0.001;
 
@@ -200,16 +204,9 @@ async fn emit_lossy(opts: &BenchOptions, emit: &mut impl FnMut(Measure)) -> Resu
     let prefix = "udp_lossy.1s1w";
     match dense(&cluster.workers, size, opts.quick, prefix).await {
         Ok((push, pull)) => {
-            emit(Measure {
-                name: format!("{prefix}.dense_push.{name}"),
-                value: push,
-                unit: "GB/s",
-            });
-            emit(Measure {
-                name: format!("{prefix}.dense_pull.{name}"),
-                value: pull,
-                unit: "GB/s",
-            });
+            for m in push_and_pull_measures(prefix, "dense", name, (push, pull), "GB/s") {
+                emit(m);
+            }
         }
         Err(e @ BenchError::Timeout(..)) => eprintln!("{e}: skipped"),
         Err(e) => return Err(e),
