@@ -2,7 +2,7 @@
 
 use core::fmt;
 use core::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use thiserror::Error;
 
@@ -61,6 +61,20 @@ pub(crate) fn check_keys(keys: &[Key]) -> Result<(), KvError> {
     }
 }
 
+/// Where the keys of a [`KvPairs`] live.
+#[derive(Clone)]
+enum KeyStorage {
+    /// Consecutive keys: the key at position `i` is `first + i`. A dense push holds no key
+    /// list at all; `list` builds one the first time a caller asks for the keys as a slice,
+    /// and clones and slices share it.
+    Run {
+        first: Key,
+        list: Arc<OnceLock<Vec<Key>>>,
+    },
+    /// Any strictly increasing keys.
+    List(Arc<Vec<Key>>),
+}
+
 /// A sparse vector: strictly increasing keys, each with `width` values (`width > 1` stores
 /// embedding rows), as the paper's key-range push and pull move them.
 ///
@@ -68,7 +82,10 @@ pub(crate) fn check_keys(keys: &[Key]) -> Result<(), KvError> {
 /// every key is at most [`MAX_KEY`], `width >= 1`, and there are exactly `keys x width` values.
 ///
 /// The storage is shared: [`Clone`] and [`KvPairs::slice`] are O(1) (plus a binary search) and
-/// never copy keys or values. Equality and hashing compare values by their bits.
+/// never copy keys or values. Consecutive keys (a dense range, see [`KvPairs::from_range`])
+/// are held as their first key alone, so a dense vector costs its values and nothing more;
+/// [`KvPairs::key_range`] tells such a vector apart in O(1). Equality and hashing compare
+/// values by their bits.
 ///
 /// ```
 /// use pserver_core::{KeyRange, KvPairs};
@@ -76,11 +93,15 @@ pub(crate) fn check_keys(keys: &[Key]) -> Result<(), KvError> {
 /// let mid = kv.slice(KeyRange::new(2, 10)?);
 /// assert_eq!(mid.keys(), &[5, 9]);
 /// assert_eq!(mid.get(9), Some(&[0.9f32][..]));
+///
+/// let dense = KvPairs::from_range(KeyRange::new(100, 103)?, vec![1.0f32, 2.0, 3.0], 1)?;
+/// assert_eq!(dense.key_range(), KeyRange::new(100, 103).ok());
+/// assert_eq!(dense.get(101), Some(&[2.0f32][..]));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
 pub struct KvPairs<V> {
-    keys: Arc<Vec<Key>>,
+    keys: KeyStorage,
     values: Arc<Vec<V>>,
     width: usize,
     /// Window of pair indices `[lo, hi)` into the shared storage.
@@ -89,7 +110,8 @@ pub struct KvPairs<V> {
 }
 
 impl<V: Value> KvPairs<V> {
-    /// Builds a sparse vector, validating every invariant of the type.
+    /// Builds a sparse vector, validating every invariant of the type. Keys that turn out to
+    /// be consecutive are kept as a range, as [`KvPairs::from_range`] would.
     pub fn new(keys: Vec<Key>, values: Vec<V>, width: usize) -> Result<Self, KvError> {
         if width == 0 {
             return Err(KvError::ZeroWidth);
@@ -105,11 +127,61 @@ impl<V: Value> KvPairs<V> {
         Ok(Self::from_validated(keys, values, width))
     }
 
+    /// A dense vector: every key of `range` in order, `width` values each. No key list is
+    /// built.
+    ///
+    /// ```
+    /// use pserver_core::{KeyRange, KvPairs};
+    /// let kv = KvPairs::from_range(KeyRange::new(10, 12)?, vec![1i64, 2, 3, 4], 2)?;
+    /// assert_eq!(kv.keys(), &[10, 11]);
+    /// assert_eq!(kv.get(11), Some(&[3i64, 4][..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_range(range: KeyRange, values: Vec<V>, width: usize) -> Result<Self, KvError> {
+        if width == 0 {
+            return Err(KvError::ZeroWidth);
+        }
+        let count = usize::try_from(range.len()).ok();
+        if count.and_then(|n| n.checked_mul(width)) != Some(values.len()) {
+            return Err(KvError::LengthMismatch {
+                keys: count.unwrap_or(usize::MAX),
+                values: values.len(),
+                width,
+            });
+        }
+        // A range ends at most at u64::MAX, so its last key is at most MAX_KEY.
+        Ok(Self::from_run(range.start(), values, width))
+    }
+
     /// Wraps storage whose invariants the caller has already checked.
     pub(crate) fn from_validated(keys: Vec<Key>, values: Vec<V>, width: usize) -> Self {
-        let hi = keys.len();
+        match (keys.first(), keys.last()) {
+            // Strictly increasing keys spanning exactly their count are consecutive.
+            (Some(&first), Some(&last)) if last - first == keys.len() as Key - 1 => {
+                Self::from_run(first, values, width)
+            }
+            _ => {
+                let hi = keys.len();
+                KvPairs {
+                    keys: KeyStorage::List(Arc::new(keys)),
+                    values: Arc::new(values),
+                    width,
+                    lo: 0,
+                    hi,
+                }
+            }
+        }
+    }
+
+    /// The keys `first, first + 1, ...`, one per `width` values; the caller has checked that
+    /// the last of them is at most [`MAX_KEY`] and that `width` divides the values.
+    pub(crate) fn from_run(first: Key, values: Vec<V>, width: usize) -> Self {
+        let hi = values.len() / width;
         KvPairs {
-            keys: Arc::new(keys),
+            keys: KeyStorage::Run {
+                first,
+                list: Arc::new(OnceLock::new()),
+            },
             values: Arc::new(values),
             width,
             lo: 0,
@@ -138,8 +210,47 @@ impl<V: Value> KvPairs<V> {
     }
 
     /// The keys, strictly increasing.
+    ///
+    /// A dense vector holds no key list: the first call builds one for the whole shared
+    /// storage. Code on a hot path asks [`KvPairs::key_range`] first.
     pub fn keys(&self) -> &[Key] {
-        &self.keys[self.lo..self.hi]
+        if self.is_empty() {
+            return &[];
+        }
+        match &self.keys {
+            KeyStorage::List(keys) => &keys[self.lo..self.hi],
+            KeyStorage::Run { first, list } => {
+                let total = self.values.len() / self.width;
+                let all = list.get_or_init(|| (*first..*first + total as Key).collect());
+                &all[self.lo..self.hi]
+            }
+        }
+    }
+
+    /// The key at position `i` (`i < len`).
+    fn key_at(&self, i: usize) -> Key {
+        match &self.keys {
+            KeyStorage::List(keys) => keys[self.lo + i],
+            KeyStorage::Run { first, .. } => first + (self.lo + i) as Key,
+        }
+    }
+
+    /// The keys as one range, when they are consecutive (and there is at least one); `None`
+    /// for a vector with gaps between its keys, or an empty one. O(1).
+    pub fn key_range(&self) -> Option<KeyRange> {
+        let span = self.span()?;
+        (span.len() == self.len() as u64).then_some(span)
+    }
+
+    /// Position of the first key at or above `key`.
+    fn position_of(&self, key: Key) -> usize {
+        match &self.keys {
+            KeyStorage::List(keys) => keys[self.lo..self.hi].partition_point(|&k| k < key),
+            KeyStorage::Run { first, .. } => {
+                let at = first + self.lo as Key;
+                usize::try_from(key.saturating_sub(at)).map_or(self.len(), |d| d.min(self.len()))
+            }
+        }
     }
 
     /// All values, `width` per key, in key order.
@@ -149,23 +260,27 @@ impl<V: Value> KvPairs<V> {
 
     /// The values of `key`, if present.
     pub fn get(&self, key: Key) -> Option<&[V]> {
-        let i = self.keys().binary_search(&key).ok()?;
+        let i = self.position_of(key);
+        if i == self.len() || self.key_at(i) != key {
+            return None;
+        }
         let start = (self.lo + i) * self.width;
         Some(&self.values[start..start + self.width])
     }
 
     /// Iterates over `(key, values)` in key order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (Key, &[V])> + '_ {
-        self.keys()
-            .iter()
-            .copied()
+        (0..self.len())
+            .map(|i| self.key_at(i))
             .zip(self.values().chunks_exact(self.width))
     }
 
     /// The smallest range covering every key, or `None` when empty.
     pub fn span(&self) -> Option<KeyRange> {
-        let keys = self.keys();
-        let (first, last) = (*keys.first()?, *keys.last()?);
+        if self.is_empty() {
+            return None;
+        }
+        let (first, last) = (self.key_at(0), self.key_at(self.len() - 1));
         // last <= MAX_KEY, so last + 1 cannot overflow and the range is valid.
         KeyRange::new(first, last + 1).ok()
     }
@@ -175,7 +290,7 @@ impl<V: Value> KvPairs<V> {
         let to = to.min(self.len());
         let from = from.min(to);
         KvPairs {
-            keys: Arc::clone(&self.keys),
+            keys: self.keys.clone(),
             values: Arc::clone(&self.values),
             width: self.width,
             lo: self.lo + from,
@@ -193,34 +308,108 @@ impl<V: Value> KvPairs<V> {
             }
         }
         let n: usize = pieces.iter().map(KvPairs::len).sum();
-        let mut keys = Vec::with_capacity(n);
         let mut values = Vec::with_capacity(n * width);
         for p in &pieces {
-            keys.extend_from_slice(p.keys());
             values.extend_from_slice(p.values());
         }
-        KvPairs::from_validated(keys, values, width)
+        let span = pieces
+            .first()
+            .and_then(KvPairs::span)
+            .zip(pieces.last().and_then(KvPairs::span));
+        match span {
+            // Disjoint increasing pieces spanning exactly their count leave no gap.
+            Some((a, b)) if b.end() - a.start() == n as Key => {
+                KvPairs::from_run(a.start(), values, width)
+            }
+            _ => {
+                let mut keys = Vec::with_capacity(n);
+                for p in &pieces {
+                    keys.extend_from_slice(p.keys());
+                }
+                KvPairs::from_validated(keys, values, width)
+            }
+        }
     }
 
     /// The pairs whose keys lie in `range`, sharing this vector's storage (no copy).
     pub fn slice(&self, range: KeyRange) -> KvPairs<V> {
-        let keys = self.keys();
-        let from = keys.partition_point(|&k| k < range.start());
-        let to = keys.partition_point(|&k| k < range.end());
-        KvPairs {
-            keys: Arc::clone(&self.keys),
-            values: Arc::clone(&self.values),
-            width: self.width,
-            lo: self.lo + from,
-            hi: self.lo + to.max(from),
+        let from = self.position_of(range.start());
+        let to = self.position_of(range.end());
+        self.rows(from, to.max(from))
+    }
+}
+
+/// Gathers rows in increasing key order into a [`KvPairs`], listing the keys only once a gap
+/// appears between them: the answer to a dense pull stays a range.
+pub(crate) struct PairsBuilder<V> {
+    width: usize,
+    /// The first key, while the keys so far are consecutive.
+    first: Option<Key>,
+    /// The keys, once they are not.
+    list: Option<Vec<Key>>,
+    values: Vec<V>,
+    len: usize,
+}
+
+impl<V: Value> PairsBuilder<V> {
+    /// An empty builder of rows `width` (at least 1) values wide.
+    pub(crate) fn new(width: usize) -> Self {
+        PairsBuilder {
+            width: width.max(1),
+            first: None,
+            list: None,
+            values: Vec::new(),
+            len: 0,
+        }
+    }
+
+    /// Rows gathered so far.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Appends rows: `keys` strictly increasing and above every key before, `width` values
+    /// each.
+    pub(crate) fn extend(&mut self, keys: &[Key], values: &[V]) {
+        let (Some(&lo), Some(&hi)) = (keys.first(), keys.last()) else {
+            return;
+        };
+        self.values.extend_from_slice(values);
+        let consecutive = hi - lo == keys.len() as Key - 1;
+        match (&mut self.list, self.first) {
+            (Some(list), _) => list.extend_from_slice(keys),
+            (None, None) if consecutive => self.first = Some(lo),
+            (None, Some(first)) if consecutive && lo == first + self.len as Key => {}
+            (None, first) => {
+                let mut list: Vec<Key> =
+                    first.map_or(Vec::new(), |f| (f..f + self.len as Key).collect());
+                list.extend_from_slice(keys);
+                self.list = Some(list);
+            }
+        }
+        self.len += keys.len();
+    }
+
+    /// The rows gathered.
+    pub(crate) fn finish(self) -> KvPairs<V> {
+        match (self.list, self.first) {
+            (Some(list), _) => KvPairs::from_validated(list, self.values, self.width),
+            (None, Some(first)) => KvPairs::from_run(first, self.values, self.width),
+            (None, None) => KvPairs::from_validated(Vec::new(), Vec::new(), self.width),
         }
     }
 }
 
 impl<V: Value> PartialEq for KvPairs<V> {
     fn eq(&self, other: &Self) -> bool {
+        // Equal key sets are either the same range or, both with gaps, the same list.
+        let same_keys = match (self.key_range(), other.key_range()) {
+            (Some(a), Some(b)) => a == b,
+            (None, None) => self.keys() == other.keys(),
+            _ => false,
+        };
         self.width == other.width
-            && self.keys() == other.keys()
+            && same_keys
             && self.values().len() == other.values().len()
             && self
                 .values()
@@ -235,7 +424,11 @@ impl<V: Value> Eq for KvPairs<V> {}
 impl<V: Value> Hash for KvPairs<V> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.width.hash(state);
-        self.keys().hash(state);
+        // Consistent with `eq`: the range stands for the keys exactly when they have no gap.
+        match self.key_range() {
+            Some(range) => range.hash(state),
+            None => self.keys().hash(state),
+        }
         for v in self.values() {
             v.to_bits().hash(state);
         }
@@ -317,7 +510,129 @@ mod tests {
         assert_ne!(z, nz);
     }
 
+    /// The same pairs with their keys as a list, whatever they are.
+    fn listed<V: Value>(kv: &KvPairs<V>) -> KvPairs<V> {
+        KvPairs {
+            keys: KeyStorage::List(Arc::new(kv.keys().to_vec())),
+            values: Arc::new(kv.values().to_vec()),
+            width: kv.width(),
+            lo: 0,
+            hi: kv.len(),
+        }
+    }
+
+    fn hash_of<V: Value>(kv: &KvPairs<V>) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        kv.hash(&mut h);
+        h.finish()
+    }
+
+    #[test]
+    fn consecutive_keys_are_held_as_a_range_without_a_list() {
+        let kv = KvPairs::new((10..20).collect(), vec![0i64; 10], 1).unwrap();
+        assert!(matches!(kv.keys, KeyStorage::Run { first: 10, .. }));
+        let gappy = KvPairs::new(vec![10, 12], vec![0i64; 2], 1).unwrap();
+        assert!(matches!(gappy.keys, KeyStorage::List(_)));
+        assert_eq!(gappy.key_range(), None);
+        let dense = KvPairs::from_range(KeyRange::new(5, 8).unwrap(), vec![1i64; 3], 1).unwrap();
+        let KeyStorage::Run { list, .. } = &dense.keys else {
+            panic!("a range is held as a run");
+        };
+        assert!(list.get().is_none(), "no key list until one is asked for");
+        assert_eq!(
+            dense.slice(KeyRange::new(6, 100).unwrap()).key_range(),
+            KeyRange::new(6, 8).ok()
+        );
+        assert!(list.get().is_none(), "slicing a run lists no keys");
+        assert_eq!(dense.keys(), &[5, 6, 7]);
+        assert_eq!(
+            KvPairs::from_range(KeyRange::new(5, 8).unwrap(), vec![1i64; 4], 1),
+            Err(KvError::LengthMismatch {
+                keys: 3,
+                values: 4,
+                width: 1
+            })
+        );
+        assert_eq!(
+            KvPairs::<i64>::from_range(KeyRange::new(5, 8).unwrap(), vec![], 0),
+            Err(KvError::ZeroWidth)
+        );
+    }
+
+    #[test]
+    fn a_builder_lists_keys_only_after_a_gap() {
+        let mut b = PairsBuilder::<i64>::new(1);
+        b.extend(&[3, 4], &[1, 2]);
+        b.extend(&[5], &[3]);
+        let run = b.finish();
+        assert_eq!(run.key_range(), KeyRange::new(3, 6).ok());
+        assert_eq!(run.values(), &[1, 2, 3]);
+        let mut b = PairsBuilder::<i64>::new(1);
+        b.extend(&[3, 4], &[1, 2]);
+        b.extend(&[6, 7], &[3, 4]);
+        b.extend(&[8], &[5]);
+        assert_eq!(b.len(), 5);
+        let gappy = b.finish();
+        assert_eq!(gappy.keys(), &[3, 4, 6, 7, 8]);
+        assert_eq!(gappy.get(7), Some(&[4i64][..]));
+        assert!(PairsBuilder::<i64>::new(2).finish().is_empty());
+    }
+
     proptest! {
+        /// A vector holding its keys as a run and one holding them as a list answer every
+        /// question alike, and are equal with equal hashes.
+        #[test]
+        fn runs_and_lists_agree(
+            start in prop_oneof![0u64..100, (MAX_KEY - 60)..MAX_KEY],
+            n in 0usize..50,
+            width in 1usize..3,
+            cut in (0u64..120, 0u64..120),
+            probe in 0u64..120,
+        ) {
+            let n = n.min((MAX_KEY - start + 1) as usize);
+            let keys: Vec<Key> = (start..start + n as Key).collect();
+            let values: Vec<i64> = (0..(n * width) as i64).collect();
+            let run = KvPairs::new(keys.clone(), values, width).unwrap();
+            let list = listed(&run);
+            prop_assert!(matches!(list.keys, KeyStorage::List(_)));
+            let (a, b) = (start.saturating_add(cut.0.min(cut.1)), start.saturating_add(cut.0.max(cut.1)));
+            let range = KeyRange::new(a, b).unwrap();
+            for (r, l) in [(run.clone(), list.clone()), (run.slice(range), list.slice(range))] {
+                prop_assert_eq!(r.len(), l.len());
+                prop_assert_eq!(r.span(), l.span());
+                prop_assert_eq!(r.key_range(), l.key_range());
+                prop_assert_eq!(r.key_range().is_some(), !r.is_empty());
+                let key = start.saturating_add(probe);
+                prop_assert_eq!(r.get(key), l.get(key));
+                prop_assert_eq!(r.iter().collect::<Vec<_>>(), l.iter().collect::<Vec<_>>());
+                prop_assert_eq!(r.keys(), l.keys());
+                prop_assert_eq!(&r, &l);
+                prop_assert_eq!(hash_of(&r), hash_of(&l));
+            }
+        }
+
+        /// Built from rows in any grouping, a builder gives the vector of all of them.
+        #[test]
+        fn a_builder_gives_the_pairs_it_was_given(
+            keys in proptest::collection::btree_set(0u64..80, 0..40),
+            cuts in proptest::collection::vec(0usize..40, 0..6),
+        ) {
+            let keys: Vec<Key> = keys.into_iter().collect();
+            let values: Vec<i64> = keys.iter().map(|&k| k as i64 * 3).collect();
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(keys.len())).collect();
+            cuts.push(0);
+            cuts.push(keys.len());
+            cuts.sort_unstable();
+            let mut b = PairsBuilder::new(1);
+            for pair in cuts.windows(2) {
+                b.extend(&keys[pair[0]..pair[1]], &values[pair[0]..pair[1]]);
+            }
+            let built = b.finish();
+            let want = KvPairs::new(keys, values, 1).unwrap();
+            prop_assert_eq!(built.key_range(), want.key_range());
+            prop_assert_eq!(built, want);
+        }
+
         #[test]
         fn slice_keeps_exactly_the_keys_in_range(
             keys in proptest::collection::btree_set(0u64..500, 0..60),

@@ -102,9 +102,25 @@ pub(crate) fn primary_of_all<V: Value>(cluster: &Cluster, server: NodeId, part: 
             .all(|(_, owners)| owners[0] == server)
     };
     match part {
-        Part::Push(kvs) => primary_of_keys(cluster, server, kvs.keys()),
+        Part::Push(kvs) => primary_of_pairs(cluster, server, kvs),
         Part::Pull(KeySelection::Keys(list)) => primary_of_keys(cluster, server, list.keys()),
         Part::Pull(KeySelection::Ranges(list)) => list.ranges().iter().all(|&r| range_owned(r)),
+    }
+}
+
+/// True when `server` is the primary of every key of `kvs`; consecutive keys are checked as
+/// their range, without listing them.
+pub(crate) fn primary_of_pairs<V: Value>(
+    cluster: &Cluster,
+    server: NodeId,
+    kvs: &KvPairs<V>,
+) -> bool {
+    match kvs.key_range() {
+        Some(range) => cluster
+            .ring
+            .segments_in(range)
+            .all(|(_, owners)| owners[0] == server),
+        None => primary_of_keys(cluster, server, kvs.keys()),
     }
 }
 
@@ -163,6 +179,15 @@ pub(crate) fn answers<V: Value>(part: &Part<V>, kvs: &KvPairs<V>, width: usize) 
             Part::Pull(KeySelection::Ranges(list)) => {
                 // The ranges are disjoint: every key lies in one exactly when the keys the
                 // ranges hold add up to all of them.
+                if let Some(run) = kvs.key_range() {
+                    let held: u64 = list
+                        .ranges()
+                        .iter()
+                        .filter_map(|r| r.intersect(run))
+                        .map(KeyRange::len)
+                        .sum();
+                    return held == run.len();
+                }
                 let keys = kvs.keys();
                 let held: usize = list
                     .ranges()
@@ -184,10 +209,13 @@ pub(crate) fn assemble<V: Value>(mut replies: Vec<KvPairs<V>>, width: usize) -> 
     // Slices hold disjoint keys; a server's slice may interleave with another's, so sort rows
     // unless the replies, in order of their first keys, follow one another.
     replies.retain(|r| !r.is_empty());
-    replies.sort_by_key(|r| r.keys().first().copied());
-    let in_order = replies
-        .windows(2)
-        .all(|pair| pair[0].keys().last() < pair[1].keys().first());
+    replies.sort_by_key(|r| r.span().map(KeyRange::start));
+    let in_order = replies.windows(2).all(|pair| {
+        pair[0]
+            .span()
+            .zip(pair[1].span())
+            .is_some_and(|(a, b)| a.end() <= b.start())
+    });
     if in_order {
         return KvPairs::concat(replies, width);
     }

@@ -140,6 +140,51 @@ impl Visitor<'_> for KeysSeed {
     }
 }
 
+/// The keys of a [`KvPairs`] on the wire: consecutive keys are written as the first key alone
+/// (the delta form of two or more keys always takes more than one varint, so the forms cannot
+/// be confused), anything else in the delta form.
+enum PairKeys {
+    Run(Key),
+    List(Vec<Key>),
+}
+
+struct PairKeysSeed(usize);
+
+impl<'de> DeserializeSeed<'de> for PairKeysSeed {
+    type Value = PairKeys;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<PairKeys, D::Error> {
+        d.deserialize_bytes(self)
+    }
+}
+
+impl Visitor<'_> for PairKeysSeed {
+    type Value = PairKeys;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} keys: a run's first key, or delta-encoded", self.0)
+    }
+    fn visit_bytes<E: de::Error>(self, blob: &[u8]) -> Result<PairKeys, E> {
+        decode_pair_keys(blob, self.0).map_err(E::custom)
+    }
+}
+
+/// Decodes the keys of `count` pairs: a run when `blob` is one varint and `count > 1`. A run
+/// allocates nothing; its count is bounded by the values that must follow.
+fn decode_pair_keys(blob: &[u8], count: usize) -> Result<PairKeys, &'static str> {
+    if count > 1 {
+        let mut rest = blob;
+        if let Some(first) = take_varint(&mut rest) {
+            if rest.is_empty() {
+                return first
+                    .checked_add(count as Key - 1)
+                    .filter(|&last| last <= MAX_KEY)
+                    .map(|_| PairKeys::Run(first))
+                    .ok_or("reserved key u64::MAX");
+            }
+        }
+    }
+    decode_keys(blob, count).map(PairKeys::List)
+}
+
 struct ValuesSeed<V> {
     count: usize,
     _v: PhantomData<V>,
@@ -194,13 +239,22 @@ impl Serialize for ByteStr<'_> {
     }
 }
 
-/// Wire form of [`KvPairs`]: `(width, count, key deltas as bytes, values as bytes)`.
+/// Wire form of [`KvPairs`]: `(width, count, keys as bytes, values as bytes)`, the keys as
+/// [`PairKeys`] describes.
 impl<V: Value> Serialize for KvPairs<V> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut t = s.serialize_tuple(4)?;
         t.serialize_element(&(self.width() as u64))?;
         t.serialize_element(&(self.len() as u64))?;
-        t.serialize_element(&ByteStr(&encode_keys(self.keys())))?;
+        match self.key_range() {
+            // Consecutive keys: the first one alone, the gaps left out.
+            Some(range) if self.len() > 1 => {
+                let mut first = Vec::with_capacity(10);
+                put_varint(range.start(), &mut first);
+                t.serialize_element(&ByteStr(&first))?;
+            }
+            _ => t.serialize_element(&ByteStr(&encode_keys(self.keys())))?,
+        }
         serialize_values(self.values(), &mut t)?;
         t.end()
     }
@@ -225,18 +279,23 @@ impl<'de, V: Value> Deserialize<'de> for KvPairs<V> {
                 let count = usize::try_from(count)
                     .map_err(|_| de::Error::custom("key count exceeds the bytes present"))?;
                 let keys = seq
-                    .next_element_seed(KeysSeed(count))?
+                    .next_element_seed(PairKeysSeed(count))?
                     .ok_or_else(missing)?;
                 let slots = count
                     .checked_mul(width)
                     .ok_or_else(|| de::Error::custom("keys x width overflows"))?;
+                // The values' length is checked against the bytes present before anything is
+                // allocated, which bounds a run's count too.
                 let values = seq
                     .next_element_seed(ValuesSeed::<V> {
                         count: slots,
                         _v: PhantomData,
                     })?
                     .ok_or_else(missing)?;
-                Ok(KvPairs::from_validated(keys, values, width))
+                Ok(match keys {
+                    PairKeys::Run(first) => KvPairs::from_run(first, values, width),
+                    PairKeys::List(keys) => KvPairs::from_validated(keys, values, width),
+                })
             }
         }
         d.deserialize_tuple(4, KvVisitor(PhantomData))

@@ -893,7 +893,7 @@ impl<V: Value> Worker<V> {
             && from == slice.server
             && next > start
             && answers(&slice.part, &kvs, width)
-            && kvs.keys().last().is_none_or(|&k| k < next);
+            && kvs.span().is_none_or(|s| s.end() <= next);
         if !fits {
             return out.refuse(from, Refusal::BadAnswer);
         }

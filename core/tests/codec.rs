@@ -37,8 +37,12 @@ fn range() -> impl Strategy<Value = KeyRange> {
     ]
 }
 
+/// Keys with gaps, or consecutive keys (which travel as their first key alone).
 fn keys() -> impl Strategy<Value = Vec<Key>> {
-    proptest::collection::btree_set(key(), 0..40).prop_map(|s| s.into_iter().collect())
+    prop_oneof![
+        proptest::collection::btree_set(key(), 0..40).prop_map(|s| s.into_iter().collect()),
+        (key(), 0usize..40).prop_map(|(first, n)| (first..=MAX_KEY).take(n).collect()),
+    ]
 }
 
 fn kvs<V: Value + Arbitrary>() -> impl Strategy<Value = KvPairs<V>> {
@@ -415,10 +419,33 @@ fn decoding_refuses_pairs_that_break_their_invariants() {
     let ok = push_frame_with(&[1, 1, 1, 5, 4, 0, 0, 128, 63]);
     assert_eq!(codec.decode::<f32>(&ok).unwrap(), push(vec![5], vec![1.0]));
     assert_eq!(refused(&[0, 0, 0, 0]), DecodeError::Malformed, "zero width");
+    // Two keys and one key varint: the run 5, 6.
+    let run = push_frame_with(&[1, 2, 1, 5, 8, 0, 0, 0, 0, 0, 0, 0, 0]);
     assert_eq!(
-        refused(&[1, 2, 1, 5, 8, 0, 0, 0, 0, 0, 0, 0, 0]),
+        codec.decode::<f32>(&run).unwrap(),
+        push(vec![5, 6], vec![0.0, 0.0])
+    );
+    assert_eq!(
+        refused(&[1, 3, 1, 5, 8, 0, 0, 0, 0, 0, 0, 0, 0]),
         DecodeError::Malformed,
-        "2 keys, 1 key byte"
+        "a run of 3 keys with the values of 2"
+    );
+    // A run of 2^40 keys with 8 value bytes: refused before anything is allocated.
+    assert_eq!(
+        refused(&[
+            1, 0x80, 0x80, 0x80, 0x80, 0x80, 0x20, 1, 5, 8, 0, 0, 0, 0, 0, 0, 0, 0
+        ]),
+        DecodeError::Malformed,
+        "a run claiming 2^40 keys"
+    );
+    // A run of two from u64::MAX - 1 would reach the reserved key.
+    let mut past = vec![1, 2, 10];
+    past.extend_from_slice(&[0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
+    past.extend_from_slice(&[8, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(
+        refused(&past),
+        DecodeError::Malformed,
+        "a run past the reserved key"
     );
     assert_eq!(
         refused(&[1, 1, 1, 5, 3, 0, 0, 0]),

@@ -104,15 +104,14 @@ fn a_short_pull_claiming_2_pow_40_keys_is_refused_before_allocating() {
     );
 }
 
-#[test]
-fn the_counter_sees_what_decoding_allocates() {
-    // Guards the guard: a real push of 1000 pairs does allocate, and the counter shows it.
-    let kvs = KvPairs::new((0..1000).collect(), vec![1.0f32; 1000], 1).unwrap();
+/// A push of 1000 pairs with keys `0, step, 2 * step, ...`.
+fn push_of_1000(step: u64) -> Envelope<f32> {
+    let kvs = KvPairs::new((0..1000).map(|i| i * step).collect(), vec![1.0f32; 1000], 1).unwrap();
     let slice = SliceRef {
         request: 0,
         slice: 0,
     };
-    let env = Envelope::new(
+    Envelope::new(
         NodeId(1),
         NodeId(2),
         0,
@@ -122,9 +121,28 @@ fn the_counter_sees_what_decoding_allocates() {
             settled_below: 0,
             kvs,
         }),
-    );
+    )
+}
+
+#[test]
+fn the_counter_sees_what_decoding_allocates() {
+    // Guards the guard: a real push of 1000 sparse pairs does allocate its keys and values,
+    // and the counter shows it.
+    let env = push_of_1000(2);
     let frame = Codec::default().encode(&env).unwrap();
     let (result, bytes) = allocated_during(|| Codec::default().decode::<f32>(&frame));
     assert_eq!(result.unwrap(), env);
     assert!(bytes >= 1000 * 12, "allocated only {bytes} bytes");
+}
+
+#[test]
+fn a_dense_push_decodes_without_a_key_list() {
+    let env = push_of_1000(1);
+    let frame = Codec::default().encode(&env).unwrap();
+    let (result, bytes) = allocated_during(|| Codec::default().decode::<f32>(&frame));
+    assert_eq!(result.unwrap(), env);
+    assert!(
+        (1000 * 4..1000 * 4 + 256).contains(&bytes),
+        "allocated {bytes} bytes for 4000 bytes of values"
+    );
 }

@@ -12,7 +12,7 @@ use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, Refusal, TimerId};
 use crate::key::{Key, KeyRange};
-use crate::kv::KvPairs;
+use crate::kv::{KvPairs, PairsBuilder};
 use crate::message::{
     ClusterConfig, Envelope, KeySelection, Message, Pull, PullReply, Push, Replicate, ShardUpdate,
     SliceRef,
@@ -658,7 +658,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     fn on_push(&mut self, now: Time, from: NodeId, push: Push<V>, out: &mut Effects<V>) {
-        if !self.owns_all(push.kvs.keys()) {
+        let owned = push.kvs.is_empty()
+            || self
+                .cluster
+                .as_ref()
+                .is_some_and(|c| crate::slicing::primary_of_pairs(c, self.cfg.id, &push.kvs));
+        if !owned {
             self.redirect(from, push.slice, out);
             return;
         }
@@ -867,13 +872,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
 
     fn answer(&self, to: NodeId, slice: SliceRef, pull: &HeldPull, out: &mut Effects<V>) {
         let width = self.cfg.width;
-        let mut keys = Vec::new();
-        let mut values = Vec::new();
         let mut resume = None;
-        match &pull.keys {
+        let kvs = match &pull.keys {
             KeySelection::Keys(list) => {
-                keys.extend_from_slice(list.keys());
-                values.reserve(keys.len() * width);
+                let keys = list.keys().to_vec();
+                let mut values = Vec::with_capacity(keys.len() * width);
                 // Shard by shard, so that each store reads its keys in one ordered pass.
                 let mut rest = list.keys();
                 while let Some(&first) = rest.first() {
@@ -886,10 +889,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     }
                     rest = &rest[n..];
                 }
+                KvPairs::from_validated(keys, values, width)
             }
             KeySelection::Ranges(ranges) => {
                 // Beyond the rows one message may carry, remember only where to resume.
                 let most = self.cfg.rows_per_reply::<V>();
+                let mut rows = PairsBuilder::new(width);
                 'ranges: for &r in ranges.ranges() {
                     for start in self.shard_starts_in(r) {
                         let Some(shard) = self.shards.get(&start) else {
@@ -904,10 +909,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                                 if resume.is_some() {
                                     return;
                                 }
-                                let room = most - keys.len();
+                                let room = most - rows.len();
                                 let take = run_keys.len().min(room);
-                                keys.extend_from_slice(&run_keys[..take]);
-                                values.extend_from_slice(&run_values[..take * width]);
+                                rows.extend(&run_keys[..take], &run_values[..take * width]);
                                 resume = run_keys.get(take).copied();
                             });
                         if resume.is_some() {
@@ -915,9 +919,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                         }
                     }
                 }
+                rows.finish()
             }
-        }
-        let kvs = KvPairs::from_validated(keys, values, width);
+        };
         let body = Message::PullReply(PullReply {
             slice,
             complete_below: self.consistency().required_below(pull.iteration),

@@ -488,13 +488,13 @@ pub(crate) fn record_of<V: Value>(
     request: u64,
     fresh: &KvPairs<V>,
 ) -> DedupeRecord {
-    let applied = match (fresh.keys().first(), fresh.keys().last()) {
-        (Some(&first), Some(&last)) => vec![AppliedSpan {
+    let applied = match fresh.span() {
+        Some(span) => vec![AppliedSpan {
             request,
-            first,
-            last,
+            first: span.start(),
+            last: span.end() - 1,
         }],
-        _ => Vec::new(),
+        None => Vec::new(),
     };
     DedupeRecord {
         worker,
@@ -528,9 +528,13 @@ fn apply_rows<V: Value, U: UpdateRule<V>, S: ParamStore<V>>(
     kvs: &KvPairs<V>,
     negate: bool,
 ) {
-    store.update_rows(kvs.keys(), kvs.values(), &mut |rows, aux, deltas| {
+    let f = &mut |rows: &mut [V], aux: &mut [V], deltas: &[V]| {
         updater.apply_all(rows, aux, deltas, negate);
-    });
+    };
+    match kvs.key_range() {
+        Some(range) => store.update_range(range, kvs.values(), f),
+        None => store.update_rows(kvs.keys(), kvs.values(), f),
+    }
 }
 
 /// Sums several sparse vectors key-wise into one, in key order.

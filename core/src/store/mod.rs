@@ -54,6 +54,13 @@ pub trait ParamStore<V: Value>: Clone + Debug {
         }
     }
 
+    /// Calls `f` on the rows of every key of `range`, as [`ParamStore::update_rows`] does for
+    /// a list: a dense push arrives as a range and need not be listed key by key.
+    fn update_range(&mut self, range: KeyRange, deltas: &[V], f: &mut RowsUpdate<'_, V>) {
+        let keys: Vec<Key> = range.keys().collect();
+        self.update_rows(&keys, deltas, f);
+    }
+
     /// Appends the values of `keys` (strictly increasing) to `out`, `width` zeros for a key
     /// never written.
     fn values_of(&self, keys: &[Key], width: usize, out: &mut Vec<V>) {

@@ -324,6 +324,48 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
         }
     }
 
+    fn update_range(&mut self, range: KeyRange, deltas: &[V], f: &mut RowsUpdate<'_, V>) {
+        let (width, aux_width) = (self.width, self.aux_width);
+        let total = usize::try_from(range.len()).ok();
+        if range.is_empty() || total.and_then(|n| n.checked_mul(width)) != Some(deltas.len()) {
+            return;
+        }
+        let mut done = 0;
+        let mut key = range.start();
+        while key < range.end() {
+            let start = self.leaf_for(key);
+            let bound = start
+                .and_then(|s| self.leaves.range(s.saturating_add(1)..).next())
+                .map_or(range.end(), |(&b, _)| b.clamp(key + 1, range.end()));
+            // `bound - key` is at most the range's length, which fits in usize.
+            let n = (bound - key) as usize;
+            let chunk = &deltas[done * width..(done + n) * width];
+            let held = start
+                .and_then(|s| self.leaves.get_mut(&s))
+                .and_then(|leaf| {
+                    let at = leaf.keys.binary_search(&key).ok()?;
+                    (leaf.keys.get(at + n - 1) == Some(&(bound - 1))).then_some((leaf, at))
+                });
+            match held {
+                // The leaf holds the whole chunk as consecutive rows: one call, no key list.
+                Some((leaf, at)) => {
+                    let row_aux = width * aux_width;
+                    f(
+                        &mut leaf.values[at * width..(at + n) * width],
+                        &mut leaf.aux[at * row_aux..(at + n) * row_aux],
+                        chunk,
+                    );
+                }
+                None => {
+                    let keys: Vec<Key> = (key..bound).collect();
+                    self.update_rows(&keys, chunk, f);
+                }
+            }
+            done += n;
+            key = bound;
+        }
+    }
+
     fn values_of(&self, keys: &[Key], width: usize, out: &mut Vec<V>) {
         out.reserve(keys.len() * width);
         let mut i = 0;

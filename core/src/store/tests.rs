@@ -142,6 +142,8 @@ fn equality_and_hashing_see_every_difference() {
 enum Step {
     /// Adds `delta` to every key of the batch (sorted, de-duplicated before use).
     Update(Vec<Key>, i64),
+    /// Adds `delta` to every key of `[from, from + n)` through `update_range`.
+    UpdateRange(Key, usize, i64),
     /// Adds one to a single row through `row_mut`.
     Touch(Key),
     /// Splits at the key and keeps the low part (or the high part).
@@ -163,6 +165,8 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
         4 => (proptest::collection::vec(key.clone(), 0..40), -5i64..5)
             .prop_map(|(k, d)| Step::Update(k, d)),
         2 => (dense, -5i64..5).prop_map(|(k, d)| Step::Update(k, d)),
+        2 => (prop_oneof![0u64..40_000, (crate::MAX_KEY - 3)..=crate::MAX_KEY], 1usize..20_000, -5i64..5)
+            .prop_map(|(from, n, d)| Step::UpdateRange(from, n, d)),
         1 => key.clone().prop_map(Step::Touch),
         1 => (key, proptest::bool::ANY).prop_map(|(k, high)| Step::Split(k, high)),
     ]
@@ -212,6 +216,28 @@ proptest::proptest! {
                     // A dense batch into rows stored one after another is a few calls,
                     // not one per row.
                     proptest::prop_assert!(calls <= keys.len());
+                }
+                Step::UpdateRange(from, n, delta) => {
+                    let range = KeyRange::new(from, from.saturating_add(n as Key)).unwrap();
+                    let keys: Vec<Key> = range.keys().collect();
+                    let deltas: Vec<i64> =
+                        keys.iter().flat_map(|&k| [delta, k as i64]).collect();
+                    let mut shapes_agree = true;
+                    store.update_range(range, &deltas, &mut |rows, aux, d| {
+                        shapes_agree &= rows.len() == d.len() && aux.len() == d.len();
+                        for ((w, a), &x) in rows.iter_mut().zip(aux.iter_mut()).zip(d) {
+                            *w += x;
+                            *a += aux_of(x);
+                        }
+                    });
+                    proptest::prop_assert!(shapes_agree);
+                    for &k in &keys {
+                        let (row, aux) = model.entry(k).or_default();
+                        for (j, x) in [delta, k as i64].into_iter().enumerate() {
+                            row[j] += x;
+                            aux[j] += aux_of(x);
+                        }
+                    }
                 }
                 Step::Touch(k) => {
                     let (row, aux) = store.row_mut(k);
@@ -296,4 +322,27 @@ fn a_dense_batch_over_stored_rows_is_one_call_per_leaf() {
     assert!(calls <= 3, "{calls} calls");
     assert_eq!(s.get(1000 + 3 * 8192 - 1), Some(&[1.0f32][..]));
     assert_eq!(s.len(), keys.len());
+}
+
+/// A dense range over stored rows is one call per leaf and lists no keys.
+#[test]
+fn a_dense_range_over_stored_rows_is_one_call_per_leaf() {
+    let mut s = OrderedStore::<f32>::new(1, 0);
+    let range = KeyRange::new(1000, 1000 + 3 * 8192).unwrap();
+    let ones = vec![1.0f32; 3 * 8192];
+    s.update_range(range, &ones, &mut |_, _, _| {});
+    assert_eq!(s.len(), 3 * 8192);
+    let mut calls = 0;
+    s.update_range(range, &ones, &mut |rows, _, d| {
+        calls += 1;
+        for (w, x) in rows.iter_mut().zip(d) {
+            *w += x;
+        }
+    });
+    assert!(calls <= 3, "{calls} calls");
+    assert_eq!(s.get(1000 + 3 * 8192 - 1), Some(&[1.0f32][..]));
+    // Deltas that do not match the range are not applied.
+    s.update_range(range, &ones[1..], &mut |_, _, _| {
+        panic!("applied a short batch")
+    });
 }
