@@ -119,8 +119,4 @@ impl Cluster {
             .as_ref()
             .is_some_and(|next| next.owners(key).contains(&node))
     }
-
-    pub(crate) fn primary(&self, key: Key) -> NodeId {
-        self.ring.primary(key)
-    }
 }

@@ -299,12 +299,19 @@ impl<V: Value> KvPairs<V> {
     }
 
     /// The pairs of `pieces`, one after another: the caller gives them in increasing, disjoint
-    /// key order. A single piece is returned as it is, without a copy.
+    /// key order. Pieces that are adjacent windows of one storage (the slices of one vector
+    /// that all go to the same server, say) are joined without a copy.
     pub(crate) fn concat(mut pieces: Vec<KvPairs<V>>, width: usize) -> KvPairs<V> {
         pieces.retain(|p| !p.is_empty());
-        if pieces.len() == 1 {
-            if let Some(only) = pieces.pop() {
-                return only;
+        let adjacent = pieces
+            .windows(2)
+            .all(|pair| Arc::ptr_eq(&pair[0].values, &pair[1].values) && pair[0].hi == pair[1].lo);
+        if adjacent {
+            if let (Some(first), Some(last)) = (pieces.first(), pieces.last()) {
+                return KvPairs {
+                    hi: last.hi,
+                    ..first.clone()
+                };
             }
         }
         let n: usize = pieces.iter().map(KvPairs::len).sum();
@@ -557,6 +564,32 @@ mod tests {
             KvPairs::<i64>::from_range(KeyRange::new(5, 8).unwrap(), vec![], 0),
             Err(KvError::ZeroWidth)
         );
+    }
+
+    #[test]
+    fn adjacent_slices_join_without_a_copy() {
+        let kv = KvPairs::new(vec![1, 3, 5, 7, 9], vec![1i64, 3, 5, 7, 9], 1).unwrap();
+        let cut = |a, b| kv.slice(KeyRange::new(a, b).unwrap());
+        let joined = KvPairs::concat(vec![cut(0, 4), cut(4, 6), cut(6, 8)], 1);
+        assert_eq!(joined.keys(), &[1, 3, 5, 7]);
+        assert!(core::ptr::eq(
+            joined.values().as_ptr(),
+            kv.values().as_ptr()
+        ));
+        let gapped = KvPairs::concat(vec![cut(0, 4), cut(6, 10)], 1);
+        assert_eq!(gapped.keys(), &[1, 3, 7, 9]);
+        assert_eq!(gapped.values(), &[1, 3, 7, 9]);
+        let dense = KvPairs::new((0..10).collect(), (0..10).collect::<Vec<i64>>(), 1).unwrap();
+        let part = |a, b| dense.slice(KeyRange::new(a, b).unwrap());
+        let rejoined = KvPairs::concat(vec![part(0, 3), part(5, 7)], 1);
+        assert_eq!(rejoined.keys(), &[0, 1, 2, 5, 6]);
+        let copied = KvPairs::concat(vec![part(2, 4), listed(&part(4, 6))], 1);
+        assert_eq!(
+            copied.key_range(),
+            KeyRange::new(2, 6).ok(),
+            "copied runs stay a range"
+        );
+        assert_eq!(copied.values(), &[2, 3, 4, 5]);
     }
 
     #[test]

@@ -58,9 +58,32 @@ fn split_by_owner<V: Value>(cluster: &Cluster, part: Part<V>) -> Vec<(NodeId, Pa
                 .collect()
         }
         Part::Pull(KeySelection::Keys(list)) => {
+            // A look per ring segment, not per key.
+            let all = list.keys();
+            let (Some(&first), Some(&last)) = (all.first(), all.last()) else {
+                return Vec::new();
+            };
+            let Ok(span) = KeyRange::new(first, last + 1) else {
+                return Vec::new();
+            };
+            let mut chunks: Vec<(NodeId, &[Key])> = Vec::new();
+            let mut rest = all;
+            for (range, owners) in cluster.ring.segments_in(span) {
+                let n = rest.partition_point(|&k| k < range.end());
+                if n > 0 {
+                    chunks.push((owners[0], &rest[..n]));
+                    rest = &rest[n..];
+                }
+            }
+            if let [(only, _), more @ ..] = &chunks[..] {
+                if more.iter().all(|(s, _)| s == only) {
+                    // One server holds them all: the list goes as it is.
+                    return vec![(*only, Part::Pull(KeySelection::Keys(list)))];
+                }
+            }
             let mut keys: BTreeMap<NodeId, Vec<Key>> = BTreeMap::new();
-            for &k in list.keys() {
-                keys.entry(cluster.primary(k)).or_default().push(k);
+            for (server, chunk) in chunks {
+                keys.entry(server).or_default().extend_from_slice(chunk);
             }
             keys.into_iter()
                 .map(|(server, ks)| {
@@ -228,4 +251,85 @@ pub(crate) fn assemble<V: Value>(mut replies: Vec<KvPairs<V>>, width: usize) -> 
         values.extend_from_slice(row);
     }
     KvPairs::from_validated(keys, values, width)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consistency::Consistency;
+    use crate::message::ClusterConfig;
+    use crate::ring::RingConfig;
+    use proptest::prelude::*;
+
+    fn cluster(servers: u32, vnodes: u32) -> Cluster {
+        let servers: Vec<NodeId> = (1..=servers).map(NodeId).collect();
+        Cluster::new(ClusterConfig {
+            epoch: 1,
+            coordinator: NodeId(0),
+            servers,
+            workers: vec![NodeId(9)],
+            ring: RingConfig {
+                vnodes,
+                replicas: 0,
+                seed: 7,
+            },
+            consistency: Consistency::Eventual,
+            joining: vec![],
+            leaving: vec![],
+            shares: vec![NodeId(9)],
+            incarnations: vec![],
+        })
+        .unwrap()
+    }
+
+    fn keys() -> impl Strategy<Value = Vec<Key>> {
+        prop_oneof![
+            proptest::collection::btree_set(any::<u64>().prop_map(|k| k % crate::MAX_KEY), 0..60)
+                .prop_map(|s| s.into_iter().collect()),
+            (any::<u64>(), 0usize..60).prop_map(|(first, n)| {
+                let first = first % crate::MAX_KEY;
+                (first..=crate::MAX_KEY).take(n).collect()
+            }),
+        ]
+    }
+
+    proptest! {
+        /// Every key of a push or a pull goes to its primary, exactly once, in order, and a
+        /// server's part of a push carries the key's own values.
+        #[test]
+        fn parts_go_to_the_primary_of_each_key(
+            keys in keys(),
+            servers in 1u32..4,
+            max_keys in 1usize..80,
+        ) {
+            let c = cluster(servers, 16);
+            let values: Vec<i64> = keys.iter().map(|&k| (k % 1000) as i64).collect();
+            let kvs = KvPairs::new(keys.clone(), values, 1).unwrap();
+            let mut pushed = Vec::new();
+            for (server, part) in split_by_primary(&c, Part::Push(kvs), max_keys) {
+                let Part::Push(kv) = part else { panic!("a push splits into pushes") };
+                prop_assert!(kv.len() <= max_keys && !kv.is_empty());
+                for (k, v) in kv.iter() {
+                    prop_assert_eq!(c.ring.primary(k), server);
+                    prop_assert_eq!(v, &[(k % 1000) as i64][..]);
+                    pushed.push(k);
+                }
+            }
+            pushed.sort_unstable();
+            prop_assert_eq!(&pushed, &keys);
+            let list = KeyList::new(keys.clone()).unwrap();
+            let mut pulled = Vec::new();
+            for (server, part) in split_by_primary::<i64>(&c, Part::Pull(KeySelection::Keys(list)), max_keys) {
+                let Part::Pull(KeySelection::Keys(l)) = part else { panic!("a key pull splits into key pulls") };
+                prop_assert!(l.keys().len() <= max_keys && !l.keys().is_empty());
+                prop_assert!(l.keys().windows(2).all(|p| p[0] < p[1]));
+                for &k in l.keys() {
+                    prop_assert_eq!(c.ring.primary(k), server);
+                    pulled.push(k);
+                }
+            }
+            pulled.sort_unstable();
+            prop_assert_eq!(&pulled, &keys);
+        }
+    }
 }

@@ -46,30 +46,23 @@ fn take_varint(bytes: &mut &[u8]) -> Option<u64> {
 }
 
 /// Encodes strictly increasing keys as the first key, then each gap minus one.
+///
+/// A plain loop of varints: measured against writing a whole word per key with no branch on
+/// the varint's length, it is the faster on sparse keys; consecutive keys of a `KvPairs` do not
+/// come here at all (see [`PairKeys`]).
 fn encode_keys(keys: &[Key]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(keys.len() + 16);
     let Some((&first, rest)) = keys.split_first() else {
-        return out;
+        return Vec::new();
     };
+    // Room for the mean gap's varint per key, so that the vector rarely grows.
+    let mean_gap = keys[keys.len() - 1].saturating_sub(first) / (rest.len().max(1) as u64);
+    let per_key = (64 - mean_gap.leading_zeros()).div_ceil(7).max(1) as usize;
+    let mut out = Vec::with_capacity(10 + rest.len() * per_key);
     put_varint(first, &mut out);
     let mut prev = first;
-    let mut i = 0;
-    while i < rest.len() {
-        // Consecutive keys, the dense case, are a run of zero bytes written at once.
-        let run = rest[i..]
-            .iter()
-            .zip(prev..)
-            .take_while(|&(&k, p)| k == p + 1)
-            .count();
-        if run > 0 {
-            out.resize(out.len() + run, 0);
-            i += run;
-            prev = rest[i - 1];
-            continue;
-        }
-        put_varint(rest[i] - prev - 1, &mut out);
-        prev = rest[i];
-        i += 1;
+    for &k in rest {
+        put_varint(k - prev - 1, &mut out);
+        prev = k;
     }
     out
 }
@@ -81,39 +74,23 @@ fn decode_keys(blob: &[u8], count: usize) -> Result<Vec<Key>, &'static str> {
     if count > blob.len() {
         return Err("key count exceeds the bytes present");
     }
-    let mut keys = Vec::with_capacity(count);
+    let mut keys = vec![0; count];
     let mut rest = blob;
-    let mut prev: Option<Key> = None;
-    while keys.len() < count {
-        if let (Some(p), Some(0)) = (prev, rest.first()) {
-            // A run of zero gaps, the dense case: consecutive keys, filled in at once.
-            let run = rest
-                .iter()
-                .take(count - keys.len())
-                .take_while(|&&b| b == 0)
-                .count();
-            let last = p
-                .checked_add(run as Key)
-                .filter(|&k| k <= MAX_KEY)
-                .ok_or("reserved key u64::MAX")?;
-            keys.extend(p + 1..=last);
-            rest = &rest[run..];
-            prev = Some(last);
-            continue;
-        }
+    let mut prev: Key = 0;
+    // Overflow and the reserved key are gathered over the loop and checked once after it: a
+    // branch per key less on the decoder's hottest loop.
+    let mut beyond = false;
+    for (i, slot) in keys.iter_mut().enumerate() {
         let d = take_varint(&mut rest).ok_or("malformed key varint")?;
-        let k = match prev {
-            None => d,
-            Some(p) => p
-                .checked_add(d)
-                .and_then(|k| k.checked_add(1))
-                .ok_or("key overflow")?,
-        };
-        if k > MAX_KEY {
-            return Err("reserved key u64::MAX");
-        }
-        keys.push(k);
-        prev = Some(k);
+        // The first key is itself; every other is the one before, plus its gap, plus one.
+        let (k, over_gap) = prev.overflowing_add(d);
+        let (k, over_one) = k.overflowing_add(u64::from(i > 0));
+        beyond |= over_gap | over_one | (k > MAX_KEY);
+        *slot = k;
+        prev = k;
+    }
+    if beyond {
+        return Err("key overflow or reserved key u64::MAX");
     }
     if !rest.is_empty() {
         return Err("trailing bytes after keys");
@@ -422,8 +399,8 @@ mod tests {
             prop_assert!(s.is_empty());
         }
 
-        /// Runs of consecutive keys take the fast paths, and the bytes are exactly those of
-        /// one varint per key: the wire form does not depend on which path wrote it.
+        /// Key lists with runs and gaps round-trip, and their bytes are exactly one varint
+        /// per key.
         #[test]
         fn key_runs_round_trip_in_the_one_varint_per_key_form(
             start in prop_oneof![0u64..1000, (MAX_KEY - 5000)..MAX_KEY],

@@ -74,7 +74,6 @@ impl WorkerConfig {
         }
     }
 
-    /// Keys per slice: as many rows as fit `max_slice_bytes`, at least one.
     /// The bytes a slice moves: its rows for a push or a pull of keys, at most a message's rows
     /// for a pull of ranges (whose answer size only the server knows).
     fn slice_bytes<V: Value>(&self, part: &Part<V>) -> u64 {
@@ -92,6 +91,7 @@ impl WorkerConfig {
         rows.saturating_mul(row)
     }
 
+    /// Keys per slice: as many rows as fit `max_slice_bytes`, at least one.
     fn keys_per_slice<V: Value>(&self) -> usize {
         let row = MAX_KEY_BYTES + self.width.saturating_mul(V::SIZE);
         (self.max_slice_bytes.saturating_sub(SLICE_OVERHEAD) / row.max(1)).max(1)
