@@ -56,6 +56,12 @@ pub struct WorkerConfig {
     /// further slices wait for earlier ones to be answered. Pushes never wait behind pulls (a
     /// pull may be held by the consistency model, a push never is).
     pub max_slices_in_flight: usize,
+    /// Bytes of push slices, and separately of pull slices (keys and values, as
+    /// [`WorkerConfig::max_slice_bytes`] counts them), that the worker has on the network at
+    /// once; a slice beyond it waits, but one slice of each always goes, and pushes never wait
+    /// behind pulls. A transport that loses what overflows a receive buffer (UDP) needs it
+    /// below that buffer. Default: unbounded.
+    pub max_bytes_in_flight: u64,
     /// Seed of the retransmission jitter.
     pub seed: u64,
 }
@@ -70,6 +76,7 @@ impl WorkerConfig {
             timing: Timing::default(),
             max_slice_bytes: DEFAULT_MAX_SLICE_BYTES,
             max_slices_in_flight: 64,
+            max_bytes_in_flight: u64::MAX,
             seed: 0,
         }
     }
@@ -443,9 +450,14 @@ impl<V: Value> Worker<V> {
             return;
         }
         let mut to_send = Vec::new();
+        let budget = self.cfg.max_bytes_in_flight;
+        let mut bytes = self.bytes_on_network();
+        // A kind whose next slice did not fit sends no later one either, so that a large
+        // slice is not overtaken for ever by small ones.
+        let mut full = [false; 2];
         for (&id, request) in &mut self.requests {
             let kind = usize::from(!request.is_push);
-            if self.in_flight[kind] >= max {
+            if self.in_flight[kind] >= max || full[kind] {
                 continue;
             }
             for (&sid, slice) in &mut request.open {
@@ -453,6 +465,12 @@ impl<V: Value> Worker<V> {
                     break;
                 }
                 if !slice.sent {
+                    let size = self.cfg.slice_bytes(&slice.part);
+                    if bytes[kind] > 0 && bytes[kind].saturating_add(size) > budget {
+                        full[kind] = true;
+                        break;
+                    }
+                    bytes[kind] = bytes[kind].saturating_add(size);
                     slice.sent = true;
                     slice.due = now + jittered_rto(&self.cfg, id, sid, 0);
                     self.in_flight[kind] += 1;
@@ -467,16 +485,26 @@ impl<V: Value> Worker<V> {
         }
     }
 
+    /// Bytes of the push slices, and of the pull slices, sent and neither answered nor taken
+    /// in.
+    fn bytes_on_network(&self) -> [u64; 2] {
+        let mut bytes = [0u64; 2];
+        for request in self.requests.values() {
+            let kind = usize::from(!request.is_push);
+            for slice in request.open.values() {
+                if slice.sent && slice.taken.is_none() {
+                    let size = self.cfg.slice_bytes(&slice.part);
+                    bytes[kind] = bytes[kind].saturating_add(size);
+                }
+            }
+        }
+        bytes
+    }
+
     /// What [`Timing::rto_per_mib`] adds to a deadline for what is on the network now.
     fn transfer_allowance(&self) -> Time {
-        let bytes = self
-            .requests
-            .values()
-            .flat_map(|r| r.open.values())
-            .filter(|s| s.sent && s.taken.is_none())
-            .map(|s| self.cfg.slice_bytes(&s.part))
-            .fold(0u64, u64::saturating_add);
-        (bytes >> 20).saturating_mul(self.cfg.timing.rto_per_mib)
+        let [push, pull] = self.bytes_on_network();
+        (push.saturating_add(pull) >> 20).saturating_mul(self.cfg.timing.rto_per_mib)
     }
 
     fn delay_due(&mut self, id: RequestId, sid: SliceId, by: Time) {

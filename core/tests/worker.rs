@@ -278,6 +278,43 @@ fn slices_hold_as_many_rows_as_the_configured_size_allows() {
     assert_eq!(wc.frame_needed::<i64>(), rows * 18 + 128);
 }
 
+/// A byte window holds slices back until earlier ones are answered: one slice always goes,
+/// and pushes and pulls each have their own.
+#[test]
+fn a_byte_window_holds_slices_back_until_earlier_ones_are_answered() {
+    let cfg = config(1, &[1], Consistency::Eventual);
+    // Three rows of 18 bytes a slice, and room for two such slices on the network.
+    let mut wc = WorkerConfig::new(W1, COORD);
+    wc.max_slice_bytes = 128 + 3 * 18;
+    wc.max_bytes_in_flight = 2 * 3 * 18;
+    let mut w = worker_with(wc, &cfg);
+    let mut out = Effects::new();
+    let ks: Vec<Key> = (0..10).map(|k| 3 * k).collect();
+    w.push(T, KvPairs::new(ks, vec![1; 10], 1).unwrap(), &mut out)
+        .unwrap();
+    let sent = pushes(&out);
+    assert_eq!(sent.len(), 2, "two of the four slices fit the window");
+    out.clear();
+    w.pull(T, keys(&[1, 2, 4, 5, 7, 8, 10]), &mut out).unwrap();
+    assert_eq!(pulls(&out).len(), 2, "pulls have a window of their own");
+    assert_eq!(pushes(&out).len(), 0);
+    out.clear();
+    w.on_message(T, ack(S1, sent[0].1), &mut out);
+    assert_eq!(pushes(&out).len(), 1, "an answer makes room for one more");
+    // A window smaller than any slice still lets one go at a time.
+    wc.max_bytes_in_flight = 1;
+    let mut w = worker_with(wc, &cfg);
+    out.clear();
+    let ks: Vec<Key> = (0..10).map(|k| 3 * k).collect();
+    w.push(T, KvPairs::new(ks, vec![1; 10], 1).unwrap(), &mut out)
+        .unwrap();
+    let sent = pushes(&out);
+    assert_eq!(sent.len(), 1);
+    out.clear();
+    w.on_message(T, ack(S1, sent[0].1), &mut out);
+    assert_eq!(pushes(&out).len(), 1);
+}
+
 /// A large message's deadline allows for moving the bytes on the network: a MiB of requests in
 /// flight adds `rto_per_mib`, and resends allow for everything still on the network.
 #[test]

@@ -131,8 +131,11 @@ async fn start<V: Value + Send + Sync>(
     join_timeout: Duration,
 ) -> Result<Started<V>, RunError> {
     let role = file.role(id)?;
-    let driver: Driver<V> = file.spec.driver(id)?;
     let transport = NodeTransport::bind(file, id).await?;
+    let driver: Driver<V> = file
+        .spec
+        .within(transport.shared().flow_limits())
+        .driver(id)?;
     tracing::info!(%id, %role, address = %transport.local_addr(), "listening");
     let spawned = spawn_node(driver, transport.shared(), file.spec.runtime.clone());
     if role != Role::Coordinator

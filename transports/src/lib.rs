@@ -54,6 +54,18 @@ pub enum TransportError {
     },
 }
 
+/// How fast a worker may put requests on a transport ([`Transport::flow_limits`]). The runtime
+/// takes, for each, the smaller of this and the job's own setting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowLimits {
+    /// The largest slice the transport carries well, in bytes as
+    /// `WorkerConfig::max_slice_bytes` counts them; `None`: no limit of its own.
+    pub max_slice_bytes: Option<usize>,
+    /// Bytes of push slices, and separately of pull slices, on the network at once
+    /// (`WorkerConfig::max_bytes_in_flight`); `None`: no limit of its own.
+    pub max_bytes_in_flight: Option<u64>,
+}
+
 /// Moves whole frames between nodes. Delivery may lose, duplicate or reorder frames (the core's
 /// retransmission and de-duplication make the protocol exactly-once over any of them), but a
 /// frame that arrives arrives whole and unaltered.
@@ -78,6 +90,13 @@ pub trait Transport: Send + Sync + 'static {
     /// the frame from (authenticated, for transports that authenticate), which the runtime
     /// compares with the sender the frame claims.
     async fn recv(&self) -> Result<(NodeId, Bytes), TransportError>;
+
+    /// What this transport asks of the workers that use it: a transport that loses a whole
+    /// frame for one lost packet wants small slices, and one whose receiver drops what
+    /// overflows its buffer wants fewer bytes on the network. Default: no limits.
+    fn flow_limits(&self) -> FlowLimits {
+        FlowLimits::default()
+    }
 }
 
 #[cfg(all(test, not(loom)))]

@@ -93,3 +93,53 @@ fn with_5_percent_of_datagrams_dropped_every_push_is_applied_exactly_once() {
     })
     .unwrap();
 }
+
+/// The runtime gives workers over UDP the transport's flow limits: a dense push far larger
+/// than a UDP slice reaches the server as that many frames, and whole.
+#[test]
+fn workers_over_udp_cut_requests_into_the_slices_the_transport_asks_for() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut spec = ClusterSpec::new(1, 1);
+        spec.consistency = pserver_core::Consistency::Eventual;
+        let udp = transports(&spec, 0.0).await;
+        let server = spec.layout().servers().next().unwrap();
+        let limits = udp[&server].flow_limits();
+        let slice = limits.max_slice_bytes.expect("UDP limits the slice size");
+        assert_eq!(slice, pserver_transport::udp::SLICE_DATAGRAMS * 512);
+        assert!(limits.max_bytes_in_flight.is_some_and(|b| b > 0));
+        let cluster: LocalCluster<i64> = LocalCluster::start_over(&spec, |id| {
+            let t: Arc<dyn Transport> = udp[&id].clone();
+            Ok(t)
+        })?;
+        let worker = &cluster.workers[0];
+        worker.ready().await?;
+        let n: u64 = 200_000;
+        let before = udp[&server].stats().frames;
+        let kvs = KvPairs::new((0..n).collect(), vec![1i64; n as usize], 1)?;
+        tokio::time::timeout(Duration::from_secs(120), worker.push(kvs))
+            .await
+            .expect("the push finishes")?;
+        let frames = udp[&server].stats().frames - before;
+        // A slice counts at most 18 bytes a row of i64 (a key's longest varint and its value).
+        let slices = n * 18 / slice as u64;
+        assert!(
+            frames >= slices,
+            "{frames} frames for {slices} slices or more"
+        );
+        let range = pserver_core::KeyRange::new(0, n)?;
+        let list = pserver_core::RangeList::new(vec![range])?;
+        let pulled = worker
+            .pull(pserver_core::KeySelection::Ranges(list))
+            .await?;
+        assert_eq!(pulled.len(), n as usize);
+        assert!(pulled.values().iter().all(|&v| v == 1));
+        cluster.shutdown().await?;
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })
+    .unwrap();
+}

@@ -10,8 +10,8 @@ use pserver_core::{
 
 use super::handle::{NodeHandle, NodeReport, RuntimeError, WorkerHandle};
 use super::{RuntimeConfig, spawn_node};
-use crate::Transport;
 use crate::mem::MemNetwork;
+use crate::{FlowLimits, Transport};
 
 /// The shape of a job: how many nodes of each kind, and everything they must agree on. Nodes
 /// are numbered as [`NodeLayout`] says: the coordinator 0, then the servers, then the workers.
@@ -41,6 +41,9 @@ pub struct ClusterSpec {
     pub max_slice_bytes: usize,
     /// Push slices (and, separately, pull slices) a worker keeps on the network. Default 64.
     pub max_slices_in_flight: usize,
+    /// Bytes of push slices (and, separately, of pull slices) a worker keeps on the network.
+    /// Default: unbounded.
+    pub max_bytes_in_flight: u64,
     /// Seed of the workers' retransmission jitter.
     pub seed: u64,
     /// How each node's event loop runs.
@@ -65,9 +68,23 @@ impl ClusterSpec {
             max_frame: DEFAULT_MAX_FRAME,
             max_slice_bytes: DEFAULT_MAX_SLICE_BYTES,
             max_slices_in_flight: 64,
+            max_bytes_in_flight: u64::MAX,
             seed: 0,
             runtime: RuntimeConfig::default(),
         }
+    }
+
+    /// This spec with the limits a transport asks for ([`Transport::flow_limits`]) where they
+    /// are tighter than its own.
+    pub fn within(&self, limits: FlowLimits) -> ClusterSpec {
+        let mut spec = self.clone();
+        if let Some(bytes) = limits.max_slice_bytes {
+            spec.max_slice_bytes = spec.max_slice_bytes.min(bytes);
+        }
+        if let Some(bytes) = limits.max_bytes_in_flight {
+            spec.max_bytes_in_flight = spec.max_bytes_in_flight.min(bytes);
+        }
+        spec
     }
 
     /// How the nodes are numbered.
@@ -93,6 +110,7 @@ impl ClusterSpec {
         wc.timing = self.timing;
         wc.max_slice_bytes = self.max_slice_bytes;
         wc.max_slices_in_flight = self.max_slices_in_flight;
+        wc.max_bytes_in_flight = self.max_bytes_in_flight;
         wc.seed = self.seed;
         let needed = wc.frame_needed::<V>();
         if needed > self.max_frame {
@@ -197,8 +215,9 @@ impl<V: Value + Send + Sync> LocalCluster<V> {
         mut endpoint: impl FnMut(NodeId) -> Result<Arc<dyn Transport>, RuntimeError>,
     ) -> Result<Self, RuntimeError> {
         let mut spawn = |id: NodeId| -> Result<_, RuntimeError> {
-            let driver = spec.driver::<V>(id)?;
-            Ok(spawn_node(driver, endpoint(id)?, spec.runtime.clone()))
+            let transport = endpoint(id)?;
+            let driver = spec.within(transport.flow_limits()).driver::<V>(id)?;
+            Ok(spawn_node(driver, transport, spec.runtime.clone()))
         };
         let layout = spec.layout();
         let coordinator = spawn(layout.coordinator())?.node;
@@ -238,5 +257,31 @@ impl<V: Value + Send + Sync> LocalCluster<V> {
             servers,
             workers,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transport_s_limits_apply_only_where_they_are_tighter() {
+        let mut spec = ClusterSpec::new(1, 1);
+        spec.max_slice_bytes = 1 << 20;
+        let limits = FlowLimits {
+            max_slice_bytes: Some(1 << 16),
+            max_bytes_in_flight: Some(1 << 22),
+        };
+        let within = spec.within(limits);
+        assert_eq!(within.max_slice_bytes, 1 << 16);
+        assert_eq!(within.max_bytes_in_flight, 1 << 22);
+        spec.max_slice_bytes = 1 << 10;
+        spec.max_bytes_in_flight = 1 << 12;
+        let within = spec.within(limits);
+        assert_eq!(
+            (within.max_slice_bytes, within.max_bytes_in_flight),
+            (1 << 10, 1 << 12)
+        );
+        assert_eq!(spec.within(FlowLimits::default()), spec);
     }
 }

@@ -28,4 +28,6 @@ pub mod fragment;
 mod transport;
 
 #[cfg(not(loom))]
-pub use transport::{DEFAULT_MAX_PAYLOAD, MAC_LEN, UdpConfig, UdpStats, UdpTransport};
+pub use transport::{
+    DEFAULT_MAX_PAYLOAD, MAC_LEN, SLICE_DATAGRAMS, UdpConfig, UdpStats, UdpTransport, WINDOW_SHARE,
+};

@@ -22,7 +22,7 @@ use tracing::debug;
 
 use super::fragment::{FragmentHeader, Reassembler, ReassemblyLimits, fragment};
 use crate::tcp::Secret;
-use crate::{Transport, TransportError};
+use crate::{FlowLimits, Transport, TransportError};
 
 /// Bytes of the MAC each datagram ends with when a secret is configured: HMAC-SHA256,
 /// truncated to 128 bits.
@@ -131,6 +131,8 @@ struct Shared {
     key: Option<Hmac<Sha256>>,
     max_payload: usize,
     max_frame: usize,
+    /// The receive buffer the kernel granted, in bytes of datagrams.
+    recv_buffer: usize,
     next_frame: AtomicU64,
     drop_outgoing: f64,
     rng: Mutex<SmallRng>,
@@ -201,6 +203,11 @@ impl UdpTransport {
         let local_addr = socket
             .local_addr()
             .map_err(|e| io_error("reading the UDP socket's address".into(), e))?;
+        // Linux reports twice what it grants, the other half being its own bookkeeping.
+        let recv_buffer = socket2::SockRef::from(&socket)
+            .recv_buffer_size()
+            .map_or(cfg.socket_buffer, |granted| granted / 2)
+            .min(cfg.socket_buffer);
         let mut peers = cfg.peers.clone();
         peers.remove(&cfg.id);
         let by_addr: HashMap<SocketAddr, NodeId> = peers.iter().map(|(&n, &a)| (a, n)).collect();
@@ -211,6 +218,7 @@ impl UdpTransport {
             key,
             max_payload: cfg.max_payload,
             max_frame: cfg.limits.max_frame,
+            recv_buffer,
             next_frame: AtomicU64::new(0),
             drop_outgoing: cfg.drop_outgoing,
             rng: Mutex::new(SmallRng::seed_from_u64(cfg.seed)),
@@ -319,7 +327,27 @@ impl Transport for UdpTransport {
         let mut inbound = self.inbound.lock().await;
         inbound.recv().await.ok_or(TransportError::Closed)
     }
+
+    /// Slices of [`SLICE_DATAGRAMS`] datagrams at most, so that a lost datagram costs little
+    /// to resend, and a window of a [`WINDOW_SHARE`] of the receive buffer per worker and
+    /// kind, so that bursts from several workers do not overflow the servers' buffers (what
+    /// overflows is lost).
+    fn flow_limits(&self) -> FlowLimits {
+        let shared = &self.shared;
+        FlowLimits {
+            max_slice_bytes: Some(SLICE_DATAGRAMS * shared.max_payload),
+            max_bytes_in_flight: Some((shared.recv_buffer / WINDOW_SHARE) as u64),
+        }
+    }
 }
+
+/// Datagrams of payload in the largest slice [`UdpTransport`] asks workers for. Measured with
+/// `pserver bench`: 64 keeps a dense push of 1M values near its lossless speed with 0.1% of
+/// the datagrams lost, where 256 loses three quarters of it.
+pub const SLICE_DATAGRAMS: usize = 64;
+
+/// The part of the receive buffer a worker may fill with push slices, or with pull slices.
+pub const WINDOW_SHARE: usize = 2;
 
 /// A non-blocking UDP socket on `addr` with buffers of `buffer` bytes (as far as the kernel
 /// allows), registered with the tokio runtime.
