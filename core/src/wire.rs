@@ -216,8 +216,8 @@ impl Serialize for ByteStr<'_> {
     }
 }
 
-/// Wire form of [`KvPairs`]: `(width, count, keys as bytes, values as bytes)`, the keys as
-/// [`PairKeys`] describes.
+/// Wire form of [`KvPairs`]: `(width, count, keys as bytes, values as bytes)`; consecutive
+/// keys travel as their first key alone, any others as delta varints.
 impl<V: Value> Serialize for KvPairs<V> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut t = s.serialize_tuple(4)?;
