@@ -10,9 +10,14 @@ use crate::node::NodeId;
 use crate::value::Value;
 use crate::worker::Part;
 
+/// Most slices a range pull is cut into up front; a pull of a wider key space is sent whole
+/// and its server answers it a part at a time.
+const MAX_RANGE_PIECES: u64 = 4096;
+
 /// Parts of at most `max_keys` keys each, grouped by the primary server of their keys, in server
-/// order. Range pulls are split by owner only: how many keys a range holds is known only to its
-/// server.
+/// order. How many keys a range holds is known only to its server, but never more than its
+/// width: range pulls up to [`MAX_RANGE_PIECES`] times `max_keys` wide are cut into pieces
+/// `max_keys` wide, so that their answers travel side by side rather than one after another.
 pub(crate) fn split_by_primary<V: Value>(
     cluster: &Cluster,
     part: Part<V>,
@@ -33,10 +38,49 @@ pub(crate) fn split_by_primary<V: Value>(
                     out.push((server, Part::Pull(KeySelection::Keys(keys))));
                 }
             }
+            Part::Pull(KeySelection::Ranges(list)) => {
+                for piece in cut_ranges(&list, max_keys as u64) {
+                    out.push((server, Part::Pull(KeySelection::Ranges(piece))));
+                }
+            }
             part => out.push((server, part)),
         }
     }
     out
+}
+
+/// `list` cut into lists at most `width` keys wide, in key order; `list` itself when it is
+/// no wider, or too wide to cut into at most [`MAX_RANGE_PIECES`].
+fn cut_ranges(list: &RangeList, width: u64) -> Vec<RangeList> {
+    let total = list
+        .ranges()
+        .iter()
+        .map(|r| r.len())
+        .fold(0u64, u64::saturating_add);
+    if total <= width || total.div_ceil(width) > MAX_RANGE_PIECES {
+        return vec![list.clone()];
+    }
+    let mut pieces = Vec::new();
+    let mut current = Vec::new();
+    let mut room = width;
+    for &range in list.ranges() {
+        let mut rest = range;
+        while !rest.is_empty() {
+            let take = rest.len().min(room);
+            let (head, tail) = rest.split_at(rest.start() + take);
+            current.push(head);
+            room -= take;
+            rest = tail;
+            if room == 0 {
+                pieces.extend(RangeList::new(core::mem::take(&mut current)).ok());
+                room = width;
+            }
+        }
+    }
+    if !current.is_empty() {
+        pieces.extend(RangeList::new(current).ok());
+    }
+    pieces
 }
 
 fn split_by_owner<V: Value>(cluster: &Cluster, part: Part<V>) -> Vec<(NodeId, Part<V>)> {
@@ -330,6 +374,62 @@ mod tests {
             }
             pulled.sort_unstable();
             prop_assert_eq!(&pulled, &keys);
+        }
+
+        /// A range pull is cut into pieces owned by one server each, no wider than a slice
+        /// when there are not too many, that together cover exactly the ranges asked for.
+        #[test]
+        fn range_pulls_are_cut_into_slices_that_cover_the_ranges_exactly(
+            bounds in proptest::collection::btree_set(0u64..5_000, 0..8),
+            wide in proptest::bool::weighted(0.2),
+            servers in 1u32..4,
+            max_keys in 1usize..400,
+        ) {
+            let c = cluster(servers, 16);
+            let mut bounds: Vec<Key> = bounds.into_iter().collect();
+            if wide {
+                bounds.push(u64::MAX);
+            }
+            let ranges: Vec<KeyRange> = bounds
+                .chunks_exact(2)
+                .filter_map(|p| KeyRange::new(p[0], p[1]).ok())
+                .collect();
+            let Ok(list) = RangeList::new(ranges.clone()) else {
+                return Ok(());
+            };
+            let mut covered: Vec<KeyRange> = Vec::new();
+            for (server, part) in split_by_primary::<i64>(&c, Part::Pull(KeySelection::Ranges(list)), max_keys) {
+                let Part::Pull(KeySelection::Ranges(l)) = part else { panic!("a range pull splits into range pulls") };
+                let width: u64 = l.ranges().iter().map(|r| r.len()).fold(0, u64::saturating_add);
+                // Cut to a slice's width, unless too wide to cut at all.
+                let max = max_keys as u64;
+                prop_assert!(
+                    width <= max || width > MAX_RANGE_PIECES * max,
+                    "a piece {} wide for slices of {}", width, max
+                );
+                for &r in l.ranges() {
+                    for (_, owners) in c.ring.segments_in(r) {
+                        prop_assert_eq!(owners[0], server);
+                    }
+                    covered.push(r);
+                }
+            }
+            covered.sort();
+            // Joined where they touch, the pieces are the ranges asked for.
+            let mut joined: Vec<KeyRange> = Vec::new();
+            for r in covered {
+                match joined.last_mut() {
+                    Some(last) if last.end() == r.start() => {
+                        *last = KeyRange::new(last.start(), r.end()).unwrap();
+                    }
+                    Some(last) => prop_assert!(last.end() < r.start(), "overlap"),
+                    None => {}
+                }
+                if joined.last().is_none_or(|l| l.end() < r.start()) {
+                    joined.push(r);
+                }
+            }
+            prop_assert_eq!(joined, ranges);
         }
     }
 }

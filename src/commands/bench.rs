@@ -269,6 +269,9 @@ async fn dense(
     let kvs = KvPairs::new(keys, vec![1.0f32; size], 1).map_err(runtime_err)?;
     let range = KeyRange::new(0, size as Key).map_err(runtime_err)?;
     let selection = KeySelection::Ranges(RangeList::new(vec![range]).map_err(runtime_err)?);
+    // The first push creates the servers' rows; the figures are for pushes into rows that
+    // exist, as in training after its first step.
+    workers[0].push(kvs.clone()).await?;
     let before = workers[0].pull(selection.clone()).await?;
     let (push, pull, pushes) = push_and_pull(
         workers,
