@@ -176,6 +176,43 @@ fn aux_of(delta: i64) -> i64 {
     delta * 100 + 1
 }
 
+/// Rows of the model-based test: values and updater state by key.
+type Model = std::collections::BTreeMap<Key, ([i64; 2], [i64; 2])>;
+
+/// Adds `[delta, key]` to the rows of `keys` (strictly increasing) in `store`, through
+/// `update_range` when the keys are `range`, and in `model`; returns how many calls the store
+/// made and whether every call had rows, state and deltas of one length.
+fn add_to_both(
+    store: &mut OrderedStore<i64>,
+    model: &mut Model,
+    keys: &[Key],
+    delta: i64,
+    range: Option<KeyRange>,
+) -> (usize, bool) {
+    let deltas: Vec<i64> = keys.iter().flat_map(|&k| [delta, k as i64]).collect();
+    let (mut calls, mut shapes_agree) = (0, true);
+    let f = &mut |rows: &mut [i64], aux: &mut [i64], d: &[i64]| {
+        calls += 1;
+        shapes_agree &= rows.len() == d.len() && aux.len() == d.len();
+        for ((w, a), &x) in rows.iter_mut().zip(aux.iter_mut()).zip(d) {
+            *w += x;
+            *a += aux_of(x);
+        }
+    };
+    match range {
+        Some(range) => store.update_range(range, &deltas, f),
+        None => store.update_rows(keys, &deltas, f),
+    }
+    for &k in keys {
+        let (row, aux) = model.entry(k).or_default();
+        for (j, x) in [delta, k as i64].into_iter().enumerate() {
+            row[j] += x;
+            aux[j] += aux_of(x);
+        }
+    }
+    (calls, shapes_agree)
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
 
@@ -186,33 +223,15 @@ proptest::proptest! {
         steps in proptest::collection::vec(step(), 1..12),
         probe in proptest::collection::vec(0u64..40_100, 0..64),
     ) {
-        use std::collections::BTreeMap;
         let mut store = OrderedStore::<i64>::new(2, 1);
-        let mut model: BTreeMap<Key, ([i64; 2], [i64; 2])> = BTreeMap::new();
+        let mut model = Model::new();
         for step in steps {
             match step {
                 Step::Update(mut keys, delta) => {
                     keys.sort_unstable();
                     keys.dedup();
-                    let deltas: Vec<i64> =
-                        keys.iter().flat_map(|&k| [delta, k as i64]).collect();
-                    let (mut calls, mut shapes_agree) = (0, true);
-                    store.update_rows(&keys, &deltas, &mut |rows, aux, d| {
-                        calls += 1;
-                        shapes_agree &= rows.len() == d.len() && aux.len() == d.len();
-                        for ((w, a), &x) in rows.iter_mut().zip(aux.iter_mut()).zip(d) {
-                            *w += x;
-                            *a += aux_of(x);
-                        }
-                    });
+                    let (calls, shapes_agree) = add_to_both(&mut store, &mut model, &keys, delta, None);
                     proptest::prop_assert!(shapes_agree);
-                    for &k in &keys {
-                        let (row, aux) = model.entry(k).or_default();
-                        for (j, x) in [delta, k as i64].into_iter().enumerate() {
-                            row[j] += x;
-                            aux[j] += aux_of(x);
-                        }
-                    }
                     // A dense batch into rows stored one after another is a few calls,
                     // not one per row.
                     proptest::prop_assert!(calls <= keys.len());
@@ -220,24 +239,9 @@ proptest::proptest! {
                 Step::UpdateRange(from, n, delta) => {
                     let range = KeyRange::new(from, from.saturating_add(n as Key)).unwrap();
                     let keys: Vec<Key> = range.keys().collect();
-                    let deltas: Vec<i64> =
-                        keys.iter().flat_map(|&k| [delta, k as i64]).collect();
-                    let mut shapes_agree = true;
-                    store.update_range(range, &deltas, &mut |rows, aux, d| {
-                        shapes_agree &= rows.len() == d.len() && aux.len() == d.len();
-                        for ((w, a), &x) in rows.iter_mut().zip(aux.iter_mut()).zip(d) {
-                            *w += x;
-                            *a += aux_of(x);
-                        }
-                    });
+                    let (_, shapes_agree) =
+                        add_to_both(&mut store, &mut model, &keys, delta, Some(range));
                     proptest::prop_assert!(shapes_agree);
-                    for &k in &keys {
-                        let (row, aux) = model.entry(k).or_default();
-                        for (j, x) in [delta, k as i64].into_iter().enumerate() {
-                            row[j] += x;
-                            aux[j] += aux_of(x);
-                        }
-                    }
                 }
                 Step::Touch(k) => {
                     let (row, aux) = store.row_mut(k);
