@@ -50,12 +50,22 @@ impl<V: Value> Leaf<V> {
         self.keys.len()
     }
 
-    /// True when every key of `batch` (strictly increasing) is in this leaf.
-    fn holds_all(&self, batch: &[Key]) -> bool {
-        let mut at = 0;
+    /// Fills `at` with the position of every key of `batch` (strictly increasing) in this
+    /// leaf; false, with `at` cut short, as soon as one is missing.
+    fn positions(&self, batch: &[Key], at: &mut Vec<usize>) -> bool {
+        at.clear();
+        let mut from = 0;
         for &key in batch {
-            match seek(&self.keys, at, key) {
-                Ok(i) => at = i + 1,
+            let found = if self.keys.get(from) == Some(&key) {
+                Ok(from)
+            } else {
+                seek(&self.keys, from, key)
+            };
+            match found {
+                Ok(i) => {
+                    at.push(i);
+                    from = i + 1;
+                }
                 Err(_) => return false,
             }
         }
@@ -91,48 +101,30 @@ impl<V: Value> Leaf<V> {
         added
     }
 
-    /// Calls `f` on the rows of `batch`, every one of which this leaf holds, a run of
-    /// consecutive rows at a time.
-    fn update(
+    /// Calls `f` on the rows at positions `at` (increasing), with `deltas` `width` values a
+    /// row in the same order, a run of consecutive rows at a time.
+    fn update_at(
         &mut self,
-        batch: &[Key],
+        at: &[usize],
         deltas: &[V],
         width: usize,
         aux_width: usize,
         f: &mut RowsUpdate<'_, V>,
     ) {
         let row_aux = width * aux_width;
-        let mut call = |leaf: &mut Self, at: usize, from: usize, to: usize| {
-            let n = to - from;
-            f(
-                &mut leaf.values[at * width..(at + n) * width],
-                &mut leaf.aux[at * row_aux..(at + n) * row_aux],
-                &deltas[from * width..to * width],
-            );
-        };
-        let Some(&first) = batch.first() else {
-            return;
-        };
-        let Ok(mut at) = seek(&self.keys, 0, first) else {
-            return;
-        };
-        let (mut run_at, mut run_from) = (at, 0);
-        for (t, &key) in batch.iter().enumerate().skip(1) {
-            let next = if self.keys.get(at + 1) == Some(&key) {
-                at + 1
-            } else {
-                match seek(&self.keys, at + 1, key) {
-                    Ok(i) => i,
-                    Err(_) => return,
-                }
-            };
-            if next != at + 1 {
-                call(self, run_at, run_from, t);
-                (run_at, run_from) = (next, t);
+        let mut run_from = 0;
+        for t in 1..=at.len() {
+            if t < at.len() && at[t] == at[t - 1] + 1 {
+                continue;
             }
-            at = next;
+            let (first, n) = (at[run_from], t - run_from);
+            f(
+                &mut self.values[first * width..(first + n) * width],
+                &mut self.aux[first * row_aux..(first + n) * row_aux],
+                &deltas[run_from * width..t * width],
+            );
+            run_from = t;
         }
-        call(self, run_at, run_from, batch.len());
     }
 
     /// Cuts off the rows from position `i` on.
@@ -273,6 +265,8 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
         if keys.is_empty() || deltas.len() != keys.len() * width {
             return;
         }
+        // Positions of a batch in its leaf, found once and reused from leaf to leaf.
+        let mut at = Vec::new();
         let mut i = 0;
         while i < keys.len() {
             let start = self.leaf_for(keys[i]);
@@ -304,8 +298,8 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
                         );
                         true
                     }
-                    None if leaf.holds_all(batch) => {
-                        leaf.update(batch, batch_deltas, width, aux_width, f);
+                    None if leaf.positions(batch, &mut at) => {
+                        leaf.update_at(&at, batch_deltas, width, aux_width, f);
                         true
                     }
                     None => false,
@@ -317,7 +311,9 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
                     .and_then(|s| self.leaves.remove(&s))
                     .unwrap_or_else(Leaf::empty);
                 self.len += leaf.insert_missing(batch, width, aux_width);
-                leaf.update(batch, batch_deltas, width, aux_width, f);
+                if leaf.positions(batch, &mut at) {
+                    leaf.update_at(&at, batch_deltas, width, aux_width, f);
+                }
                 self.put_leaf(leaf);
             }
             i = j;
