@@ -1231,3 +1231,45 @@ fn replica_convergence_a_step_spanning_no_step_is_refused() {
     assert_eq!(refused(&c), 2);
     assert_eq!(c.server(replica).received_total(k), vec![7]);
 }
+
+/// A replication step whose rows are of another width than the job's is refused, visibly, and
+/// not applied; the step of the right width that follows is.
+#[test]
+fn a_replication_step_of_another_width_is_refused() {
+    let mut c = Cluster::new(3, 1, 1, Consistency::Eventual);
+    let k = Cluster::keys(4)[1];
+    let ring = c.ring();
+    let owners = ring.owners(k);
+    let (primary, replica) = (owners[0], owners[1]);
+    let deliver = |c: &mut Cluster, kvs: KvPairs<i64>| {
+        let step = Replicate {
+            range: KeyRange::new(k, k + 1).unwrap(),
+            seq: 1,
+            span: 1,
+            update: ShardUpdate::Apply(kvs),
+            dedupe: Vec::new(),
+        };
+        let body = Message::Replicate {
+            updates: vec![step],
+        };
+        let env = Envelope::new(primary, replica, c.config().epoch, body);
+        let frame = Codec::default().encode(&env).unwrap();
+        let now = c.now;
+        c.driver(replica).handle_frame(now, primary, &frame);
+        c.collect();
+    };
+    let refused = |c: &Cluster| {
+        c.events[&replica]
+            .iter()
+            .filter(|e| {
+                matches!(e, Event::Refused { from, reason: Refusal::ForeignJob } if *from == primary)
+            })
+            .count()
+    };
+    deliver(&mut c, KvPairs::new(vec![k], vec![7, 8], 2).unwrap());
+    assert_eq!(refused(&c), 1);
+    assert_eq!(c.server(replica).received_total(k), vec![0]);
+    deliver(&mut c, KvPairs::new(vec![k], vec![7], 1).unwrap());
+    assert_eq!(refused(&c), 1);
+    assert_eq!(c.server(replica).received_total(k), vec![7]);
+}

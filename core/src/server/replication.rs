@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::effects::{Effects, Refusal, TimerId};
 use crate::key::{Key, KeyRange};
-use crate::message::{ClockRecord, Message, Replicate, ShardAck, Transfer};
+use crate::message::{ClockRecord, Message, Replicate, ShardAck, ShardUpdate, Transfer};
 use crate::node::{NodeId, Time};
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
@@ -273,6 +273,16 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         for entry in updates {
             if entry.span == 0 || entry.span > entry.seq || !self.is_replica_of(from, entry.range) {
                 out.refuse(from, Refusal::Unexpected);
+                continue;
+            }
+            let width = match &entry.update {
+                ShardUpdate::Apply(kvs) | ShardUpdate::Buffer { kvs, .. } => Some(kvs.width()),
+                ShardUpdate::ApplyBelow(_) => None,
+            };
+            if width.is_some_and(|w| w != self.cfg.width) {
+                // Rows of another shape would not fit the store: refused, visibly, rather than
+                // skipped where they are applied.
+                out.refuse(from, Refusal::ForeignJob);
                 continue;
             }
             self.split_shards_at(entry.range.start());
