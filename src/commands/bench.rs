@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pserver_core::{Consistency, Key, KeyList, KeyRange, KeySelection, KvPairs, NodeId, RangeList};
-use pserver_transport::Transport;
 use pserver_transport::mem::MemNetwork;
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError, WorkerHandle};
 use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
 use pserver_transport::udp::{UdpConfig, UdpTransport};
+use pserver_transport::{Transport, TransportError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -223,15 +223,47 @@ async fn start(spec: &ClusterSpec, wire: &str, drop: f64) -> Result<LocalCluster
     if wire == "mem" {
         return Ok(LocalCluster::start(spec, &MemNetwork::reliable())?);
     }
+    // A port found free may be taken (by a connection's own end, say) before the transport
+    // binds it: then the whole set is tried again with other ports.
+    const ATTEMPTS: usize = 5;
+    let mut attempt = 1;
+    let transports = loop {
+        match bind_transports(spec, wire, drop).await {
+            Err(TransportError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::AddrInUse && attempt < ATTEMPTS =>
+            {
+                attempt += 1;
+            }
+            bound => break bound.map_err(runtime_err)?,
+        }
+    };
+    Ok(LocalCluster::start_over(spec, |id| {
+        transports
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| RuntimeError::Config(format!("no transport for {id}")))
+    })?)
+}
+
+/// A transport over `wire` for every node of `spec`, each on a loopback port found free.
+async fn bind_transports(
+    spec: &ClusterSpec,
+    wire: &str,
+    drop: f64,
+) -> Result<BTreeMap<NodeId, Arc<dyn Transport>>, TransportError> {
     let ids = spec.node_ids();
     let mut addrs = BTreeMap::new();
     for &id in &ids {
-        let probe = if wire == "tcp" {
-            std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?
-        } else {
-            std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?
+        let probe = |e| TransportError::Io {
+            context: "finding a free loopback port".into(),
+            source: e,
         };
-        addrs.insert(id, probe);
+        let addr = if wire == "tcp" {
+            std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr())
+        } else {
+            std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr())
+        };
+        addrs.insert(id, addr.map_err(probe)?);
     }
     let secret = Secret::new(b"pserver-bench".to_vec());
     let mut transports: BTreeMap<NodeId, Arc<dyn Transport>> = BTreeMap::new();
@@ -239,22 +271,17 @@ async fn start(spec: &ClusterSpec, wire: &str, drop: f64) -> Result<LocalCluster
         let t: Arc<dyn Transport> = if wire == "tcp" {
             let mut cfg = TcpConfig::new(id, addrs[&id], addrs.clone(), "bench", secret.clone());
             cfg.max_frame = spec.max_frame + 64;
-            Arc::new(TcpTransport::bind(cfg).await.map_err(runtime_err)?)
+            Arc::new(TcpTransport::bind(cfg).await?)
         } else {
             let mut cfg = UdpConfig::new(id, addrs[&id], addrs.clone());
             cfg.limits.max_frame = spec.max_frame + 64;
             cfg.drop_outgoing = drop;
             cfg.seed = u64::from(id.0);
-            Arc::new(UdpTransport::bind(cfg).await.map_err(runtime_err)?)
+            Arc::new(UdpTransport::bind(cfg).await?)
         };
         transports.insert(id, t);
     }
-    Ok(LocalCluster::start_over(spec, |id| {
-        transports
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| RuntimeError::Config(format!("no transport for {id}")))
-    })?)
+    Ok(transports)
 }
 
 /// Dense push and pull of `size` contiguous keys by every worker, repeated; GB/s of values
