@@ -1188,6 +1188,41 @@ fn a_copy_brings_the_workers_range_clocks_with_it() {
     );
 }
 
+/// Delivers a replication step of key `k` (sequence 1) from `primary` to `replica`.
+fn deliver_step(
+    c: &mut Cluster,
+    (primary, replica): (NodeId, NodeId),
+    k: Key,
+    span: u64,
+    kvs: KvPairs<i64>,
+) {
+    let step = Replicate {
+        range: KeyRange::new(k, k + 1).unwrap(),
+        seq: 1,
+        span,
+        update: ShardUpdate::Apply(kvs),
+        dedupe: Vec::new(),
+    };
+    let body = Message::Replicate {
+        updates: vec![step],
+    };
+    let env = Envelope::new(primary, replica, c.config().epoch, body);
+    let frame = Codec::default().encode(&env).unwrap();
+    let now = c.now;
+    c.driver(replica).handle_frame(now, primary, &frame);
+    c.collect();
+}
+
+/// How often `replica` refused a message from `primary` for `reason`.
+fn refusals(c: &Cluster, (primary, replica): (NodeId, NodeId), reason: &Refusal) -> usize {
+    c.events[&replica]
+        .iter()
+        .filter(
+            |e| matches!(e, Event::Refused { from, reason: r } if *from == primary && r == reason),
+        )
+        .count()
+}
+
 /// A replication step must stand for at least one step, none below the first: a replica
 /// refuses, visibly, one that spans none (it would apply a step again) or reaches below step 1,
 /// and applies a well-formed one.
@@ -1197,39 +1232,15 @@ fn replica_convergence_a_step_spanning_no_step_is_refused() {
     let k = Cluster::keys(4)[1];
     let ring = c.ring();
     let owners = ring.owners(k);
-    let (primary, replica) = (owners[0], owners[1]);
-    let deliver = |c: &mut Cluster, span: u64| {
-        let step = Replicate {
-            range: KeyRange::new(k, k + 1).unwrap(),
-            seq: 1,
-            span,
-            update: ShardUpdate::Apply(KvPairs::new(vec![k], vec![7], 1).unwrap()),
-            dedupe: Vec::new(),
-        };
-        let body = Message::Replicate {
-            updates: vec![step],
-        };
-        let env = Envelope::new(primary, replica, c.config().epoch, body);
-        let frame = Codec::default().encode(&env).unwrap();
-        let now = c.now;
-        c.driver(replica).handle_frame(now, primary, &frame);
-        c.collect();
-    };
-    let refused = |c: &Cluster| {
-        c.events[&replica]
-            .iter()
-            .filter(|e| {
-                matches!(e, Event::Refused { from, reason: Refusal::Unexpected } if *from == primary)
-            })
-            .count()
-    };
-    deliver(&mut c, 0);
-    deliver(&mut c, 2);
-    assert_eq!(refused(&c), 2);
-    assert_eq!(c.server(replica).received_total(k), vec![0]);
-    deliver(&mut c, 1);
-    assert_eq!(refused(&c), 2);
-    assert_eq!(c.server(replica).received_total(k), vec![7]);
+    let pair = (owners[0], owners[1]);
+    let one = || KvPairs::new(vec![k], vec![7], 1).unwrap();
+    deliver_step(&mut c, pair, k, 0, one());
+    deliver_step(&mut c, pair, k, 2, one());
+    assert_eq!(refusals(&c, pair, &Refusal::Unexpected), 2);
+    assert_eq!(c.server(pair.1).received_total(k), vec![0]);
+    deliver_step(&mut c, pair, k, 1, one());
+    assert_eq!(refusals(&c, pair, &Refusal::Unexpected), 2);
+    assert_eq!(c.server(pair.1).received_total(k), vec![7]);
 }
 
 /// A replication step whose rows are of another width than the job's is refused, visibly, and
@@ -1240,36 +1251,23 @@ fn a_replication_step_of_another_width_is_refused() {
     let k = Cluster::keys(4)[1];
     let ring = c.ring();
     let owners = ring.owners(k);
-    let (primary, replica) = (owners[0], owners[1]);
-    let deliver = |c: &mut Cluster, kvs: KvPairs<i64>| {
-        let step = Replicate {
-            range: KeyRange::new(k, k + 1).unwrap(),
-            seq: 1,
-            span: 1,
-            update: ShardUpdate::Apply(kvs),
-            dedupe: Vec::new(),
-        };
-        let body = Message::Replicate {
-            updates: vec![step],
-        };
-        let env = Envelope::new(primary, replica, c.config().epoch, body);
-        let frame = Codec::default().encode(&env).unwrap();
-        let now = c.now;
-        c.driver(replica).handle_frame(now, primary, &frame);
-        c.collect();
-    };
-    let refused = |c: &Cluster| {
-        c.events[&replica]
-            .iter()
-            .filter(|e| {
-                matches!(e, Event::Refused { from, reason: Refusal::ForeignJob } if *from == primary)
-            })
-            .count()
-    };
-    deliver(&mut c, KvPairs::new(vec![k], vec![7, 8], 2).unwrap());
-    assert_eq!(refused(&c), 1);
-    assert_eq!(c.server(replica).received_total(k), vec![0]);
-    deliver(&mut c, KvPairs::new(vec![k], vec![7], 1).unwrap());
-    assert_eq!(refused(&c), 1);
-    assert_eq!(c.server(replica).received_total(k), vec![7]);
+    let pair = (owners[0], owners[1]);
+    deliver_step(
+        &mut c,
+        pair,
+        k,
+        1,
+        KvPairs::new(vec![k], vec![7, 8], 2).unwrap(),
+    );
+    assert_eq!(refusals(&c, pair, &Refusal::ForeignJob), 1);
+    assert_eq!(c.server(pair.1).received_total(k), vec![0]);
+    deliver_step(
+        &mut c,
+        pair,
+        k,
+        1,
+        KvPairs::new(vec![k], vec![7], 1).unwrap(),
+    );
+    assert_eq!(refusals(&c, pair, &Refusal::ForeignJob), 1);
+    assert_eq!(c.server(pair.1).received_total(k), vec![7]);
 }
