@@ -32,11 +32,28 @@ impl Drop for Children {
     }
 }
 
+/// A loopback port for a child to listen on, free for both TCP and UDP when handed out.
+///
+/// A port found by binding port 0 comes from the kernel's ephemeral range, which every
+/// outgoing connection of the children also draws from: one of them may take it before the
+/// child that was given it binds it. Ports are therefore taken from below that range (32768
+/// and up on Linux), from a counter that no two tests of this process share.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    use std::sync::atomic::AtomicU32;
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = std::process::id().wrapping_mul(7919) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOW + (base + n) % SPAN) as u16;
+        let free = TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok();
+        if free {
+            return port;
+        }
+    }
+    panic!("no free loopback port between {LOW} and {}", LOW + SPAN);
 }
 
 fn write_cluster_file(dir: &Path, ports: &[u16], consistency: &str, iterations: u32) -> PathBuf {
@@ -628,19 +645,12 @@ fn text_of(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback UDP port")
-}
-
 #[test]
 fn separate_processes_over_udp_end_with_exactly_what_the_workers_pushed() {
     let dir = std::env::temp_dir().join(format!("pserver-udp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
-    let ports: Vec<u16> = (0..=SERVERS + WORKERS).map(|_| free_udp_port()).collect();
+    let ports: Vec<u16> = (0..=SERVERS + WORKERS).map(|_| free_port()).collect();
     let config = write_cluster_file(&dir, &ports, "bounded:2", ITERATIONS);
     let text_of = std::fs::read_to_string(&config).unwrap();
     std::fs::write(

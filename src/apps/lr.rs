@@ -80,10 +80,13 @@ async fn loopback(
 > {
     use std::hash::{BuildHasher, Hasher};
     let mut peers = std::collections::BTreeMap::new();
+    let mut listeners = Vec::new();
     for id in spec.node_ids() {
-        // Reserve a free port; the transport binds it again at once.
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").map_err(config)?;
-        peers.insert(id, probe.local_addr().map_err(config)?);
+        // Each listener is kept and handed to its transport, so no other socket can take the
+        // port in between.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(config)?;
+        peers.insert(id, listener.local_addr().map_err(config)?);
+        listeners.push((id, listener));
     }
     let state = std::collections::hash_map::RandomState::new();
     let secret: Vec<u8> = (0..4u64)
@@ -94,16 +97,18 @@ async fn loopback(
         })
         .collect();
     let mut transports = std::collections::BTreeMap::new();
-    for (&id, &addr) in &peers {
+    for (id, listener) in listeners {
         let mut cfg = TcpConfig::new(
             id,
-            addr,
+            peers[&id],
             peers.clone(),
             "train",
             Secret::new(secret.clone()),
         );
         cfg.max_frame = spec.max_frame + 64;
-        let t = TcpTransport::bind(cfg).await.map_err(config)?;
+        let t = TcpTransport::with_listener(cfg, listener)
+            .await
+            .map_err(config)?;
         transports.insert(id, std::sync::Arc::new(t));
     }
     Ok(transports)

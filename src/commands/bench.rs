@@ -223,20 +223,9 @@ async fn start(spec: &ClusterSpec, wire: &str, drop: f64) -> Result<LocalCluster
     if wire == "mem" {
         return Ok(LocalCluster::start(spec, &MemNetwork::reliable())?);
     }
-    // A port found free may be taken (by a connection's own end, say) before the transport
-    // binds it: then the whole set is tried again with other ports.
-    const ATTEMPTS: usize = 5;
-    let mut attempt = 1;
-    let transports = loop {
-        match bind_transports(spec, wire, drop).await {
-            Err(TransportError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::AddrInUse && attempt < ATTEMPTS =>
-            {
-                attempt += 1;
-            }
-            bound => break bound.map_err(runtime_err)?,
-        }
-    };
+    let transports = bind_transports(spec, wire, drop)
+        .await
+        .map_err(runtime_err)?;
     Ok(LocalCluster::start_over(spec, |id| {
         transports
             .get(&id)
@@ -245,39 +234,54 @@ async fn start(spec: &ClusterSpec, wire: &str, drop: f64) -> Result<LocalCluster
     })?)
 }
 
-/// A transport over `wire` for every node of `spec`, each on a loopback port found free.
+/// A transport over `wire` for every node of `spec`, each on its own loopback port. Every
+/// socket is bound before the peer tables are built and handed to its transport as it is, so
+/// no other socket can take a port in between.
 async fn bind_transports(
     spec: &ClusterSpec,
     wire: &str,
     drop: f64,
 ) -> Result<BTreeMap<NodeId, Arc<dyn Transport>>, TransportError> {
-    let ids = spec.node_ids();
+    enum Bound {
+        Tcp(std::net::TcpListener),
+        Udp(std::net::UdpSocket),
+    }
+    let probe = |e| TransportError::Io {
+        context: "binding a loopback port".into(),
+        source: e,
+    };
     let mut addrs = BTreeMap::new();
-    for &id in &ids {
-        let probe = |e| TransportError::Io {
-            context: "finding a free loopback port".into(),
-            source: e,
-        };
-        let addr = if wire == "tcp" {
-            std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr())
+    let mut bound = Vec::new();
+    for id in spec.node_ids() {
+        let (socket, addr) = if wire == "tcp" {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(probe)?;
+            let addr = l.local_addr().map_err(probe)?;
+            (Bound::Tcp(l), addr)
         } else {
-            std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr())
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").map_err(probe)?;
+            let addr = s.local_addr().map_err(probe)?;
+            (Bound::Udp(s), addr)
         };
-        addrs.insert(id, addr.map_err(probe)?);
+        addrs.insert(id, addr);
+        bound.push((id, socket));
     }
     let secret = Secret::new(b"pserver-bench".to_vec());
     let mut transports: BTreeMap<NodeId, Arc<dyn Transport>> = BTreeMap::new();
-    for &id in &ids {
-        let t: Arc<dyn Transport> = if wire == "tcp" {
-            let mut cfg = TcpConfig::new(id, addrs[&id], addrs.clone(), "bench", secret.clone());
-            cfg.max_frame = spec.max_frame + 64;
-            Arc::new(TcpTransport::bind(cfg).await?)
-        } else {
-            let mut cfg = UdpConfig::new(id, addrs[&id], addrs.clone());
-            cfg.limits.max_frame = spec.max_frame + 64;
-            cfg.drop_outgoing = drop;
-            cfg.seed = u64::from(id.0);
-            Arc::new(UdpTransport::bind(cfg).await?)
+    for (id, socket) in bound {
+        let t: Arc<dyn Transport> = match socket {
+            Bound::Tcp(listener) => {
+                let mut cfg =
+                    TcpConfig::new(id, addrs[&id], addrs.clone(), "bench", secret.clone());
+                cfg.max_frame = spec.max_frame + 64;
+                Arc::new(TcpTransport::with_listener(cfg, listener).await?)
+            }
+            Bound::Udp(socket) => {
+                let mut cfg = UdpConfig::new(id, addrs[&id], addrs.clone());
+                cfg.limits.max_frame = spec.max_frame + 64;
+                cfg.drop_outgoing = drop;
+                cfg.seed = u64::from(id.0);
+                Arc::new(UdpTransport::with_socket(cfg, socket).await?)
+            }
         };
         transports.insert(id, t);
     }

@@ -17,22 +17,24 @@ const ITERATIONS: i64 = 10;
 /// Every node of `spec` on its own loopback UDP socket, with a secret, small datagrams (so
 /// that frames fragment) and `drop` of the outgoing datagrams lost.
 async fn transports(spec: &ClusterSpec, drop: f64) -> BTreeMap<NodeId, Arc<UdpTransport>> {
-    let ids = spec.node_ids();
-    let addrs: BTreeMap<NodeId, SocketAddr> = ids
+    let sockets: BTreeMap<NodeId, std::net::UdpSocket> = spec
+        .node_ids()
+        .into_iter()
+        .map(|id| (id, std::net::UdpSocket::bind("127.0.0.1:0").unwrap()))
+        .collect();
+    let addrs: BTreeMap<NodeId, SocketAddr> = sockets
         .iter()
-        .map(|&id| {
-            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-            (id, s.local_addr().unwrap())
-        })
+        .map(|(&id, s)| (id, s.local_addr().unwrap()))
         .collect();
     let mut out = BTreeMap::new();
-    for &id in &ids {
+    for (id, socket) in sockets {
         let mut cfg = UdpConfig::new(id, addrs[&id], addrs.clone());
         cfg.secret = Some(pserver_transport::tcp::Secret::new(b"udp-test".to_vec()));
         cfg.max_payload = 512;
         cfg.drop_outgoing = drop;
         cfg.seed = u64::from(id.0) + 1;
-        out.insert(id, Arc::new(UdpTransport::bind(cfg).await.unwrap()));
+        let t = UdpTransport::with_socket(cfg, socket).await.unwrap();
+        out.insert(id, Arc::new(t));
     }
     out
 }

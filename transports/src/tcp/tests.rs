@@ -38,12 +38,32 @@ async fn until(mut ready: impl FnMut() -> bool) {
     }
 }
 
-/// `n` distinct free loopback addresses (bound together, then released).
+/// `n` distinct loopback addresses, free when handed out, that tests may bind, release and
+/// bind again.
+///
+/// A port found by binding port 0 comes from the kernel's ephemeral range, which outgoing
+/// connections also draw from: one of them could take it before a test binds it (again).
+/// These ports come from below that range (32768 and up on Linux), from a counter that no two
+/// tests of this process share.
 fn free_addrs(n: usize) -> Vec<SocketAddr> {
-    let listeners: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners.iter().map(|l| l.local_addr().unwrap()).collect()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = std::process::id().wrapping_mul(7919) % SPAN;
+    let mut addrs = Vec::new();
+    for _ in 0..SPAN {
+        if addrs.len() == n {
+            break;
+        }
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let addr = SocketAddr::from(([127, 0, 0, 1], (LOW + (base + n) % SPAN) as u16));
+        if std::net::TcpListener::bind(addr).is_ok() {
+            addrs.push(addr);
+        }
+    }
+    assert_eq!(addrs.len(), n, "free loopback ports below {}", LOW + SPAN);
+    addrs
 }
 
 fn cfg(id: u32, listen: SocketAddr, peers: &[(u32, SocketAddr)]) -> TcpConfig {
@@ -64,11 +84,15 @@ async fn bind(c: TcpConfig) -> TcpTransport {
     TcpTransport::bind(c).await.unwrap()
 }
 
-/// Nodes n1 and n2, each knowing the other.
+/// Nodes n1 and n2, each knowing the other, started on listeners bound beforehand on port 0.
 async fn pair() -> (TcpTransport, TcpTransport) {
-    let addrs = free_addrs(2);
-    let a = bind(cfg(1, addrs[0], &[(2, addrs[1])])).await;
-    let b = bind(cfg(2, addrs[1], &[(1, addrs[0])])).await;
+    let listeners = [(); 2].map(|()| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let addrs = listeners.each_ref().map(|l| l.local_addr().unwrap());
+    let [la, lb] = listeners;
+    let a = TcpTransport::with_listener(cfg(1, addrs[0], &[(2, addrs[1])]), la);
+    let b = TcpTransport::with_listener(cfg(2, addrs[1], &[(1, addrs[0])]), lb);
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    assert_eq!((a.local_addr(), b.local_addr()), (addrs[0], addrs[1]));
     (a, b)
 }
 

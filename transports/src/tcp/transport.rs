@@ -116,6 +116,16 @@ fn invalid(msg: String) -> TransportError {
     }
 }
 
+fn check_cluster_id(cfg: &TcpConfig) -> Result<(), TransportError> {
+    if cfg.cluster_id.len() > MAX_CLUSTER_ID {
+        return Err(invalid(format!(
+            "cluster id of {} bytes exceeds the limit of {MAX_CLUSTER_ID} bytes",
+            cfg.cluster_id.len()
+        )));
+    }
+    Ok(())
+}
+
 impl TcpTransport {
     /// Listens on `cfg.listen` and starts the transport's tasks. Peers are dialed when there is
     /// a frame for them.
@@ -123,12 +133,7 @@ impl TcpTransport {
     /// Fails with [`TransportError::Io`], naming the address, if it cannot listen there (the
     /// port is in use, say), or if the cluster id is longer than 256 bytes.
     pub async fn bind(cfg: TcpConfig) -> Result<TcpTransport, TransportError> {
-        if cfg.cluster_id.len() > MAX_CLUSTER_ID {
-            return Err(invalid(format!(
-                "cluster id of {} bytes exceeds the limit of {MAX_CLUSTER_ID} bytes",
-                cfg.cluster_id.len()
-            )));
-        }
+        check_cluster_id(&cfg)?;
         let listener =
             TcpListener::bind(cfg.listen)
                 .await
@@ -136,6 +141,49 @@ impl TcpTransport {
                     context: format!("cannot listen on {}", cfg.listen),
                     source,
                 })?;
+        Self::start(cfg, listener)
+    }
+
+    /// Starts the transport on a listener the caller has already bound, in place of binding
+    /// `cfg.listen`: [`local_addr`](Self::local_addr) reports the listener's address.
+    ///
+    /// A caller that binds every node's listener (on port 0, say) before it builds the peer
+    /// tables keeps each port from the moment it learns it: no other socket can take the port
+    /// between finding it free and listening on it.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), pserver_transport::TransportError> {
+    /// use std::collections::BTreeMap;
+    /// use pserver_core::NodeId;
+    /// use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
+    ///
+    /// let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    /// let addr = listener.local_addr().expect("its address");
+    /// let peers = BTreeMap::from([(NodeId(1), addr)]);
+    /// let cfg = TcpConfig::new(NodeId(1), addr, peers, "demo", Secret::new(b"s3cret".to_vec()));
+    /// let transport = TcpTransport::with_listener(cfg, listener).await?;
+    /// assert_eq!(transport.local_addr(), addr);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Fails with [`TransportError::Io`] if the listener cannot be made non-blocking, or if
+    /// the cluster id is longer than 256 bytes.
+    pub async fn with_listener(
+        cfg: TcpConfig,
+        listener: std::net::TcpListener,
+    ) -> Result<TcpTransport, TransportError> {
+        check_cluster_id(&cfg)?;
+        let listener = listener
+            .set_nonblocking(true)
+            .and_then(|()| TcpListener::from_std(listener))
+            .map_err(|source| TransportError::Io {
+                context: "cannot hand the listener to the runtime".into(),
+                source,
+            })?;
+        Self::start(cfg, listener)
+    }
+
+    fn start(cfg: TcpConfig, listener: TcpListener) -> Result<TcpTransport, TransportError> {
         let local_addr = listener.local_addr().map_err(|source| TransportError::Io {
             context: format!("cannot read the address bound for {}", cfg.listen),
             source,

@@ -171,35 +171,57 @@ impl UdpTransport {
     /// Fails with [`TransportError::Io`], naming the address, if it cannot bind there, or if
     /// the configuration is unusable (no payload room, a drop fraction outside 0..=1).
     pub async fn bind(cfg: UdpConfig) -> Result<UdpTransport, TransportError> {
-        let invalid = |msg: String| {
-            io_error(
-                "invalid UDP transport configuration".into(),
-                std::io::Error::new(std::io::ErrorKind::InvalidInput, msg),
-            )
-        };
-        let overhead = super::fragment::HEADER_LEN + MAC_LEN;
-        if cfg.max_payload == 0 || cfg.max_payload + overhead > MAX_DATAGRAM - 64 {
-            return Err(invalid(format!(
-                "max_payload of {} bytes: it must be between 1 and {}",
-                cfg.max_payload,
-                MAX_DATAGRAM - 64 - overhead
-            )));
-        }
-        if !(0.0..=1.0).contains(&cfg.drop_outgoing) {
-            return Err(invalid(format!(
-                "drop_outgoing of {}: it must be a fraction between 0 and 1",
-                cfg.drop_outgoing
-            )));
-        }
-        let key = match &cfg.secret {
-            Some(secret) => Some(
-                Hmac::<Sha256>::new_from_slice(secret.bytes())
-                    .map_err(|e| invalid(format!("secret unusable as an HMAC key: {e}")))?,
-            ),
-            None => None,
-        };
+        let key = checked_key(&cfg)?;
         let socket = bind_socket(cfg.listen, cfg.socket_buffer)
             .map_err(|e| io_error(format!("binding UDP socket on {}", cfg.listen), e))?;
+        Self::start(cfg, key, socket)
+    }
+
+    /// Starts the transport on a socket the caller has already bound, in place of binding
+    /// `cfg.listen`: [`local_addr`](Self::local_addr) reports the socket's address. The
+    /// socket's buffers are sized as `cfg.socket_buffer` asks.
+    ///
+    /// A caller that binds every node's socket (on port 0, say) before it builds the peer
+    /// tables keeps each port from the moment it learns it: no other socket can take the port
+    /// between finding it free and binding it again.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), pserver_transport::TransportError> {
+    /// use std::collections::BTreeMap;
+    /// use pserver_core::NodeId;
+    /// use pserver_transport::udp::{UdpConfig, UdpTransport};
+    ///
+    /// let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("a loopback port");
+    /// let addr = socket.local_addr().expect("its address");
+    /// let cfg = UdpConfig::new(NodeId(1), addr, BTreeMap::from([(NodeId(1), addr)]));
+    /// let transport = UdpTransport::with_socket(cfg, socket).await?;
+    /// assert_eq!(transport.local_addr(), addr);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Fails as [`bind`](Self::bind) does on an unusable configuration, and with
+    /// [`TransportError::Io`] if the socket cannot be made non-blocking.
+    pub async fn with_socket(
+        cfg: UdpConfig,
+        socket: std::net::UdpSocket,
+    ) -> Result<UdpTransport, TransportError> {
+        let key = checked_key(&cfg)?;
+        let sock = socket2::SockRef::from(&socket);
+        // Best effort, as in `bind_socket`.
+        let _ = sock.set_recv_buffer_size(cfg.socket_buffer);
+        let _ = sock.set_send_buffer_size(cfg.socket_buffer);
+        let socket = socket
+            .set_nonblocking(true)
+            .and_then(|()| UdpSocket::from_std(socket))
+            .map_err(|e| io_error("handing the UDP socket to the runtime".into(), e))?;
+        Self::start(cfg, key, socket)
+    }
+
+    fn start(
+        cfg: UdpConfig,
+        key: Option<Hmac<Sha256>>,
+        socket: UdpSocket,
+    ) -> Result<UdpTransport, TransportError> {
         let local_addr = socket
             .local_addr()
             .map_err(|e| io_error("reading the UDP socket's address".into(), e))?;
@@ -351,6 +373,36 @@ pub const WINDOW_SHARE: usize = 2;
 
 /// A non-blocking UDP socket on `addr` with buffers of `buffer` bytes (as far as the kernel
 /// allows), registered with the tokio runtime.
+/// The MAC key `cfg` asks for, once its limits are checked.
+fn checked_key(cfg: &UdpConfig) -> Result<Option<Hmac<Sha256>>, TransportError> {
+    let invalid = |msg: String| {
+        io_error(
+            "invalid UDP transport configuration".into(),
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, msg),
+        )
+    };
+    let overhead = super::fragment::HEADER_LEN + MAC_LEN;
+    if cfg.max_payload == 0 || cfg.max_payload + overhead > MAX_DATAGRAM - 64 {
+        return Err(invalid(format!(
+            "max_payload of {} bytes: it must be between 1 and {}",
+            cfg.max_payload,
+            MAX_DATAGRAM - 64 - overhead
+        )));
+    }
+    if !(0.0..=1.0).contains(&cfg.drop_outgoing) {
+        return Err(invalid(format!(
+            "drop_outgoing of {}: it must be a fraction between 0 and 1",
+            cfg.drop_outgoing
+        )));
+    }
+    match &cfg.secret {
+        Some(secret) => Hmac::<Sha256>::new_from_slice(secret.bytes())
+            .map(Some)
+            .map_err(|e| invalid(format!("secret unusable as an HMAC key: {e}"))),
+        None => Ok(None),
+    }
+}
+
 fn bind_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;

@@ -10,17 +10,21 @@ fn loopback() -> SocketAddr {
 
 /// Binds one transport per (node, secret), all peers of each other.
 async fn cluster(nodes: &[(NodeId, Option<&[u8]>)]) -> Vec<UdpTransport> {
-    // Bind first on free ports, then again with the full peer table on the same ports.
+    // Every socket is bound before the peer tables exist, and handed over as it is.
     let mut addrs = BTreeMap::new();
+    let mut sockets = Vec::new();
     for &(id, _) in nodes {
         let s = std::net::UdpSocket::bind(loopback()).unwrap();
         addrs.insert(id, s.local_addr().unwrap());
+        sockets.push(s);
     }
     let mut out = Vec::new();
-    for &(id, secret) in nodes {
+    for (&(id, secret), socket) in nodes.iter().zip(sockets) {
         let mut cfg = UdpConfig::new(id, addrs[&id], addrs.clone());
         cfg.secret = secret.map(|s| Secret::new(s.to_vec()));
-        out.push(UdpTransport::bind(cfg).await.unwrap());
+        let t = UdpTransport::with_socket(cfg, socket).await.unwrap();
+        assert_eq!(t.local_addr(), addrs[&id]);
+        out.push(t);
     }
     out
 }
@@ -100,5 +104,13 @@ async fn a_bad_configuration_is_an_error_naming_the_field() {
     let mut cfg = UdpConfig::new(A, loopback(), BTreeMap::new());
     cfg.max_payload = 0;
     let err = UdpTransport::bind(cfg).await.unwrap_err().to_string();
+    assert!(err.contains("max_payload"), "{err}");
+    let mut cfg = UdpConfig::new(A, loopback(), BTreeMap::new());
+    cfg.max_payload = 0;
+    let socket = std::net::UdpSocket::bind(loopback()).unwrap();
+    let err = UdpTransport::with_socket(cfg, socket)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("max_payload"), "{err}");
 }
