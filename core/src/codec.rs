@@ -1,8 +1,12 @@
 //! Framing of [`Envelope`]s: postcard, a frame-size limit, and typed decode errors.
 //!
-//! A frame is `version (varint u16) | value type (u8) | from | to | epoch | body`, all postcard.
-//! The version comes first so that a peer of another version is refused with a clear error
-//! before anything else is read.
+//! A frame is `version (varint u16) | value type (u8) | from | to | epoch | trailer length (u32
+//! LE) | body | padding | trailer`. The header and body are postcard; the trailer holds the
+//! values of every key-value pair set in the body, raw little-endian, and starts at an offset
+//! that is a multiple of [`TRAILER_ALIGN`], after the fewest zero bytes of padding that take it
+//! there (none when the trailer is empty). The version comes first so that a peer of another
+//! version is refused with a clear error before anything else is read. ARCHITECTURE.md §5 says
+//! why the values travel apart.
 
 use bytes::Bytes;
 use thiserror::Error;
@@ -11,6 +15,14 @@ use crate::kv::KvPairs;
 use crate::message::{Envelope, Message, PROTOCOL_VERSION};
 use crate::node::{Epoch, NodeId};
 use crate::value::Value;
+use crate::wire::trailer;
+
+/// The trailer's offset in a frame is a multiple of this, so that the values of a frame held
+/// at an address aligned as well can be read in place.
+pub const TRAILER_ALIGN: usize = 8;
+
+/// The trailer length field's size.
+const TRAILER_LEN: usize = 4;
 
 /// Default limit on a frame's size: 64 MiB.
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
@@ -172,6 +184,11 @@ fn bulk_bytes<V: Value>(body: &Message<V>) -> usize {
     }
 }
 
+/// `len` rounded up to a multiple of [`TRAILER_ALIGN`].
+fn padded(len: usize) -> usize {
+    len.div_ceil(TRAILER_ALIGN) * TRAILER_ALIGN
+}
+
 impl Codec {
     /// A codec refusing frames above `max_frame` bytes.
     pub fn new(max_frame: usize) -> Self {
@@ -183,29 +200,50 @@ impl Codec {
         self.max_frame
     }
 
-    /// Appends the frame of `env` to `buf`. On error `buf` is left as it was.
+    /// Appends the frame of `env` to `buf`. On error `buf` is left as it was. The frame's
+    /// offsets (its trailer's alignment) count from where it starts in `buf`.
     pub fn encode_into<V: Value>(
         &self,
         env: &Envelope<V>,
         buf: &mut Vec<u8>,
     ) -> Result<(), EncodeError> {
         let start = buf.len();
-        buf.reserve(bulk_bytes(&env.body) + 64);
+        buf.reserve(bulk_bytes(&env.body) + 64 + TRAILER_ALIGN);
         let header = (env.version, value_tag::<V>(), env.from, env.to, env.epoch);
-        let written = postcard::serialize_with_flavor(&header, AppendFlavor(core::mem::take(buf)))
-            .and_then(|b| postcard::serialize_with_flavor(&env.body, AppendFlavor(b)));
+        let mut slot = 0;
+        let (written, values) = trailer::encoding(|| {
+            postcard::serialize_with_flavor(&header, AppendFlavor(core::mem::take(buf))).and_then(
+                |mut b| {
+                    slot = b.len();
+                    b.extend_from_slice(&[0; TRAILER_LEN]);
+                    postcard::serialize_with_flavor(&env.body, AppendFlavor(b))
+                },
+            )
+        });
         match written {
             Ok(b) => *buf = b,
             Err(e) => return Err(EncodeError::Serialize(e.to_string())),
         }
+        let trailer_len: usize = values.iter().map(Bytes::len).sum();
+        if trailer_len > 0 {
+            buf.resize(start + padded(buf.len() - start), 0);
+            buf.reserve(trailer_len);
+            for v in &values {
+                buf.extend_from_slice(v);
+            }
+        }
         let len = buf.len() - start;
-        if len > self.max_frame {
+        let field = u32::try_from(trailer_len)
+            .ok()
+            .filter(|_| len <= self.max_frame);
+        let Some(field) = field else {
             buf.truncate(start);
             return Err(EncodeError::FrameTooLarge {
                 len,
                 limit: self.max_frame,
             });
-        }
+        };
+        buf[slot..slot + TRAILER_LEN].copy_from_slice(&field.to_le_bytes());
         Ok(())
     }
 
@@ -217,8 +255,40 @@ impl Codec {
     }
 
     /// Decodes one whole frame. Checks the size limit, the version and the value type first,
-    /// and every length inside before allocating for it.
+    /// and every length inside before allocating for it. The values are copied out of
+    /// `frame`; [`Codec::decode_bytes`] reads them in place.
     pub fn decode<V: Value>(&self, frame: &[u8]) -> Result<Envelope<V>, DecodeError> {
+        self.decode_with(frame, |trailer| Bytes::copy_from_slice(&frame[trailer..]))
+    }
+
+    /// Decodes one whole frame as [`Codec::decode`] does, but the decoded key-value pairs
+    /// read their values where they are in `frame`, without a copy, whenever the frame sits at
+    /// an address aligned to [`TRAILER_ALIGN`] (as a frame received into a buffer of its own
+    /// does) and the machine is little-endian. The pairs then keep `frame`'s bytes alive.
+    ///
+    /// ```
+    /// use pserver_core::{Codec, Envelope, KeyRange, KvPairs, Message, NodeId, Push, SliceRef};
+    /// let kvs = KvPairs::from_range(KeyRange::new(0, 1000)?, vec![0.5f32; 1000], 1)?;
+    /// let slice = SliceRef { request: 1, slice: 0 };
+    /// let push = Push { slice, iteration: 0, settled_below: 0, kvs };
+    /// let codec = Codec::default();
+    /// let frame = codec.encode(&Envelope::new(NodeId(1), NodeId(0), 1, Message::Push(push)))?;
+    /// let Message::Push(got) = codec.decode_bytes::<f32>(&frame)?.body else { panic!() };
+    /// let at = (got.kvs.values().as_ptr() as usize).wrapping_sub(frame.as_ptr() as usize);
+    /// assert!(at < frame.len(), "the values are read in the frame itself");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn decode_bytes<V: Value>(&self, frame: &Bytes) -> Result<Envelope<V>, DecodeError> {
+        self.decode_with(frame, |trailer| frame.slice(trailer..))
+    }
+
+    /// Decodes `frame`, whose trailer (from the offset given) `trailer_of` hands over as
+    /// `Bytes`.
+    fn decode_with<V: Value>(
+        &self,
+        frame: &[u8],
+        trailer_of: impl FnOnce(usize) -> Bytes,
+    ) -> Result<Envelope<V>, DecodeError> {
         if frame.len() > self.max_frame {
             return Err(DecodeError::FrameTooLarge {
                 len: frame.len(),
@@ -239,16 +309,43 @@ impl Codec {
                 got: value_name(tag),
             });
         }
-        let ((from, to, epoch), body_bytes) =
+        let ((from, to, epoch), rest) =
             postcard::take_from_bytes::<(NodeId, NodeId, Epoch)>(rest).map_err(decode_error)?;
+        let (field, body_and_trailer) = rest
+            .split_first_chunk::<TRAILER_LEN>()
+            .ok_or(DecodeError::Truncated)?;
+        let trailer_len = usize::try_from(u32::from_le_bytes(*field))
+            .ok()
+            .filter(|&n| n <= body_and_trailer.len())
+            .ok_or(DecodeError::Malformed)?;
+        let body_bytes = &body_and_trailer[..body_and_trailer.len() - trailer_len];
+        let trailer_at = frame.len() - trailer_len;
+        if trailer_len > 0 && trailer_at % TRAILER_ALIGN != 0 {
+            return Err(DecodeError::Malformed);
+        }
         let (kind, _) = postcard::take_from_bytes::<u32>(body_bytes).map_err(decode_error)?;
         if kind >= Message::<V>::KINDS {
             return Err(DecodeError::UnknownKind(kind));
         }
-        let (body, rest) =
-            postcard::take_from_bytes::<Message<V>>(body_bytes).map_err(decode_error)?;
-        if !rest.is_empty() {
-            return Err(DecodeError::TrailingBytes(rest.len()));
+        let trailer = if trailer_len > 0 {
+            trailer_of(trailer_at)
+        } else {
+            Bytes::new()
+        };
+        let (parsed, untaken) = trailer::decoding(trailer, || {
+            postcard::take_from_bytes::<Message<V>>(body_bytes).map_err(decode_error)
+        });
+        let (body, rest) = parsed?;
+        // Only the padding a canonical encoder writes may sit between the body and the trailer.
+        let padding = if trailer_len > 0 {
+            padded(trailer_at - rest.len()) - (trailer_at - rest.len())
+        } else {
+            0
+        };
+        let bad_padding = rest.len() != padding || rest.iter().any(|&b| b != 0);
+        let unexpected = if bad_padding { rest.len() } else { 0 } + untaken;
+        if unexpected > 0 {
+            return Err(DecodeError::TrailingBytes(unexpected));
         }
         Ok(Envelope {
             version,

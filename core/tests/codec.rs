@@ -389,84 +389,146 @@ fn a_frame_of_another_value_type_is_refused() {
 
 #[test]
 fn trailing_bytes_are_refused() {
-    let mut frame = Codec::default()
-        .encode(&push(vec![1], vec![1.0]))
-        .unwrap()
-        .to_vec();
+    let codec = Codec::default();
+    let mut frame = codec.encode(&push(vec![], vec![])).unwrap().to_vec();
     frame.push(0);
     assert_eq!(
-        Codec::default().decode::<f32>(&frame),
+        codec.decode::<f32>(&frame),
         Err(DecodeError::TrailingBytes(1))
     );
+    // After a trailer, an extra byte moves the trailer off its alignment.
+    let mut frame = codec.encode(&push(vec![1], vec![1.0])).unwrap().to_vec();
+    frame.push(0);
+    assert!(codec.decode::<f32>(&frame).is_err());
 }
 
-/// The bytes of a push header up to its key-value pairs, then `tail`.
-fn push_frame_with(tail: &[u8]) -> Vec<u8> {
-    let empty = push(vec![], vec![]);
-    let frame = Codec::default().encode(&empty).unwrap();
-    // An empty KvPairs encodes as width=1, count=0, two empty byte strings: 4 bytes at the end.
-    assert_eq!(&frame[frame.len() - 4..], &[1, 0, 0, 0]);
-    let mut out = frame[..frame.len() - 4].to_vec();
-    out.extend_from_slice(tail);
+/// Where the trailer length sits in the frames of [`push`]: after the one-byte version, value
+/// type, sender, addressee and epoch.
+const TRAILER_FIELD: core::ops::Range<usize> = 5..9;
+
+/// A frame of [`push`] whose key-value pairs are `pairs` (width, count and keys, as the wire
+/// has them) and whose trailer is `values`, laid out as an encoder would.
+fn push_frame_with(pairs: &[u8], values: &[u8]) -> Vec<u8> {
+    let frame = Codec::default().encode(&push(vec![], vec![])).unwrap();
+    assert_eq!(frame[0], PROTOCOL_VERSION as u8);
+    assert_eq!(&frame[TRAILER_FIELD], &[0; 4], "no trailer");
+    // An empty KvPairs encodes as width=1, count=0, no key bytes: 3 bytes at the end.
+    assert_eq!(&frame[frame.len() - 3..], &[1, 0, 0]);
+    let mut out = frame[..frame.len() - 3].to_vec();
+    out.extend_from_slice(pairs);
+    if !values.is_empty() {
+        out.resize(out.len().div_ceil(TRAILER_ALIGN) * TRAILER_ALIGN, 0);
+        out.extend_from_slice(values);
+    }
+    out[TRAILER_FIELD].copy_from_slice(&(values.len() as u32).to_le_bytes());
     out
 }
 
 #[test]
 fn decoding_refuses_pairs_that_break_their_invariants() {
     let codec = Codec::default();
-    let refused = |tail: &[u8]| codec.decode::<f32>(&push_frame_with(tail)).unwrap_err();
+    let refused =
+        |pairs: &[u8], values: &[u8]| codec.decode::<f32>(&push_frame_with(pairs, values));
     // Sanity: a well-formed single pair decodes.
-    let ok = push_frame_with(&[1, 1, 1, 5, 4, 0, 0, 128, 63]);
+    let ok = push_frame_with(&[1, 1, 1, 5], &[0, 0, 128, 63]);
     assert_eq!(codec.decode::<f32>(&ok).unwrap(), push(vec![5], vec![1.0]));
-    assert_eq!(refused(&[0, 0, 0, 0]), DecodeError::Malformed, "zero width");
+    assert_eq!(ok, codec.encode(&push(vec![5], vec![1.0])).unwrap());
+    assert_eq!(
+        refused(&[0, 0, 0], &[]),
+        Err(DecodeError::Malformed),
+        "zero width"
+    );
     // Two keys and one key varint: the run 5, 6.
-    let run = push_frame_with(&[1, 2, 1, 5, 8, 0, 0, 0, 0, 0, 0, 0, 0]);
+    let run = push_frame_with(&[1, 2, 1, 5], &[0; 8]);
     assert_eq!(
         codec.decode::<f32>(&run).unwrap(),
         push(vec![5, 6], vec![0.0, 0.0])
     );
     assert_eq!(
-        refused(&[1, 3, 1, 5, 8, 0, 0, 0, 0, 0, 0, 0, 0]),
-        DecodeError::Malformed,
+        refused(&[1, 3, 1, 5], &[0; 8]),
+        Err(DecodeError::Malformed),
         "a run of 3 keys with the values of 2"
     );
     // A run of 2^40 keys with 8 value bytes: refused before anything is allocated.
     assert_eq!(
-        refused(&[
-            1, 0x80, 0x80, 0x80, 0x80, 0x80, 0x20, 1, 5, 8, 0, 0, 0, 0, 0, 0, 0, 0
-        ]),
-        DecodeError::Malformed,
+        refused(&[1, 0x80, 0x80, 0x80, 0x80, 0x80, 0x20, 1, 5], &[0; 8]),
+        Err(DecodeError::Malformed),
         "a run claiming 2^40 keys"
     );
     // A run of two from u64::MAX - 1 would reach the reserved key.
     let mut past = vec![1, 2, 10];
     past.extend_from_slice(&[0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
-    past.extend_from_slice(&[8, 0, 0, 0, 0, 0, 0, 0, 0]);
     assert_eq!(
-        refused(&past),
-        DecodeError::Malformed,
+        refused(&past, &[0; 8]),
+        Err(DecodeError::Malformed),
         "a run past the reserved key"
     );
     assert_eq!(
-        refused(&[1, 1, 1, 5, 3, 0, 0, 0]),
-        DecodeError::Malformed,
+        refused(&[1, 1, 1, 5], &[0, 0, 0]),
+        Err(DecodeError::Malformed),
         "3 value bytes for one f32"
     );
     assert_eq!(
-        refused(&[1, 1, 2, 5, 0, 4, 0, 0, 0, 0]),
-        DecodeError::Malformed,
+        refused(&[1, 1, 2, 5, 0], &[0; 4]),
+        Err(DecodeError::Malformed),
         "trailing key byte"
     );
     // Keys 5 and then 5 + u64::MAX: overflow.
     let mut overflow = vec![1, 2, 11, 5];
     overflow.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
-    overflow.extend_from_slice(&[8, 0, 0, 0, 0, 0, 0, 0, 0]);
-    assert_eq!(refused(&overflow), DecodeError::Malformed, "key overflow");
+    assert_eq!(
+        refused(&overflow, &[0; 8]),
+        Err(DecodeError::Malformed),
+        "key overflow"
+    );
     // The reserved key u64::MAX.
     let mut reserved = vec![1, 1, 10];
     reserved.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
-    reserved.extend_from_slice(&[4, 0, 0, 0, 0]);
-    assert_eq!(refused(&reserved), DecodeError::Malformed, "reserved key");
+    assert_eq!(
+        refused(&reserved, &[0; 4]),
+        Err(DecodeError::Malformed),
+        "reserved key"
+    );
+}
+
+#[test]
+fn a_trailer_must_be_aligned_padded_with_zeros_and_taken_whole() {
+    let codec = Codec::default();
+    let ok = push_frame_with(&[1, 1, 1, 5], &[0, 0, 128, 63]);
+    let pad = ok.len() - 4 - push_frame_with(&[1, 1, 1, 5], &[]).len();
+    assert!(
+        pad > 0,
+        "the frames of `push` need padding before their trailer"
+    );
+    assert!(codec.decode::<f32>(&ok).is_ok());
+
+    let mut nonzero = ok.clone();
+    nonzero[ok.len() - 5] = 1;
+    assert_eq!(
+        codec.decode::<f32>(&nonzero),
+        Err(DecodeError::TrailingBytes(pad))
+    );
+    // Eight more bytes of padding keep the trailer aligned, but are not the fewest.
+    let mut wide = ok[..ok.len() - 4].to_vec();
+    wide.extend_from_slice(&[0; 8]);
+    wide.extend_from_slice(&ok[ok.len() - 4..]);
+    assert_eq!(
+        codec.decode::<f32>(&wide),
+        Err(DecodeError::TrailingBytes(pad + 8))
+    );
+    // Values left over in the trailer.
+    assert_eq!(
+        codec.decode::<f32>(&push_frame_with(&[1, 1, 1, 5], &[0; 8])),
+        Err(DecodeError::TrailingBytes(4))
+    );
+    // A trailer longer than the frame.
+    let mut long = ok.clone();
+    long[TRAILER_FIELD].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert_eq!(codec.decode::<f32>(&long), Err(DecodeError::Malformed));
+    // A trailer that does not start at an aligned offset.
+    let mut shifted = ok.clone();
+    shifted[TRAILER_FIELD].copy_from_slice(&5u32.to_le_bytes());
+    assert_eq!(codec.decode::<f32>(&shifted), Err(DecodeError::Malformed));
 }
 
 #[test]

@@ -42,8 +42,8 @@ fn varint(mut x: u64) -> Vec<u8> {
     out
 }
 
-/// Protocol version, value type f32, from 1, to 2, epoch 0.
-const HEADER: [u8; 5] = [PROTOCOL_VERSION as u8, 1, 1, 2, 0];
+/// Protocol version, value type f32, from 1, to 2, epoch 0, no trailer.
+const HEADER: [u8; 9] = [PROTOCOL_VERSION as u8, 1, 1, 2, 0, 0, 0, 0, 0];
 
 #[test]
 fn a_short_frame_claiming_2_pow_40_keys_is_refused_before_allocating() {
@@ -145,4 +145,30 @@ fn a_dense_push_decodes_without_a_key_list() {
         (1000 * 4..1000 * 4 + 256).contains(&bytes),
         "allocated {bytes} bytes for 4000 bytes of values"
     );
+}
+
+#[test]
+fn a_push_decoded_from_shared_bytes_reads_its_values_in_the_frame() {
+    for step in [1, 2] {
+        let env = push_of_1000(step);
+        let frame = Codec::default().encode(&env).unwrap();
+        let (result, bytes) = allocated_during(|| Codec::default().decode_bytes::<f32>(&frame));
+        let decoded = result.unwrap();
+        assert_eq!(decoded, env);
+        let Message::Push(push) = &decoded.body else {
+            panic!("a push decodes as a push");
+        };
+        let values = push.kvs.values().as_ptr_range();
+        let frame_range = frame.as_ptr_range();
+        assert!(
+            frame_range.start <= values.start.cast() && values.end.cast() <= frame_range.end,
+            "the values are read where they are in the frame"
+        );
+        // Only the sparse push's key list is allocated, none of the 4,000 bytes of values.
+        let keys = if step == 1 { 0 } else { 1000 * 8 };
+        assert!(
+            bytes < keys + 256,
+            "allocated {bytes} bytes decoding a push of 1000 pairs"
+        );
+    }
 }

@@ -165,7 +165,7 @@ fn refused_input_is_counted_and_reported() {
     let mut s = server(&cfg, codec);
     drain_events(&mut s);
 
-    s.handle_frame(0, W1, b"\x01\x03garbage");
+    s.handle_frame(0, W1, &Bytes::from_static(b"\x01\x03garbage"));
     let push = |from: NodeId| {
         let body = Message::Push(Push {
             slice: SliceRef {

@@ -1,7 +1,8 @@
 //! Both directions of the codec, for every value type:
 //!
-//! - arbitrary bytes into the envelope decoder: whatever decodes must re-encode, and the
-//!   re-encoding must decode to the same envelope;
+//! - arbitrary bytes into the envelope decoder: both ways of decoding (values copied, values
+//!   read in place) must agree, whatever decodes must re-encode, and the re-encoding must
+//!   decode to the same envelope;
 //! - an arbitrary valid envelope (built from the same bytes, with keys at the edges of the key
 //!   space) into the encoder: the frame must decode back to it, so a decoder that refuses a
 //!   legal frame is caught.
@@ -12,7 +13,13 @@ use libfuzzer_sys::fuzz_target;
 use pserver_core::*;
 
 fn check<V: Value>(codec: &Codec, data: &[u8]) {
-    if let Ok(env) = codec.decode::<V>(data) {
+    let decoded = codec.decode::<V>(data);
+    assert_eq!(
+        codec.decode_bytes::<V>(&Bytes::copy_from_slice(data)),
+        decoded,
+        "reading values in place decodes what copying them does"
+    );
+    if let Ok(env) = decoded {
         let frame = codec
             .encode(&env)
             .expect("a decoded envelope re-encodes within the same limit");

@@ -231,8 +231,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
     /// A frame arrived from the transport's peer `from`. Undecodable frames, frames claiming
     /// another sender and frames for another node are refused (counted, and reported as
     /// [`Event::Refused`]).
-    pub fn handle_frame(&mut self, now: Time, from: NodeId, frame: &[u8]) {
-        match self.codec.decode::<V>(frame) {
+    ///
+    /// The values of the frame's key-value pairs are read where they are in `frame`, not
+    /// copied ([`Codec::decode_bytes`]): a transport that receives each frame into a buffer of
+    /// its own gets them from its socket buffer to the store with no copy in between. Bytes
+    /// held in a buffer of the embedder's go in with [`Bytes::copy_from_slice`].
+    pub fn handle_frame(&mut self, now: Time, from: NodeId, frame: &Bytes) {
+        match self.codec.decode_bytes::<V>(frame) {
             Ok(env) if env.from != from => {
                 self.refuse(from, Refusal::SpoofedSender { claimed: env.from })
             }

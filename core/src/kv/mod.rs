@@ -9,6 +9,10 @@ use thiserror::Error;
 use crate::key::{Key, KeyRange, MAX_KEY};
 use crate::value::Value;
 
+mod values;
+
+pub(crate) use values::ValueStorage;
+
 /// Why a set of key-value pairs was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum KvError {
@@ -82,7 +86,8 @@ enum KeyStorage {
 /// every key is at most [`MAX_KEY`], `width >= 1`, and there are exactly `keys x width` values.
 ///
 /// The storage is shared: [`Clone`] and [`KvPairs::slice`] are O(1) (plus a binary search) and
-/// never copy keys or values. Consecutive keys (a dense range, see [`KvPairs::from_range`])
+/// never copy keys or values. Values decoded from a frame are read where they arrived, in the
+/// frame's bytes, whenever the machine and the bytes' alignment allow. Consecutive keys (a dense range, see [`KvPairs::from_range`])
 /// are held as their first key alone, so a dense vector costs its values and nothing more;
 /// [`KvPairs::key_range`] tells such a vector apart in O(1). Equality and hashing compare
 /// values by their bits.
@@ -102,7 +107,7 @@ enum KeyStorage {
 #[derive(Clone)]
 pub struct KvPairs<V> {
     keys: KeyStorage,
-    values: Arc<Vec<V>>,
+    values: ValueStorage<V>,
     width: usize,
     /// Window of pair indices `[lo, hi)` into the shared storage.
     lo: usize,
@@ -155,16 +160,21 @@ impl<V: Value> KvPairs<V> {
 
     /// Wraps storage whose invariants the caller has already checked.
     pub(crate) fn from_validated(keys: Vec<Key>, values: Vec<V>, width: usize) -> Self {
+        Self::from_stored(keys, ValueStorage::owned(values), width)
+    }
+
+    /// As [`KvPairs::from_validated`], over values stored already.
+    pub(crate) fn from_stored(keys: Vec<Key>, values: ValueStorage<V>, width: usize) -> Self {
         match (keys.first(), keys.last()) {
             // Strictly increasing keys spanning exactly their count are consecutive.
             (Some(&first), Some(&last)) if last - first == keys.len() as Key - 1 => {
-                Self::from_run(first, values, width)
+                Self::run_of(first, values, width)
             }
             _ => {
                 let hi = keys.len();
                 KvPairs {
                     keys: KeyStorage::List(Arc::new(keys)),
-                    values: Arc::new(values),
+                    values,
                     width,
                     lo: 0,
                     hi,
@@ -176,13 +186,18 @@ impl<V: Value> KvPairs<V> {
     /// The keys `first, first + 1, ...`, one per `width` values; the caller has checked that
     /// the last of them is at most [`MAX_KEY`] and that `width` divides the values.
     pub(crate) fn from_run(first: Key, values: Vec<V>, width: usize) -> Self {
-        let hi = values.len() / width;
+        Self::run_of(first, ValueStorage::owned(values), width)
+    }
+
+    /// As [`KvPairs::from_run`], over values stored already.
+    pub(crate) fn run_of(first: Key, values: ValueStorage<V>, width: usize) -> Self {
+        let hi = values.as_slice().len() / width;
         KvPairs {
             keys: KeyStorage::Run {
                 first,
                 list: Arc::new(OnceLock::new()),
             },
-            values: Arc::new(values),
+            values,
             width,
             lo: 0,
             hi,
@@ -220,7 +235,7 @@ impl<V: Value> KvPairs<V> {
         match &self.keys {
             KeyStorage::List(keys) => &keys[self.lo..self.hi],
             KeyStorage::Run { first, list } => {
-                let total = self.values.len() / self.width;
+                let total = self.values.as_slice().len() / self.width;
                 let all = list.get_or_init(|| (*first..*first + total as Key).collect());
                 &all[self.lo..self.hi]
             }
@@ -255,7 +270,14 @@ impl<V: Value> KvPairs<V> {
 
     /// All values, `width` per key, in key order.
     pub fn values(&self) -> &[V] {
-        &self.values[self.lo * self.width..self.hi * self.width]
+        &self.values.as_slice()[self.lo * self.width..self.hi * self.width]
+    }
+
+    /// The values as little-endian bytes, `width x len` values of `V::SIZE` bytes: on a
+    /// little-endian machine a view of the storage, without a copy.
+    pub(crate) fn le_values(&self) -> bytes::Bytes {
+        self.values
+            .le_bytes(self.lo * self.width..self.hi * self.width)
     }
 
     /// The values of `key`, if present.
@@ -265,7 +287,7 @@ impl<V: Value> KvPairs<V> {
             return None;
         }
         let start = (self.lo + i) * self.width;
-        Some(&self.values[start..start + self.width])
+        Some(&self.values.as_slice()[start..start + self.width])
     }
 
     /// Iterates over `(key, values)` in key order.
@@ -291,7 +313,7 @@ impl<V: Value> KvPairs<V> {
         let from = from.min(to);
         KvPairs {
             keys: self.keys.clone(),
-            values: Arc::clone(&self.values),
+            values: self.values.clone(),
             width: self.width,
             lo: self.lo + from,
             hi: self.lo + to,
@@ -305,7 +327,7 @@ impl<V: Value> KvPairs<V> {
         pieces.retain(|p| !p.is_empty());
         let adjacent = pieces
             .windows(2)
-            .all(|pair| Arc::ptr_eq(&pair[0].values, &pair[1].values) && pair[0].hi == pair[1].lo);
+            .all(|pair| pair[0].values.same(&pair[1].values) && pair[0].hi == pair[1].lo);
         if adjacent {
             if let (Some(first), Some(last)) = (pieces.first(), pieces.last()) {
                 return KvPairs {
@@ -521,7 +543,7 @@ mod tests {
     fn listed<V: Value>(kv: &KvPairs<V>) -> KvPairs<V> {
         KvPairs {
             keys: KeyStorage::List(Arc::new(kv.keys().to_vec())),
-            values: Arc::new(kv.values().to_vec()),
+            values: ValueStorage::owned(kv.values().to_vec()),
             width: kv.width(),
             lo: 0,
             hi: kv.len(),

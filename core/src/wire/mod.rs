@@ -12,9 +12,11 @@ use serde::ser::SerializeTuple;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::key::{Key, MAX_KEY};
-use crate::kv::KvPairs;
+use crate::kv::{KvPairs, ValueStorage};
 use crate::message::KeyList;
 use crate::value::Value;
+
+pub(crate) mod trailer;
 
 /// Appends `x` as an LEB128 varint.
 fn put_varint(mut x: u64, out: &mut Vec<u8>) {
@@ -219,10 +221,12 @@ impl Serialize for ByteStr<'_> {
 }
 
 /// Wire form of [`KvPairs`]: `(width, count, keys as bytes, values as bytes)`; consecutive
-/// keys travel as their first key alone, any others as delta varints.
+/// keys travel as their first key alone, any others as delta varints. Inside a frame the
+/// values leave the tuple for the frame's trailer (see [`trailer`]).
 impl<V: Value> Serialize for KvPairs<V> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut t = s.serialize_tuple(4)?;
+        let in_trailer = trailer::is_encoding();
+        let mut t = s.serialize_tuple(if in_trailer { 3 } else { 4 })?;
         t.serialize_element(&(self.width() as u64))?;
         t.serialize_element(&(self.len() as u64))?;
         match self.key_range() {
@@ -234,14 +238,17 @@ impl<V: Value> Serialize for KvPairs<V> {
             }
             _ => t.serialize_element(&ByteStr(&encode_keys(self.keys())))?,
         }
-        serialize_values(self.values(), &mut t)?;
+        if !(in_trailer && trailer::put(|| self.le_values())) {
+            serialize_values(self.values(), &mut t)?;
+        }
         t.end()
     }
 }
 
 impl<'de, V: Value> Deserialize<'de> for KvPairs<V> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct KvVisitor<V>(PhantomData<V>);
+        /// Whether the values are in the frame's trailer.
+        struct KvVisitor<V>(bool, PhantomData<V>);
         impl<'de, V: Value> Visitor<'de> for KvVisitor<V> {
             type Value = KvPairs<V>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -265,19 +272,34 @@ impl<'de, V: Value> Deserialize<'de> for KvPairs<V> {
                     .ok_or_else(|| de::Error::custom("keys x width overflows"))?;
                 // The values' length is checked against the bytes present before anything is
                 // allocated, which bounds a run's count too.
-                let values = seq
-                    .next_element_seed(ValuesSeed::<V> {
-                        count: slots,
-                        _v: PhantomData,
-                    })?
-                    .ok_or_else(missing)?;
+                let values = if self.0 {
+                    let len = slots
+                        .checked_mul(V::SIZE)
+                        .ok_or_else(|| de::Error::custom("keys x width overflows"))?;
+                    trailer::take(len)
+                        .and_then(ValueStorage::from_le_bytes)
+                        .ok_or_else(|| de::Error::custom("values beyond the frame's trailer"))?
+                } else {
+                    let values = seq
+                        .next_element_seed(ValuesSeed::<V> {
+                            count: slots,
+                            _v: PhantomData,
+                        })?
+                        .ok_or_else(missing)?;
+                    ValueStorage::owned(values)
+                };
                 Ok(match keys {
-                    PairKeys::Run(first) => KvPairs::from_run(first, values, width),
-                    PairKeys::List(keys) => KvPairs::from_validated(keys, values, width),
+                    PairKeys::Run(first) => KvPairs::run_of(first, values, width),
+                    PairKeys::List(keys) => KvPairs::from_stored(keys, values, width),
                 })
             }
         }
-        d.deserialize_tuple(4, KvVisitor(PhantomData))
+        // Inside a frame being decoded, the values are in its trailer.
+        let in_trailer = trailer::is_decoding();
+        d.deserialize_tuple(
+            if in_trailer { 3 } else { 4 },
+            KvVisitor(in_trailer, PhantomData),
+        )
     }
 }
 
