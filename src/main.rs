@@ -11,6 +11,7 @@ use pserver::commands::{check, sim};
 use pserver::core::sim::{Faults, MS, SimConfig, SimUpdater};
 use pserver::core::{Consistency, NodeId, RingConfig, Role};
 use pserver::models::cluster::{ClusterModelConfig, Strategy};
+
 use tracing_subscriber::EnvFilter;
 
 /// pserver: a parameter server for sparse machine learning, after Li et al. (OSDI 2014).
@@ -548,6 +549,13 @@ struct BenchArgs {
     /// of them (1K and 64K with --quick).
     #[arg(long, value_delimiter = ',', value_parser = ["1K", "64K", "1M", "16M"])]
     sizes: Vec<String>,
+    /// Only these kinds of measure, comma-separated: dense push/pull, sparse push/pull, small
+    /// round trips; by default all of them. The raw TCP baselines always run.
+    #[arg(long, value_delimiter = ',', value_parser = ["dense", "sparse", "rtt"])]
+    kinds: Vec<String>,
+    /// Only these cluster shapes, comma-separated (servers `s`, workers `w`); by default both.
+    #[arg(long, value_delimiter = ',', value_parser = ["1s1w", "2s2w"])]
+    topologies: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -665,6 +673,8 @@ fn bench_command(args: BenchArgs) -> ExitCode {
         quick: args.quick,
         transports: args.transports,
         sizes: args.sizes,
+        kinds: args.kinds,
+        topologies: args.topologies,
     };
     let measures = match rt.block_on(run_bench(&opts, |m| println!("{}", m.line()))) {
         Ok(m) => m,

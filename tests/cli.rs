@@ -624,3 +624,41 @@ fn bench_quick_prints_one_machine_readable_line_per_measure() {
     assert!(table.contains("vs raw TCP"), "{table}");
     assert_eq!(table.lines().count(), names.len() + 1, "{table}");
 }
+
+#[test]
+fn bench_measures_only_the_kinds_and_shapes_asked_for() {
+    let out = pserver()
+        .args([
+            "bench",
+            "--quick",
+            "--transports",
+            "mem,udp",
+            "--kinds",
+            "rtt",
+            "--topologies",
+            "2s2w",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.split(' ').next().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "raw_tcp.stream",
+            "raw_tcp.ping_pong.p50",
+            "mem.2s2w.small_push_rtt.p50",
+            "mem.2s2w.small_push_rtt.p99",
+            "udp.2s2w.small_push_rtt.p50",
+            "udp.2s2w.small_push_rtt.p99",
+        ]
+    );
+}

@@ -47,6 +47,17 @@ pub struct BenchOptions {
     pub transports: Vec<String>,
     /// Only the dense sizes of these names (`1K`, `64K`, `1M`, `16M`); all when empty.
     pub sizes: Vec<String>,
+    /// Only these kinds of measure (`dense`, `sparse`, `rtt`); all when empty.
+    pub kinds: Vec<String>,
+    /// Only these cluster shapes (`1s1w`, `2s2w`); both when empty.
+    pub topologies: Vec<String>,
+}
+
+impl BenchOptions {
+    /// Whether `item` is among `only`, which stands for everything when empty.
+    fn wants(only: &[String], item: &str) -> bool {
+        only.is_empty() || only.iter().any(|o| o == item)
+    }
 }
 
 /// Values per request of the dense measures, with their short names.
@@ -111,14 +122,23 @@ pub async fn run_bench(
             return Err(BenchError::UnknownTransport(wire.clone()));
         }
         for (servers, workers) in TOPOLOGIES {
+            let shape = format!("{servers}s{workers}w");
+            if !BenchOptions::wants(&opts.topologies, &shape) {
+                continue;
+            }
             let mut spec = ClusterSpec::new(servers, workers);
             spec.consistency = Consistency::Eventual;
             let cluster = start(&spec, wire, 0.0).await?;
             for w in &cluster.workers {
                 w.ready().await?;
             }
-            let prefix = format!("{wire}.{servers}s{workers}w");
-            for (size, name) in dense_sizes(opts.quick, &opts.sizes) {
+            let prefix = format!("{wire}.{shape}");
+            let sizes = if BenchOptions::wants(&opts.kinds, "dense") {
+                dense_sizes(opts.quick, &opts.sizes)
+            } else {
+                Vec::new()
+            };
+            for (size, name) in sizes {
                 let (push, pull) = match dense(&cluster.workers, size, opts.quick, &prefix).await {
                     Ok(figures) => figures,
                     // Reported, and the transport's larger requests are skipped: they would
@@ -138,8 +158,16 @@ pub async fn run_bench(
             } else {
                 (1 << 20, "1M")
             };
-            match sparse(&cluster.workers, keys, opts.quick, &prefix).await {
-                Ok((push, pull)) => {
+            let sparse_figures = if BenchOptions::wants(&opts.kinds, "sparse") {
+                sparse(&cluster.workers, keys, opts.quick, &prefix)
+                    .await
+                    .map(Some)
+            } else {
+                Ok(None)
+            };
+            match sparse_figures {
+                Ok(None) => {}
+                Ok(Some((push, pull))) => {
                     for m in
                         push_and_pull_measures(&prefix, "sparse", name, (push, pull), "Mkeys/s")
                     {
@@ -149,21 +177,25 @@ pub async fn run_bench(
                 Err(e @ BenchError::Timeout(..)) => eprintln!("{e}: skipped"),
                 Err(e) => return Err(e),
             }
-            let requests = if opts.quick { 200 } else { 10_000 };
-            let (p50, p99) = round_trips(&cluster.workers[0], requests).await?;
-            emit(Measure {
-                name: format!("{prefix}.small_push_rtt.p50"),
-                value: p50,
-                unit: "us",
-            });
-            emit(Measure {
-                name: format!("{prefix}.small_push_rtt.p99"),
-                value: p99,
-                unit: "us",
-            });
+            if BenchOptions::wants(&opts.kinds, "rtt") {
+                let requests = if opts.quick { 200 } else { 10_000 };
+                let (p50, p99) = round_trips(&cluster.workers[0], requests).await?;
+                emit(Measure {
+                    name: format!("{prefix}.small_push_rtt.p50"),
+                    value: p50,
+                    unit: "us",
+                });
+                emit(Measure {
+                    name: format!("{prefix}.small_push_rtt.p99"),
+                    value: p99,
+                    unit: "us",
+                });
+            }
             cluster.shutdown().await?;
         }
-        if wire == "udp" {
+        let lossy_wanted = BenchOptions::wants(&opts.kinds, "dense")
+            && BenchOptions::wants(&opts.topologies, "1s1w");
+        if wire == "udp" && lossy_wanted {
             emit_lossy(opts, &mut emit).await?;
         }
     }
