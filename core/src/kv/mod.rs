@@ -392,6 +392,13 @@ impl<V: Value> PairsBuilder<V> {
         }
     }
 
+    /// An empty builder with room for `rows` rows.
+    pub(crate) fn with_capacity(width: usize, rows: usize) -> Self {
+        let mut builder = Self::new(width);
+        builder.values.reserve(rows.saturating_mul(builder.width));
+        builder
+    }
+
     /// Rows gathered so far.
     pub(crate) fn len(&self) -> usize {
         self.len

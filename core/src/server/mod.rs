@@ -894,7 +894,16 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             KeySelection::Ranges(ranges) => {
                 // Beyond the rows one message may carry, remember only where to resume.
                 let most = self.cfg.rows_per_reply::<V>();
-                let mut rows = PairsBuilder::new(width);
+                // Room for every row the reply can hold, reserved once: the rows asked for, at
+                // most what one reply carries and what the shards hold.
+                let asked = ranges
+                    .ranges()
+                    .iter()
+                    .map(|r| r.len())
+                    .fold(0, u64::saturating_add);
+                let held: usize = self.shards.values().map(|s| s.store.len()).sum();
+                let room = usize::try_from(asked).map_or(most, |n| n.min(most).min(held));
+                let mut rows = PairsBuilder::with_capacity(width, room);
                 'ranges: for &r in ranges.ranges() {
                     for start in self.shard_starts_in(r) {
                         let Some(shard) = self.shards.get(&start) else {
