@@ -58,6 +58,10 @@ fn main() {
         let dec = time_per_call(budget, || {
             black_box(codec.decode::<f32>(black_box(&frame)).expect("valid"));
         });
+        // As a transport's frames are decoded: the values read in place.
+        let in_place = time_per_call(budget, || {
+            black_box(codec.decode_bytes::<f32>(black_box(&frame)).expect("valid"));
+        });
         let bytes = frame.len() as f64;
         println!(
             "codec.{name}.frame_bytes_per_key {:.2} bytes",
@@ -67,5 +71,13 @@ fn main() {
         println!("codec.{name}.encode {:.0} MB/s", bytes / enc / 1e6);
         println!("codec.{name}.decode {:.1} Mkeys/s", keys as f64 / dec / 1e6);
         println!("codec.{name}.decode {:.0} MB/s", bytes / dec / 1e6);
+        println!(
+            "codec.{name}.decode_in_place {:.1} Mkeys/s",
+            keys as f64 / in_place / 1e6
+        );
+        println!(
+            "codec.{name}.decode_in_place {:.0} MB/s",
+            bytes / in_place / 1e6
+        );
     }
 }

@@ -165,9 +165,9 @@ impl postcard::ser_flavors::Flavor for AppendFlavor {
     }
 }
 
-/// About how many bytes the key-value pairs of `body` take on the wire, so that a frame is
-/// allocated once instead of doubling its way there.
-fn bulk_bytes<V: Value>(body: &Message<V>) -> usize {
+/// About how many bytes the keys and the values of the key-value pairs of `body` take on the
+/// wire, so that a frame is allocated once instead of doubling its way there.
+fn bulk_bytes<V: Value>(body: &Message<V>) -> (usize, usize) {
     let pairs = |kvs: &KvPairs<V>| {
         // A run's keys take one varint; sparse keys a few bytes each.
         let keys = if kvs.key_range().is_some() {
@@ -175,12 +175,73 @@ fn bulk_bytes<V: Value>(body: &Message<V>) -> usize {
         } else {
             4 * kvs.len()
         };
-        keys + kvs.values().len() * V::SIZE
+        (keys, kvs.values().len() * V::SIZE)
     };
     match body {
         Message::Push(push) => pairs(&push.kvs),
         Message::PullReply(reply) => pairs(&reply.kvs),
-        _ => 0,
+        _ => (0, 0),
+    }
+}
+
+/// A frame in parts, whose concatenation is the frame: the header and message first, then
+/// the values of the message's key-value pairs, each lent from where it is kept (the
+/// application's vector, a reply's rows) rather than copied into one buffer. A transport that
+/// writes vectored sends the parts as they are; [`Codec::encode_parts`] makes them.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct FrameParts {
+    parts: Vec<Bytes>,
+    len: usize,
+}
+
+impl FrameParts {
+    /// The frame made of `parts`, in order.
+    pub fn new(parts: Vec<Bytes>) -> Self {
+        let len = parts.iter().map(Bytes::len).sum();
+        FrameParts { parts, len }
+    }
+
+    /// The frame's length: the parts' lengths summed.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the frame has no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The parts, in order.
+    pub fn parts(&self) -> &[Bytes] {
+        &self.parts
+    }
+
+    /// The frame in one piece: the part itself when there is one, else a copy of them all.
+    pub fn into_bytes(mut self) -> Bytes {
+        if self.parts.len() == 1 {
+            return self.parts.pop().unwrap_or_default();
+        }
+        let mut whole = Vec::with_capacity(self.len);
+        for part in &self.parts {
+            whole.extend_from_slice(part);
+        }
+        Bytes::from(whole)
+    }
+}
+
+impl From<Bytes> for FrameParts {
+    fn from(frame: Bytes) -> Self {
+        FrameParts::new(vec![frame])
+    }
+}
+
+impl core::fmt::Debug for FrameParts {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let lens: Vec<usize> = self.parts.iter().map(Bytes::len).collect();
+        f.debug_struct("FrameParts")
+            .field("len", &self.len)
+            .field("parts", &lens)
+            .finish()
     }
 }
 
@@ -200,15 +261,17 @@ impl Codec {
         self.max_frame
     }
 
-    /// Appends the frame of `env` to `buf`. On error `buf` is left as it was. The frame's
-    /// offsets (its trailer's alignment) count from where it starts in `buf`.
-    pub fn encode_into<V: Value>(
+    /// Appends the head of `env`'s frame to `buf` (header, trailer length, message and
+    /// padding, with `extra` more bytes reserved) and returns its trailer: the values of its
+    /// key-value pairs, in order, lent rather than copied. On error `buf` is left as it was.
+    fn encode_head<V: Value>(
         &self,
         env: &Envelope<V>,
         buf: &mut Vec<u8>,
-    ) -> Result<(), EncodeError> {
+        extra: usize,
+    ) -> Result<Vec<Bytes>, EncodeError> {
         let start = buf.len();
-        buf.reserve(bulk_bytes(&env.body) + 64 + TRAILER_ALIGN);
+        buf.reserve(extra + 64 + TRAILER_ALIGN);
         let header = (env.version, value_tag::<V>(), env.from, env.to, env.epoch);
         let mut slot = 0;
         let (written, values) = trailer::encoding(|| {
@@ -227,12 +290,8 @@ impl Codec {
         let trailer_len: usize = values.iter().map(Bytes::len).sum();
         if trailer_len > 0 {
             buf.resize(start + padded(buf.len() - start), 0);
-            buf.reserve(trailer_len);
-            for v in &values {
-                buf.extend_from_slice(v);
-            }
         }
-        let len = buf.len() - start;
+        let len = buf.len() - start + trailer_len;
         let field = u32::try_from(trailer_len)
             .ok()
             .filter(|_| len <= self.max_frame);
@@ -244,7 +303,48 @@ impl Codec {
             });
         };
         buf[slot..slot + TRAILER_LEN].copy_from_slice(&field.to_le_bytes());
+        Ok(values)
+    }
+
+    /// Appends the frame of `env` to `buf`. On error `buf` is left as it was. The frame's
+    /// offsets (its trailer's alignment) count from where it starts in `buf`.
+    pub fn encode_into<V: Value>(
+        &self,
+        env: &Envelope<V>,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), EncodeError> {
+        let (keys, values) = bulk_bytes(&env.body);
+        for v in self.encode_head(env, buf, keys + values)? {
+            buf.extend_from_slice(&v);
+        }
         Ok(())
+    }
+
+    /// The frame of `env` in parts, without copying its values: the head, then the values of
+    /// each key-value pair set, lent from where the envelope keeps them. Their concatenation
+    /// is what [`Codec::encode`] gives.
+    ///
+    /// ```
+    /// use pserver_core::{Codec, Envelope, KeyRange, KvPairs, Message, NodeId, Push, SliceRef};
+    /// let kvs = KvPairs::from_range(KeyRange::new(0, 1000)?, vec![0.5f32; 1000], 1)?;
+    /// let values = kvs.values().as_ptr();
+    /// let slice = SliceRef { request: 1, slice: 0 };
+    /// let push = Push { slice, iteration: 0, settled_below: 0, kvs };
+    /// let env = Envelope::new(NodeId(1), NodeId(0), 1, Message::Push(push));
+    /// let codec = Codec::default();
+    /// let parts = codec.encode_parts(&env)?;
+    /// assert_eq!(parts.parts()[1].as_ptr(), values.cast::<u8>(), "the values are lent");
+    /// assert_eq!(parts.into_bytes(), codec.encode(&env)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn encode_parts<V: Value>(&self, env: &Envelope<V>) -> Result<FrameParts, EncodeError> {
+        let mut head = Vec::new();
+        let (keys, _) = bulk_bytes(&env.body);
+        let values = self.encode_head(env, &mut head, keys)?;
+        let mut parts = Vec::with_capacity(1 + values.len());
+        parts.push(Bytes::from(head));
+        parts.extend(values.into_iter().filter(|v| !v.is_empty()));
+        Ok(FrameParts::new(parts))
     }
 
     /// The frame of `env`.

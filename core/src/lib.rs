@@ -81,7 +81,7 @@ mod wire;
 mod worker;
 
 pub use clock::RangeClock;
-pub use codec::{Codec, DEFAULT_MAX_FRAME, DecodeError, EncodeError, TRAILER_ALIGN};
+pub use codec::{Codec, DEFAULT_MAX_FRAME, DecodeError, EncodeError, FrameParts, TRAILER_ALIGN};
 pub use consistency::{Consistency, ParseConsistencyError};
 pub use coordinator::{Coordinator, CoordinatorConfig, CoordinatorError, Phase};
 pub use dedupe::DedupeWindow;

@@ -23,7 +23,7 @@ pub use bytes::{self, Bytes};
 pub use pserver_core;
 
 use async_trait::async_trait;
-use pserver_core::NodeId;
+use pserver_core::{FrameParts, NodeId};
 use thiserror::Error;
 
 /// Why a transport could not send or receive.
@@ -85,6 +85,15 @@ pub trait Transport: Send + Sync + 'static {
     /// Sends `frame` to `to`. Returning `Ok` means the frame was handed to the network, not that
     /// it arrived.
     async fn send(&self, to: NodeId, frame: Bytes) -> Result<(), TransportError>;
+
+    /// Sends the frame that is the concatenation of `frame`'s parts, as
+    /// [`Transport::send`] does. The runtime sends every frame this way, its values lent
+    /// rather than copied into one buffer ([`pserver_core::Codec::encode_parts`]). The default
+    /// joins the parts (one copy) and calls `send`; a transport that writes vectored sends them
+    /// as they are.
+    async fn send_parts(&self, to: NodeId, frame: FrameParts) -> Result<(), TransportError> {
+        self.send(to, frame.into_bytes()).await
+    }
 
     /// Waits for the next frame from any peer. The `NodeId` is the peer the transport received
     /// the frame from (authenticated, for transports that authenticate), which the runtime

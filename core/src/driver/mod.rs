@@ -56,7 +56,7 @@ use std::collections::{BTreeMap, VecDeque};
 use bytes::Bytes;
 use thiserror::Error;
 
-use crate::codec::{Codec, EncodeError};
+use crate::codec::{Codec, EncodeError, FrameParts};
 use crate::effects::{Effects, Event, Refusal, TimerCmd, TimerId};
 use crate::kv::KvPairs;
 use crate::message::{ClusterConfig, Envelope, KeySelection, RequestId};
@@ -289,9 +289,19 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
     /// limit) is skipped and counted in [`Refusals::unencodable`]; [`Driver::poll_encode_error`]
     /// says which.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.poll_encoded(Codec::encode)
+            .map(|(to, frame)| Transmit { to, frame })
+    }
+
+    /// The next envelope that `encode` accepts, encoded, and its addressee; the ones refused
+    /// on the way are counted and kept for [`Driver::poll_encode_error`].
+    fn poll_encoded<F>(
+        &mut self,
+        encode: impl Fn(&Codec, &Envelope<V>) -> Result<F, EncodeError>,
+    ) -> Option<(NodeId, F)> {
         while let Some(env) = self.outbox.pop_front() {
-            match self.codec.encode(&env) {
-                Ok(frame) => return Some(Transmit { to: env.to, frame }),
+            match encode(&self.codec, &env) {
+                Ok(frame) => return Some((env.to, frame)),
                 Err(e) => {
                     self.refusals.unencodable += 1;
                     self.encode_errors.push_back((env.to, e));
@@ -299,6 +309,14 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
             }
         }
         None
+    }
+
+    /// The next frame to send and its addressee, as [`Driver::poll_transmit`] gives it, but
+    /// in parts ([`Codec::encode_parts`]): the values of its key-value pairs are lent from
+    /// where the node keeps them instead of copied into the frame, for a transport that writes
+    /// vectored.
+    pub fn poll_transmit_parts(&mut self) -> Option<(NodeId, FrameParts)> {
+        self.poll_encoded(Codec::encode_parts)
     }
 
     /// The next envelope to send, not encoded (for drivers that skip the wire).

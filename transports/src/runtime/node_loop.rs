@@ -230,10 +230,10 @@ where
 
     /// Sends what the driver has queued and hands its events out.
     async fn flush(&mut self) {
-        while let Some(t) = self.driver.poll_transmit() {
-            if let Err(e) = self.transport.send(t.to, t.frame).await {
+        while let Some((to, frame)) = self.driver.poll_transmit_parts() {
+            if let Err(e) = self.transport.send_parts(to, frame).await {
                 self.send_errors += 1;
-                debug!(to = %t.to, error = %e, "send failed");
+                debug!(to = %to, error = %e, "send failed");
             }
         }
         while let Some((to, e)) = self.driver.poll_encode_error() {

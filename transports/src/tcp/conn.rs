@@ -6,7 +6,7 @@ use std::io::IoSlice;
 use std::net::SocketAddr;
 
 use bytes::{Bytes, BytesMut};
-use pserver_core::NodeId;
+use pserver_core::{FrameParts, NodeId};
 use thiserror::Error;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -110,17 +110,23 @@ pub(super) struct Batch {
 }
 
 impl Batch {
-    /// Appends a frame (its length is at most the transport's limit, which fits a u32).
-    pub(super) fn push(&mut self, frame: Bytes) {
+    /// Appends a frame (its length is at most the transport's limit, which fits a u32). Its
+    /// large parts are written from where they are; small ones are gathered with the length
+    /// prefixes into one buffer.
+    pub(super) fn push(&mut self, frame: FrameParts) {
         self.bytes += 4 + frame.len();
         self.frames += 1;
         self.small
             .extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        if frame.len() <= COPY_MAX {
-            self.small.extend_from_slice(&frame);
-        } else {
-            self.chunks.push_back(self.small.split().freeze());
-            self.chunks.push_back(frame);
+        for part in frame.parts() {
+            if part.len() <= COPY_MAX {
+                self.small.extend_from_slice(part);
+            } else {
+                if !self.small.is_empty() {
+                    self.chunks.push_back(self.small.split().freeze());
+                }
+                self.chunks.push_back(part.clone());
+            }
         }
     }
 
@@ -185,7 +191,7 @@ enum WriteEnd {
 pub(super) async fn run(
     est: Established,
     shared: &Shared,
-    queue: &TokioMutex<mpsc::Receiver<Bytes>>,
+    queue: &TokioMutex<mpsc::Receiver<FrameParts>>,
     demote: oneshot::Receiver<()>,
 ) {
     let _open = shared.counters.open();
@@ -270,7 +276,7 @@ async fn write_loop(
     peer: NodeId,
     addr: SocketAddr,
     shared: &Shared,
-    queue: &TokioMutex<mpsc::Receiver<Bytes>>,
+    queue: &TokioMutex<mpsc::Receiver<FrameParts>>,
     mut demote: oneshot::Receiver<()>,
     mut stop: oneshot::Receiver<()>,
 ) -> WriteEnd {
@@ -338,6 +344,20 @@ mod tests {
             .collect();
         let mut batch = Batch::default();
         for f in &frames {
+            batch.push(f.clone().into());
+        }
+        // Frames in parts, small and large mixed, arrive as their concatenations.
+        let parted: Vec<FrameParts> = [vec![3, COPY_MAX + 5], vec![1, 2], vec![70_000, 9, 80_000]]
+            .into_iter()
+            .map(|lens| {
+                let parts = lens
+                    .iter()
+                    .map(|&n| Bytes::from(vec![n as u8; n]))
+                    .collect();
+                FrameParts::new(parts)
+            })
+            .collect();
+        for f in &parted {
             batch.push(f.clone());
         }
         let (mut w, mut r) = tokio::io::duplex(1 << 20);
@@ -345,6 +365,9 @@ mod tests {
         drop(w);
         for f in &frames {
             assert_eq!(&read_frame(&mut r, 1 << 20).await.unwrap(), f);
+        }
+        for f in parted {
+            assert_eq!(read_frame(&mut r, 1 << 20).await.unwrap(), f.into_bytes());
         }
         assert!(matches!(
             read_frame(&mut r, 1 << 20).await,

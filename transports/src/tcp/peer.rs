@@ -4,8 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::Bytes;
-use pserver_core::NodeId;
+use pserver_core::{FrameParts, NodeId};
 use tokio::net::TcpStream;
 use tokio::sync::{Mutex as TokioMutex, mpsc, oneshot};
 use tokio::time::{Instant, sleep_until, timeout_at};
@@ -53,7 +52,7 @@ pub(super) struct PeerTask {
     shared: Arc<Shared>,
     tasks: Tasks,
     /// Frames for the peer; the current connection's writer holds the lock.
-    queue: Arc<TokioMutex<mpsc::Receiver<Bytes>>>,
+    queue: Arc<TokioMutex<mpsc::Receiver<FrameParts>>>,
     /// Authenticated connections the listener accepted from this peer.
     accepted: mpsc::Receiver<Established>,
     events_tx: mpsc::UnboundedSender<Event>,
@@ -72,7 +71,7 @@ impl PeerTask {
         addr: SocketAddr,
         shared: Arc<Shared>,
         tasks: Tasks,
-        queue: mpsc::Receiver<Bytes>,
+        queue: mpsc::Receiver<FrameParts>,
         accepted: mpsc::Receiver<Established>,
     ) -> PeerTask {
         let (events_tx, events) = mpsc::unbounded_channel();
@@ -178,7 +177,7 @@ impl PeerTask {
             // the peer lost ours (it restarted). A keepalive on ours finds out: a dead
             // connection's write fails, which frees the way for the peer's next dial.
             if let Some(h) = self.shared.peers.get(&self.peer) {
-                let _ = h.queue.try_send(Bytes::new());
+                let _ = h.queue.try_send(FrameParts::default());
             }
         }
         let (shared, queue, events) = (

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use pserver_core::{NodeId, PROTOCOL_VERSION};
+use pserver_core::{FrameParts, NodeId, PROTOCOL_VERSION};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex as TokioMutex, Notify, mpsc, watch};
 use tokio::time::Instant;
@@ -30,7 +30,7 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// The way to one peer, as `send` and the listener see it.
 pub(super) struct PeerHandle {
     /// Frames waiting for the peer.
-    pub(super) queue: mpsc::Sender<Bytes>,
+    pub(super) queue: mpsc::Sender<FrameParts>,
     /// Wakes the peer's task when a frame is queued.
     pub(super) wake: Notify,
     /// Connections the listener authenticated as this peer.
@@ -291,6 +291,12 @@ impl Transport for TcpTransport {
     /// or the transport is shut down. A frame beyond the peer's queue is dropped and counted,
     /// and an empty frame is not sent: both return `Ok`.
     async fn send(&self, to: NodeId, frame: Bytes) -> Result<(), TransportError> {
+        self.send_parts(to, frame.into()).await
+    }
+
+    /// Queues the frame's parts for one vectored write: its large parts (the values of a
+    /// push or a reply) go from where they are to the socket, with no copy into a frame.
+    async fn send_parts(&self, to: NodeId, frame: FrameParts) -> Result<(), TransportError> {
         if self.is_closed() {
             return Err(TransportError::Closed);
         }
