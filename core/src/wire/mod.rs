@@ -222,7 +222,7 @@ impl Serialize for ByteStr<'_> {
 
 /// Wire form of [`KvPairs`]: `(width, count, keys as bytes, values as bytes)`; consecutive
 /// keys travel as their first key alone, any others as delta varints. Inside a frame the
-/// values leave the tuple for the frame's trailer (see [`trailer`]).
+/// values leave the tuple for the frame's trailer (ARCHITECTURE.md §5).
 impl<V: Value> Serialize for KvPairs<V> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let in_trailer = trailer::is_encoding();
