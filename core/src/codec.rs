@@ -188,7 +188,7 @@ fn bulk_bytes<V: Value>(body: &Message<V>) -> (usize, usize) {
 /// the values of the message's key-value pairs, each lent from where it is kept (the
 /// application's vector, a reply's rows) rather than copied into one buffer. A transport that
 /// writes vectored sends the parts as they are; [`Codec::encode_parts`] makes them.
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub struct FrameParts {
     parts: Vec<Bytes>,
     len: usize,

@@ -87,10 +87,10 @@ enum KeyStorage {
 ///
 /// The storage is shared: [`Clone`] and [`KvPairs::slice`] are O(1) (plus a binary search) and
 /// never copy keys or values. Values decoded from a frame are read where they arrived, in the
-/// frame's bytes, whenever the machine and the bytes' alignment allow. Consecutive keys (a dense range, see [`KvPairs::from_range`])
-/// are held as their first key alone, so a dense vector costs its values and nothing more;
-/// [`KvPairs::key_range`] tells such a vector apart in O(1). Equality and hashing compare
-/// values by their bits.
+/// frame's bytes, whenever the machine and the bytes' alignment allow. Consecutive keys (a
+/// dense range, see [`KvPairs::from_range`]) are held as their first key alone, so a dense
+/// vector costs its values and nothing more; [`KvPairs::key_range`] tells such a vector apart
+/// in O(1). Equality and hashing compare values by their bits.
 ///
 /// ```
 /// use pserver_core::{KeyRange, KvPairs};
