@@ -120,6 +120,28 @@ mod tests {
     }
 
     #[test]
+    fn frame_storages_are_the_same_only_over_the_same_bytes() {
+        let bytes = Bytes::from(vec![0u8; 64]);
+        let frame = |range: core::ops::Range<usize>| {
+            let storage = ValueStorage::<f32>::from_le_bytes(bytes.slice(range)).unwrap();
+            assert!(matches!(storage, ValueStorage::Frame(_)));
+            storage
+        };
+        let whole = frame(0..64);
+        assert!(whole.same(&whole.clone()));
+        assert!(whole.same(&frame(0..64)), "the same bytes, taken again");
+        assert!(
+            !whole.same(&frame(0..32)),
+            "a shorter view from the same start"
+        );
+        assert!(
+            !frame(0..32).same(&frame(32..64)),
+            "as long, from elsewhere"
+        );
+        assert!(!whole.same(&ValueStorage::owned(vec![0.0; 16])));
+    }
+
+    #[test]
     fn owned_values_are_lent_as_bytes_without_a_copy() {
         let storage = ValueStorage::owned(vec![7i64, 8, 9]);
         let bytes = storage.le_bytes(1..3);
