@@ -1223,16 +1223,22 @@ fn refusals(c: &Cluster, (primary, replica): (NodeId, NodeId), reason: &Refusal)
         .count()
 }
 
+/// A cluster of three servers with one replica each, a key, and its (primary, replica).
+fn replica_pair() -> (Cluster, Key, (NodeId, NodeId)) {
+    let c = Cluster::new(3, 1, 1, Consistency::Eventual);
+    let k = Cluster::keys(4)[1];
+    let ring = c.ring();
+    let owners = ring.owners(k);
+    let pair = (owners[0], owners[1]);
+    (c, k, pair)
+}
+
 /// A replication step must stand for at least one step, none below the first: a replica
 /// refuses, visibly, one that spans none (it would apply a step again) or reaches below step 1,
 /// and applies a well-formed one.
 #[test]
 fn replica_convergence_a_step_spanning_no_step_is_refused() {
-    let mut c = Cluster::new(3, 1, 1, Consistency::Eventual);
-    let k = Cluster::keys(4)[1];
-    let ring = c.ring();
-    let owners = ring.owners(k);
-    let pair = (owners[0], owners[1]);
+    let (mut c, k, pair) = replica_pair();
     let one = || KvPairs::new(vec![k], vec![7], 1).unwrap();
     deliver_step(&mut c, pair, k, 0, one());
     deliver_step(&mut c, pair, k, 2, one());
@@ -1247,11 +1253,7 @@ fn replica_convergence_a_step_spanning_no_step_is_refused() {
 /// not applied; the step of the right width that follows is.
 #[test]
 fn a_replication_step_of_another_width_is_refused() {
-    let mut c = Cluster::new(3, 1, 1, Consistency::Eventual);
-    let k = Cluster::keys(4)[1];
-    let ring = c.ring();
-    let owners = ring.owners(k);
-    let pair = (owners[0], owners[1]);
+    let (mut c, k, pair) = replica_pair();
     deliver_step(
         &mut c,
         pair,

@@ -153,29 +153,22 @@ pub async fn run_bench(
                     emit(m);
                 }
             }
-            let (keys, name) = if opts.quick {
-                (64 << 10, "64K")
-            } else {
-                (1 << 20, "1M")
-            };
-            let sparse_figures = if BenchOptions::wants(&opts.kinds, "sparse") {
-                sparse(&cluster.workers, keys, opts.quick, &prefix)
-                    .await
-                    .map(Some)
-            } else {
-                Ok(None)
-            };
-            match sparse_figures {
-                Ok(None) => {}
-                Ok(Some((push, pull))) => {
-                    for m in
-                        push_and_pull_measures(&prefix, "sparse", name, (push, pull), "Mkeys/s")
-                    {
-                        emit(m);
+            if BenchOptions::wants(&opts.kinds, "sparse") {
+                let (keys, name) = if opts.quick {
+                    (64 << 10, "64K")
+                } else {
+                    (1 << 20, "1M")
+                };
+                match sparse(&cluster.workers, keys, opts.quick, &prefix).await {
+                    Ok(figures) => {
+                        for m in push_and_pull_measures(&prefix, "sparse", name, figures, "Mkeys/s")
+                        {
+                            emit(m);
+                        }
                     }
+                    Err(e @ BenchError::Timeout(..)) => eprintln!("{e}: skipped"),
+                    Err(e) => return Err(e),
                 }
-                Err(e @ BenchError::Timeout(..)) => eprintln!("{e}: skipped"),
-                Err(e) => return Err(e),
             }
             if BenchOptions::wants(&opts.kinds, "rtt") {
                 let requests = if opts.quick { 200 } else { 10_000 };

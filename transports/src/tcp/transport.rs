@@ -152,13 +152,13 @@ impl TcpTransport {
     /// between finding it free and listening on it.
     ///
     /// ```no_run
-    /// # async fn demo() -> Result<(), pserver_transport::TransportError> {
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::collections::BTreeMap;
     /// use pserver_core::NodeId;
     /// use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
     ///
-    /// let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
-    /// let addr = listener.local_addr().expect("its address");
+    /// let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// let addr = listener.local_addr()?;
     /// let peers = BTreeMap::from([(NodeId(1), addr)]);
     /// let cfg = TcpConfig::new(NodeId(1), addr, peers, "demo", Secret::new(b"s3cret".to_vec()));
     /// let transport = TcpTransport::with_listener(cfg, listener).await?;

@@ -186,13 +186,13 @@ impl UdpTransport {
     /// between finding it free and binding it again.
     ///
     /// ```no_run
-    /// # async fn demo() -> Result<(), pserver_transport::TransportError> {
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::collections::BTreeMap;
     /// use pserver_core::NodeId;
     /// use pserver_transport::udp::{UdpConfig, UdpTransport};
     ///
-    /// let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("a loopback port");
-    /// let addr = socket.local_addr().expect("its address");
+    /// let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    /// let addr = socket.local_addr()?;
     /// let cfg = UdpConfig::new(NodeId(1), addr, BTreeMap::from([(NodeId(1), addr)]));
     /// let transport = UdpTransport::with_socket(cfg, socket).await?;
     /// assert_eq!(transport.local_addr(), addr);
@@ -206,10 +206,7 @@ impl UdpTransport {
         socket: std::net::UdpSocket,
     ) -> Result<UdpTransport, TransportError> {
         let key = checked_key(&cfg)?;
-        let sock = socket2::SockRef::from(&socket);
-        // Best effort, as in `bind_socket`.
-        let _ = sock.set_recv_buffer_size(cfg.socket_buffer);
-        let _ = sock.set_send_buffer_size(cfg.socket_buffer);
+        size_buffers(socket2::SockRef::from(&socket), cfg.socket_buffer);
         let socket = socket
             .set_nonblocking(true)
             .and_then(|()| UdpSocket::from_std(socket))
@@ -403,12 +400,17 @@ fn checked_key(cfg: &UdpConfig) -> Result<Option<Hmac<Sha256>>, TransportError> 
     }
 }
 
+/// Asks for `buffer` bytes of receive and send buffer. Best effort: a smaller buffer only
+/// means more loss under bursts.
+fn size_buffers(socket: socket2::SockRef<'_>, buffer: usize) {
+    let _ = socket.set_recv_buffer_size(buffer);
+    let _ = socket.set_send_buffer_size(buffer);
+}
+
 fn bind_socket(addr: SocketAddr, buffer: usize) -> std::io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    // Best effort: a smaller buffer only means more loss under bursts.
-    let _ = socket.set_recv_buffer_size(buffer);
-    let _ = socket.set_send_buffer_size(buffer);
+    size_buffers(socket2::SockRef::from(&socket), buffer);
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     UdpSocket::from_std(socket.into())
