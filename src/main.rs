@@ -8,9 +8,9 @@ use pserver::commands::cluster_file::ClusterFile;
 use pserver::commands::ring::{self, Change};
 use pserver::commands::script::Script;
 use pserver::commands::{check, sim};
-use pserver::core::sim::{Faults, MS, SimConfig, SimUpdater};
 use pserver::core::{Consistency, NodeId, RingConfig, Role};
 use pserver::models::cluster::{ClusterModelConfig, Strategy};
+use pserver::models::sim::{Faults, MS, SimConfig, SimUpdater};
 
 /// Frames of megabytes are allocated and freed many times a second. The system allocator hands
 /// such blocks back to the kernel and faults them in again, zeroed, a few percent of a dense

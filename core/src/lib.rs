@@ -20,8 +20,6 @@
 //! - [`Coordinator`], [`Server`], [`Worker`]: the node state machines; they write what they want
 //!   done into [`Effects`].
 //! - [`Node`], [`Driver`]: any node, and the sans-IO driver that carries out its effects.
-//! - `sim` (with the `sim` feature): the deterministic simulator that runs whole clusters under
-//!   faults.
 //!
 //! ## Driving nodes
 //!
@@ -70,10 +68,10 @@ mod mutation;
 mod node;
 mod ring;
 mod server;
-#[cfg(feature = "sim")]
-pub mod sim;
 mod slicing;
 mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod timing;
 mod updater;
 mod value;

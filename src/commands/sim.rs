@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pserver_core::Consistency;
-use pserver_core::sim::{MS, ServerFaults, SimConfig, SimFailure, SimReport, run};
+use pserver_models::sim::{MS, ServerFaults, SimConfig, SimFailure, SimReport, run};
 use pserver_transport::sync::{AtomicU64, Mutex, Ordering, Tickets};
 
 /// The outcome of running a range of seeds.
@@ -111,7 +111,7 @@ impl Protocol {
     pub fn run(&self, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         #[cfg(feature = "mutations")]
         if let Some(m) = self.mutation {
-            return pserver_core::sim::run_mutated(cfg, m);
+            return pserver_models::sim::run_mutated(cfg, m);
         }
         run(cfg)
     }
@@ -257,7 +257,7 @@ pub fn tau_label(c: Consistency) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pserver_core::sim::Faults;
+    use pserver_models::sim::Faults;
 
     #[test]
     fn the_summary_counts_every_seed_and_failure() {

@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::kv::KvPairs;
-use crate::message::RequestId;
-use crate::node::{Iteration, NodeId};
+use pserver_core::KvPairs;
+use pserver_core::RequestId;
+use pserver_core::{Iteration, NodeId};
 
 #[derive(Clone, Debug)]
 struct PushRecord {

@@ -12,23 +12,23 @@ use super::network::Network;
 use super::oracle::Oracle;
 use super::rng::SimRng;
 use super::{Invariant, MS, SimConfig, SimFailure, SimReport, SimUpdater};
-use bytes::Bytes;
+use pserver_core::Bytes;
 
-use crate::codec::Codec;
-use crate::consistency::Consistency;
-use crate::coordinator::{Coordinator, CoordinatorConfig};
-use crate::driver::Driver;
-use crate::effects::{Event, Refusal};
-use crate::key::{Key, KeyRange};
-use crate::kv::KvPairs;
-use crate::message::{
+use pserver_core::Codec;
+use pserver_core::Consistency;
+use pserver_core::Driver;
+use pserver_core::KvPairs;
+use pserver_core::Ring;
+use pserver_core::Timing;
+use pserver_core::{
     ClusterConfig, Envelope, KeyList, KeySelection, Message, RangeList, RequestId, ShardUpdate,
 };
-use crate::node::{Epoch, Iteration, NodeId, Time};
-use crate::ring::Ring;
-use crate::server::{Server, ServerConfig};
-use crate::timing::Timing;
-use crate::worker::{Worker, WorkerConfig};
+use pserver_core::{Coordinator, CoordinatorConfig};
+use pserver_core::{Epoch, Iteration, NodeId, Time};
+use pserver_core::{Event, Refusal};
+use pserver_core::{Key, KeyRange};
+use pserver_core::{Server, ServerConfig};
+use pserver_core::{Worker, WorkerConfig};
 
 /// What travels the simulated network: a frame, or the envelope itself when the run skips the
 /// wire.
@@ -139,7 +139,7 @@ struct World<'a> {
     /// Server configuration shared by every server, to start a fresh one on a restart.
     server_config: ServerConfig,
     #[cfg(feature = "mutations")]
-    mutation: Option<crate::mutation::Mutation>,
+    mutation: Option<pserver_core::Mutation>,
     /// Redirects the workers followed.
     redirects: u64,
     /// Values sent in pushes and in replication updates ([`crate::sim::SimReport`]).
@@ -163,7 +163,7 @@ fn index_of(keys: &[u64], key: u64) -> usize {
 /// Runs one simulation to its end, checking every invariant after every step.
 ///
 /// ```
-/// use pserver_core::sim::{run, SimConfig};
+/// use pserver_models::sim::{run, SimConfig};
 /// let report = run(&SimConfig { seed: 3, ..SimConfig::default() })?;
 /// assert!(report.steps > 0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -179,7 +179,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, SimFailure> {
 #[cfg(feature = "mutations")]
 pub fn run_mutated(
     cfg: &SimConfig,
-    mutation: crate::mutation::Mutation,
+    mutation: pserver_core::Mutation,
 ) -> Result<SimReport, SimFailure> {
     let mut world = World::new(cfg)?;
     for d in world.nodes.values_mut() {
@@ -210,7 +210,7 @@ fn setup_failure(cfg: &SimConfig, e: impl core::fmt::Display) -> SimFailure {
 /// at least one on epoch 1 so that redirects happen.
 fn ring_change_configs(
     cfg: &SimConfig,
-) -> Result<BTreeMap<NodeId, ClusterConfig>, crate::ring::RingError> {
+) -> Result<BTreeMap<NodeId, ClusterConfig>, pserver_core::RingError> {
     let first = ClusterConfig {
         epoch: 1,
         coordinator: cfg.coordinator_id(),
@@ -230,10 +230,11 @@ fn ring_change_configs(
         configs.insert(id, second.clone());
     }
     let mut old: Vec<bool> = (0..cfg.workers as u64)
-        .map(|i| crate::hash::hash_words(cfg.seed, &[0x4550_4f43, i]) % 2 == 0)
+        .map(|i| pserver_core::testing::hash_words(cfg.seed, &[0x4550_4f43, i]) % 2 == 0)
         .collect();
     if !old.contains(&true) {
-        let i = crate::hash::hash_words(cfg.seed, &[0x004f_4c44]) % cfg.workers.max(1) as u64;
+        let i =
+            pserver_core::testing::hash_words(cfg.seed, &[0x004f_4c44]) % cfg.workers.max(1) as u64;
         if let Some(o) = old.get_mut(i as usize) {
             *o = true;
         }
@@ -272,8 +273,9 @@ impl<'a> World<'a> {
         // Slices of a fixed share of the keys, so that a request is cut into a handful of parts
         // whatever the key count (finer cuts only slow the run down).
         let rows = |share: u64, least: u64| 128 + 18 * (cfg.keys / share).max(least) as usize;
-        let (slice_bytes, window) = match crate::hash::hash_words(cfg.seed, &[0x51ce]) % 3 {
-            0 => (crate::worker::DEFAULT_MAX_SLICE_BYTES, 64),
+        let (slice_bytes, window) = match pserver_core::testing::hash_words(cfg.seed, &[0x51ce]) % 3
+        {
+            0 => (pserver_core::DEFAULT_MAX_SLICE_BYTES, 64),
             1 => (rows(8, 2), 1),
             _ => (rows(3, 5), 3),
         };
@@ -281,10 +283,8 @@ impl<'a> World<'a> {
         server_config.timing = timing;
         server_config.max_reply_bytes = slice_bytes;
         for id in cfg.server_ids() {
-            let sc = ServerConfig {
-                id,
-                ..server_config
-            };
+            let mut sc = server_config;
+            sc.id = id;
             nodes.insert(id, Driver::new(Server::new(sc, updater.rule())));
         }
         for id in cfg.worker_ids() {
@@ -768,10 +768,8 @@ impl<'a> World<'a> {
                     app.crashed = true;
                 }
             }
-            Event::NodeDead(_)
-            | Event::RingDegraded(_)
-            | Event::RangeLost(_)
-            | Event::Refused { .. } => {}
+            // Nothing else changes what the workload does next; refusals were counted above.
+            _ => {}
         }
         Ok(())
     }
@@ -779,7 +777,7 @@ impl<'a> World<'a> {
     fn compute_time(&mut self, node: NodeId, iteration: Iteration) -> Time {
         let jitter = self.rng.below(self.cfg.compute / 5 + 1);
         let base = self.cfg.compute + jitter;
-        let slow = crate::hash::hash_words(self.cfg.seed, &[u64::from(iteration)])
+        let slow = pserver_core::testing::hash_words(self.cfg.seed, &[u64::from(iteration)])
             % self.cfg.workers as u64;
         let index = u64::from(node.0) - self.cfg.servers as u64 - 1;
         let mut factor = if slow == index {

@@ -2,8 +2,8 @@
 //! ARCHITECTURE.md §4. Every run checks every invariant after every step; each test stresses the
 //! faults its invariant is most exposed to. Together they run over 1,000 faulty seeds.
 
-use pserver_core::sim::{Faults, MS, SimConfig, SimFailure, SimReport, SimUpdater, run};
 use pserver_core::{Consistency, MAX_KEY, Ring};
+use pserver_models::sim::{Faults, MS, SimConfig, SimFailure, SimReport, SimUpdater, run};
 
 const MODELS: [Consistency; 3] = [
     Consistency::Sequential,
@@ -182,7 +182,7 @@ fn bounded_delay_finishes_sooner_than_sequential_with_stragglers() {
 #[test]
 fn the_simulator_catches_every_mutation() {
     use pserver_core::Mutation;
-    use pserver_core::sim::Invariant;
+    use pserver_models::sim::Invariant;
     let faults = Faults {
         drop: 0.1,
         dup: 0.05,
@@ -202,7 +202,7 @@ fn the_simulator_catches_every_mutation() {
                     updater: Some(SimUpdater::Sum),
                     ..faulty(seed, Consistency::Sequential, faults)
                 };
-                pserver_core::sim::run_mutated(&cfg, mutation).err()
+                pserver_models::sim::run_mutated(&cfg, mutation).err()
             })
             .filter(|f| f.invariant == invariant)
             .count();
@@ -220,7 +220,7 @@ fn the_simulator_catches_every_mutation() {
 #[test]
 fn the_simulator_catches_what_the_new_model_properties_catch() {
     use pserver_core::Mutation;
-    use pserver_core::sim::Invariant;
+    use pserver_models::sim::Invariant;
     let faults = Faults {
         drop: 0.05,
         reorder: true,
@@ -255,7 +255,7 @@ fn the_simulator_catches_what_the_new_model_properties_catch() {
                     straggler: 3.0,
                     ..faulty(seed, consistency, faults)
                 };
-                pserver_core::sim::run_mutated(&cfg, mutation).err()
+                pserver_models::sim::run_mutated(&cfg, mutation).err()
             })
             .filter(|f| f.invariant == invariant)
             .count();
@@ -486,21 +486,21 @@ fn a_changed_ring_lays_keys_out_around_the_boundaries_of_the_ring_in_force() {
         ..SimConfig::default()
     })
     .unwrap_err();
-    assert_eq!(failure.invariant, pserver_core::sim::Invariant::Setup);
+    assert_eq!(failure.invariant, pserver_models::sim::Invariant::Setup);
 }
 
 #[cfg(feature = "mutations")]
 #[test]
 fn the_oracle_catches_an_update_rule_applied_with_the_wrong_sign() {
     use pserver_core::Mutation;
-    use pserver_core::sim::Invariant;
+    use pserver_models::sim::Invariant;
     for updater in [SimUpdater::Sgd, SimUpdater::AdaGrad, SimUpdater::Ftrl] {
         for seed in 0..20 {
             let cfg = SimConfig {
                 updater: Some(updater),
                 ..faulty(seed, MODELS[seed as usize % MODELS.len()], lossy())
             };
-            let failure = pserver_core::sim::run_mutated(&cfg, Mutation::WrongSign)
+            let failure = pserver_models::sim::run_mutated(&cfg, Mutation::WrongSign)
                 .expect_err("a wrong sign must not pass");
             assert_eq!(failure.invariant, Invariant::Oracle, "{failure}");
             assert!(
@@ -515,7 +515,7 @@ fn the_oracle_catches_an_update_rule_applied_with_the_wrong_sign() {
 #[test]
 fn the_oracle_catches_duplicates_applied_again_whatever_the_update_rule() {
     use pserver_core::Mutation;
-    use pserver_core::sim::Invariant;
+    use pserver_models::sim::Invariant;
     let faults = Faults {
         drop: 0.2,
         dup: 0.2,
@@ -529,7 +529,7 @@ fn the_oracle_catches_duplicates_applied_again_whatever_the_update_rule() {
                     updater: Some(updater),
                     ..faulty(seed, Consistency::Eventual, faults)
                 };
-                pserver_core::sim::run_mutated(&cfg, Mutation::NoDedupe).err()
+                pserver_models::sim::run_mutated(&cfg, Mutation::NoDedupe).err()
             })
             .filter(|f| f.invariant == Invariant::Oracle)
             .count();
@@ -558,8 +558,8 @@ fn every_fault() -> Faults {
     }
 }
 
-fn total_faults(reports: &[SimReport]) -> pserver_core::sim::ServerFaults {
-    let mut all = pserver_core::sim::ServerFaults::default();
+fn total_faults(reports: &[SimReport]) -> pserver_models::sim::ServerFaults {
+    let mut all = pserver_models::sim::ServerFaults::default();
     for r in reports {
         all.add(&r.server_faults);
     }
@@ -682,7 +682,7 @@ fn a_seed_with_server_faults_replays_exactly() {
 
 #[test]
 fn runs_outside_the_fault_model_are_refused_at_setup() {
-    use pserver_core::sim::Invariant;
+    use pserver_models::sim::Invariant;
     let too_many_crashes = SimConfig {
         crash_servers: 2,
         ..one_crash(0, Consistency::Sequential, Faults::default())
@@ -702,7 +702,7 @@ fn caught_by(
     cfg: impl Fn(u64) -> SimConfig,
 ) -> Vec<SimFailure> {
     seeds
-        .filter_map(|seed| pserver_core::sim::run_mutated(&cfg(seed), mutation).err())
+        .filter_map(|seed| pserver_models::sim::run_mutated(&cfg(seed), mutation).err())
         .collect()
 }
 
@@ -710,7 +710,7 @@ fn caught_by(
 #[test]
 fn durability_catches_acknowledging_before_the_replicas_have_a_push() {
     use pserver_core::Mutation;
-    use pserver_core::sim::Invariant;
+    use pserver_models::sim::Invariant;
     let failures = caught_by(Mutation::AckBeforeReplicate, 0..40, |seed| SimConfig {
         updater: Some(SimUpdater::Sum),
         time_limit: 60_000 * MS,
@@ -732,7 +732,7 @@ fn durability_catches_acknowledging_before_the_replicas_have_a_push() {
 #[test]
 fn exactly_once_catches_copies_that_leave_the_de_duplication_state_behind() {
     use pserver_core::Mutation;
-    use pserver_core::sim::Invariant;
+    use pserver_models::sim::Invariant;
     let faults = Faults {
         drop: 0.05,
         dup: 0.05,

@@ -1,7 +1,7 @@
 //! The simulator's seeded random source: xoshiro256** seeded through SplitMix64. Small, fast,
 //! and identical on every platform, so a seed replays exactly.
 
-use crate::hash::mix64;
+use pserver_core::testing::mix64;
 
 /// A seeded pseudo-random generator.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -1,8 +1,8 @@
 //! A deterministic simulator: a whole cluster — coordinator, servers and workers running a
 //! scripted workload — on virtual time, with faults drawn from one seed.
 //!
-//! The simulator drives the very structs a deployment runs ([`crate::Coordinator`],
-//! [`crate::Server`], [`crate::Worker`]), each through the [`crate::Driver`] every deployment
+//! The simulator drives the very structs a deployment runs ([`pserver_core::Coordinator`],
+//! [`pserver_core::Server`], [`pserver_core::Worker`]), each through the [`pserver_core::Driver`] every deployment
 //! uses, passes every message through the wire codec, and checks the protocol's invariants after
 //! every step:
 //!
@@ -29,7 +29,7 @@
 //! - **completion**: at the end every request of every surviving worker has completed;
 //! - **oracle**: every server's stored value of every key equals, bit for bit, what a one-node
 //!   replica computes by replaying the pushes that server acknowledged through the same
-//!   [`crate::Updater`].
+//!   [`pserver_core::Updater`].
 //!
 //! # Update rules and the oracle
 //!
@@ -49,7 +49,7 @@
 //! - Under [`Consistency::Sequential`] a server buffers the pushes of an iteration and applies
 //!   one key-wise sum over them once every live worker finished it. The oracle buffers the
 //!   accepted pushes per iteration in the order they were acknowledged, and when the server's
-//!   [`crate::Server::applied_below`] moves past an iteration it sums them key by key in that
+//!   [`pserver_core::Server::applied_below`] moves past an iteration it sums them key by key in that
 //!   order (the order in which the server's `sum_by_key` adds them) and applies each sum once.
 //!   Other models apply every accepted push at once, in acknowledgement order.
 //! - Exactly-once totals are then the oracle's sums of accepted deltas, and a pulled value
@@ -60,7 +60,7 @@
 //!
 //! In some runs (or always, with [`SimConfig::ring_change`]) the job starts with its ring
 //! already changed: one server's ranges were moved away with
-//! [`crate::ClusterConfig::without_server`] (epoch 2), the coordinator and every server start
+//! [`pserver_core::ClusterConfig::without_server`] (epoch 2), the coordinator and every server start
 //! on epoch 2, and each worker starts on epoch 1 or 2 (at least one on epoch 1), with no
 //! registration. Workers on epoch 1 send to the old owners, are answered `Redirect`, fetch the
 //! configuration and re-slice; every invariant is judged against the ring of epoch 2, and
@@ -88,7 +88,7 @@
 //! - (with [`SimConfig::join_servers`] and [`SimConfig::leave_servers`]) servers joining and
 //!   leaving the running job at seeded times, through the coordinator's two-step change;
 //! - a crash and a restart: once the coordinator declared the server dead, a fresh
-//!   [`crate::Server`] with a new incarnation starts and registers, and joins the job again
+//!   [`pserver_core::Server`] with a new incarnation starts and registers, and joins the job again
 //!   (it copies the ranges the ring gives it, then the ring switches). With
 //!   [`SimConfig::quick_restart`] it restarts within the heartbeat timeout instead, still a
 //!   member: its registration under a new incarnation takes it off the ring first;
@@ -145,10 +145,10 @@ pub use world::run_mutated;
 
 use core::fmt;
 
-use crate::consistency::Consistency;
-use crate::node::{NodeId, NodeLayout, Time};
-use crate::ring::RingConfig;
-use crate::updater::Updater;
+use pserver_core::Consistency;
+use pserver_core::RingConfig;
+use pserver_core::Updater;
+use pserver_core::{NodeId, NodeLayout, Time};
 
 /// One millisecond of virtual time.
 pub const MS: Time = 1_000_000;
@@ -300,7 +300,7 @@ impl SimConfig {
     /// after a ring change asked for) to hold a primary and every replica of each range.
     ///
     /// ```
-    /// use pserver_core::sim::SimConfig;
+    /// use pserver_models::sim::SimConfig;
     /// let mut cfg = SimConfig { servers: 3, crash_servers: 1, ..SimConfig::default() };
     /// assert!(cfg.validate().is_err(), "no replica to fail over to");
     /// cfg.ring.replicas = 1;
@@ -346,22 +346,23 @@ impl SimConfig {
         if !self.resolved_ring_change() {
             return None;
         }
-        let pick = crate::hash::hash_words(self.seed, &[0x4d4f_5645]) % self.servers.max(1) as u64;
+        let pick = pserver_core::testing::hash_words(self.seed, &[0x4d4f_5645])
+            % self.servers.max(1) as u64;
         self.server_ids().nth(pick as usize)
     }
 
     /// The ring in force while the run goes on: every server's, or, after a ring change, that
     /// of the servers left. Every invariant is judged against it, and the keys are laid out
     /// around its segment boundaries.
-    pub fn ring_in_force(&self) -> Result<crate::ring::Ring, crate::ring::RingError> {
+    pub fn ring_in_force(&self) -> Result<pserver_core::Ring, pserver_core::RingError> {
         let gone = self.server_taken_off();
-        crate::ring::Ring::new(self.server_ids().filter(|&s| Some(s) != gone), self.ring)
+        pserver_core::Ring::new(self.server_ids().filter(|&s| Some(s) != gone), self.ring)
     }
 
     /// The update rule of this run: [`SimConfig::updater`], or one picked by the seed.
     pub fn resolved_updater(&self) -> SimUpdater {
         self.updater.unwrap_or_else(|| {
-            let pick = crate::hash::hash_words(self.seed, &[0x5550_4441]) % 4;
+            let pick = pserver_core::testing::hash_words(self.seed, &[0x5550_4441]) % 4;
             SimUpdater::ALL[pick as usize]
         })
     }
@@ -372,7 +373,8 @@ impl SimConfig {
     pub fn resolved_ring_change(&self) -> bool {
         self.ring_change.unwrap_or_else(|| {
             let spare = self.ring.replicas as usize + self.crash_servers + self.leave_servers + 1;
-            self.servers > spare && crate::hash::hash_words(self.seed, &[0x5249_4e47]) % 4 == 0
+            self.servers > spare
+                && pserver_core::testing::hash_words(self.seed, &[0x5249_4e47]) % 4 == 0
         })
     }
 
@@ -403,17 +405,17 @@ impl SimConfig {
     /// three ways: spread evenly over the key space; at its edges (from 0 up and from the
     /// largest legal key down, with gaps that cross varint lengths: 127, 128, 16383, 16384); or
     /// on both sides of the ring's segment boundaries.
-    pub fn key_layout(&self, ring: &crate::ring::Ring) -> Vec<u64> {
+    pub fn key_layout(&self, ring: &pserver_core::Ring) -> Vec<u64> {
         use std::collections::BTreeSet;
         let n = self.keys as usize;
         let stride = (u64::MAX - 1) / self.keys.max(1);
         let even = (0..self.keys).map(|i| i * stride);
         let mut keys: BTreeSet<u64> = BTreeSet::new();
-        match crate::hash::hash_words(self.seed, &[0x4b45_5953]) % 3 {
+        match pserver_core::testing::hash_words(self.seed, &[0x4b45_5953]) % 3 {
             0 => {}
             1 => {
                 const GAPS: [u64; 5] = [127, 128, 16_383, 16_384, 1];
-                let (mut low, mut high) = (0u64, crate::MAX_KEY);
+                let (mut low, mut high) = (0u64, pserver_core::MAX_KEY);
                 for i in 0..n {
                     let gap = GAPS[(i / 2) % GAPS.len()];
                     if i % 2 == 0 {

@@ -5,13 +5,13 @@
 use std::collections::BTreeSet;
 
 use super::{Action, World};
-use crate::driver::Driver;
-use crate::key::KeyRange;
-use crate::node::{NodeId, Time};
-use crate::ring::Ring;
-use crate::server::{Server, ServerConfig};
 use crate::sim::rng::SimRng;
 use crate::sim::{Invariant, MS, ServerFaults, SimFailure};
+use pserver_core::Driver;
+use pserver_core::KeyRange;
+use pserver_core::Ring;
+use pserver_core::Server;
+use pserver_core::{NodeId, Time};
 
 /// What a planned server crash is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,7 +65,7 @@ pub(super) struct Plan {
 impl Plan {
     pub(super) fn new(seed: u64) -> Self {
         Plan {
-            rng: SimRng::new(crate::hash::hash_words(seed, &[0x5345_5256])),
+            rng: SimRng::new(pserver_core::testing::hash_words(seed, &[0x5345_5256])),
             kinds: Vec::new(),
             crashed: 0,
             restart: BTreeSet::new(),
@@ -232,11 +232,9 @@ impl World<'_> {
     /// the coordinator takes it for a restart or a join, never for a resend of an old
     /// process's registration.
     fn start_server_process(&mut self, node: NodeId) {
-        let sc = ServerConfig {
-            id: node,
-            incarnation: self.now + 1,
-            ..self.server_config
-        };
+        let mut sc = self.server_config;
+        sc.id = node;
+        sc.incarnation = self.now + 1;
         let mut d = Driver::new(Server::new(sc, self.updater.rule()));
         #[cfg(feature = "mutations")]
         d.set_mutation(self.mutation);
@@ -422,7 +420,7 @@ impl World<'_> {
     /// every owner of every range holding it.
     fn quiescent(&self) -> bool {
         self.coordinator()
-            .is_some_and(|c| c.phase() == crate::coordinator::Phase::Running)
+            .is_some_and(|c| c.phase() == pserver_core::Phase::Running)
             && self.plan.membership_pending == 0
             && self.plan.leaving.iter().all(|s| self.down.contains(s))
             && self.plan.open.is_empty()

@@ -3,10 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::kv::KvPairs;
-use crate::message::{Push, SliceRef};
-use crate::node::{Iteration, NodeId};
-use crate::updater::{UpdateRule, Updater};
+use pserver_core::KvPairs;
+use pserver_core::{Iteration, NodeId};
+use pserver_core::{Push, SliceRef};
+use pserver_core::{UpdateRule, Updater};
 
 /// A push slice as its worker sent it.
 #[derive(Clone, Debug)]

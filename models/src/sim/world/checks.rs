@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 
 use super::World;
-use crate::key::KeyRange;
-use crate::kv::KvPairs;
-use crate::message::KeySelection;
-use crate::node::{Epoch, Iteration, NodeId};
 use crate::sim::{Invariant, SimFailure, SimUpdater};
+use pserver_core::KeyRange;
+use pserver_core::KeySelection;
+use pserver_core::KvPairs;
+use pserver_core::{Epoch, Iteration, NodeId};
 
 /// Above this many keys the oracle compares every key only at the end of a run (and the keys of
 /// each step's server are left alone), and single ownership is checked only at the end, to keep

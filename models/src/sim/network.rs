@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::rng::SimRng;
-use crate::node::{NodeId, Time};
+use pserver_core::{NodeId, Time};
 
 /// Which faults the network injects.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
