@@ -955,10 +955,10 @@ fn check_command(args: CheckArgs) -> ExitCode {
         }
     };
     #[allow(clippy::needless_update)]
-    let protocol = sim::Protocol {
+    let protocol = check::Protocol {
         #[cfg(feature = "mutations")]
         mutation: broken,
-        ..sim::Protocol::default()
+        ..check::Protocol::default()
     };
     let clock_max_time = u8::try_from(base.iterations.max(1)).unwrap_or(u8::MAX);
     if let Some(address) = &args.explore {
@@ -1091,7 +1091,7 @@ struct SimArgs {
 
 /// Parses a mutation name, or explains that the build lacks the feature.
 #[cfg(feature = "mutations")]
-fn mutation(name: &str) -> Result<pserver::core::Mutation, String> {
+fn mutation<M: std::str::FromStr<Err = String>>(name: &str) -> Result<M, String> {
     name.parse()
 }
 

@@ -28,9 +28,6 @@ pub enum Mutation {
     /// when nothing crashes), which breaks livelock freedom while every quiescent state still
     /// looks complete.
     IgnoreRedirect,
-    /// Servers hand their update rule the negated delta: a gradient ascended instead of
-    /// descended, a count subtracted (breaks the simulator's update-rule oracle).
-    WrongSign,
     /// Primaries acknowledge a push as soon as they applied it, before their replicas have it
     /// (breaks durability: a primary that dies takes acknowledged pushes with it).
     AckBeforeReplicate,
@@ -44,7 +41,7 @@ pub enum Mutation {
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 11] = [
+    pub const ALL: [Mutation; 10] = [
         Mutation::NoDedupe,
         Mutation::NoGating,
         Mutation::NoRetransmit,
@@ -52,7 +49,6 @@ impl Mutation {
         Mutation::EagerAdvance,
         Mutation::ShortPull,
         Mutation::IgnoreRedirect,
-        Mutation::WrongSign,
         Mutation::AckBeforeReplicate,
         Mutation::PromoteStaleReplica,
         Mutation::DropDedupOnTransfer,
@@ -69,7 +65,6 @@ impl fmt::Display for Mutation {
             Mutation::EagerAdvance => "eager-advance",
             Mutation::ShortPull => "short-pull",
             Mutation::IgnoreRedirect => "ignore-redirect",
-            Mutation::WrongSign => "wrong-sign",
             Mutation::AckBeforeReplicate => "ack-before-replicate",
             Mutation::PromoteStaleReplica => "promote-stale-replica",
             Mutation::DropDedupOnTransfer => "drop-dedup-on-transfer",

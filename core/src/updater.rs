@@ -27,13 +27,11 @@ pub trait UpdateRule<V: Value>: Clone + Debug + PartialEq {
     fn apply(&self, weight: &mut V, aux: &mut [V], delta: V);
 
     /// Applies `deltas` to `weights` element by element, `aux` holding
-    /// [`UpdateRule::aux_width`] values per weight; `negate` applies each delta's negation.
-    /// The default calls [`UpdateRule::apply`] per element; a rule may override it with a loop
-    /// the compiler can vectorise.
-    fn apply_all(&self, weights: &mut [V], aux: &mut [V], deltas: &[V], negate: bool) {
+    /// [`UpdateRule::aux_width`] values per weight. The default calls [`UpdateRule::apply`] per
+    /// element; a rule may override it with a loop the compiler can vectorise.
+    fn apply_all(&self, weights: &mut [V], aux: &mut [V], deltas: &[V]) {
         let aux_width = self.aux_width();
         for (j, (w, &d)) in weights.iter_mut().zip(deltas).enumerate() {
-            let d = if negate { V::default().sub(d) } else { d };
             self.apply(w, &mut aux[j * aux_width..(j + 1) * aux_width], d);
         }
     }
@@ -123,26 +121,16 @@ impl<V: Value> UpdateRule<V> for Updater {
         }
     }
 
-    fn apply_all(&self, weights: &mut [V], aux: &mut [V], deltas: &[V], negate: bool) {
+    fn apply_all(&self, weights: &mut [V], aux: &mut [V], deltas: &[V]) {
         // The sum is the dense hot path: one tight loop with the rule decided outside it.
-        match (self, negate) {
-            (Updater::Sum, false) => {
-                for (w, &d) in weights.iter_mut().zip(deltas) {
-                    *w = w.add(d);
-                }
+        if let Updater::Sum = self {
+            for (w, &d) in weights.iter_mut().zip(deltas) {
+                *w = w.add(d);
             }
-            (Updater::Sum, true) => {
-                // Adding the negation, not subtracting: the two differ on signed zeros.
-                for (w, &d) in weights.iter_mut().zip(deltas) {
-                    *w = w.add(V::default().sub(d));
-                }
-            }
-            _ => {
-                let aux_width = UpdateRule::<V>::aux_width(self);
-                for (j, (w, &d)) in weights.iter_mut().zip(deltas).enumerate() {
-                    let d = if negate { V::default().sub(d) } else { d };
-                    self.apply(w, &mut aux[j * aux_width..(j + 1) * aux_width], d);
-                }
+        } else {
+            let aux_width = UpdateRule::<V>::aux_width(self);
+            for (j, (w, &d)) in weights.iter_mut().zip(deltas).enumerate() {
+                self.apply(w, &mut aux[j * aux_width..(j + 1) * aux_width], d);
             }
         }
     }
@@ -194,7 +182,7 @@ mod tests {
         (w, aux)
     }
 
-    /// Every rule's batch form does what its per-element form does, negated or not.
+    /// Every rule's batch form does what its per-element form does, bit for bit.
     #[test]
     fn applying_a_slice_matches_applying_each_element() {
         let rules = [
@@ -210,23 +198,16 @@ mod tests {
         ];
         let deltas = [0.5f64, -1.5, 0.0, -0.25];
         for rule in rules {
-            for negate in [false, true] {
-                let aw = UpdateRule::<f64>::aux_width(&rule);
-                let start = [0.3f64, 0.3, -0.0, 0.3];
-                let (mut w, mut aux) = (start.to_vec(), vec![0.2f64; 4 * aw]);
-                rule.apply_all(&mut w, &mut aux, &deltas, negate);
-                let (mut ew, mut eaux) = (start.to_vec(), vec![0.2f64; 4 * aw]);
-                for (j, &d) in deltas.iter().enumerate() {
-                    let d = if negate { 0.0 - d } else { d };
-                    rule.apply(&mut ew[j], &mut eaux[j * aw..(j + 1) * aw], d);
-                }
-                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    (bits(&w), bits(&aux)),
-                    (bits(&ew), bits(&eaux)),
-                    "{rule:?} negate={negate}"
-                );
+            let aw = UpdateRule::<f64>::aux_width(&rule);
+            let start = [0.3f64, 0.3, -0.0, 0.3];
+            let (mut w, mut aux) = (start.to_vec(), vec![0.2f64; 4 * aw]);
+            rule.apply_all(&mut w, &mut aux, &deltas);
+            let (mut ew, mut eaux) = (start.to_vec(), vec![0.2f64; 4 * aw]);
+            for (j, &d) in deltas.iter().enumerate() {
+                rule.apply(&mut ew[j], &mut eaux[j * aw..(j + 1) * aw], d);
             }
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!((bits(&w), bits(&aux)), (bits(&ew), bits(&eaux)), "{rule:?}");
         }
     }
 

@@ -492,15 +492,14 @@ fn a_changed_ring_lays_keys_out_around_the_boundaries_of_the_ring_in_force() {
 #[cfg(feature = "mutations")]
 #[test]
 fn the_oracle_catches_an_update_rule_applied_with_the_wrong_sign() {
-    use pserver_core::Mutation;
-    use pserver_models::sim::Invariant;
+    use pserver_models::sim::{Invariant, SimMutation};
     for updater in [SimUpdater::Sgd, SimUpdater::AdaGrad, SimUpdater::Ftrl] {
         for seed in 0..20 {
             let cfg = SimConfig {
                 updater: Some(updater),
                 ..faulty(seed, MODELS[seed as usize % MODELS.len()], lossy())
             };
-            let failure = pserver_models::sim::run_mutated(&cfg, Mutation::WrongSign)
+            let failure = pserver_models::sim::run_mutated(&cfg, SimMutation::WrongSign)
                 .expect_err("a wrong sign must not pass");
             assert_eq!(failure.invariant, Invariant::Oracle, "{failure}");
             assert!(

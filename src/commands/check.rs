@@ -10,8 +10,16 @@ use pserver_models::cluster::{
     check_with, cluster_model,
 };
 
-use super::sim::Protocol;
 use stateright::{Checker, Model};
+
+/// Which protocol the model's nodes run: the real one, or (in a build with the `mutations`
+/// feature) one with a mechanism switched off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Protocol {
+    /// The mechanism switched off, if any.
+    #[cfg(feature = "mutations")]
+    pub mutation: Option<pserver_core::Mutation>,
+}
 
 /// Which model to check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -103,7 +103,7 @@ impl Batch {
 pub struct Protocol {
     /// The mechanism switched off, if any.
     #[cfg(feature = "mutations")]
-    pub mutation: Option<pserver_core::Mutation>,
+    pub mutation: Option<pserver_models::sim::SimMutation>,
 }
 
 impl Protocol {

@@ -31,20 +31,15 @@ pub(super) enum Resend {
 }
 
 impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
-    fn negate(&self) -> bool {
-        mutated!(self, WrongSign)
-    }
-
     /// Applies `entry` to the primary shard it names and streams it to the replicas that are
     /// in step (or queues it, [`Shard::take_step`]); the others catch up from the log or a
     /// copy.
     pub(super) fn commit(&mut self, entry: Replicate<V>, out: &mut Effects<V>) {
-        let negate = self.negate();
         let width = self.cfg.width;
         let Some(shard) = self.shards.get_mut(&entry.range.start()) else {
             return;
         };
-        let steps = shard.take_step(entry, &self.updater, negate, width);
+        let steps = shard.take_step(entry, &self.updater, width);
         let in_step = shard.ship(&steps);
         self.send_steps(&in_step, steps, out);
     }
@@ -268,7 +263,6 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         updates: Vec<Replicate<V>>,
         out: &mut Effects<V>,
     ) {
-        let negate = self.negate();
         let mut acks = Vec::new();
         for entry in updates {
             if entry.span == 0 || entry.span > entry.seq || !self.is_replica_of(from, entry.range) {
@@ -305,7 +299,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             for start in starts {
                 if let Some(shard) = self.shards.get_mut(&start) {
                     if entry.seq - entry.span == shard.seq {
-                        shard.apply_update(&restrict(&entry, shard.range), &self.updater, negate);
+                        shard.apply_update(&restrict(&entry, shard.range), &self.updater);
                     }
                     seq = seq.min(shard.seq);
                 }

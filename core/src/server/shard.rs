@@ -109,14 +109,9 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
     }
 
     /// Carries out one step of the update order (the primary's own, or one it replicated).
-    pub(crate) fn apply_update<U: UpdateRule<V>>(
-        &mut self,
-        entry: &Replicate<V>,
-        updater: &U,
-        negate: bool,
-    ) {
+    pub(crate) fn apply_update<U: UpdateRule<V>>(&mut self, entry: &Replicate<V>, updater: &U) {
         match &entry.update {
-            ShardUpdate::Apply(kvs) => apply_rows(&mut self.store, updater, kvs, negate),
+            ShardUpdate::Apply(kvs) => apply_rows(&mut self.store, updater, kvs),
             ShardUpdate::Buffer { iteration, kvs } => {
                 self.pending
                     .entry(*iteration)
@@ -132,7 +127,7 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
                     if let Some(batch) = self.pending.remove(&iteration) {
                         let width = batch.first().map_or(1, KvPairs::width);
                         let summed = sum_by_key(&batch, width);
-                        apply_rows(&mut self.store, updater, &summed, negate);
+                        apply_rows(&mut self.store, updater, &summed);
                     }
                 }
                 self.applied_below = self.applied_below.max(*below);
@@ -321,7 +316,6 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         &mut self,
         entry: Replicate<V>,
         updater: &U,
-        negate: bool,
         width: usize,
     ) -> Vec<Replicate<V>> {
         let buffered = matches!(entry.update, ShardUpdate::Buffer { .. });
@@ -330,7 +324,7 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         } else {
             self.ship_queued(width)
         };
-        self.apply_update(&entry, updater, negate);
+        self.apply_update(&entry, updater);
         let ShardRole::Primary {
             replicas, queued, ..
         } = &mut self.role
@@ -526,10 +520,9 @@ fn apply_rows<V: Value, U: UpdateRule<V>, S: ParamStore<V>>(
     store: &mut S,
     updater: &U,
     kvs: &KvPairs<V>,
-    negate: bool,
 ) {
     let f = &mut |rows: &mut [V], aux: &mut [V], deltas: &[V]| {
-        updater.apply_all(rows, aux, deltas, negate);
+        updater.apply_all(rows, aux, deltas);
     };
     match kvs.key_range() {
         Some(range) => store.update_range(range, kvs.values(), f),
@@ -588,18 +581,14 @@ mod tests {
             update,
             dedupe: Vec::new(),
         };
-        shard.apply_update(&step(1, ShardUpdate::ApplyBelow(5)), &Updater::Sum, false);
+        shard.apply_update(&step(1, ShardUpdate::ApplyBelow(5)), &Updater::Sum);
         assert_eq!(
             (shard.store.get(1), shard.store.get(2)),
             (Some(&[3][..]), Some(&[7][..]))
         );
         assert_eq!(shard.applied_below, 5);
         assert!(shard.pending.contains_key(&7));
-        shard.apply_update(
-            &step(2, ShardUpdate::ApplyBelow(u32::MAX)),
-            &Updater::Sum,
-            false,
-        );
+        shard.apply_update(&step(2, ShardUpdate::ApplyBelow(u32::MAX)), &Updater::Sum);
         assert_eq!(shard.store.get(1), Some(&[8][..]));
         assert_eq!(shard.applied_below, u32::MAX);
         assert!(shard.pending.is_empty());

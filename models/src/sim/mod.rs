@@ -132,11 +132,16 @@
 //! failure says how ([`SimConfig::replay_command`]).
 
 mod ledger;
+#[cfg(feature = "mutations")]
+mod mutation;
 mod network;
 mod oracle;
 mod rng;
+mod rule;
 mod world;
 
+#[cfg(feature = "mutations")]
+pub use mutation::SimMutation;
 pub use network::Faults;
 pub use rng::SimRng;
 pub use world::run;

@@ -235,7 +235,7 @@ impl World<'_> {
         let mut sc = self.server_config;
         sc.id = node;
         sc.incarnation = self.now + 1;
-        let mut d = Driver::new(Server::new(sc, self.updater.rule()));
+        let mut d = Driver::new(Server::new(sc, self.server_rule));
         #[cfg(feature = "mutations")]
         d.set_mutation(self.mutation);
         d.start(self.now);

@@ -11,6 +11,7 @@ use super::ledger::Ledger;
 use super::network::Network;
 use super::oracle::Oracle;
 use super::rng::SimRng;
+use super::rule::ServerRule;
 use super::{Invariant, MS, SimConfig, SimFailure, SimReport, SimUpdater};
 use pserver_core::Bytes;
 
@@ -116,11 +117,13 @@ struct World<'a> {
     /// Per node, the deadline its pending wake-up is for.
     wakeups: BTreeMap<NodeId, Time>,
     net: Network,
-    nodes: BTreeMap<NodeId, Driver<f64>>,
+    nodes: BTreeMap<NodeId, Driver<f64, ServerRule>>,
     apps: BTreeMap<NodeId, App>,
     ledger: Ledger,
     oracle: Oracle,
     updater: SimUpdater,
+    /// The rule the servers run: the updater's, wrapped under the wrong-sign mutation.
+    server_rule: ServerRule,
     /// With a ring change, the configuration each node starts with (no registration).
     start_configs: BTreeMap<NodeId, ClusterConfig>,
     /// The ring in force: that of the coordinator's configuration (before the first one, that
@@ -169,23 +172,27 @@ fn index_of(keys: &[u64], key: u64) -> usize {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn run(cfg: &SimConfig) -> Result<SimReport, SimFailure> {
-    let mut world = World::new(cfg)?;
+    let mut world = World::new(cfg, false)?;
     world.start()?;
     world.run()
 }
 
-/// Runs one simulation with a deliberately broken protocol on every server and worker, to see
-/// the invariant checks catch it. A failure's replay command names the mutation.
+/// Runs one simulation with a deliberately broken protocol on every server and worker, or
+/// broken update rules on the servers, to see the invariant checks catch it. A failure's
+/// replay command names the mutation.
 #[cfg(feature = "mutations")]
 pub fn run_mutated(
     cfg: &SimConfig,
-    mutation: pserver_core::Mutation,
+    mutation: impl Into<super::SimMutation>,
 ) -> Result<SimReport, SimFailure> {
-    let mut world = World::new(cfg)?;
-    for d in world.nodes.values_mut() {
-        d.set_mutation(Some(mutation));
+    let mutation = mutation.into();
+    let mut world = World::new(cfg, mutation == super::SimMutation::WrongSign)?;
+    if let super::SimMutation::Protocol(m) = mutation {
+        for d in world.nodes.values_mut() {
+            d.set_mutation(Some(m));
+        }
+        world.mutation = Some(m);
     }
-    world.mutation = Some(mutation);
     world.replay = format!("{} --mutation {mutation}", world.replay);
     world.start()?;
     world.run()
@@ -247,10 +254,12 @@ fn ring_change_configs(
 }
 
 impl<'a> World<'a> {
-    fn new(cfg: &'a SimConfig) -> Result<Self, SimFailure> {
+    /// A world whose servers hand their update rule every delta negated if `wrong_sign`.
+    fn new(cfg: &'a SimConfig, wrong_sign: bool) -> Result<Self, SimFailure> {
         cfg.validate().map_err(|e| setup_failure(cfg, e))?;
         let timing = Timing::default();
         let updater = cfg.resolved_updater();
+        let server_rule = ServerRule::new(updater.rule(), wrong_sign);
         let mut job = CoordinatorConfig::new(cfg.coordinator_id(), cfg.servers, cfg.workers);
         job.ring = cfg.ring;
         job.consistency = cfg.consistency;
@@ -285,7 +294,7 @@ impl<'a> World<'a> {
         for id in cfg.server_ids() {
             let mut sc = server_config;
             sc.id = id;
-            nodes.insert(id, Driver::new(Server::new(sc, updater.rule())));
+            nodes.insert(id, Driver::new(Server::new(sc, server_rule)));
         }
         for id in cfg.worker_ids() {
             let mut wc = WorkerConfig::new(id, cfg.coordinator_id());
@@ -323,6 +332,7 @@ impl<'a> World<'a> {
             ledger: Ledger::new(cfg.keys as usize),
             oracle: Oracle::new(updater.rule(), cfg.consistency == Consistency::Sequential),
             updater,
+            server_rule,
             start_configs,
             keys: cfg.key_layout(&ring),
             ring,
@@ -359,7 +369,7 @@ impl<'a> World<'a> {
             .collect()
     }
 
-    pub(super) fn server(&self, id: NodeId) -> Option<&Server<f64>> {
+    pub(super) fn server(&self, id: NodeId) -> Option<&Server<f64, ServerRule>> {
         self.nodes.get(&id).and_then(|d| d.node().as_server())
     }
 
