@@ -17,6 +17,95 @@ use pserver_transport::{Transport, TransportError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::CliError;
+
+/// Measure push and pull throughput and small-request latency over each transport (mem,
+/// tcp, udp; one server and one worker, then two of each, on loopback), with a raw TCP
+/// stream and ping-pong as baselines measured in the same run. Build with --release.
+///
+/// Dense requests carry contiguous keys; sparse ones 1M keys drawn from 2^40 (64K with
+/// --quick); `udp_lossy` drops 0.1% of the datagrams. Every dense measure checks that the
+/// servers end with exactly the pushes sent, and fails otherwise. Prints one `name value
+/// unit` line per measure (GB/s of values, million keys per second, microseconds); --table
+/// adds each figure's ratio to the raw TCP baseline.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Seconds instead of minutes: requests of 1K and 64K values, few repetitions (a smoke
+    /// test of the benchmark itself).
+    #[arg(long)]
+    quick: bool,
+    /// Also print a table with each figure's ratio to the raw TCP baselines.
+    #[arg(long)]
+    table: bool,
+    /// The transports to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "mem,tcp,udp", value_parser = ["mem", "tcp", "udp"])]
+    transports: Vec<String>,
+    /// Only these dense request sizes, comma-separated (values per request); by default all
+    /// of them (1K and 64K with --quick).
+    #[arg(long, value_delimiter = ',', value_parser = ["1K", "64K", "1M", "16M"])]
+    sizes: Vec<String>,
+    /// Only these kinds of measure, comma-separated: dense push/pull, sparse push/pull, small
+    /// round trips; by default all of them. The raw TCP baselines always run.
+    #[arg(long, value_delimiter = ',', value_parser = ["dense", "sparse", "rtt"])]
+    kinds: Vec<String>,
+    /// Only these cluster shapes, comma-separated (servers `s`, workers `w`); by default both.
+    #[arg(long, value_delimiter = ',', value_parser = ["1s1w", "2s2w"])]
+    topologies: Vec<String>,
+}
+
+/// Runs `pserver bench`: prints every measure as it is known, then with `--table` the table of
+/// ratios to the raw TCP baselines.
+pub fn run(args: BenchArgs) -> Result<(), CliError> {
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "warning: a debug build; benchmark figures come from `cargo run --release -- bench`"
+        );
+    }
+    let rt = super::runtime()?;
+    let opts = BenchOptions {
+        quick: args.quick,
+        transports: args.transports,
+        sizes: args.sizes,
+        kinds: args.kinds,
+        topologies: args.topologies,
+    };
+    let measures = rt
+        .block_on(run_bench(&opts, |m| println!("{}", m.line())))
+        .map_err(CliError::failed)?;
+    if args.table {
+        print_table(&measures);
+    }
+    Ok(())
+}
+
+/// Every measure with its ratio to the raw TCP baseline of its unit.
+fn print_table(measures: &[Measure]) {
+    let base = |name: &str| {
+        measures
+            .iter()
+            .find(|m| m.name == name)
+            .map_or(f64::NAN, |m| m.value)
+    };
+    let (stream, ping) = (base("raw_tcp.stream"), base("raw_tcp.ping_pong.p50"));
+    println!();
+    println!(
+        "{:<36} {:>12} {:<7} {:>10}",
+        "measure", "value", "unit", "vs raw TCP"
+    );
+    for m in measures {
+        // Key rates have no byte baseline to compare with.
+        let ratio = match m.unit {
+            "GB/s" => format!("{:.2}x", m.value / stream),
+            "us" => format!("{:.2}x", m.value / ping),
+            _ => "-".to_owned(),
+        };
+        println!(
+            "{:<36} {:>12.4} {:<7} {:>10}",
+            m.name, m.value, m.unit, ratio
+        );
+    }
+}
+
 /// One measured figure.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Measure {
