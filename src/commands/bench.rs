@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::ValueEnum;
+
 use pserver_core::{Consistency, Key, KeyList, KeyRange, KeySelection, KvPairs, NodeId, RangeList};
 use pserver_transport::mem::MemNetwork;
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError, WorkerHandle};
@@ -38,19 +40,19 @@ pub struct BenchArgs {
     #[arg(long)]
     table: bool,
     /// The transports to measure, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "mem,tcp,udp", value_parser = ["mem", "tcp", "udp"])]
-    transports: Vec<String>,
+    #[arg(long, value_delimiter = ',', default_value = "mem,tcp,udp")]
+    transports: Vec<Wire>,
     /// Only these dense request sizes, comma-separated (values per request); by default all
     /// of them (1K and 64K with --quick).
-    #[arg(long, value_delimiter = ',', value_parser = ["1K", "64K", "1M", "16M"])]
-    sizes: Vec<String>,
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<DenseSize>,
     /// Only these kinds of measure, comma-separated: dense push/pull, sparse push/pull, small
     /// round trips; by default all of them. The raw TCP baselines always run.
-    #[arg(long, value_delimiter = ',', value_parser = ["dense", "sparse", "rtt"])]
-    kinds: Vec<String>,
+    #[arg(long, value_delimiter = ',')]
+    kinds: Vec<Kind>,
     /// Only these cluster shapes, comma-separated (servers `s`, workers `w`); by default both.
-    #[arg(long, value_delimiter = ',', value_parser = ["1s1w", "2s2w"])]
-    topologies: Vec<String>,
+    #[arg(long, value_delimiter = ',')]
+    topologies: Vec<Topology>,
 }
 
 /// Runs `pserver bench`: prints every measure as it is known, then with `--table` the table of
@@ -124,48 +126,125 @@ impl Measure {
     }
 }
 
-/// The transports `pserver bench` measures.
-pub const TRANSPORTS: [&str; 3] = ["mem", "tcp", "udp"];
+// The choices of the options below have no help of their own (`help = None`), so that
+// `--help` lists their names on one line after the option's own explanation.
+
+/// A transport `pserver bench` measures.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    /// Channels inside the process.
+    #[value(help = None)]
+    Mem,
+    /// Authenticated TCP connections on loopback.
+    #[value(help = None)]
+    Tcp,
+    /// UDP datagrams on loopback.
+    #[value(help = None)]
+    Udp,
+}
+
+/// The size of the requests of a dense measure.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenseSize {
+    /// 1K values per request.
+    #[value(name = "1K", help = None)]
+    K1,
+    /// 64K values per request.
+    #[value(name = "64K", help = None)]
+    K64,
+    /// 1M values per request.
+    #[value(name = "1M", help = None)]
+    M1,
+    /// 16M values per request.
+    #[value(name = "16M", help = None)]
+    M16,
+}
+
+impl DenseSize {
+    /// Values per request.
+    pub fn values(self) -> usize {
+        match self {
+            DenseSize::K1 => 1 << 10,
+            DenseSize::K64 => 64 << 10,
+            DenseSize::M1 => 1 << 20,
+            DenseSize::M16 => 16 << 20,
+        }
+    }
+}
+
+/// A kind of measure.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Dense push and pull: contiguous keys.
+    #[value(help = None)]
+    Dense,
+    /// Sparse push and pull: keys drawn at random from 2^40.
+    #[value(help = None)]
+    Sparse,
+    /// Round trips of 1-key pushes, one at a time.
+    #[value(help = None)]
+    Rtt,
+}
+
+/// The shape of a measured cluster.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topology {
+    /// One server and one worker.
+    #[value(name = "1s1w", help = None)]
+    OneEach,
+    /// Two servers and two workers.
+    #[value(name = "2s2w", help = None)]
+    TwoEach,
+}
+
+impl Topology {
+    /// Servers and workers.
+    fn shape(self) -> (usize, usize) {
+        match self {
+            Topology::OneEach => (1, 1),
+            Topology::TwoEach => (2, 2),
+        }
+    }
+}
+
+/// How `choice` is spelled on the command line, which is how measure names spell it too.
+fn spelled<T: ValueEnum>(choice: T) -> String {
+    choice
+        .to_possible_value()
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default()
+}
 
 /// What to measure.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchOptions {
     /// Seconds rather than minutes: small requests only, few repetitions.
     pub quick: bool,
-    /// Which of [`TRANSPORTS`] to measure.
-    pub transports: Vec<String>,
-    /// Only the dense sizes of these names (`1K`, `64K`, `1M`, `16M`); all when empty.
-    pub sizes: Vec<String>,
-    /// Only these kinds of measure (`dense`, `sparse`, `rtt`); all when empty.
-    pub kinds: Vec<String>,
-    /// Only these cluster shapes (`1s1w`, `2s2w`); both when empty.
-    pub topologies: Vec<String>,
+    /// The transports to measure, in this order.
+    pub transports: Vec<Wire>,
+    /// Only the dense measures of these sizes; all when empty.
+    pub sizes: Vec<DenseSize>,
+    /// Only these kinds of measure; all when empty.
+    pub kinds: Vec<Kind>,
+    /// Only these cluster shapes; both when empty.
+    pub topologies: Vec<Topology>,
 }
 
-impl BenchOptions {
-    /// Whether `item` is among `only`, which stands for everything when empty.
-    fn wants(only: &[String], item: &str) -> bool {
-        only.is_empty() || only.iter().any(|o| o == item)
-    }
+/// Whether `item` is among `only`, which stands for everything when empty.
+fn wants<T: PartialEq>(only: &[T], item: T) -> bool {
+    only.is_empty() || only.contains(&item)
 }
 
-/// Values per request of the dense measures, with their short names.
-fn dense_sizes(quick: bool, only: &[String]) -> Vec<(usize, &'static str)> {
+/// The sizes of the dense measures: those in `only`, or by default all of them (the two
+/// smallest when `quick`).
+fn dense_sizes(quick: bool, only: &[DenseSize]) -> Vec<DenseSize> {
+    let sizes = DenseSize::value_variants().iter().copied();
     if !only.is_empty() {
-        return dense_sizes(false, &[])
-            .into_iter()
-            .filter(|(_, name)| only.iter().any(|o| o == name))
-            .collect();
-    }
-    if quick {
-        vec![(1 << 10, "1K"), (64 << 10, "64K")]
+        sizes.filter(|s| only.contains(s)).collect()
+    } else if quick {
+        sizes.take(2).collect()
     } else {
-        vec![
-            (1 << 10, "1K"),
-            (64 << 10, "64K"),
-            (1 << 20, "1M"),
-            (16 << 20, "16M"),
-        ]
+        sizes.collect()
     }
 }
 
@@ -178,9 +257,6 @@ pub enum BenchError {
     /// A socket of the raw baselines failed.
     #[error("raw TCP baseline: {0}")]
     Io(#[from] std::io::Error),
-    /// A transport name outside [`TRANSPORTS`].
-    #[error("`{0}` is not a transport: expected mem, tcp or udp")]
-    UnknownTransport(String),
     /// The servers did not end with exactly what was pushed.
     #[error("{0}")]
     Inexact(String),
@@ -206,29 +282,27 @@ pub async fn run_bench(
     for m in raw_tcp(opts.quick).await? {
         emit(m);
     }
-    for wire in &opts.transports {
-        if !TRANSPORTS.contains(&wire.as_str()) {
-            return Err(BenchError::UnknownTransport(wire.clone()));
-        }
-        for (servers, workers) in TOPOLOGIES {
-            let shape = format!("{servers}s{workers}w");
-            if !BenchOptions::wants(&opts.topologies, &shape) {
+    for &wire in &opts.transports {
+        for &topology in Topology::value_variants() {
+            if !wants(&opts.topologies, topology) {
                 continue;
             }
+            let (servers, workers) = topology.shape();
             let mut spec = ClusterSpec::new(servers, workers);
             spec.consistency = Consistency::Eventual;
             let cluster = start(&spec, wire, 0.0).await?;
             for w in &cluster.workers {
                 w.ready().await?;
             }
-            let prefix = format!("{wire}.{shape}");
-            let sizes = if BenchOptions::wants(&opts.kinds, "dense") {
+            let prefix = format!("{}.{}", spelled(wire), spelled(topology));
+            let sizes = if wants(&opts.kinds, Kind::Dense) {
                 dense_sizes(opts.quick, &opts.sizes)
             } else {
                 Vec::new()
             };
-            for (size, name) in sizes {
-                let (push, pull) = match dense(&cluster.workers, size, opts.quick, &prefix).await {
+            for size in sizes {
+                let figures = dense(&cluster.workers, size.values(), opts.quick, &prefix).await;
+                let (push, pull) = match figures {
                     Ok(figures) => figures,
                     // Reported, and the transport's larger requests are skipped: they would
                     // not finish either.
@@ -238,11 +312,12 @@ pub async fn run_bench(
                     }
                     Err(e) => return Err(e),
                 };
-                for m in push_and_pull_measures(&prefix, "dense", name, (push, pull), "GB/s") {
+                let size = spelled(size);
+                for m in push_and_pull_measures(&prefix, "dense", &size, (push, pull), "GB/s") {
                     emit(m);
                 }
             }
-            if BenchOptions::wants(&opts.kinds, "sparse") {
+            if wants(&opts.kinds, Kind::Sparse) {
                 let (keys, name) = if opts.quick {
                     (64 << 10, "64K")
                 } else {
@@ -259,7 +334,7 @@ pub async fn run_bench(
                     Err(e) => return Err(e),
                 }
             }
-            if BenchOptions::wants(&opts.kinds, "rtt") {
+            if wants(&opts.kinds, Kind::Rtt) {
                 let requests = if opts.quick { 200 } else { 10_000 };
                 let (p50, p99) = round_trips(&cluster.workers[0], requests).await?;
                 emit(Measure {
@@ -275,9 +350,9 @@ pub async fn run_bench(
             }
             cluster.shutdown().await?;
         }
-        let lossy_wanted = BenchOptions::wants(&opts.kinds, "dense")
-            && BenchOptions::wants(&opts.topologies, "1s1w");
-        if wire == "udp" && lossy_wanted {
+        let lossy_wanted =
+            wants(&opts.kinds, Kind::Dense) && wants(&opts.topologies, Topology::OneEach);
+        if wire == Wire::Udp && lossy_wanted {
             emit_lossy(opts, &mut emit).await?;
         }
     }
@@ -313,7 +388,7 @@ async fn emit_lossy(opts: &BenchOptions, emit: &mut impl FnMut(Measure)) -> Resu
     };
     let mut spec = ClusterSpec::new(1, 1);
     spec.consistency = Consistency::Eventual;
-    let cluster = start(&spec, "udp", LOSSY_DROP).await?;
+    let cluster = start(&spec, Wire::Udp, LOSSY_DROP).await?;
     cluster.workers[0].ready().await?;
     let prefix = "udp_lossy.1s1w";
     match dense(&cluster.workers, size, opts.quick, prefix).await {
@@ -329,12 +404,9 @@ async fn emit_lossy(opts: &BenchOptions, emit: &mut impl FnMut(Measure)) -> Resu
     Ok(())
 }
 
-/// The cluster shapes measured: (servers, workers).
-const TOPOLOGIES: [(usize, usize); 2] = [(1, 1), (2, 2)];
-
 /// A cluster over `wire` on loopback.
-async fn start(spec: &ClusterSpec, wire: &str, drop: f64) -> Result<LocalCluster<f32>, BenchError> {
-    if wire == "mem" {
+async fn start(spec: &ClusterSpec, wire: Wire, drop: f64) -> Result<LocalCluster<f32>, BenchError> {
+    if wire == Wire::Mem {
         return Ok(LocalCluster::start(spec, &MemNetwork::reliable())?);
     }
     let transports = bind_transports(spec, wire, drop)
@@ -348,12 +420,12 @@ async fn start(spec: &ClusterSpec, wire: &str, drop: f64) -> Result<LocalCluster
     })?)
 }
 
-/// A transport over `wire` for every node of `spec`, each on its own loopback port. Every
-/// socket is bound before the peer tables are built and handed to its transport as it is, so
-/// no other socket can take a port in between.
+/// A transport over `wire` (TCP, else UDP) for every node of `spec`, each on its own loopback
+/// port. Every socket is bound before the peer tables are built and handed to its transport
+/// as it is, so no other socket can take a port in between.
 async fn bind_transports(
     spec: &ClusterSpec,
-    wire: &str,
+    wire: Wire,
     drop: f64,
 ) -> Result<BTreeMap<NodeId, Arc<dyn Transport>>, TransportError> {
     enum Bound {
@@ -367,7 +439,7 @@ async fn bind_transports(
     let mut addrs = BTreeMap::new();
     let mut bound = Vec::new();
     for id in spec.node_ids() {
-        let (socket, addr) = if wire == "tcp" {
+        let (socket, addr) = if wire == Wire::Tcp {
             let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(probe)?;
             let addr = l.local_addr().map_err(probe)?;
             (Bound::Tcp(l), addr)

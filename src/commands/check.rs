@@ -31,7 +31,13 @@ pub struct CheckArgs {
     /// joins at any point and takes a range over) or clock (the range vector clock). The shape
     /// options change the replication model's shape too; giving --servers, --crashes, --joins
     /// or --replicas checks the one configuration they describe.
-    #[arg(long, default_value = "cluster")]
+    // The help above explains every model; clap's list of them would only repeat it.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "cluster",
+        hide_possible_values = true
+    )]
     model: ModelName,
     /// Explore breadth first (the default; shortest counterexamples, most memory).
     #[arg(long, group = "strategy")]
@@ -224,7 +230,7 @@ pub fn run(args: CheckArgs) -> Result<(), CliError> {
 }
 
 /// Which model to check.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModelName {
     /// The whole protocol: coordinator, servers, workers.
     Cluster,
@@ -233,21 +239,6 @@ pub enum ModelName {
     Replication,
     /// The range vector clock against a per-key clock.
     Clock,
-}
-
-impl std::str::FromStr for ModelName {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "cluster" => Ok(ModelName::Cluster),
-            "replication" => Ok(ModelName::Replication),
-            "clock" => Ok(ModelName::Clock),
-            _ => Err(format!(
-                "unknown model `{s}`: expected cluster, replication or clock"
-            )),
-        }
-    }
 }
 
 /// The result of a whole `pserver check` run.

@@ -32,6 +32,8 @@ use pserver_transport::runtime::ClusterSpec;
 use pserver_transport::tcp::{Secret, TcpConfig};
 use pserver_transport::udp::UdpConfig;
 use serde::Deserialize;
+use serde::de::value::StrDeserializer;
+use serde::de::{DeserializeOwned, Deserializer, IntoDeserializer};
 use thiserror::Error;
 
 use super::script::Script;
@@ -96,8 +98,8 @@ struct Raw {
     #[serde(default = "default_consistency")]
     consistency: String,
     secret_file: Option<PathBuf>,
-    #[serde(default = "default_transport")]
-    transport: String,
+    #[serde(default)]
+    transport: Choice<ProcessWire>,
     #[serde(default)]
     ring: RawRing,
     #[serde(default)]
@@ -108,10 +110,6 @@ struct Raw {
 
 fn default_consistency() -> String {
     "sequential".into()
-}
-
-fn default_transport() -> String {
-    "tcp".into()
 }
 
 #[derive(Debug, Deserialize)]
@@ -141,8 +139,8 @@ impl Default for RawRing {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawJob {
-    #[serde(default = "default_app")]
-    app: String,
+    #[serde(default)]
+    app: Choice<App>,
     #[serde(default = "default_keys")]
     keys: u64,
     #[serde(default = "default_iterations")]
@@ -163,8 +161,46 @@ struct RawJob {
     l2: f64,
 }
 
-fn default_app() -> String {
-    "script".into()
+/// What the workers of a cluster run (`app` of the `[job]` table).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum App {
+    #[default]
+    Script,
+    Lr,
+}
+
+/// A field whose value is one of a fixed set of names, those of `T`'s variants; or else what
+/// the file says instead, so that the error can name the field and say what it accepts.
+#[derive(Debug, PartialEq, Eq)]
+enum Choice<T> {
+    Known(T),
+    Other(String),
+}
+
+impl<T> Choice<T> {
+    /// The choice made, or what the file says instead.
+    fn known(self) -> Result<T, String> {
+        match self {
+            Choice::Known(t) => Ok(t),
+            Choice::Other(s) => Err(s),
+        }
+    }
+}
+
+impl<T: Default> Default for Choice<T> {
+    fn default() -> Self {
+        Choice::Known(T::default())
+    }
+}
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Choice<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        let as_variant: StrDeserializer<'_, serde::de::value::Error> =
+            name.as_str().into_deserializer();
+        Ok(T::deserialize(as_variant).map_or(Choice::Other(name), Choice::Known))
+    }
 }
 
 fn default_epochs() -> u32 {
@@ -218,7 +254,7 @@ fn default_iterations() -> u32 {
 impl Default for RawJob {
     fn default() -> Self {
         RawJob {
-            app: default_app(),
+            app: Choice::default(),
             keys: default_keys(),
             iterations: default_iterations(),
             compute_ms: 0,
@@ -237,8 +273,27 @@ impl Default for RawJob {
 #[serde(deny_unknown_fields)]
 struct RawNode {
     id: u32,
-    role: String,
+    role: Choice<NodeRole>,
     address: String,
+}
+
+/// A node's `role`; core's [`Role`] is spelled with capitals in serde's formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum NodeRole {
+    Coordinator,
+    Server,
+    Worker,
+}
+
+impl From<NodeRole> for Role {
+    fn from(role: NodeRole) -> Self {
+        match role {
+            NodeRole::Coordinator => Role::Coordinator,
+            NodeRole::Server => Role::Server,
+            NodeRole::Worker => Role::Worker,
+        }
+    }
 }
 
 /// A validated cluster file.
@@ -264,9 +319,11 @@ pub struct ClusterFile {
 }
 
 /// The transport a cluster file names (`transport = "tcp"` or `"udp"`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ProcessWire {
     /// Authenticated TCP connections.
+    #[default]
     Tcp,
     /// UDP datagrams, each with a MAC from the shared secret.
     Udp,
@@ -297,36 +354,31 @@ impl ClusterFile {
             .consistency
             .parse()
             .map_err(|e| invalid("consistency", format!("{e}")))?;
-        let transport = match raw.transport.as_str() {
-            "tcp" => ProcessWire::Tcp,
-            "udp" => ProcessWire::Udp,
-            other => {
-                return Err(invalid(
-                    "transport",
-                    format!(
-                        "`{other}` is not a transport for separate processes: use \"tcp\" or \"udp\" (`pserver local` runs the in-memory one)"
-                    ),
-                ));
-            }
-        };
+        let transport = raw.transport.known().map_err(|other| {
+            invalid(
+                "transport",
+                format!(
+                    "`{other}` is not a transport for separate processes: use \"tcp\" or \"udp\" (`pserver local` runs the in-memory one)"
+                ),
+            )
+        })?;
         if raw.cluster_id.is_empty() || raw.cluster_id.len() > 256 {
             return Err(invalid("cluster_id", "must be 1 to 256 bytes long".into()));
         }
         let mut addresses = BTreeMap::new();
         let mut roles = BTreeMap::new();
-        for (i, node) in raw.nodes.iter().enumerate() {
+        for (i, node) in raw.nodes.into_iter().enumerate() {
             let field = |name: &str| format!("node[{i}].{name}");
-            let role = match node.role.as_str() {
-                "coordinator" => Role::Coordinator,
-                "server" => Role::Server,
-                "worker" => Role::Worker,
-                other => {
-                    return Err(invalid(
+            let role: Role = node
+                .role
+                .known()
+                .map_err(|other| {
+                    invalid(
                         &field("role"),
                         format!("`{other}` is not coordinator, server or worker"),
-                    ));
-                }
-            };
+                    )
+                })?
+                .into();
             let address: SocketAddr = node.address.parse().map_err(|_| {
                 invalid(
                     &field("address"),
@@ -393,9 +445,15 @@ impl ClusterFile {
             Some(dir) if f.is_relative() => dir.join(f),
             _ => f,
         };
-        let job = match raw.job.app.as_str() {
-            "script" => Job::Script,
-            "lr" => {
+        let app = raw.job.app.known().map_err(|other| {
+            invalid(
+                "job.app",
+                format!("`{other}` is not a job: expected \"script\" or \"lr\""),
+            )
+        })?;
+        let job = match app {
+            App::Script => Job::Script,
+            App::Lr => {
                 let data = raw.job.data.clone().map(relative).ok_or_else(|| {
                     invalid("job.data", "an lr job needs the training data file".into())
                 })?;
@@ -418,12 +476,6 @@ impl ClusterFile {
                         transport: crate::apps::lr::Wire::Tcp,
                     },
                 })
-            }
-            other => {
-                return Err(invalid(
-                    "job.app",
-                    format!("`{other}` is not a job: expected \"script\" or \"lr\""),
-                ));
             }
         };
         spec.driver::<i64>(layout.coordinator())
@@ -598,5 +650,24 @@ address = "127.0.0.1:7402"
         let swapped = GOOD.replace("id = 1", "id = 9");
         let e = parse(&swapped).unwrap_err().to_string();
         assert!(e.contains("node ids must be"), "{e}");
+        let bad_app = GOOD.replace("keys = 10", "app = \"nn\"\nkeys = 10");
+        let e = parse(&bad_app).unwrap_err().to_string();
+        assert!(e.starts_with("/etc/pserver/c.toml: job.app: `nn`"), "{e}");
+        let not_a_name = GOOD.replace("\"worker\"", "3");
+        let e = parse(&not_a_name).unwrap_err().to_string();
+        assert!(
+            e.contains("line 18") && e.contains("expected a string"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_job_runs_the_script_unless_it_names_lr() {
+        assert_eq!(parse(GOOD).unwrap().job, Job::Script);
+        let lr = GOOD.replace("keys = 10", "app = \"lr\"\ndata = \"t.svm\"\nkeys = 10");
+        let Job::Lr(job) = parse(&lr).unwrap().job else {
+            panic!("not an lr job");
+        };
+        assert_eq!(job.data, PathBuf::from("/etc/pserver/t.svm"));
     }
 }

@@ -7,7 +7,7 @@ use indicatif::ProgressBar;
 use pserver_core::{Consistency, Updater};
 use tokio::runtime::Runtime;
 
-use super::TrainArgs;
+use super::{TrainArgs, Transport, UpdateRule};
 use crate::apps::lr::{LrConfig, Trained, Wire, save_model, train_local_until};
 use crate::apps::plot::{Curve, write_svg};
 use crate::commands::{CliError, runtime};
@@ -71,23 +71,22 @@ fn config(args: &TrainArgs, consistency: Consistency) -> LrConfig {
         consistency,
         epochs: args.epochs,
         batch: args.batch,
-        updater: match args.updater.as_str() {
-            "adagrad" => Updater::AdaGrad {
+        updater: match args.updater {
+            UpdateRule::Adagrad => Updater::AdaGrad {
                 lr: args.lr,
                 eps: 1e-6,
             },
-            "sgd" => Updater::Sgd { lr: args.lr },
-            _ => Updater::FtrlProximal {
+            UpdateRule::Sgd => Updater::Sgd { lr: args.lr },
+            UpdateRule::Ftrl => Updater::FtrlProximal {
                 alpha: args.alpha,
                 beta: 1.0,
                 l1: args.l1,
                 l2: args.l2,
             },
         },
-        transport: if args.transport == "tcp" {
-            Wire::Tcp
-        } else {
-            Wire::Mem
+        transport: match args.transport {
+            Transport::Mem => Wire::Mem,
+            Transport::Tcp => Wire::Tcp,
         },
     }
 }

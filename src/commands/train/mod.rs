@@ -65,11 +65,11 @@ pub struct TrainArgs {
     batch: usize,
     /// How the nodes of this process talk: mem (channels) or tcp (authenticated connections
     /// on 127.0.0.1). For separate processes, see `pserver coordinator | server | worker`.
-    #[arg(long, default_value = "mem", value_parser = ["mem", "tcp"])]
-    transport: String,
+    #[arg(long, value_enum, default_value = "mem")]
+    transport: Transport,
     /// The servers' update rule: ftrl (FTRL-Proximal, sparse), adagrad or sgd.
-    #[arg(long, default_value = "ftrl", value_parser = ["ftrl", "adagrad", "sgd"])]
-    updater: String,
+    #[arg(long, value_enum, default_value = "ftrl")]
+    updater: UpdateRule,
     /// Learning rate of adagrad and sgd.
     #[arg(long, default_value_t = 0.1)]
     lr: f64,
@@ -93,6 +93,24 @@ enum App {
     Mf,
     /// A count-min sketch of a generated stream, checked against exact counts.
     Sketch,
+}
+
+// The variants below have no doc comment: clap would print it under the option, whose own
+// help already explains each choice.
+
+/// How the nodes of a training run talk.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Transport {
+    Mem,
+    Tcp,
+}
+
+/// The servers' update rule.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum UpdateRule {
+    Ftrl,
+    Adagrad,
+    Sgd,
 }
 
 /// Runs `pserver train`: trains the chosen application and prints how it went.
