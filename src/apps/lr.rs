@@ -446,11 +446,7 @@ pub async fn train_local_until(
         })
         .collect();
     drop(tx);
-    let mut losses: Vec<(f64, usize, usize)> = vec![(0.0, 0, 0); cfg.epochs as usize + 1];
-    let mut models = vec![None; cfg.epochs as usize + 1];
-    let mut reports = Vec::new();
-    let mut last_model = None;
-    let mut next = 1;
+    let mut epochs = Epochs::new(cfg);
     let mut stop = std::pin::pin!(stop);
     loop {
         let note = tokio::select! {
@@ -462,19 +458,51 @@ pub async fn train_local_until(
                     t.abort();
                 }
                 drop(cluster);
-                let model = match last_model {
-                    Some(m) => m,
-                    None => KvPairs::empty(1).map_err(config)?,
-                };
-                return Ok(Trained { reports, model });
+                return epochs.trained();
             }
         };
         let Some(note) = note else {
             break;
         };
+        epochs.note(note);
+        while let Some(report) = epochs.next_report(began, bytes_sent()) {
+            on_epoch(report);
+        }
+    }
+    for t in tasks {
+        t.await.map_err(|_| RuntimeError::ShutDown)??;
+    }
+    cluster.shutdown().await?;
+    epochs.trained()
+}
+
+/// What the workers have said about each epoch. An epoch's report is made once every worker's
+/// loss and the first worker's measurement of the model are in, in epoch order.
+struct Epochs {
+    workers: usize,
+    /// Per epoch (from 1): summed loss, rows and workers that reported.
+    losses: Vec<(f64, usize, usize)>,
+    /// Per epoch (from 1): test log loss, test AUC and non-zero weights.
+    models: Vec<Option<(f64, f64, usize)>>,
+    last_model: Option<KvPairs<f32>>,
+    reports: Vec<EpochReport>,
+}
+
+impl Epochs {
+    fn new(cfg: &LrConfig) -> Self {
+        Epochs {
+            workers: cfg.workers,
+            losses: vec![(0.0, 0, 0); cfg.epochs as usize + 1],
+            models: vec![None; cfg.epochs as usize + 1],
+            last_model: None,
+            reports: Vec::new(),
+        }
+    }
+
+    fn note(&mut self, note: Note) {
         match note {
             Note::Loss { epoch, loss, rows } => {
-                let slot = &mut losses[epoch as usize];
+                let slot = &mut self.losses[epoch as usize];
                 slot.0 += loss;
                 slot.1 += rows;
                 slot.2 += 1;
@@ -486,41 +514,44 @@ pub async fn train_local_until(
                 nnz,
                 weights,
             } => {
-                models[epoch as usize] = Some((test_logloss, test_auc, nnz));
-                last_model = Some(weights);
+                self.models[epoch as usize] = Some((test_logloss, test_auc, nnz));
+                self.last_model = Some(weights);
             }
         }
-        while next <= cfg.epochs {
-            let (loss, rows, workers) = losses[next as usize];
-            let Some((test_logloss, test_auc, nnz)) = models[next as usize] else {
-                break;
-            };
-            if workers < cfg.workers {
-                break;
-            }
-            let report = EpochReport {
-                epoch: next,
-                train_logloss: loss / rows.max(1) as f64,
-                test_logloss,
-                test_auc,
-                nnz,
-                secs: began.elapsed().as_secs_f64(),
-                bytes_sent: bytes_sent(),
-            };
-            on_epoch(&report);
-            reports.push(report);
-            next += 1;
+    }
+
+    /// The report of the next epoch, if everything about it is in; `began` and `bytes_sent`
+    /// are when training began and what the nodes have sent so far.
+    fn next_report(&mut self, began: Instant, bytes_sent: u64) -> Option<&EpochReport> {
+        let next = self.reports.len() + 1;
+        let (loss, rows, workers) = *self.losses.get(next)?;
+        let (test_logloss, test_auc, nnz) = (*self.models.get(next)?)?;
+        if workers < self.workers {
+            return None;
         }
+        self.reports.push(EpochReport {
+            epoch: next as u32,
+            train_logloss: loss / rows.max(1) as f64,
+            test_logloss,
+            test_auc,
+            nnz,
+            secs: began.elapsed().as_secs_f64(),
+            bytes_sent,
+        });
+        self.reports.last()
     }
-    for t in tasks {
-        t.await.map_err(|_| RuntimeError::ShutDown)??;
+
+    /// The epochs reported so far and the model of the last one measured.
+    fn trained(self) -> Result<Trained, RuntimeError> {
+        let model = match self.last_model {
+            Some(m) => m,
+            None => KvPairs::empty(1).map_err(config)?,
+        };
+        Ok(Trained {
+            reports: self.reports,
+            model,
+        })
     }
-    cluster.shutdown().await?;
-    let model = match last_model {
-        Some(m) => m,
-        None => KvPairs::empty(1).map_err(config)?,
-    };
-    Ok(Trained { reports, model })
 }
 
 /// The first bytes of a saved model file.

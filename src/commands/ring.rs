@@ -5,6 +5,52 @@ use std::fmt::Write as _;
 
 use pserver_core::{NodeId, Ring, RingConfig, RingError};
 
+use super::CliError;
+
+/// Show how a ring spreads the key space over servers, and what joining or leaving moves.
+///
+/// Prints one `name value unit` line per measure: each server's primary share of the key
+/// space, the number of segments, the imbalance (largest share over the mean), and with
+/// --add or --remove the share of keys that would change primary.
+#[derive(clap::Args, Debug)]
+pub struct RingArgs {
+    /// Number of servers (ids 0..N).
+    #[arg(long, default_value_t = 8)]
+    servers: u32,
+    /// Virtual nodes per server: more even out the shares, at the cost of more segments.
+    #[arg(long, default_value_t = 64)]
+    vnodes: u32,
+    /// Replicas per key range besides the primary; must be smaller than --servers.
+    #[arg(long, default_value_t = 1)]
+    replicas: u32,
+    /// Seed of the point placement (every node of a cluster uses the same one).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Preview adding a server with this id.
+    #[arg(long, value_name = "ID", conflicts_with = "remove")]
+    add: Option<u32>,
+    /// Preview removing the server with this id.
+    #[arg(long, value_name = "ID")]
+    remove: Option<u32>,
+}
+
+/// Runs `pserver ring`: prints the [`report`] of the ring the arguments describe.
+pub fn run(args: RingArgs) -> Result<(), CliError> {
+    let config = RingConfig {
+        vnodes: args.vnodes,
+        replicas: args.replicas,
+        seed: args.seed,
+    };
+    let change = match (args.add, args.remove) {
+        (Some(id), _) => Some(Change::Add(NodeId(id))),
+        (_, Some(id)) => Some(Change::Remove(NodeId(id))),
+        _ => None,
+    };
+    let text = report(args.servers, config, change).map_err(CliError::input)?;
+    print!("{text}");
+    Ok(())
+}
+
 /// The fraction of the key space `keys` stands for.
 fn fraction(keys: u64) -> f64 {
     keys as f64 / u64::MAX as f64

@@ -1,52 +1,16 @@
-//! `pserver check`: the model checker over the protocol's stateright models.
+//! Running the model checker over the models and writing its verdicts.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use pserver_core::Consistency;
 use pserver_models::ClockModel;
 use pserver_models::cluster::{
-    CheckReport, ClusterModel, ClusterModelConfig, NetworkKind, Strategy, check_cluster_model,
-    check_with, cluster_model,
+    CheckReport, ClusterModel, ClusterModelConfig, Strategy, check_cluster_model, check_with,
+    cluster_model,
 };
-
 use stateright::{Checker, Model};
 
-/// Which protocol the model's nodes run: the real one, or (in a build with the `mutations`
-/// feature) one with a mechanism switched off.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Protocol {
-    /// The mechanism switched off, if any.
-    #[cfg(feature = "mutations")]
-    pub mutation: Option<pserver_core::Mutation>,
-}
-
-/// Which model to check.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ModelName {
-    /// The whole protocol: coordinator, servers, workers.
-    Cluster,
-    /// The whole protocol with key ranges copied between servers: fail-over after a server
-    /// crash, and a server joining.
-    Replication,
-    /// The range vector clock against a per-key clock.
-    Clock,
-}
-
-impl std::str::FromStr for ModelName {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "cluster" => Ok(ModelName::Cluster),
-            "replication" => Ok(ModelName::Replication),
-            "clock" => Ok(ModelName::Clock),
-            _ => Err(format!(
-                "unknown model `{s}`: expected cluster, replication or clock"
-            )),
-        }
-    }
-}
+use super::{ModelName, Protocol};
 
 /// The result of a whole `pserver check` run.
 #[derive(Debug, Default)]
@@ -124,55 +88,12 @@ pub fn describe_config(cfg: &ClusterModelConfig) -> String {
     line
 }
 
-/// What `pserver check` checks when no shape is given: each configuration is there for a part
-/// of the protocol the others do not reach.
-///
-/// - sequential on the lossy network: retransmission and de-duplication;
-/// - sequential on the lossy network, one worker over 2 iterations, with backoff: doubling
-///   retransmission timeouts;
-/// - bounded:1 on the ordered network over 2 iterations: pulls held back under bounded delay;
-/// - sequential on the lossy network with a ring change: redirects and re-slicing under loss
-///   and duplication;
-/// - bounded:1 on the ordered network over 2 iterations with a ring change: redirects while
-///   pulls are held back.
-pub fn default_suite() -> Vec<ClusterModelConfig> {
-    let base = ClusterModelConfig {
-        keys: 1,
-        iterations: 1,
-        ..ClusterModelConfig::default()
-    };
-    let bounded_ordered = ClusterModelConfig {
-        consistency: Consistency::BoundedDelay(1),
-        network: NetworkKind::Ordered,
-        iterations: 2,
-        ..base.clone()
-    };
-    vec![
-        base.clone(),
-        ClusterModelConfig {
-            workers: 1,
-            iterations: 2,
-            backoff: true,
-            ..base.clone()
-        },
-        bounded_ordered.clone(),
-        ClusterModelConfig {
-            ring_change: true,
-            ..base
-        },
-        ClusterModelConfig {
-            ring_change: true,
-            ..bounded_ordered
-        },
-    ]
-}
-
 /// The cluster model of `cfg`, running `protocol`.
 fn model_of(cfg: ClusterModelConfig, protocol: Protocol) -> Result<ClusterModel, String> {
     #[allow(unused_mut)]
     let mut model = cluster_model(cfg).map_err(|e| e.to_string())?;
     #[cfg(feature = "mutations")]
-    if let Some(m) = protocol.mutation {
+    if let Some(pserver_models::sim::SimMutation::Protocol(m)) = protocol.mutation {
         pserver_models::cluster::mutate(&mut model, m);
     }
     let _ = protocol;
@@ -230,18 +151,11 @@ where
     }
 }
 
-/// The default consistency models `pserver check` runs: sequential and bounded:1.
-pub fn default_models() -> Vec<Consistency> {
-    vec![Consistency::Sequential, Consistency::BoundedDelay(1)]
-}
-
-/// Parses `ordered` or `lossy`.
-pub fn network(s: &str) -> Result<NetworkKind, String> {
-    s.parse()
-}
-
 #[cfg(test)]
 mod tests {
+    use pserver_models::cluster::NetworkKind;
+
+    use super::super::default_models;
     use super::*;
 
     #[test]
@@ -273,37 +187,6 @@ mod tests {
 
     /// What each configuration of the default suite is there for; the model's tests show
     /// that these shapes reach it.
-    #[test]
-    fn the_default_suite_holds_back_pulls_under_bounded_delay_changes_the_ring_and_backs_off() {
-        let suite = default_suite();
-        assert!(
-            suite
-                .iter()
-                .any(|c| c.consistency == Consistency::BoundedDelay(1)
-                    && c.iterations >= 2
-                    && !c.ring_change)
-        );
-        assert!(
-            suite
-                .iter()
-                .any(|c| c.ring_change && c.network == NetworkKind::Lossy)
-        );
-        assert!(suite.iter().any(|c| c.ring_change
-            && c.consistency == Consistency::BoundedDelay(1)
-            && c.iterations >= 2));
-        assert!(
-            suite
-                .iter()
-                .any(|c| c.backoff && c.network == NetworkKind::Lossy)
-        );
-        let out = check_cluster(&suite[3..4], Protocol::default(), Strategy::Bfs, 2, None).unwrap();
-        assert!(out.text.contains("ring-change"), "{}", out.text);
-        assert!(
-            out.text.contains("property redirect followed: found"),
-            "{}",
-            out.text
-        );
-    }
 
     #[test]
     fn the_clock_model_holds() {

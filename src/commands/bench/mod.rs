@@ -1,0 +1,292 @@
+//! `pserver bench`: push and pull throughput and small-request latency over each transport,
+//! next to raw TCP baselines measured in the same run, so that every figure reads as a ratio
+//! to what the machine's loopback can do.
+//!
+//! Every measure is one `name value unit` line; [`Measure::line`] gives it.
+
+mod loopback;
+mod options;
+mod raw_tcp;
+mod requests;
+
+use pserver_core::Consistency;
+use pserver_transport::runtime::{ClusterSpec, RuntimeError};
+
+use super::CliError;
+use clap::ValueEnum;
+use loopback::start;
+use options::{dense_sizes, spelled, wants};
+use raw_tcp::raw_tcp;
+use requests::{dense, round_trips, sparse};
+
+pub use options::{BenchOptions, DenseSize, Kind, Topology, Wire};
+
+/// Measure push and pull throughput and small-request latency over each transport (mem,
+/// tcp, udp; one server and one worker, then two of each, on loopback), with a raw TCP
+/// stream and ping-pong as baselines measured in the same run. Build with --release.
+///
+/// Dense requests carry contiguous keys; sparse ones 1M keys drawn from 2^40 (64K with
+/// --quick); `udp_lossy` drops 0.1% of the datagrams. Every dense measure checks that the
+/// servers end with exactly the pushes sent, and fails otherwise. Prints one `name value
+/// unit` line per measure (GB/s of values, million keys per second, microseconds); --table
+/// adds each figure's ratio to the raw TCP baseline.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Seconds instead of minutes: requests of 1K and 64K values, few repetitions (a smoke
+    /// test of the benchmark itself).
+    #[arg(long)]
+    quick: bool,
+    /// Also print a table with each figure's ratio to the raw TCP baselines.
+    #[arg(long)]
+    table: bool,
+    /// The transports to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "mem,tcp,udp")]
+    transports: Vec<Wire>,
+    /// Only these dense request sizes, comma-separated (values per request); by default all
+    /// of them (1K and 64K with --quick).
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<DenseSize>,
+    /// Only these kinds of measure, comma-separated: dense push/pull, sparse push/pull, small
+    /// round trips; by default all of them. The raw TCP baselines always run.
+    #[arg(long, value_delimiter = ',')]
+    kinds: Vec<Kind>,
+    /// Only these cluster shapes, comma-separated (servers `s`, workers `w`); by default both.
+    #[arg(long, value_delimiter = ',')]
+    topologies: Vec<Topology>,
+}
+
+/// Runs `pserver bench`: prints every measure as it is known, then with `--table` the table of
+/// ratios to the raw TCP baselines.
+pub fn run(args: BenchArgs) -> Result<(), CliError> {
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "warning: a debug build; benchmark figures come from `cargo run --release -- bench`"
+        );
+    }
+    let rt = super::runtime()?;
+    let opts = BenchOptions {
+        quick: args.quick,
+        transports: args.transports,
+        sizes: args.sizes,
+        kinds: args.kinds,
+        topologies: args.topologies,
+    };
+    let measures = rt
+        .block_on(run_bench(&opts, |m| println!("{}", m.line())))
+        .map_err(CliError::failed)?;
+    if args.table {
+        print_table(&measures);
+    }
+    Ok(())
+}
+
+/// Every measure with its ratio to the raw TCP baseline of its unit.
+fn print_table(measures: &[Measure]) {
+    let base = |name: &str| {
+        measures
+            .iter()
+            .find(|m| m.name == name)
+            .map_or(f64::NAN, |m| m.value)
+    };
+    let (stream, ping) = (base("raw_tcp.stream"), base("raw_tcp.ping_pong.p50"));
+    println!();
+    println!(
+        "{:<36} {:>12} {:<7} {:>10}",
+        "measure", "value", "unit", "vs raw TCP"
+    );
+    for m in measures {
+        // Key rates have no byte baseline to compare with.
+        let ratio = match m.unit {
+            "GB/s" => format!("{:.2}x", m.value / stream),
+            "us" => format!("{:.2}x", m.value / ping),
+            _ => "-".to_owned(),
+        };
+        println!(
+            "{:<36} {:>12.4} {:<7} {:>10}",
+            m.name, m.value, m.unit, ratio
+        );
+    }
+}
+
+/// One measured figure.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measure {
+    /// Dotted name, e.g. `tcp.1s1w.dense_push.1M`.
+    pub name: String,
+    /// The figure.
+    pub value: f64,
+    /// Its unit: `GB/s`, `us`, `Mkeys/s`.
+    pub unit: &'static str,
+}
+
+impl Measure {
+    /// The machine-readable line: `name value unit`.
+    pub fn line(&self) -> String {
+        format!("{} {:.4} {}", self.name, self.value, self.unit)
+    }
+}
+
+/// Why a benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The cluster or a request failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// A socket of the raw baselines failed.
+    #[error("raw TCP baseline: {0}")]
+    Io(#[from] std::io::Error),
+    /// The servers did not end with exactly what was pushed.
+    #[error("{0}")]
+    Inexact(String),
+    /// A measure did not finish in time.
+    #[error("{0} did not finish within {1} s")]
+    Timeout(String, u64),
+}
+
+fn runtime_err(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Config(e.to_string())
+}
+
+/// Runs every measure, calling `report` with each as soon as it is known.
+pub async fn run_bench(
+    opts: &BenchOptions,
+    mut report: impl FnMut(&Measure),
+) -> Result<Vec<Measure>, BenchError> {
+    let mut all = Vec::new();
+    let mut emit = |m: Measure| {
+        report(&m);
+        all.push(m);
+    };
+    for m in raw_tcp(opts.quick).await? {
+        emit(m);
+    }
+    for &wire in &opts.transports {
+        for &topology in Topology::value_variants() {
+            if wants(&opts.topologies, topology) {
+                measure_cluster(opts, wire, topology, &mut emit).await?;
+            }
+        }
+        let lossy_wanted =
+            wants(&opts.kinds, Kind::Dense) && wants(&opts.topologies, Topology::OneEach);
+        if wire == Wire::Udp && lossy_wanted {
+            emit_lossy(opts, &mut emit).await?;
+        }
+    }
+    Ok(all)
+}
+
+/// Every measure `opts` asks for over `wire`, on one cluster of the `topology`.
+async fn measure_cluster(
+    opts: &BenchOptions,
+    wire: Wire,
+    topology: Topology,
+    emit: &mut impl FnMut(Measure),
+) -> Result<(), BenchError> {
+    let (servers, workers) = topology.shape();
+    let mut spec = ClusterSpec::new(servers, workers);
+    spec.consistency = Consistency::Eventual;
+    let cluster = start(&spec, wire, 0.0).await?;
+    for w in &cluster.workers {
+        w.ready().await?;
+    }
+    let prefix = format!("{}.{}", spelled(wire), spelled(topology));
+    let sizes = if wants(&opts.kinds, Kind::Dense) {
+        dense_sizes(opts.quick, &opts.sizes)
+    } else {
+        Vec::new()
+    };
+    for size in sizes {
+        let figures = dense(&cluster.workers, size.values(), opts.quick, &prefix).await;
+        let (push, pull) = match figures {
+            Ok(figures) => figures,
+            // Reported, and the transport's larger requests are skipped: they would not
+            // finish either.
+            Err(e @ BenchError::Timeout(..)) => {
+                eprintln!("{e}: skipped, with the larger requests");
+                break;
+            }
+            Err(e) => return Err(e),
+        };
+        let size = spelled(size);
+        for m in push_and_pull_measures(&prefix, "dense", &size, (push, pull), "GB/s") {
+            emit(m);
+        }
+    }
+    if wants(&opts.kinds, Kind::Sparse) {
+        let (keys, name) = if opts.quick {
+            (64 << 10, "64K")
+        } else {
+            (1 << 20, "1M")
+        };
+        match sparse(&cluster.workers, keys, opts.quick, &prefix).await {
+            Ok(figures) => {
+                for m in push_and_pull_measures(&prefix, "sparse", name, figures, "Mkeys/s") {
+                    emit(m);
+                }
+            }
+            Err(e @ BenchError::Timeout(..)) => eprintln!("{e}: skipped"),
+            Err(e) => return Err(e),
+        }
+    }
+    if wants(&opts.kinds, Kind::Rtt) {
+        let requests = if opts.quick { 200 } else { 10_000 };
+        let (p50, p99) = round_trips(&cluster.workers[0], requests).await?;
+        emit(Measure {
+            name: format!("{prefix}.small_push_rtt.p50"),
+            value: p50,
+            unit: "us",
+        });
+        emit(Measure {
+            name: format!("{prefix}.small_push_rtt.p99"),
+            value: p99,
+            unit: "us",
+        });
+    }
+    cluster.shutdown().await?;
+    Ok(())
+}
+
+/// The push and the pull figure of one measure, named `{prefix}.{kind}_push.{size}` and
+/// `{prefix}.{kind}_pull.{size}`.
+fn push_and_pull_measures(
+    prefix: &str,
+    kind: &str,
+    size: &str,
+    (push, pull): (f64, f64),
+    unit: &'static str,
+) -> [Measure; 2] {
+    [("push", push), ("pull", pull)].map(|(way, value)| Measure {
+        name: format!("{prefix}.{kind}_{way}.{size}"),
+        value,
+        unit,
+    })
+}
+
+/// Fraction of datagrams the lossy UDP measure drops.
+const LOSSY_DROP: f64 = 0.001;
+
+/// Dense push and pull over UDP with [`LOSSY_DROP`] of the datagrams lost: 1M values per
+/// request (64K with `--quick`), every push still applied exactly once.
+async fn emit_lossy(opts: &BenchOptions, emit: &mut impl FnMut(Measure)) -> Result<(), BenchError> {
+    let (size, name) = if opts.quick {
+        (64 << 10, "64K")
+    } else {
+        (1 << 20, "1M")
+    };
+    let mut spec = ClusterSpec::new(1, 1);
+    spec.consistency = Consistency::Eventual;
+    let cluster = start(&spec, Wire::Udp, LOSSY_DROP).await?;
+    cluster.workers[0].ready().await?;
+    let prefix = "udp_lossy.1s1w";
+    match dense(&cluster.workers, size, opts.quick, prefix).await {
+        Ok((push, pull)) => {
+            for m in push_and_pull_measures(prefix, "dense", name, (push, pull), "GB/s") {
+                emit(m);
+            }
+        }
+        Err(e @ BenchError::Timeout(..)) => eprintln!("{e}: skipped"),
+        Err(e) => return Err(e),
+    }
+    cluster.shutdown().await?;
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! Which configurations of the cluster model a check covers: a default suite, or the shape
+//! the arguments give.
+
+use pserver_models::cluster::{ClusterModelConfig, NetworkKind};
+
+use super::{CheckArgs, CliError, Consistency, ModelName};
+
+/// The configurations to check, and the first of them as the arguments shape it (before the
+/// consistency models are multiplied in), whose keys and iterations size the clock model.
+pub(super) fn from_args(
+    args: &CheckArgs,
+) -> Result<(Vec<ClusterModelConfig>, ClusterModelConfig), CliError> {
+    let replication = args.model == ModelName::Replication;
+    if !replication && (args.joins.is_some() || args.replicas.is_some()) {
+        return Err(CliError::input(
+            "--joins and --replicas shape the replication model: add --model replication",
+        ));
+    }
+    // The replication model checks fail-over and a join, each exhaustively, unless its servers
+    // are shaped on the command line: then the one configuration asked for.
+    let servers_given = args.servers.is_some()
+        || args.crashes.is_some()
+        || args.joins.is_some()
+        || args.replicas.is_some();
+    let bases = match (replication, servers_given) {
+        (true, false) => ClusterModelConfig::replication_suite(),
+        (true, true) => vec![ClusterModelConfig::replication()],
+        (false, _) => vec![ClusterModelConfig::default()],
+    };
+    let bases: Vec<ClusterModelConfig> = bases
+        .into_iter()
+        .map(|defaults| shaped(args, defaults, replication))
+        .collect();
+    if bases
+        .iter()
+        .any(|b| b.joins > 0 && (b.registration || b.ring_change))
+    {
+        return Err(CliError::input(
+            "a server join does not combine with --registration or --ring-change (give --joins 0 to check fail-over alone)",
+        ));
+    }
+    let base = bases[0].clone();
+    let models = if args.consistency.is_empty() {
+        default_models()
+    } else {
+        args.consistency.clone()
+    };
+    let configs = if replication && args.consistency.is_empty() {
+        bases
+    } else if shape_given(args) || replication {
+        bases
+            .iter()
+            .flat_map(|b| {
+                models.iter().map(|&consistency| ClusterModelConfig {
+                    consistency,
+                    ..b.clone()
+                })
+            })
+            .collect()
+    } else {
+        default_suite()
+    };
+    Ok((configs, base))
+}
+
+/// Whether any option that shapes the model was given.
+fn shape_given(args: &CheckArgs) -> bool {
+    args.servers.is_some()
+        || args.workers.is_some()
+        || args.keys.is_some()
+        || args.iterations.is_some()
+        || args.crashes.is_some()
+        || args.joins.is_some()
+        || args.network.is_some()
+        || !args.consistency.is_empty()
+        || args.registration
+        || args.ring_change
+        || args.backoff
+}
+
+/// `defaults` with what the arguments say in its place. Keys, iterations and crashes not given
+/// are the replication model's defaults, or for the other models the smallest shape: one key,
+/// one iteration, no crash.
+fn shaped(args: &CheckArgs, defaults: ClusterModelConfig, replication: bool) -> ClusterModelConfig {
+    let (keys, iterations, crashes) = if replication {
+        (defaults.keys, defaults.iterations, defaults.crashes)
+    } else {
+        (1, 1, 0)
+    };
+    ClusterModelConfig {
+        servers: args.servers.map_or(defaults.servers, |n| n as usize),
+        workers: args.workers.map_or(defaults.workers, |n| n as usize),
+        keys: args.keys.unwrap_or(keys),
+        iterations: args.iterations.unwrap_or(iterations),
+        consistency: args
+            .consistency
+            .first()
+            .copied()
+            .unwrap_or(defaults.consistency),
+        network: args.network.unwrap_or(defaults.network),
+        crashes: args.crashes.unwrap_or(crashes),
+        registration: args.registration,
+        ring_change: args.ring_change,
+        replicas: args.replicas.unwrap_or(defaults.replicas),
+        backoff: args.backoff,
+        joins: args.joins.unwrap_or(defaults.joins),
+    }
+}
+
+/// What `pserver check` checks when no shape is given: each configuration is there for a part
+/// of the protocol the others do not reach.
+///
+/// - sequential on the lossy network: retransmission and de-duplication;
+/// - sequential on the lossy network, one worker over 2 iterations, with backoff: doubling
+///   retransmission timeouts;
+/// - bounded:1 on the ordered network over 2 iterations: pulls held back under bounded delay;
+/// - sequential on the lossy network with a ring change: redirects and re-slicing under loss
+///   and duplication;
+/// - bounded:1 on the ordered network over 2 iterations with a ring change: redirects while
+///   pulls are held back.
+pub fn default_suite() -> Vec<ClusterModelConfig> {
+    let base = ClusterModelConfig {
+        keys: 1,
+        iterations: 1,
+        ..ClusterModelConfig::default()
+    };
+    let bounded_ordered = ClusterModelConfig {
+        consistency: Consistency::BoundedDelay(1),
+        network: NetworkKind::Ordered,
+        iterations: 2,
+        ..base.clone()
+    };
+    vec![
+        base.clone(),
+        ClusterModelConfig {
+            workers: 1,
+            iterations: 2,
+            backoff: true,
+            ..base.clone()
+        },
+        bounded_ordered.clone(),
+        ClusterModelConfig {
+            ring_change: true,
+            ..base
+        },
+        ClusterModelConfig {
+            ring_change: true,
+            ..bounded_ordered
+        },
+    ]
+}
+
+/// The default consistency models `pserver check` runs: sequential and bounded:1.
+pub fn default_models() -> Vec<Consistency> {
+    vec![Consistency::Sequential, Consistency::BoundedDelay(1)]
+}
+
+#[cfg(test)]
+mod tests {
+    use pserver_models::cluster::Strategy;
+
+    use super::super::{Protocol, check_cluster};
+    use super::*;
+
+    #[test]
+    fn the_default_suite_holds_back_pulls_under_bounded_delay_changes_the_ring_and_backs_off() {
+        let suite = default_suite();
+        assert!(
+            suite
+                .iter()
+                .any(|c| c.consistency == Consistency::BoundedDelay(1)
+                    && c.iterations >= 2
+                    && !c.ring_change)
+        );
+        assert!(
+            suite
+                .iter()
+                .any(|c| c.ring_change && c.network == NetworkKind::Lossy)
+        );
+        assert!(suite.iter().any(|c| c.ring_change
+            && c.consistency == Consistency::BoundedDelay(1)
+            && c.iterations >= 2));
+        assert!(
+            suite
+                .iter()
+                .any(|c| c.backoff && c.network == NetworkKind::Lossy)
+        );
+        let out = check_cluster(&suite[3..4], Protocol::default(), Strategy::Bfs, 2, None).unwrap();
+        assert!(out.text.contains("ring-change"), "{}", out.text);
+        assert!(
+            out.text.contains("property redirect followed: found"),
+            "{}",
+            out.text
+        );
+    }
+}

@@ -1,0 +1,173 @@
+//! `pserver check`: the model checker over the protocol's stateright models.
+
+mod checker;
+mod configs;
+
+use std::time::Duration;
+
+use pserver_core::Consistency;
+use pserver_models::cluster::{NetworkKind, Strategy};
+
+use super::CliError;
+use super::sim::Protocol;
+
+pub use checker::{Outcome, check_clock, check_cluster, describe_config, explore};
+pub use configs::{default_models, default_suite};
+
+/// Model-check the protocol: explore every state of a small cluster and check its
+/// properties.
+///
+/// The cluster model runs the core's own coordinator, servers and workers under stateright,
+/// each worker pushing, advancing and pulling for every iteration. Prints one line per
+/// property (`property NAME: holds | violated | found | not found`), the steps of any
+/// counterexample, and last `check states=N unique=N depth=N secs=S`. Exits 1 if an
+/// `always` property is violated. Keep models tiny: every actor and iteration multiplies
+/// the states.
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {
+    /// Model: cluster (the whole protocol), replication (key ranges copied between servers,
+    /// in two configurations checked one after the other: a primary and a replica per range on
+    /// 3 servers, one of which may crash; and 1 server holding every range while a second
+    /// joins at any point and takes a range over) or clock (the range vector clock). The shape
+    /// options change the replication model's shape too; giving --servers, --crashes, --joins
+    /// or --replicas checks the one configuration they describe.
+    // The help above explains every model; clap's list of them would only repeat it.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "cluster",
+        hide_possible_values = true
+    )]
+    model: ModelName,
+    /// Explore breadth first (the default; shortest counterexamples, most memory).
+    #[arg(long, group = "strategy")]
+    bfs: bool,
+    /// Explore depth first (less memory).
+    #[arg(long, group = "strategy")]
+    dfs: bool,
+    /// Random walks from this seed instead of exhaustive search (see --timeout-secs).
+    #[arg(long, value_name = "SEED", group = "strategy")]
+    simulation: Option<u64>,
+    /// How long --simulation walks.
+    #[arg(long, default_value_t = 30)]
+    timeout_secs: u64,
+    /// Servers [default: 2]. Giving any of the shape options (servers, workers, keys,
+    /// iterations, crashes, joins, network, consistency, registration, ring change, backoff)
+    /// checks that one shape, once per consistency model, instead of the default suite.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
+    servers: Option<u32>,
+    /// Workers [default: 2].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
+    workers: Option<u32>,
+    /// Keys each worker pushes and pulls (for --model clock: keys modelled one by one)
+    /// [default: 1].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=8))]
+    keys: Option<u64>,
+    /// Iterations per worker [default: 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=4))]
+    iterations: Option<u32>,
+    /// Actors that may crash (adds heartbeats and failure detection) [default: 0].
+    #[arg(long)]
+    crashes: Option<usize>,
+    /// Servers that join while the job runs (replication model only): each registers at a
+    /// point the checker chooses, copies the ranges the next ring gives it and takes them
+    /// over [default: 0].
+    #[arg(long)]
+    joins: Option<usize>,
+    /// Replicas per key range (replication model only) [default: 1].
+    #[arg(long)]
+    replicas: Option<u32>,
+    /// Network: ordered (per-pair FIFO, reliable, like TCP) or lossy (unordered, duplicating,
+    /// lossy, like UDP) [default: lossy].
+    #[arg(long)]
+    network: Option<NetworkKind>,
+    /// Consistency models to check, comma-separated [default: sequential,bounded:1].
+    #[arg(long, value_delimiter = ',')]
+    consistency: Vec<Consistency>,
+    /// Model the registration phase instead of starting with epoch 1 in force.
+    #[arg(long)]
+    registration: bool,
+    /// Start with the ring already changed on the coordinator and servers while the workers
+    /// still hold the old one, so that requests are redirected and re-sliced.
+    #[arg(long)]
+    ring_change: bool,
+    /// Model doubling retransmission timeouts (lossy network; each worker retransmits at most
+    /// twice).
+    #[arg(long)]
+    backoff: bool,
+    /// Check a deliberately broken protocol, e.g. no-dedupe or no-gating (needs a
+    /// build with --features mutations).
+    #[arg(long)]
+    mutation: Option<String>,
+    /// Serve stateright's Explorer for the chosen model (the first consistency model given)
+    /// at this address instead.
+    #[arg(long, value_name = "ADDR")]
+    explore: Option<String>,
+    /// Stop after about this many states: a bounded check, for models too large to exhaust
+    /// (crashes, more iterations).
+    #[arg(long, value_name = "N")]
+    max_states: Option<usize>,
+    /// Checker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+/// Which model to check.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelName {
+    /// The whole protocol: coordinator, servers, workers.
+    Cluster,
+    /// The whole protocol with key ranges copied between servers: fail-over after a server
+    /// crash, and a server joining.
+    Replication,
+    /// The range vector clock against a per-key clock.
+    Clock,
+}
+
+/// Runs `pserver check` and prints its verdicts; a violated `always` property is a
+/// [`CliError::Found`].
+pub fn run(args: CheckArgs) -> Result<(), CliError> {
+    let threads = super::threads_or_cores(args.threads);
+    let (configs, base) = configs::from_args(&args)?;
+    let protocol = Protocol::from_mutation(args.mutation.as_deref()).map_err(CliError::Input)?;
+    #[cfg(feature = "mutations")]
+    if protocol.mutation == Some(pserver_models::sim::SimMutation::WrongSign) {
+        return Err(CliError::Input(
+            "--mutation wrong-sign breaks only what the simulator's oracle judges, which the \
+             model checker does not: run it with pserver sim"
+                .into(),
+        ));
+    }
+    let clock_max_time = u8::try_from(base.iterations.max(1)).unwrap_or(u8::MAX);
+    if let Some(address) = &args.explore {
+        let first = configs.first().cloned().unwrap_or(base);
+        return explore(args.model, first, protocol, clock_max_time, address)
+            .map_err(CliError::Input);
+    }
+    let strategy = strategy(&args);
+    let outcome = match args.model {
+        ModelName::Cluster | ModelName::Replication => {
+            check_cluster(&configs, protocol, strategy, threads, args.max_states)
+                .map_err(CliError::Input)?
+        }
+        ModelName::Clock => check_clock(base.keys, clock_max_time, strategy, threads),
+    };
+    print!("{}", outcome.text);
+    if outcome.violated {
+        Err(CliError::Found)
+    } else {
+        Ok(())
+    }
+}
+
+/// How the arguments ask to explore the states.
+fn strategy(args: &CheckArgs) -> Strategy {
+    match (args.dfs, args.simulation) {
+        (true, _) => Strategy::Dfs,
+        (_, Some(seed)) => Strategy::Simulation {
+            seed,
+            timeout: Duration::from_secs(args.timeout_secs),
+        },
+        _ => Strategy::Bfs,
+    }
+}

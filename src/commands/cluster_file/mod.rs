@@ -1,0 +1,430 @@
+//! The cluster file: one TOML file naming every node's address, the consistency model, the ring
+//! and the job, shared by every process of a cluster.
+//!
+//! ```toml
+//! cluster_id = "demo"
+//! consistency = "bounded:2"
+//! secret_file = "secret.key"   # relative to this file; or set PSERVER_SECRET instead
+//!
+//! [ring]
+//! vnodes = 64
+//! seed = 0
+//! replicas = 1                 # copies of each range besides its primary; default 1 (0 with one server)
+//!
+//! [job]
+//! keys = 1000
+//! iterations = 20
+//!
+//! [[node]]
+//! id = 0
+//! role = "coordinator"
+//! address = "127.0.0.1:7400"
+//! # then the servers (ids 1..=S), then the workers
+//! ```
+
+mod raw;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pserver_core::{Consistency, NodeId, Role, Updater};
+use pserver_transport::runtime::ClusterSpec;
+use pserver_transport::tcp::{Secret, TcpConfig};
+use pserver_transport::udp::UdpConfig;
+use serde::Deserialize;
+use thiserror::Error;
+
+use super::script::Script;
+use crate::apps::lr::{LrConfig, Wire};
+use raw::{App, Raw, RawJob, RawNode, RawRing};
+
+/// The environment variable that may carry the secret instead of a file.
+pub const SECRET_ENV: &str = "PSERVER_SECRET";
+
+/// Why a cluster file cannot be used. Every message names the file and, where there is one,
+/// the field.
+#[derive(Debug, Error)]
+pub enum ClusterFileError {
+    /// The file could not be read.
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML of the expected shape.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (with line and column).
+        message: String,
+    },
+    /// A field has a value that cannot work.
+    #[error("{path}: {field}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The field.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// No secret was given.
+    #[error(
+        "{path}: no secret: set secret_file in the cluster file or the {SECRET_ENV} environment variable (never on the command line)"
+    )]
+    NoSecret {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The secret file could not be read.
+    #[error("{path}: secret_file {secret}: cannot read: {source}")]
+    SecretFile {
+        /// The cluster file.
+        path: PathBuf,
+        /// The secret file.
+        secret: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// What the workers of a cluster do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Job {
+    /// The scripted workload, checked exactly (i64 values, summed).
+    Script,
+    /// Sparse logistic regression (f32 values, FTRL-Proximal on the servers).
+    Lr(LrJob),
+}
+
+/// A logistic-regression job: where the data is and how to train.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LrJob {
+    /// Training data (LIBSVM); every worker reads its own byte range of it.
+    pub data: PathBuf,
+    /// Test data, measured by the first worker after every epoch.
+    pub test: Option<PathBuf>,
+    /// How to train.
+    pub cfg: crate::apps::lr::LrConfig,
+}
+
+/// A validated cluster file.
+#[derive(Clone, Debug)]
+pub struct ClusterFile {
+    /// Where it was read from.
+    pub path: PathBuf,
+    /// The cluster's name; nodes of another cluster are refused.
+    pub cluster_id: String,
+    /// The job's shape.
+    pub spec: ClusterSpec,
+    /// The workers' script.
+    pub script: Script,
+    /// What the workers do.
+    pub job: Job,
+    /// Every node's address, by id.
+    pub addresses: BTreeMap<NodeId, SocketAddr>,
+    /// Every node's role, by id.
+    pub roles: BTreeMap<NodeId, Role>,
+    /// How the nodes talk.
+    pub transport: ProcessWire,
+    secret_file: Option<PathBuf>,
+}
+
+/// The transport a cluster file names (`transport = "tcp"` or `"udp"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcessWire {
+    /// Authenticated TCP connections.
+    #[default]
+    Tcp,
+    /// UDP datagrams, each with a MAC from the shared secret.
+    Udp,
+}
+
+impl ClusterFile {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ClusterFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ClusterFileError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Validates the text of a cluster file read from `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ClusterFileError> {
+        let raw: Raw = toml::from_str(text).map_err(|e| ClusterFileError::Parse {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().replace('\n', " "),
+        })?;
+        let origin = Origin { path };
+        let consistency: Consistency = raw
+            .consistency
+            .parse()
+            .map_err(|e| origin.invalid("consistency", format!("{e}")))?;
+        let transport = raw.transport.known().map_err(|other| {
+            origin.invalid(
+                "transport",
+                format!(
+                    "`{other}` is not a transport for separate processes: use \"tcp\" or \"udp\" (`pserver local` runs the in-memory one)"
+                ),
+            )
+        })?;
+        if raw.cluster_id.is_empty() || raw.cluster_id.len() > 256 {
+            return Err(origin.invalid("cluster_id", "must be 1 to 256 bytes long"));
+        }
+        let Nodes { addresses, roles } = nodes(raw.nodes, &origin)?;
+        let mut spec = spec(&roles, consistency, &raw.ring, &origin)?;
+        if raw.job.keys == 0 || raw.job.keys > 10_000_000 {
+            return Err(origin.invalid("job.keys", "must be between 1 and 10000000"));
+        }
+        let script = Script {
+            keys: raw.job.keys,
+            iterations: raw.job.iterations,
+            compute: Duration::from_millis(raw.job.compute_ms),
+        };
+        let job = job(raw.job, &mut spec, &origin)?;
+        spec.driver::<i64>(spec.layout().coordinator())
+            .map_err(|e| origin.invalid("ring", e.to_string()))?;
+        Ok(ClusterFile {
+            path: path.to_owned(),
+            cluster_id: raw.cluster_id,
+            spec,
+            script,
+            job,
+            addresses,
+            roles,
+            transport,
+            secret_file: raw.secret_file.map(|f| origin.relative(f)),
+        })
+    }
+
+    /// The shared secret: the environment variable if set, else the secret file.
+    pub fn secret(&self) -> Result<Secret, ClusterFileError> {
+        if let Some(s) = std::env::var_os(SECRET_ENV).filter(|s| !s.is_empty()) {
+            return Ok(Secret::new(s.into_encoded_bytes()));
+        }
+        let Some(file) = &self.secret_file else {
+            return Err(ClusterFileError::NoSecret {
+                path: self.path.clone(),
+            });
+        };
+        let bytes = std::fs::read(file).map_err(|source| ClusterFileError::SecretFile {
+            path: self.path.clone(),
+            secret: file.clone(),
+            source,
+        })?;
+        let trimmed = bytes.trim_ascii().to_vec();
+        if trimmed.is_empty() {
+            return Err(ClusterFileError::Invalid {
+                path: self.path.clone(),
+                field: "secret_file".into(),
+                message: format!("{} is empty", file.display()),
+            });
+        }
+        Ok(Secret::new(trimmed))
+    }
+
+    /// The TCP transport's configuration for node `id`.
+    pub fn tcp(&self, id: NodeId) -> Result<TcpConfig, ClusterFileError> {
+        let listen = *self
+            .addresses
+            .get(&id)
+            .ok_or_else(|| ClusterFileError::Invalid {
+                path: self.path.clone(),
+                field: "node".into(),
+                message: format!("there is no node with id {}", id.0),
+            })?;
+        let mut cfg = TcpConfig::new(
+            id,
+            listen,
+            self.addresses.clone(),
+            self.cluster_id.clone(),
+            self.secret()?,
+        );
+        cfg.max_frame = self.spec.max_frame + 64;
+        Ok(cfg)
+    }
+
+    /// The UDP transport's configuration for node `id`: the same addresses (as UDP ports) and
+    /// the shared secret, which keys every datagram's MAC.
+    pub fn udp(&self, id: NodeId) -> Result<UdpConfig, ClusterFileError> {
+        let tcp = self.tcp(id)?;
+        let mut cfg = UdpConfig::new(id, tcp.listen, tcp.peers);
+        cfg.secret = Some(tcp.secret);
+        cfg.limits.max_frame = tcp.max_frame;
+        Ok(cfg)
+    }
+
+    /// The role of node `id`, or an error naming the file.
+    pub fn role(&self, id: NodeId) -> Result<Role, ClusterFileError> {
+        self.roles
+            .get(&id)
+            .copied()
+            .ok_or_else(|| ClusterFileError::Invalid {
+                path: self.path.clone(),
+                field: "node".into(),
+                message: format!("there is no node with id {}", id.0),
+            })
+    }
+}
+
+/// The file the fields being validated come from: errors name it, and paths in it are
+/// relative to its directory.
+struct Origin<'a> {
+    path: &'a Path,
+}
+
+impl Origin<'_> {
+    /// The error for a field of this file.
+    fn invalid(&self, field: &str, message: impl Into<String>) -> ClusterFileError {
+        ClusterFileError::Invalid {
+            path: self.path.to_owned(),
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    /// `file` as named in this file: a relative path is relative to the file's directory.
+    fn relative(&self, file: PathBuf) -> PathBuf {
+        match self.path.parent() {
+            Some(dir) if file.is_relative() => dir.join(file),
+            _ => file,
+        }
+    }
+}
+
+/// Every node's address and role, by id.
+struct Nodes {
+    addresses: BTreeMap<NodeId, SocketAddr>,
+    roles: BTreeMap<NodeId, Role>,
+}
+
+/// The nodes the file names, each at most once.
+fn nodes(nodes: Vec<RawNode>, origin: &Origin<'_>) -> Result<Nodes, ClusterFileError> {
+    let mut addresses = BTreeMap::new();
+    let mut roles = BTreeMap::new();
+    for (i, node) in nodes.into_iter().enumerate() {
+        let field = |name: &str| format!("node[{i}].{name}");
+        let role: Role = node
+            .role
+            .known()
+            .map_err(|other| {
+                origin.invalid(
+                    &field("role"),
+                    format!("`{other}` is not coordinator, server or worker"),
+                )
+            })?
+            .into();
+        let address: SocketAddr = node.address.parse().map_err(|_| {
+            origin.invalid(
+                &field("address"),
+                format!("`{}` is not an address like 127.0.0.1:7400", node.address),
+            )
+        })?;
+        let id = NodeId(node.id);
+        if addresses.insert(id, address).is_some() {
+            return Err(origin.invalid(&field("id"), format!("node id {} appears twice", node.id)));
+        }
+        roles.insert(id, role);
+    }
+    Ok(Nodes { addresses, roles })
+}
+
+/// The cluster's shape, from the nodes' roles, which must number them as the layout does.
+fn spec(
+    roles: &BTreeMap<NodeId, Role>,
+    consistency: Consistency,
+    ring: &RawRing,
+    origin: &Origin<'_>,
+) -> Result<ClusterSpec, ClusterFileError> {
+    let count = |r: Role| roles.values().filter(|&&x| x == r).count();
+    let (servers, workers) = (count(Role::Server), count(Role::Worker));
+    if count(Role::Coordinator) != 1 || servers == 0 || workers == 0 {
+        return Err(origin.invalid(
+            "node",
+            format!(
+                "a cluster needs one coordinator, at least one server and one worker; this one has {}, {servers} and {workers}",
+                count(Role::Coordinator)
+            ),
+        ));
+    }
+    let mut spec = ClusterSpec::new(servers, workers);
+    spec.consistency = consistency;
+    spec.ring.vnodes = ring.vnodes;
+    spec.ring.seed = ring.seed;
+    // One replica of every range by default, so that a server may die without losing
+    // anything, when there is a second server to hold it.
+    spec.ring.replicas = ring.replicas.unwrap_or(u32::from(servers > 1));
+    if spec.ring.replicas as usize >= servers {
+        return Err(origin.invalid(
+            "ring.replicas",
+            format!(
+                "{} replicas need at least {} servers, but the file names {servers}",
+                spec.ring.replicas,
+                spec.ring.replicas + 1
+            ),
+        ));
+    }
+    let layout = spec.layout();
+    let expected = std::iter::once((layout.coordinator(), Role::Coordinator))
+        .chain(layout.servers().map(|s| (s, Role::Server)))
+        .chain(layout.workers().map(|w| (w, Role::Worker)));
+    for (id, role) in expected {
+        if roles.get(&id) != Some(&role) {
+            return Err(origin.invalid(
+                "node",
+                format!(
+                    "node ids must be 0 for the coordinator, 1..={servers} for the servers and {}..={} for the workers; {id} should be a {role}",
+                    servers + 1,
+                    servers + workers
+                ),
+            ));
+        }
+    }
+    Ok(spec)
+}
+
+/// What the workers do. A logistic-regression job also sets the servers' update rule in
+/// `spec`.
+fn job(job: RawJob, spec: &mut ClusterSpec, origin: &Origin<'_>) -> Result<Job, ClusterFileError> {
+    let app = job.app.known().map_err(|other| {
+        origin.invalid(
+            "job.app",
+            format!("`{other}` is not a job: expected \"script\" or \"lr\""),
+        )
+    })?;
+    if app == App::Script {
+        return Ok(Job::Script);
+    }
+    let data = job
+        .data
+        .map(|f| origin.relative(f))
+        .ok_or_else(|| origin.invalid("job.data", "an lr job needs the training data file"))?;
+    spec.updater = Updater::FtrlProximal {
+        alpha: job.alpha,
+        beta: 1.0,
+        l1: job.l1,
+        l2: job.l2,
+    };
+    Ok(Job::Lr(LrJob {
+        data,
+        test: job.test.map(|f| origin.relative(f)),
+        cfg: LrConfig {
+            servers: spec.servers,
+            workers: spec.workers,
+            consistency: spec.consistency,
+            epochs: job.epochs,
+            batch: job.batch.max(1),
+            updater: spec.updater,
+            transport: Wire::Tcp,
+        },
+    }))
+}

@@ -1,0 +1,199 @@
+//! The cluster file as TOML gives it, before validation: every field with its default.
+
+use std::path::PathBuf;
+
+use pserver_core::Role;
+use serde::Deserialize;
+use serde::de::value::StrDeserializer;
+use serde::de::{DeserializeOwned, Deserializer, IntoDeserializer};
+
+use super::ProcessWire;
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Raw {
+    pub(super) cluster_id: String,
+    #[serde(default = "default_consistency")]
+    pub(super) consistency: String,
+    pub(super) secret_file: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) transport: Choice<ProcessWire>,
+    #[serde(default)]
+    pub(super) ring: RawRing,
+    #[serde(default)]
+    pub(super) job: RawJob,
+    #[serde(rename = "node", default)]
+    pub(super) nodes: Vec<RawNode>,
+}
+
+fn default_consistency() -> String {
+    "sequential".into()
+}
+
+/// The `[ring]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRing {
+    #[serde(default = "default_vnodes")]
+    pub(super) vnodes: u32,
+    #[serde(default)]
+    pub(super) seed: u64,
+    pub(super) replicas: Option<u32>,
+}
+
+fn default_vnodes() -> u32 {
+    64
+}
+
+impl Default for RawRing {
+    fn default() -> Self {
+        RawRing {
+            vnodes: default_vnodes(),
+            seed: 0,
+            replicas: None,
+        }
+    }
+}
+
+/// The `[job]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawJob {
+    #[serde(default)]
+    pub(super) app: Choice<App>,
+    #[serde(default = "default_keys")]
+    pub(super) keys: u64,
+    #[serde(default = "default_iterations")]
+    pub(super) iterations: u32,
+    #[serde(default)]
+    pub(super) compute_ms: u64,
+    pub(super) data: Option<PathBuf>,
+    pub(super) test: Option<PathBuf>,
+    #[serde(default = "default_epochs")]
+    pub(super) epochs: u32,
+    #[serde(default = "default_batch")]
+    pub(super) batch: usize,
+    #[serde(default = "default_alpha")]
+    pub(super) alpha: f64,
+    #[serde(default = "default_l1")]
+    pub(super) l1: f64,
+    #[serde(default = "default_l2")]
+    pub(super) l2: f64,
+}
+
+/// What the workers of a cluster run (`app` of the `[job]` table).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum App {
+    #[default]
+    Script,
+    Lr,
+}
+
+/// A field whose value is one of a fixed set of names, those of `T`'s variants; or else what
+/// the file says instead, so that the error can name the field and say what it accepts.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Choice<T> {
+    Known(T),
+    Other(String),
+}
+
+impl<T> Choice<T> {
+    /// The choice made, or what the file says instead.
+    pub(super) fn known(self) -> Result<T, String> {
+        match self {
+            Choice::Known(t) => Ok(t),
+            Choice::Other(s) => Err(s),
+        }
+    }
+}
+
+impl<T: Default> Default for Choice<T> {
+    fn default() -> Self {
+        Choice::Known(T::default())
+    }
+}
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Choice<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        let as_variant: StrDeserializer<'_, serde::de::value::Error> =
+            name.as_str().into_deserializer();
+        Ok(T::deserialize(as_variant).map_or(Choice::Other(name), Choice::Known))
+    }
+}
+
+fn default_epochs() -> u32 {
+    10
+}
+
+fn default_batch() -> usize {
+    100
+}
+
+fn default_alpha() -> f64 {
+    0.3
+}
+
+fn default_l1() -> f64 {
+    1.0
+}
+
+fn default_l2() -> f64 {
+    1.0
+}
+
+fn default_keys() -> u64 {
+    1000
+}
+
+fn default_iterations() -> u32 {
+    20
+}
+
+impl Default for RawJob {
+    fn default() -> Self {
+        RawJob {
+            app: Choice::default(),
+            keys: default_keys(),
+            iterations: default_iterations(),
+            compute_ms: 0,
+            data: None,
+            test: None,
+            epochs: default_epochs(),
+            batch: default_batch(),
+            alpha: default_alpha(),
+            l1: default_l1(),
+            l2: default_l2(),
+        }
+    }
+}
+
+/// One `[[node]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawNode {
+    pub(super) id: u32,
+    pub(super) role: Choice<NodeRole>,
+    pub(super) address: String,
+}
+
+/// A node's `role`; core's [`Role`] is spelled with capitals in serde's formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum NodeRole {
+    Coordinator,
+    Server,
+    Worker,
+}
+
+impl From<NodeRole> for Role {
+    fn from(role: NodeRole) -> Self {
+        match role {
+            NodeRole::Coordinator => Role::Coordinator,
+            NodeRole::Server => Role::Server,
+            NodeRole::Worker => Role::Worker,
+        }
+    }
+}

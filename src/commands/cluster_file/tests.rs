@@ -1,0 +1,96 @@
+use super::*;
+
+const GOOD: &str = r#"
+cluster_id = "t"
+consistency = "bounded:2"
+secret_file = "s.key"
+[job]
+keys = 10
+iterations = 3
+[[node]]
+id = 0
+role = "coordinator"
+address = "127.0.0.1:7400"
+[[node]]
+id = 1
+role = "server"
+address = "127.0.0.1:7401"
+[[node]]
+id = 2
+role = "worker"
+address = "127.0.0.1:7402"
+"#;
+
+fn parse(text: &str) -> Result<ClusterFile, ClusterFileError> {
+    ClusterFile::parse(Path::new("/etc/pserver/c.toml"), text)
+}
+
+#[test]
+fn a_good_file_gives_the_job_and_every_address() {
+    let f = parse(GOOD).unwrap();
+    assert_eq!(f.spec.consistency, Consistency::BoundedDelay(2));
+    assert_eq!((f.spec.servers, f.spec.workers), (1, 1));
+    assert_eq!(f.script.iterations, 3);
+    assert_eq!(f.addresses.len(), 3);
+    assert_eq!(f.secret_file, Some(PathBuf::from("/etc/pserver/s.key")));
+}
+
+#[test]
+fn the_transport_is_tcp_by_default_udp_on_request_and_nothing_else() {
+    assert_eq!(parse(GOOD).unwrap().transport, ProcessWire::Tcp);
+    let udp = GOOD.replace(
+        "cluster_id = \"t\"",
+        "cluster_id = \"t\"\ntransport = \"udp\"",
+    );
+    let f = parse(&udp).unwrap();
+    assert_eq!(f.transport, ProcessWire::Udp);
+    let mem = GOOD.replace(
+        "cluster_id = \"t\"",
+        "cluster_id = \"t\"\ntransport = \"mem\"",
+    );
+    let e = parse(&mem).unwrap_err().to_string();
+    assert!(
+        e.starts_with("/etc/pserver/c.toml: transport: `mem`") && e.contains("\"udp\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn errors_name_the_file_and_the_field() {
+    let bad_role = GOOD.replace("\"server\"", "\"sever\"");
+    let e = parse(&bad_role).unwrap_err().to_string();
+    assert!(
+        e.starts_with("/etc/pserver/c.toml: node[1].role: `sever`"),
+        "{e}"
+    );
+    let bad_addr = GOOD.replace("127.0.0.1:7402", "localhost");
+    let e = parse(&bad_addr).unwrap_err().to_string();
+    assert!(e.contains("node[2].address"), "{e}");
+    let bad_consistency = GOOD.replace("bounded:2", "bounded");
+    let e = parse(&bad_consistency).unwrap_err().to_string();
+    assert!(e.contains("c.toml: consistency:"), "{e}");
+    let e = parse("cluster_id = 3").unwrap_err().to_string();
+    assert!(e.contains("c.toml:") && e.contains("line 1"), "{e}");
+    let swapped = GOOD.replace("id = 1", "id = 9");
+    let e = parse(&swapped).unwrap_err().to_string();
+    assert!(e.contains("node ids must be"), "{e}");
+    let bad_app = GOOD.replace("keys = 10", "app = \"nn\"\nkeys = 10");
+    let e = parse(&bad_app).unwrap_err().to_string();
+    assert!(e.starts_with("/etc/pserver/c.toml: job.app: `nn`"), "{e}");
+    let not_a_name = GOOD.replace("\"worker\"", "3");
+    let e = parse(&not_a_name).unwrap_err().to_string();
+    assert!(
+        e.contains("line 18") && e.contains("expected a string"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_job_runs_the_script_unless_it_names_lr() {
+    assert_eq!(parse(GOOD).unwrap().job, Job::Script);
+    let lr = GOOD.replace("keys = 10", "app = \"lr\"\ndata = \"t.svm\"\nkeys = 10");
+    let Job::Lr(job) = parse(&lr).unwrap().job else {
+        panic!("not an lr job");
+    };
+    assert_eq!(job.data, PathBuf::from("/etc/pserver/t.svm"));
+}

@@ -1,0 +1,58 @@
+//! `pserver gen`: synthetic click-like data in LIBSVM form.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::PathBuf;
+
+use super::CliError;
+use crate::data::synthetic::{GenConfig, write};
+
+/// Generate synthetic click-like data in LIBSVM form (zero-based indices): binary features
+/// with power-law frequencies, labels drawn from a known true logistic model.
+///
+/// The same arguments always give the same file; a name ending in .gz is compressed.
+#[derive(clap::Args, Debug)]
+pub struct GenArgs {
+    /// Rows to write.
+    #[arg(long, default_value_t = 100_000)]
+    rows: u64,
+    /// Features (the dimension of the problem).
+    #[arg(long, default_value_t = 1 << 22, value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
+    features: u64,
+    /// Distinct features per row.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    per_row: u32,
+    /// Seed of the true model and of the rows.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Number of the first row: a test set is the same seed with rows after the training set's.
+    #[arg(long, default_value_t = 0)]
+    first_row: u64,
+    /// Output file (.gz to compress).
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+}
+
+/// Runs `pserver gen`: writes the rows to the output file.
+pub fn run(args: GenArgs) -> Result<(), CliError> {
+    let cfg = GenConfig {
+        rows: args.rows,
+        features: args.features,
+        per_row: args.per_row as usize,
+        seed: args.seed,
+        first_row: args.first_row,
+    };
+    let out = args.out.display();
+    let mut file = File::create(&args.out)
+        .map(BufWriter::new)
+        .map_err(|e| CliError::input(format!("{out}: cannot create: {e}")))?;
+    let written = if args.out.extension().is_some_and(|e| e == "gz") {
+        let mut gz = flate2::write::GzEncoder::new(file, flate2::Compression::fast());
+        write(&cfg, &mut gz).and_then(|()| gz.finish().map(drop))
+    } else {
+        write(&cfg, &mut file)
+    };
+    written.map_err(|e| CliError::input(format!("{out}: cannot write: {e}")))?;
+    eprintln!("gen: {} rows to {out}", cfg.rows);
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! `pserver coordinator | server | worker`: one node of a cluster described by a cluster file,
+//! one per process.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pserver_core::{NodeId, Role};
+
+use super::CliError;
+use super::cluster::{self, NodeOutcome};
+use super::cluster_file::ClusterFile;
+
+/// The arguments of `pserver coordinator`, `pserver server` and `pserver worker`.
+#[derive(clap::Args, Debug)]
+pub struct NodeArgs {
+    /// The cluster file: every node's address, the consistency model, the ring and the job
+    /// (TOML). The secret comes from its secret_file or the PSERVER_SECRET environment
+    /// variable, never from the command line.
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// This node's id in the cluster file.
+    #[arg(long)]
+    id: u32,
+    /// Servers and workers: give up (exit status 2) if the job has not started after this many
+    /// seconds (the coordinator is unreachable, a node is missing, or the secret differs).
+    #[arg(long, default_value_t = 60)]
+    join_timeout_secs: u64,
+    /// Servers: on exit, write one `key_index total` line per key held to this file.
+    #[arg(long, value_name = "FILE")]
+    dump: Option<PathBuf>,
+}
+
+/// Runs node `--id` of the cluster file, which must be a `role`, and prints its last line.
+pub fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
+    let file = ClusterFile::load(&args.config).map_err(CliError::input)?;
+    let id = NodeId(args.id);
+    let named = file.role(id).map_err(CliError::input)?;
+    if named != role {
+        return Err(CliError::Input(format!(
+            "{}: node {} is a {named}, not a {role}: run `pserver {named} --id {}`",
+            args.config.display(),
+            args.id,
+            args.id
+        )));
+    }
+    let join = Duration::from_secs(args.join_timeout_secs);
+    let outcome = super::runtime()?
+        .block_on(cluster::run_node(&file, id, join))
+        .map_err(CliError::input)?;
+    match outcome {
+        NodeOutcome::Coordinator => {}
+        NodeOutcome::Server { totals, refused } => {
+            let total: i64 = totals.iter().sum();
+            let held = totals.iter().filter(|t| **t != 0).count();
+            println!("server {id} keys={held} total={total} refused={refused}");
+            if let Some(path) = &args.dump {
+                cluster::dump_totals(path, &totals).map_err(|e| {
+                    CliError::Input(format!("{}: cannot write: {e}", path.display()))
+                })?;
+            }
+        }
+        NodeOutcome::Trained { epochs } => println!("worker {id} trained epochs={epochs}"),
+        NodeOutcome::Worker(s) => println!(
+            "worker {id} iterations={} pushes={} pushed_sum={}",
+            s.iterations, s.pushes, s.pushed_sum
+        ),
+    }
+    Ok(())
+}

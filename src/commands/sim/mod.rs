@@ -1,0 +1,258 @@
+//! `pserver sim`: many seeded runs of the deterministic simulator, and the tau sweep.
+
+mod seeds;
+mod sweep;
+
+use pserver_core::Consistency;
+
+// The simulator is named in this one place; the submodules go through this module too.
+use pserver_models::sim as simulator;
+use simulator::{Faults, MS, ServerFaults, SimConfig, SimFailure, SimReport, SimUpdater};
+
+pub use seeds::{Batch, run_seeds};
+pub use sweep::{SweepRow, sweep_models, tau_label, tau_sweep};
+
+use super::CliError;
+use super::parse::{factor, probability};
+
+/// Run whole clusters in the deterministic simulator, with faults, checking the protocol's
+/// invariants after every step.
+///
+/// Each seed runs a coordinator, servers and workers (each worker: pull, compute, push,
+/// advance, for every iteration) on virtual time. A failing seed is printed with the
+/// command that replays it; the last line is always
+/// `sim seeds=N failed=F steps=X redirects=R secs=Y`, and the exit status is 1 if any seed
+/// failed.
+/// With --tau-sweep, prints instead how long the workload takes, and how much workers
+/// idle, for tau in 0, 1, 2, 4, 8 and infinity.
+#[derive(clap::Args, Debug)]
+pub struct SimArgs {
+    /// Number of seeds to run.
+    #[arg(long, default_value_t = 100)]
+    seeds: u64,
+    /// First seed; seeds run from here upwards.
+    #[arg(long, default_value_t = 0)]
+    first_seed: u64,
+    /// Servers in the simulated cluster.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    servers: u32,
+    /// Workers in the simulated cluster.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=64))]
+    workers: u32,
+    /// Size of the key space.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    keys: u64,
+    /// Iterations each worker runs.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    iterations: u32,
+    /// Consistency model: sequential, bounded:TAU or eventual.
+    #[arg(long, default_value = "sequential")]
+    consistency: Consistency,
+    /// Probability that a message is lost.
+    #[arg(long, default_value_t = 0.0, value_parser = probability)]
+    drop: f64,
+    /// Probability that a message is delivered twice.
+    #[arg(long, default_value_t = 0.0, value_parser = probability)]
+    dup: f64,
+    /// Deliver messages out of order (otherwise FIFO per pair of nodes, like TCP).
+    #[arg(long)]
+    reorder: bool,
+    /// Each iteration one worker, chosen at random, computes this many times slower.
+    #[arg(long, default_value_t = 1.0, value_parser = factor)]
+    straggler: f64,
+    /// The first worker always computes this many times slower (a slow machine). Unlike
+    /// transient stragglers, no staleness bound can hide it: everybody waits for it in the end.
+    #[arg(long, default_value_t = 1.0, value_parser = factor)]
+    slow_worker: f64,
+    /// Cut nodes off the network for a while, then heal.
+    #[arg(long)]
+    partition: bool,
+    /// Crash one worker mid-run.
+    #[arg(long)]
+    crash: bool,
+    /// Replicas of every key range besides its primary (on the next distinct servers of the
+    /// ring); must be smaller than --servers. With replicas, --partition also cuts a server off
+    /// from the other servers or makes one flap (by the seed).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..64))]
+    replicas: u32,
+    /// Servers that crash during each run, at most --replicas: one at a time, each once the
+    /// cluster recovered from the one before (its replicas refilled). The seed picks whether a
+    /// crashed server stays down or restarts, and a later crash may hit a server a range copy
+    /// is on its way to.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..64))]
+    crash_servers: u32,
+    /// Servers that join each run while it goes on: they copy the ranges the ring will give
+    /// them while the old holders serve, then the ring switches.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..64))]
+    join_servers: u32,
+    /// Servers that leave each run while it goes on: their ranges are copied to the servers
+    /// taking them over first.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..64))]
+    leave_servers: u32,
+    /// Restart the crashed servers that restart within the heartbeat timeout, before the
+    /// coordinator declares them dead: the new process registers under a new incarnation, is
+    /// taken off the ring and joins again.
+    #[arg(long)]
+    quick_restart: bool,
+    /// Skip encoding and decoding every message (faster, checks less).
+    #[arg(long)]
+    no_wire: bool,
+    /// Virtual milliseconds after which an unfinished run counts as failed (completion).
+    #[arg(long, default_value_t = 600_000, value_parser = clap::value_parser!(u64).range(1..))]
+    time_limit_ms: u64,
+    /// Threads to run seeds on (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print finish time and idle fraction for tau in 0, 1, 2, 4, 8, inf instead.
+    #[arg(long)]
+    tau_sweep: bool,
+    /// The servers' update rule: sum, sgd, adagrad or ftrl (default: picked by each seed).
+    /// Every run checks the servers' values against a one-node oracle.
+    #[arg(long)]
+    updater: Option<SimUpdater>,
+    /// Start every run with the ring already changed: one server's ranges moved away, workers
+    /// partly on the old ring, so that they are redirected (default: one run in four).
+    #[arg(long, conflicts_with = "no_ring_change")]
+    ring_change: bool,
+    /// Never start a run with the ring changed.
+    #[arg(long)]
+    no_ring_change: bool,
+    /// Run a deliberately broken protocol, e.g. no-dedupe or wrong-sign (needs a build with
+    /// --features mutations).
+    #[arg(long)]
+    mutation: Option<String>,
+}
+
+/// Runs `pserver sim`: the seeds, or with `--tau-sweep` the sweep. A failed seed or a broken
+/// invariant in the sweep is a [`CliError::Found`], once reported.
+pub fn run(args: SimArgs) -> Result<(), CliError> {
+    let protocol = Protocol::from_mutation(args.mutation.as_deref()).map_err(CliError::Input)?;
+    let base = config(&args);
+    base.validate().map_err(CliError::input)?;
+    if args.tau_sweep {
+        return sweep(&args, &base, protocol);
+    }
+    let threads = super::threads_or_cores(args.threads);
+    eprintln!(
+        "seeds {}..{} ({} threads)",
+        args.first_seed,
+        args.first_seed.saturating_add(args.seeds),
+        threads
+    );
+    let batch = run_seeds(&base, protocol, args.first_seed, args.seeds, threads, true);
+    if base.crash_servers > 0 || base.ring.replicas > 0 || base.join_servers > 0 {
+        println!("{}", batch.server_fault_summary());
+        println!("{}", batch.recovery_summary());
+        println!("{}", batch.replication_summary());
+    }
+    println!("{}", batch.summary());
+    if batch.failures.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Found)
+    }
+}
+
+/// The simulation the arguments describe, before the seed.
+fn config(args: &SimArgs) -> SimConfig {
+    let mut cfg = SimConfig {
+        servers: args.servers as usize,
+        workers: args.workers as usize,
+        keys: args.keys,
+        iterations: args.iterations,
+        consistency: args.consistency,
+        faults: Faults {
+            drop: args.drop,
+            dup: args.dup,
+            reorder: args.reorder,
+            partition: args.partition,
+            crash: args.crash,
+        },
+        straggler: args.straggler,
+        slow_worker: args.slow_worker,
+        wire: !args.no_wire,
+        time_limit: args.time_limit_ms * MS,
+        updater: args.updater,
+        ring_change: match (args.ring_change, args.no_ring_change) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        },
+        crash_servers: args.crash_servers as usize,
+        join_servers: args.join_servers as usize,
+        leave_servers: args.leave_servers as usize,
+        quick_restart: args.quick_restart,
+        ..SimConfig::default()
+    };
+    cfg.ring.replicas = args.replicas;
+    cfg
+}
+
+/// Runs the tau sweep on `base` and prints a row per tau.
+fn sweep(args: &SimArgs, base: &SimConfig, protocol: Protocol) -> Result<(), CliError> {
+    let seeds = args.seeds.min(20);
+    println!(
+        "# tau sweep: {} workers, {} iterations, straggler {}x, slow worker {}x, seeds {}..{}",
+        args.workers,
+        args.iterations,
+        args.straggler,
+        args.slow_worker,
+        args.first_seed,
+        args.first_seed + seeds
+    );
+    let rows = match tau_sweep(base, protocol, args.first_seed, seeds) {
+        Ok(rows) => rows,
+        Err(failure) => {
+            eprintln!("{failure}");
+            return Err(CliError::Found);
+        }
+    };
+    for row in rows {
+        println!(
+            "tau={} finish_ms={:.1} idle_fraction={:.3}",
+            tau_label(row.consistency),
+            row.finish_ms,
+            row.idle_fraction
+        );
+    }
+    Ok(())
+}
+
+/// Which protocol the simulated nodes run: the real one, or (in a build with the `mutations`
+/// feature) a deliberately broken one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Protocol {
+    /// The mechanism switched off, if any.
+    #[cfg(feature = "mutations")]
+    pub mutation: Option<simulator::SimMutation>,
+}
+
+impl Protocol {
+    /// The protocol `--mutation NAME` asks for: the real one without a name; the named
+    /// mutation with one, or in a build without the `mutations` feature an error that says how
+    /// to make one.
+    pub fn from_mutation(name: Option<&str>) -> Result<Self, String> {
+        let Some(name) = name else {
+            return Ok(Protocol::default());
+        };
+        #[cfg(feature = "mutations")]
+        {
+            name.parse().map(|m| Protocol { mutation: Some(m) })
+        }
+        #[cfg(not(feature = "mutations"))]
+        {
+            Err(format!(
+                "--mutation {name} needs a build with the mutations feature: cargo run --release --features mutations -- ... --mutation {name}"
+            ))
+        }
+    }
+
+    /// Runs one simulation of `cfg` under this protocol.
+    pub fn run(&self, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
+        #[cfg(feature = "mutations")]
+        if let Some(m) = self.mutation {
+            return simulator::run_mutated(cfg, m);
+        }
+        simulator::run(cfg)
+    }
+}
