@@ -5,7 +5,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use pserver::core::{Codec, Envelope, KvPairs, Message, NodeId, Push, SliceRef};
+use pserver::core::wire::{Envelope, Message, Push, SliceRef};
+use pserver::core::{Codec, KvPairs, NodeId};
 
 /// Runs `f` repeatedly for about `budget`, returning the mean seconds per call.
 fn time_per_call(budget: Duration, mut f: impl FnMut()) -> f64 {

@@ -9,8 +9,8 @@
 use core::fmt;
 use std::collections::BTreeMap;
 
+use crate::ids::Iteration;
 use crate::key::{Key, KeyRange};
-use crate::node::Iteration;
 
 /// A timestamp for every key of `[0, u64::MAX)`, stored as coalesced segments.
 ///
@@ -19,7 +19,8 @@ use crate::node::Iteration;
 /// the derived `Eq` and `Hash` agree with key-wise equality).
 ///
 /// ```
-/// use pserver_core::{KeyRange, RangeClock};
+/// use pserver_core::KeyRange;
+/// use pserver_core::node::RangeClock;
 /// let mut c = RangeClock::<u32>::new();
 /// c.set(KeyRange::new(0, 500_000)?, 3);
 /// c.set(KeyRange::new(500_000, 1_000_000)?, 3);

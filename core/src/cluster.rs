@@ -1,10 +1,10 @@
 //! A node's view of the cluster: the configuration of an epoch and the ring built from it.
 
 use crate::effects::Refusal;
+use crate::ids::{Epoch, NodeId};
 use crate::key::{Key, KeyRange};
-use crate::message::ClusterConfig;
-use crate::node::{Epoch, NodeId};
 use crate::ring::{Ring, RingError};
+use crate::wire::ClusterConfig;
 
 /// A configuration together with its ring (rebuilt locally; rings are deterministic).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

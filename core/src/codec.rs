@@ -11,15 +11,11 @@
 use bytes::Bytes;
 use thiserror::Error;
 
+use crate::ids::{Epoch, NodeId};
 use crate::kv::KvPairs;
-use crate::message::{Envelope, Message, PROTOCOL_VERSION};
-use crate::node::{Epoch, NodeId};
 use crate::value::Value;
-use crate::wire::trailer;
-
-/// The trailer's offset in a frame is a multiple of this, so that the values of a frame held
-/// at an address aligned as well can be read in place.
-pub const TRAILER_ALIGN: usize = 8;
+use crate::wire::trailer::{self, TRAILER_ALIGN};
+use crate::wire::{Envelope, Message, PROTOCOL_VERSION};
 
 /// The trailer length field's size.
 const TRAILER_LEN: usize = 4;
@@ -95,7 +91,8 @@ pub enum EncodeError {
 /// Encodes and decodes envelopes under a frame-size limit.
 ///
 /// ```
-/// use pserver_core::{Codec, Envelope, Message, NodeId};
+/// use pserver_core::{Codec, NodeId};
+/// use pserver_core::wire::{Envelope, Message};
 /// let codec = Codec::default();
 /// let env = Envelope::<f32>::new(NodeId(1), NodeId(0), 3, Message::Heartbeat { sent_at: 9 });
 /// let frame = codec.encode(&env)?;
@@ -325,7 +322,8 @@ impl Codec {
     /// is what [`Codec::encode`] gives.
     ///
     /// ```
-    /// use pserver_core::{Codec, Envelope, KeyRange, KvPairs, Message, NodeId, Push, SliceRef};
+    /// use pserver_core::{Codec, KeyRange, KvPairs, NodeId};
+    /// use pserver_core::wire::{Envelope, Message, Push, SliceRef};
     /// let kvs = KvPairs::from_range(KeyRange::new(0, 1000)?, vec![0.5f32; 1000], 1)?;
     /// let values = kvs.values().as_ptr();
     /// let slice = SliceRef { request: 1, slice: 0 };
@@ -367,7 +365,8 @@ impl Codec {
     /// does) and the machine is little-endian. The pairs then keep `frame`'s bytes alive.
     ///
     /// ```
-    /// use pserver_core::{Codec, Envelope, KeyRange, KvPairs, Message, NodeId, Push, SliceRef};
+    /// use pserver_core::{Codec, KeyRange, KvPairs, NodeId};
+    /// use pserver_core::wire::{Envelope, Message, Push, SliceRef};
     /// let kvs = KvPairs::from_range(KeyRange::new(0, 1000)?, vec![0.5f32; 1000], 1)?;
     /// let slice = SliceRef { request: 1, slice: 0 };
     /// let push = Push { slice, iteration: 0, settled_below: 0, kvs };

@@ -7,7 +7,7 @@ use core::str::FromStr;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::node::Iteration;
+use crate::ids::Iteration;
 
 /// How much staleness a job tolerates.
 ///

@@ -7,12 +7,12 @@ use thiserror::Error;
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, Refusal, TimerId};
+use crate::ids::{Epoch, NodeId, Role, Time};
 use crate::key::KeyRange;
-use crate::message::{ClusterConfig, Envelope, Message};
-use crate::node::{Epoch, NodeId, Role, Time};
 use crate::ring::{Ring, RingConfig, RingError};
 use crate::timing::Timing;
 use crate::value::Value;
+use crate::wire::{ClusterConfig, Envelope, Message};
 
 /// What the coordinator is told at start: the shape of the job. Build it with
 /// [`CoordinatorConfig::new`] and change the fields that differ from the defaults.
@@ -208,7 +208,8 @@ impl Coordinator {
         self.config.as_ref().map_or(0, |c| c.epoch)
     }
 
-    /// Nodes declared dead.
+    /// Nodes declared dead (feature `testing`; a driver reports [`crate::Event::NodeDead`]).
+    #[cfg(feature = "testing")]
     pub fn dead(&self) -> &BTreeSet<NodeId> {
         &self.dead
     }

@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::ids::NodeId;
 use crate::key::{Key, KeyRange};
-use crate::message::{AppliedSpan, DedupeRecord, RequestId};
-use crate::node::NodeId;
+use crate::wire::{AppliedSpan, DedupeRecord, RequestId};
 
 /// Which rows of one worker's push requests a shard has applied.
 ///
@@ -16,14 +16,14 @@ use crate::node::NodeId;
 /// server: the window travels with the shard. It holds only the worker's unsettled requests,
 /// so it stays as small as the worker's window of requests in flight.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct DedupeWindow {
+pub(crate) struct DedupeWindow {
     settled_below: RequestId,
     applied: BTreeMap<RequestId, Vec<(Key, Key)>>,
 }
 
 impl DedupeWindow {
     /// Every request below `below` is settled; forgets what it no longer needs.
-    pub fn settle(&mut self, below: RequestId) {
+    pub(crate) fn settle(&mut self, below: RequestId) {
         if below > self.settled_below {
             self.settled_below = below;
             self.applied = self.applied.split_off(&below);
@@ -31,8 +31,9 @@ impl DedupeWindow {
     }
 
     /// True when the row of `key` of `request` was applied before (or the request is settled,
-    /// hence was applied).
-    pub fn is_applied(&self, request: RequestId, key: Key) -> bool {
+    /// hence was applied). Only the tests ask: the server asks for spans, not keys.
+    #[cfg(test)]
+    pub(crate) fn is_applied(&self, request: RequestId, key: Key) -> bool {
         request < self.settled_below
             || self
                 .applied
@@ -40,21 +41,10 @@ impl DedupeWindow {
                 .is_some_and(|spans| spans.iter().any(|&(a, b)| a <= key && key <= b))
     }
 
-    /// True when some row of `request` between `first` and `last` (inclusive) may have been
-    /// applied: one look at the request's spans, where [`DedupeWindow::is_applied`] would be
-    /// asked of every key.
-    pub fn applied_any(&self, request: RequestId, first: Key, last: Key) -> bool {
-        request < self.settled_below
-            || self
-                .applied
-                .get(&request)
-                .is_some_and(|spans| spans.iter().any(|&(a, b)| a <= last && first <= b))
-    }
-
     /// The parts of `within` holding no row of `request` applied before, in key order: empty
     /// for a settled request, `within` itself for a request never seen. A few spans per
     /// request, so this costs a sort of those, not a look per key.
-    pub fn fresh_ranges(&self, request: RequestId, within: KeyRange) -> Vec<KeyRange> {
+    pub(crate) fn fresh_ranges(&self, request: RequestId, within: KeyRange) -> Vec<KeyRange> {
         if request < self.settled_below {
             return Vec::new();
         }
@@ -85,7 +75,7 @@ impl DedupeWindow {
     }
 
     /// Records that the rows of `span` have been applied.
-    pub fn record(&mut self, span: AppliedSpan) {
+    pub(crate) fn record(&mut self, span: AppliedSpan) {
         if span.request >= self.settled_below {
             let spans = self.applied.entry(span.request).or_default();
             if !spans.contains(&(span.first, span.last)) {
@@ -95,7 +85,7 @@ impl DedupeWindow {
     }
 
     /// Takes in what another copy of the shard recorded (replication, transfers).
-    pub fn merge(&mut self, record: &DedupeRecord) {
+    pub(crate) fn merge(&mut self, record: &DedupeRecord) {
         self.settle(record.settled_below);
         for &span in &record.applied {
             self.record(span);
@@ -103,7 +93,7 @@ impl DedupeWindow {
     }
 
     /// This window as `worker`'s record, for replication and transfers.
-    pub fn to_record(&self, worker: NodeId) -> DedupeRecord {
+    pub(crate) fn to_record(&self, worker: NodeId) -> DedupeRecord {
         let applied = self
             .applied
             .iter()
@@ -123,17 +113,19 @@ impl DedupeWindow {
     }
 
     /// The high-water mark.
-    pub fn settled_below(&self) -> RequestId {
+    #[cfg(test)]
+    pub(crate) fn settled_below(&self) -> RequestId {
         self.settled_below
     }
 
     /// Spans remembered above the high-water mark.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.applied.values().map(Vec::len).sum()
     }
 
     /// True when nothing is remembered above the high-water mark.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.applied.is_empty()
     }
 }
@@ -173,28 +165,6 @@ mod tests {
         // A stale settle from a delayed message never lowers the mark.
         w.settle(2);
         assert_eq!(w.settled_below(), 6);
-    }
-
-    #[test]
-    fn a_span_check_sees_every_overlap_and_nothing_else() {
-        let mut w = DedupeWindow::default();
-        w.record(span(3, 10, 20));
-        for (first, last, overlaps) in [
-            (0, 9, false),
-            (0, 10, true),
-            (20, 30, true),
-            (21, 30, false),
-            (12, 13, true),
-            (0, 100, true),
-        ] {
-            assert_eq!(w.applied_any(3, first, last), overlaps, "{first}..={last}");
-        }
-        assert!(
-            !w.applied_any(4, 0, 100),
-            "another request's rows are fresh"
-        );
-        w.settle(4);
-        assert!(w.applied_any(3, 50, 60), "a settled request is all applied");
     }
 
     proptest::proptest! {

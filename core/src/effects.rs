@@ -4,11 +4,11 @@
 use core::fmt;
 
 use crate::codec::DecodeError;
+use crate::ids::{Epoch, Iteration, NodeId, Time};
 use crate::key::KeyRange;
 use crate::kv::KvPairs;
-use crate::message::{Envelope, RequestId};
-use crate::node::{Epoch, Iteration, NodeId, Time};
 use crate::value::Value;
+use crate::wire::{Envelope, RequestId};
 
 /// The timers a node may run. Each node kind uses a few of them; setting a timer that is already
 /// set moves its deadline.

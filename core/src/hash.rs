@@ -5,7 +5,7 @@
 //! well-studied 64-bit mixer with full avalanche, which is all consistent hashing needs.
 
 /// SplitMix64's output function: a bijective mix of `x`.
-pub fn mix64(mut x: u64) -> u64 {
+pub(crate) fn mix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -13,7 +13,7 @@ pub fn mix64(mut x: u64) -> u64 {
 }
 
 /// Hashes a sequence of words under `seed`.
-pub fn hash_words(seed: u64, words: &[u64]) -> u64 {
+pub(crate) fn hash_words(seed: u64, words: &[u64]) -> u64 {
     words.iter().fold(mix64(seed), |h, &w| mix64(h ^ mix64(w)))
 }
 

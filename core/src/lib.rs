@@ -1,51 +1,146 @@
 //! # pserver-core
 //!
-//! The sans-IO protocol core of pserver, a parameter server after Li et al., "Scaling Distributed
-//! Machine Learning with the Parameter Server" (OSDI 2014).
+//! The sans-IO protocol core of pserver, a parameter server after Li et al., "Scaling
+//! Distributed Machine Learning with the Parameter Server" (OSDI 2014): sparse key-range push
+//! and pull, consistency models, exactly-once delivery, replication, failure detection and
+//! elastic membership.
 //!
 //! Nothing in this crate opens a socket, reads a clock, spawns a thread or draws from a global
-//! random source: time and bytes come in, bytes and timers go out. That makes the same code
-//! usable inside the model checker, the deterministic simulator, the async runtime and a user's
-//! own network stack, and makes every run replayable from its inputs.
+//! random source: bytes and time go in, bytes, deadlines and events come out. The same code
+//! runs in the model checker, the deterministic simulator, the async runtime of
+//! `pserver-transport` and your own network stack, and every run replays from its inputs.
 //!
-//! The vocabulary:
+//! ## A cluster
 //!
-//! - [`NodeId`], [`Role`]: who is talking.
-//! - [`Key`], [`KeyRange`]: the key space `[0, u64::MAX)` and half-open ranges of it.
-//! - [`Value`]: the parameter scalars `f32`, `f64`, `i64`.
-//! - [`KvPairs`]: sparse vectors, the unit of push and pull.
-//! - [`RangeClock`]: the paper's range vector clock.
-//! - [`Ring`]: consistent hashing of key ranges onto servers, with replicas.
-//! - [`Envelope`], [`Message`], [`Codec`]: the wire protocol.
-//! - [`Coordinator`], [`Server`], [`Worker`]: the node state machines; they write what they want
-//!   done into [`Effects`].
-//! - [`Node`], [`Driver`]: any node, and the sans-IO driver that carries out its effects.
-//!
-//! ## Driving nodes
-//!
-//! Every node has the same shape: `on_message(now, envelope, &mut effects)` and
-//! `on_timer(now, timer, &mut effects)` in, sends, timer commands and events out through
-//! [`Effects`]. Nobody needs to carry out effects by hand: a [`Driver`] wraps any [`Node`] with
-//! its timer table and the codec, and is the one way every stack drives nodes (the simulator,
-//! the async runtime of `pserver-transport`, and your own loop). Bytes and time in
-//! ([`Driver::handle_frame`], [`Driver::handle_timeout`]), bytes, deadlines and events out
-//! ([`Driver::poll_transmit`], [`Driver::poll_timeout`], [`Driver::poll_event`]); the
-//! [`Driver`] docs show a whole cluster on a queue. The model checker alone drives the node
-//! structs directly, so that it can fire timers in any order it likes.
-//!
-//! ## The wire
+//! A job has one [`Coordinator`] (membership, the ring of key ranges, the epoch), servers
+//! ([`Server`]: they hold the parameters, sharded by key range and replicated) and workers
+//! ([`Worker`]: the application's side, which pushes updates and pulls parameters). Each is a
+//! plain state machine built from its configuration; you run each one inside a [`Driver`]:
 //!
 //! ```
-//! use pserver_core::*;
-//! let ring = Ring::new((0..3).map(NodeId), RingConfig::default())?;
-//! let kvs = KvPairs::new(vec![10, 20], vec![0.5f32, -1.0], 1)?;
-//! let slice = SliceRef { request: 1, slice: 0 };
-//! let push = Message::Push(Push { slice, iteration: 0, settled_below: 0, kvs });
-//! let env = Envelope::new(NodeId(7), ring.primary(10), 1, push);
-//! let frame = Codec::default().encode(&env)?;
-//! assert_eq!(Codec::default().decode::<f32>(&frame)?, env);
+//! use pserver_core::{
+//!     Coordinator, CoordinatorConfig, Driver, NodeId, Server, ServerConfig, Updater, Worker,
+//!     WorkerConfig,
+//! };
+//! let (c, s, w) = (NodeId(0), NodeId(1), NodeId(2));
+//! let mut job = CoordinatorConfig::new(c, 1, 1);
+//! job.ring.replicas = 0; // one server: nobody to replicate to
+//! let coordinator: Driver<f64> = Driver::new(Coordinator::new(job)?);
+//! let server: Driver<f64> = Driver::new(Server::new(ServerConfig::new(s, c), Updater::Sum));
+//! let worker: Driver<f64> = Driver::new(Worker::new(WorkerConfig::new(w, c)));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! ## The driving loop
+//!
+//! A driver is fed and drained; it never blocks and never reads a clock. [`Time`] is
+//! nanoseconds from an origin of your choosing, and must not go backwards.
+//!
+//! 1. Once: [`Driver::start`] (the node registers with the coordinator).
+//! 2. When a frame arrives from peer `from`: [`Driver::handle_frame`].
+//! 3. When the deadline of [`Driver::poll_timeout`] has passed: [`Driver::handle_timeout`].
+//! 4. After each of those: send every frame of [`Driver::poll_transmit`] to its addressee,
+//!    hand every [`Event`] of [`Driver::poll_event`] to the application, and ask
+//!    [`Driver::poll_timeout`] again.
+//!
+//! A worker's application calls [`Driver::push`], [`Driver::pull`] and [`Driver::advance`]
+//! between those steps, and learns of their completion through events: [`Event::PushDone`]
+//! (the push counts for its iteration), [`Event::PushDurable`] (every replica holds it),
+//! [`Event::PullDone`] (the values), [`Event::Advanced`] (the next iteration began, as soon as
+//! the consistency model allows). Input a node will not use is never dropped silently: it is
+//! reported as [`Event::Refused`] and counted in [`Driver::refusals`].
+//!
+//! Here is the whole loop for a coordinator, one server and one worker, with a "network" that
+//! delivers every frame a millisecond after it is sent:
+//!
+//! ```
+//! use std::collections::VecDeque;
+//! use pserver_core::{
+//!     Coordinator, CoordinatorConfig, Driver, Event, KeyList, KeySelection, KvPairs, NodeId,
+//!     Server, ServerConfig, Time, Updater, Worker, WorkerConfig,
+//! };
+//!
+//! let (c, s, w) = (NodeId(0), NodeId(1), NodeId(2));
+//! let mut job = CoordinatorConfig::new(c, 1, 1);
+//! job.ring.replicas = 0;
+//! let mut nodes: Vec<Driver<f64>> = vec![
+//!     Driver::new(Coordinator::new(job)?),
+//!     Driver::new(Server::new(ServerConfig::new(s, c), Updater::Sum)),
+//!     Driver::new(Worker::new(WorkerConfig::new(w, c))),
+//! ];
+//! const MS: Time = 1_000_000;
+//! let mut now: Time = 0;
+//! for node in &mut nodes {
+//!     node.start(now);
+//! }
+//! // Frames on the wire: (arrival, from, to, bytes).
+//! let mut wire = VecDeque::new();
+//! let (mut push, mut pull, mut pulled) = (None, None, None);
+//! while pulled.is_none() && now < 10_000 * MS {
+//!     // Out: frames to the wire, events to the application.
+//!     for node in &mut nodes {
+//!         while let Some(t) = node.poll_transmit() {
+//!             wire.push_back((now + MS, node.id(), t.to, t.frame));
+//!         }
+//!     }
+//!     while let Some(event) = nodes[2].poll_event() {
+//!         match event {
+//!             // Registered and configured: push 1.5 to key 7.
+//!             Event::Ready { .. } => {
+//!                 let kvs = KvPairs::new(vec![7], vec![1.5], 1)?;
+//!                 push = Some(nodes[2].push(now, kvs)?);
+//!             }
+//!             Event::PushDone(id) if Some(id) == push => nodes[2].advance(now)?,
+//!             // In the next iteration: read key 7 back.
+//!             Event::Advanced(_) => {
+//!                 let keys = KeySelection::Keys(KeyList::new(vec![7])?);
+//!                 pull = Some(nodes[2].pull(now, keys)?);
+//!             }
+//!             Event::PullDone(id, kvs) if Some(id) == pull => pulled = Some(kvs),
+//!             _ => {}
+//!         }
+//!     }
+//!     // In: the next thing to happen, a frame arriving or a timer firing.
+//!     let timer = nodes.iter().filter_map(|n| n.poll_timeout()).min();
+//!     let frame = wire.front().map(|f| f.0);
+//!     if frame.is_some_and(|at| timer.is_none_or(|t| at <= t)) {
+//!         let (at, from, to, bytes) = wire.pop_front().ok_or("no frame")?;
+//!         now = now.max(at);
+//!         nodes[to.0 as usize].handle_frame(now, from, &bytes);
+//!     } else if let Some(t) = timer {
+//!         now = now.max(t);
+//!         for node in &mut nodes {
+//!             node.handle_timeout(now);
+//!         }
+//!     } else {
+//!         break;
+//!     }
+//! }
+//! let pulled = pulled.ok_or("the pull never completed")?;
+//! assert_eq!((pulled.keys(), pulled.values()), (&[7][..], &[1.5][..]));
+//! assert_eq!(nodes.iter().map(|n| n.refusals().total()).sum::<u64>(), 0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! `core/examples/threads.rs` runs the same loop with a thread per node, and the runtime of
+//! `pserver-transport` runs it over TCP, UDP or in-memory channels.
+//!
+//! ## What else is here
+//!
+//! - The front door (this page): the driver and its events, the node structs and their
+//!   configurations, keys and values ([`Key`], [`KeyRange`], [`KvPairs`], [`KeySelection`]),
+//!   the job's settings ([`Consistency`], [`Timing`], [`Updater`], the [`UpdateRule`] trait
+//!   for rules of your own), the [`Codec`] and the errors.
+//! - [`ring`]: consistent hashing of key ranges onto servers, with replicas.
+//! - [`store`]: the [`ParamStore`](store::ParamStore) trait servers keep their rows in, and
+//!   the default layout.
+//! - [`wire`]: the messages inside a frame, for tools that look at traffic.
+//! - [`node`]: the state machines' own surface below the driver (`on_message`, `on_timer`,
+//!   [`Effects`](node::Effects)), which the model checker drives.
+//! - `testing` (feature `testing`) and `mutation` (feature `mutations`): what only the
+//!   checkers in `pserver-models` and the fuzz targets use. Never needed to embed the core.
+//!
+//! ARCHITECTURE.md in the repository describes the protocol and its invariants.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 #[macro_use]
@@ -60,47 +155,39 @@ mod dedupe;
 mod driver;
 mod effects;
 mod hash;
+mod ids;
 mod key;
 mod kv;
-mod message;
 #[cfg(feature = "mutations")]
-mod mutation;
-mod node;
-mod ring;
+pub mod mutation;
+pub mod node;
+pub mod ring;
+mod selection;
 mod server;
 mod slicing;
-mod store;
+pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod timing;
 mod updater;
 mod value;
-mod wire;
+pub mod wire;
 mod worker;
 
-pub use clock::RangeClock;
-pub use codec::{Codec, DEFAULT_MAX_FRAME, DecodeError, EncodeError, FrameParts, TRAILER_ALIGN};
+pub use codec::{Codec, DEFAULT_MAX_FRAME, DecodeError, EncodeError, FrameParts};
 pub use consistency::{Consistency, ParseConsistencyError};
-pub use coordinator::{Coordinator, CoordinatorConfig, CoordinatorError, Phase};
-pub use dedupe::DedupeWindow;
-pub use driver::{Driver, DriverError, Node, Refusals, Transmit};
-pub use effects::{Effects, Event, Refusal, TimerCmd, TimerId};
+pub use coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
+pub use driver::{Driver, DriverError, Refusals, Transmit};
+pub use effects::{Event, Refusal};
+pub use ids::{Epoch, Iteration, NodeId, Role, Time};
 pub use key::{InvalidRange, Key, KeyRange, MAX_KEY};
 pub use kv::{KvError, KvPairs};
-pub use message::{
-    AppliedSpan, BadRangeList, BufferedPush, ClockRecord, ClusterConfig, DedupeRecord, Envelope,
-    KeyList, KeySelection, Message, PROTOCOL_VERSION, Pull, PullReply, Push, RangeList, Replicate,
-    RequestId, ShardAck, ShardUpdate, SliceId, SliceRef, Transfer,
-};
-#[cfg(feature = "mutations")]
-pub use mutation::Mutation;
-pub use node::{Epoch, Iteration, NodeId, NodeLayout, Role, Time};
-pub use ring::{MAX_SERVERS, MAX_VNODES, Ring, RingConfig, RingError};
+pub use selection::{BadRangeList, KeyList, KeySelection, RangeList};
 pub use server::{Server, ServerConfig};
-pub use store::{OrderedStore, ParamStore, RowVisitor, RowsUpdate, RunVisitor};
 pub use timing::Timing;
 pub use updater::{UpdateRule, Updater};
 pub use value::Value;
+pub use wire::{ClusterConfig, RequestId};
 pub use worker::{DEFAULT_MAX_SLICE_BYTES, Worker, WorkerConfig, WorkerError};
 
 /// The byte buffer frames travel in, re-exported so that embedders use the same version.

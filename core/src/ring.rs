@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::hash::hash_words;
+use crate::ids::NodeId;
 use crate::key::{Key, KeyRange};
-use crate::node::NodeId;
 
 /// Most virtual nodes a server may place. Rings are rebuilt from configurations received over
 /// the network, so their size must be bounded.
@@ -87,7 +87,8 @@ struct Segment {
 /// Deterministic: the same servers and [`RingConfig`] give the same ring on every node.
 ///
 /// ```
-/// use pserver_core::{NodeId, Ring, RingConfig};
+/// use pserver_core::NodeId;
+/// use pserver_core::ring::{Ring, RingConfig};
 /// let servers = (0..4).map(NodeId);
 /// let ring = Ring::new(servers, RingConfig { vnodes: 16, replicas: 1, seed: 7 })?;
 /// let owners = ring.owners(42);

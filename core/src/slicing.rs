@@ -3,10 +3,10 @@
 use std::collections::BTreeMap;
 
 use crate::cluster::Cluster;
+use crate::ids::NodeId;
 use crate::key::{Key, KeyRange};
 use crate::kv::KvPairs;
-use crate::message::{KeyList, KeySelection, RangeList};
-use crate::node::NodeId;
+use crate::selection::{KeyList, KeySelection, RangeList};
 use crate::value::Value;
 use crate::worker::Part;
 
@@ -301,8 +301,8 @@ pub(crate) fn assemble<V: Value>(mut replies: Vec<KvPairs<V>>, width: usize) -> 
 mod tests {
     use super::*;
     use crate::consistency::Consistency;
-    use crate::message::ClusterConfig;
     use crate::ring::RingConfig;
+    use crate::wire::ClusterConfig;
     use proptest::prelude::*;
 
     fn cluster(servers: u32, vnodes: u32) -> Cluster {

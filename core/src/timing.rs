@@ -1,7 +1,7 @@
 //! Timeouts and intervals. The core never reads a clock: these durations are added to the `now`
 //! the driver passes in.
 
-use crate::node::Time;
+use crate::ids::Time;
 
 const MS: Time = 1_000_000;
 

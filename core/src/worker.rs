@@ -9,15 +9,15 @@ use thiserror::Error;
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, Refusal, TimerId};
+use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
 use crate::kv::KvPairs;
-use crate::message::{
-    ClusterConfig, Envelope, KeySelection, Message, Pull, PullReply, Push, RequestId, SliceId,
-    SliceRef,
-};
-use crate::node::{Epoch, Iteration, NodeId, Role, Time};
+use crate::selection::KeySelection;
 use crate::slicing::{answers, assemble, merge_parts, primary_of_all, split_by_primary};
 use crate::timing::Timing;
 use crate::value::Value;
+use crate::wire::{
+    ClusterConfig, Envelope, Message, Pull, PullReply, Push, RequestId, SliceId, SliceRef,
+};
 
 /// Default for [`WorkerConfig::max_slice_bytes`]: 4 MiB, well below the default frame limit.
 pub const DEFAULT_MAX_SLICE_BYTES: usize = 4 << 20;
@@ -231,7 +231,7 @@ impl<V: Value> Worker<V> {
         }
     }
 
-    /// Runs a deliberately broken protocol (see [`crate::Mutation`]).
+    /// Runs a deliberately broken protocol (see [`crate::mutation::Mutation`]).
     #[cfg(feature = "mutations")]
     pub fn set_mutation(&mut self, mutation: Option<crate::mutation::Mutation>) {
         self.mutation = mutation;
@@ -267,7 +267,9 @@ impl<V: Value> Worker<V> {
         self.iteration
     }
 
-    /// Every iteration below this one is finished: advanced past, all its pushes acknowledged.
+    /// Every iteration below this one is finished: advanced past, all its pushes acknowledged
+    /// (feature `testing`).
+    #[cfg(feature = "testing")]
     pub fn finished_below(&self) -> Iteration {
         self.finished_below_at(self.iteration)
     }
@@ -281,7 +283,7 @@ impl<V: Value> Worker<V> {
 
     /// Iterations started and not yet finished (the current one included).
     pub fn in_flight(&self) -> Iteration {
-        self.iteration - self.finished_below() + 1
+        self.iteration - self.finished_below_at(self.iteration) + 1
     }
 
     /// Requests not yet completed.
@@ -290,7 +292,8 @@ impl<V: Value> Worker<V> {
     }
 
     /// Slices on the network, push and pull together (at most twice
-    /// [`WorkerConfig::max_slices_in_flight`]).
+    /// [`WorkerConfig::max_slices_in_flight`]; feature `testing`).
+    #[cfg(feature = "testing")]
     pub fn slices_in_flight(&self) -> usize {
         self.in_flight[0] + self.in_flight[1]
     }
@@ -302,7 +305,9 @@ impl<V: Value> Worker<V> {
         self.requests.is_empty() && !self.progress_pending()
     }
 
-    /// True once the coordinator has removed this worker.
+    /// True once the coordinator has removed this worker (feature `testing`; a driver reports
+    /// [`crate::Event::Fenced`]).
+    #[cfg(feature = "testing")]
     pub fn is_fenced(&self) -> bool {
         self.fenced
     }
@@ -674,7 +679,12 @@ impl<V: Value> Worker<V> {
     /// When progress sent now is next retransmitted.
     fn progress_deadline(&self, now: Time) -> Time {
         let attempts = self.progress_attempts;
-        now + jittered_rto(&self.cfg, RequestId::MAX, self.finished_below(), attempts)
+        now + jittered_rto(
+            &self.cfg,
+            RequestId::MAX,
+            self.finished_below_at(self.iteration),
+            attempts,
+        )
     }
 
     fn send_progress(&mut self, now: Time, out: &mut Effects<V>) {

@@ -2,6 +2,8 @@
 //! with a typed error.
 
 use proptest::prelude::*;
+use pserver_core::ring::*;
+use pserver_core::wire::*;
 use pserver_core::*;
 
 fn node() -> impl Strategy<Value = NodeId> {

@@ -4,6 +4,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
+use pserver_core::wire::*;
 use pserver_core::*;
 
 /// Counts the bytes this thread allocates, so parallel tests do not disturb the count.

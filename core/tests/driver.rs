@@ -1,5 +1,7 @@
 //! The driver: frames, timers and refusals, and requests cut to fit the wire.
 
+use pserver_core::ring::*;
+use pserver_core::wire::*;
 use pserver_core::*;
 
 const COORD: NodeId = NodeId(0);

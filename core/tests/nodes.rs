@@ -3,6 +3,9 @@
 mod common;
 
 use common::{COORD, config, deliver_config, ring};
+use pserver_core::node::*;
+use pserver_core::ring::*;
+use pserver_core::wire::*;
 use pserver_core::*;
 
 const W1: NodeId = NodeId(10);

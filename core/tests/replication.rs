@@ -4,12 +4,18 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use pserver_core::node::*;
+use pserver_core::ring::*;
+use pserver_core::wire::*;
 use pserver_core::*;
 
 const COORD: NodeId = NodeId(0);
 const MS: Time = 1_000_000;
 
 /// A deliberately broken protocol to run, where the build has them.
+#[cfg(feature = "mutations")]
+use pserver_core::mutation::Mutation;
+
 #[cfg(feature = "mutations")]
 type Broken = Option<Mutation>;
 #[cfg(not(feature = "mutations"))]

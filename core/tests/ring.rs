@@ -1,7 +1,8 @@
 //! Properties of the consistent-hashing ring (ARCHITECTURE.md §2).
 
 use proptest::prelude::*;
-use pserver_core::{Key, KeyRange, NodeId, Ring, RingConfig, RingError};
+use pserver_core::ring::{Ring, RingConfig, RingError};
+use pserver_core::{Key, KeyRange, NodeId};
 
 fn servers(n: u32) -> impl Iterator<Item = NodeId> {
     (0..n).map(NodeId)

@@ -4,6 +4,9 @@
 mod common;
 
 use common::{COORD, config, deliver_config};
+use pserver_core::node::*;
+use pserver_core::ring::*;
+use pserver_core::wire::*;
 use pserver_core::*;
 
 const S1: NodeId = NodeId(1);

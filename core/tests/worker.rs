@@ -5,6 +5,9 @@
 mod common;
 
 use common::COORD;
+use pserver_core::node::*;
+use pserver_core::ring::*;
+use pserver_core::wire::*;
 use pserver_core::*;
 
 const S1: NodeId = NodeId(1);

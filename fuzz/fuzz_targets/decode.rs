@@ -10,6 +10,7 @@
 
 use arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
+use pserver_core::wire::*;
 use pserver_core::*;
 
 fn check<V: Value>(codec: &Codec, data: &[u8]) {

@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
+use pserver_core::ring::*;
+use pserver_core::wire::*;
 use pserver_core::*;
 
 const COORD: NodeId = NodeId(0);

@@ -6,7 +6,8 @@
 //! always coalesced. Keys at and beyond `keys` share one timestamp, so the per-key model keeps
 //! one slot for all of them.
 
-use pserver_core::{KeyRange, RangeClock};
+use pserver_core::KeyRange;
+use pserver_core::node::RangeClock;
 use stateright::{Model, Property};
 
 /// A range clock and the per-key clock it must agree with.

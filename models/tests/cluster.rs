@@ -120,7 +120,7 @@ fn with_backoff_a_retransmission_doubles_its_timeout() {
 #[cfg(feature = "mutations")]
 mod mutations {
     use super::*;
-    use pserver_core::Mutation;
+    use pserver_core::mutation::Mutation;
 
     fn violated_in(cfg: ClusterModelConfig, mutation: Mutation, property: &str) -> CheckReport {
         let mut model = cluster_model(cfg).unwrap();

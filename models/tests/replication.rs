@@ -137,7 +137,7 @@ fn the_replication_properties_are_only_in_models_that_copy_ranges() {
 #[cfg(feature = "mutations")]
 mod mutations {
     use super::*;
-    use pserver_core::Mutation;
+    use pserver_core::mutation::Mutation;
     use pserver_models::cluster::CheckReport;
 
     /// Checks `cfg` with every node running `mutation`, and returns the report with the steps

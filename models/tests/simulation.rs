@@ -2,7 +2,8 @@
 //! ARCHITECTURE.md §4. Every run checks every invariant after every step; each test stresses the
 //! faults its invariant is most exposed to. Together they run over 1,000 faulty seeds.
 
-use pserver_core::{Consistency, MAX_KEY, Ring};
+use pserver_core::ring::Ring;
+use pserver_core::{Consistency, MAX_KEY};
 use pserver_models::sim::{Faults, MS, SimConfig, SimFailure, SimReport, SimUpdater, run};
 
 const MODELS: [Consistency; 3] = [
@@ -181,7 +182,7 @@ fn bounded_delay_finishes_sooner_than_sequential_with_stragglers() {
 #[cfg(feature = "mutations")]
 #[test]
 fn the_simulator_catches_every_mutation() {
-    use pserver_core::Mutation;
+    use pserver_core::mutation::Mutation;
     use pserver_models::sim::Invariant;
     let faults = Faults {
         drop: 0.1,
@@ -219,7 +220,7 @@ fn the_simulator_catches_every_mutation() {
 #[cfg(feature = "mutations")]
 #[test]
 fn the_simulator_catches_what_the_new_model_properties_catch() {
-    use pserver_core::Mutation;
+    use pserver_core::mutation::Mutation;
     use pserver_models::sim::Invariant;
     let faults = Faults {
         drop: 0.05,
@@ -513,7 +514,7 @@ fn the_oracle_catches_an_update_rule_applied_with_the_wrong_sign() {
 #[cfg(feature = "mutations")]
 #[test]
 fn the_oracle_catches_duplicates_applied_again_whatever_the_update_rule() {
-    use pserver_core::Mutation;
+    use pserver_core::mutation::Mutation;
     use pserver_models::sim::Invariant;
     let faults = Faults {
         drop: 0.2,
@@ -696,7 +697,7 @@ fn runs_outside_the_fault_model_are_refused_at_setup() {
 
 #[cfg(feature = "mutations")]
 fn caught_by(
-    mutation: pserver_core::Mutation,
+    mutation: pserver_core::mutation::Mutation,
     seeds: std::ops::Range<u64>,
     cfg: impl Fn(u64) -> SimConfig,
 ) -> Vec<SimFailure> {
@@ -708,7 +709,7 @@ fn caught_by(
 #[cfg(feature = "mutations")]
 #[test]
 fn durability_catches_acknowledging_before_the_replicas_have_a_push() {
-    use pserver_core::Mutation;
+    use pserver_core::mutation::Mutation;
     use pserver_models::sim::Invariant;
     let failures = caught_by(Mutation::AckBeforeReplicate, 0..40, |seed| SimConfig {
         updater: Some(SimUpdater::Sum),
@@ -730,7 +731,7 @@ fn durability_catches_acknowledging_before_the_replicas_have_a_push() {
 #[cfg(feature = "mutations")]
 #[test]
 fn exactly_once_catches_copies_that_leave_the_de_duplication_state_behind() {
-    use pserver_core::Mutation;
+    use pserver_core::mutation::Mutation;
     use pserver_models::sim::Invariant;
     let faults = Faults {
         drop: 0.05,

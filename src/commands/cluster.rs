@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use pserver_core::{Consistency, Driver, NodeId, OrderedStore, Role, Updater, Value};
+use pserver_core::store::OrderedStore;
+use pserver_core::{Consistency, Driver, NodeId, Role, Updater, Value};
 use pserver_transport::Transport;
 use pserver_transport::TransportError;
 use pserver_transport::mem::{MemFaults, MemNetwork};

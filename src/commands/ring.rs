@@ -3,7 +3,8 @@
 
 use std::fmt::Write as _;
 
-use pserver_core::{NodeId, Ring, RingConfig, RingError};
+use pserver_core::NodeId;
+use pserver_core::ring::{Ring, RingConfig, RingError};
 
 use super::CliError;
 

@@ -58,12 +58,13 @@ use thiserror::Error;
 
 use crate::codec::{Codec, EncodeError, FrameParts};
 use crate::effects::{Effects, Event, Refusal, TimerCmd, TimerId};
+use crate::ids::{NodeId, Time};
 use crate::kv::KvPairs;
-use crate::message::{ClusterConfig, Envelope, KeySelection, RequestId};
-use crate::node::{NodeId, Time};
+use crate::selection::KeySelection;
 use crate::store::{OrderedStore, ParamStore};
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
+use crate::wire::{ClusterConfig, Envelope, RequestId};
 use crate::worker::WorkerError;
 
 pub use node::Node;
@@ -192,9 +193,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         self.codec
     }
 
-    /// Runs a deliberately broken protocol (see [`crate::Mutation`]); a coordinator has none.
+    /// Runs a deliberately broken protocol (see [`crate::mutation::Mutation`]); a coordinator has none.
     #[cfg(feature = "mutations")]
-    pub fn set_mutation(&mut self, mutation: Option<crate::Mutation>) {
+    pub fn set_mutation(&mut self, mutation: Option<crate::mutation::Mutation>) {
         match &mut self.node {
             Node::Server(s) => s.set_mutation(mutation),
             Node::Worker(w) => w.set_mutation(mutation),
@@ -241,13 +242,19 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
             Ok(env) if env.from != from => {
                 self.refuse(from, Refusal::SpoofedSender { claimed: env.from })
             }
-            Ok(env) => self.handle_message(now, env),
+            Ok(env) => self.dispatch(now, env),
             Err(e) => self.refuse(from, Refusal::Undecodable(e)),
         }
     }
 
-    /// An envelope arrived, already decoded (for drivers that skip the wire).
+    /// An envelope arrived, already decoded: for checkers that skip the wire (feature
+    /// `testing`).
+    #[cfg(feature = "testing")]
     pub fn handle_message(&mut self, now: Time, env: Envelope<V>) {
+        self.dispatch(now, env);
+    }
+
+    fn dispatch(&mut self, now: Time, env: Envelope<V>) {
         let mut out = self.take_scratch();
         self.node.on_message(now, env, &mut out);
         self.absorb(out);
@@ -278,11 +285,6 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
     /// The earliest timer deadline, if any timer is set: call [`Driver::handle_timeout`] then.
     pub fn poll_timeout(&self) -> Option<Time> {
         self.timers.values().min().copied()
-    }
-
-    /// The timers set, with their deadlines.
-    pub fn timers(&self) -> impl Iterator<Item = (TimerId, Time)> + '_ {
-        self.timers.iter().map(|(&t, &at)| (t, at))
     }
 
     /// The next frame to send. An envelope the codec cannot encode (larger than the frame
@@ -319,7 +321,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         self.poll_encoded(Codec::encode_parts)
     }
 
-    /// The next envelope to send, not encoded (for drivers that skip the wire).
+    /// The next envelope to send, not encoded: for checkers that skip the wire (feature
+    /// `testing`).
+    #[cfg(feature = "testing")]
     pub fn poll_message(&mut self) -> Option<Envelope<V>> {
         self.outbox.pop_front()
     }

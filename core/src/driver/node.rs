@@ -2,19 +2,20 @@
 
 use crate::coordinator::Coordinator;
 use crate::effects::{Effects, TimerId};
-use crate::message::{ClusterConfig, Envelope};
-use crate::node::{Epoch, NodeId, Role, Time};
+use crate::ids::{Epoch, NodeId, Role, Time};
 use crate::server::Server;
 use crate::store::{OrderedStore, ParamStore};
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
+use crate::wire::{ClusterConfig, Envelope};
 use crate::worker::Worker;
 
 /// A coordinator, a server or a worker: the three state machines of the protocol behind the
 /// shape they share (`start`, `on_message`, `on_timer`).
 ///
 /// ```
-/// use pserver_core::*;
+/// use pserver_core::node::Node;
+/// use pserver_core::{NodeId, Role, Worker, WorkerConfig};
 /// let cfg = WorkerConfig::new(NodeId(3), NodeId(0));
 /// let node: Node<f32> = Node::from(Worker::new(cfg));
 /// assert_eq!((node.id(), node.role()), (NodeId(3), Role::Worker));
@@ -144,14 +145,6 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Node<V, U, S> {
     pub fn as_worker_mut(&mut self) -> Option<&mut Worker<V>> {
         match self {
             Node::Worker(w) => Some(w),
-            _ => None,
-        }
-    }
-
-    /// The server, mutably, if this node is one.
-    pub fn as_server_mut(&mut self) -> Option<&mut Server<V, U, S>> {
-        match self {
-            Node::Server(s) => Some(s),
             _ => None,
         }
     }

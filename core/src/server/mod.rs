@@ -11,17 +11,17 @@ use crate::clock::RangeClock;
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, Refusal, TimerId};
+use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
 use crate::key::{Key, KeyRange};
 use crate::kv::{KvPairs, PairsBuilder};
-use crate::message::{
-    ClusterConfig, Envelope, KeySelection, Message, Pull, PullReply, Push, Replicate, ShardUpdate,
-    SliceRef,
-};
-use crate::node::{Epoch, Iteration, NodeId, Role, Time};
+use crate::selection::KeySelection;
 use crate::store::{OrderedStore, ParamStore};
 use crate::timing::Timing;
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
+use crate::wire::{
+    ClusterConfig, Envelope, Message, Pull, PullReply, Push, Replicate, ShardUpdate, SliceRef,
+};
 
 use replication::Resend;
 use shard::Shard;
@@ -232,7 +232,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
     }
 
-    /// Runs a deliberately broken protocol (see [`crate::Mutation`]).
+    /// Runs a deliberately broken protocol (see [`crate::mutation::Mutation`]).
     #[cfg(feature = "mutations")]
     pub fn set_mutation(&mut self, mutation: Option<crate::mutation::Mutation>) {
         self.mutation = mutation;
@@ -279,7 +279,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// Sequential mode: every iteration below this one has been applied on every shard this
-    /// server is the primary of (0 when it is the primary of none).
+    /// server is the primary of (0 when it is the primary of none). An inspector for checkers
+    /// (feature `testing`).
+    #[cfg(feature = "testing")]
     pub fn applied_below(&self) -> Iteration {
         self.shards
             .values()
@@ -289,12 +291,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .unwrap_or(0)
     }
 
-    /// Pulls held back by the consistency model.
+    /// Pulls held back by the consistency model (feature `testing`).
+    #[cfg(feature = "testing")]
     pub fn held_pulls(&self) -> usize {
         self.held.len()
     }
 
-    /// Key spans remembered for de-duplication, over all shards and workers.
+    /// Key spans remembered for de-duplication, over all shards and workers (feature
+    /// `testing`).
+    #[cfg(feature = "testing")]
     pub fn dedupe_entries(&self) -> usize {
         self.shards
             .values()
@@ -308,7 +313,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.shards.values().map(|s| (s.range, s.is_primary()))
     }
 
-    /// Push slices taken in and waiting for their replicas before they are acknowledged.
+    /// Push slices taken in and waiting for their replicas before they are acknowledged
+    /// (feature `testing`).
+    #[cfg(feature = "testing")]
     pub fn unreplicated_pushes(&self) -> usize {
         self.unreplicated.len()
     }

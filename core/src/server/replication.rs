@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 
 use crate::effects::{Effects, Refusal, TimerId};
+use crate::ids::{NodeId, Time};
 use crate::key::{Key, KeyRange};
-use crate::message::{ClockRecord, Message, Replicate, ShardAck, ShardUpdate, Transfer};
-use crate::node::{NodeId, Time};
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
+use crate::wire::{ClockRecord, Message, Replicate, ShardAck, ShardUpdate, Transfer};
 
 use super::Server;
 use super::shard::{ReplicaState, Shard, ShardRole, first_step, restrict};
@@ -127,7 +127,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
 
     /// Acknowledges the pushes whose updates every replica now has.
     pub(super) fn ack_replicated(&mut self, out: &mut Effects<V>) {
-        let done: Vec<(NodeId, crate::message::SliceRef)> = self
+        let done: Vec<(NodeId, crate::wire::SliceRef)> = self
             .unreplicated
             .iter()
             .filter(|(_, waits)| waits.iter().all(|&(r, seq)| self.replicated(r, seq)))

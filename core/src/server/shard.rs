@@ -5,13 +5,13 @@ use core::hash::{Hash, Hasher};
 use std::collections::BTreeMap;
 
 use crate::dedupe::DedupeWindow;
+use crate::ids::{Iteration, NodeId};
 use crate::key::{Key, KeyRange};
 use crate::kv::KvPairs;
-use crate::message::{AppliedSpan, BufferedPush, DedupeRecord, Replicate, ShardUpdate, Transfer};
-use crate::node::{Iteration, NodeId};
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
+use crate::wire::{AppliedSpan, BufferedPush, DedupeRecord, Replicate, ShardUpdate, Transfer};
 
 use super::replication::MAX_LOG;
 

@@ -154,7 +154,8 @@ impl<V: Value> Leaf<V> {
 /// by bits and ignore how they are cut into leaves.
 ///
 /// ```
-/// use pserver_core::{KeyRange, OrderedStore, ParamStore};
+/// use pserver_core::KeyRange;
+/// use pserver_core::store::{OrderedStore, ParamStore};
 /// let mut store = OrderedStore::<f32>::new(1, 0);
 /// store.update_rows(&[3, 4, 5], &[1.0, 2.0, 3.0], &mut |rows, _, deltas| {
 ///     for (w, d) in rows.iter_mut().zip(deltas) {

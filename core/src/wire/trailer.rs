@@ -12,6 +12,10 @@ use core::cell::RefCell;
 
 use bytes::Bytes;
 
+/// The trailer's offset in a frame is a multiple of this, so that the values of a frame held
+/// at an address aligned as well can be read in place.
+pub const TRAILER_ALIGN: usize = 8;
+
 thread_local! {
     /// The values gathered by the frame being encoded on this thread, if one is.
     static ENCODING: RefCell<Option<Vec<Bytes>>> = const { RefCell::new(None) };

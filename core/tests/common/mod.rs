@@ -2,6 +2,8 @@
 //! configurations that tests hand to nodes. Each test file uses only part of it.
 #![allow(dead_code)]
 
+use pserver_core::ring::*;
+use pserver_core::wire::*;
 use pserver_core::*;
 
 pub(crate) const COORD: NodeId = NodeId(0);

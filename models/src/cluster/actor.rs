@@ -4,10 +4,13 @@
 
 use std::borrow::Cow;
 
+use pserver_core::node::{Effects, TimerCmd, TimerId};
+use pserver_core::ring::Ring;
+use pserver_core::wire::{Envelope, Message};
 use pserver_core::{
-    ClusterConfig, Coordinator, CoordinatorConfig, CoordinatorError, Effects, Envelope, Event,
-    Iteration, KeyList, KeySelection, KvPairs, Message, NodeId, RequestId, Ring, Server,
-    ServerConfig, Time, TimerCmd, TimerId, Updater, Worker, WorkerConfig,
+    ClusterConfig, Coordinator, CoordinatorConfig, CoordinatorError, Event, Iteration, KeyList,
+    KeySelection, KvPairs, NodeId, RequestId, Server, ServerConfig, Time, Updater, Worker,
+    WorkerConfig,
 };
 use stateright::actor::{Actor, Id, Out, model_timeout};
 
@@ -76,7 +79,7 @@ pub struct Settings {
     /// ([`ServerActorState::ever_held`]).
     pub held_keys: Vec<u64>,
     #[cfg(feature = "mutations")]
-    pub(crate) mutation: Option<pserver_core::Mutation>,
+    pub(crate) mutation: Option<pserver_core::mutation::Mutation>,
 }
 
 /// The workload of a worker: each iteration pushes to every key and advances, then pulls every
@@ -264,7 +267,7 @@ impl ClusterActor {
 
     /// Makes this actor run a deliberately broken protocol.
     #[cfg(feature = "mutations")]
-    pub(crate) fn set_mutation(&mut self, mutation: Option<pserver_core::Mutation>) {
+    pub(crate) fn set_mutation(&mut self, mutation: Option<pserver_core::mutation::Mutation>) {
         self.settings_mut().mutation = mutation;
     }
 

@@ -3,7 +3,9 @@
 use core::fmt;
 use core::str::FromStr;
 
-use pserver_core::{Consistency, Key, NodeId, NodeLayout, Ring, RingConfig, Timing};
+use pserver_core::node::NodeLayout;
+use pserver_core::ring::{Ring, RingConfig};
+use pserver_core::{Consistency, Key, NodeId, Timing};
 
 /// How the model's network behaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -74,7 +76,7 @@ pub struct ClusterModelConfig {
     /// coordinator when the checker delivers their `Register`, at any point of the run. The
     /// coordinator lists them as joining, they copy the ranges the next ring gives them and
     /// follow their updates, and once they caught up the ring switches
-    /// ([`pserver_core::Phase::Reconfiguring`]). Ranges move with their data, with or without
+    /// ([`pserver_core::node::Phase::Reconfiguring`]). Ranges move with their data, with or without
     /// replicas, so the replication properties are checked
     /// ([`ClusterModelConfig::copies_ranges`]). Not with `registration` or `ring_change`: a
     /// join is into a job that runs on its first configuration.

@@ -65,7 +65,9 @@ pub use check::{
 };
 pub use config::{ClusterModelConfig, MAX_RETRANSMISSIONS, NetworkKind};
 
-use pserver_core::{Coordinator, CoordinatorError, Epoch, Key, NodeId, Ring, TimerId};
+use pserver_core::node::TimerId;
+use pserver_core::ring::Ring;
+use pserver_core::{Coordinator, CoordinatorError, Epoch, Key, NodeId};
 use stateright::actor::{ActorModel, ActorModelState, LossyNetwork, Network};
 use stateright::{Expectation, Model};
 
@@ -78,7 +80,7 @@ pub type ClusterState = ActorModelState<ClusterActor, ()>;
 /// Makes every server and worker of `model` run a deliberately broken protocol, to see the
 /// checker catch it.
 #[cfg(feature = "mutations")]
-pub fn mutate(model: &mut ClusterModel, mutation: pserver_core::Mutation) {
+pub fn mutate(model: &mut ClusterModel, mutation: pserver_core::mutation::Mutation) {
     for actor in &mut model.actors {
         actor.set_mutation(Some(mutation));
     }

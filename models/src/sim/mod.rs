@@ -151,9 +151,10 @@ pub use world::run_mutated;
 use core::fmt;
 
 use pserver_core::Consistency;
-use pserver_core::RingConfig;
 use pserver_core::Updater;
-use pserver_core::{NodeId, NodeLayout, Time};
+use pserver_core::node::NodeLayout;
+use pserver_core::ring::RingConfig;
+use pserver_core::{NodeId, Time};
 
 /// One millisecond of virtual time.
 pub const MS: Time = 1_000_000;
@@ -359,9 +360,9 @@ impl SimConfig {
     /// The ring in force while the run goes on: every server's, or, after a ring change, that
     /// of the servers left. Every invariant is judged against it, and the keys are laid out
     /// around its segment boundaries.
-    pub fn ring_in_force(&self) -> Result<pserver_core::Ring, pserver_core::RingError> {
+    pub fn ring_in_force(&self) -> Result<pserver_core::ring::Ring, pserver_core::ring::RingError> {
         let gone = self.server_taken_off();
-        pserver_core::Ring::new(self.server_ids().filter(|&s| Some(s) != gone), self.ring)
+        pserver_core::ring::Ring::new(self.server_ids().filter(|&s| Some(s) != gone), self.ring)
     }
 
     /// The update rule of this run: [`SimConfig::updater`], or one picked by the seed.
@@ -410,7 +411,7 @@ impl SimConfig {
     /// three ways: spread evenly over the key space; at its edges (from 0 up and from the
     /// largest legal key down, with gaps that cross varint lengths: 127, 128, 16383, 16384); or
     /// on both sides of the ring's segment boundaries.
-    pub fn key_layout(&self, ring: &pserver_core::Ring) -> Vec<u64> {
+    pub fn key_layout(&self, ring: &pserver_core::ring::Ring) -> Vec<u64> {
         use std::collections::BTreeSet;
         let n = self.keys as usize;
         let stride = (u64::MAX - 1) / self.keys.max(1);

@@ -4,7 +4,7 @@
 use core::fmt;
 use core::str::FromStr;
 
-use pserver_core::Mutation;
+use pserver_core::mutation::Mutation;
 
 /// What a mutated run breaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -13,7 +13,7 @@ pub enum SimMutation {
     Protocol(Mutation),
     /// Servers hand their update rule the negated delta: a gradient ascended instead of
     /// descended, a count subtracted (breaks the update-rule oracle). The protocol is intact;
-    /// only the rule the servers are given is wrapped ([`ServerRule`]).
+    /// only the rule the servers are given is wrapped.
     WrongSign,
 }
 

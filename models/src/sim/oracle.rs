@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use pserver_core::KvPairs;
+use pserver_core::wire::{Push, SliceRef};
 use pserver_core::{Iteration, NodeId};
-use pserver_core::{Push, SliceRef};
 use pserver_core::{UpdateRule, Updater};
 
 /// A push slice as its worker sent it.

@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
+use pserver_core::node::NodeLayout;
+use pserver_core::ring::RingConfig;
 use pserver_core::{
     Codec, Consistency, Coordinator, CoordinatorConfig, DEFAULT_MAX_FRAME, DEFAULT_MAX_SLICE_BYTES,
-    Driver, NodeId, NodeLayout, RingConfig, Server, ServerConfig, Timing, Updater, Value, Worker,
-    WorkerConfig,
+    Driver, NodeId, Server, ServerConfig, Timing, Updater, Value, Worker, WorkerConfig,
 };
 
 use super::handle::{NodeHandle, NodeReport, RuntimeError, WorkerHandle};

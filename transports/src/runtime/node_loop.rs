@@ -3,9 +3,10 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
+use pserver_core::store::ParamStore;
 use pserver_core::{
-    Driver, DriverError, Event, Iteration, KvPairs, ParamStore, Refusal, RequestId, Role, Time,
-    UpdateRule, Value,
+    Driver, DriverError, Event, Iteration, KvPairs, Refusal, RequestId, Role, Time, UpdateRule,
+    Value,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until};

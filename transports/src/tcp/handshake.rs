@@ -340,7 +340,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use pserver_core::PROTOCOL_VERSION;
+    use pserver_core::wire::PROTOCOL_VERSION;
 
     fn auth(me: u32, peers: &[u32], secret: &[u8]) -> Auth {
         Auth::new(

@@ -11,7 +11,7 @@ use tracing_subscriber::fmt::MakeWriter;
 use std::future::Future;
 
 use bytes::Bytes;
-use pserver_core::PROTOCOL_VERSION;
+use pserver_core::wire::PROTOCOL_VERSION;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 

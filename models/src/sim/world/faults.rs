@@ -9,8 +9,8 @@ use crate::sim::rng::SimRng;
 use crate::sim::{Invariant, MS, ServerFaults, SimFailure};
 use pserver_core::Driver;
 use pserver_core::KeyRange;
-use pserver_core::Ring;
 use pserver_core::Server;
+use pserver_core::ring::Ring;
 use pserver_core::{NodeId, Time};
 
 /// What a planned server crash is.
@@ -420,7 +420,7 @@ impl World<'_> {
     /// every owner of every range holding it.
     fn quiescent(&self) -> bool {
         self.coordinator()
-            .is_some_and(|c| c.phase() == pserver_core::Phase::Running)
+            .is_some_and(|c| c.phase() == pserver_core::node::Phase::Running)
             && self.plan.membership_pending == 0
             && self.plan.leaving.iter().all(|s| self.down.contains(s))
             && self.plan.open.is_empty()

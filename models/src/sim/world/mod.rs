@@ -19,11 +19,10 @@ use pserver_core::Codec;
 use pserver_core::Consistency;
 use pserver_core::Driver;
 use pserver_core::KvPairs;
-use pserver_core::Ring;
 use pserver_core::Timing;
-use pserver_core::{
-    ClusterConfig, Envelope, KeyList, KeySelection, Message, RangeList, RequestId, ShardUpdate,
-};
+use pserver_core::ring::Ring;
+use pserver_core::wire::{Envelope, Message, ShardUpdate};
+use pserver_core::{ClusterConfig, KeyList, KeySelection, RangeList, RequestId};
 use pserver_core::{Coordinator, CoordinatorConfig};
 use pserver_core::{Epoch, Iteration, NodeId, Time};
 use pserver_core::{Event, Refusal};
@@ -142,7 +141,7 @@ struct World<'a> {
     /// Server configuration shared by every server, to start a fresh one on a restart.
     server_config: ServerConfig,
     #[cfg(feature = "mutations")]
-    mutation: Option<pserver_core::Mutation>,
+    mutation: Option<pserver_core::mutation::Mutation>,
     /// Redirects the workers followed.
     redirects: u64,
     /// Values sent in pushes and in replication updates ([`crate::sim::SimReport`]).
@@ -217,7 +216,7 @@ fn setup_failure(cfg: &SimConfig, e: impl core::fmt::Display) -> SimFailure {
 /// at least one on epoch 1 so that redirects happen.
 fn ring_change_configs(
     cfg: &SimConfig,
-) -> Result<BTreeMap<NodeId, ClusterConfig>, pserver_core::RingError> {
+) -> Result<BTreeMap<NodeId, ClusterConfig>, pserver_core::ring::RingError> {
     let first = ClusterConfig {
         epoch: 1,
         coordinator: cfg.coordinator_id(),

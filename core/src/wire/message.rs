@@ -1,16 +1,15 @@
 //! The messages nodes exchange (ARCHITECTURE.md §2) and the envelope that carries them.
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
 
 use crate::consistency::Consistency;
+use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
 use crate::key::{Key, KeyRange};
-use crate::kv::{KvError, KvPairs, check_keys};
-use crate::node::{Epoch, Iteration, NodeId, Role, Time};
+use crate::kv::KvPairs;
 use crate::ring::{Ring, RingConfig, RingError};
+use crate::selection::KeySelection;
 use crate::value::Value;
-use crate::wire::seq;
+use crate::wire::forms::seq;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
 pub const PROTOCOL_VERSION: u16 = 6;
@@ -57,110 +56,6 @@ pub struct SliceRef {
     pub request: RequestId,
     /// The slice within it.
     pub slice: SliceId,
-}
-
-/// Strictly increasing keys (at most [`crate::MAX_KEY`]), delta-encoded on the wire.
-///
-/// Shared, not copied, when cloned: a pull's keys go into every (re)transmission of its slice.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct KeyList(Arc<Vec<Key>>);
-
-impl KeyList {
-    /// Validates that `keys` are strictly increasing and not reserved.
-    pub fn new(keys: Vec<Key>) -> Result<Self, KvError> {
-        check_keys(&keys)?;
-        Ok(KeyList(Arc::new(keys)))
-    }
-
-    pub(crate) fn from_validated(keys: Vec<Key>) -> Self {
-        KeyList(Arc::new(keys))
-    }
-
-    /// The keys.
-    pub fn keys(&self) -> &[Key] {
-        &self.0
-    }
-}
-
-/// Non-empty, sorted, disjoint key ranges.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize)]
-pub struct RangeList(Vec<KeyRange>);
-
-/// Ranges given to [`RangeList::new`] were empty, unsorted or overlapping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("ranges must be non-empty, sorted and disjoint; range {index} breaks that")]
-pub struct BadRangeList {
-    /// Position of the offending range.
-    pub index: usize,
-}
-
-impl RangeList {
-    /// The parts of these ranges at or above `from`.
-    pub fn from_key(&self, from: Key) -> RangeList {
-        let ranges = self
-            .0
-            .iter()
-            .filter(|r| r.end() > from)
-            .filter_map(|r| KeyRange::new(r.start().max(from), r.end()).ok())
-            .collect();
-        RangeList(ranges)
-    }
-
-    /// Validates that the ranges are non-empty, sorted and disjoint.
-    pub fn new(ranges: Vec<KeyRange>) -> Result<Self, BadRangeList> {
-        for (index, r) in ranges.iter().enumerate() {
-            let after_previous = index == 0 || ranges[index - 1].end() <= r.start();
-            if r.is_empty() || !after_previous {
-                return Err(BadRangeList { index });
-            }
-        }
-        Ok(RangeList(ranges))
-    }
-
-    /// The ranges, sorted.
-    pub fn ranges(&self) -> &[KeyRange] {
-        &self.0
-    }
-
-    /// True when some range holds `key`.
-    pub fn contains(&self, key: Key) -> bool {
-        let i = self.0.partition_point(|r| r.end() <= key);
-        self.0.get(i).is_some_and(|r| r.contains(key))
-    }
-}
-
-impl<'de> Deserialize<'de> for RangeList {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let ranges: Vec<KeyRange> = seq::deserialize(d)?;
-        RangeList::new(ranges).map_err(serde::de::Error::custom)
-    }
-}
-
-/// What a pull asks for.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum KeySelection {
-    /// Every stored key of these ranges (dense pulls).
-    Ranges(RangeList),
-    /// Exactly these keys (sparse pulls: the features a worker's data touches). Keys the server
-    /// has never seen read as zero.
-    Keys(KeyList),
-}
-
-impl KeySelection {
-    /// The smallest range holding every key asked for; `None` when nothing is asked.
-    pub fn span(&self) -> Option<KeyRange> {
-        let (first, end) = match self {
-            KeySelection::Keys(list) => {
-                let keys = list.keys();
-                (*keys.first()?, keys.last()?.checked_add(1)?)
-            }
-            KeySelection::Ranges(list) => {
-                let ranges = list.ranges();
-                (ranges.first()?.start(), ranges.last()?.end())
-            }
-        };
-        KeyRange::new(first, end).ok()
-    }
 }
 
 /// The membership and ring of one epoch, as the coordinator broadcasts it.
@@ -212,7 +107,8 @@ impl ClusterConfig {
     /// still on the old epoch are redirected and re-slice their requests.
     ///
     /// ```
-    /// use pserver_core::{ClusterConfig, Consistency, NodeId, RingConfig};
+    /// use pserver_core::{ClusterConfig, Consistency, NodeId};
+    /// use pserver_core::ring::RingConfig;
     /// let config = ClusterConfig {
     ///     epoch: 1,
     ///     coordinator: NodeId(0),
@@ -310,7 +206,8 @@ impl ClusterConfig {
     /// they are until one joins.
     ///
     /// ```
-    /// use pserver_core::{ClusterConfig, Consistency, NodeId, RingConfig};
+    /// use pserver_core::{ClusterConfig, Consistency, NodeId};
+    /// use pserver_core::ring::RingConfig;
     /// let w = |i| NodeId(i);
     /// let mut config = ClusterConfig {
     ///     epoch: 1,
