@@ -351,7 +351,9 @@ impl<V: Value> Worker<V> {
         out.send(Envelope::new(self.cfg.id, to, self.epoch(), body));
     }
 
-    /// Pushes `kvs` as part of the current iteration. Completes with [`Event::PushDone`].
+    /// Pushes `kvs` as part of the current iteration. Completes with [`Event::PushDone`] once
+    /// it counts for the iteration, and with [`Event::PushDurable`] (in the same step, or
+    /// later in sequential mode with replicas) once every replica holds it.
     pub fn push(
         &mut self,
         now: Time,

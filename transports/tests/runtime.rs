@@ -72,16 +72,24 @@ fn handles_report_typed_errors() {
         let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &MemNetwork::reliable())?;
         let worker = cluster.workers[0].clone();
         let wide = KvPairs::new(vec![1], vec![1, 2], 2)?;
-        assert_eq!(
-            worker.push(wide).await,
-            Err(RuntimeError::WidthMismatch {
-                expected: 1,
-                got: 2
-            })
-        );
+        let mismatch = Err(RuntimeError::WidthMismatch {
+            expected: 1,
+            got: 2,
+        });
+        assert_eq!(worker.push(wide.clone()).await, mismatch);
+        // A push refused outright fails both of its completions.
+        assert_eq!(worker.push_durable(wide.clone()).await, mismatch);
+        let mut ticket = worker.start_push(wide).await?;
+        assert_eq!((&mut ticket).await, mismatch);
+        assert_eq!(ticket.durable().await, mismatch);
         cluster.shutdown().await?;
         let keys = KeySelection::Keys(KeyList::new(vec![1])?);
         assert_eq!(worker.pull(keys).await, Err(RuntimeError::ShutDown));
+        let narrow = KvPairs::new(vec![1], vec![1], 1)?;
+        assert_eq!(
+            worker.push_durable(narrow).await,
+            Err(RuntimeError::ShutDown)
+        );
         Ok::<(), Box<dyn std::error::Error>>(())
     })
     .unwrap();

@@ -1,6 +1,9 @@
 //! What the application holds: cheap, cloneable handles that talk to a node's event loop over
 //! bounded queues.
 
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
 use pserver_core::{Epoch, Iteration, KeySelection, KvPairs, NodeId, Refusals, Value, WorkerError};
 use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -9,10 +12,12 @@ use tokio::task::JoinHandle;
 /// Why a call on a node handle failed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RuntimeError {
-    /// The coordinator removed this worker from the cluster; restart it to rejoin.
+    /// The coordinator removed this worker from the cluster; restart it to rejoin. A push not
+    /// yet durable may be lost.
     #[error("the worker was removed from the cluster (fenced); restart it to rejoin")]
     Fenced,
-    /// The node's event loop has stopped.
+    /// The node's event loop has stopped (for a push awaited for durability: before every
+    /// replica confirmed it, so it may not survive a server failure).
     #[error("the node has shut down")]
     ShutDown,
     /// The pushed rows have another width than the job's.
@@ -55,7 +60,13 @@ async fn wait_ready(ready: &watch::Receiver<Option<Epoch>>) -> Result<Epoch, Run
 /// An application call, carried to the event loop with the channel that answers it.
 #[derive(Debug)]
 pub(crate) enum Command<V: Value> {
-    Push(KvPairs<V>, oneshot::Sender<Result<(), RuntimeError>>),
+    Push {
+        kvs: KvPairs<V>,
+        /// Answered on [`pserver_core::Event::PushDone`].
+        done: oneshot::Sender<Result<(), RuntimeError>>,
+        /// Answered on [`pserver_core::Event::PushDurable`].
+        durable: oneshot::Sender<Result<(), RuntimeError>>,
+    },
     Pull(
         KeySelection,
         oneshot::Sender<Result<KvPairs<V>, RuntimeError>>,
@@ -68,8 +79,9 @@ impl<V: Value> Command<V> {
     /// Answers the call with `error` without running it.
     pub(crate) fn refuse(self, error: RuntimeError) {
         match self {
-            Command::Push(_, reply) => {
-                let _ = reply.send(Err(error));
+            Command::Push { done, durable, .. } => {
+                let _ = durable.send(Err(error.clone()));
+                let _ = done.send(Err(error));
             }
             Command::Pull(_, reply) => {
                 let _ = reply.send(Err(error));
@@ -123,27 +135,56 @@ impl<V: Value> WorkerHandle<V> {
         wait_ready(&self.ready).await
     }
 
-    /// Pushes `kvs` in the current iteration; returns once the push counts for its iteration
-    /// ([`pserver_core::Event::PushDone`]): every slice acknowledged by its server or, in
-    /// sequential mode with replicas, taken in by it, the replicas getting the iteration's
-    /// sum later (the worker keeps and resends the push until they hold it). Calls made
-    /// before the worker is ready wait for its configuration.
+    /// Pushes `kvs` in the current iteration; returns once the push counts for the iteration
+    /// (its servers took it in, [`pserver_core::Event::PushDone`]). It may not yet survive a
+    /// server failure: in sequential mode with replicas the servers copy it to their replicas
+    /// later, with the iteration's sum, while the worker keeps it and resends it where needed;
+    /// see [`WorkerHandle::push_durable`]. Calls made before the worker is ready wait for its
+    /// configuration.
     pub async fn push(&self, kvs: KvPairs<V>) -> Result<(), RuntimeError> {
-        self.start_push(kvs).await?.await
+        let PushTicket { mut done, durable } = self.start_push(kvs).await?;
+        // Nobody will ask: a closed waiter is one the node need not keep.
+        drop(durable);
+        std::future::poll_fn(|cx| done.poll(cx)).await
     }
 
-    /// Hands `kvs` to the worker and returns at once with a future that resolves when the push
-    /// is acknowledged: push, then advance without waiting a round trip.
-    pub async fn start_push(
-        &self,
-        kvs: KvPairs<V>,
-    ) -> Result<impl Future<Output = Result<(), RuntimeError>> + use<V>, RuntimeError> {
-        let (tx, rx) = oneshot::channel();
+    /// Pushes `kvs` in the current iteration; returns once the push is durable
+    /// ([`pserver_core::Event::PushDurable`]): its servers and every replica of the keys it
+    /// touched hold it, so it survives as many server failures as the ring has replicas.
+    /// Without replicas, or outside sequential mode, that is when [`WorkerHandle::push`]
+    /// returns too. In sequential mode with replicas it comes later, when the servers copy the
+    /// iteration's pushes to the replicas (ARCHITECTURE.md §8): to go on meanwhile, use
+    /// [`WorkerHandle::start_push`] and await [`PushTicket::durable`] later.
+    ///
+    /// Fails with [`RuntimeError::ShutDown`] if the worker stops first (a stopping worker
+    /// waits for its pushes to become durable within
+    /// [`crate::runtime::RuntimeConfig::drain_timeout`]), and with [`RuntimeError::Fenced`] if
+    /// the coordinator removed it.
+    pub async fn push_durable(&self, kvs: KvPairs<V>) -> Result<(), RuntimeError> {
+        self.start_push(kvs).await?.durable().await
+    }
+
+    /// Hands `kvs` to the worker (waiting only while its call queue is full) and returns a
+    /// [`PushTicket`]: await the ticket for the moment [`WorkerHandle::push`] returns (the
+    /// push counts for its iteration), or [`PushTicket::durable`] for the moment
+    /// [`WorkerHandle::push_durable`] returns (every replica holds it). So push, then advance,
+    /// without waiting a round trip.
+    pub async fn start_push(&self, kvs: KvPairs<V>) -> Result<PushTicket, RuntimeError> {
+        let (done_tx, done) = oneshot::channel();
+        let (durable_tx, durable) = oneshot::channel();
+        let command = Command::Push {
+            kvs,
+            done: done_tx,
+            durable: durable_tx,
+        };
         self.commands
-            .send(Command::Push(kvs, tx))
+            .send(command)
             .await
             .map_err(|_| RuntimeError::ShutDown)?;
-        Ok(async move { rx.await.map_err(|_| RuntimeError::ShutDown)? })
+        Ok(PushTicket {
+            done: Stage::Waiting(done),
+            durable,
+        })
     }
 
     /// Pulls `keys` in the current iteration, once the consistency model allows it.
@@ -162,6 +203,67 @@ impl<V: Value> WorkerHandle<V> {
     /// workers died or left. Ask again at every step; the answer changes with the membership.
     pub async fn shares(&self) -> Result<Vec<usize>, RuntimeError> {
         self.call(Command::Shares).await
+    }
+}
+
+/// A push the worker took ([`WorkerHandle::start_push`]), with its two completions.
+///
+/// - Awaiting the ticket itself resolves when the push counts for its iteration
+///   ([`pserver_core::Event::PushDone`]): what [`WorkerHandle::push`] waits for. Await
+///   `&mut ticket` to keep the ticket for [`PushTicket::durable`] afterwards.
+/// - [`PushTicket::durable`] resolves when every replica holds the push
+///   ([`pserver_core::Event::PushDurable`]): what [`WorkerHandle::push_durable`] waits for.
+///   It never comes before the first.
+///
+/// Either fails with the push's error: [`RuntimeError::ShutDown`] when the worker stops
+/// first, [`RuntimeError::Fenced`] when the coordinator removed it. Dropping the ticket leaves
+/// the push to go on; the worker then keeps nothing for it beyond what the push itself needs.
+/// A push waiting for durability holds none of
+/// [`crate::runtime::RuntimeConfig::max_open_requests`] once it counts for its iteration.
+#[derive(Debug)]
+#[must_use = "the push goes on without its ticket: await it, or drop it not to wait"]
+pub struct PushTicket {
+    done: Stage,
+    durable: oneshot::Receiver<Result<(), RuntimeError>>,
+}
+
+/// Where the first completion stands: a ticket may be awaited again after it resolved (by
+/// `&mut`), which a oneshot receiver does not allow.
+#[derive(Debug)]
+enum Stage {
+    Waiting(oneshot::Receiver<Result<(), RuntimeError>>),
+    Resolved(Result<(), RuntimeError>),
+}
+
+impl PushTicket {
+    /// Waits until every server and every replica of the keys the push touched holds it, so
+    /// that it survives as many server failures as the ring has replicas
+    /// ([`pserver_core::Event::PushDurable`]).
+    pub fn durable(self) -> impl Future<Output = Result<(), RuntimeError>> + Send + 'static {
+        let durable = self.durable;
+        async move { durable.await.map_err(|_| RuntimeError::ShutDown)? }
+    }
+}
+
+impl Stage {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), RuntimeError>> {
+        let answer = match self {
+            Stage::Resolved(answer) => return Poll::Ready(answer.clone()),
+            Stage::Waiting(done) => {
+                ready!(Pin::new(done).poll(cx)).unwrap_or(Err(RuntimeError::ShutDown))
+            }
+        };
+        *self = Stage::Resolved(answer.clone());
+        Poll::Ready(answer)
+    }
+}
+
+impl Future for PushTicket {
+    type Output = Result<(), RuntimeError>;
+
+    /// Ready once the push counts for its iteration ([`pserver_core::Event::PushDone`]).
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.done.poll(cx)
     }
 }
 

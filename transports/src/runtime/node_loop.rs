@@ -61,6 +61,7 @@ where
         cfg,
         origin: Instant::now(),
         pushes: BTreeMap::new(),
+        durables: BTreeMap::new(),
         pulls: BTreeMap::new(),
         advances: VecDeque::new(),
         ready: ready_tx,
@@ -82,7 +83,13 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     transport: Arc<T>,
     cfg: RuntimeConfig,
     origin: Instant,
+    /// Pushes not yet counted for their iteration: what `push` waits for.
     pushes: BTreeMap<RequestId, Reply<()>>,
+    /// Pushes not yet durable whose ticket still exists. Not open requests: in sequential
+    /// mode a push becomes durable only once its iteration is applied, so counting them could
+    /// hold back the `advance` that applies it. Each entry lives no longer than the core's own
+    /// record of the push.
+    durables: BTreeMap<RequestId, Reply<()>>,
     pulls: BTreeMap<RequestId, Reply<KvPairs<V>>>,
     advances: VecDeque<Reply<Iteration>>,
     ready: watch::Sender<Option<u64>>,
@@ -199,12 +206,19 @@ where
     fn apply(&mut self, command: Command<V>) {
         let now = self.now();
         match command {
-            Command::Push(kvs, reply) => match self.driver.push(now, kvs) {
+            Command::Push { kvs, done, durable } => match self.driver.push(now, kvs) {
                 Ok(id) => {
-                    self.pushes.insert(id, reply);
+                    // Both events come out of the driver only at the next flush, after this:
+                    // however early they come, their waiters are in place.
+                    self.pushes.insert(id, done);
+                    if !durable.is_closed() {
+                        self.durables.insert(id, durable);
+                    }
                 }
                 Err(e) => {
-                    let _ = reply.send(Err(runtime_error(e)));
+                    let e = runtime_error(e);
+                    let _ = durable.send(Err(e.clone()));
+                    let _ = done.send(Err(e));
                 }
             },
             Command::Pull(keys, reply) => match self.driver.pull(now, keys) {
@@ -260,6 +274,21 @@ where
                 if let Some(reply) = self.pushes.remove(&id) {
                     let _ = reply.send(Ok(()));
                 }
+                // A ticket dropped or spent on the first stage will not ask: forget it now
+                // rather than at the second event, which may be an iteration away.
+                if self.durables.get(&id).is_some_and(Reply::is_closed) {
+                    self.durables.remove(&id);
+                }
+            }
+            Event::PushDurable(id) => {
+                // The core emits `PushDone` first or in the same step, but a durable push is
+                // done whatever the order: nobody may be left waiting for the first stage.
+                if let Some(reply) = self.pushes.remove(&id) {
+                    let _ = reply.send(Ok(()));
+                }
+                if let Some(reply) = self.durables.remove(&id) {
+                    let _ = reply.send(Ok(()));
+                }
             }
             Event::PullDone(id, kvs) => {
                 if let Some(reply) = self.pulls.remove(&id) {
@@ -291,6 +320,9 @@ where
 
     fn fail_all(&mut self, failure: &RuntimeError) {
         for (_, reply) in core::mem::take(&mut self.pushes) {
+            let _ = reply.send(Err(failure.clone()));
+        }
+        for (_, reply) in core::mem::take(&mut self.durables) {
             let _ = reply.send(Err(failure.clone()));
         }
         for (_, reply) in core::mem::take(&mut self.pulls) {
