@@ -53,16 +53,14 @@ fn default_settings_reach_a_good_auc_on_a_slice_and_improve_every_epoch() {
 
 #[test]
 fn four_workers_under_bounded_delay_match_one_sequential_worker_within_one_percent() {
-    let one = train(&small(LrConfig {
-        workers: 1,
-        consistency: Consistency::Sequential,
-        ..LrConfig::default()
-    }));
-    let four = train(&small(LrConfig {
-        workers: 4,
-        consistency: Consistency::BoundedDelay(4),
-        ..LrConfig::default()
-    }));
+    let with = |workers: usize, consistency: Consistency| {
+        let mut cfg = small(LrConfig::default());
+        cfg.job.workers = workers;
+        cfg.job.consistency = consistency;
+        train(&cfg)
+    };
+    let one = with(1, Consistency::Sequential);
+    let four = with(4, Consistency::BoundedDelay(4));
     let (a, b) = (
         one.last().unwrap().test_logloss,
         four.last().unwrap().test_logloss,
@@ -73,15 +71,13 @@ fn four_workers_under_bounded_delay_match_one_sequential_worker_within_one_perce
 #[test]
 fn a_larger_l1_makes_a_sparser_model() {
     let nnz = |l1: f64| {
-        let cfg = small(LrConfig {
-            updater: Updater::FtrlProximal {
-                alpha: 0.3,
-                beta: 1.0,
-                l1,
-                l2: 1.0,
-            },
-            ..LrConfig::default()
-        });
+        let mut cfg = small(LrConfig::default());
+        cfg.job.updater = Updater::FtrlProximal {
+            alpha: 0.3,
+            beta: 1.0,
+            l1,
+            l2: 1.0,
+        };
         train(&cfg).last().unwrap().nnz
     };
     let (loose, tight, tighter) = (nnz(0.01), nnz(1.0), nnz(10.0));

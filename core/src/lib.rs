@@ -14,22 +14,27 @@
 //!
 //! A job has one [`Coordinator`] (membership, the ring of key ranges, the epoch), servers
 //! ([`Server`]: they hold the parameters, sharded by key range and replicated) and workers
-//! ([`Worker`]: the application's side, which pushes updates and pulls parameters). Each is a
-//! plain state machine built from its configuration; you run each one inside a [`Driver`]:
+//! ([`Worker`]: the application's side, which pushes updates and pulls parameters). A
+//! [`JobSpec`] describes the whole job once (its nodes, ring, consistency model, timing,
+//! message limits and the servers' update rule), refuses a job that cannot work with a
+//! [`JobError`], and builds each node inside the [`Driver`] that runs it:
 //!
 //! ```
-//! use pserver_core::{
-//!     Coordinator, CoordinatorConfig, Driver, NodeId, Server, ServerConfig, Updater, Worker,
-//!     WorkerConfig,
-//! };
-//! let (c, s, w) = (NodeId(0), NodeId(1), NodeId(2));
-//! let mut job = CoordinatorConfig::new(c, 1, 1);
-//! job.ring.replicas = 0; // one server: nobody to replicate to
-//! let coordinator: Driver<f64> = Driver::new(Coordinator::new(job)?);
-//! let server: Driver<f64> = Driver::new(Server::new(ServerConfig::new(s, c), Updater::Sum));
-//! let worker: Driver<f64> = Driver::new(Worker::new(WorkerConfig::new(w, c)));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! use pserver_core::{Consistency, Driver, JobSpec};
+//! let mut job = JobSpec::new(2, 3); // nodes n0 (coordinator), n1-n2 (servers), n3-n5
+//! job.consistency = Consistency::BoundedDelay(1);
+//! job.ring.replicas = 1;
+//! let nodes: Vec<Driver<f32>> = job
+//!     .node_ids()
+//!     .into_iter()
+//!     .map(|id| job.driver(id, 0))
+//!     .collect::<Result<_, _>>()?;
+//! assert_eq!(nodes.len(), 6);
+//! # Ok::<(), pserver_core::JobError>(())
 //! ```
+//!
+//! Each node can also be built by hand from its own configuration
+//! ([`CoordinatorConfig`], [`ServerConfig`], [`WorkerConfig`]), which is what `JobSpec` does.
 //!
 //! ## The driving loop
 //!
@@ -55,19 +60,14 @@
 //!
 //! ```
 //! use std::collections::VecDeque;
-//! use pserver_core::{
-//!     Coordinator, CoordinatorConfig, Driver, Event, KeyList, KeySelection, KvPairs, NodeId,
-//!     Server, ServerConfig, Time, Updater, Worker, WorkerConfig,
-//! };
+//! use pserver_core::{Driver, Event, JobSpec, KeyList, KeySelection, KvPairs, Time};
 //!
-//! let (c, s, w) = (NodeId(0), NodeId(1), NodeId(2));
-//! let mut job = CoordinatorConfig::new(c, 1, 1);
-//! job.ring.replicas = 0;
-//! let mut nodes: Vec<Driver<f64>> = vec![
-//!     Driver::new(Coordinator::new(job)?),
-//!     Driver::new(Server::new(ServerConfig::new(s, c), Updater::Sum)),
-//!     Driver::new(Worker::new(WorkerConfig::new(w, c))),
-//! ];
+//! let job = JobSpec::new(1, 1); // n0 coordinator, n1 server, n2 worker
+//! let mut nodes: Vec<Driver<f64>> = job
+//!     .node_ids()
+//!     .into_iter()
+//!     .map(|id| job.driver(id, 0))
+//!     .collect::<Result<_, _>>()?;
 //! const MS: Time = 1_000_000;
 //! let mut now: Time = 0;
 //! for node in &mut nodes {
@@ -127,8 +127,8 @@
 //!
 //! ## What else is here
 //!
-//! - The front door (this page): the driver and its events, the node structs and their
-//!   configurations, keys and values ([`Key`], [`KeyRange`], [`KvPairs`], [`KeySelection`]),
+//! - The front door (this page): the job description, the driver and its events, the node
+//!   structs and their configurations, keys and values ([`Key`], [`KeyRange`], [`KvPairs`], [`KeySelection`]),
 //!   the job's settings ([`Consistency`], [`Timing`], [`Updater`], the [`UpdateRule`] trait
 //!   for rules of your own), the [`Codec`] and the errors.
 //! - [`ring`]: consistent hashing of key ranges onto servers, with replicas.
@@ -156,6 +156,7 @@ mod driver;
 mod effects;
 mod hash;
 mod ids;
+mod job;
 mod key;
 mod kv;
 #[cfg(feature = "mutations")]
@@ -180,6 +181,7 @@ pub use coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
 pub use driver::{Driver, DriverError, Refusals, Transmit};
 pub use effects::{Event, Refusal};
 pub use ids::{Epoch, Iteration, NodeId, Role, Time};
+pub use job::{JobError, JobSpec};
 pub use key::{InvalidRange, Key, KeyRange, MAX_KEY};
 pub use kv::{KvError, KvPairs};
 pub use selection::{BadRangeList, KeyList, KeySelection, RangeList};

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pserver_core::{
-    Consistency, Key, KeyList, KeyRange, KeySelection, KvPairs, MAX_KEY, RangeList, Updater,
+    Consistency, JobSpec, Key, KeyList, KeyRange, KeySelection, KvPairs, MAX_KEY, RangeList,
+    Updater,
 };
 use pserver_transport::mem::MemNetwork;
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError, WorkerHandle};
@@ -25,18 +26,13 @@ use crate::data::libsvm::Examples;
 /// How to train.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LrConfig {
-    /// Servers.
-    pub servers: usize,
-    /// Workers; each gets an equal share of the training rows.
-    pub workers: usize,
-    /// The consistency model.
-    pub consistency: Consistency,
+    /// The job: its servers and workers (each worker gets an equal share of the training
+    /// rows), consistency model, and the servers' update rule.
+    pub job: JobSpec,
     /// Passes over the data.
     pub epochs: u32,
     /// Rows per minibatch on each worker.
     pub batch: usize,
-    /// The servers' update rule.
-    pub updater: Updater,
     /// How the nodes talk: in memory, or over TCP on loopback.
     pub transport: Wire,
 }
@@ -53,18 +49,18 @@ pub enum Wire {
 
 impl Default for LrConfig {
     fn default() -> Self {
+        let mut job = JobSpec::new(2, 4);
+        job.consistency = Consistency::BoundedDelay(4);
+        job.updater = Updater::FtrlProximal {
+            alpha: 0.3,
+            beta: 1.0,
+            l1: 1.0,
+            l2: 1.0,
+        };
         LrConfig {
-            servers: 2,
-            workers: 4,
-            consistency: Consistency::BoundedDelay(4),
+            job,
             epochs: 10,
             batch: 100,
-            updater: Updater::FtrlProximal {
-                alpha: 0.3,
-                beta: 1.0,
-                l1: 1.0,
-                l2: 1.0,
-            },
             transport: Wire::Mem,
         }
     }
@@ -81,7 +77,7 @@ async fn loopback(
     use std::hash::{BuildHasher, Hasher};
     let mut peers = std::collections::BTreeMap::new();
     let mut listeners = Vec::new();
-    for id in spec.node_ids() {
+    for id in spec.job.node_ids() {
         // Each listener is kept and handed to its transport, so no other socket can take the
         // port in between.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(config)?;
@@ -105,7 +101,7 @@ async fn loopback(
             "train",
             Secret::new(secret.clone()),
         );
-        cfg.max_frame = spec.max_frame + 64;
+        cfg.max_frame = spec.job.max_frame + 64;
         let t = TcpTransport::with_listener(cfg, listener)
             .await
             .map_err(config)?;
@@ -345,7 +341,7 @@ async fn run_worker(
     test: std::sync::Arc<Examples>,
     notes: mpsc::UnboundedSender<Note>,
 ) -> Result<(), RuntimeError> {
-    let per = train.len().div_ceil(cfg.workers);
+    let per = train.len().div_ceil(cfg.job.workers);
     let rows_of = |share: usize| {
         let share = (share * per).min(train.len())..((share + 1) * per).min(train.len());
         Ok((train.clone(), share))
@@ -405,11 +401,9 @@ pub async fn train_local_until(
     stop: impl Future<Output = ()>,
 ) -> Result<Trained, RuntimeError> {
     let began = Instant::now();
-    let mut spec = ClusterSpec::new(cfg.servers, cfg.workers);
-    spec.consistency = cfg.consistency;
-    spec.updater = cfg.updater;
+    let mut spec = ClusterSpec::of(cfg.job.clone());
     // Held pulls wait for the slowest worker; never declare a busy worker dead for that.
-    spec.timing.heartbeat_timeout = Duration::from_secs(60).as_nanos() as u64;
+    spec.job.timing.heartbeat_timeout = Duration::from_secs(60).as_nanos() as u64;
     let network = MemNetwork::reliable();
     let tcp = match cfg.transport {
         Wire::Mem => None,
@@ -491,7 +485,7 @@ struct Epochs {
 impl Epochs {
     fn new(cfg: &LrConfig) -> Self {
         Epochs {
-            workers: cfg.workers,
+            workers: cfg.job.workers,
             losses: vec![(0.0, 0, 0); cfg.epochs as usize + 1],
             models: vec![None; cfg.epochs as usize + 1],
             last_model: None,

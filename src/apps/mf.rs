@@ -150,9 +150,9 @@ pub async fn train(cfg: &MfConfig) -> Result<Vec<MfReport>, RuntimeError> {
     let train_set = std::sync::Arc::new(generate(cfg, cfg.ratings, 1));
     let test_set = generate(cfg, cfg.ratings / 10, 2);
     let mut spec = ClusterSpec::new(cfg.servers, cfg.workers);
-    spec.consistency = cfg.consistency;
-    spec.width = cfg.rank;
-    spec.updater = Updater::Sgd { lr: cfg.lr };
+    spec.job.consistency = cfg.consistency;
+    spec.job.width = cfg.rank;
+    spec.job.updater = Updater::Sgd { lr: cfg.lr };
     let cluster: LocalCluster<f32> = LocalCluster::start(&spec, &MemNetwork::reliable())?;
     let per = train_set.len().div_ceil(cfg.workers);
     let steps = per.div_ceil(cfg.batch.max(1));

@@ -88,8 +88,8 @@ pub async fn run(cfg: &SketchConfig) -> Result<SketchReport, RuntimeError> {
     let width = (std::f64::consts::E / cfg.eps).ceil() as u64;
     let depth = (1.0 / cfg.delta).ln().ceil().max(1.0) as u64;
     let mut spec = ClusterSpec::new(cfg.servers, cfg.workers);
-    spec.consistency = Consistency::Eventual;
-    spec.updater = Updater::Sum;
+    spec.job.consistency = Consistency::Eventual;
+    spec.job.updater = Updater::Sum;
     let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &MemNetwork::reliable())?;
     let items = stream(cfg);
     let per = items.len().div_ceil(cfg.workers.max(1));

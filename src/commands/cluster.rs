@@ -144,7 +144,7 @@ async fn start<V: Value + Send + Sync>(
             .await
             .is_err()
     {
-        let coordinator = file.spec.layout().coordinator();
+        let coordinator = file.spec.job.layout().coordinator();
         return Err(RunError::JoinTimeout {
             address: file
                 .addresses
@@ -222,7 +222,7 @@ async fn run_lr_node(
     join_timeout: Duration,
 ) -> Result<NodeOutcome, RunError> {
     let data_error = |e: DataError| RunError::Data(e.to_string());
-    let index = file.spec.layout().workers().position(|w| w == id);
+    let index = file.spec.job.layout().workers().position(|w| w == id);
     // Read before joining, so that a bad file is reported at once.
     let name = job.data.display().to_string();
     let data = match index {
@@ -230,9 +230,9 @@ async fn run_lr_node(
             let text = read_bytes(&job.data).map_err(data_error)?;
             // Every worker counts the same lines, so all take the same number of steps.
             let lines = text.iter().filter(|&&b| b == b'\n').count() + 1;
-            let per = lines.div_ceil(job.cfg.workers.max(1));
+            let per = lines.div_ceil(job.cfg.job.workers.max(1));
             let steps = per.div_ceil(job.cfg.batch.max(1));
-            let range = shard(&text, index, job.cfg.workers);
+            let range = shard(&text, index, job.cfg.job.workers);
             let rows = parse(&name, &text[range], IndexBase::Zero).map_err(data_error)?;
             let test = match (&job.test, index) {
                 (Some(path), 0) => Some(read(path, IndexBase::Zero).map_err(data_error)?),
@@ -250,7 +250,7 @@ async fn run_lr_node(
     } = start::<f32>(file, id, join_timeout).await?;
     let outcome = match (role, spawned.worker, data) {
         (Role::Worker, Some(worker), Some((text, mut shares, steps, test))) => {
-            let workers = job.cfg.workers;
+            let workers = job.cfg.job.workers;
             let rows_of = |share: usize| -> Result<ShareRows, RuntimeError> {
                 if let Some(rows) = shares.get(&share) {
                     return Ok((rows.clone(), 0..rows.len()));
@@ -391,17 +391,18 @@ impl LocalOutcome {
 pub async fn run_local(opts: &LocalOptions) -> Result<LocalOutcome, RunError> {
     let start = Instant::now();
     let mut spec = ClusterSpec::new(opts.servers, opts.workers);
-    spec.consistency = opts.consistency;
-    spec.seed = opts.seed;
-    spec.max_frame = opts.max_frame;
-    spec.max_slice_bytes = opts.max_slice_bytes;
+    spec.job.consistency = opts.consistency;
+    spec.job.seed = opts.seed;
+    spec.job.max_frame = opts.max_frame;
+    spec.job.max_slice_bytes = opts.max_slice_bytes;
+    spec.job.max_reply_bytes = opts.max_slice_bytes;
     let faults = MemFaults::default()
         .with_drop(opts.drop)
         .with_dup(opts.dup)
         .with_seed(opts.seed);
     let network = MemNetwork::new(faults);
     let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &network)?;
-    let ids: Vec<NodeId> = spec.layout().workers().collect();
+    let ids: Vec<NodeId> = spec.job.layout().workers().collect();
     // Drawn only on a terminal; one step per worker iteration.
     let bar = ProgressBar::new(u64::from(opts.script.iterations) * ids.len() as u64);
     if let Ok(style) =

@@ -30,8 +30,8 @@ fn rt() -> tokio::runtime::Runtime {
 /// replica of the others.
 fn replicated(workers: usize, consistency: Consistency) -> ClusterSpec {
     let mut spec = ClusterSpec::new(SERVERS.len(), workers);
-    spec.ring.replicas = 1;
-    spec.consistency = consistency;
+    spec.job.ring.replicas = 1;
+    spec.job.consistency = consistency;
     spec
 }
 
@@ -162,8 +162,8 @@ fn a_durability_waiter_on_a_fenced_worker_fails_with_fenced() -> TestResult {
     rt().block_on(async {
         let network = MemNetwork::reliable();
         let mut spec = replicated(2, Consistency::Sequential);
-        spec.timing.heartbeat_interval = 10_000_000;
-        spec.timing.heartbeat_timeout = 50_000_000;
+        spec.job.timing.heartbeat_interval = 10_000_000;
+        spec.job.timing.heartbeat_timeout = 50_000_000;
         let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &network)?;
         let worker = cluster.workers[0].clone();
         worker.ready().await?;

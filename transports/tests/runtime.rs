@@ -20,9 +20,10 @@ fn rt() -> tokio::runtime::Runtime {
 fn one_huge_push(max_frame: usize, max_slice_bytes: usize, keys: u64) {
     rt().block_on(async {
         let mut spec = ClusterSpec::new(2, 1);
-        spec.consistency = Consistency::Eventual;
-        spec.max_frame = max_frame;
-        spec.max_slice_bytes = max_slice_bytes;
+        spec.job.consistency = Consistency::Eventual;
+        spec.job.max_frame = max_frame;
+        spec.job.max_slice_bytes = max_slice_bytes;
+        spec.job.max_reply_bytes = max_slice_bytes;
         let faults = MemFaults::default()
             .with_drop(0.05)
             .with_dup(0.05)
@@ -59,7 +60,7 @@ fn a_push_far_larger_than_a_64_kib_frame_completes_exactly_once() {
 fn a_push_far_larger_than_a_1_mib_frame_completes_exactly_once_and_oversized_slices_are_refused() {
     // The default slice size (4 MiB) under a 1 MiB frame limit cannot work: refused up front.
     let mut spec = ClusterSpec::new(1, 1);
-    spec.max_frame = 1 << 20;
+    spec.job.max_frame = 1 << 20;
     let err = spec.driver::<i64>(pserver_core::NodeId(2)).unwrap_err();
     assert!(err.to_string().contains("frame limit"), "{err}");
     one_huge_push(1 << 20, 256 << 10, 1_500_000);
@@ -139,7 +140,7 @@ fn a_fast_application_waits_instead_of_growing_the_queue() {
 fn shutdown_finishes_calls_already_accepted_even_those_still_queued() {
     rt().block_on(async {
         let mut spec = ClusterSpec::new(1, 1);
-        spec.consistency = Consistency::Eventual;
+        spec.job.consistency = Consistency::Eventual;
         spec.runtime.max_open_requests = 1;
         let network = MemNetwork::new(MemFaults::default().with_drop(0.3).with_seed(5));
         let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &network)?;
@@ -173,8 +174,8 @@ fn shutdown_finishes_calls_already_accepted_even_those_still_queued() {
 fn a_worker_declared_dead_is_fenced_and_says_so() {
     rt().block_on(async {
         let mut spec = ClusterSpec::new(1, 2);
-        spec.timing.heartbeat_interval = 10_000_000;
-        spec.timing.heartbeat_timeout = 50_000_000;
+        spec.job.timing.heartbeat_interval = 10_000_000;
+        spec.job.timing.heartbeat_timeout = 50_000_000;
         let network = MemNetwork::reliable();
         let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &network)?;
         let worker = cluster.workers[0].clone();

@@ -18,6 +18,7 @@ const ITERATIONS: i64 = 10;
 /// that frames fragment) and `drop` of the outgoing datagrams lost.
 async fn transports(spec: &ClusterSpec, drop: f64) -> BTreeMap<NodeId, Arc<UdpTransport>> {
     let sockets: BTreeMap<NodeId, std::net::UdpSocket> = spec
+        .job
         .node_ids()
         .into_iter()
         .map(|id| (id, std::net::UdpSocket::bind("127.0.0.1:0").unwrap()))
@@ -108,9 +109,9 @@ fn workers_over_udp_cut_requests_into_the_slices_the_transport_asks_for() {
     runtime()
         .block_on(async {
             let mut spec = ClusterSpec::new(1, 1);
-            spec.consistency = pserver_core::Consistency::Eventual;
+            spec.job.consistency = pserver_core::Consistency::Eventual;
             let udp = transports(&spec, 0.0).await;
-            let server = spec.layout().servers().next().unwrap();
+            let server = spec.job.layout().servers().next().unwrap();
             let limits = udp[&server].flow_limits();
             let slice = limits.max_slice_bytes.expect("UDP limits the slice size");
             assert_eq!(slice, pserver_transport::udp::SLICE_DATAGRAMS * 512);

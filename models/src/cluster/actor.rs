@@ -274,12 +274,8 @@ impl ClusterActor {
     /// The actors of a model: coordinator, servers, workers, in node-id order. Fails when the
     /// servers cannot hold the ring.
     pub fn all(cfg: &ClusterModelConfig) -> Result<Vec<ClusterActor>, CoordinatorError> {
-        let timing = cfg.timing();
-        let mut coordinator_cfg =
-            CoordinatorConfig::new(cfg.coordinator(), cfg.servers, cfg.workers);
-        coordinator_cfg.ring = cfg.ring();
-        coordinator_cfg.consistency = cfg.consistency;
-        coordinator_cfg.timing = timing;
+        let job = cfg.job();
+        let coordinator_cfg = job.coordinator_config();
         let coordinator = if cfg.registration && !cfg.ring_change {
             Coordinator::new(coordinator_cfg)?
         } else {
@@ -318,21 +314,16 @@ impl ClusterActor {
             Box::new(coordinator),
             server_settings.clone(),
         )];
-        let width = cfg.width();
-        actors.extend(cfg.server_ids().map(|id| {
-            let mut sc = ServerConfig::new(id, cfg.coordinator());
-            sc.timing = timing;
-            sc.width = width;
-            ClusterActor::Server(sc, server_settings.clone())
-        }));
+        actors.extend(
+            cfg.server_ids()
+                .map(|id| ClusterActor::Server(job.server_config(id), server_settings.clone())),
+        );
         actors.extend(cfg.worker_ids().enumerate().map(|(index, id)| {
-            let mut wc = WorkerConfig::new(id, cfg.coordinator());
-            wc.timing = timing;
-            wc.width = width;
+            let wc = job.worker_config(id);
             let script = Script {
                 keys: cfg.key_list(),
                 iterations: cfg.iterations,
-                width,
+                width: job.width,
                 first_column: cfg.column(index, 0),
             };
             ClusterActor::Worker(wc, settings.clone(), script)
@@ -340,9 +331,7 @@ impl ClusterActor {
         // A joining server starts as a fresh process that registers: its `Register` is on the
         // network from the start, and the checker delivers it at any point of the run.
         actors.extend(cfg.joiner_ids().map(|id| {
-            let mut sc = ServerConfig::new(id, cfg.coordinator());
-            sc.timing = timing;
-            sc.width = width;
+            let sc = job.server_config(id);
             let settings = Settings {
                 config: None,
                 ..server_settings.clone()

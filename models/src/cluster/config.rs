@@ -5,7 +5,7 @@ use core::str::FromStr;
 
 use pserver_core::node::NodeLayout;
 use pserver_core::ring::{Ring, RingConfig};
-use pserver_core::{Consistency, Key, NodeId, Timing};
+use pserver_core::{Consistency, JobSpec, Key, NodeId, Timing};
 
 /// How the model's network behaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -209,6 +209,17 @@ impl ClusterModelConfig {
     pub fn key_list(&self) -> Vec<Key> {
         let stride = (u64::MAX - 1) / self.keys.max(1);
         (0..self.keys).map(|i| i * stride).collect()
+    }
+
+    /// The job every actor is built from: the model's shape, ring, timing and row width, and
+    /// the defaults for everything else.
+    pub fn job(&self) -> JobSpec {
+        let mut job = JobSpec::new(self.servers, self.workers);
+        job.consistency = self.consistency;
+        job.ring = self.ring();
+        job.timing = self.timing();
+        job.width = self.width();
+        job
     }
 
     /// Timing for the checker, where a node is declared dead after two silent failure checks

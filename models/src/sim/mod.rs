@@ -154,7 +154,7 @@ use pserver_core::Consistency;
 use pserver_core::Updater;
 use pserver_core::node::NodeLayout;
 use pserver_core::ring::RingConfig;
-use pserver_core::{NodeId, Time};
+use pserver_core::{JobSpec, NodeId, Time};
 
 /// One millisecond of virtual time.
 pub const MS: Time = 1_000_000;
@@ -395,6 +395,31 @@ impl SimConfig {
     /// Node id of the coordinator.
     pub fn coordinator_id(&self) -> NodeId {
         self.layout().coordinator()
+    }
+
+    /// The job every node of the run is built from. Its message sizes come from the seed:
+    /// some runs cut requests and range answers into small parts and keep only one or three
+    /// slices on the network, so that splitting, resumed answers and waiting for room in the
+    /// window are all exercised.
+    pub fn job(&self) -> JobSpec {
+        let mut job = JobSpec::new(self.servers, self.workers);
+        job.consistency = self.consistency;
+        job.ring = self.ring;
+        job.updater = self.resolved_updater().rule();
+        job.seed = self.seed;
+        // Slices of a fixed share of the keys, so that a request is cut into a handful of
+        // parts whatever the key count (finer cuts only slow the run down).
+        let rows = |share: u64, least: u64| 128 + 18 * (self.keys / share).max(least) as usize;
+        let (slice_bytes, window) =
+            match pserver_core::testing::hash_words(self.seed, &[0x51ce]) % 3 {
+                0 => (pserver_core::DEFAULT_MAX_SLICE_BYTES, 64),
+                1 => (rows(8, 2), 1),
+                _ => (rows(3, 5), 3),
+            };
+        job.max_slice_bytes = slice_bytes;
+        job.max_reply_bytes = slice_bytes;
+        job.max_slices_in_flight = window;
+        job
     }
 
     /// Node ids of the servers.

@@ -50,7 +50,7 @@ async fn bind_transports(
     };
     let mut addrs = BTreeMap::new();
     let mut bound = Vec::new();
-    for id in spec.node_ids() {
+    for id in spec.job.node_ids() {
         let (socket, addr) = if wire == Wire::Tcp {
             let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(probe)?;
             let addr = l.local_addr().map_err(probe)?;
@@ -70,12 +70,12 @@ async fn bind_transports(
             Bound::Tcp(listener) => {
                 let mut cfg =
                     TcpConfig::new(id, addrs[&id], addrs.clone(), "bench", secret.clone());
-                cfg.max_frame = spec.max_frame + 64;
+                cfg.max_frame = spec.job.max_frame + 64;
                 Arc::new(TcpTransport::with_listener(cfg, listener).await?)
             }
             Bound::Udp(socket) => {
                 let mut cfg = UdpConfig::new(id, addrs[&id], addrs.clone());
-                cfg.limits.max_frame = spec.max_frame + 64;
+                cfg.limits.max_frame = spec.job.max_frame + 64;
                 cfg.drop_outgoing = drop;
                 cfg.seed = u64::from(id.0);
                 Arc::new(UdpTransport::with_socket(cfg, socket).await?)

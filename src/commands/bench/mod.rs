@@ -184,7 +184,7 @@ async fn measure_cluster(
 ) -> Result<(), BenchError> {
     let (servers, workers) = topology.shape();
     let mut spec = ClusterSpec::new(servers, workers);
-    spec.consistency = Consistency::Eventual;
+    spec.job.consistency = Consistency::Eventual;
     let cluster = start(&spec, wire, 0.0).await?;
     for w in &cluster.workers {
         w.ready().await?;
@@ -274,7 +274,7 @@ async fn emit_lossy(opts: &BenchOptions, emit: &mut impl FnMut(Measure)) -> Resu
         (1 << 20, "1M")
     };
     let mut spec = ClusterSpec::new(1, 1);
-    spec.consistency = Consistency::Eventual;
+    spec.job.consistency = Consistency::Eventual;
     let cluster = start(&spec, Wire::Udp, LOSSY_DROP).await?;
     cluster.workers[0].ready().await?;
     let prefix = "udp_lossy.1s1w";

@@ -101,7 +101,7 @@ pub enum Job {
     /// The scripted workload, checked exactly (i64 values, summed).
     Script,
     /// Sparse logistic regression (f32 values, FTRL-Proximal on the servers).
-    Lr(LrJob),
+    Lr(Box<LrJob>),
 }
 
 /// A logistic-regression job: where the data is and how to train.
@@ -191,7 +191,8 @@ impl ClusterFile {
             compute: Duration::from_millis(raw.job.compute_ms),
         };
         let job = job(raw.job, &mut spec, &origin)?;
-        spec.driver::<i64>(spec.layout().coordinator())
+        spec.job
+            .validate::<i64>()
             .map_err(|e| origin.invalid("ring", e.to_string()))?;
         Ok(ClusterFile {
             path: path.to_owned(),
@@ -249,7 +250,7 @@ impl ClusterFile {
             self.cluster_id.clone(),
             self.secret()?,
         );
-        cfg.max_frame = self.spec.max_frame + 64;
+        cfg.max_frame = self.spec.job.max_frame + 64;
         Ok(cfg)
     }
 
@@ -357,23 +358,23 @@ fn spec(
         ));
     }
     let mut spec = ClusterSpec::new(servers, workers);
-    spec.consistency = consistency;
-    spec.ring.vnodes = ring.vnodes;
-    spec.ring.seed = ring.seed;
+    spec.job.consistency = consistency;
+    spec.job.ring.vnodes = ring.vnodes;
+    spec.job.ring.seed = ring.seed;
     // One replica of every range by default, so that a server may die without losing
     // anything, when there is a second server to hold it.
-    spec.ring.replicas = ring.replicas.unwrap_or(u32::from(servers > 1));
-    if spec.ring.replicas as usize >= servers {
+    spec.job.ring.replicas = ring.replicas.unwrap_or(u32::from(servers > 1));
+    if spec.job.ring.replicas as usize >= servers {
         return Err(origin.invalid(
             "ring.replicas",
             format!(
                 "{} replicas need at least {} servers, but the file names {servers}",
-                spec.ring.replicas,
-                spec.ring.replicas + 1
+                spec.job.ring.replicas,
+                spec.job.ring.replicas + 1
             ),
         ));
     }
-    let layout = spec.layout();
+    let layout = spec.job.layout();
     let expected = std::iter::once((layout.coordinator(), Role::Coordinator))
         .chain(layout.servers().map(|s| (s, Role::Server)))
         .chain(layout.workers().map(|w| (w, Role::Worker)));
@@ -408,23 +409,20 @@ fn job(job: RawJob, spec: &mut ClusterSpec, origin: &Origin<'_>) -> Result<Job, 
         .data
         .map(|f| origin.relative(f))
         .ok_or_else(|| origin.invalid("job.data", "an lr job needs the training data file"))?;
-    spec.updater = Updater::FtrlProximal {
+    spec.job.updater = Updater::FtrlProximal {
         alpha: job.alpha,
         beta: 1.0,
         l1: job.l1,
         l2: job.l2,
     };
-    Ok(Job::Lr(LrJob {
+    Ok(Job::Lr(Box::new(LrJob {
         data,
         test: job.test.map(|f| origin.relative(f)),
         cfg: LrConfig {
-            servers: spec.servers,
-            workers: spec.workers,
-            consistency: spec.consistency,
+            job: spec.job.clone(),
             epochs: job.epochs,
             batch: job.batch.max(1),
-            updater: spec.updater,
             transport: Wire::Tcp,
         },
-    }))
+    })))
 }

@@ -28,8 +28,8 @@ fn parse(text: &str) -> Result<ClusterFile, ClusterFileError> {
 #[test]
 fn a_good_file_gives_the_job_and_every_address() {
     let f = parse(GOOD).unwrap();
-    assert_eq!(f.spec.consistency, Consistency::BoundedDelay(2));
-    assert_eq!((f.spec.servers, f.spec.workers), (1, 1));
+    assert_eq!(f.spec.job.consistency, Consistency::BoundedDelay(2));
+    assert_eq!((f.spec.job.servers, f.spec.job.workers), (1, 1));
     assert_eq!(f.script.iterations, 3);
     assert_eq!(f.addresses.len(), 3);
     assert_eq!(f.secret_file, Some(PathBuf::from("/etc/pserver/s.key")));

@@ -4,7 +4,7 @@ use std::cell::Cell;
 use std::path::Path;
 
 use indicatif::ProgressBar;
-use pserver_core::{Consistency, Updater};
+use pserver_core::{Consistency, JobSpec, Updater};
 use tokio::runtime::Runtime;
 
 use super::{TrainArgs, Transport, UpdateRule};
@@ -29,9 +29,9 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), CliError> {
             "train: {} rows, test: {} rows, {} servers, {} workers, {}",
             train.len(),
             test.len(),
-            cfg.servers,
-            cfg.workers,
-            cfg.consistency
+            cfg.job.servers,
+            cfg.job.workers,
+            cfg.job.consistency
         );
         // With several runs, each line says which one it belongs to.
         let prefix = if args.consistency.len() > 1 {
@@ -65,25 +65,25 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), CliError> {
 
 /// The training configuration the arguments give for one consistency model.
 fn config(args: &TrainArgs, consistency: Consistency) -> LrConfig {
+    let mut job = JobSpec::new(args.servers as usize, args.workers as usize);
+    job.consistency = consistency;
+    job.updater = match args.updater {
+        UpdateRule::Adagrad => Updater::AdaGrad {
+            lr: args.lr,
+            eps: 1e-6,
+        },
+        UpdateRule::Sgd => Updater::Sgd { lr: args.lr },
+        UpdateRule::Ftrl => Updater::FtrlProximal {
+            alpha: args.alpha,
+            beta: 1.0,
+            l1: args.l1,
+            l2: args.l2,
+        },
+    };
     LrConfig {
-        servers: args.servers as usize,
-        workers: args.workers as usize,
-        consistency,
+        job,
         epochs: args.epochs,
         batch: args.batch,
-        updater: match args.updater {
-            UpdateRule::Adagrad => Updater::AdaGrad {
-                lr: args.lr,
-                eps: 1e-6,
-            },
-            UpdateRule::Sgd => Updater::Sgd { lr: args.lr },
-            UpdateRule::Ftrl => Updater::FtrlProximal {
-                alpha: args.alpha,
-                beta: 1.0,
-                l1: args.l1,
-                l2: args.l2,
-            },
-        },
         transport: match args.transport {
             Transport::Mem => Wire::Mem,
             Transport::Tcp => Wire::Tcp,

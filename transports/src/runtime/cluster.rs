@@ -2,51 +2,20 @@
 
 use std::sync::Arc;
 
-use pserver_core::node::NodeLayout;
-use pserver_core::ring::RingConfig;
-use pserver_core::{
-    Codec, Consistency, Coordinator, CoordinatorConfig, DEFAULT_MAX_FRAME, DEFAULT_MAX_SLICE_BYTES,
-    Driver, NodeId, Server, ServerConfig, Timing, Updater, Value, Worker, WorkerConfig,
-};
+use pserver_core::{Driver, JobSpec, NodeId, Value};
 
 use super::handle::{NodeHandle, NodeReport, RuntimeError, WorkerHandle};
 use super::{RuntimeConfig, spawn_node};
 use crate::mem::MemNetwork;
 use crate::{FlowLimits, Transport};
 
-/// The shape of a job: how many nodes of each kind, and everything they must agree on. Nodes
-/// are numbered as [`NodeLayout`] says: the coordinator 0, then the servers, then the workers.
-///
-/// [`ClusterSpec::new`] gives the defaults; change the fields that differ.
+/// A job ([`JobSpec`]: its shape and everything its nodes agree on) and how this process's
+/// runtime drives its nodes.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct ClusterSpec {
-    /// Servers.
-    pub servers: usize,
-    /// Workers.
-    pub workers: usize,
-    /// The consistency model. Default: sequential.
-    pub consistency: Consistency,
-    /// How the ring is built. Default: 64 virtual nodes, no replicas, seed 0.
-    pub ring: RingConfig,
-    /// Values per key. Default 1.
-    pub width: usize,
-    /// The servers' update rule. Default: [`Updater::Sum`].
-    pub updater: Updater,
-    /// Timeouts and intervals.
-    pub timing: Timing,
-    /// The largest frame a node sends or accepts. Default: [`DEFAULT_MAX_FRAME`].
-    pub max_frame: usize,
-    /// The largest slice a worker puts in one message, and the largest part of an answer to a
-    /// range pull; must leave room in `max_frame`. Default: [`DEFAULT_MAX_SLICE_BYTES`].
-    pub max_slice_bytes: usize,
-    /// Push slices (and, separately, pull slices) a worker keeps on the network. Default 64.
-    pub max_slices_in_flight: usize,
-    /// Bytes of push slices (and, separately, of pull slices) a worker keeps on the network.
-    /// Default: unbounded.
-    pub max_bytes_in_flight: u64,
-    /// Seed of the workers' retransmission jitter.
-    pub seed: u64,
+    /// The job.
+    pub job: JobSpec,
     /// How each node's event loop runs.
     pub runtime: RuntimeConfig,
 }
@@ -54,23 +23,13 @@ pub struct ClusterSpec {
 impl ClusterSpec {
     /// A job of `servers` servers and `workers` workers with the defaults.
     pub fn new(servers: usize, workers: usize) -> Self {
+        ClusterSpec::of(JobSpec::new(servers, workers))
+    }
+
+    /// `job`, driven with the runtime's defaults.
+    pub fn of(job: JobSpec) -> Self {
         ClusterSpec {
-            servers,
-            workers,
-            consistency: Consistency::Sequential,
-            ring: RingConfig {
-                vnodes: 64,
-                replicas: 0,
-                seed: 0,
-            },
-            width: 1,
-            updater: Updater::Sum,
-            timing: Timing::default(),
-            max_frame: DEFAULT_MAX_FRAME,
-            max_slice_bytes: DEFAULT_MAX_SLICE_BYTES,
-            max_slices_in_flight: 64,
-            max_bytes_in_flight: u64::MAX,
-            seed: 0,
+            job,
             runtime: RuntimeConfig::default(),
         }
     }
@@ -80,98 +39,24 @@ impl ClusterSpec {
     pub fn within(&self, limits: FlowLimits) -> ClusterSpec {
         let mut spec = self.clone();
         if let Some(bytes) = limits.max_slice_bytes {
-            spec.max_slice_bytes = spec.max_slice_bytes.min(bytes);
+            spec.job.max_slice_bytes = spec.job.max_slice_bytes.min(bytes);
+            spec.job.max_reply_bytes = spec.job.max_reply_bytes.min(bytes);
         }
         if let Some(bytes) = limits.max_bytes_in_flight {
-            spec.max_bytes_in_flight = spec.max_bytes_in_flight.min(bytes);
+            spec.job.max_bytes_in_flight = spec.job.max_bytes_in_flight.min(bytes);
         }
         spec
     }
 
-    /// How the nodes are numbered.
-    pub fn layout(&self) -> NodeLayout {
-        NodeLayout {
-            servers: self.servers,
-            workers: self.workers,
-        }
-    }
-
-    /// Every node id of the job, coordinator first.
-    pub fn node_ids(&self) -> Vec<NodeId> {
-        let layout = self.layout();
-        std::iter::once(layout.coordinator())
-            .chain(layout.servers())
-            .chain(layout.workers())
-            .collect()
-    }
-
-    fn worker_config<V: Value>(&self, id: NodeId) -> Result<WorkerConfig, RuntimeError> {
-        let mut wc = WorkerConfig::new(id, self.layout().coordinator());
-        wc.width = self.width;
-        wc.timing = self.timing;
-        wc.max_slice_bytes = self.max_slice_bytes;
-        wc.max_slices_in_flight = self.max_slices_in_flight;
-        wc.max_bytes_in_flight = self.max_bytes_in_flight;
-        wc.seed = self.seed;
-        let needed = wc.frame_needed::<V>();
-        if needed > self.max_frame {
-            return Err(RuntimeError::Config(format!(
-                "slices of {} bytes with {} values of width {} need frames of {needed} bytes, but the frame limit is {}: lower the slice size or raise the frame limit",
-                self.max_slice_bytes,
-                V::NAME,
-                self.width,
-                self.max_frame
-            )));
-        }
-        Ok(wc)
-    }
-
-    /// The driver of node `id`, built from this spec; an error if `id` is not part of the job
-    /// or the spec cannot work (no servers, a ring the servers cannot hold, slices larger than
-    /// frames).
+    /// The driver of node `id`, built from the job ([`JobSpec::driver`]); an error if `id` is
+    /// not part of the job or the job cannot work.
     pub fn driver<V: Value>(&self, id: NodeId) -> Result<Driver<V>, RuntimeError> {
-        let layout = self.layout();
-        let coordinator = layout.coordinator();
-        let codec = Codec::new(self.max_frame);
-        let bad = |e: &dyn std::fmt::Display| RuntimeError::Config(e.to_string());
-        if self.servers == 0 {
-            return Err(RuntimeError::Config(
-                "a job needs at least one server".into(),
-            ));
-        }
-        // Validates the job (ring, worker count) for every node, not only the coordinator.
-        let mut job = CoordinatorConfig::new(coordinator, self.servers, self.workers);
-        job.ring = self.ring;
-        job.consistency = self.consistency;
-        job.timing = self.timing;
-        let boss = Coordinator::new(job).map_err(|e| bad(&e))?;
-        let worker_cfg = self.worker_config::<V>(layout.workers().next().unwrap_or(coordinator))?;
-        if id == coordinator {
-            return Ok(Driver::with_codec(boss, codec));
-        }
-        if layout.servers().any(|s| s == id) {
-            let mut sc = ServerConfig::new(id, coordinator);
-            sc.width = self.width;
-            sc.timing = self.timing;
-            sc.max_reply_bytes = self.max_slice_bytes;
-            // Each start of a server process registers as a new incarnation, so that the
-            // coordinator tells a restart (state lost) from a resent registration.
-            sc.incarnation = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            return Ok(Driver::with_codec(Server::new(sc, self.updater), codec));
-        }
-        if layout.workers().any(|w| w == id) {
-            let mut wc = worker_cfg;
-            wc.id = id;
-            return Ok(Driver::with_codec(Worker::new(wc), codec));
-        }
-        Err(RuntimeError::Config(format!(
-            "node {id} is not part of a job of {} servers and {} workers (nodes n0..n{})",
-            self.servers,
-            self.workers,
-            self.servers + self.workers
-        )))
+        // Each start of a server process registers as a new incarnation, so that the
+        // coordinator tells a restart (state lost) from a resent registration.
+        let incarnation = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Ok(self.job.driver(id, incarnation)?)
     }
 }
 
@@ -220,7 +105,7 @@ impl<V: Value + Send + Sync> LocalCluster<V> {
             let driver = spec.within(transport.flow_limits()).driver::<V>(id)?;
             Ok(spawn_node(driver, transport, spec.runtime.clone()))
         };
-        let layout = spec.layout();
+        let layout = spec.job.layout();
         let coordinator = spawn(layout.coordinator())?.node;
         let mut servers = Vec::new();
         for id in layout.servers() {
@@ -268,21 +153,25 @@ mod tests {
     #[test]
     fn a_transport_s_limits_apply_only_where_they_are_tighter() {
         let mut spec = ClusterSpec::new(1, 1);
-        spec.max_slice_bytes = 1 << 20;
+        spec.job.max_slice_bytes = 1 << 20;
+        spec.job.max_reply_bytes = 1 << 21;
         let limits = FlowLimits {
             max_slice_bytes: Some(1 << 16),
             max_bytes_in_flight: Some(1 << 22),
         };
-        let within = spec.within(limits);
+        let within = spec.within(limits).job;
         assert_eq!(within.max_slice_bytes, 1 << 16);
+        assert_eq!(within.max_reply_bytes, 1 << 16);
         assert_eq!(within.max_bytes_in_flight, 1 << 22);
-        spec.max_slice_bytes = 1 << 10;
-        spec.max_bytes_in_flight = 1 << 12;
-        let within = spec.within(limits);
+        spec.job.max_slice_bytes = 1 << 10;
+        spec.job.max_reply_bytes = 1 << 11;
+        spec.job.max_bytes_in_flight = 1 << 12;
+        let within = spec.within(limits).job;
         assert_eq!(
-            (within.max_slice_bytes, within.max_bytes_in_flight),
-            (1 << 10, 1 << 12)
+            (within.max_slice_bytes, within.max_reply_bytes),
+            (1 << 10, 1 << 11)
         );
+        assert_eq!(within.max_bytes_in_flight, 1 << 12);
         assert_eq!(spec.within(FlowLimits::default()), spec);
     }
 }

@@ -4,7 +4,9 @@
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use pserver_core::{Epoch, Iteration, KeySelection, KvPairs, NodeId, Refusals, Value, WorkerError};
+use pserver_core::{
+    Epoch, Iteration, JobError, KeySelection, KvPairs, NodeId, Refusals, Value, WorkerError,
+};
 use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -34,6 +36,9 @@ pub enum RuntimeError {
     /// The node's configuration cannot work over its transport.
     #[error("{0}")]
     Config(String),
+    /// The job cannot work, or the node is not part of it.
+    #[error(transparent)]
+    Job(#[from] JobError),
 }
 
 impl From<WorkerError> for RuntimeError {

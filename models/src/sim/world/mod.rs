@@ -17,18 +17,17 @@ use pserver_core::Bytes;
 
 use pserver_core::Codec;
 use pserver_core::Consistency;
+use pserver_core::Coordinator;
 use pserver_core::Driver;
 use pserver_core::KvPairs;
-use pserver_core::Timing;
+use pserver_core::Worker;
 use pserver_core::ring::Ring;
 use pserver_core::wire::{Envelope, Message, ShardUpdate};
 use pserver_core::{ClusterConfig, KeyList, KeySelection, RangeList, RequestId};
-use pserver_core::{Coordinator, CoordinatorConfig};
 use pserver_core::{Epoch, Iteration, NodeId, Time};
 use pserver_core::{Event, Refusal};
 use pserver_core::{Key, KeyRange};
 use pserver_core::{Server, ServerConfig};
-use pserver_core::{Worker, WorkerConfig};
 
 /// What travels the simulated network: a frame, or the envelope itself when the run skips the
 /// wire.
@@ -256,52 +255,30 @@ impl<'a> World<'a> {
     /// A world whose servers hand their update rule every delta negated if `wrong_sign`.
     fn new(cfg: &'a SimConfig, wrong_sign: bool) -> Result<Self, SimFailure> {
         cfg.validate().map_err(|e| setup_failure(cfg, e))?;
-        let timing = Timing::default();
         let updater = cfg.resolved_updater();
         let server_rule = ServerRule::new(updater.rule(), wrong_sign);
-        let mut job = CoordinatorConfig::new(cfg.coordinator_id(), cfg.servers, cfg.workers);
-        job.ring = cfg.ring;
-        job.consistency = cfg.consistency;
-        job.timing = timing;
+        let job = cfg.job();
         let start_configs = if cfg.resolved_ring_change() {
             ring_change_configs(cfg).map_err(|e| setup_failure(cfg, e))?
         } else {
             BTreeMap::new()
         };
         let coordinator = match start_configs.get(&cfg.coordinator_id()) {
-            Some(config) => Coordinator::resume(job, config.clone()),
-            None => Coordinator::new(job),
+            Some(config) => Coordinator::resume(job.coordinator_config(), config.clone()),
+            None => Coordinator::new(job.coordinator_config()),
         }
         .map_err(|e| setup_failure(cfg, e))?;
         let mut nodes = BTreeMap::new();
         nodes.insert(cfg.coordinator_id(), Driver::new(coordinator));
-        // Message sizes from the seed: some runs cut requests and range answers into small parts
-        // and keep only one or three slices on the network, so that splitting, resumed answers
-        // and waiting for room in the window are all exercised.
-        // Slices of a fixed share of the keys, so that a request is cut into a handful of parts
-        // whatever the key count (finer cuts only slow the run down).
-        let rows = |share: u64, least: u64| 128 + 18 * (cfg.keys / share).max(least) as usize;
-        let (slice_bytes, window) = match pserver_core::testing::hash_words(cfg.seed, &[0x51ce]) % 3
-        {
-            0 => (pserver_core::DEFAULT_MAX_SLICE_BYTES, 64),
-            1 => (rows(8, 2), 1),
-            _ => (rows(3, 5), 3),
-        };
-        let mut server_config = ServerConfig::new(cfg.coordinator_id(), cfg.coordinator_id());
-        server_config.timing = timing;
-        server_config.max_reply_bytes = slice_bytes;
+        let server_config = job.server_config(cfg.coordinator_id());
         for id in cfg.server_ids() {
-            let mut sc = server_config;
-            sc.id = id;
-            nodes.insert(id, Driver::new(Server::new(sc, server_rule)));
+            nodes.insert(
+                id,
+                Driver::new(Server::new(job.server_config(id), server_rule)),
+            );
         }
         for id in cfg.worker_ids() {
-            let mut wc = WorkerConfig::new(id, cfg.coordinator_id());
-            wc.timing = timing;
-            wc.seed = cfg.seed;
-            wc.max_slice_bytes = slice_bytes;
-            wc.max_slices_in_flight = window;
-            nodes.insert(id, Driver::new(Worker::new(wc)));
+            nodes.insert(id, Driver::new(Worker::new(job.worker_config(id))));
         }
         let apps = cfg.worker_ids().map(|id| (id, App::default())).collect();
         // Every invariant is judged against the ring in force: after a ring change, the ring of

@@ -1,0 +1,323 @@
+//! The one description of a job (ARCHITECTURE.md §1): its nodes, its ring, its consistency
+//! model, its timing, its message limits and the servers' side of the application. Every
+//! stack builds its nodes from a [`JobSpec`]: the runtime's clusters, the cluster file, the
+//! trainers, the simulator and the model checker; and a job that cannot work is refused here,
+//! once, with a [`JobError`].
+
+use thiserror::Error;
+
+use crate::codec::{Codec, DEFAULT_MAX_FRAME};
+use crate::consistency::Consistency;
+use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
+use crate::driver::Driver;
+use crate::ids::{NodeId, NodeLayout};
+use crate::ring::RingConfig;
+use crate::server::{Server, ServerConfig};
+use crate::timing::Timing;
+use crate::updater::Updater;
+use crate::value::Value;
+use crate::worker::{DEFAULT_MAX_SLICE_BYTES, Worker, WorkerConfig};
+
+/// The shape of a job and everything its nodes must agree on. Nodes are numbered as
+/// [`NodeLayout`] says: the coordinator 0, then the servers, then the workers.
+///
+/// [`JobSpec::new`] gives the defaults; change the fields that differ, then build each node
+/// with [`JobSpec::driver`] (or its configuration with [`JobSpec::server_config`] and the
+/// like). [`JobSpec::validate`] says whether the job can work at all.
+///
+/// ```
+/// use pserver_core::{Consistency, JobSpec, NodeId};
+/// let mut job = JobSpec::new(2, 3);
+/// job.consistency = Consistency::BoundedDelay(2);
+/// job.ring.replicas = 1;
+/// let server = job.driver::<f32>(NodeId(1), 0)?;
+/// assert_eq!(server.id(), NodeId(1));
+/// job.ring.replicas = 2; // two servers cannot hold a primary and two replicas
+/// assert!(job.validate::<f32>().is_err());
+/// # Ok::<(), pserver_core::JobError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct JobSpec {
+    /// Servers.
+    pub servers: usize,
+    /// Workers.
+    pub workers: usize,
+    /// The consistency model. Default: sequential.
+    pub consistency: Consistency,
+    /// How the ring is built. Default: 64 virtual nodes, no replicas, seed 0.
+    pub ring: RingConfig,
+    /// Values per key. Default 1.
+    pub width: usize,
+    /// The servers' update rule. Default: [`Updater::Sum`].
+    pub updater: Updater,
+    /// Timeouts and intervals.
+    pub timing: Timing,
+    /// The largest frame a node sends or accepts. Default: [`DEFAULT_MAX_FRAME`].
+    pub max_frame: usize,
+    /// The largest slice a worker puts in one message; must leave room in `max_frame`.
+    /// Default: [`DEFAULT_MAX_SLICE_BYTES`].
+    pub max_slice_bytes: usize,
+    /// The largest part of a server's answer to a range pull, and of a copy of a shard.
+    /// Default: [`DEFAULT_MAX_SLICE_BYTES`].
+    pub max_reply_bytes: usize,
+    /// Push slices (and, separately, pull slices) a worker keeps on the network. Default 64.
+    pub max_slices_in_flight: usize,
+    /// Bytes of push slices (and, separately, of pull slices) a worker keeps on the network.
+    /// Default: unbounded.
+    pub max_bytes_in_flight: u64,
+    /// Seed of the workers' retransmission jitter.
+    pub seed: u64,
+}
+
+/// Why a job cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum JobError {
+    /// The coordinator cannot run the job: no servers or workers, or a ring the servers cannot
+    /// form.
+    #[error(transparent)]
+    Shape(#[from] CoordinatorError),
+    /// Rows of no values.
+    #[error("rows must hold at least one value (width 0)")]
+    ZeroWidth,
+    /// A worker could never send a slice.
+    #[error("workers must be allowed at least one slice in flight")]
+    NoSlicesInFlight,
+    /// Slices, or the answers to them, do not fit a frame.
+    #[error(
+        "slices of {slice_bytes} bytes with {value} values of width {width} need frames of {needed} bytes, but the frame limit is {max_frame}: lower the slice size or raise the frame limit"
+    )]
+    SliceTooLarge {
+        /// The slice limit asked for.
+        slice_bytes: usize,
+        /// The value type's name.
+        value: &'static str,
+        /// Values per key.
+        width: usize,
+        /// The frame such slices need.
+        needed: usize,
+        /// The frame limit.
+        max_frame: usize,
+    },
+    /// A node id outside the job's layout.
+    #[error(
+        "node {id} is not part of a job of {servers} servers and {workers} workers (nodes n0..n{last})"
+    )]
+    NotInJob {
+        /// The id asked for.
+        id: NodeId,
+        /// The job's servers.
+        servers: usize,
+        /// The job's workers.
+        workers: usize,
+        /// The last node id of the job.
+        last: usize,
+    },
+}
+
+impl JobSpec {
+    /// A job of `servers` servers and `workers` workers with the defaults.
+    pub fn new(servers: usize, workers: usize) -> Self {
+        JobSpec {
+            servers,
+            workers,
+            consistency: Consistency::Sequential,
+            ring: RingConfig {
+                vnodes: 64,
+                replicas: 0,
+                seed: 0,
+            },
+            width: 1,
+            updater: Updater::Sum,
+            timing: Timing::default(),
+            max_frame: DEFAULT_MAX_FRAME,
+            max_slice_bytes: DEFAULT_MAX_SLICE_BYTES,
+            max_reply_bytes: DEFAULT_MAX_SLICE_BYTES,
+            max_slices_in_flight: 64,
+            max_bytes_in_flight: u64::MAX,
+            seed: 0,
+        }
+    }
+
+    /// How the nodes are numbered.
+    pub fn layout(&self) -> NodeLayout {
+        NodeLayout {
+            servers: self.servers,
+            workers: self.workers,
+        }
+    }
+
+    /// Every node id of the job, coordinator first.
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        let layout = self.layout();
+        core::iter::once(layout.coordinator())
+            .chain(layout.servers())
+            .chain(layout.workers())
+            .collect()
+    }
+
+    /// Whether the job can work with values of type `V`: servers and workers to run it, a
+    /// ring its servers can form, rows of at least one value, and slices that fit a frame.
+    pub fn validate<V: Value>(&self) -> Result<(), JobError> {
+        if self.servers == 0 {
+            return Err(CoordinatorError::NoServers.into());
+        }
+        Coordinator::new(self.coordinator_config())?;
+        if self.width == 0 {
+            return Err(JobError::ZeroWidth);
+        }
+        if self.max_slices_in_flight == 0 {
+            return Err(JobError::NoSlicesInFlight);
+        }
+        let needed = self
+            .worker_config(self.layout().coordinator())
+            .frame_needed::<V>();
+        if needed > self.max_frame {
+            return Err(JobError::SliceTooLarge {
+                slice_bytes: self.max_slice_bytes,
+                value: V::NAME,
+                width: self.width,
+                needed,
+                max_frame: self.max_frame,
+            });
+        }
+        Ok(())
+    }
+
+    /// The coordinator's configuration.
+    pub fn coordinator_config(&self) -> CoordinatorConfig {
+        let mut cfg =
+            CoordinatorConfig::new(self.layout().coordinator(), self.servers, self.workers);
+        cfg.ring = self.ring;
+        cfg.consistency = self.consistency;
+        cfg.timing = self.timing;
+        cfg
+    }
+
+    /// The configuration of server `id` (not checked against the layout).
+    pub fn server_config(&self, id: NodeId) -> ServerConfig {
+        let mut cfg = ServerConfig::new(id, self.layout().coordinator());
+        cfg.width = self.width;
+        cfg.timing = self.timing;
+        cfg.max_reply_bytes = self.max_reply_bytes;
+        cfg
+    }
+
+    /// The configuration of worker `id` (not checked against the layout).
+    pub fn worker_config(&self, id: NodeId) -> WorkerConfig {
+        let mut cfg = WorkerConfig::new(id, self.layout().coordinator());
+        cfg.width = self.width;
+        cfg.timing = self.timing;
+        cfg.max_slice_bytes = self.max_slice_bytes;
+        cfg.max_slices_in_flight = self.max_slices_in_flight;
+        cfg.max_bytes_in_flight = self.max_bytes_in_flight;
+        cfg.seed = self.seed;
+        cfg
+    }
+
+    /// The codec every node of the job uses.
+    pub fn codec(&self) -> Codec {
+        Codec::new(self.max_frame)
+    }
+
+    /// The driver of node `id`, once the job is [valid](JobSpec::validate) and `id` part of
+    /// it. A server is started as process `incarnation`: a number that grows with every start
+    /// of the server's process (wall-clock nanoseconds will do), so that the coordinator tells
+    /// a restart, which lost its state, from a resent registration (ARCHITECTURE.md §8).
+    pub fn driver<V: Value>(&self, id: NodeId, incarnation: u64) -> Result<Driver<V>, JobError> {
+        self.validate::<V>()?;
+        let layout = self.layout();
+        let codec = self.codec();
+        if id == layout.coordinator() {
+            let coordinator = Coordinator::new(self.coordinator_config())?;
+            return Ok(Driver::with_codec(coordinator, codec));
+        }
+        if layout.servers().any(|s| s == id) {
+            let mut cfg = self.server_config(id);
+            cfg.incarnation = incarnation;
+            return Ok(Driver::with_codec(Server::new(cfg, self.updater), codec));
+        }
+        if layout.workers().any(|w| w == id) {
+            return Ok(Driver::with_codec(
+                Worker::new(self.worker_config(id)),
+                codec,
+            ));
+        }
+        Err(JobError::NotInJob {
+            id,
+            servers: self.servers,
+            workers: self.workers,
+            last: self.servers + self.workers,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_node_of_a_valid_job_is_built_with_the_job_s_settings() {
+        let mut job = JobSpec::new(2, 2);
+        job.width = 3;
+        job.max_reply_bytes = 1 << 16;
+        let ids = job.node_ids();
+        assert_eq!(ids, (0..5).map(NodeId).collect::<Vec<_>>());
+        for id in ids {
+            let d = job.driver::<f64>(id, 7).expect("a node of the job");
+            assert_eq!(d.id(), id);
+            assert_eq!(d.codec(), job.codec());
+        }
+        assert_eq!(job.server_config(NodeId(1)).max_reply_bytes, 1 << 16);
+        assert_eq!(job.worker_config(NodeId(3)).width, 3);
+    }
+
+    #[test]
+    fn a_job_that_cannot_work_is_refused_with_its_reason() {
+        let bad = |change: fn(&mut JobSpec)| {
+            let mut job = JobSpec::new(2, 2);
+            change(&mut job);
+            job.validate::<f32>().err()
+        };
+        assert_eq!(
+            bad(|j| j.servers = 0),
+            Some(JobError::Shape(CoordinatorError::NoServers))
+        );
+        assert_eq!(
+            bad(|j| j.workers = 0),
+            Some(JobError::Shape(CoordinatorError::NoWorkers))
+        );
+        assert!(matches!(
+            bad(|j| j.ring.replicas = 2),
+            Some(JobError::Shape(CoordinatorError::Ring { servers: 2, .. }))
+        ));
+        assert_eq!(bad(|j| j.width = 0), Some(JobError::ZeroWidth));
+        assert_eq!(
+            bad(|j| j.max_slices_in_flight = 0),
+            Some(JobError::NoSlicesInFlight)
+        );
+        assert!(matches!(
+            bad(|j| j.max_frame = 1024),
+            Some(JobError::SliceTooLarge {
+                max_frame: 1024,
+                ..
+            })
+        ));
+        assert_eq!(bad(|_| {}), None);
+    }
+
+    #[test]
+    fn a_node_outside_the_layout_is_refused() {
+        let job = JobSpec::new(1, 1);
+        assert_eq!(
+            job.driver::<f32>(NodeId(2), 0).err(),
+            None,
+            "the one worker"
+        );
+        assert!(matches!(
+            job.driver::<f32>(NodeId(3), 0),
+            Err(JobError::NotInJob { last: 2, .. })
+        ));
+    }
+}
