@@ -27,12 +27,10 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use pserver_core::{
-    Bytes, Consistency, Coordinator, CoordinatorConfig, Driver, Event, Iteration, Key, KeyList,
-    KeySelection, KvPairs, NodeId, RequestId, Server, ServerConfig, Time, Updater, Worker,
-    WorkerConfig,
+    Bytes, Consistency, Driver, Event, Iteration, JobSpec, Key, KeyList, KeySelection, KvPairs,
+    NodeId, RequestId, Time,
 };
 
-const COORDINATOR: NodeId = NodeId(0);
 const SERVERS: [NodeId; 2] = [NodeId(1), NodeId(2)];
 const WORKERS: [NodeId; 3] = [NodeId(3), NodeId(4), NodeId(5)];
 const KEYS: u64 = 100;
@@ -288,18 +286,16 @@ struct Cluster {
 
 impl Cluster {
     fn spawn(status: &Sender<Status>) -> Result<Self, BoxError> {
-        let mut job = CoordinatorConfig::new(COORDINATOR, SERVERS.len(), WORKERS.len());
+        // The job numbers its nodes as the constants above do: n0 the coordinator, the servers,
+        // then the workers. Its servers sum what they are pushed, with no replicas.
+        let mut job = JobSpec::new(SERVERS.len(), WORKERS.len());
         job.consistency = Consistency::BoundedDelay(TAU);
-        job.ring.replicas = 0; // replication is not implemented yet
-        let mut nodes: Vec<(Driver<i64>, Option<Workload>)> =
-            vec![(Driver::new(Coordinator::new(job)?), None)];
-        for s in SERVERS {
-            let server = Server::new(ServerConfig::new(s, COORDINATOR), Updater::Sum);
-            nodes.push((Driver::new(server), None));
-        }
-        for w in WORKERS {
-            let worker = Worker::new(WorkerConfig::new(w, COORDINATOR));
-            nodes.push((Driver::new(worker), Some(Workload::new(w, status.clone()))));
+        let mut nodes: Vec<(Driver<i64>, Option<Workload>)> = Vec::new();
+        for id in job.node_ids() {
+            let workload = WORKERS
+                .contains(&id)
+                .then(|| Workload::new(id, status.clone()));
+            nodes.push((job.driver(id, 0)?, workload));
         }
         // Every channel exists before any thread runs, so no early frame has nowhere to go.
         let (net, inboxes): (Network, Vec<Receiver<Inbox>>) =

@@ -69,7 +69,7 @@ pub enum Event<V: Value> {
     /// silent server's ranges are not served until it answers again or servers join.
     RingDegraded(NodeId),
     /// The coordinator no longer counts this node as a member: it must stop. A server gets it
-    /// once it has left ([`crate::Server::leave`]) or was declared dead while still running;
+    /// once it has left ([`crate::node::Server::leave`]) or was declared dead while still running;
     /// started again (with a new incarnation), it joins as a new member.
     Fenced,
     /// A server became the primary of a range that no live server held a copy of (more

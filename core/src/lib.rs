@@ -12,9 +12,9 @@
 //!
 //! ## A cluster
 //!
-//! A job has one [`Coordinator`] (membership, the ring of key ranges, the epoch), servers
-//! ([`Server`]: they hold the parameters, sharded by key range and replicated) and workers
-//! ([`Worker`]: the application's side, which pushes updates and pulls parameters). A
+//! A job has one [`Coordinator`](node::Coordinator) (membership, the ring of key ranges, the epoch), servers
+//! ([`Server`](node::Server): they hold the parameters, sharded by key range and replicated) and workers
+//! ([`Worker`](node::Worker): the application's side, which pushes updates and pulls parameters). A
 //! [`JobSpec`] describes the whole job once (its nodes, ring, consistency model, timing,
 //! message limits and the servers' update rule), refuses a job that cannot work with a
 //! [`JobError`], and builds each node inside the [`Driver`] that runs it:
@@ -34,7 +34,7 @@
 //! ```
 //!
 //! Each node can also be built by hand from its own configuration
-//! ([`CoordinatorConfig`], [`ServerConfig`], [`WorkerConfig`]), which is what `JobSpec` does.
+//! ([`CoordinatorConfig`](node::CoordinatorConfig), [`ServerConfig`](node::ServerConfig), [`WorkerConfig`](node::WorkerConfig)), which is what `JobSpec` does.
 //!
 //! ## The driving loop
 //!
@@ -127,16 +127,17 @@
 //!
 //! ## What else is here
 //!
-//! - The front door (this page): the job description, the driver and its events, the node
-//!   structs and their configurations, keys and values ([`Key`], [`KeyRange`], [`KvPairs`], [`KeySelection`]),
+//! - The front door (this page): the job description, the driver and its events, keys and
+//!   values ([`Key`], [`KeyRange`], [`KvPairs`], [`KeySelection`]),
 //!   the job's settings ([`Consistency`], [`Timing`], [`Updater`], the [`UpdateRule`] trait
 //!   for rules of your own), the [`Codec`] and the errors.
 //! - [`ring`]: consistent hashing of key ranges onto servers, with replicas.
 //! - [`store`]: the [`ParamStore`](store::ParamStore) trait servers keep their rows in, and
 //!   the default layout.
 //! - [`wire`]: the messages inside a frame, for tools that look at traffic.
-//! - [`node`]: the state machines' own surface below the driver (`on_message`, `on_timer`,
-//!   [`Effects`](node::Effects)), which the model checker drives.
+//! - [`node`]: the state machines and their own surface below the driver (`on_message`,
+//!   `on_timer`, [`Effects`](node::Effects)), which the model checker drives; build a node
+//!   here by hand for a store or an update rule of your own.
 //! - `testing` (feature `testing`) and `mutation` (feature `mutations`): what only the
 //!   checkers in `pserver-models` and the fuzz targets use. Never needed to embed the core.
 //!
@@ -177,7 +178,7 @@ mod worker;
 
 pub use codec::{Codec, DEFAULT_MAX_FRAME, DecodeError, EncodeError, FrameParts};
 pub use consistency::{Consistency, ParseConsistencyError};
-pub use coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
+pub use coordinator::CoordinatorError;
 pub use driver::{Driver, DriverError, Refusals, Transmit};
 pub use effects::{Event, Refusal};
 pub use ids::{Epoch, Iteration, NodeId, Role, Time};
@@ -185,12 +186,11 @@ pub use job::{JobError, JobSpec};
 pub use key::{InvalidRange, Key, KeyRange, MAX_KEY};
 pub use kv::{KvError, KvPairs};
 pub use selection::{BadRangeList, KeyList, KeySelection, RangeList};
-pub use server::{Server, ServerConfig};
 pub use timing::Timing;
 pub use updater::{UpdateRule, Updater};
 pub use value::Value;
 pub use wire::{ClusterConfig, RequestId};
-pub use worker::{DEFAULT_MAX_SLICE_BYTES, Worker, WorkerConfig, WorkerError};
+pub use worker::{DEFAULT_MAX_SLICE_BYTES, WorkerError};
 
 /// The byte buffer frames travel in, re-exported so that embedders use the same version.
 pub use bytes::{self, Bytes};

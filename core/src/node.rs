@@ -1,14 +1,20 @@
-//! The node-level surface: the state machines' own inputs and outputs, below the
+//! The node-level surface: the state machines and their own inputs and outputs, below the
 //! [`Driver`](crate::Driver) (ARCHITECTURE.md §1).
+//!
+//! [`JobSpec`](crate::JobSpec) builds every node of a job with its settings; build one here
+//! by hand for what a job description does not say: a server over a store of your own
+//! ([`Server::with_store`]) or with an [`UpdateRule`](crate::UpdateRule) of your own.
 //!
 //! Every node kind takes `on_message(now, envelope, &mut effects)` and `on_timer(now, timer,
 //! &mut effects)` and records what it wants done (sends, timer commands, events) in
 //! [`Effects`]. A driver carries those effects out; the model checker drives the node structs
 //! directly instead, so that it sees every timer command and may fire timers in any order.
-//! An embedder does not need this module.
+//! An embedder that only runs jobs does not need this module.
 
 pub use crate::clock::RangeClock;
-pub use crate::coordinator::Phase;
+pub use crate::coordinator::{Coordinator, CoordinatorConfig, Phase};
 pub use crate::driver::Node;
 pub use crate::effects::{Effects, TimerCmd, TimerId};
 pub use crate::ids::NodeLayout;
+pub use crate::server::{Server, ServerConfig};
+pub use crate::worker::{Worker, WorkerConfig};

@@ -32,7 +32,8 @@ const MAX_KEY_BYTES: usize = 10;
 /// that differ from the defaults.
 ///
 /// ```
-/// use pserver_core::{NodeId, WorkerConfig};
+/// use pserver_core::NodeId;
+/// use pserver_core::node::WorkerConfig;
 /// let mut cfg = WorkerConfig::new(NodeId(3), NodeId(0));
 /// cfg.width = 8;
 /// assert!(cfg.max_slice_bytes < pserver_core::DEFAULT_MAX_FRAME);
@@ -319,7 +320,7 @@ impl<V: Value> Worker<V> {
     }
 
     /// Starts with `config` already in force (static membership, e.g. from
-    /// [`crate::Coordinator::bootstrapped`]) instead of registering. Call once, first, instead
+    /// [`crate::node::Coordinator::bootstrapped`]) instead of registering. Call once, first, instead
     /// of `start`.
     pub fn start_configured(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
         self.started_configured = true;

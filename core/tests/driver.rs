@@ -1,5 +1,6 @@
 //! The driver: frames, timers and refusals, and requests cut to fit the wire.
 
+use pserver_core::node::*;
 use pserver_core::ring::*;
 use pserver_core::wire::*;
 use pserver_core::*;

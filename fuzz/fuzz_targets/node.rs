@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use pserver_core::ring::*;
+use pserver_core::node::*;
 use pserver_core::wire::*;
 use pserver_core::*;
 

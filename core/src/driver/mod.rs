@@ -13,6 +13,7 @@
 //! [`Driver::refusals`] and reported as [`Event::Refused`]. See ARCHITECTURE.md §1.
 //!
 //! ```
+//! use pserver_core::node::*;
 //! use pserver_core::*;
 //! let (c, s, w) = (NodeId(0), NodeId(1), NodeId(2));
 //! let mut job = CoordinatorConfig::new(c, 1, 1);
@@ -338,23 +339,23 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         self.events.pop_front()
     }
 
-    /// Pushes `kvs` from the driven worker (see [`crate::Worker::push`]).
+    /// Pushes `kvs` from the driven worker (see [`crate::node::Worker::push`]).
     pub fn push(&mut self, now: Time, kvs: KvPairs<V>) -> Result<RequestId, DriverError> {
         self.on_worker(|w, out| w.push(now, kvs, out))
     }
 
-    /// Pulls `keys` to the driven worker (see [`crate::Worker::pull`]).
+    /// Pulls `keys` to the driven worker (see [`crate::node::Worker::pull`]).
     pub fn pull(&mut self, now: Time, keys: KeySelection) -> Result<RequestId, DriverError> {
         self.on_worker(|w, out| w.pull(now, keys, out))
     }
 
-    /// Ends the driven worker's iteration (see [`crate::Worker::advance`]).
+    /// Ends the driven worker's iteration (see [`crate::node::Worker::advance`]).
     pub fn advance(&mut self, now: Time) -> Result<(), DriverError> {
         self.on_worker(|w, out| w.advance(now, out))
     }
 
     /// Takes the driven server (once its ranges are held elsewhere, see
-    /// [`crate::Server::leave`]) or worker ([`crate::Worker::leave`]) out of the job.
+    /// [`crate::node::Server::leave`]) or worker ([`crate::node::Worker::leave`]) out of the job.
     pub fn leave(&mut self) -> Result<(), DriverError> {
         let id = self.id();
         let mut out = self.take_scratch();

@@ -15,7 +15,8 @@ use crate::worker::Worker;
 ///
 /// ```
 /// use pserver_core::node::Node;
-/// use pserver_core::{NodeId, Role, Worker, WorkerConfig};
+/// use pserver_core::{NodeId, Role};
+/// use pserver_core::node::{Worker, WorkerConfig};
 /// let cfg = WorkerConfig::new(NodeId(3), NodeId(0));
 /// let node: Node<f32> = Node::from(Worker::new(cfg));
 /// assert_eq!((node.id(), node.role()), (NodeId(3), Role::Worker));

@@ -327,7 +327,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// Starts with `config` already in force (static membership, e.g. from
-    /// [`crate::Coordinator::bootstrapped`]) instead of registering. Call once, first, instead
+    /// [`crate::node::Coordinator::bootstrapped`]) instead of registering. Call once, first, instead
     /// of `start`.
     ///
     /// Only for a job that is starting: the server takes every shard of `config` to be empty

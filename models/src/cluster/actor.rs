@@ -4,13 +4,15 @@
 
 use std::borrow::Cow;
 
+use pserver_core::node::{
+    Coordinator, CoordinatorConfig, Server, ServerConfig, Worker, WorkerConfig,
+};
 use pserver_core::node::{Effects, TimerCmd, TimerId};
 use pserver_core::ring::Ring;
 use pserver_core::wire::{Envelope, Message};
 use pserver_core::{
-    ClusterConfig, Coordinator, CoordinatorConfig, CoordinatorError, Event, Iteration, KeyList,
-    KeySelection, KvPairs, NodeId, RequestId, Server, ServerConfig, Time, Updater, Worker,
-    WorkerConfig,
+    ClusterConfig, CoordinatorError, Event, Iteration, KeyList, KeySelection, KvPairs, NodeId,
+    RequestId, Time, Updater,
 };
 use stateright::actor::{Actor, Id, Out, model_timeout};
 

@@ -55,7 +55,7 @@ pub struct ClusterModelConfig {
     /// Actors that may crash. With 0, failure detection is left out of the model.
     pub crashes: usize,
     /// Model the registration phase. Off, the cluster starts with epoch 1 in force
-    /// ([`pserver_core::Coordinator::bootstrapped`]), which keeps the state space small.
+    /// ([`pserver_core::node::Coordinator::bootstrapped`]), which keeps the state space small.
     pub registration: bool,
     /// Start with the ring already changed on the coordinator and the servers: the owner of the
     /// first key was taken off the ring ([`pserver_core::ClusterConfig::without_server`], epoch

@@ -65,9 +65,10 @@ pub use check::{
 };
 pub use config::{ClusterModelConfig, MAX_RETRANSMISSIONS, NetworkKind};
 
+use pserver_core::node::Coordinator;
 use pserver_core::node::TimerId;
 use pserver_core::ring::Ring;
-use pserver_core::{Coordinator, CoordinatorError, Epoch, Key, NodeId};
+use pserver_core::{CoordinatorError, Epoch, Key, NodeId};
 use stateright::actor::{ActorModel, ActorModelState, LossyNetwork, Network};
 use stateright::{Expectation, Model};
 

@@ -1,8 +1,8 @@
 //! A deterministic simulator: a whole cluster — coordinator, servers and workers running a
 //! scripted workload — on virtual time, with faults drawn from one seed.
 //!
-//! The simulator drives the very structs a deployment runs ([`pserver_core::Coordinator`],
-//! [`pserver_core::Server`], [`pserver_core::Worker`]), each through the [`pserver_core::Driver`] every deployment
+//! The simulator drives the very structs a deployment runs ([`pserver_core::node::Coordinator`],
+//! [`pserver_core::node::Server`], [`pserver_core::node::Worker`]), each through the [`pserver_core::Driver`] every deployment
 //! uses, passes every message through the wire codec, and checks the protocol's invariants after
 //! every step:
 //!
@@ -49,7 +49,7 @@
 //! - Under [`Consistency::Sequential`] a server buffers the pushes of an iteration and applies
 //!   one key-wise sum over them once every live worker finished it. The oracle buffers the
 //!   accepted pushes per iteration in the order they were acknowledged, and when the server's
-//!   [`pserver_core::Server::applied_below`] moves past an iteration it sums them key by key in that
+//!   [`pserver_core::node::Server::applied_below`] moves past an iteration it sums them key by key in that
 //!   order (the order in which the server's `sum_by_key` adds them) and applies each sum once.
 //!   Other models apply every accepted push at once, in acknowledgement order.
 //! - Exactly-once totals are then the oracle's sums of accepted deltas, and a pulled value
@@ -88,7 +88,7 @@
 //! - (with [`SimConfig::join_servers`] and [`SimConfig::leave_servers`]) servers joining and
 //!   leaving the running job at seeded times, through the coordinator's two-step change;
 //! - a crash and a restart: once the coordinator declared the server dead, a fresh
-//!   [`pserver_core::Server`] with a new incarnation starts and registers, and joins the job again
+//!   [`pserver_core::node::Server`] with a new incarnation starts and registers, and joins the job again
 //!   (it copies the ranges the ring gives it, then the ring switches). With
 //!   [`SimConfig::quick_restart`] it restarts within the heartbeat timeout instead, still a
 //!   member: its registration under a new incarnation takes it off the ring first;

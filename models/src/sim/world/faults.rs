@@ -9,7 +9,7 @@ use crate::sim::rng::SimRng;
 use crate::sim::{Invariant, MS, ServerFaults, SimFailure};
 use pserver_core::Driver;
 use pserver_core::KeyRange;
-use pserver_core::Server;
+use pserver_core::node::Server;
 use pserver_core::ring::Ring;
 use pserver_core::{NodeId, Time};
 

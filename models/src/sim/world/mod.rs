@@ -17,17 +17,17 @@ use pserver_core::Bytes;
 
 use pserver_core::Codec;
 use pserver_core::Consistency;
-use pserver_core::Coordinator;
 use pserver_core::Driver;
 use pserver_core::KvPairs;
-use pserver_core::Worker;
+use pserver_core::node::Coordinator;
+use pserver_core::node::Worker;
+use pserver_core::node::{Server, ServerConfig};
 use pserver_core::ring::Ring;
 use pserver_core::wire::{Envelope, Message, ShardUpdate};
 use pserver_core::{ClusterConfig, KeyList, KeySelection, RangeList, RequestId};
 use pserver_core::{Epoch, Iteration, NodeId, Time};
 use pserver_core::{Event, Refusal};
 use pserver_core::{Key, KeyRange};
-use pserver_core::{Server, ServerConfig};
 
 /// What travels the simulated network: a frame, or the envelope itself when the run skips the
 /// wire.
