@@ -10,6 +10,9 @@ use pserver_transport::mem::MemNetwork;
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, NodeReport, RuntimeError};
 use tokio::time::timeout;
 
+mod common;
+use common::rt;
+
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const SERVERS: [NodeId; 2] = [NodeId(1), NodeId(2)];
@@ -17,14 +20,6 @@ const WORKER: NodeId = NodeId(3);
 
 /// Long enough for anything that can happen to happen; reached only when something hangs.
 const BOUND: Duration = Duration::from_secs(30);
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Two servers, one replica of every key: each server holds every key, as primary of some and
 /// replica of the others.

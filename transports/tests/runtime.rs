@@ -7,13 +7,8 @@ use pserver_core::{Consistency, Key, KeyList, KeySelection, KvPairs};
 use pserver_transport::mem::{MemFaults, MemNetwork};
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError};
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+mod common;
+use common::rt;
 
 /// One push of `keys` keys through a cluster whose frames hold at most `max_frame` bytes, over
 /// a network that loses and duplicates: it must complete, and be applied exactly once.
