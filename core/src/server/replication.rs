@@ -14,10 +14,6 @@ use crate::wire::{ClockRecord, Message, Replicate, ShardAck, ShardUpdate, Transf
 use super::Server;
 use super::shard::{ReplicaState, Shard, ShardRole, first_step, restrict};
 
-/// Updates a primary keeps per shard for replicas that are behind; beyond this, a replica
-/// catches up with a whole copy.
-pub(crate) const MAX_LOG: usize = 256;
-
 /// Which replicas [`Server::resend_replication`] serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Resend {

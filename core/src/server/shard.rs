@@ -13,7 +13,9 @@ use crate::updater::UpdateRule;
 use crate::value::Value;
 use crate::wire::{AppliedSpan, BufferedPush, DedupeRecord, Replicate, ShardUpdate, Transfer};
 
-use super::replication::MAX_LOG;
+/// Updates a primary keeps per shard for replicas that are behind; beyond this, a replica
+/// catches up with a whole copy.
+const MAX_LOG: usize = 256;
 
 /// How far a replica has come in a shard's update order, as its primary knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
