@@ -12,7 +12,7 @@ use crate::effects::{Effects, Event, Refusal, TimerId};
 use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
 use crate::kv::KvPairs;
 use crate::selection::KeySelection;
-use crate::slicing::{answers, assemble, merge_parts, primary_of_all, split_by_primary};
+use crate::slicing::{Part, answers, assemble, merge_parts, primary_of_all, split_by_primary};
 use crate::timing::Timing;
 use crate::value::Value;
 use crate::wire::{
@@ -126,13 +126,6 @@ pub enum WorkerError {
         /// The pushed width.
         got: usize,
     },
-}
-
-/// What one slice carries.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Part<V: Value> {
-    Push(KvPairs<V>),
-    Pull(KeySelection),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
