@@ -12,6 +12,7 @@ use crate::effects::{Effects, Event, Refusal, TimerId};
 use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
 use crate::kv::KvPairs;
 use crate::selection::KeySelection;
+use crate::sizes;
 use crate::slicing::{Part, answers, assemble, merge_parts, primary_of_all, split_by_primary};
 use crate::timing::Timing;
 use crate::value::Value;
@@ -21,12 +22,6 @@ use crate::wire::{
 
 /// Default for [`WorkerConfig::max_slice_bytes`]: 4 MiB, well below the default frame limit.
 pub const DEFAULT_MAX_SLICE_BYTES: usize = 4 << 20;
-
-/// Room left in a frame for everything but a slice's keys and values.
-const SLICE_OVERHEAD: usize = 128;
-
-/// Bytes a key may take on the wire (a 64-bit varint).
-const MAX_KEY_BYTES: usize = 10;
 
 /// What a worker is told at start. Build it with [`WorkerConfig::new`] and change the fields
 /// that differ from the defaults.
@@ -84,7 +79,7 @@ impl WorkerConfig {
     /// The bytes a slice moves: its rows for a push or a pull of keys, at most a message's rows
     /// for a pull of ranges (whose answer size only the server knows).
     fn slice_bytes<V: Value>(&self, part: &Part<V>) -> u64 {
-        let row = (MAX_KEY_BYTES + self.width.saturating_mul(V::SIZE)) as u64;
+        let row = sizes::row_bytes::<V>(self.width) as u64;
         let rows = match part {
             Part::Push(kvs) => kvs.len() as u64,
             Part::Pull(KeySelection::Keys(list)) => list.keys().len() as u64,
@@ -100,15 +95,13 @@ impl WorkerConfig {
 
     /// Keys per slice: as many rows as fit `max_slice_bytes`, at least one.
     fn keys_per_slice<V: Value>(&self) -> usize {
-        let row = MAX_KEY_BYTES + self.width.saturating_mul(V::SIZE);
-        (self.max_slice_bytes.saturating_sub(SLICE_OVERHEAD) / row.max(1)).max(1)
+        sizes::rows_within::<V>(self.max_slice_bytes, self.width)
     }
 
     /// The largest message this worker's slices (and the answers to them) need: what the frame
     /// limit must allow.
     pub fn frame_needed<V: Value>(&self) -> usize {
-        let row = MAX_KEY_BYTES + self.width.saturating_mul(V::SIZE);
-        (self.keys_per_slice::<V>() * row).saturating_add(SLICE_OVERHEAD)
+        sizes::message_bytes::<V>(self.keys_per_slice::<V>(), self.width)
     }
 }
 

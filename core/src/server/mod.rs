@@ -70,8 +70,7 @@ impl ServerConfig {
     /// Rows per answer to a range pull (and per copy of a shard): as many as fit
     /// `max_reply_bytes`, at least one.
     fn rows_per_reply<V: Value>(&self) -> usize {
-        let row = 10 + self.width.saturating_mul(V::SIZE);
-        (self.max_reply_bytes.saturating_sub(128) / row.max(1)).max(1)
+        crate::sizes::rows_within::<V>(self.max_reply_bytes, self.width)
     }
 }
 
