@@ -119,6 +119,7 @@ impl DedupeWindow {
     }
 
     /// Spans remembered above the high-water mark.
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn len(&self) -> usize {
         self.applied.values().map(Vec::len).sum()
     }
