@@ -9,7 +9,7 @@ use crate::key::{Key, KeyRange};
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
-use crate::wire::{ClockRecord, Message, Replicate, ShardAck, ShardUpdate, Transfer};
+use crate::wire::{ClockRecord, Envelope, Message, Replicate, ShardAck, ShardUpdate, Transfer};
 
 use super::Server;
 use super::shard::{ReplicaState, Shard, ShardRole, first_step, restrict};
@@ -252,13 +252,41 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
     }
 
+    /// A message between servers about the ranges they hold together: updates and copies,
+    /// and their acknowledgements.
+    pub(super) fn on_replication(&mut self, now: Time, env: Envelope<V>, out: &mut Effects<V>) {
+        let from = env.from;
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        if !cluster.is_server(from) {
+            return out.refuse(from, Refusal::UnknownSender);
+        }
+        if env.epoch < cluster.epoch() {
+            // Sent under a configuration that no longer holds (the sender may have lost the
+            // range since): it learns the new one from the coordinator and sends again.
+            let current = cluster.epoch();
+            return out.refuse(
+                from,
+                Refusal::StaleEpoch {
+                    epoch: env.epoch,
+                    current,
+                },
+            );
+        }
+        match env.body {
+            Message::Replicate { updates } => self.on_replicate(from, updates, out),
+            Message::ReplicateAck { acks } => self.on_replicate_ack(now, from, &acks, out),
+            Message::Transfer(copy) => self.on_transfer(from, copy, out),
+            Message::TransferAck { range, seq } => {
+                self.on_transfer_ack(now, from, range, seq, out);
+            }
+            _ => out.refuse(from, Refusal::Unexpected),
+        }
+    }
+
     /// A replica takes in its primary's updates, in order, and says how far it has come.
-    pub(super) fn on_replicate(
-        &mut self,
-        from: NodeId,
-        updates: Vec<Replicate<V>>,
-        out: &mut Effects<V>,
-    ) {
+    fn on_replicate(&mut self, from: NodeId, updates: Vec<Replicate<V>>, out: &mut Effects<V>) {
         let mut acks = Vec::new();
         for entry in updates {
             if entry.span == 0 || entry.span > entry.seq || !self.is_replica_of(from, entry.range) {
@@ -322,7 +350,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// A primary learns how far a replica has come.
-    pub(super) fn on_replicate_ack(
+    fn on_replicate_ack(
         &mut self,
         now: Time,
         from: NodeId,
@@ -364,7 +392,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// A new holder installs a whole shard from the range's primary.
-    pub(super) fn on_transfer(&mut self, from: NodeId, copy: Transfer<V>, out: &mut Effects<V>) {
+    fn on_transfer(&mut self, from: NodeId, copy: Transfer<V>, out: &mut Effects<V>) {
         let range = copy.range;
         let seq = copy.seq;
         if !self.is_replica_of(from, range) {
@@ -405,7 +433,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// A primary learns that a replica installed its copy, and sends what came after it.
-    pub(super) fn on_transfer_ack(
+    fn on_transfer_ack(
         &mut self,
         now: Time,
         from: NodeId,
