@@ -467,8 +467,6 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// this server no longer holds are dropped. At a job's start every shard is created empty,
     /// with every replica in step.
     pub(super) fn reshard(&mut self, fresh_start: bool, rejoined: &[NodeId], out: &mut Effects<V>) {
-        let me = self.cfg.id;
-        let promote_stale = mutated!(self, PromoteStaleReplica);
         let Some(cluster) = self.cluster.as_ref() else {
             return;
         };
@@ -476,6 +474,26 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         for (piece, _) in &pieces {
             self.split_shards_at(piece.start());
         }
+        self.assign_roles(&pieces, rejoined);
+        self.create_shards(pieces, fresh_start, out);
+        if fresh_start {
+            self.template = self.template.empty();
+        }
+        // A push waiting on a range this server no longer leads all of is resent by its worker
+        // to the new primary; waiting on would never end.
+        let waiting = core::mem::take(&mut self.unreplicated);
+        self.unreplicated = waiting
+            .into_iter()
+            .filter(|(_, waits)| waits.iter().all(|&(range, _)| self.leads_all_of(range)))
+            .collect();
+    }
+
+    /// Gives every shard its role among the holders of its piece of the ring (`pieces`, cut
+    /// so that no shard straddles two), and drops the shards of pieces this server does not
+    /// hold.
+    fn assign_roles(&mut self, pieces: &[(KeyRange, Vec<NodeId>)], rejoined: &[NodeId]) {
+        let me = self.cfg.id;
+        let promote_stale = mutated!(self, PromoteStaleReplica);
         let mut gone = Vec::new();
         for (&start, shard) in &mut self.shards {
             let i = pieces.partition_point(|(p, _)| p.end() <= start);
@@ -485,49 +503,32 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             match holders.iter().position(|&n| n == me) {
                 None => gone.push(start),
                 Some(0) => {
-                    let replicas: BTreeMap<NodeId, ReplicaState> = holders[1..]
-                        .iter()
-                        .map(|&n| {
-                            let kept = match &shard.role {
-                                ShardRole::Primary { replicas, .. } if !rejoined.contains(&n) => {
-                                    replicas.get(&n).copied()
-                                }
-                                _ => None,
-                            };
-                            let stale_ok = ReplicaState::Acked(shard.seq);
-                            let fresh = if promote_stale {
-                                stale_ok
-                            } else {
-                                ReplicaState::NeedsCopy
-                            };
-                            (n, kept.unwrap_or(fresh))
-                        })
-                        .collect();
-                    let log = match &mut shard.role {
-                        ShardRole::Primary { log, .. } => core::mem::take(log),
-                        ShardRole::Replica { .. } => Vec::new(),
+                    let new_replica = if promote_stale {
+                        ReplicaState::Acked(shard.seq)
+                    } else {
+                        ReplicaState::NeedsCopy
                     };
-                    shard.role = ShardRole::Primary {
-                        log,
-                        replicas,
-                        queued: Vec::new(),
-                    };
-                    shard.trim_log();
+                    shard.lead(&holders[1..], rejoined, new_replica);
                 }
-                Some(_) => {
-                    let kept = matches!(shard.role, ShardRole::Replica { primary, .. } if primary == holders[0]);
-                    if !kept {
-                        shard.role = ShardRole::Replica {
-                            primary: holders[0],
-                            synced: false,
-                        };
-                    }
-                }
+                Some(_) => shard.follow(holders[0]),
             }
         }
         for start in gone {
             self.shards.remove(&start);
         }
+    }
+
+    /// Creates a shard for every part of a piece this server holds that no shard covers: as
+    /// its primary, a range lost with its holders (or, at a job's start, a new one); as a
+    /// replica, only at a job's start, when every shard is empty and so in step.
+    fn create_shards(
+        &mut self,
+        pieces: Vec<(KeyRange, Vec<NodeId>)>,
+        fresh_start: bool,
+        out: &mut Effects<V>,
+    ) {
+        let me = self.cfg.id;
+        let promote_stale = mutated!(self, PromoteStaleReplica);
         for (range, holders) in pieces {
             let Some(at) = holders.iter().position(|&n| n == me) else {
                 continue;
@@ -567,16 +568,6 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     .insert(gap.start(), Shard::new(gap, store, role));
             }
         }
-        if fresh_start {
-            self.template = self.template.empty();
-        }
-        // A push waiting on a range this server no longer leads all of is resent by its worker
-        // to the new primary; waiting on would never end.
-        let waiting = core::mem::take(&mut self.unreplicated);
-        self.unreplicated = waiting
-            .into_iter()
-            .filter(|(_, waits)| waits.iter().all(|&(range, _)| self.leads_all_of(range)))
-            .collect();
     }
 
     /// True while servers join or leave, the next ring gives this server ranges, and it holds
