@@ -166,6 +166,7 @@ pub mod node;
 pub mod ring;
 mod selection;
 mod server;
+mod sizes;
 mod slicing;
 pub mod store;
 #[cfg(feature = "testing")]

@@ -8,7 +8,13 @@ use crate::key::{Key, KeyRange};
 use crate::kv::KvPairs;
 use crate::selection::{KeyList, KeySelection, RangeList};
 use crate::value::Value;
-use crate::worker::Part;
+
+/// What one slice of a request carries: rows to push, or keys to pull.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Part<V: Value> {
+    Push(KvPairs<V>),
+    Pull(KeySelection),
+}
 
 /// Most slices a range pull is cut into up front; a pull of a wider key space is sent whole
 /// and its server answers it a part at a time.

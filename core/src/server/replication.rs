@@ -9,14 +9,10 @@ use crate::key::{Key, KeyRange};
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
-use crate::wire::{ClockRecord, Message, Replicate, ShardAck, ShardUpdate, Transfer};
+use crate::wire::{ClockRecord, Envelope, Message, Replicate, ShardAck, ShardUpdate, Transfer};
 
 use super::Server;
 use super::shard::{ReplicaState, Shard, ShardRole, first_step, restrict};
-
-/// Updates a primary keeps per shard for replicas that are behind; beyond this, a replica
-/// catches up with a whole copy.
-pub(crate) const MAX_LOG: usize = 256;
 
 /// Which replicas [`Server::resend_replication`] serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -256,13 +252,41 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
     }
 
+    /// A message between servers about the ranges they hold together: updates and copies,
+    /// and their acknowledgements.
+    pub(super) fn on_replication(&mut self, now: Time, env: Envelope<V>, out: &mut Effects<V>) {
+        let from = env.from;
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        if !cluster.is_server(from) {
+            return out.refuse(from, Refusal::UnknownSender);
+        }
+        if env.epoch < cluster.epoch() {
+            // Sent under a configuration that no longer holds (the sender may have lost the
+            // range since): it learns the new one from the coordinator and sends again.
+            let current = cluster.epoch();
+            return out.refuse(
+                from,
+                Refusal::StaleEpoch {
+                    epoch: env.epoch,
+                    current,
+                },
+            );
+        }
+        match env.body {
+            Message::Replicate { updates } => self.on_replicate(from, updates, out),
+            Message::ReplicateAck { acks } => self.on_replicate_ack(now, from, &acks, out),
+            Message::Transfer(copy) => self.on_transfer(from, copy, out),
+            Message::TransferAck { range, seq } => {
+                self.on_transfer_ack(now, from, range, seq, out);
+            }
+            _ => out.refuse(from, Refusal::Unexpected),
+        }
+    }
+
     /// A replica takes in its primary's updates, in order, and says how far it has come.
-    pub(super) fn on_replicate(
-        &mut self,
-        from: NodeId,
-        updates: Vec<Replicate<V>>,
-        out: &mut Effects<V>,
-    ) {
+    fn on_replicate(&mut self, from: NodeId, updates: Vec<Replicate<V>>, out: &mut Effects<V>) {
         let mut acks = Vec::new();
         for entry in updates {
             if entry.span == 0 || entry.span > entry.seq || !self.is_replica_of(from, entry.range) {
@@ -326,7 +350,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// A primary learns how far a replica has come.
-    pub(super) fn on_replicate_ack(
+    fn on_replicate_ack(
         &mut self,
         now: Time,
         from: NodeId,
@@ -368,7 +392,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// A new holder installs a whole shard from the range's primary.
-    pub(super) fn on_transfer(&mut self, from: NodeId, copy: Transfer<V>, out: &mut Effects<V>) {
+    fn on_transfer(&mut self, from: NodeId, copy: Transfer<V>, out: &mut Effects<V>) {
         let range = copy.range;
         let seq = copy.seq;
         if !self.is_replica_of(from, range) {
@@ -409,7 +433,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// A primary learns that a replica installed its copy, and sends what came after it.
-    pub(super) fn on_transfer_ack(
+    fn on_transfer_ack(
         &mut self,
         now: Time,
         from: NodeId,
@@ -443,8 +467,6 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// this server no longer holds are dropped. At a job's start every shard is created empty,
     /// with every replica in step.
     pub(super) fn reshard(&mut self, fresh_start: bool, rejoined: &[NodeId], out: &mut Effects<V>) {
-        let me = self.cfg.id;
-        let promote_stale = mutated!(self, PromoteStaleReplica);
         let Some(cluster) = self.cluster.as_ref() else {
             return;
         };
@@ -452,6 +474,26 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         for (piece, _) in &pieces {
             self.split_shards_at(piece.start());
         }
+        self.assign_roles(&pieces, rejoined);
+        self.create_shards(pieces, fresh_start, out);
+        if fresh_start {
+            self.template = self.template.empty();
+        }
+        // A push waiting on a range this server no longer leads all of is resent by its worker
+        // to the new primary; waiting on would never end.
+        let waiting = core::mem::take(&mut self.unreplicated);
+        self.unreplicated = waiting
+            .into_iter()
+            .filter(|(_, waits)| waits.iter().all(|&(range, _)| self.leads_all_of(range)))
+            .collect();
+    }
+
+    /// Gives every shard its role among the holders of its piece of the ring (`pieces`, cut
+    /// so that no shard straddles two), and drops the shards of pieces this server does not
+    /// hold.
+    fn assign_roles(&mut self, pieces: &[(KeyRange, Vec<NodeId>)], rejoined: &[NodeId]) {
+        let me = self.cfg.id;
+        let promote_stale = mutated!(self, PromoteStaleReplica);
         let mut gone = Vec::new();
         for (&start, shard) in &mut self.shards {
             let i = pieces.partition_point(|(p, _)| p.end() <= start);
@@ -461,49 +503,32 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             match holders.iter().position(|&n| n == me) {
                 None => gone.push(start),
                 Some(0) => {
-                    let replicas: BTreeMap<NodeId, ReplicaState> = holders[1..]
-                        .iter()
-                        .map(|&n| {
-                            let kept = match &shard.role {
-                                ShardRole::Primary { replicas, .. } if !rejoined.contains(&n) => {
-                                    replicas.get(&n).copied()
-                                }
-                                _ => None,
-                            };
-                            let stale_ok = ReplicaState::Acked(shard.seq);
-                            let fresh = if promote_stale {
-                                stale_ok
-                            } else {
-                                ReplicaState::NeedsCopy
-                            };
-                            (n, kept.unwrap_or(fresh))
-                        })
-                        .collect();
-                    let log = match &mut shard.role {
-                        ShardRole::Primary { log, .. } => core::mem::take(log),
-                        ShardRole::Replica { .. } => Vec::new(),
+                    let new_replica = if promote_stale {
+                        ReplicaState::Acked(shard.seq)
+                    } else {
+                        ReplicaState::NeedsCopy
                     };
-                    shard.role = ShardRole::Primary {
-                        log,
-                        replicas,
-                        queued: Vec::new(),
-                    };
-                    shard.trim_log();
+                    shard.lead(&holders[1..], rejoined, new_replica);
                 }
-                Some(_) => {
-                    let kept = matches!(shard.role, ShardRole::Replica { primary, .. } if primary == holders[0]);
-                    if !kept {
-                        shard.role = ShardRole::Replica {
-                            primary: holders[0],
-                            synced: false,
-                        };
-                    }
-                }
+                Some(_) => shard.follow(holders[0]),
             }
         }
         for start in gone {
             self.shards.remove(&start);
         }
+    }
+
+    /// Creates a shard for every part of a piece this server holds that no shard covers: as
+    /// its primary, a range lost with its holders (or, at a job's start, a new one); as a
+    /// replica, only at a job's start, when every shard is empty and so in step.
+    fn create_shards(
+        &mut self,
+        pieces: Vec<(KeyRange, Vec<NodeId>)>,
+        fresh_start: bool,
+        out: &mut Effects<V>,
+    ) {
+        let me = self.cfg.id;
+        let promote_stale = mutated!(self, PromoteStaleReplica);
         for (range, holders) in pieces {
             let Some(at) = holders.iter().position(|&n| n == me) else {
                 continue;
@@ -543,16 +568,6 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     .insert(gap.start(), Shard::new(gap, store, role));
             }
         }
-        if fresh_start {
-            self.template = self.template.empty();
-        }
-        // A push waiting on a range this server no longer leads all of is resent by its worker
-        // to the new primary; waiting on would never end.
-        let waiting = core::mem::take(&mut self.unreplicated);
-        self.unreplicated = waiting
-            .into_iter()
-            .filter(|(_, waits)| waits.iter().all(|&(range, _)| self.leads_all_of(range)))
-            .collect();
     }
 
     /// True while servers join or leave, the next ring gives this server ranges, and it holds

@@ -13,7 +13,9 @@ use crate::updater::UpdateRule;
 use crate::value::Value;
 use crate::wire::{AppliedSpan, BufferedPush, DedupeRecord, Replicate, ShardUpdate, Transfer};
 
-use super::replication::MAX_LOG;
+/// Updates a primary keeps per shard for replicas that are behind; beyond this, a replica
+/// catches up with a whole copy.
+const MAX_LOG: usize = 256;
 
 /// How far a replica has come in a shard's update order, as its primary knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -440,6 +442,51 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
                 Some(from) => log.retain(|e| e.seq >= from),
                 None => log.clear(),
             }
+        }
+    }
+
+    /// Makes this server the shard's primary, with `replicas`. A replica this server already
+    /// led the shard for keeps its place unless it `rejoined` (it holds nothing now); any
+    /// other starts as `new_replica`.
+    pub(crate) fn lead(
+        &mut self,
+        replicas: &[NodeId],
+        rejoined: &[NodeId],
+        new_replica: ReplicaState,
+    ) {
+        let states = replicas
+            .iter()
+            .map(|&n| {
+                let kept = match &self.role {
+                    ShardRole::Primary { replicas, .. } if !rejoined.contains(&n) => {
+                        replicas.get(&n).copied()
+                    }
+                    _ => None,
+                };
+                (n, kept.unwrap_or(new_replica))
+            })
+            .collect();
+        let log = match &mut self.role {
+            ShardRole::Primary { log, .. } => core::mem::take(log),
+            ShardRole::Replica { .. } => Vec::new(),
+        };
+        self.role = ShardRole::Primary {
+            log,
+            replicas: states,
+            queued: Vec::new(),
+        };
+        self.trim_log();
+    }
+
+    /// Makes this server a replica of the shard under `primary`. A copy kept under another
+    /// primary is not in step with this one's, and is not extended until its copy arrives.
+    pub(crate) fn follow(&mut self, primary: NodeId) {
+        let kept = matches!(self.role, ShardRole::Replica { primary: p, .. } if p == primary);
+        if !kept {
+            self.role = ShardRole::Replica {
+                primary,
+                synced: false,
+            };
         }
     }
 }

@@ -1,0 +1,133 @@
+//! Membership as a server lives it: adopting each configuration the coordinator publishes
+//! (ARCHITECTURE.md §8), and keeping the messages that arrive before the configuration their
+//! sender already knows.
+
+use crate::cluster::Cluster;
+use crate::effects::{Effects, Event, Refusal, TimerId};
+use crate::ids::{NodeId, Time};
+use crate::store::ParamStore;
+use crate::updater::UpdateRule;
+use crate::value::Value;
+use crate::wire::{ClusterConfig, Envelope, Message};
+
+use super::Server;
+use super::replication::Resend;
+
+/// Messages kept while a server waits for a configuration; beyond this, retransmission recovers.
+const MAX_EARLY: usize = 64;
+
+impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
+    /// Takes in `config` if it succeeds the configuration in force: re-cuts the shards along
+    /// its ring, lets go of what this server no longer serves, and takes in what waited for it.
+    pub(super) fn adopt(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        config: ClusterConfig,
+        out: &mut Effects<V>,
+    ) {
+        let mine = self.cfg.incarnation;
+        if let Some(listed) = config.incarnation_of(self.cfg.id).filter(|&i| i != mine) {
+            // The configuration gives ranges to an earlier start of this node, which held
+            // them; this process holds none of it, and serving them would answer pulls and
+            // de-duplicate pushes from empty shards. It waits for a configuration that lists
+            // it under its own incarnation.
+            return out.refuse(
+                from,
+                Refusal::OtherIncarnation {
+                    known: mine,
+                    claimed: listed,
+                },
+            );
+        }
+        let cluster = match Cluster::successor(self.cluster.as_ref(), config) {
+            Ok(Some(cluster)) => cluster,
+            Ok(None) => return,
+            Err(reason) => return out.refuse(from, reason),
+        };
+        let first = self.cluster.is_none();
+        // De-duplication windows are kept even for removed workers: forgetting one would let a
+        // late duplicate be applied again if the worker ever came back.
+        self.held.retain(|(w, _), _| cluster.is_worker(*w));
+        let fresh_start = first && (self.started_configured || cluster.epoch() == 1);
+        let rejoined = self.newly_joining(&cluster);
+        self.count_joiners_as_caught_up(&cluster);
+        if first && !fresh_start {
+            self.progress_unheard = cluster.workers().iter().copied().collect();
+        }
+        self.progress_unheard.retain(|w| cluster.is_worker(*w));
+        let was_member = self.is_member();
+        // What is queued goes to the replicas of the ring it was taken in under.
+        self.ship_queued(out);
+        self.cluster = Some(cluster);
+        if was_member && !self.is_member() {
+            // It left, or the coordinator declared it dead: its ranges are served elsewhere
+            // now, and the process must stop (it may start again, as a new member).
+            out.emit(Event::Fenced);
+        }
+        self.reshard(fresh_start, &rejoined, out);
+        self.drop_unserved_pulls();
+        self.resend_replication(Resend::Changed, out);
+        // A replica that was behind may have left the range's holders: what every holder
+        // left has is acknowledged now.
+        self.ack_replicated(out);
+        self.report_caught_up(out);
+        if !self.listed && self.is_member() {
+            self.listed = true;
+            out.cancel_timer(TimerId::Register);
+            out.emit(Event::Ready {
+                epoch: self.epoch(),
+            });
+            self.ask_for_progress(out);
+        }
+        self.apply_finished_iterations(now, out);
+        self.arm_replication(now, out);
+        self.answer_held(out);
+        self.replay_early(now, out);
+    }
+
+    /// The servers `next` lists as joining that the configuration in force did not. One
+    /// listed as joining anew holds nothing, whatever it held before (it may have restarted):
+    /// what this server knew of its copies is void.
+    fn newly_joining(&self, next: &Cluster) -> Vec<NodeId> {
+        next.config
+            .joining
+            .iter()
+            .copied()
+            .filter(|n| {
+                self.cluster
+                    .as_ref()
+                    .is_none_or(|old| !old.config.joining.contains(n))
+            })
+            .collect()
+    }
+
+    /// A sender already knows a configuration we lack (it raced ahead of the broadcast): keep
+    /// its message for when the configuration arrives rather than waste a retransmission
+    /// timeout, and ask for the configuration if we had one.
+    pub(super) fn keep_early(&mut self, env: Envelope<V>, out: &mut Effects<V>) {
+        if self.cluster.is_some() {
+            self.send(self.cfg.coordinator, Message::ConfigRequest, out);
+        }
+        if self.early.contains(&env) {
+            return;
+        }
+        if self.early.len() < MAX_EARLY {
+            self.early.push(env);
+        } else {
+            out.refuse(env.from, Refusal::Overflow);
+        }
+    }
+
+    /// Takes in the kept messages that the configuration in force now covers.
+    fn replay_early(&mut self, now: Time, out: &mut Effects<V>) {
+        let epoch = self.epoch();
+        let (ready, later): (Vec<Envelope<V>>, _) = core::mem::take(&mut self.early)
+            .into_iter()
+            .partition(|e| e.epoch <= epoch);
+        self.early = later;
+        for env in ready {
+            self.on_message(now, env, out);
+        }
+    }
+}

@@ -1,0 +1,431 @@
+//! The worker: slices the application's pushes and pulls by the ring, retransmits until every
+//! slice is answered, reports its progress, and enters new iterations only as far ahead as the
+//! consistency model allows.
+
+mod answer;
+mod config;
+mod progress;
+mod request;
+mod window;
+
+use std::collections::BTreeMap;
+
+use crate::cluster::Cluster;
+use crate::consistency::Consistency;
+use crate::effects::{Effects, Event, Refusal, TimerId};
+use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
+use crate::kv::KvPairs;
+use crate::selection::KeySelection;
+use crate::slicing::Part;
+use crate::value::Value;
+use crate::wire::{ClusterConfig, Envelope, Message, PullReply, RequestId};
+
+pub use config::{DEFAULT_MAX_SLICE_BYTES, WorkerConfig, WorkerError};
+use progress::Reached;
+use request::Request;
+use window::{PerKind, Window};
+
+/// A worker node (sans-IO).
+///
+/// Call [`Worker::start`] once; then [`Worker::on_message`] for every frame addressed to it,
+/// [`Worker::on_timer`] when a timer it set fires, and the application calls [`Worker::push`],
+/// [`Worker::pull`] and [`Worker::advance`]. Completions come back as [`Event`]s.
+///
+/// Invariant: at most `tau + 1` iterations are in flight — the worker enters iteration `c` only
+/// once every iteration below `c - tau` is finished (its pushes acknowledged).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Worker<V: Value> {
+    cfg: WorkerConfig,
+    cluster: Option<Cluster>,
+    fenced: bool,
+    next_request: RequestId,
+    iteration: Iteration,
+    advances_waiting: u32,
+    requests: BTreeMap<RequestId, Request<V>>,
+    /// Unfinished push requests per iteration.
+    unfinished: BTreeMap<Iteration, u32>,
+    /// Per server: the progress it acknowledged, finished and taken (the latter at the
+    /// current epoch only).
+    progress_acked: BTreeMap<NodeId, Reached>,
+    progress_due: Time,
+    progress_attempts: u8,
+    retransmit_at: Option<Time>,
+    /// Slices on the network, and their bytes, per kind.
+    windows: PerKind<Window>,
+    /// Started with a configuration in force.
+    started_configured: bool,
+    /// Joined a running job and is asking the servers which iteration to start in; the
+    /// application hears [`Event::Ready`] once they all answered.
+    learning_start: bool,
+    /// [`Worker::leave`] was called.
+    leave_requested: bool,
+    #[cfg(feature = "mutations")]
+    mutation: Option<crate::mutation::Mutation>,
+}
+
+impl<V: Value> Worker<V> {
+    /// A worker that has not yet registered.
+    pub fn new(cfg: WorkerConfig) -> Self {
+        Worker {
+            cfg,
+            cluster: None,
+            fenced: false,
+            next_request: 1,
+            iteration: 0,
+            advances_waiting: 0,
+            requests: BTreeMap::new(),
+            unfinished: BTreeMap::new(),
+            progress_acked: BTreeMap::new(),
+            progress_due: 0,
+            progress_attempts: 0,
+            retransmit_at: None,
+            windows: PerKind::default(),
+            started_configured: false,
+            learning_start: false,
+            leave_requested: false,
+            #[cfg(feature = "mutations")]
+            mutation: None,
+        }
+    }
+
+    /// Runs a deliberately broken protocol (see [`crate::mutation::Mutation`]).
+    #[cfg(feature = "mutations")]
+    pub fn set_mutation(&mut self, mutation: Option<crate::mutation::Mutation>) {
+        self.mutation = mutation;
+    }
+
+    /// This worker's id.
+    pub fn id(&self) -> NodeId {
+        self.cfg.id
+    }
+
+    /// The epoch of the configuration in force, 0 before the first.
+    pub fn epoch(&self) -> Epoch {
+        self.cluster.as_ref().map_or(0, Cluster::epoch)
+    }
+
+    /// The job's consistency model, once the first configuration has arrived.
+    pub fn consistency(&self) -> Option<Consistency> {
+        self.cluster.as_ref().map(|c| c.config.consistency)
+    }
+
+    /// The shares of the job's work this worker does under the configuration in force
+    /// ([`ClusterConfig::shares`]): its own, and those of workers that died or left and were
+    /// handed to it. Empty before the first configuration, and for a worker that joined a
+    /// running job while every share had a live worker.
+    pub fn shares(&self) -> Vec<usize> {
+        self.cluster
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.config.shares_of(self.cfg.id))
+    }
+
+    /// The iteration the worker is in.
+    pub fn iteration(&self) -> Iteration {
+        self.iteration
+    }
+
+    /// Every iteration below this one is finished: advanced past, all its pushes acknowledged
+    /// (feature `testing`).
+    #[cfg(feature = "testing")]
+    pub fn finished_below(&self) -> Iteration {
+        self.finished_below_at(self.iteration)
+    }
+
+    fn finished_below_at(&self, iteration: Iteration) -> Iteration {
+        self.unfinished
+            .keys()
+            .next()
+            .map_or(iteration, |&i| i.min(iteration))
+    }
+
+    /// Iterations started and not yet finished (the current one included).
+    pub fn in_flight(&self) -> Iteration {
+        self.iteration - self.finished_below_at(self.iteration) + 1
+    }
+
+    /// Requests not yet completed.
+    pub fn open_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Slices on the network, push and pull together (at most twice
+    /// [`WorkerConfig::max_slices_in_flight`]; feature `testing`).
+    #[cfg(feature = "testing")]
+    pub fn slices_in_flight(&self) -> usize {
+        self.windows.push.slices() + self.windows.pull.slices()
+    }
+
+    /// True when nothing is left to finish: no open request, and every server has acknowledged
+    /// the worker's progress. A worker stopped before it is idle may leave servers waiting for
+    /// its last iteration.
+    pub fn is_idle(&self) -> bool {
+        self.requests.is_empty() && !self.progress_pending()
+    }
+
+    /// True once the coordinator has removed this worker (feature `testing`; a driver reports
+    /// [`crate::Event::Fenced`]).
+    #[cfg(feature = "testing")]
+    pub fn is_fenced(&self) -> bool {
+        self.fenced
+    }
+
+    /// Registers with the coordinator and starts heartbeats. Call once, first.
+    pub fn start(&mut self, now: Time, out: &mut Effects<V>) {
+        self.register(now, out);
+        out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
+    }
+
+    /// Starts with `config` already in force (static membership, e.g. from
+    /// [`crate::node::Coordinator::bootstrapped`]) instead of registering. Call once, first, instead
+    /// of `start`.
+    pub fn start_configured(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
+        self.started_configured = true;
+        self.adopt(now, config.coordinator, config, out);
+        out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
+    }
+
+    /// Asks the coordinator to take this worker out of the job; nobody waits on its progress
+    /// afterwards. Call it once the worker's requests have completed: when the configuration
+    /// without it arrives the worker is fenced ([`Event::Fenced`]) and drops what is open. The
+    /// request is repeated with every heartbeat until then.
+    pub fn leave(&mut self, out: &mut Effects<V>) {
+        self.leave_requested = true;
+        if !self.fenced {
+            self.send(self.cfg.coordinator, Message::Leave, out);
+        }
+    }
+
+    fn register(&mut self, now: Time, out: &mut Effects<V>) {
+        let body = Message::Register {
+            role: Role::Worker,
+            incarnation: 0,
+        };
+        self.send(self.cfg.coordinator, body, out);
+        out.set_timer(TimerId::Register, now + self.cfg.timing.register_retry);
+    }
+
+    fn send(&self, to: NodeId, body: Message<V>, out: &mut Effects<V>) {
+        out.send(Envelope::new(self.cfg.id, to, self.epoch(), body));
+    }
+
+    /// Pushes `kvs` as part of the current iteration. Completes with [`Event::PushDone`] once
+    /// it counts for the iteration, and with [`Event::PushDurable`] (in the same step, or
+    /// later in sequential mode with replicas) once every replica holds it.
+    pub fn push(
+        &mut self,
+        now: Time,
+        kvs: KvPairs<V>,
+        out: &mut Effects<V>,
+    ) -> Result<RequestId, WorkerError> {
+        if self.fenced {
+            return Err(WorkerError::Fenced);
+        }
+        if kvs.width() != self.cfg.width {
+            return Err(WorkerError::WidthMismatch {
+                expected: self.cfg.width,
+                got: kvs.width(),
+            });
+        }
+        *self.unfinished.entry(self.iteration).or_default() += 1;
+        Ok(self.submit(now, Part::Push(kvs), out))
+    }
+
+    /// Pulls `keys` for the current iteration. Completes with [`Event::PullDone`] once the
+    /// servers can meet the consistency model.
+    pub fn pull(
+        &mut self,
+        now: Time,
+        keys: KeySelection,
+        out: &mut Effects<V>,
+    ) -> Result<RequestId, WorkerError> {
+        if self.fenced {
+            return Err(WorkerError::Fenced);
+        }
+        Ok(self.submit(now, Part::Pull(keys), out))
+    }
+
+    /// Ends the current iteration. The worker enters the next one ([`Event::Advanced`]) as soon
+    /// as the consistency model allows: at once, or when enough earlier pushes are acknowledged.
+    pub fn advance(&mut self, now: Time, out: &mut Effects<V>) -> Result<(), WorkerError> {
+        if self.fenced {
+            return Err(WorkerError::Fenced);
+        }
+        self.advances_waiting += 1;
+        self.try_advance(now, out);
+        Ok(())
+    }
+
+    /// Call when a timer this worker set fires.
+    pub fn on_timer(&mut self, now: Time, timer: TimerId, out: &mut Effects<V>) {
+        if self.fenced {
+            return;
+        }
+        match timer {
+            TimerId::Register if self.cluster.is_none() => self.register(now, out),
+            TimerId::Heartbeat => {
+                let body = Message::Heartbeat { sent_at: now };
+                self.send(self.cfg.coordinator, body, out);
+                if self.leave_requested {
+                    self.send(self.cfg.coordinator, Message::Leave, out);
+                }
+                out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
+            }
+            TimerId::Retransmit => {
+                self.retransmit_at = None;
+                self.retransmit_due(now, out);
+                self.arm_retransmit(out);
+            }
+            _ => {}
+        }
+    }
+
+    /// Call for every message addressed to this worker.
+    pub fn on_message(&mut self, now: Time, env: Envelope<V>, out: &mut Effects<V>) {
+        let from = env.from;
+        if env.to != self.cfg.id {
+            return out.refuse(from, Refusal::Misaddressed { to: env.to });
+        }
+        if self.fenced {
+            return out.refuse(from, Refusal::Fenced);
+        }
+        match env.body {
+            Message::Config(config) => self.adopt(now, from, config, out),
+            Message::PushAck(sref) => self.on_answer(now, from, sref, None, out),
+            // Taken in counts only at the epoch it happened in: a server that took a push in
+            // under an earlier configuration may have lost it since (ARCHITECTURE.md §8). A
+            // later one counts once this worker is there too.
+            Message::PushTaken(sref) if env.epoch >= self.epoch() => {
+                self.on_taken(now, from, env.epoch, sref, out)
+            }
+            Message::PushTaken(_) => out.refuse(
+                from,
+                Refusal::StaleEpoch {
+                    epoch: env.epoch,
+                    current: self.epoch(),
+                },
+            ),
+            Message::PullReply(PullReply {
+                slice, kvs, resume, ..
+            }) => match resume {
+                None => self.on_answer(now, from, slice, Some(kvs), out),
+                Some(next) => self.on_partial_answer(now, from, slice, kvs, next, out),
+            },
+            Message::ProgressRequest => self.on_progress_request(now, from, out),
+            Message::ProgressAck {
+                finished_below,
+                taken_below,
+            } => {
+                let acked = Reached {
+                    finished_below,
+                    taken_below,
+                };
+                self.on_progress_ack(now, from, env.epoch, acked, out);
+            }
+            // The server knows a newer configuration: fetch it; adopting it re-slices what
+            // moved. A server behind us catches up by itself, and retransmission retries.
+            Message::Redirect { epoch, .. }
+                if epoch > self.epoch() && !mutated!(self, IgnoreRedirect) =>
+            {
+                self.send(self.cfg.coordinator, Message::ConfigRequest, out);
+            }
+            Message::Redirect { epoch, .. } => out.refuse(
+                from,
+                Refusal::StaleEpoch {
+                    epoch,
+                    current: self.epoch(),
+                },
+            ),
+            _ => out.refuse(from, Refusal::Unexpected),
+        }
+    }
+
+    fn try_advance(&mut self, now: Time, out: &mut Effects<V>) {
+        let Some(consistency) = self.cluster.as_ref().map(|c| c.config.consistency) else {
+            return;
+        };
+        let mut moved = false;
+        while self.advances_waiting > 0 {
+            let next = self.iteration + 1;
+            if !consistency.may_enter(next, self.finished_below_at(next))
+                && !mutated!(self, EagerAdvance)
+            {
+                break;
+            }
+            self.iteration = next;
+            self.advances_waiting -= 1;
+            out.emit(Event::Advanced(next));
+            moved = true;
+        }
+        if moved && self.progress_pending() {
+            self.progress_attempts = 0;
+            self.send_progress(now, out);
+            self.arm_retransmit(out);
+        }
+    }
+
+    fn adopt(&mut self, now: Time, from: NodeId, config: ClusterConfig, out: &mut Effects<V>) {
+        let cluster = match Cluster::successor(self.cluster.as_ref(), config) {
+            Ok(Some(cluster)) => cluster,
+            Ok(None) => return,
+            Err(reason) => return out.refuse(from, reason),
+        };
+        let first = self.cluster.is_none();
+        // A worker that joins a running job asks where the others are before it starts, so
+        // that nobody waits for it to go through iterations the job has finished.
+        let joins_late = first && !self.started_configured && cluster.epoch() > 1;
+        self.forget_progress_of_new_servers(&cluster);
+        if self
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.epoch() < cluster.epoch())
+        {
+            self.forget_taken_progress();
+            self.untake_before(cluster.epoch());
+        }
+        if !cluster.is_worker(self.cfg.id) {
+            return self.fence(out);
+        }
+        self.cluster = Some(cluster);
+        if first {
+            out.cancel_timer(TimerId::Register);
+            if joins_late {
+                self.learning_start = true;
+            } else {
+                out.emit(Event::Ready {
+                    epoch: self.epoch(),
+                });
+            }
+        } else if self.learning_start {
+            // A server that had not answered may have left the configuration.
+            self.start_when_learned(now, out);
+        }
+        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        for id in ids {
+            self.reslice_moved(id);
+            self.slice_request(now, id, out);
+        }
+        // Slices taken back from servers that kept their ranges go out again too; slices
+        // taken at this epoch before the worker heard of it count now.
+        self.fill_window(now, out);
+        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        for id in ids {
+            self.count_if_taken(id, out);
+        }
+        self.try_advance(now, out);
+        if self.progress_pending() {
+            self.send_progress(now, out);
+        }
+        self.arm_retransmit(out);
+    }
+
+    /// The coordinator removed this worker: it drops what is open and stops.
+    fn fence(&mut self, out: &mut Effects<V>) {
+        self.fenced = true;
+        self.requests.clear();
+        self.windows = PerKind::default();
+        for timer in [TimerId::Retransmit, TimerId::Heartbeat, TimerId::Register] {
+            out.cancel_timer(timer);
+        }
+        out.emit(Event::Fenced);
+    }
+}

@@ -1,0 +1,221 @@
+//! Requests and their slices: what the application asked for, cut along the ring of the epoch
+//! into slices that each go to one server in one message (ARCHITECTURE.md §3).
+
+use std::collections::BTreeMap;
+
+use crate::effects::Effects;
+use crate::ids::{Epoch, Iteration, NodeId, Time};
+use crate::kv::KvPairs;
+use crate::slicing::{Part, merge_parts, primary_of_all, split_by_primary};
+use crate::value::Value;
+use crate::wire::{Message, Pull, Push, RequestId, SliceId, SliceRef};
+
+use super::Worker;
+use super::window::Kind;
+
+/// A piece of a request for the primary of its keys, sent in one message.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Slice<V: Value> {
+    pub(super) server: NodeId,
+    pub(super) part: Part<V>,
+    /// On the network (otherwise waiting for room in the window).
+    pub(super) sent: bool,
+    /// Next retransmission, once sent.
+    pub(super) due: Time,
+    pub(super) attempts: u8,
+    /// A push slice the server took in ([`Message::PushTaken`]), and the server's epoch then:
+    /// it has left the window and is kept (now and then resent) until acknowledged, and it
+    /// counts for its iteration while the worker is at that epoch.
+    pub(super) taken: Option<Epoch>,
+}
+
+impl<V: Value> Slice<V> {
+    /// Whether the slice holds a place in its kind's window: sent, and not taken in.
+    pub(super) fn in_window(&self) -> bool {
+        self.sent && self.taken.is_none()
+    }
+}
+
+/// A push or a pull of the application, open until every slice of it is answered.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Request<V: Value> {
+    pub(super) iteration: Iteration,
+    /// Pushes count towards their iteration's completion; pulls do not.
+    pub(super) kind: Kind,
+    /// What the application asked for, kept until the first configuration slices it.
+    pub(super) whole: Option<Part<V>>,
+    /// Unanswered slices.
+    pub(super) open: BTreeMap<SliceId, Slice<V>>,
+    /// Pull answers received so far.
+    pub(super) replies: Vec<KvPairs<V>>,
+    pub(super) next_slice: SliceId,
+    /// A push counted as finished for its iteration (every slice taken in or acknowledged),
+    /// with [`crate::Event::PushDone`] emitted.
+    pub(super) counted: bool,
+}
+
+impl<V: Value> Request<V> {
+    fn new(iteration: Iteration, part: Part<V>) -> Self {
+        let kind = match part {
+            Part::Push(_) => Kind::Push,
+            Part::Pull(_) => Kind::Pull,
+        };
+        Request {
+            iteration,
+            kind,
+            whole: Some(part),
+            open: BTreeMap::new(),
+            replies: Vec::new(),
+            next_slice: 0,
+            counted: false,
+        }
+    }
+
+    pub(super) fn is_push(&self) -> bool {
+        self.kind == Kind::Push
+    }
+
+    /// Every slice is answered: nothing is open, and nothing waits to be sliced.
+    pub(super) fn is_done(&self) -> bool {
+        self.open.is_empty() && self.whole.is_none()
+    }
+
+    /// Every open slice was taken in by its server at `epoch`.
+    pub(super) fn all_taken_at(&self, epoch: Epoch) -> bool {
+        self.open.values().all(|s| s.taken == Some(epoch))
+    }
+
+    /// Opens a slice for each part, unsent.
+    fn add_slices(&mut self, parts: Vec<(NodeId, Part<V>)>) {
+        for (server, part) in parts {
+            let sid = self.next_slice;
+            self.next_slice += 1;
+            let slice = Slice {
+                server,
+                part,
+                sent: false,
+                due: 0,
+                attempts: 0,
+                taken: None,
+            };
+            self.open.insert(sid, slice);
+        }
+    }
+}
+
+impl<V: Value> Worker<V> {
+    pub(super) fn submit(&mut self, now: Time, part: Part<V>, out: &mut Effects<V>) -> RequestId {
+        let id = self.next_request;
+        self.next_request += 1;
+        self.requests.insert(id, Request::new(self.iteration, part));
+        if self.cluster.is_some() {
+            self.slice_request(now, id, out);
+        }
+        id
+    }
+
+    /// Splits a request's unsliced part over the primaries of the current ring and sends the
+    /// slices.
+    pub(super) fn slice_request(&mut self, now: Time, id: RequestId, out: &mut Effects<V>) {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        let Some(request) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let Some(whole) = request.whole.take() else {
+            return;
+        };
+        request.add_slices(split_by_primary(
+            cluster,
+            whole,
+            self.cfg.keys_per_slice::<V>(),
+        ));
+        self.fill_window(now, out);
+        self.complete_if_done(now, id, out);
+        self.arm_retransmit(out);
+    }
+
+    /// A new epoch: what servers took in under earlier ones counts no more (a server may have
+    /// crashed with it, and a process restarted under the same id, and at the same place on
+    /// the ring, does not hold it). Every such slice goes back to the window and is sent
+    /// again; a server that still holds it says so at once.
+    pub(super) fn untake_before(&mut self, epoch: Epoch) {
+        for request in self.requests.values_mut() {
+            for slice in request.open.values_mut() {
+                if slice.taken.is_some_and(|e| e < epoch) {
+                    slice.taken = None;
+                    slice.sent = false;
+                    slice.attempts = 0;
+                }
+            }
+        }
+    }
+
+    /// Takes back the open slices whose server is no longer the primary of all their keys, so
+    /// that they are sliced again under the new ring.
+    pub(super) fn reslice_moved(&mut self, id: RequestId) {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        let Some(request) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let moved: Vec<SliceId> = request
+            .open
+            .iter()
+            .filter(|(_, s)| !primary_of_all(cluster, s.server, &s.part))
+            .map(|(&sid, _)| sid)
+            .collect();
+        if moved.is_empty() {
+            return;
+        }
+        let window = &mut self.windows[request.kind];
+        let parts: Vec<Part<V>> = moved
+            .iter()
+            .filter_map(|sid| request.open.remove(sid))
+            .map(|s| {
+                if s.in_window() {
+                    window.close(self.cfg.slice_bytes(&s.part));
+                }
+                s.part
+            })
+            .collect();
+        request.whole = merge_parts(parts, self.cfg.width);
+    }
+
+    pub(super) fn send_slice(&self, id: RequestId, sid: SliceId, out: &mut Effects<V>) {
+        let Some(request) = self.requests.get(&id) else {
+            return;
+        };
+        let Some(slice) = request.open.get(&sid) else {
+            return;
+        };
+        let sref = SliceRef {
+            request: id,
+            slice: sid,
+        };
+        let body = match &slice.part {
+            Part::Push(kvs) => Message::Push(Push {
+                slice: sref,
+                iteration: request.iteration,
+                settled_below: self.settled_below(),
+                kvs: kvs.clone(),
+            }),
+            Part::Pull(keys) => Message::Pull(Pull {
+                slice: sref,
+                iteration: request.iteration,
+                keys: keys.clone(),
+            }),
+        };
+        self.send(slice.server, body, out);
+    }
+
+    /// Every push request below this id is complete.
+    fn settled_below(&self) -> RequestId {
+        self.requests
+            .iter()
+            .find(|(_, r)| r.is_push())
+            .map_or(self.next_request, |(&id, _)| id)
+    }
+}
