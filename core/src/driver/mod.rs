@@ -194,7 +194,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         self.codec
     }
 
-    /// Runs a deliberately broken protocol (see [`crate::mutation::Mutation`]); a coordinator has none.
+    /// Runs a deliberately broken protocol (see [`crate::mutation::Mutation`]); a coordinator
+    /// has none.
     #[cfg(feature = "mutations")]
     pub fn set_mutation(&mut self, mutation: Option<crate::mutation::Mutation>) {
         match &mut self.node {

@@ -318,8 +318,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// Starts with `config` already in force (static membership, e.g. from
-    /// [`crate::node::Coordinator::bootstrapped`]) instead of registering. Call once, first, instead
-    /// of `start`.
+    /// [`crate::node::Coordinator::bootstrapped`]) instead of registering. Call once, first,
+    /// instead of `start`.
     ///
     /// Only for a job that is starting: the server takes every shard of `config` to be empty
     /// and its replicas in step. A server restarted while a job runs must register instead

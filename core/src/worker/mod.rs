@@ -176,8 +176,8 @@ impl<V: Value> Worker<V> {
     }
 
     /// Starts with `config` already in force (static membership, e.g. from
-    /// [`crate::node::Coordinator::bootstrapped`]) instead of registering. Call once, first, instead
-    /// of `start`.
+    /// [`crate::node::Coordinator::bootstrapped`]) instead of registering. Call once, first,
+    /// instead of `start`.
     pub fn start_configured(&mut self, now: Time, config: ClusterConfig, out: &mut Effects<V>) {
         self.started_configured = true;
         self.adopt(now, config.coordinator, config, out);
