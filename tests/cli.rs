@@ -662,3 +662,136 @@ fn bench_measures_only_the_kinds_and_shapes_asked_for() {
         ]
     );
 }
+
+/// Runs pserver with `args`, expecting exit status 2 and an error line naming `what`: the
+/// first line of stderr, the only one that starts with `error:`.
+fn refused(args: &[&str], what: &str) -> String {
+    let out = pserver().args(args).output().unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    let first = err.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("error: ") && first.contains(what),
+        "{args:?}: {err}"
+    );
+    assert_eq!(err.matches("error:").count(), 1, "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    first.to_owned()
+}
+
+#[test]
+fn a_nan_alpha_is_refused_naming_the_flag() {
+    for nan in ["NaN", "nan", "inf"] {
+        refused(&["train", "--alpha", nan], "--alpha");
+    }
+    refused(&["train", "--alpha", "0"], "--alpha");
+}
+
+#[test]
+fn a_negative_learning_rate_is_refused() {
+    refused(&["train", "--updater", "sgd", "--lr", "-1"], "--lr");
+    refused(&["train", "--lr=-1"], "--lr");
+    refused(&["train", "--lr", "0"], "--lr");
+    refused(&["train", "--lr", "NaN"], "--lr");
+}
+
+#[test]
+fn a_negative_or_nan_regularization_is_refused_naming_the_flag() {
+    refused(&["train", "--l1", "-5"], "--l1");
+    refused(&["train", "--l2", "-0.1"], "--l2");
+    refused(&["train", "--l2", "NaN"], "--l2");
+}
+
+#[test]
+fn zero_epochs_or_batch_are_refused() {
+    refused(&["train", "--epochs", "0"], "--epochs");
+    refused(&["train", "--batch", "0"], "--batch");
+    refused(&["train", "--epochs", "-1"], "--epochs");
+    refused(&["train", "mf", "--epochs", "0"], "--epochs");
+}
+
+#[test]
+fn meaningless_counts_and_bounds_of_the_other_commands_are_refused_naming_the_flag() {
+    refused(&["train", "sketch", "--eps", "0"], "--eps");
+    refused(&["train", "sketch", "--eps", "-0.1"], "--eps");
+    refused(&["train", "sketch", "--delta", "NaN"], "--delta");
+    refused(&["train", "sketch", "--items", "0"], "--items");
+    refused(&["gen", "--rows", "0", "--out", "never.svm"], "--rows");
+    refused(&["local", "--iterations", "0"], "--iterations");
+    refused(&["local", "--max-slice-bytes", "0"], "--max-slice-bytes");
+    refused(&["sim", "--seeds", "0"], "--seeds");
+    refused(&["sim", "--threads", "0"], "--threads");
+    refused(&["check", "--threads", "0"], "--threads");
+    refused(&["check", "--max-states", "0"], "--max-states");
+}
+
+#[test]
+fn an_empty_training_file_is_refused_naming_it() {
+    let dir = std::env::temp_dir().join(format!("pserver-cli-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let empty = dir.join("empty.svm");
+    std::fs::write(&empty, "# only a comment\n\n").unwrap();
+    let path = empty.to_str().unwrap();
+    let line = refused(&["train", "--data", path], "empty.svm");
+    assert!(line.contains("no examples"), "{line}");
+    refused(&["train", "--test", path], "empty.svm");
+    // predict needs a model before it reads the data: train one on two rows.
+    let tiny = dir.join("tiny.svm");
+    std::fs::write(&tiny, "1 1:1\n0 2:1\n").unwrap();
+    let (tiny, model) = (tiny.to_str().unwrap(), dir.join("model.bin"));
+    let model = model.to_str().unwrap();
+    let out = pserver()
+        .args(["train", "--data", tiny, "--test", tiny, "--epochs", "1"])
+        .args(["--save", model])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    refused(&["predict", "--model", model, "--data", path], "empty.svm");
+    // A worker of a cluster reads only its share, but still refuses an empty file.
+    let cluster = dir.join("c.toml");
+    std::fs::write(&cluster, cluster_file("data = \"empty.svm\"")).unwrap();
+    refused(
+        &["worker", "--config", cluster.to_str().unwrap(), "--id", "2"],
+        "empty.svm: no examples",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A cluster file of one server and one worker on ports nobody listens on, running an lr job
+/// with the `[job]` lines `job`.
+fn cluster_file(job: &str) -> String {
+    format!(
+        "cluster_id = \"t\"\nsecret_file = \"s.key\"\n[job]\napp = \"lr\"\n{job}\n\
+         [[node]]\nid = 0\nrole = \"coordinator\"\naddress = \"127.0.0.1:1\"\n\
+         [[node]]\nid = 1\nrole = \"server\"\naddress = \"127.0.0.1:2\"\n\
+         [[node]]\nid = 2\nrole = \"worker\"\naddress = \"127.0.0.1:3\"\n"
+    )
+}
+
+#[test]
+fn a_cluster_file_with_a_zero_batch_is_refused_naming_the_field() {
+    let dir = std::env::temp_dir().join(format!("pserver-cli-job-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cluster = dir.join("c.toml");
+    let config = cluster.to_str().unwrap();
+    for (job, field) in [
+        ("batch = 0", "c.toml: job.batch: must be at least 1"),
+        ("epochs = 0", "c.toml: job.epochs: must be at least 1"),
+        (
+            "alpha = nan",
+            "c.toml: job.alpha: NaN is not a finite number above 0",
+        ),
+        (
+            "l1 = -5.0",
+            "c.toml: job.l1: -5 is not a finite number of at least 0",
+        ),
+    ] {
+        std::fs::write(&cluster, cluster_file(&format!("data = \"t.svm\"\n{job}"))).unwrap();
+        refused(&["worker", "--config", config, "--id", "2"], field);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -24,7 +24,9 @@ use thiserror::Error;
 use super::cluster_file::{ClusterFile, ClusterFileError, Job, LrJob};
 use super::script::{Script, WorkerSummary};
 use crate::apps::lr::{ShareRows, run_shares};
-use crate::data::libsvm::{DataError, IndexBase, parse, read, read_bytes, shard};
+use crate::data::libsvm::{
+    DataError, IndexBase, holds_rows, no_examples, parse, read, read_bytes, shard,
+};
 
 /// Why a node or a local cluster could not run. Each is one line a user can act on; the CLI
 /// exits with status 2 for them.
@@ -228,6 +230,9 @@ async fn run_lr_node(
     let data = match index {
         Some(index) => {
             let text = read_bytes(&job.data).map_err(data_error)?;
+            if !holds_rows(&text) {
+                return Err(data_error(no_examples(name)));
+            }
             // Every worker counts the same lines, so all take the same number of steps.
             let lines = text.iter().filter(|&&b| b == b'\n').count() + 1;
             let per = lines.div_ceil(job.cfg.job.workers.max(1));

@@ -14,7 +14,7 @@ use crate::data::synthetic::{GenConfig, write};
 #[derive(clap::Args, Debug)]
 pub struct GenArgs {
     /// Rows to write.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     rows: u64,
     /// Features (the dimension of the problem).
     #[arg(long, default_value_t = 1 << 22, value_parser = clap::value_parser!(u64).range(1..=1 << 40))]

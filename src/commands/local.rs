@@ -7,7 +7,7 @@ use pserver_core::{Consistency, DEFAULT_MAX_FRAME, DEFAULT_MAX_SLICE_BYTES};
 
 use super::CliError;
 use super::cluster::{LocalOptions, run_local};
-use super::parse::probability;
+use super::parse::{at_least_one, probability};
 use super::script::Script;
 
 /// Run a whole cluster in this process over the in-memory transport, run the script on
@@ -27,7 +27,7 @@ pub struct LocalArgs {
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     keys: u64,
     /// Iterations per worker.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     iterations: u32,
     /// Consistency model: sequential, bounded:TAU or eventual.
     #[arg(long, default_value = "bounded:2")]
@@ -42,10 +42,10 @@ pub struct LocalArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Largest frame in bytes.
-    #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
+    #[arg(long, default_value_t = DEFAULT_MAX_FRAME, value_parser = at_least_one)]
     max_frame: usize,
     /// Largest slice a worker puts in one message, in bytes (must fit a frame).
-    #[arg(long, default_value_t = DEFAULT_MAX_SLICE_BYTES)]
+    #[arg(long, default_value_t = DEFAULT_MAX_SLICE_BYTES, value_parser = at_least_one)]
     max_slice_bytes: usize,
 }
 

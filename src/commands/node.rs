@@ -23,7 +23,7 @@ pub struct NodeArgs {
     id: u32,
     /// Servers and workers: give up (exit status 2) if the job has not started after this many
     /// seconds (the coordinator is unreachable, a node is missing, or the secret differs).
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     join_timeout_secs: u64,
     /// Servers: on exit, write one `key_index total` line per key held to this file.
     #[arg(long, value_name = "FILE")]

@@ -1,4 +1,6 @@
-//! Parsers of option values that several commands share.
+//! Parsers of option values that several commands share. Each refuses what the option cannot
+//! mean, so that clap reports it as one line naming the flag, with exit status 2, before any
+//! work starts: `f64`'s own parser takes `NaN`, `inf` and negative numbers.
 
 /// A probability in [0, 1): of losing a message, say.
 pub(super) fn probability(s: &str) -> Result<f64, String> {
@@ -13,5 +15,66 @@ pub(super) fn factor(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(f) if (1.0..=1000.0).contains(&f) => Ok(f),
         _ => Err(format!("`{s}` is not a slowdown factor between 1 and 1000")),
+    }
+}
+
+/// A finite number above 0: a learning rate, say.
+pub(super) fn positive_finite(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err(format!("`{s}` is not a finite number above 0")),
+    }
+}
+
+/// A finite number of at least 0: a regularization strength, say.
+pub(super) fn non_negative_finite(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err(format!("`{s}` is not a finite number of at least 0")),
+    }
+}
+
+/// A number strictly between 0 and 1: an error bound or a failure probability.
+pub(super) fn open_unit(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x < 1.0 => Ok(x),
+        _ => Err(format!("`{s}` is not a number strictly between 0 and 1")),
+    }
+}
+
+/// A whole number of at least 1, as a `usize`, which clap's ranged parsers do not give: a
+/// batch size, a byte limit, a thread count.
+pub(super) fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{s}` is not a whole number of at least 1")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nan_infinity_and_out_of_range_numbers_are_refused() {
+        for bad in ["NaN", "nan", "inf", "-inf", "-1", "x", ""] {
+            assert!(positive_finite(bad).is_err(), "{bad}");
+            assert!(non_negative_finite(bad).is_err(), "{bad}");
+            assert!(open_unit(bad).is_err(), "{bad}");
+        }
+        assert!(positive_finite("0").is_err());
+        assert_eq!(positive_finite("0.3"), Ok(0.3));
+        assert_eq!(non_negative_finite("0"), Ok(0.0));
+        assert_eq!(non_negative_finite("1e-3"), Ok(1e-3));
+        assert!(open_unit("0").is_err() && open_unit("1").is_err());
+        assert_eq!(open_unit("0.01"), Ok(0.01));
+    }
+
+    #[test]
+    fn a_count_must_be_at_least_one() {
+        for bad in ["0", "-1", "1.5", "x"] {
+            assert!(at_least_one(bad).is_err(), "{bad}");
+        }
+        assert_eq!(at_least_one("100"), Ok(100));
     }
 }

@@ -176,14 +176,29 @@ pub fn read(path: &Path, base: IndexBase) -> Result<Examples, DataError> {
     let text = read_bytes(path)?;
     let examples = parse(&name, &text, base)?;
     if examples.is_empty() {
-        return Err(DataError {
-            path: name,
-            line: 0,
-            column: 0,
-            message: "no examples: the file is empty or holds only comments".into(),
-        });
+        return Err(no_examples(name));
     }
     Ok(examples)
+}
+
+/// Whether `text` holds at least one row, without parsing it: a process that parses only its
+/// share of a file still needs to know that the whole file is not empty.
+pub fn holds_rows(text: &[u8]) -> bool {
+    text.split(|&b| b == b'\n').any(|line| {
+        line.iter()
+            .take_while(|&&b| b != b'#')
+            .any(|b| !b.is_ascii_whitespace())
+    })
+}
+
+/// The error for a file named `name` that holds no rows.
+pub fn no_examples(name: String) -> DataError {
+    DataError {
+        path: name,
+        line: 0,
+        column: 0,
+        message: "no examples: the file is empty or holds only comments".into(),
+    }
 }
 
 /// Parses `text` (named `name` in errors).
@@ -393,6 +408,14 @@ mod tests {
         assert_eq!(ex.row(1), (&[0][..], &[1.0][..]));
         assert_eq!(ex.row(2).0.len(), 0);
         assert_eq!(ex.dimensions(), 10);
+    }
+
+    #[test]
+    fn a_file_of_blank_lines_and_comments_holds_no_rows() {
+        assert!(!holds_rows(b""));
+        assert!(!holds_rows(b"\n  \t\n# header\n   # note\r\n"));
+        assert!(holds_rows(b"# header\n-1\n"));
+        assert!(holds_rows(b"1 3:1"));
     }
 
     #[test]

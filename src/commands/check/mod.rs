@@ -9,6 +9,7 @@ use pserver_core::Consistency;
 use pserver_models::cluster::{NetworkKind, Strategy};
 
 use super::CliError;
+use super::parse::at_least_one;
 use super::sim::Protocol;
 
 pub use checker::{Outcome, check_clock, check_cluster, describe_config, explore};
@@ -49,7 +50,7 @@ pub struct CheckArgs {
     #[arg(long, value_name = "SEED", group = "strategy")]
     simulation: Option<u64>,
     /// How long --simulation walks.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     timeout_secs: u64,
     /// Servers [default: 2]. Giving any of the shape options (servers, workers, keys,
     /// iterations, crashes, joins, network, consistency, registration, ring change, backoff)
@@ -105,10 +106,10 @@ pub struct CheckArgs {
     explore: Option<String>,
     /// Stop after about this many states: a bounded check, for models too large to exhaust
     /// (crashes, more iterations).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     max_states: Option<usize>,
     /// Checker threads (default: one per core).
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     threads: Option<usize>,
 }
 

@@ -185,6 +185,9 @@ impl ClusterFile {
         if raw.job.keys == 0 || raw.job.keys > 10_000_000 {
             return Err(origin.invalid("job.keys", "must be between 1 and 10000000"));
         }
+        if raw.job.iterations == 0 {
+            return Err(origin.invalid("job.iterations", "must be at least 1"));
+        }
         let script = Script {
             keys: raw.job.keys,
             iterations: raw.job.iterations,
@@ -409,6 +412,28 @@ fn job(job: RawJob, spec: &mut ClusterSpec, origin: &Origin<'_>) -> Result<Job, 
         .data
         .map(|f| origin.relative(f))
         .ok_or_else(|| origin.invalid("job.data", "an lr job needs the training data file"))?;
+    // Checked here rather than left to training: a NaN rate trains to NaN, a zero batch
+    // never ends an epoch, and the nodes would find out only after joining.
+    if job.epochs == 0 {
+        return Err(origin.invalid("job.epochs", "must be at least 1"));
+    }
+    if job.batch == 0 {
+        return Err(origin.invalid("job.batch", "must be at least 1"));
+    }
+    if !(job.alpha.is_finite() && job.alpha > 0.0) {
+        return Err(origin.invalid(
+            "job.alpha",
+            format!("{} is not a finite number above 0", job.alpha),
+        ));
+    }
+    for (field, value) in [("job.l1", job.l1), ("job.l2", job.l2)] {
+        if !(value.is_finite() && value >= 0.0) {
+            return Err(origin.invalid(
+                field,
+                format!("{value} is not a finite number of at least 0"),
+            ));
+        }
+    }
     spec.job.updater = Updater::FtrlProximal {
         alpha: job.alpha,
         beta: 1.0,
@@ -421,7 +446,7 @@ fn job(job: RawJob, spec: &mut ClusterSpec, origin: &Origin<'_>) -> Result<Job, 
         cfg: LrConfig {
             job: spec.job.clone(),
             epochs: job.epochs,
-            batch: job.batch.max(1),
+            batch: job.batch,
             transport: Wire::Tcp,
         },
     })))

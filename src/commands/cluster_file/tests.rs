@@ -94,3 +94,70 @@ fn a_job_runs_the_script_unless_it_names_lr() {
     };
     assert_eq!(job.data, PathBuf::from("/etc/pserver/t.svm"));
 }
+
+/// An lr job with `field = value` added to its `[job]` table.
+fn lr_job_with(field: &str, value: &str) -> String {
+    GOOD.replace(
+        "keys = 10",
+        &format!("app = \"lr\"\ndata = \"t.svm\"\n{field} = {value}\nkeys = 10"),
+    )
+}
+
+#[test]
+fn a_cluster_file_with_a_zero_batch_is_refused_naming_the_field() {
+    let e = parse(&lr_job_with("batch", "0")).unwrap_err().to_string();
+    assert_eq!(e, "/etc/pserver/c.toml: job.batch: must be at least 1");
+}
+
+#[test]
+fn a_cluster_file_with_zero_epochs_or_iterations_is_refused_naming_the_field() {
+    let e = parse(&lr_job_with("epochs", "0")).unwrap_err().to_string();
+    assert_eq!(e, "/etc/pserver/c.toml: job.epochs: must be at least 1");
+    let e = parse(&GOOD.replace("iterations = 3", "iterations = 0"))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "/etc/pserver/c.toml: job.iterations: must be at least 1");
+}
+
+#[test]
+fn a_cluster_file_with_a_nan_zero_or_infinite_alpha_is_refused_naming_the_field() {
+    for bad in ["nan", "0.0", "-0.3", "inf"] {
+        let e = parse(&lr_job_with("alpha", bad)).unwrap_err().to_string();
+        assert!(
+            e.starts_with("/etc/pserver/c.toml: job.alpha: ")
+                && e.ends_with("is not a finite number above 0"),
+            "{bad}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_cluster_file_with_a_negative_or_nan_regularization_is_refused_naming_the_field() {
+    for field in ["l1", "l2"] {
+        for bad in ["-5.0", "nan", "inf"] {
+            let e = parse(&lr_job_with(field, bad)).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("/etc/pserver/c.toml: job.{field}: ")),
+                "{field} = {bad}: {e}"
+            );
+        }
+        assert!(parse(&lr_job_with(field, "0.0")).is_ok(), "{field} = 0");
+    }
+}
+
+#[test]
+fn a_cluster_file_with_a_good_lr_job_keeps_its_batch_and_rates() {
+    let Job::Lr(job) = parse(&lr_job_with("batch", "7")).unwrap().job else {
+        panic!("not an lr job");
+    };
+    assert_eq!(job.cfg.batch, 7);
+    assert_eq!(
+        job.cfg.job.updater,
+        Updater::FtrlProximal {
+            alpha: 0.3,
+            beta: 1.0,
+            l1: 1.0,
+            l2: 1.0
+        }
+    );
+}

@@ -13,7 +13,7 @@ pub use seeds::{Batch, run_seeds};
 pub use sweep::{SweepRow, sweep_models, tau_label, tau_sweep};
 
 use super::CliError;
-use super::parse::{factor, probability};
+use super::parse::{at_least_one, factor, probability};
 
 /// Run whole clusters in the deterministic simulator, with faults, checking the protocol's
 /// invariants after every step.
@@ -28,7 +28,7 @@ use super::parse::{factor, probability};
 #[derive(clap::Args, Debug)]
 pub struct SimArgs {
     /// Number of seeds to run.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     seeds: u64,
     /// First seed; seeds run from here upwards.
     #[arg(long, default_value_t = 0)]
@@ -101,7 +101,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 600_000, value_parser = clap::value_parser!(u64).range(1..))]
     time_limit_ms: u64,
     /// Threads to run seeds on (default: one per core).
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     threads: Option<usize>,
     /// Print finish time and idle fraction for tau in 0, 1, 2, 4, 8, inf instead.
     #[arg(long)]

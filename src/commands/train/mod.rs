@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use pserver_core::Consistency;
 
 use super::CliError;
+use super::parse::{at_least_one, non_negative_finite, open_unit, positive_finite};
 
 /// Train a model in one process: sparse logistic regression (lr), matrix factorization
 /// (mf) or a count-min sketch (sketch).
@@ -19,20 +20,21 @@ use super::CliError;
 /// gradients on minibatches of their own share of the rows and push them; servers apply
 /// FTRL-Proximal. After every epoch prints `iter=E train_logloss=... test_logloss=...
 /// test_auc=... nnz=... secs=...`; a bad data file is one line naming file:line:column,
-/// exit status 2.
+/// exit status 2, and so is an empty one, or an option with a value it cannot mean (a NaN or
+/// negative rate, zero epochs).
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
     /// What to train.
     #[arg(value_enum, default_value = "lr")]
     app: App,
     /// Sketch: items in the stream.
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..))]
     items: u64,
     /// Sketch: additive error bound, as a fraction of the stream's length.
-    #[arg(long, default_value_t = 0.001)]
+    #[arg(long, default_value_t = 0.001, value_parser = open_unit, allow_negative_numbers = true)]
     eps: f64,
     /// Sketch: probability that an estimate breaks the bound.
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = 0.01, value_parser = open_unit, allow_negative_numbers = true)]
     delta: f64,
     /// Training data (LIBSVM, optionally .gz).
     #[arg(long, default_value = "data/adult/adult.train.svm.gz")]
@@ -58,10 +60,10 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     save: Option<PathBuf>,
     /// Passes over the training data.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     epochs: u32,
     /// Rows per minibatch on each worker.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = at_least_one, allow_negative_numbers = true)]
     batch: usize,
     /// How the nodes of this process talk: mem (channels) or tcp (authenticated connections
     /// on 127.0.0.1). For separate processes, see `pserver coordinator | server | worker`.
@@ -71,16 +73,16 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value = "ftrl")]
     updater: UpdateRule,
     /// Learning rate of adagrad and sgd.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = positive_finite, allow_negative_numbers = true)]
     lr: f64,
     /// FTRL learning-rate scale.
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(long, default_value_t = 0.3, value_parser = positive_finite, allow_negative_numbers = true)]
     alpha: f64,
     /// FTRL L1 regularization (larger: sparser model).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative_finite, allow_negative_numbers = true)]
     l1: f64,
     /// FTRL L2 regularization.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative_finite, allow_negative_numbers = true)]
     l2: f64,
 }
 
