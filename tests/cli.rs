@@ -525,22 +525,23 @@ fn a_saved_model_predicts_what_training_measured() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn ctrl_c_stops_training_cleanly_and_keeps_a_partial_plot() {
+/// Starts a long training run that plots and saves, sends `signal` once two epochs have
+/// finished, and returns the exit code with the plot (empty if none) and the model written.
+fn train_then_signal(signal: &str) -> (Option<i32>, String, Result<usize, String>) {
     use std::io::{BufRead, BufReader};
     use std::process::{Command as Process, Stdio};
     use std::time::{Duration, Instant};
-    let dir = std::env::temp_dir().join(format!("pserver-cli-ctrlc-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "pserver-cli-signal-{signal}-{}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
-    let plot = dir.join("loss.svg");
+    let (plot, model) = (dir.join("loss.svg"), dir.join("model.txt"));
     let mut child = Process::new(assert_cmd::cargo::cargo_bin("pserver"))
-        .args([
-            "train",
-            "--epochs",
-            "100000",
-            "--plot",
-            plot.to_str().unwrap(),
-        ])
+        .args(["train", "--epochs", "100000", "--plot"])
+        .arg(&plot)
+        .arg("--save")
+        .arg(&model)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -552,7 +553,7 @@ fn ctrl_c_stops_training_cleanly_and_keeps_a_partial_plot() {
         assert!(line.starts_with("iter="), "{line}");
     }
     let status = Process::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args([&format!("-{signal}"), &child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
@@ -563,14 +564,39 @@ fn ctrl_c_stops_training_cleanly_and_keeps_a_partial_plot() {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("training did not stop within 30 s of Ctrl-C");
+            panic!("training did not stop within 30 s of SIG{signal}");
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert_eq!(code, Some(130));
-    let svg = std::fs::read_to_string(&plot).expect("a partial plot");
-    assert!(svg.starts_with("<svg") && svg.contains("<polyline"));
+    let svg = std::fs::read_to_string(&plot).unwrap_or_default();
+    let weights = pserver::apps::lr::load_model(&model).map(|m| m.len());
+    let written = (code, svg, weights);
     let _ = std::fs::remove_dir_all(&dir);
+    written
+}
+
+#[test]
+fn ctrl_c_stops_training_cleanly_and_keeps_a_partial_plot() -> Result<(), String> {
+    let (code, svg, weights) = train_then_signal("INT");
+    assert_eq!(code, Some(130));
+    assert!(
+        svg.starts_with("<svg") && svg.contains("<polyline"),
+        "a partial plot"
+    );
+    assert!(weights? > 0, "the model of the finished epochs");
+    Ok(())
+}
+
+#[test]
+fn sigterm_keeps_finished_epochs() -> Result<(), String> {
+    let (code, svg, weights) = train_then_signal("TERM");
+    assert_eq!(code, Some(143));
+    assert!(
+        svg.starts_with("<svg") && svg.contains("<polyline"),
+        "a partial plot"
+    );
+    assert!(weights? > 0, "the model of the finished epochs");
+    Ok(())
 }
 
 /// `bench --quick` measures every transport and the raw baselines, one `name value unit` line

@@ -328,23 +328,8 @@ pub fn server_totals(report: &NodeReport<Driver<i64>>, script: &Script) -> Vec<i
 async fn until_signal<V: Value>(
     node: NodeHandle<Driver<V>>,
 ) -> Result<NodeReport<Driver<V>>, RunError> {
-    terminated().await;
+    super::signals::stop_requested().await;
     Ok(node.shutdown().await?)
-}
-
-async fn terminated() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// A whole cluster in one process.

@@ -25,6 +25,10 @@ pub enum CliError {
     /// shell's convention for a process ended by SIGINT.
     #[error("interrupted")]
     Interrupted,
+    /// SIGTERM ended the run, after what was finished had been kept. Exit status 143, the
+    /// shell's convention for a process ended by SIGTERM.
+    #[error("terminated")]
+    Terminated,
 }
 
 impl CliError {
@@ -44,6 +48,7 @@ impl CliError {
             CliError::Input(_) => 2,
             CliError::Failed(_) | CliError::Found => 1,
             CliError::Interrupted => 130,
+            CliError::Terminated => 143,
         }
     }
 }

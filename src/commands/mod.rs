@@ -14,6 +14,7 @@ mod parse;
 pub mod predict;
 pub mod ring;
 pub mod script;
+pub mod signals;
 pub mod sim;
 pub mod train;
 

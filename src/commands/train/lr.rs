@@ -10,11 +10,13 @@ use tokio::runtime::Runtime;
 use super::{TrainArgs, Transport, UpdateRule};
 use crate::apps::lr::{LrConfig, Trained, Wire, save_model, train_local_until};
 use crate::apps::plot::{Curve, write_svg};
+use crate::commands::signals::{self, Stop};
 use crate::commands::{CliError, runtime};
 use crate::data::libsvm::{Examples, IndexBase, read};
 
 /// Trains once per consistency model given, printing a line per epoch, then draws the plot
-/// and saves the model asked for. Ctrl-C keeps the epochs finished so far.
+/// and saves the model asked for. Ctrl-C or SIGTERM keeps the epochs finished so far (exit
+/// status 130 or 143).
 pub(super) fn run(args: &TrainArgs) -> Result<(), CliError> {
     let load = |p: &Path| read(p, IndexBase::Auto);
     let (train, test) = match (load(&args.data), load(&args.test)) {
@@ -23,6 +25,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), CliError> {
     };
     let rt = runtime()?;
     let mut runs = Vec::new();
+    let mut stopped = None;
     for &consistency in &args.consistency {
         let cfg = config(args, consistency);
         eprintln!(
@@ -39,27 +42,24 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), CliError> {
         } else {
             String::new()
         };
-        let (trained, interrupted) = train_until_ctrl_c(&rt, &cfg, &train, &test, &prefix)?;
+        let (trained, stop) = train_until_stopped(&rt, &cfg, &train, &test, &prefix)?;
         runs.push((consistency, trained));
-        if interrupted {
-            eprintln!("interrupted: keeping the epochs finished so far");
+        if let Some(stop) = stop {
+            eprintln!("{}: keeping the epochs finished so far", stop.word());
+            stopped = Some(stop);
             break;
         }
     }
-    let interrupted = runs.len() < args.consistency.len()
-        || runs
-            .last()
-            .is_some_and(|(_, t)| t.reports.len() < args.epochs as usize);
     if let Some(path) = &args.plot {
         plot(path, &runs)?;
     }
     if let (Some(path), Some((_, trained))) = (&args.save, runs.last()) {
         save(path, trained)?;
     }
-    if interrupted {
-        Err(CliError::Interrupted)
-    } else {
-        Ok(())
+    match stopped {
+        None => Ok(()),
+        Some(Stop::Interrupt) => Err(CliError::Interrupted),
+        Some(Stop::Terminate) => Err(CliError::Terminated),
     }
 }
 
@@ -92,24 +92,19 @@ fn config(args: &TrainArgs, consistency: Consistency) -> LrConfig {
 }
 
 /// One training run, a line per epoch (each starting with `prefix`) and a progress bar;
-/// Ctrl-C ends it early. Returns what was trained and whether Ctrl-C ended it.
-fn train_until_ctrl_c(
+/// Ctrl-C or SIGTERM ends it early. Returns what was trained and the signal that ended it, if
+/// one did.
+fn train_until_stopped(
     rt: &Runtime,
     cfg: &LrConfig,
     train: &Examples,
     test: &Examples,
     prefix: &str,
-) -> Result<(Trained, bool), CliError> {
+) -> Result<(Trained, Option<Stop>), CliError> {
     let bar = ProgressBar::new(u64::from(cfg.epochs));
     // The training future runs on this thread (block_on), so a Cell is enough.
-    let interrupted = Cell::new(false);
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            interrupted.set(true);
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
+    let stopped = Cell::new(None);
+    let stop = async { stopped.set(Some(signals::stop_requested().await)) };
     let result = rt.block_on(train_local_until(cfg, train.clone(), test.clone(), |r| {
         bar.suspend(|| {
             println!(
@@ -118,10 +113,10 @@ fn train_until_ctrl_c(
             )
         });
         bar.inc(1);
-    }, ctrl_c));
+    }, stop));
     bar.finish_and_clear();
     let trained = result.map_err(CliError::failed)?;
-    Ok((trained, interrupted.get()))
+    Ok((trained, stopped.get()))
 }
 
 /// Draws each run's test log loss and AUC against time.

@@ -21,7 +21,8 @@ use super::parse::{at_least_one, non_negative_finite, open_unit, positive_finite
 /// FTRL-Proximal. After every epoch prints `iter=E train_logloss=... test_logloss=...
 /// test_auc=... nnz=... secs=...`; a bad data file is one line naming file:line:column,
 /// exit status 2, and so is an empty one, or an option with a value it cannot mean (a NaN or
-/// negative rate, zero epochs).
+/// negative rate, zero epochs). Ctrl-C or SIGTERM stops it, keeping the epochs finished so
+/// far (their plot and model), with exit status 130 or 143.
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
     /// What to train.
