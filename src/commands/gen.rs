@@ -7,8 +7,9 @@ use std::path::PathBuf;
 use super::CliError;
 use crate::data::synthetic::{GenConfig, write};
 
-/// Generate synthetic click-like data in LIBSVM form (zero-based indices): binary features
-/// with power-law frequencies, labels drawn from a known true logistic model.
+/// Generate synthetic click-like data in LIBSVM form: binary features with power-law
+/// frequencies, labels drawn from a known true logistic model. Indices count from 0 unless
+/// --index-base 1 (what liblinear requires).
 ///
 /// The same arguments always give the same file; a name ending in .gz is compressed.
 #[derive(clap::Args, Debug)]
@@ -31,6 +32,19 @@ pub struct GenArgs {
     /// Output file (.gz to compress).
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
+    /// The index of the first feature: 0, or 1 for tools that require one-based files
+    /// (liblinear).
+    #[arg(long, value_enum, default_value = "0")]
+    index_base: Base,
+}
+
+/// Where feature indices start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Base {
+    #[value(name = "0")]
+    Zero,
+    #[value(name = "1")]
+    One,
 }
 
 /// Runs `pserver gen`: writes the rows to the output file.
@@ -41,6 +55,7 @@ pub fn run(args: GenArgs) -> Result<(), CliError> {
         per_row: args.per_row as usize,
         seed: args.seed,
         first_row: args.first_row,
+        one_based: args.index_base == Base::One,
     };
     let out = args.out.display();
     let mut file = File::create(&args.out)

@@ -22,6 +22,9 @@ pub struct GenConfig {
     /// The number of the first row written: rows `first_row..first_row + rows`. Two files of
     /// one seed and disjoint row numbers are a training set and a test set of one model.
     pub first_row: u64,
+    /// Write feature `j` as index `j + 1`, the LIBSVM convention that liblinear requires,
+    /// instead of `j`.
+    pub one_based: bool,
 }
 
 impl Default for GenConfig {
@@ -32,6 +35,7 @@ impl Default for GenConfig {
             per_row: 30,
             seed: 0,
             first_row: 0,
+            one_based: false,
         }
     }
 }
@@ -68,7 +72,8 @@ pub fn row(cfg: &GenConfig, r: u64, features: &mut Vec<u64>) -> u8 {
     u8::from(unit(mix(cfg.seed ^ 0x9999 ^ mix(r))) < p)
 }
 
-/// Writes `cfg.rows` rows in LIBSVM form (zero-based indices) to `out`.
+/// Writes `cfg.rows` rows in LIBSVM form to `out`, indices from 0 or, with
+/// [`GenConfig::one_based`], from 1.
 pub fn write(cfg: &GenConfig, out: &mut impl Write) -> std::io::Result<()> {
     let mut features = Vec::with_capacity(cfg.per_row);
     let mut line = String::with_capacity(cfg.per_row * 10 + 4);
@@ -78,7 +83,7 @@ pub fn write(cfg: &GenConfig, out: &mut impl Write) -> std::io::Result<()> {
         line.push_str(if label == 1 { "1" } else { "0" });
         for &f in &features {
             use std::fmt::Write as _;
-            let _ = write!(line, " {f}:1");
+            let _ = write!(line, " {}:1", f + u64::from(cfg.one_based));
         }
         line.push('\n');
         out.write_all(line.as_bytes())?;
@@ -99,6 +104,7 @@ mod tests {
             per_row: 20,
             seed: 3,
             first_row: 0,
+            one_based: false,
         };
         let mut a = Vec::new();
         write(&cfg, &mut a).unwrap();
@@ -130,5 +136,29 @@ mod tests {
             }
         }
         assert!(agree * 10 > total * 8, "{agree} of {total}");
+    }
+
+    #[test]
+    fn a_one_based_file_holds_the_same_rows_counted_from_one() {
+        let zero = GenConfig {
+            rows: 500,
+            features: 1_000,
+            per_row: 10,
+            seed: 5,
+            ..GenConfig::default()
+        };
+        let one = GenConfig {
+            one_based: true,
+            ..zero
+        };
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        write(&zero, &mut a).unwrap();
+        write(&one, &mut b).unwrap();
+        let text = String::from_utf8(b.clone()).unwrap();
+        assert!(text.lines().all(|l| !l.contains(" 0:")), "no index 0");
+        assert_eq!(
+            parse("zero", &a, IndexBase::Zero).unwrap(),
+            parse("one", &b, IndexBase::One).unwrap()
+        );
     }
 }
