@@ -575,10 +575,11 @@ fn train_then_signal(signal: &str) -> (Option<i32>, String, Result<usize, String
     written
 }
 
-#[test]
-fn ctrl_c_stops_training_cleanly_and_keeps_a_partial_plot() -> Result<(), String> {
-    let (code, svg, weights) = train_then_signal("INT");
-    assert_eq!(code, Some(130));
+/// Training ended by `signal` exits with `code` and keeps a plot with a line in it and a model
+/// of the finished epochs.
+fn keeps_finished_epochs_on(signal: &str, code: i32) -> Result<(), String> {
+    let (exit, svg, weights) = train_then_signal(signal);
+    assert_eq!(exit, Some(code));
     assert!(
         svg.starts_with("<svg") && svg.contains("<polyline"),
         "a partial plot"
@@ -588,15 +589,13 @@ fn ctrl_c_stops_training_cleanly_and_keeps_a_partial_plot() -> Result<(), String
 }
 
 #[test]
+fn ctrl_c_stops_training_cleanly_and_keeps_a_partial_plot() -> Result<(), String> {
+    keeps_finished_epochs_on("INT", 130)
+}
+
+#[test]
 fn sigterm_keeps_finished_epochs() -> Result<(), String> {
-    let (code, svg, weights) = train_then_signal("TERM");
-    assert_eq!(code, Some(143));
-    assert!(
-        svg.starts_with("<svg") && svg.contains("<polyline"),
-        "a partial plot"
-    );
-    assert!(weights? > 0, "the model of the finished epochs");
-    Ok(())
+    keeps_finished_epochs_on("TERM", 143)
 }
 
 /// `bench --quick` measures every transport and the raw baselines, one `name value unit` line
