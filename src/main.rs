@@ -50,7 +50,7 @@ enum Command {
     Worker(node::NodeArgs),
     Local(local::LocalArgs),
     Bench(bench::BenchArgs),
-    Train(train::TrainArgs),
+    Train(Box<train::TrainArgs>),
     Predict(predict::PredictArgs),
     Gen(r#gen::GenArgs),
 }
@@ -73,7 +73,7 @@ fn main() -> ExitCode {
         Command::Worker(args) => node::run(args, Role::Worker),
         Command::Local(args) => local::run(args),
         Command::Bench(args) => bench::run(args),
-        Command::Train(args) => train::run(args),
+        Command::Train(args) => train::run(*args),
         Command::Predict(args) => predict::run(args),
         Command::Gen(args) => r#gen::run(args),
     };

@@ -728,6 +728,39 @@ fn a_negative_or_nan_regularization_is_refused_naming_the_flag() {
 }
 
 #[test]
+fn a_rate_the_chosen_updater_does_not_use_is_refused_not_ignored() {
+    refused(
+        &["train", "--lr", "0.5"],
+        "--lr is not used by --updater ftrl",
+    );
+    refused(
+        &["train", "lr", "--updater", "sgd", "--alpha", "1"],
+        "--alpha",
+    );
+    refused(&["train", "--updater", "adagrad", "--l1", "0"], "--l1");
+    refused(&["train", "--updater", "sgd", "--l2", "1"], "--l2");
+}
+
+#[test]
+fn each_application_of_train_has_its_own_options_and_help() {
+    let help = |app: &str| {
+        let out = pserver().args(["train", app, "--help"]).output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (lr, mf, sketch) = (help("lr"), help("mf"), help("sketch"));
+    assert!(lr.contains("--alpha") && lr.contains("--updater"), "{lr}");
+    assert!(!mf.contains("--alpha") && !mf.contains("--updater"), "{mf}");
+    assert!(mf.contains("--epochs") && !mf.contains("--items"), "{mf}");
+    assert!(
+        sketch.contains("--items") && !sketch.contains("--data"),
+        "{sketch}"
+    );
+    refused(&["train", "sketch", "--data", "x.svm"], "--data");
+    refused(&["train", "mf", "--alpha", "1"], "--alpha");
+}
+
+#[test]
 fn zero_epochs_or_batch_are_refused() {
     refused(&["train", "--epochs", "0"], "--epochs");
     refused(&["train", "--batch", "0"], "--batch");

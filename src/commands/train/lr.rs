@@ -1,23 +1,156 @@
 //! `pserver train lr`: sparse logistic regression on LIBSVM data, once per consistency model.
 
 use std::cell::Cell;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use indicatif::ProgressBar;
 use pserver_core::{Consistency, JobSpec, Updater};
 use tokio::runtime::Runtime;
 
-use super::{TrainArgs, Transport, UpdateRule};
+use super::NodesArgs;
 use crate::apps::lr::{LrConfig, Trained, Wire, save_model, train_local_until};
 use crate::apps::plot::{Curve, write_svg};
+use crate::commands::parse::{at_least_one, non_negative_finite, positive_finite};
 use crate::commands::signals::{self, Stop};
 use crate::commands::{CliError, runtime};
 use crate::data::libsvm::{Examples, IndexBase, read};
 
+/// Train sparse logistic regression on LIBSVM data (the default application).
+///
+/// With no arguments, trains on the shipped UCI Adult data (data/adult). Workers compute
+/// gradients on minibatches of their own share of the rows and push them; servers apply the
+/// update rule (FTRL-Proximal by default). After every epoch prints `iter=E train_logloss=...
+/// test_logloss=... test_auc=... nnz=... secs=...`; a bad data file is one line naming
+/// file:line:column, exit status 2, and so is an empty one, or an option with a value it
+/// cannot mean (a NaN or negative rate, zero epochs, a rate the chosen update rule does not
+/// use). Ctrl-C or SIGTERM stops it, keeping the epochs finished so far (their plot and
+/// model), with exit status 130 or 143.
+#[derive(clap::Args, Debug)]
+pub struct LrArgs {
+    /// Training data (LIBSVM, optionally .gz).
+    #[arg(long, default_value = "data/adult/adult.train.svm.gz")]
+    data: PathBuf,
+    /// Test data (LIBSVM, optionally .gz).
+    #[arg(long, default_value = "data/adult/adult.test.svm.gz")]
+    test: PathBuf,
+    #[command(flatten)]
+    nodes: NodesArgs,
+    /// Consistency models, comma-separated (sequential, bounded:TAU, eventual): one training
+    /// run each, one curve each in the plot.
+    #[arg(long, value_delimiter = ',', default_value = "bounded:4")]
+    consistency: Vec<Consistency>,
+    /// Draw test log loss and AUC against time into this SVG file.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    /// Save the trained model (of the last consistency model given) to this file, for
+    /// `pserver predict`.
+    #[arg(long, value_name = "FILE")]
+    save: Option<PathBuf>,
+    /// Passes over the training data.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    epochs: u32,
+    /// Rows per minibatch on each worker.
+    #[arg(long, default_value_t = 100, value_parser = at_least_one, allow_negative_numbers = true)]
+    batch: usize,
+    /// How the nodes of this process talk: mem (channels) or tcp (authenticated connections
+    /// on 127.0.0.1). For separate processes, see `pserver coordinator | server | worker`.
+    #[arg(long, value_enum, default_value = "mem")]
+    transport: Transport,
+    #[command(flatten)]
+    rule: RuleArgs,
+}
+
+/// The servers' update rule and its rates; each rate belongs to some rules only, and giving
+/// it to another is an error rather than a silent no-op.
+#[derive(clap::Args, Debug, Clone)]
+struct RuleArgs {
+    /// The servers' update rule: ftrl (FTRL-Proximal, sparse; takes --alpha --l1 --l2),
+    /// adagrad or sgd (take --lr).
+    #[arg(long, value_enum, default_value = "ftrl")]
+    updater: UpdateRule,
+    /// Learning rate of adagrad and sgd [default: 0.1].
+    #[arg(long, value_parser = positive_finite, allow_negative_numbers = true)]
+    lr: Option<f64>,
+    /// FTRL learning-rate scale [default: 0.3].
+    #[arg(long, value_parser = positive_finite, allow_negative_numbers = true)]
+    alpha: Option<f64>,
+    /// FTRL L1 regularization, per pushed gradient (larger: sparser model) [default: 1].
+    #[arg(long, value_parser = non_negative_finite, allow_negative_numbers = true)]
+    l1: Option<f64>,
+    /// FTRL L2 regularization, per pushed gradient [default: 1].
+    #[arg(long, value_parser = non_negative_finite, allow_negative_numbers = true)]
+    l2: Option<f64>,
+}
+
+impl RuleArgs {
+    /// The update rule asked for, or an error naming a rate given to a rule that does not
+    /// use it.
+    fn updater(&self) -> Result<Updater, CliError> {
+        let unused = |flag: &str, rule: &str, takes: &str| {
+            Err(CliError::input(format!(
+                "{flag} is not used by --updater {rule}, which takes {takes}"
+            )))
+        };
+        match self.updater {
+            UpdateRule::Ftrl => {
+                if self.lr.is_some() {
+                    return unused("--lr", "ftrl", "--alpha, --l1 and --l2");
+                }
+                Ok(Updater::FtrlProximal {
+                    alpha: self.alpha.unwrap_or(0.3),
+                    beta: 1.0,
+                    l1: self.l1.unwrap_or(1.0),
+                    l2: self.l2.unwrap_or(1.0),
+                })
+            }
+            UpdateRule::Adagrad | UpdateRule::Sgd => {
+                let rule = if self.updater == UpdateRule::Sgd {
+                    "sgd"
+                } else {
+                    "adagrad"
+                };
+                for (flag, given) in [
+                    ("--alpha", self.alpha.is_some()),
+                    ("--l1", self.l1.is_some()),
+                    ("--l2", self.l2.is_some()),
+                ] {
+                    if given {
+                        return unused(flag, rule, "--lr");
+                    }
+                }
+                let lr = self.lr.unwrap_or(0.1);
+                Ok(if self.updater == UpdateRule::Sgd {
+                    Updater::Sgd { lr }
+                } else {
+                    Updater::AdaGrad { lr, eps: 1e-6 }
+                })
+            }
+        }
+    }
+}
+
+// The variants below have no doc comment: clap would print it under the option, whose own
+// help already explains each choice.
+
+/// How the nodes of a training run talk.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Transport {
+    Mem,
+    Tcp,
+}
+
+/// The servers' update rule.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum UpdateRule {
+    Ftrl,
+    Adagrad,
+    Sgd,
+}
+
 /// Trains once per consistency model given, printing a line per epoch, then draws the plot
 /// and saves the model asked for. Ctrl-C or SIGTERM keeps the epochs finished so far (exit
 /// status 130 or 143).
-pub(super) fn run(args: &TrainArgs) -> Result<(), CliError> {
+pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
     let load = |p: &Path| read(p, IndexBase::Auto);
     let (train, test) = match (load(&args.data), load(&args.test)) {
         (Ok(a), Ok(b)) => (a, b),
@@ -27,7 +160,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), CliError> {
     let mut runs = Vec::new();
     let mut stopped = None;
     for &consistency in &args.consistency {
-        let cfg = config(args, consistency);
+        let cfg = config(args, consistency)?;
         eprintln!(
             "train: {} rows, test: {} rows, {} servers, {} workers, {}",
             train.len(),
@@ -64,23 +197,11 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), CliError> {
 }
 
 /// The training configuration the arguments give for one consistency model.
-fn config(args: &TrainArgs, consistency: Consistency) -> LrConfig {
-    let mut job = JobSpec::new(args.servers as usize, args.workers as usize);
+fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError> {
+    let mut job = JobSpec::new(args.nodes.servers as usize, args.nodes.workers as usize);
     job.consistency = consistency;
-    job.updater = match args.updater {
-        UpdateRule::Adagrad => Updater::AdaGrad {
-            lr: args.lr,
-            eps: 1e-6,
-        },
-        UpdateRule::Sgd => Updater::Sgd { lr: args.lr },
-        UpdateRule::Ftrl => Updater::FtrlProximal {
-            alpha: args.alpha,
-            beta: 1.0,
-            l1: args.l1,
-            l2: args.l2,
-        },
-    };
-    LrConfig {
+    job.updater = args.rule.updater()?;
+    Ok(LrConfig {
         job,
         epochs: args.epochs,
         batch: args.batch,
@@ -88,7 +209,7 @@ fn config(args: &TrainArgs, consistency: Consistency) -> LrConfig {
             Transport::Mem => Wire::Mem,
             Transport::Tcp => Wire::Tcp,
         },
-    }
+    })
 }
 
 /// One training run, a line per epoch (each starting with `prefix`) and a progress bar;

@@ -2,21 +2,32 @@
 
 use pserver_core::Consistency;
 
-use super::TrainArgs;
+use super::NodesArgs;
 use crate::apps::mf::{MfConfig, train};
 use crate::commands::CliError;
 
-/// Trains under the first consistency model given and prints the test error after every
-/// epoch.
-pub(super) fn run(args: &TrainArgs) -> Result<(), CliError> {
+/// Factorize a matrix of ratings into user and item factors.
+///
+/// The factors live on the servers; workers push the gradient of the squared error of their
+/// minibatches. Prints `iter=E test_rmse=... secs=...` after every epoch.
+#[derive(clap::Args, Debug)]
+pub struct MfArgs {
+    #[command(flatten)]
+    nodes: NodesArgs,
+    /// Consistency model: sequential, bounded:TAU or eventual.
+    #[arg(long, default_value = "bounded:2")]
+    consistency: Consistency,
+    /// Passes over the training ratings.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
+    epochs: u32,
+}
+
+/// Trains and prints the test error after every epoch.
+pub(super) fn run(args: &MfArgs) -> Result<(), CliError> {
     let cfg = MfConfig {
-        servers: args.servers as usize,
-        workers: args.workers as usize,
-        consistency: args
-            .consistency
-            .first()
-            .copied()
-            .unwrap_or(Consistency::Sequential),
+        servers: args.nodes.servers as usize,
+        workers: args.nodes.workers as usize,
+        consistency: args.consistency,
         epochs: args.epochs,
         ..MfConfig::default()
     };

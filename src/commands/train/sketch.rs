@@ -1,14 +1,36 @@
 //! `pserver train sketch`: a count-min sketch of a generated stream.
 
-use super::TrainArgs;
+use super::NodesArgs;
 use crate::apps::sketch::{SketchConfig, run as count};
 use crate::commands::CliError;
+use crate::commands::parse::open_unit;
+
+/// Count a generated stream in a count-min sketch held by the servers, and check every
+/// estimate against its exact count.
+///
+/// Prints `sketch items=N width=W depth=D queried=Q over_bound=O max_overcount=M bound=B
+/// under_counted=U`: over_bound estimates break the error bound (expected about delta of
+/// them), and under_counted ones are below the true count (never, for a correct sketch).
+#[derive(clap::Args, Debug)]
+pub struct SketchArgs {
+    #[command(flatten)]
+    nodes: NodesArgs,
+    /// Items in the stream.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..))]
+    items: u64,
+    /// Additive error bound, as a fraction of the stream's length.
+    #[arg(long, default_value_t = 0.001, value_parser = open_unit, allow_negative_numbers = true)]
+    eps: f64,
+    /// Probability that an estimate breaks the bound.
+    #[arg(long, default_value_t = 0.01, value_parser = open_unit, allow_negative_numbers = true)]
+    delta: f64,
+}
 
 /// Counts the stream and prints how the estimates compare with the exact counts.
-pub(super) fn run(args: &TrainArgs) -> Result<(), CliError> {
+pub(super) fn run(args: &SketchArgs) -> Result<(), CliError> {
     let cfg = SketchConfig {
-        servers: args.servers as usize,
-        workers: args.workers as usize,
+        servers: args.nodes.servers as usize,
+        workers: args.nodes.workers as usize,
         items: args.items,
         eps: args.eps,
         delta: args.delta,
