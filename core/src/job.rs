@@ -11,6 +11,7 @@ use crate::consistency::Consistency;
 use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
 use crate::driver::Driver;
 use crate::ids::{NodeId, NodeLayout};
+use crate::key::KeyRange;
 use crate::ring::RingConfig;
 use crate::server::{Server, ServerConfig};
 use crate::timing::Timing;
@@ -68,6 +69,9 @@ pub struct JobSpec {
     pub max_bytes_in_flight: u64,
     /// Seed of the workers' retransmission jitter.
     pub seed: u64,
+    /// Keys the servers update without the rule's regularizer: a model's intercept, which
+    /// regularization would pull towards zero for no benefit. Default: none.
+    pub unregularized: Option<KeyRange>,
 }
 
 /// Why a job cannot work.
@@ -137,6 +141,7 @@ impl JobSpec {
             max_slices_in_flight: 64,
             max_bytes_in_flight: u64::MAX,
             seed: 0,
+            unregularized: None,
         }
     }
 
@@ -201,6 +206,7 @@ impl JobSpec {
         cfg.width = self.width;
         cfg.timing = self.timing;
         cfg.max_reply_bytes = self.max_reply_bytes;
+        cfg.unregularized = self.unregularized;
         cfg
     }
 

@@ -36,6 +36,13 @@ pub trait UpdateRule<V: Value>: Clone + Debug + PartialEq {
         }
     }
 
+    /// The rule for keys the job exempts from regularization (an intercept, say: see
+    /// [`JobSpec::unregularized`](crate::JobSpec::unregularized)). The default is the rule
+    /// itself, for rules without a regularizer.
+    fn unregularized(&self) -> Self {
+        self.clone()
+    }
+
     /// Feeds the rule's parameters into `state`, so that servers running different rules hash
     /// apart.
     fn fingerprint(&self, state: &mut dyn Hasher) {
@@ -111,6 +118,18 @@ impl Hash for Updater {
 impl<V: Value> UpdateRule<V> for Updater {
     fn fingerprint(&self, mut state: &mut dyn Hasher) {
         self.bits().hash(&mut state);
+    }
+
+    fn unregularized(&self) -> Self {
+        match *self {
+            Updater::FtrlProximal { alpha, beta, .. } => Updater::FtrlProximal {
+                alpha,
+                beta,
+                l1: 0.0,
+                l2: 0.0,
+            },
+            rule => rule,
+        }
     }
 
     fn aux_width(&self) -> usize {

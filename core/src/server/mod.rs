@@ -51,6 +51,8 @@ pub struct ServerConfig {
     /// sent in parts (see [`PullReply::resume`](crate::wire::PullReply::resume)). Copies of
     /// shards for new replicas are cut to the same size. Keep it below the codec's frame limit.
     pub max_reply_bytes: usize,
+    /// Keys the update rule applies without its regularizer ([`UpdateRule::unregularized`]).
+    pub unregularized: Option<KeyRange>,
 }
 
 impl ServerConfig {
@@ -63,6 +65,7 @@ impl ServerConfig {
             timing: Timing::default(),
             incarnation: 0,
             max_reply_bytes: crate::worker::DEFAULT_MAX_SLICE_BYTES,
+            unregularized: None,
         }
     }
 

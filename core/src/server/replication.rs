@@ -12,7 +12,7 @@ use crate::value::Value;
 use crate::wire::{ClockRecord, Envelope, Message, Replicate, ShardAck, ShardUpdate, Transfer};
 
 use super::Server;
-use super::shard::{ReplicaState, Shard, ShardRole, first_step, restrict};
+use super::shard::{ReplicaState, Rule, Shard, ShardRole, first_step, restrict};
 
 /// Which replicas [`Server::resend_replication`] serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,7 +35,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let Some(shard) = self.shards.get_mut(&entry.range.start()) else {
             return;
         };
-        let steps = shard.take_step(entry, &self.updater, width);
+        let steps = shard.take_step(entry, Rule::of(&self.updater, &self.cfg), width);
         let in_step = shard.ship(&steps);
         self.send_steps(&in_step, steps, out);
     }
@@ -323,7 +323,10 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             for start in starts {
                 if let Some(shard) = self.shards.get_mut(&start) {
                     if entry.seq - entry.span == shard.seq {
-                        shard.apply_update(&restrict(&entry, shard.range), &self.updater);
+                        shard.apply_update(
+                            &restrict(&entry, shard.range),
+                            Rule::of(&self.updater, &self.cfg),
+                        );
                     }
                     seq = seq.min(shard.seq);
                 }

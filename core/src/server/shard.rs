@@ -111,9 +111,13 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
     }
 
     /// Carries out one step of the update order (the primary's own, or one it replicated).
-    pub(crate) fn apply_update<U: UpdateRule<V>>(&mut self, entry: &Replicate<V>, updater: &U) {
+    pub(crate) fn apply_update<U: UpdateRule<V>>(
+        &mut self,
+        entry: &Replicate<V>,
+        rule: Rule<'_, U>,
+    ) {
         match &entry.update {
-            ShardUpdate::Apply(kvs) => apply_rows(&mut self.store, updater, kvs),
+            ShardUpdate::Apply(kvs) => apply_rows(&mut self.store, rule, kvs),
             ShardUpdate::Buffer { iteration, kvs } => {
                 self.pending
                     .entry(*iteration)
@@ -129,7 +133,7 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
                     if let Some(batch) = self.pending.remove(&iteration) {
                         let width = batch.first().map_or(1, KvPairs::width);
                         let summed = sum_by_key(&batch, width);
-                        apply_rows(&mut self.store, updater, &summed);
+                        apply_rows(&mut self.store, rule, &summed);
                     }
                 }
                 self.applied_below = self.applied_below.max(*below);
@@ -317,7 +321,7 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
     pub(crate) fn take_step<U: UpdateRule<V>>(
         &mut self,
         entry: Replicate<V>,
-        updater: &U,
+        rule: Rule<'_, U>,
         width: usize,
     ) -> Vec<Replicate<V>> {
         let buffered = matches!(entry.update, ShardUpdate::Buffer { .. });
@@ -326,7 +330,7 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         } else {
             self.ship_queued(width)
         };
-        self.apply_update(&entry, updater);
+        self.apply_update(&entry, rule);
         let ShardRole::Primary {
             replicas, queued, ..
         } = &mut self.role
@@ -563,11 +567,58 @@ pub(crate) fn restrict<V: Value>(entry: &Replicate<V>, range: KeyRange) -> Repli
     }
 }
 
+/// A server's update rule, and the keys it applies without regularization.
+#[derive(Debug)]
+pub(crate) struct Rule<'a, U> {
+    pub(crate) updater: &'a U,
+    pub(crate) unregularized: Option<KeyRange>,
+}
+
+impl<'a, U> Rule<'a, U> {
+    /// The rule of a server configured by `cfg`.
+    pub(crate) fn of(updater: &'a U, cfg: &super::ServerConfig) -> Self {
+        Rule {
+            updater,
+            unregularized: cfg.unregularized,
+        }
+    }
+}
+
+impl<U> Clone for Rule<'_, U> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<U> Copy for Rule<'_, U> {}
+
 fn apply_rows<V: Value, U: UpdateRule<V>, S: ParamStore<V>>(
+    store: &mut S,
+    rule: Rule<'_, U>,
+    kvs: &KvPairs<V>,
+) {
+    let free = rule
+        .unregularized
+        .filter(|r| kvs.keys().iter().any(|&k| r.contains(k)));
+    let Some(free) = free else {
+        return apply_with(store, rule.updater, kvs);
+    };
+    // Rare (a push touching the intercept): the rows before, inside and after the exempt range.
+    let (before, rest) = KeyRange::FULL.split_at(free.start());
+    let (_, after) = rest.split_at(free.end());
+    apply_with(store, rule.updater, &kvs.slice(before));
+    apply_with(store, &rule.updater.unregularized(), &kvs.slice(free));
+    apply_with(store, rule.updater, &kvs.slice(after));
+}
+
+fn apply_with<V: Value, U: UpdateRule<V>, S: ParamStore<V>>(
     store: &mut S,
     updater: &U,
     kvs: &KvPairs<V>,
 ) {
+    if kvs.is_empty() {
+        return;
+    }
     let f = &mut |rows: &mut [V], aux: &mut [V], deltas: &[V]| {
         updater.apply_all(rows, aux, deltas);
     };
@@ -607,6 +658,11 @@ mod tests {
     use crate::store::OrderedStore;
     use crate::updater::Updater;
 
+    const SUM: Rule<'static, Updater> = Rule {
+        updater: &Updater::Sum,
+        unregularized: None,
+    };
+
     fn kvs(keys: &[u64], v: i64) -> KvPairs<i64> {
         KvPairs::new(keys.to_vec(), vec![v; keys.len()], 1).unwrap()
     }
@@ -628,16 +684,40 @@ mod tests {
             update,
             dedupe: Vec::new(),
         };
-        shard.apply_update(&step(1, ShardUpdate::ApplyBelow(5)), &Updater::Sum);
+        shard.apply_update(&step(1, ShardUpdate::ApplyBelow(5)), SUM);
         assert_eq!(
             (shard.store.get(1), shard.store.get(2)),
             (Some(&[3][..]), Some(&[7][..]))
         );
         assert_eq!(shard.applied_below, 5);
         assert!(shard.pending.contains_key(&7));
-        shard.apply_update(&step(2, ShardUpdate::ApplyBelow(u32::MAX)), &Updater::Sum);
+        shard.apply_update(&step(2, ShardUpdate::ApplyBelow(u32::MAX)), SUM);
         assert_eq!(shard.store.get(1), Some(&[8][..]));
         assert_eq!(shard.applied_below, u32::MAX);
         assert!(shard.pending.is_empty());
+    }
+
+    #[test]
+    fn keys_exempt_from_regularization_escape_the_l1_threshold_and_no_others_do() {
+        let strong_l1 = Updater::FtrlProximal {
+            alpha: 1.0,
+            beta: 1.0,
+            l1: 100.0,
+            l2: 0.0,
+        };
+        let free = KeyRange::new(20, 30).unwrap();
+        let mut store = OrderedStore::<f64>::new(1, 2);
+        let pushed = KvPairs::new(vec![5, 20, 29, 30], vec![1.0; 4], 1).unwrap();
+        let rule = Rule {
+            updater: &strong_l1,
+            unregularized: Some(free),
+        };
+        apply_rows(&mut store, rule, &pushed);
+        let weight = |k| store.get(k).map_or(0.0, |w| w[0]);
+        // |z| = 1 is below l1 = 100: regularized keys stay at exactly zero.
+        assert_eq!((weight(5), weight(30)), (0.0, 0.0));
+        // Without l1, one step of FTRL moves against the gradient.
+        assert!(weight(20) < 0.0 && weight(29) < 0.0, "{store:?}");
+        assert_eq!(weight(20), weight(29));
     }
 }
