@@ -13,3 +13,11 @@ pub(crate) fn mix(mut x: u64) -> u64 {
 pub(crate) fn unit(x: u64) -> f64 {
     ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
 }
+
+/// Puts `items` in an order drawn from `seed` (Fisher-Yates): the same seed, the same order.
+pub(crate) fn shuffle<T>(items: &mut [T], seed: u64) {
+    for i in (1..items.len()).rev() {
+        let j = (mix(seed ^ mix(i as u64)) % (i as u64 + 1)) as usize;
+        items.swap(i, j);
+    }
+}

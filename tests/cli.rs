@@ -569,7 +569,7 @@ fn train_then_signal(signal: &str) -> (Option<i32>, String, Result<usize, String
         std::thread::sleep(Duration::from_millis(20));
     };
     let svg = std::fs::read_to_string(&plot).unwrap_or_default();
-    let weights = pserver::apps::lr::load_model(&model).map(|m| m.len());
+    let weights = pserver::apps::lr::load_model(&model).map(|m| m.weights.len());
     let written = (code, svg, weights);
     let _ = std::fs::remove_dir_all(&dir);
     written

@@ -3,9 +3,20 @@
 //! touch, and pushes it; servers apply it through their update rule (FTRL-Proximal by
 //! default, whose L1 term keeps the model sparse).
 //!
-//! One iteration is one minibatch on every worker; an epoch is one pass over each shard. After
-//! every epoch the first worker pulls the whole model (a range pull, answered in parts) and
-//! measures it on the test set.
+//! One iteration is one minibatch on every worker; an epoch is one pass over each shard, in an
+//! order drawn afresh every epoch from a seed. After every epoch the first worker pulls the
+//! whole model (a range pull, answered in parts) and measures it on the test set.
+//!
+//! The model has an intercept (unless [`LrConfig::bias`] is off): the weight of a constant
+//! feature of value 1 that every row holds, kept at key [`BIAS_KEY`], past every key a data
+//! file can name, and exempt from regularization ([`JobSpec::unregularized`]).
+//!
+//! **Regularization.** Each push is the gradient of the *mean* log loss of one minibatch, and
+//! the servers apply FTRL-Proximal to every push they receive, so `l1` and `l2` act once per
+//! push: per minibatch, not per row. Relative to the data term, the regularizer is therefore
+//! about `batch` times weaker than in a per-row formulation (liblinear's `C` or VW's
+//! `--l1`/`--l2`), and scales with the number of pushes a key receives: the number of
+//! minibatches that touch it, over every worker.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -21,7 +32,7 @@ use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
 use tokio::sync::mpsc;
 use tracing::info;
 
-use crate::data::libsvm::Examples;
+use crate::data::libsvm::{Examples, IndexBase};
 
 /// How to train.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,7 +46,30 @@ pub struct LrConfig {
     pub batch: usize,
     /// How the nodes talk: in memory, or over TCP on loopback.
     pub transport: Wire,
+    /// Whether the model has an intercept.
+    pub bias: bool,
+    /// Whether each epoch visits a share's rows in a seeded random order (or in file order).
+    pub shuffle: bool,
+    /// Seed of the visiting order.
+    pub seed: u64,
+    /// Which epoch's model a run ends with.
+    pub keep: Keep,
+    /// Stop after this many epochs in a row without a better test log loss.
+    pub early_stop: Option<u32>,
 }
+
+/// Which epoch's model a training run ends with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Keep {
+    /// The epoch with the lowest test log loss.
+    #[default]
+    Best,
+    /// The last epoch.
+    Last,
+}
+
+/// The key of the intercept: past every feature index a data file can hold.
+pub const BIAS_KEY: Key = MAX_KEY;
 
 /// The transport a single-process training run uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,7 +96,22 @@ impl Default for LrConfig {
             epochs: 10,
             batch: 100,
             transport: Wire::Mem,
+            bias: true,
+            shuffle: true,
+            seed: 0,
+            keep: Keep::Best,
+            early_stop: None,
         }
+        .with_bias(true)
+    }
+}
+
+impl LrConfig {
+    /// This configuration with or without an intercept (exempt from regularization).
+    pub fn with_bias(mut self, bias: bool) -> Self {
+        self.bias = bias;
+        self.job.unregularized = bias.then(|| KeyRange::single(BIAS_KEY).ok()).flatten();
+        self
     }
 }
 
@@ -123,6 +172,10 @@ pub struct EpochReport {
     pub test_auc: f64,
     /// Non-zero weights in the model.
     pub nnz: usize,
+    /// Rows trained on in the epoch, over every worker.
+    pub rows: usize,
+    /// Seconds the epoch took, from the end of the one before.
+    pub epoch_secs: f64,
     /// Seconds since training began.
     pub secs: f64,
     /// Bytes every node has sent since training began.
@@ -169,55 +222,59 @@ pub fn auc(scores: &[f64], labels: &[f32]) -> f64 {
 
 /// Test log loss and AUC of the model `weights` (sorted keys with their weights).
 pub fn evaluate(weights: &KvPairs<f32>, test: &Examples) -> (f64, f64) {
-    let mut scores = Vec::with_capacity(test.len());
-    let mut loss = 0.0;
-    for i in 0..test.len() {
-        let (idx, val) = test.row(i);
-        let z: f64 = idx
-            .iter()
-            .zip(val)
-            .map(|(&k, &v)| {
-                weights
-                    .get(k)
-                    .map_or(0.0, |w| f64::from(w[0]) * f64::from(v))
-            })
-            .sum();
-        loss += logloss(sigmoid(z), test.labels()[i]);
-        scores.push(z);
-    }
+    let scores = scores(weights, test);
+    let loss: f64 = scores
+        .iter()
+        .zip(test.labels())
+        .map(|(&z, &y)| logloss(sigmoid(z), y))
+        .sum();
     (loss / test.len().max(1) as f64, auc(&scores, test.labels()))
 }
 
-/// One minibatch: the distinct keys it touches, sorted.
-fn batch_keys(data: &Examples, rows: std::ops::Range<usize>) -> Vec<Key> {
-    let mut keys: Vec<Key> = rows.flat_map(|r| data.row(r).0.iter().copied()).collect();
+/// One minibatch: the distinct keys it touches, sorted, the intercept's last.
+fn batch_keys(data: &Examples, rows: &[usize], bias: bool) -> Vec<Key> {
+    let mut keys: Vec<Key> = rows
+        .iter()
+        .flat_map(|&r| data.row(r).0.iter().copied())
+        .collect();
     keys.sort_unstable();
     keys.dedup();
+    if bias {
+        keys.push(BIAS_KEY);
+    }
     keys
 }
 
-/// The gradient of the mean log loss of `rows` at `weights` (aligned with `keys`), and the
-/// summed log loss before the update.
+/// The gradient of the mean log loss of `rows` at `weights` (aligned with `keys`, which end
+/// with the intercept's when `bias`), and the summed log loss before the update.
 fn gradient(
     data: &Examples,
-    rows: std::ops::Range<usize>,
+    rows: &[usize],
     keys: &[Key],
     weights: &[f32],
+    bias: bool,
 ) -> (Vec<f32>, f64) {
     let mut grad = vec![0f32; keys.len()];
     let mut loss = 0.0;
     let n = rows.len().max(1) as f32;
+    let intercept = if bias {
+        weights.last().map_or(0.0, |&w| f64::from(w))
+    } else {
+        0.0
+    };
+    let mut intercept_grad = 0f32;
     // Each row's features' positions among `keys`, in one buffer reused for every row.
     let mut pos: Vec<usize> = Vec::new();
-    for r in rows {
+    for &r in rows {
         let (idx, val) = data.row(r);
         pos.clear();
         pos.extend(idx.iter().map(|k| keys.binary_search(k).unwrap_or(0)));
-        let z: f64 = pos
-            .iter()
-            .zip(val)
-            .map(|(&p, &v)| f64::from(weights[p]) * f64::from(v))
-            .sum();
+        let z: f64 = intercept
+            + pos
+                .iter()
+                .zip(val)
+                .map(|(&p, &v)| f64::from(weights[p]) * f64::from(v))
+                .sum::<f64>();
         let p = sigmoid(z);
         let y = data.labels()[r];
         loss += logloss(p, y);
@@ -225,8 +282,24 @@ fn gradient(
         for (&p, &v) in pos.iter().zip(val) {
             grad[p] += g * v;
         }
+        intercept_grad += g;
+    }
+    if bias && let Some(last) = grad.last_mut() {
+        *last += intercept_grad;
     }
     (grad, loss)
+}
+
+/// The order in which a share's rows `rows` are visited in `epoch`: shuffled by a seed drawn
+/// from the job's seed, the share and the epoch, or in file order.
+fn visiting_order(cfg: &LrConfig, share: usize, epoch: u32, rows: Range<usize>) -> Vec<usize> {
+    let mut order: Vec<usize> = rows.collect();
+    if cfg.shuffle {
+        let seed = crate::seeded::mix(cfg.seed ^ crate::seeded::mix(share as u64))
+            ^ u64::from(epoch).rotate_left(32);
+        crate::seeded::shuffle(&mut order, seed);
+    }
+    order
 }
 
 /// What the workers tell the trainer.
@@ -271,16 +344,19 @@ pub async fn run_shares(
     mut rows_of: impl FnMut(usize) -> Result<ShareRows, RuntimeError>,
     steps: usize,
     test: Option<&Examples>,
+    counter: Option<&RowsTrained>,
     mut on_epoch: impl FnMut(WorkerEpoch),
 ) -> Result<(), RuntimeError> {
     handle.ready().await?;
     let batch = cfg.batch.max(1);
-    let everything =
-        RangeList::new(vec![KeyRange::new(0, MAX_KEY).map_err(config)?]).map_err(config)?;
+    let everything = RangeList::new(vec![KeyRange::FULL]).map_err(config)?;
     let mut held: Vec<usize> = Vec::new();
     for epoch in 1..=cfg.epochs {
         let mut loss = 0.0;
         let mut trained = 0;
+        // Per share: its rows, in this epoch's order.
+        let mut orders: std::collections::BTreeMap<usize, (Arc<Examples>, Vec<usize>)> =
+            std::collections::BTreeMap::new();
         for step in 0..steps {
             let shares = handle.shares().await?;
             for &share in shares.iter().filter(|s| !held.contains(s)) {
@@ -293,17 +369,27 @@ pub async fn run_shares(
             }
             held = shares;
             for &share in &held {
-                let (data, mine) = rows_of(share)?;
-                let from = (mine.start + step * batch).min(mine.end);
-                let rows = from..(from + batch).min(mine.end);
+                if !orders.contains_key(&share) {
+                    let (data, mine) = rows_of(share)?;
+                    let order = visiting_order(cfg, share, epoch, mine);
+                    orders.insert(share, (data, order));
+                }
+                let Some((data, order)) = orders.get(&share) else {
+                    continue;
+                };
+                let from = (step * batch).min(order.len());
+                let rows = &order[from..(from + batch).min(order.len())];
                 if rows.is_empty() {
                     continue;
                 }
                 trained += rows.len();
-                let keys = batch_keys(&data, rows.clone());
+                if let Some(counter) = counter {
+                    counter.add(rows.len());
+                }
+                let keys = batch_keys(data, rows, cfg.bias);
                 let list = KeyList::new(keys.clone()).map_err(config)?;
                 let pulled = handle.pull(KeySelection::Keys(list)).await?;
-                let (grad, l) = gradient(&data, rows, &keys, pulled.values());
+                let (grad, l) = gradient(data, rows, &keys, pulled.values(), cfg.bias);
                 loss += l;
                 let kvs = KvPairs::new(keys, grad, 1).map_err(config)?;
                 // Not waiting for the acknowledgement: the consistency model bounds how far
@@ -333,6 +419,30 @@ pub async fn run_shares(
     Ok(())
 }
 
+impl EpochReport {
+    /// Rows trained per second of the epoch.
+    pub fn rows_per_sec(&self) -> f64 {
+        self.rows as f64 / self.epoch_secs.max(1e-9)
+    }
+}
+
+/// Rows trained so far, over every worker and epoch, for progress lines in the middle of an
+/// epoch.
+#[derive(Clone, Debug, Default)]
+pub struct RowsTrained(Arc<std::sync::atomic::AtomicU64>);
+
+impl RowsTrained {
+    /// Rows trained so far.
+    pub fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn add(&self, rows: usize) {
+        self.0
+            .fetch_add(rows as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 async fn run_worker(
     index: usize,
     cfg: LrConfig,
@@ -340,6 +450,7 @@ async fn run_worker(
     train: std::sync::Arc<Examples>,
     test: std::sync::Arc<Examples>,
     notes: mpsc::UnboundedSender<Note>,
+    counter: RowsTrained,
 ) -> Result<(), RuntimeError> {
     let per = train.len().div_ceil(cfg.job.workers);
     let rows_of = |share: usize| {
@@ -348,7 +459,7 @@ async fn run_worker(
     };
     let steps = per.div_ceil(cfg.batch.max(1));
     let test = (index == 0).then_some(&*test);
-    run_shares(&cfg, &handle, rows_of, steps, test, |e| {
+    run_shares(&cfg, &handle, rows_of, steps, test, Some(&counter), |e| {
         let _ = notes.send(Note::Loss {
             epoch: e.epoch,
             loss: e.loss,
@@ -376,8 +487,12 @@ fn config(e: impl std::fmt::Display) -> RuntimeError {
 pub struct Trained {
     /// One report per epoch.
     pub reports: Vec<EpochReport>,
-    /// The final model: every stored key with its weight.
+    /// The model kept ([`LrConfig::keep`]): every stored key with its weight.
     pub model: KvPairs<f32>,
+    /// The epoch the model is from (0 if none finished).
+    pub kept_epoch: u32,
+    /// Training stopped early ([`LrConfig::early_stop`]) after this epoch.
+    pub stopped_early: Option<u32>,
 }
 
 /// Trains on `train` in one process over the in-memory transport, measuring on `test` after
@@ -388,15 +503,18 @@ pub async fn train_local(
     test: Examples,
     on_epoch: impl FnMut(&EpochReport),
 ) -> Result<Trained, RuntimeError> {
-    train_local_until(cfg, train, test, on_epoch, std::future::pending()).await
+    let counter = RowsTrained::default();
+    train_local_until(cfg, train, test, &counter, on_epoch, std::future::pending()).await
 }
 
 /// [`train_local`], ending early when `stop` completes (Ctrl-C, say): the result then holds the
 /// epochs finished so far, and the model of the last of them.
+/// `counter` counts the rows trained as training goes.
 pub async fn train_local_until(
     cfg: &LrConfig,
     train: Examples,
     test: Examples,
+    counter: &RowsTrained,
     mut on_epoch: impl FnMut(&EpochReport),
     stop: impl Future<Output = ()>,
 ) -> Result<Trained, RuntimeError> {
@@ -436,6 +554,7 @@ pub async fn train_local_until(
                 train.clone(),
                 test.clone(),
                 tx.clone(),
+                counter.clone(),
             ))
         })
         .collect();
@@ -462,6 +581,16 @@ pub async fn train_local_until(
         while let Some(report) = epochs.next_report(began, bytes_sent()) {
             on_epoch(report);
         }
+        if let Some(patience) = cfg.early_stop
+            && epochs.since_best() >= patience
+        {
+            for t in &tasks {
+                t.abort();
+            }
+            drop(cluster);
+            epochs.stopped_early = Some(epochs.reports.len() as u32);
+            return epochs.trained();
+        }
     }
     for t in tasks {
         t.await.map_err(|_| RuntimeError::ShutDown)??;
@@ -474,23 +603,40 @@ pub async fn train_local_until(
 /// loss and the first worker's measurement of the model are in, in epoch order.
 struct Epochs {
     workers: usize,
+    keep: Keep,
     /// Per epoch (from 1): summed loss, rows and workers that reported.
     losses: Vec<(f64, usize, usize)>,
     /// Per epoch (from 1): test log loss, test AUC and non-zero weights.
     models: Vec<Option<(f64, f64, usize)>>,
-    last_model: Option<KvPairs<f32>>,
+    /// Per epoch (from 1) not reported yet: the model measured after it.
+    pending_models: std::collections::BTreeMap<u32, KvPairs<f32>>,
+    /// The model kept so far, and its epoch.
+    kept: Option<(u32, KvPairs<f32>)>,
+    /// The reported epoch with the lowest test log loss.
+    best: Option<(u32, f64)>,
     reports: Vec<EpochReport>,
+    stopped_early: Option<u32>,
 }
 
 impl Epochs {
     fn new(cfg: &LrConfig) -> Self {
         Epochs {
             workers: cfg.job.workers,
+            keep: cfg.keep,
             losses: vec![(0.0, 0, 0); cfg.epochs as usize + 1],
             models: vec![None; cfg.epochs as usize + 1],
-            last_model: None,
+            pending_models: std::collections::BTreeMap::new(),
+            kept: None,
+            best: None,
             reports: Vec::new(),
+            stopped_early: None,
         }
+    }
+
+    /// Epochs reported since the best one.
+    fn since_best(&self) -> u32 {
+        let best = self.best.map_or(0, |(e, _)| e);
+        self.reports.len() as u32 - best
     }
 
     fn note(&mut self, note: Note) {
@@ -509,7 +655,7 @@ impl Epochs {
                 weights,
             } => {
                 self.models[epoch as usize] = Some((test_logloss, test_auc, nnz));
-                self.last_model = Some(weights);
+                self.pending_models.insert(epoch, weights);
             }
         }
     }
@@ -523,44 +669,79 @@ impl Epochs {
         if workers < self.workers {
             return None;
         }
+        let epoch = next as u32;
+        let secs = began.elapsed().as_secs_f64();
+        let before = self.reports.last().map_or(0.0, |r| r.secs);
+        // A NaN loss is never better: the comparison keeps the earlier model.
+        let better = self.best.is_none_or(|(_, b)| test_logloss < b);
+        if better {
+            self.best = Some((epoch, test_logloss));
+        }
+        if let Some(model) = self.pending_models.remove(&epoch)
+            && (better || self.keep == Keep::Last || self.kept.is_none())
+        {
+            self.kept = Some((epoch, model));
+        }
         self.reports.push(EpochReport {
-            epoch: next as u32,
+            epoch,
             train_logloss: loss / rows.max(1) as f64,
             test_logloss,
             test_auc,
             nnz,
-            secs: began.elapsed().as_secs_f64(),
+            rows,
+            epoch_secs: secs - before,
+            secs,
             bytes_sent,
         });
         self.reports.last()
     }
 
-    /// The epochs reported so far and the model of the last one measured.
+    /// The epochs reported so far and the model kept of them.
     fn trained(self) -> Result<Trained, RuntimeError> {
-        let model = match self.last_model {
-            Some(m) => m,
-            None => KvPairs::empty(1).map_err(config)?,
+        let (kept_epoch, model) = match self.kept {
+            Some(kept) => kept,
+            None => (0, KvPairs::empty(1).map_err(config)?),
         };
         Ok(Trained {
             reports: self.reports,
             model,
+            kept_epoch,
+            stopped_early: self.stopped_early,
         })
     }
 }
 
-/// The first bytes of a saved model file.
-const MODEL_MAGIC: &[u8; 8] = b"PSLRv1\0\0";
+/// The first bytes of a saved model file: version 2 records the index base.
+const MODEL_MAGIC: &[u8; 8] = b"PSLRv2\0\0";
+/// Version 1: no index base.
+const MODEL_MAGIC_V1: &[u8; 8] = b"PSLRv1\0\0";
 
-/// Writes `model` (keys and f32 weights) to `path`: magic, count, then each key and weight in
-/// little-endian. Zero weights are left out.
-pub fn save_model(path: &std::path::Path, model: &KvPairs<f32>) -> Result<(), String> {
-    let rows: Vec<(Key, f32)> = model
+/// A model as saved: the weights (the intercept at [`BIAS_KEY`]) and how the data it was
+/// trained on counted its feature indices, so that data scored with it is read the same way.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SavedModel {
+    /// Every non-zero weight by key.
+    pub weights: KvPairs<f32>,
+    /// `Zero` or `One`; `Auto` for a model saved before the base was recorded.
+    pub base: IndexBase,
+}
+
+/// Writes `weights` and the index base `base` (`Zero` or `One`) to `path`: magic, base (one
+/// byte and seven of padding), count, then each key and weight in little-endian. Zero
+/// weights are left out.
+pub fn save_model(
+    path: &std::path::Path,
+    weights: &KvPairs<f32>,
+    base: IndexBase,
+) -> Result<(), String> {
+    let rows: Vec<(Key, f32)> = weights
         .iter()
         .filter(|(_, w)| w[0] != 0.0)
         .map(|(k, w)| (k, w[0]))
         .collect();
-    let mut bytes = Vec::with_capacity(16 + rows.len() * 12);
+    let mut bytes = Vec::with_capacity(24 + rows.len() * 12);
     bytes.extend_from_slice(MODEL_MAGIC);
+    bytes.extend_from_slice(&[base.first().unwrap_or(u8::MAX), 0, 0, 0, 0, 0, 0, 0]);
     bytes.extend_from_slice(&(rows.len() as u64).to_le_bytes());
     for (k, w) in rows {
         bytes.extend_from_slice(&k.to_le_bytes());
@@ -569,15 +750,26 @@ pub fn save_model(path: &std::path::Path, model: &KvPairs<f32>) -> Result<(), St
     std::fs::write(path, bytes).map_err(|e| format!("{}: cannot write: {e}", path.display()))
 }
 
-/// Reads a model written by [`save_model`], checking its header and length before allocating.
-pub fn load_model(path: &std::path::Path) -> Result<KvPairs<f32>, String> {
+/// Reads a model written by [`save_model`] (or by a version that did not record the index
+/// base), checking its header and length before allocating.
+pub fn load_model(path: &std::path::Path) -> Result<SavedModel, String> {
     let name = path.display();
     let bytes = std::fs::read(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
     let bad = |why: &str| format!("{name}: not a pserver model: {why}");
     let (magic, rest) = bytes.split_at_checked(8).ok_or_else(|| bad("too short"))?;
-    if magic != MODEL_MAGIC {
+    let (base, rest) = if magic == MODEL_MAGIC {
+        let (header, rest) = rest.split_at_checked(8).ok_or_else(|| bad("too short"))?;
+        let base = match header[0] {
+            0 => IndexBase::Zero,
+            1 => IndexBase::One,
+            other => return Err(bad(&format!("index base {other}"))),
+        };
+        (base, rest)
+    } else if magic == MODEL_MAGIC_V1 {
+        (IndexBase::Auto, rest)
+    } else {
         return Err(bad("wrong magic bytes"));
-    }
+    };
     let (count, rows) = rest.split_at_checked(8).ok_or_else(|| bad("too short"))?;
     let count = u64::from_le_bytes(count.try_into().map_err(|_| bad("too short"))?);
     if Some(rows.len() as u64) != count.checked_mul(12) {
@@ -594,18 +786,23 @@ pub fn load_model(path: &std::path::Path) -> Result<KvPairs<f32>, String> {
             w.try_into().map_err(|_| bad("a short row"))?,
         ));
     }
-    KvPairs::new(keys, weights, 1).map_err(|e| bad(&e.to_string()))
+    let weights = KvPairs::new(keys, weights, 1).map_err(|e| bad(&e.to_string()))?;
+    Ok(SavedModel { weights, base })
 }
 
-/// The raw score (log-odds) of every example of `data` under `model`.
+/// The raw score (log-odds) of every example of `data` under `model`, its intercept (the
+/// weight at [`BIAS_KEY`], if any) included.
 pub fn scores(model: &KvPairs<f32>, data: &Examples) -> Vec<f64> {
+    let intercept = model.get(BIAS_KEY).map_or(0.0, |w| f64::from(w[0]));
     (0..data.len())
         .map(|i| {
             let (idx, val) = data.row(i);
-            idx.iter()
-                .zip(val)
-                .map(|(&k, &v)| model.get(k).map_or(0.0, |w| f64::from(w[0]) * f64::from(v)))
-                .sum()
+            intercept
+                + idx
+                    .iter()
+                    .zip(val)
+                    .map(|(&k, &v)| model.get(k).map_or(0.0, |w| f64::from(w[0]) * f64::from(v)))
+                    .sum::<f64>()
         })
         .collect()
 }
@@ -620,10 +817,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pserver-model-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("m.bin");
-        save_model(&path, &model).unwrap();
+        save_model(&path, &model, IndexBase::One).unwrap();
         let back = load_model(&path).unwrap();
-        assert_eq!(back.keys(), &[3, 12]);
-        assert_eq!(back.values(), &[0.5, -1.25]);
+        assert_eq!(back.weights.keys(), &[3, 12]);
+        assert_eq!(back.weights.values(), &[0.5, -1.25]);
+        assert_eq!(back.base, IndexBase::One);
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
         assert!(load_model(&path).unwrap_err().contains("does not match"));

@@ -96,6 +96,8 @@ mod tests {
                 test_logloss: 0.5 / f64::from(e) + shift,
                 test_auc: 0.8 + 0.02 * f64::from(e) - shift,
                 nnz: 10 * e as usize,
+                rows: 100,
+                epoch_secs: 0.1,
                 secs: 0.1 * f64::from(e) + shift,
                 bytes_sent: 0,
             })

@@ -268,19 +268,27 @@ async fn run_lr_node(
                 Ok((rows.clone(), 0..rows.len()))
             };
             let mut epochs = 0;
-            run_shares(&job.cfg, &worker, rows_of, steps, test.as_ref(), |e| {
-                epochs = e.epoch;
-                let mut line = format!(
-                    "worker {id} iter={} rows={} train_logloss={:.4}",
-                    e.epoch,
-                    e.rows,
-                    e.loss / e.rows.max(1) as f64
-                );
-                if let Some((loss, auc, nnz, _)) = &e.model {
-                    line += &format!(" test_logloss={loss:.4} test_auc={auc:.4} nnz={nnz}");
-                }
-                println!("{line}");
-            })
+            run_shares(
+                &job.cfg,
+                &worker,
+                rows_of,
+                steps,
+                test.as_ref(),
+                None,
+                |e| {
+                    epochs = e.epoch;
+                    let mut line = format!(
+                        "worker {id} iter={} rows={} train_logloss={:.4}",
+                        e.epoch,
+                        e.rows,
+                        e.loss / e.rows.max(1) as f64
+                    );
+                    if let Some((loss, auc, nnz, _)) = &e.model {
+                        line += &format!(" test_logloss={loss:.4} test_auc={auc:.4} nnz={nnz}");
+                    }
+                    println!("{line}");
+                },
+            )
             .await?;
             spawned.node.shutdown().await?;
             NodeOutcome::Trained { epochs }

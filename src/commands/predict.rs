@@ -9,7 +9,9 @@ use crate::data::libsvm::{IndexBase, read};
 
 /// Score a LIBSVM data set with a model saved by `pserver train --save`.
 ///
-/// Prints `predict rows=N logloss=L auc=A`, or with --scores one probability per row.
+/// The data is read with the index base the model was trained with (recorded in the model
+/// file), and scored with the model's intercept. Prints `predict rows=N logloss=L auc=A`, or
+/// with --scores one probability per row.
 #[derive(clap::Args, Debug)]
 pub struct PredictArgs {
     /// The model file.
@@ -21,13 +23,35 @@ pub struct PredictArgs {
     /// Print one probability per row instead of the summary.
     #[arg(long)]
     scores: bool,
+    /// How the data counts its feature indices: 0, 1, or auto (decided from the data). Only
+    /// for models saved before the model file recorded it; for the others it must agree.
+    #[arg(long, value_enum)]
+    index_base: Option<IndexBase>,
 }
 
 /// Runs `pserver predict`.
 pub fn run(args: PredictArgs) -> Result<(), CliError> {
     let model = load_model(&args.model).map_err(CliError::input)?;
-    let data = read(&args.data, IndexBase::Auto).map_err(CliError::input)?;
-    let s = scores(&model, &data);
+    let base = match (model.base, args.index_base) {
+        (IndexBase::Auto, asked) => {
+            let asked = asked.unwrap_or(IndexBase::Auto);
+            eprintln!(
+                "{}: the model does not record its index base; reading {} with --index-base {asked}",
+                args.model.display(),
+                args.data.display()
+            );
+            asked
+        }
+        (recorded, Some(asked)) if asked != recorded => {
+            return Err(CliError::input(format!(
+                "--index-base {asked} contradicts {}, trained on data read with index base {recorded}",
+                args.model.display()
+            )));
+        }
+        (recorded, _) => recorded,
+    };
+    let data = read(&args.data, base).map_err(CliError::input)?;
+    let s = scores(&model.weights, &data);
     if args.scores {
         print_probabilities(&s);
         return Ok(());

@@ -2,9 +2,11 @@
 //!
 //! The parser works on bytes, appends to one [`Examples`] buffer (compressed sparse rows) and
 //! allocates nothing per line, so it runs at the speed of memory. Comments (`#` to the end of
-//! the line) and `qid:N` tokens are skipped. Indices are zero- or one-based: [`IndexBase`]
-//! detects which (any index 0 means zero-based) or takes it as given. Bad input is a
-//! [`DataError`] naming the file, the line, the column, what was expected and what was found.
+//! the line) and `qid:N` tokens are skipped. Indices are zero- or one-based: a job decides
+//! once, over every file it reads, which ([`IndexBase::resolve`]: any index 0 in any of them
+//! means zero-based), or takes it as given; an index 0 in a file read as one-based is an error
+//! naming its line. Bad input is a [`DataError`] naming the file, the line, the column, what
+//! was expected and what was found.
 //!
 //! ```
 //! use pserver::data::libsvm::{parse, IndexBase};
@@ -22,16 +24,104 @@ use std::path::Path;
 
 use pserver_core::MAX_KEY;
 
-/// Whether feature indices in a file count from 0 or from 1.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Whether feature indices count from 0 or from 1.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum IndexBase {
-    /// Zero-based if any index is 0, one-based otherwise (the LIBSVM convention).
+    /// Zero-based if any index of any file of the job is 0, one-based otherwise (the LIBSVM
+    /// convention).
     #[default]
     Auto,
     /// Indices count from 0 and are used as they are.
+    #[value(name = "0")]
     Zero,
     /// Indices count from 1; index `i` becomes feature `i - 1`.
+    #[value(name = "1")]
     One,
+}
+
+/// Where an index 0 was found: the file, line and column.
+pub type ZeroAt = (String, usize, usize);
+
+impl IndexBase {
+    /// The base a job reading `files` (name and text) uses: `self` unless it is `Auto`, which
+    /// becomes `Zero` if any file holds an index 0, `One` otherwise. Also returns the first
+    /// index 0 found, which explains the choice. Asked for `One`, a file holding an index 0
+    /// is an error naming its line.
+    pub fn resolve<'a>(
+        self,
+        files: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    ) -> Result<(IndexBase, Option<ZeroAt>), DataError> {
+        if self == IndexBase::Zero {
+            return Ok((IndexBase::Zero, None));
+        }
+        for (name, text) in files {
+            if let Some((line, column)) = first_index_zero(text) {
+                if self == IndexBase::One {
+                    return Err(zero_in_one_based(name, line, column));
+                }
+                return Ok((IndexBase::Zero, Some((name.to_owned(), line, column))));
+            }
+        }
+        Ok((IndexBase::One, None))
+    }
+
+    /// The number this base counts from, as a saved model records it.
+    pub fn first(self) -> Option<u8> {
+        match self {
+            IndexBase::Auto => None,
+            IndexBase::Zero => Some(0),
+            IndexBase::One => Some(1),
+        }
+    }
+}
+
+impl fmt::Display for IndexBase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IndexBase::Auto => "auto",
+            IndexBase::Zero => "0",
+            IndexBase::One => "1",
+        })
+    }
+}
+
+const ZERO_IN_ONE_BASED: &str =
+    "index 0 in a file read as one-based (give --index-base 0 if the files count from 0)";
+
+fn zero_in_one_based(name: &str, line: usize, column: usize) -> DataError {
+    DataError {
+        path: name.to_owned(),
+        line,
+        column,
+        message: ZERO_IN_ONE_BASED.into(),
+    }
+}
+
+/// The line and column (from 1) of the first index 0 in `text`, comments and `qid:` tokens
+/// aside: the same tokens the parser reads as indices.
+pub fn first_index_zero(text: &[u8]) -> Option<(usize, usize)> {
+    for (n, line) in text.split(|&b| b == b'\n').enumerate() {
+        let line = match line.iter().position(|&b| b == b'#') {
+            Some(p) => &line[..p],
+            None => line,
+        };
+        // A line without `0:` cannot hold an index 0: most lines are passed over at memchr speed.
+        if !line.windows(2).any(|w| w == b"0:") {
+            continue;
+        }
+        let tokens = Tokens { line, at: 0 }.skip(1);
+        for (col, token) in tokens {
+            if token.starts_with(b"qid:") {
+                continue;
+            }
+            if let Some(colon) = token.iter().position(|&b| b == b':')
+                && parse_u64(&token[..colon]) == Some(0)
+            {
+                return Some((n + 1, col + 1));
+            }
+        }
+    }
+    None
 }
 
 /// Examples in compressed sparse rows: labels, and per example a run of (index, value) pairs.
@@ -171,12 +261,19 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
 }
 
 /// Reads and parses the whole file at `path` (gzip-compressed if its name ends in `.gz`).
+/// `Auto` decides the base over this file alone: a job of several files decides once over
+/// all of them ([`IndexBase::resolve`]) and passes the result.
 pub fn read(path: &Path, base: IndexBase) -> Result<Examples, DataError> {
     let name = path.display().to_string();
     let text = read_bytes(path)?;
-    let examples = parse(&name, &text, base)?;
+    parse_whole(&name, &text, base)
+}
+
+/// Parses the whole file `name` (text `text`), which must hold at least one example.
+pub fn parse_whole(name: &str, text: &[u8], base: IndexBase) -> Result<Examples, DataError> {
+    let examples = parse(name, text, base)?;
     if examples.is_empty() {
-        return Err(no_examples(name));
+        return Err(no_examples(name.to_owned()));
     }
     Ok(examples)
 }
@@ -201,40 +298,46 @@ pub fn no_examples(name: String) -> DataError {
     }
 }
 
-/// Parses `text` (named `name` in errors).
+/// Parses `text` (named `name` in errors); `Auto` decides the base over `text` alone.
 pub fn parse(name: &str, text: &[u8], base: IndexBase) -> Result<Examples, DataError> {
+    parse_lines(name, text, base, 0)
+}
+
+/// Parses `text`, a part of the file `name` that starts after its first `lines_before`
+/// lines, so that errors name the line of the whole file.
+pub fn parse_lines(
+    name: &str,
+    text: &[u8],
+    base: IndexBase,
+    lines_before: usize,
+) -> Result<Examples, DataError> {
+    // Only `Auto` needs a first pass; under `One` the parser itself refuses an index 0.
+    let one_based = match base {
+        IndexBase::Auto => first_index_zero(text).is_none(),
+        IndexBase::Zero => false,
+        IndexBase::One => true,
+    };
     let mut out = Examples::new();
     // A rough guess that avoids most regrowth: one pair per 8 bytes.
     out.indices.reserve(text.len() / 8);
     out.values.reserve(text.len() / 8);
-    let mut saw_zero = false;
     for (n, line) in text.split(|&b| b == b'\n').enumerate() {
-        parse_line(line, &mut out, &mut saw_zero).map_err(|(column, message)| DataError {
+        parse_line(line, &mut out, one_based).map_err(|(column, message)| DataError {
             path: name.to_owned(),
-            line: n + 1,
+            line: lines_before + n + 1,
             column: column + 1,
             message,
         })?;
     }
-    let one_based = match base {
-        IndexBase::Auto => !saw_zero,
-        IndexBase::Zero => false,
-        IndexBase::One if saw_zero => {
-            return Err(DataError {
-                path: name.to_owned(),
-                line: 0,
-                column: 0,
-                message: "index 0 in a file read as one-based".into(),
-            });
-        }
-        IndexBase::One => true,
-    };
-    if one_based {
-        for i in &mut out.indices {
-            *i -= 1;
-        }
-    }
     Ok(out)
+}
+
+/// The lines of `text` before byte `at`.
+pub fn lines_before(text: &[u8], at: usize) -> usize {
+    text[..at.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
 }
 
 type LineError = (usize, String);
@@ -252,7 +355,7 @@ fn found(token: &[u8]) -> String {
 }
 
 /// Appends the example on `line` (if any) to `out`. Errors carry the 0-based column.
-fn parse_line(line: &[u8], out: &mut Examples, saw_zero: &mut bool) -> Result<(), LineError> {
+fn parse_line(line: &[u8], out: &mut Examples, one_based: bool) -> Result<(), LineError> {
     let line = match line.iter().position(|&b| b == b'#') {
         Some(p) => &line[..p],
         None => line,
@@ -323,7 +426,11 @@ fn parse_line(line: &[u8], out: &mut Examples, saw_zero: &mut bool) -> Result<()
             Ok(v) => v,
             Err(e) => return Err(rollback(out, start, e.0, e.1)),
         };
-        *saw_zero |= index == 0;
+        let index = match (one_based, index) {
+            (false, i) => i,
+            (true, 0) => return Err(rollback(out, start, col, ZERO_IN_ONE_BASED.into())),
+            (true, i) => i - 1,
+        };
         out.indices.push(index);
         out.values.push(value);
     }
@@ -426,6 +533,37 @@ mod tests {
         assert_eq!(ex.row(0).0, &[1, 4]);
         let e = parse("t", b"1 0:1\n", IndexBase::One).unwrap_err();
         assert!(e.to_string().contains("index 0"), "{e}");
+    }
+
+    #[test]
+    fn one_base_is_decided_over_every_file_of_a_job() {
+        let with_zero: &[u8] = b"1 0:1 3:1\n";
+        let without: &[u8] = b"# 0:1 in a comment\n0 qid:0 2:1 5:1\n";
+        let (base, why) = IndexBase::Auto
+            .resolve([("train", with_zero), ("test", without)])
+            .unwrap();
+        assert_eq!((base, why), (IndexBase::Zero, Some(("train".into(), 1, 3))));
+        let (base, _) = IndexBase::Auto.resolve([("test", without)]).unwrap();
+        assert_eq!(base, IndexBase::One);
+        let e = IndexBase::One
+            .resolve([("test", without), ("train", with_zero)])
+            .unwrap_err();
+        assert_eq!((e.path.as_str(), e.line, e.column), ("train", 1, 3));
+        // Read with the job's base, the file without index 0 keeps its indices.
+        assert_eq!(
+            parse("test", without, IndexBase::Zero).unwrap().row(0).0,
+            &[2, 5]
+        );
+    }
+
+    #[test]
+    fn index_zero_in_a_one_based_file_names_its_line_in_the_whole_file() {
+        let e = parse_lines("big.svm", b"1 2:1\n0 0:1\n", IndexBase::One, 40).unwrap_err();
+        assert_eq!((e.line, e.column), (42, 3), "{e}");
+        assert!(e.message.contains("index 0"), "{e}");
+        assert_eq!(lines_before(b"a\nb\nc", 4), 2);
+        assert_eq!(first_index_zero(b"1 1:1\n1 00:1\n"), Some((2, 3)));
+        assert_eq!(first_index_zero(b"0 1:0 10:1 20:0\n"), None);
     }
 
     #[test]

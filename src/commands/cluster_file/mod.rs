@@ -39,8 +39,9 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::script::Script;
-use crate::apps::lr::{LrConfig, Wire};
-use raw::{App, Raw, RawJob, RawNode, RawRing};
+use crate::apps::lr::{Keep, LrConfig, Wire};
+use crate::data::libsvm::IndexBase;
+use raw::{App, Raw, RawBase, RawJob, RawNode, RawRing};
 
 /// The environment variable that may carry the secret instead of a file.
 pub const SECRET_ENV: &str = "PSERVER_SECRET";
@@ -111,6 +112,8 @@ pub struct LrJob {
     pub data: PathBuf,
     /// Test data, measured by the first worker after every epoch.
     pub test: Option<PathBuf>,
+    /// How every file of the job counts its feature indices.
+    pub index_base: IndexBase,
     /// How to train.
     pub cfg: crate::apps::lr::LrConfig,
 }
@@ -434,20 +437,47 @@ fn job(job: RawJob, spec: &mut ClusterSpec, origin: &Origin<'_>) -> Result<Job, 
             ));
         }
     }
+    let index_base = match &job.index_base {
+        RawBase::Number(0) => IndexBase::Zero,
+        RawBase::Number(1) => IndexBase::One,
+        RawBase::Name(name) if name == "0" => IndexBase::Zero,
+        RawBase::Name(name) if name == "1" => IndexBase::One,
+        RawBase::Name(name) if name == "auto" => IndexBase::Auto,
+        other => {
+            let shown = match other {
+                RawBase::Number(n) => n.to_string(),
+                RawBase::Name(s) => format!("\"{s}\""),
+            };
+            return Err(origin.invalid(
+                "job.index_base",
+                format!("{shown} is not an index base: expected 0, 1 or \"auto\""),
+            ));
+        }
+    };
     spec.job.updater = Updater::FtrlProximal {
         alpha: job.alpha,
         beta: 1.0,
         l1: job.l1,
         l2: job.l2,
     };
+    let cfg = LrConfig {
+        job: spec.job.clone(),
+        epochs: job.epochs,
+        batch: job.batch,
+        transport: Wire::Tcp,
+        bias: job.bias,
+        shuffle: job.shuffle,
+        seed: job.seed,
+        keep: Keep::Best,
+        early_stop: None,
+    }
+    .with_bias(job.bias);
+    // The servers are built from `spec`: they must know the intercept's key too.
+    spec.job = cfg.job.clone();
     Ok(Job::Lr(Box::new(LrJob {
         data,
         test: job.test.map(|f| origin.relative(f)),
-        cfg: LrConfig {
-            job: spec.job.clone(),
-            epochs: job.epochs,
-            batch: job.batch,
-            transport: Wire::Tcp,
-        },
+        index_base,
+        cfg,
     })))
 }

@@ -80,6 +80,32 @@ pub(super) struct RawJob {
     pub(super) l1: f64,
     #[serde(default = "default_l2")]
     pub(super) l2: f64,
+    #[serde(default = "yes")]
+    pub(super) bias: bool,
+    #[serde(default = "yes")]
+    pub(super) shuffle: bool,
+    #[serde(default)]
+    pub(super) seed: u64,
+    #[serde(default)]
+    pub(super) index_base: RawBase,
+}
+
+/// `index_base`: `0`, `1` or `"auto"` (numbers written as strings are taken too).
+#[derive(Debug, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub(super) enum RawBase {
+    Number(i64),
+    Name(String),
+}
+
+impl Default for RawBase {
+    fn default() -> Self {
+        RawBase::Name("auto".into())
+    }
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// What the workers of a cluster run (`app` of the `[job]` table).
@@ -166,6 +192,10 @@ impl Default for RawJob {
             alpha: default_alpha(),
             l1: default_l1(),
             l2: default_l2(),
+            bias: true,
+            shuffle: true,
+            seed: 0,
+            index_base: RawBase::default(),
         }
     }
 }

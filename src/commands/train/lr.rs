@@ -1,19 +1,21 @@
 //! `pserver train lr`: sparse logistic regression on LIBSVM data, once per consistency model.
 
 use std::cell::Cell;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use indicatif::ProgressBar;
+use indicatif::{ProgressBar, ProgressStyle};
 use pserver_core::{Consistency, JobSpec, Updater};
 use tokio::runtime::Runtime;
 
 use super::NodesArgs;
-use crate::apps::lr::{LrConfig, Trained, Wire, save_model, train_local_until};
+use crate::apps::lr::{Keep, LrConfig, RowsTrained, Trained, Wire, save_model, train_local_until};
 use crate::apps::plot::{Curve, write_svg};
 use crate::commands::parse::{at_least_one, non_negative_finite, positive_finite};
 use crate::commands::signals::{self, Stop};
 use crate::commands::{CliError, runtime};
-use crate::data::libsvm::{Examples, IndexBase, read};
+use crate::data::libsvm::{Examples, IndexBase, parse_whole, read_bytes};
 
 /// Train sparse logistic regression on LIBSVM data (the default application).
 ///
@@ -58,6 +60,28 @@ pub struct LrArgs {
     transport: Transport,
     #[command(flatten)]
     rule: RuleArgs,
+    /// Train without an intercept. By default the model has one: the weight of a constant
+    /// feature every row holds, exempt from regularization (as liblinear's -B 1).
+    #[arg(long)]
+    no_bias: bool,
+    /// How the data files count their feature indices: 0, 1, or auto (zero-based if any index
+    /// of the training or test file is 0, one-based otherwise). Decided once for both files
+    /// and saved with the model; an index 0 in a file read as one-based is an error.
+    #[arg(long, value_enum, default_value = "auto")]
+    index_base: IndexBase,
+    /// Visit each worker's rows in file order, instead of an order drawn afresh every epoch
+    /// from --seed.
+    #[arg(long)]
+    no_shuffle: bool,
+    /// Seed of the order rows are visited in.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Which epoch's model --save writes: best (lowest test log loss) or last.
+    #[arg(long, value_enum, default_value = "best")]
+    keep: Keep,
+    /// Stop after N epochs in a row without a lower test log loss.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    early_stop: Option<u32>,
 }
 
 /// The servers' update rule and its rates; each rate belongs to some rules only, and giving
@@ -151,23 +175,29 @@ enum UpdateRule {
 /// and saves the model asked for. Ctrl-C or SIGTERM keeps the epochs finished so far (exit
 /// status 130 or 143).
 pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
-    let load = |p: &Path| read(p, IndexBase::Auto);
-    let (train, test) = match (load(&args.data), load(&args.test)) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => return Err(CliError::input(e)),
-    };
+    // Options first: a mistake in them is reported before a large file is read.
+    let configs = args
+        .consistency
+        .iter()
+        .map(|&c| Ok((c, config(args, c)?)))
+        .collect::<Result<Vec<_>, CliError>>()?;
+    let (train, test, base) = load(args)?;
     let rt = runtime()?;
     let mut runs = Vec::new();
     let mut stopped = None;
-    for &consistency in &args.consistency {
-        let cfg = config(args, consistency)?;
+    for (consistency, cfg) in configs {
         eprintln!(
-            "train: {} rows, test: {} rows, {} servers, {} workers, {}",
+            "train: {} rows, test: {} rows, {} servers, {} workers, {}, {}",
             train.len(),
             test.len(),
             cfg.job.servers,
             cfg.job.workers,
-            cfg.job.consistency
+            cfg.job.consistency,
+            if cfg.bias {
+                "intercept"
+            } else {
+                "no intercept"
+            }
         );
         // With several runs, each line says which one it belongs to.
         let prefix = if args.consistency.len() > 1 {
@@ -176,6 +206,12 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
             String::new()
         };
         let (trained, stop) = train_until_stopped(&rt, &cfg, &train, &test, &prefix)?;
+        if let Some(after) = trained.stopped_early {
+            eprintln!(
+                "{prefix}early stop after epoch {after}: no lower test log loss since epoch {}",
+                trained.kept_epoch
+            );
+        }
         runs.push((consistency, trained));
         if let Some(stop) = stop {
             eprintln!("{}: keeping the epochs finished so far", stop.word());
@@ -187,7 +223,7 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
         plot(path, &runs)?;
     }
     if let (Some(path), Some((_, trained))) = (&args.save, runs.last()) {
-        save(path, trained)?;
+        save(path, trained, base)?;
     }
     match stopped {
         None => Ok(()),
@@ -196,12 +232,39 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
     }
 }
 
+/// Reads the training and test files, with one index base decided over both.
+fn load(args: &LrArgs) -> Result<(Examples, Examples, IndexBase), CliError> {
+    let (train_name, test_name) = (
+        args.data.display().to_string(),
+        args.test.display().to_string(),
+    );
+    let train_text = read_bytes(&args.data).map_err(CliError::input)?;
+    let test_text = read_bytes(&args.test).map_err(CliError::input)?;
+    let files = [
+        (train_name.as_str(), &train_text[..]),
+        (test_name.as_str(), &test_text[..]),
+    ];
+    let (base, zero) = args.index_base.resolve(files).map_err(CliError::input)?;
+    let train = parse_whole(&train_name, &train_text, base).map_err(CliError::input)?;
+    let test = parse_whole(&test_name, &test_text, base).map_err(CliError::input)?;
+    match (args.index_base, zero) {
+        (IndexBase::Auto, Some((file, line, column))) => {
+            eprintln!("index base 0: index 0 at {file}:{line}:{column}")
+        }
+        (IndexBase::Auto, None) => eprintln!(
+            "index base 1: no index 0 in {train_name} or {test_name} (give --index-base 0 if they count from 0)"
+        ),
+        _ => {}
+    }
+    Ok((train, test, base))
+}
+
 /// The training configuration the arguments give for one consistency model.
 fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError> {
     let mut job = JobSpec::new(args.nodes.servers as usize, args.nodes.workers as usize);
     job.consistency = consistency;
     job.updater = args.rule.updater()?;
-    Ok(LrConfig {
+    let cfg = LrConfig {
         job,
         epochs: args.epochs,
         batch: args.batch,
@@ -209,12 +272,21 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
             Transport::Mem => Wire::Mem,
             Transport::Tcp => Wire::Tcp,
         },
-    })
+        bias: !args.no_bias,
+        shuffle: !args.no_shuffle,
+        seed: args.seed,
+        keep: args.keep,
+        early_stop: args.early_stop,
+    };
+    Ok(cfg.with_bias(!args.no_bias))
 }
 
-/// One training run, a line per epoch (each starting with `prefix`) and a progress bar;
-/// Ctrl-C or SIGTERM ends it early. Returns what was trained and the signal that ended it, if
-/// one did.
+/// How often a run without a terminal prints a progress line.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// One training run, a line per epoch (each starting with `prefix`) and a progress bar on a
+/// terminal, or a progress line every few seconds without one; Ctrl-C or SIGTERM ends it
+/// early. Returns what was trained and the signal that ended it, if one did.
 fn train_until_stopped(
     rt: &Runtime,
     cfg: &LrConfig,
@@ -222,19 +294,58 @@ fn train_until_stopped(
     test: &Examples,
     prefix: &str,
 ) -> Result<(Trained, Option<Stop>), CliError> {
-    let bar = ProgressBar::new(u64::from(cfg.epochs));
+    let total = train.len() as u64 * u64::from(cfg.epochs);
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{bar:40} epoch {msg} {human_pos}/{human_len} rows {per_sec} {elapsed}",
+    ) {
+        bar.set_style(style);
+    }
+    bar.set_message("1");
+    let terminal = std::io::stderr().is_terminal();
+    let counter = RowsTrained::default();
     // The training future runs on this thread (block_on), so a Cell is enough.
     let stopped = Cell::new(None);
     let stop = async { stopped.set(Some(signals::stop_requested().await)) };
-    let result = rt.block_on(train_local_until(cfg, train.clone(), test.clone(), |r| {
-        bar.suspend(|| {
+    let began = Instant::now();
+    let training = train_local_until(
+        cfg,
+        train.clone(),
+        test.clone(),
+        &counter,
+        |r| {
+            bar.suspend(|| {
             println!(
-                "{prefix}iter={} train_logloss={:.4} test_logloss={:.4} test_auc={:.4} nnz={} secs={:.2} bytes={}",
-                r.epoch, r.train_logloss, r.test_logloss, r.test_auc, r.nnz, r.secs, r.bytes_sent
+                "{prefix}iter={} train_logloss={:.4} test_logloss={:.4} test_auc={:.4} nnz={} rows_per_sec={:.0} secs={:.2} bytes={}",
+                r.epoch, r.train_logloss, r.test_logloss, r.test_auc, r.nnz, r.rows_per_sec(), r.secs, r.bytes_sent
             )
         });
-        bar.inc(1);
-    }, stop));
+            bar.set_message((r.epoch + 1).min(cfg.epochs).to_string());
+        },
+        stop,
+    );
+    let progress = async {
+        let mut ticks =
+            tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+        loop {
+            ticks.tick().await;
+            let rows = counter.get();
+            bar.set_position(rows);
+            if !terminal {
+                let secs = began.elapsed().as_secs_f64();
+                eprintln!(
+                    "{prefix}progress rows={rows}/{total} rows_per_sec={:.0} secs={secs:.0}",
+                    rows as f64 / secs.max(1e-9)
+                );
+            }
+        }
+    };
+    let result = rt.block_on(async {
+        tokio::select! {
+            result = training => result,
+            never = progress => never,
+        }
+    });
     bar.finish_and_clear();
     let trained = result.map_err(CliError::failed)?;
     Ok((trained, stopped.get()))
@@ -254,10 +365,16 @@ fn plot(path: &Path, runs: &[(Consistency, Trained)]) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Saves the trained model for `pserver predict`.
-fn save(path: &Path, trained: &Trained) -> Result<(), CliError> {
-    save_model(path, &trained.model).map_err(CliError::Input)?;
+/// Saves the trained model, with the index base its data was read with, for `pserver
+/// predict`.
+fn save(path: &Path, trained: &Trained, base: IndexBase) -> Result<(), CliError> {
+    save_model(path, &trained.model, base).map_err(CliError::Input)?;
     let nonzero = trained.model.values().iter().filter(|w| **w != 0.0).count();
-    eprintln!("model: {} ({nonzero} non-zero weights)", path.display());
+    eprintln!(
+        "model: {} (epoch {} of {}, {nonzero} non-zero weights, index base {base})",
+        path.display(),
+        trained.kept_epoch,
+        trained.reports.len()
+    );
     Ok(())
 }
