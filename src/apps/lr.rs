@@ -369,13 +369,12 @@ pub async fn run_shares(
             }
             held = shares;
             for &share in &held {
-                if !orders.contains_key(&share) {
-                    let (data, mine) = rows_of(share)?;
-                    let order = visiting_order(cfg, share, epoch, mine);
-                    orders.insert(share, (data, order));
-                }
-                let Some((data, order)) = orders.get(&share) else {
-                    continue;
+                let (data, order) = match orders.entry(share) {
+                    std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::btree_map::Entry::Vacant(e) => {
+                        let (data, mine) = rows_of(share)?;
+                        e.insert((data, visiting_order(cfg, share, epoch, mine)))
+                    }
                 };
                 let from = (step * batch).min(order.len());
                 let rows = &order[from..(from + batch).min(order.len())];

@@ -36,7 +36,7 @@ pub struct TrainArgs {
 /// arguments' own.
 #[derive(clap::Subcommand, Debug)]
 enum App {
-    Lr(LrArgs),
+    Lr(Box<LrArgs>),
     Mf(MfArgs),
     Sketch(SketchArgs),
 }
