@@ -82,6 +82,9 @@ pub struct LrArgs {
     /// Stop after N epochs in a row without a lower test log loss.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     early_stop: Option<u32>,
+    /// Without a terminal, print a progress line (rows trained, rows/s) this often.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0, value_parser = positive_finite, allow_negative_numbers = true)]
+    progress_every: f64,
 }
 
 /// The servers' update rule and its rates; each rate belongs to some rules only, and giving
@@ -205,7 +208,8 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
         } else {
             String::new()
         };
-        let (trained, stop) = train_until_stopped(&rt, &cfg, &train, &test, &prefix)?;
+        let every = Duration::from_secs_f64(args.progress_every);
+        let (trained, stop) = train_until_stopped(&rt, &cfg, (&train, &test), &prefix, every)?;
         if let Some(after) = trained.stopped_early {
             eprintln!(
                 "{prefix}early stop after epoch {after}: no lower test log loss since epoch {}",
@@ -281,18 +285,15 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
     Ok(cfg.with_bias(!args.no_bias))
 }
 
-/// How often a run without a terminal prints a progress line.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
-
 /// One training run, a line per epoch (each starting with `prefix`) and a progress bar on a
 /// terminal, or a progress line every few seconds without one; Ctrl-C or SIGTERM ends it
 /// early. Returns what was trained and the signal that ended it, if one did.
 fn train_until_stopped(
     rt: &Runtime,
     cfg: &LrConfig,
-    train: &Examples,
-    test: &Examples,
+    (train, test): (&Examples, &Examples),
     prefix: &str,
+    every: Duration,
 ) -> Result<(Trained, Option<Stop>), CliError> {
     let total = train.len() as u64 * u64::from(cfg.epochs);
     let bar = ProgressBar::new(total);
@@ -325,8 +326,7 @@ fn train_until_stopped(
         stop,
     );
     let progress = async {
-        let mut ticks =
-            tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         loop {
             ticks.tick().await;
             let rows = counter.get();

@@ -1,0 +1,368 @@
+//! `pserver train` and `pserver predict` on a user's own files: the intercept, the index base,
+//! the visiting order and how a run ends. Each test writes its data to a directory of its
+//! own and runs the binary as a user would.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+
+fn pserver() -> Command {
+    Command::cargo_bin("pserver").unwrap()
+}
+
+/// A fresh directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pserver-lr-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Runs pserver, expecting success; returns stdout and stderr.
+fn run_ok(args: &[&str]) -> (String, String) {
+    let out = pserver().args(args).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    );
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    (stdout, stderr)
+}
+
+/// The value of `key=` in `line`.
+fn field(line: &str, key: &str) -> f64 {
+    let prefix = format!("{key}=");
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {key}= in {line}"))
+        .parse()
+        .unwrap()
+}
+
+/// The epoch lines of a training run's output.
+fn epochs(stdout: &str) -> Vec<&str> {
+    stdout.lines().filter(|l| l.starts_with("iter=")).collect()
+}
+
+/// A seeded pseudo-random number in [0, 1).
+fn unit(seed: u64) -> f64 {
+    let mut x = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((x ^ (x >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// `rows` rows whose label is positive with probability 0.8 whatever the features, which are
+/// noise: the best a model can do is learn the base rate, through its intercept.
+fn base_rate_file(path: &Path, rows: u64, seed: u64) {
+    let text: String = (0..rows)
+        .map(|r| {
+            let label = u8::from(unit(seed ^ (r * 2)) < 0.8);
+            let feature = 1 + (unit(seed ^ (r * 2 + 1)) * 50.0) as u64;
+            format!("{label} {feature}:1\n")
+        })
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn the_intercept_is_unregularized_saved_with_the_model_and_used_by_predict() {
+    let dir = scratch("intercept");
+    let (train, test, model) = (dir.join("train.svm"), dir.join("test.svm"), dir.join("m"));
+    base_rate_file(&train, 2000, 1);
+    base_rate_file(&test, 1000, 2);
+    // An L1 this strong keeps every regularized weight at exactly zero: only an exempt
+    // intercept can learn the base rate.
+    let common = [
+        "train",
+        "--data",
+        s(&train),
+        "--test",
+        s(&test),
+        "--epochs",
+        "3",
+        "--l1",
+        "1000000",
+        "--workers",
+        "2",
+    ];
+    let (with, _) = run_ok(&[&common[..], &["--save", s(&model)]].concat());
+    let (without, _) = run_ok(&[&common[..], &["--no-bias"]].concat());
+    let loss = |out: &str| field(epochs(out).last().unwrap(), "test_logloss");
+    // The entropy of a 0.8 coin is 0.500 nats; a model without intercept predicts 0.5 (0.693).
+    assert!(loss(&with) < 0.53, "{with}");
+    assert!(
+        (loss(&without) - std::f64::consts::LN_2).abs() < 1e-3,
+        "{without}"
+    );
+    assert_eq!(field(epochs(&with).last().unwrap(), "nnz"), 1.0, "{with}");
+    let (predicted, _) = run_ok(&["predict", "--model", s(&model), "--data", s(&test)]);
+    assert_eq!(field(&predicted, "logloss"), loss(&with), "{predicted}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Rows whose label is decided by feature `0` or `1` (zero-based): with the indices shifted
+/// by one, the model reads the wrong feature.
+fn zero_based_file(path: &Path, rows: u64, seed: u64, with_index_zero: bool) {
+    let text: String = (0..rows)
+        .map(|r| {
+            let positive = unit(seed ^ r) < 0.5;
+            let noise = 2 + (unit(seed ^ ((r + 1) << 20)) * 20.0) as u64;
+            match (positive, with_index_zero) {
+                (true, _) => format!("1 1:1 {noise}:1\n"),
+                (false, true) => format!("0 0:1 {noise}:1\n"),
+                // Without its index-0 feature: the file holds no index 0 at all.
+                (false, false) => format!("0 {noise}:1\n"),
+            }
+        })
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn a_zero_based_file_without_index_zero_reads_the_same_as_with_it() {
+    let dir = scratch("base");
+    let train = dir.join("train.svm");
+    let (test, test0) = (dir.join("test.svm"), dir.join("test0.svm"));
+    let model = dir.join("m");
+    zero_based_file(&train, 2000, 3, true);
+    // Two spellings of the same zero-based rows: without any index 0, and with a `0:0` that
+    // changes nothing but betrays the base.
+    zero_based_file(&test, 500, 4, false);
+    let text = std::fs::read_to_string(&test).unwrap();
+    let (first, rest) = text.split_once('\n').unwrap();
+    let (label, features) = first.split_once(' ').unwrap();
+    std::fs::write(&test0, format!("{label} 0:0 {features}\n{rest}")).unwrap();
+    let (trained, err) = run_ok(&[
+        "train",
+        "--data",
+        s(&train),
+        "--test",
+        s(&test),
+        "--epochs",
+        "2",
+        "--save",
+        s(&model),
+    ]);
+    assert!(err.contains("index base 0: index 0 at"), "{err}");
+    let auc = |data: &Path| {
+        let (out, _) = run_ok(&["predict", "--model", s(&model), "--data", s(data)]);
+        field(&out, "auc")
+    };
+    let trained_auc = field(epochs(&trained).last().unwrap(), "test_auc");
+    assert!(trained_auc > 0.9, "{trained}");
+    assert_eq!(auc(&test), auc(&test0));
+    assert_eq!(auc(&test), trained_auc);
+    // Told the files count from 1, the run stops at the first index 0, naming its line.
+    let out = pserver()
+        .args([
+            "train",
+            "--data",
+            s(&train),
+            "--test",
+            s(&test),
+            "--index-base",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let first_zero = std::fs::read_to_string(&train)
+        .unwrap()
+        .lines()
+        .position(|l| l.contains(" 0:"))
+        .unwrap();
+    assert!(
+        err.contains(&format!("train.svm:{}:", first_zero + 1)) && err.contains("index 0"),
+        "{err}"
+    );
+    // predict refuses a base that contradicts the model's.
+    let out = pserver()
+        .args(["predict", "--model", s(&model), "--data", s(&test)])
+        .args(["--index-base", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A small training set with many features and no regularization: the test log loss
+/// reaches its lowest after a few epochs and then rises.
+fn overfitting(dir: &Path) -> (PathBuf, PathBuf) {
+    let (train, test) = (dir.join("train.svm"), dir.join("test.svm"));
+    run_ok(&[
+        "gen",
+        "--rows",
+        "300",
+        "--features",
+        "3000",
+        "--out",
+        s(&train),
+    ]);
+    run_ok(&[
+        "gen",
+        "--rows",
+        "2000",
+        "--features",
+        "3000",
+        "--first-row",
+        "300",
+        "--out",
+        s(&test),
+    ]);
+    (train, test)
+}
+
+const OVERFIT: [&str; 12] = [
+    "--alpha",
+    "3",
+    "--l1",
+    "0",
+    "--l2",
+    "0",
+    "--workers",
+    "1",
+    "--servers",
+    "1",
+    "--seed",
+    "7",
+];
+
+#[test]
+fn save_keeps_the_epoch_with_the_lowest_test_logloss_unless_told_to_keep_the_last() {
+    let dir = scratch("keep");
+    let (train, test) = overfitting(&dir);
+    let (best, last) = (dir.join("best"), dir.join("last"));
+    let args = [
+        "train",
+        "--data",
+        s(&train),
+        "--test",
+        s(&test),
+        "--epochs",
+        "12",
+    ];
+    let (out, _) = run_ok(&[&args[..], &OVERFIT, &["--save", s(&best)]].concat());
+    run_ok(&[&args[..], &OVERFIT, &["--save", s(&last), "--keep", "last"]].concat());
+    let losses: Vec<f64> = epochs(&out)
+        .iter()
+        .map(|l| field(l, "test_logloss"))
+        .collect();
+    let lowest = losses.iter().copied().fold(f64::INFINITY, f64::min);
+    let final_loss = *losses.last().unwrap();
+    assert!(
+        final_loss > lowest + 0.01,
+        "the run does not overfit: {out}"
+    );
+    let predicted = |model: &Path| {
+        let (out, _) = run_ok(&["predict", "--model", s(model), "--data", s(&test)]);
+        field(&out, "logloss")
+    };
+    assert_eq!(predicted(&best), lowest, "{out}");
+    assert_eq!(predicted(&last), final_loss, "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn early_stop_ends_the_run_n_epochs_after_the_best_one() {
+    let dir = scratch("early");
+    let (train, test) = overfitting(&dir);
+    let args = [
+        "train",
+        "--data",
+        s(&train),
+        "--test",
+        s(&test),
+        "--epochs",
+        "50",
+    ];
+    let (out, err) = run_ok(&[&args[..], &OVERFIT, &["--early-stop", "2"]].concat());
+    let losses: Vec<f64> = epochs(&out)
+        .iter()
+        .map(|l| field(l, "test_logloss"))
+        .collect();
+    let best = losses
+        .iter()
+        .enumerate()
+        .fold(
+            (0, f64::INFINITY),
+            |b, (i, &l)| if l < b.1 { (i, l) } else { b },
+        )
+        .0;
+    assert_eq!(losses.len(), best + 1 + 2, "{out}");
+    assert!(losses.len() < 50);
+    assert!(err.contains("early stop after epoch"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_file_sorted_by_label_trains_within_0_003_of_the_same_file_shuffled() {
+    let dir = scratch("sorted");
+    let adult = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/adult");
+    let text = pserver::data::libsvm::read_bytes(&adult.join("adult.train.svm.gz")).unwrap();
+    let text = String::from_utf8(text).unwrap();
+    let mut sorted: Vec<&str> = text.lines().collect();
+    sorted.sort_by_key(|l| l.split_whitespace().next().map(str::to_owned));
+    let (original, by_label) = (dir.join("original.svm"), dir.join("sorted.svm"));
+    std::fs::write(&original, &text).unwrap();
+    std::fs::write(&by_label, sorted.join("\n") + "\n").unwrap();
+    let test = adult.join("adult.test.svm.gz");
+    let auc = |data: &Path, extra: &[&str]| {
+        let args = [
+            "train",
+            "--data",
+            s(data),
+            "--test",
+            s(&test),
+            "--workers",
+            "1",
+        ];
+        let (out, _) = run_ok(&[&args[..], &["--epochs", "2"], extra].concat());
+        field(epochs(&out).last().unwrap(), "test_auc")
+    };
+    let (shuffled, sorted_shuffled) = (auc(&original, &[]), auc(&by_label, &[]));
+    assert!(
+        (shuffled - sorted_shuffled).abs() <= 0.003,
+        "{shuffled} {sorted_shuffled}"
+    );
+    // What the shuffle saves: in file order, one label's rows come all at once.
+    let in_file_order = auc(&by_label, &["--no-shuffle"]);
+    assert!(
+        in_file_order < shuffled - 0.02,
+        "{in_file_order} {shuffled}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn without_a_terminal_progress_lines_and_epoch_lines_carry_rows_per_second() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command as Process, Stdio};
+    let mut child = Process::new(assert_cmd::cargo::cargo_bin("pserver"))
+        .args(["train", "--epochs", "100000", "--progress-every", "0.05"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kept open until the end: a closed pipe would end the run at its next progress line.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let progress = stderr
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("progress "));
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let epoch = stdout.next().and_then(Result::ok);
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(stderr);
+    let progress = progress.expect("a progress line before the run ends");
+    assert!(field(&progress, "rows_per_sec") > 0.0, "{progress}");
+    assert!(progress.contains(" rows="), "{progress}");
+    let epoch = epoch.expect("an epoch line");
+    assert!(field(&epoch, "rows_per_sec") > 0.0, "{epoch}");
+}
