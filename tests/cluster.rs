@@ -502,10 +502,22 @@ fn a_bad_cluster_file_a_port_in_use_or_no_coordinator_is_one_line_and_status_2()
 /// Writes a logistic-regression cluster into `dir` (a slice of the shipped data, one server,
 /// `workers` workers, `epochs` epochs) and returns its cluster file and the nodes' roles.
 fn lr_cluster(dir: &Path, workers: usize, epochs: u32) -> (String, Vec<&'static str>) {
+    lr_cluster_with(dir, workers, epochs, "", |_| {})
+}
+
+/// [`lr_cluster`], with `job` added to the `[job]` table and the training rows put in the
+/// order `arrange` leaves them.
+fn lr_cluster_with(
+    dir: &Path,
+    workers: usize,
+    epochs: u32,
+    job: &str,
+    arrange: impl FnOnce(&mut Vec<String>),
+) -> (String, Vec<&'static str>) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("secret.key"), "lr-secret\n").unwrap();
     let adult = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/adult");
-    let lines = |name: &str, n: usize| -> String {
+    let lines = |name: &str, n: usize| -> Vec<String> {
         let bytes = pserver::data::libsvm::read_bytes(&adult.join(name)).unwrap();
         String::from_utf8(bytes)
             .unwrap()
@@ -514,13 +526,19 @@ fn lr_cluster(dir: &Path, workers: usize, epochs: u32) -> (String, Vec<&'static 
             .map(|l| format!("{l}\n"))
             .collect()
     };
-    std::fs::write(dir.join("train.svm"), lines("adult.train.svm.gz", LR_ROWS)).unwrap();
-    std::fs::write(dir.join("test.svm"), lines("adult.test.svm.gz", 1_500)).unwrap();
+    let mut train = lines("adult.train.svm.gz", LR_ROWS);
+    arrange(&mut train);
+    std::fs::write(dir.join("train.svm"), train.concat()).unwrap();
+    std::fs::write(
+        dir.join("test.svm"),
+        lines("adult.test.svm.gz", 1_500).concat(),
+    )
+    .unwrap();
     let mut roles = vec!["coordinator", "server"];
     roles.extend(std::iter::repeat_n("worker", workers));
     let ports: Vec<u16> = roles.iter().map(|_| free_port()).collect();
     let mut text = format!(
-        "cluster_id = \"lr\"\nconsistency = \"bounded:2\"\nsecret_file = \"secret.key\"\n\n[job]\napp = \"lr\"\ndata = \"train.svm\"\ntest = \"test.svm\"\nepochs = {epochs}\n"
+        "cluster_id = \"lr\"\nconsistency = \"bounded:2\"\nsecret_file = \"secret.key\"\n\n[job]\napp = \"lr\"\ndata = \"train.svm\"\ntest = \"test.svm\"\nepochs = {epochs}\n{job}"
     );
     for (id, (port, role)) in ports.iter().zip(&roles).enumerate() {
         text +=
@@ -708,5 +726,132 @@ fn separate_processes_over_udp_end_with_exactly_what_the_workers_pushed() {
     }
     let workers = (SERVERS + 1..=SERVERS + WORKERS).map(NodeId);
     assert_eq!(summed_dumps(&dumps), expected_totals(ITERATIONS, workers));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Starts every node of the cluster file `config`, in order.
+fn start_all(config: &str, roles: &[&str]) -> Children {
+    let mut children = Children(Vec::new());
+    for (id, role) in roles.iter().enumerate() {
+        let child = pserver(&[role, "--config", config, "--id", &id.to_string()])
+            .env("RUST_LOG", if *role == "worker" { "info" } else { "warn" })
+            .spawn()
+            .expect("start a node");
+        children.0.push((format!("{role} {id}"), child));
+    }
+    children
+}
+
+#[test]
+fn the_cluster_job_trains_every_row_of_a_skewed_share_and_saves_the_best_epoch() {
+    const EPOCHS: u32 = 3;
+    let dir = std::env::temp_dir().join(format!("pserver-lr-skewed-{}", std::process::id()));
+    // The second half's values spelt out at length: cut by bytes, the first worker's share
+    // holds far more rows than the second's.
+    let (config, roles) = lr_cluster_with(&dir, 2, EPOCHS, "save = \"model.bin\"\n", |rows| {
+        let half = rows.len() / 2;
+        for row in &mut rows[half..] {
+            *row = row.replace(":1", ":1.000000000000");
+        }
+    });
+    let mut children = start_all(&config, &roles);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut outputs = Vec::new();
+    for (name, mut child) in children.0.drain(2..) {
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{name}: {}", text_of(&out.stderr));
+        outputs.push(text_of(&out.stdout));
+    }
+    let text = std::fs::read(dir.join("train.svm")).unwrap();
+    for (w, out) in outputs.iter().enumerate() {
+        let share = pserver::data::libsvm::shard(&text, w, 2);
+        let share_rows = pserver::data::libsvm::count_rows(&text[share]);
+        let rows = fields(out, "rows=");
+        assert_eq!(
+            rows,
+            vec![share_rows as f64; EPOCHS as usize],
+            "worker {w}: {out}"
+        );
+        assert_eq!(fields(out, "rows_per_sec=").len(), EPOCHS as usize, "{out}");
+        assert_eq!(fields(out, "secs=").len(), EPOCHS as usize, "{out}");
+    }
+    let (big, small) = (
+        fields(&outputs[0], "rows=")[0],
+        fields(&outputs[1], "rows=")[0],
+    );
+    assert!(
+        big > 1.5 * small,
+        "the shares are not skewed: {big} {small}"
+    );
+    // The model saved is the epoch with the lowest test log loss, and predict measures it so.
+    let losses = fields(&outputs[0], "test_logloss=");
+    let best = losses.iter().copied().fold(f64::INFINITY, f64::min);
+    let predicted = Command::new(assert_cmd::cargo::cargo_bin("pserver"))
+        .args(["predict", "--model"])
+        .arg(dir.join("model.bin"))
+        .arg("--data")
+        .arg(dir.join("test.svm"))
+        .output()
+        .unwrap();
+    let predicted = text_of(&predicted.stdout);
+    assert_eq!(fields(&predicted, "logloss="), vec![best], "{predicted}");
+    // The server says what it holds for an lr job: rows and non-zero weights.
+    let (_, server) = children.0.remove(1);
+    let _ = Command::new("kill")
+        .args(["-INT", &server.id().to_string()])
+        .status();
+    let summary = text_of(&server.wait_with_output().unwrap().stdout);
+    let (rows, nonzero) = (fields(&summary, "rows="), fields(&summary, "nonzero="));
+    assert!(
+        rows[0] > 0.0 && nonzero[0] > 0.0 && nonzero[0] <= rows[0],
+        "{summary}"
+    );
+    for (_, child) in &children.0 {
+        let _ = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn test_metrics_survive_the_loss_of_the_worker_that_measured_them() {
+    const EPOCHS: u32 = 8;
+    let dir = std::env::temp_dir().join(format!("pserver-lr-measurer-{}", std::process::id()));
+    let (config, roles) = lr_cluster(&dir, 2, EPOCHS);
+    let mut children = start_all(&config, &roles);
+    // Kill the first worker, which holds the first share and measures, after one epoch.
+    let stdout = children.0[2].1.stdout.take().expect("piped stdout");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    let first = lines.next().expect("an epoch line").expect("utf-8");
+    assert!(
+        first.contains("iter=1 ") && first.contains("test_auc="),
+        "{first}"
+    );
+    children.0[2].1.kill().expect("kill the worker");
+    let (name, mut survivor) = children.0.remove(3);
+    wait_for(
+        &mut survivor,
+        Instant::now() + Duration::from_secs(120),
+        &name,
+    );
+    let out = survivor.wait_with_output().unwrap();
+    let stdout = text_of(&out.stdout);
+    assert!(out.status.success(), "{name}: {}", text_of(&out.stderr));
+    // The survivor took over the first share, and with it the measuring: the last epochs
+    // carry test metrics.
+    let last = stdout
+        .lines()
+        .rfind(|l| l.contains(" iter="))
+        .unwrap_or_default();
+    assert!(last.contains(&format!("iter={EPOCHS} ")), "{stdout}");
+    assert!(last.contains("test_auc="), "{stdout}");
+    assert!(fields(last, "test_auc=")[0] >= 0.85, "{stdout}");
+    for (_, child) in &children.0 {
+        let _ = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

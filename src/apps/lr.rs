@@ -325,15 +325,37 @@ pub struct WorkerEpoch {
     pub loss: f64,
     /// Rows it trained on.
     pub rows: usize,
-    /// With a test set: test log loss, test AUC, non-zero weights, and the model itself.
-    pub model: Option<(f64, f64, usize, KvPairs<f32>)>,
+    /// The model after the epoch, if this worker measured it ([`Measure`]).
+    pub model: Option<Measured>,
+}
+
+/// The model as a worker pulled it after an epoch.
+#[derive(Clone, Debug)]
+pub struct Measured {
+    /// With a test set: its log loss and AUC.
+    pub test: Option<(f64, f64)>,
+    /// Non-zero weights.
+    pub nnz: usize,
+    /// The model itself.
+    pub weights: KvPairs<f32>,
+}
+
+/// What the worker holding the first share does after every epoch. The first share, not the
+/// first worker: when a worker dies, whoever takes over its shares measures in its place.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Measure<'a> {
+    /// Measure the model on this test set.
+    pub test: Option<&'a Examples>,
+    /// Pull the model even without a test set (to save it).
+    pub model: bool,
 }
 
 /// The rows of one share of the training data: the examples that hold them, and which.
 pub type ShareRows = (Arc<Examples>, Range<usize>);
 
-/// Trains on one worker for `cfg.epochs` epochs of `steps` minibatches each, measuring the
-/// whole model on `test` after every epoch if one is given. Each step takes the next minibatch
+/// Trains on one worker for `cfg.epochs` epochs of `steps` minibatches each; after every
+/// epoch, the worker holding the first share pulls the whole model and measures it as
+/// `measure` says. Each step takes the next minibatch
 /// of every share of the data the worker has ([`WorkerHandle::shares`]): its own, and those of
 /// workers that died or left, which `rows_of` finds. Every worker of a job must take the same
 /// number of steps, even with fewer rows, so that nobody waits at a consistency bound for a
@@ -343,7 +365,7 @@ pub async fn run_shares(
     handle: &WorkerHandle<f32>,
     mut rows_of: impl FnMut(usize) -> Result<ShareRows, RuntimeError>,
     steps: usize,
-    test: Option<&Examples>,
+    measure: Measure<'_>,
     counter: Option<&RowsTrained>,
     mut on_epoch: impl FnMut(WorkerEpoch),
 ) -> Result<(), RuntimeError> {
@@ -397,16 +419,17 @@ pub async fn run_shares(
             }
             handle.advance().await?;
         }
-        let model = match test {
-            Some(test) => {
-                let model = handle
-                    .pull(KeySelection::Ranges(everything.clone()))
-                    .await?;
-                let (test_logloss, test_auc) = evaluate(&model, test);
-                let nnz = model.values().iter().filter(|w| **w != 0.0).count();
-                Some((test_logloss, test_auc, nnz, model))
-            }
-            None => None,
+        let model = if held.contains(&0) && (measure.test.is_some() || measure.model) {
+            let weights = handle
+                .pull(KeySelection::Ranges(everything.clone()))
+                .await?;
+            Some(Measured {
+                test: measure.test.map(|test| evaluate(&weights, test)),
+                nnz: weights.values().iter().filter(|w| **w != 0.0).count(),
+                weights,
+            })
+        } else {
+            None
         };
         on_epoch(WorkerEpoch {
             epoch,
@@ -443,7 +466,6 @@ impl RowsTrained {
 }
 
 async fn run_worker(
-    index: usize,
     cfg: LrConfig,
     handle: WorkerHandle<f32>,
     train: std::sync::Arc<Examples>,
@@ -457,23 +479,39 @@ async fn run_worker(
         Ok((train.clone(), share))
     };
     let steps = per.div_ceil(cfg.batch.max(1));
-    let test = (index == 0).then_some(&*test);
-    run_shares(&cfg, &handle, rows_of, steps, test, Some(&counter), |e| {
-        let _ = notes.send(Note::Loss {
-            epoch: e.epoch,
-            loss: e.loss,
-            rows: e.rows,
-        });
-        if let Some((test_logloss, test_auc, nnz, weights)) = e.model {
-            let _ = notes.send(Note::Model {
+    let measure = Measure {
+        test: Some(&*test),
+        model: true,
+    };
+    run_shares(
+        &cfg,
+        &handle,
+        rows_of,
+        steps,
+        measure,
+        Some(&counter),
+        |e| {
+            let _ = notes.send(Note::Loss {
                 epoch: e.epoch,
-                test_logloss,
-                test_auc,
+                loss: e.loss,
+                rows: e.rows,
+            });
+            if let Some(Measured {
+                test: Some((test_logloss, test_auc)),
                 nnz,
                 weights,
-            });
-        }
-    })
+            }) = e.model
+            {
+                let _ = notes.send(Note::Model {
+                    epoch: e.epoch,
+                    test_logloss,
+                    test_auc,
+                    nnz,
+                    weights,
+                });
+            }
+        },
+    )
     .await
 }
 
@@ -544,10 +582,8 @@ pub async fn train_local_until(
     let tasks: Vec<_> = cluster
         .workers
         .iter()
-        .enumerate()
-        .map(|(i, h)| {
+        .map(|h| {
             tokio::spawn(run_worker(
-                i,
                 cfg.clone(),
                 h.clone(),
                 train.clone(),

@@ -23,10 +23,12 @@ use thiserror::Error;
 
 use super::cluster_file::{ClusterFile, ClusterFileError, Job, LrJob};
 use super::script::{Script, WorkerSummary};
-use crate::apps::lr::{ShareRows, run_shares};
+use crate::apps::lr::{Measure, ShareRows, run_shares, save_model};
 use crate::data::libsvm::{
-    DataError, IndexBase, holds_rows, no_examples, parse, read, read_bytes, shard,
+    DataError, Examples, IndexBase, count_rows, holds_rows, lines_before, no_examples, parse_lines,
+    parse_whole, read_bytes, shard,
 };
+use std::collections::BTreeMap;
 
 /// Why a node or a local cluster could not run. Each is one line a user can act on; the CLI
 /// exits with status 2 for them.
@@ -72,6 +74,15 @@ pub enum NodeOutcome {
     },
     /// A worker finished its script.
     Worker(WorkerSummary),
+    /// An lr server stopped.
+    LrServer {
+        /// Rows it held as a primary.
+        rows: usize,
+        /// Of which non-zero.
+        nonzero: usize,
+        /// Messages it refused.
+        refused: u64,
+    },
     /// A worker finished training.
     Trained {
         /// Epochs done.
@@ -213,39 +224,92 @@ async fn run_script_node(
     Ok(outcome)
 }
 
+/// What a logistic-regression worker reads before it joins: the training file's text, its
+/// own share of the rows, the steps every worker takes per epoch, and the test set.
+struct LrData {
+    name: String,
+    workers: usize,
+    text: Vec<u8>,
+    base: IndexBase,
+    shares: BTreeMap<usize, Arc<Examples>>,
+    steps: usize,
+    test: Option<Examples>,
+}
+
+impl LrData {
+    /// Reads the files of `job` for worker `index`, deciding the index base over the training
+    /// and test files as `pserver train` does.
+    fn read(job: &LrJob, index: usize) -> Result<LrData, DataError> {
+        let name = job.data.display().to_string();
+        let text = read_bytes(&job.data)?;
+        if !holds_rows(&text) {
+            return Err(no_examples(name));
+        }
+        let test = match &job.test {
+            Some(path) => Some((path.display().to_string(), read_bytes(path)?)),
+            None => None,
+        };
+        let files = std::iter::once((name.as_str(), &text[..]))
+            .chain(test.iter().map(|(n, t)| (n.as_str(), &t[..])));
+        let (base, _) = job.index_base.resolve(files)?;
+        let workers = job.cfg.job.workers.max(1);
+        // Every worker counts the rows of every share alike, so all take the same number of
+        // steps: enough for the largest share, whatever the lengths of its lines.
+        let steps = (0..workers)
+            .map(|s| count_rows(&text[shard(&text, s, workers)]))
+            .max()
+            .unwrap_or(0)
+            .div_ceil(job.cfg.batch.max(1));
+        let test = match test {
+            Some((test_name, test_text)) => Some(parse_whole(&test_name, &test_text, base)?),
+            None => None,
+        };
+        let mut data = LrData {
+            name,
+            workers,
+            text,
+            base,
+            shares: BTreeMap::new(),
+            steps,
+            test,
+        };
+        data.share(index)?;
+        Ok(data)
+    }
+
+    /// The rows of share `share`, parsed on first use.
+    fn share(&mut self, share: usize) -> Result<ShareRows, DataError> {
+        if let Some(rows) = self.shares.get(&share) {
+            return Ok((rows.clone(), 0..rows.len()));
+        }
+        let range = shard(&self.text, share, self.workers);
+        let before = lines_before(&self.text, range.start);
+        let rows = Arc::new(parse_lines(
+            &self.name,
+            &self.text[range],
+            self.base,
+            before,
+        )?);
+        self.shares.insert(share, rows.clone());
+        Ok((rows.clone(), 0..rows.len()))
+    }
+}
+
 /// A logistic-regression node. A worker reads the byte range of the training file that is its
-/// share (cut at line boundaries), trains on it, and prints one line per epoch; the first
-/// worker also measures the whole model on the test file. A worker handed the share of a
-/// worker that died or left reads that share's rows too, and trains on both from then on.
+/// share (cut at line boundaries), trains on it, and prints one line per epoch; whoever holds
+/// the first share also measures the whole model on the test file and saves it. A worker
+/// handed the share of a worker that died or left reads that share's rows too, and trains on
+/// both from then on; if that share is the first, it measures and saves from then on.
 async fn run_lr_node(
     file: &ClusterFile,
     job: &LrJob,
     id: NodeId,
     join_timeout: Duration,
 ) -> Result<NodeOutcome, RunError> {
-    let data_error = |e: DataError| RunError::Data(e.to_string());
     let index = file.spec.job.layout().workers().position(|w| w == id);
     // Read before joining, so that a bad file is reported at once.
-    let name = job.data.display().to_string();
     let data = match index {
-        Some(index) => {
-            let text = read_bytes(&job.data).map_err(data_error)?;
-            if !holds_rows(&text) {
-                return Err(data_error(no_examples(name)));
-            }
-            // Every worker counts the same lines, so all take the same number of steps.
-            let lines = text.iter().filter(|&&b| b == b'\n').count() + 1;
-            let per = lines.div_ceil(job.cfg.job.workers.max(1));
-            let steps = per.div_ceil(job.cfg.batch.max(1));
-            let range = shard(&text, index, job.cfg.job.workers);
-            let rows = parse(&name, &text[range], IndexBase::Zero).map_err(data_error)?;
-            let test = match (&job.test, index) {
-                (Some(path), 0) => Some(read(path, IndexBase::Zero).map_err(data_error)?),
-                _ => None,
-            };
-            let shares = std::collections::BTreeMap::from([(index, Arc::new(rows))]);
-            Some((text, shares, steps, test))
-        }
+        Some(index) => Some(LrData::read(job, index).map_err(|e| RunError::Data(e.to_string()))?),
         None => None,
     };
     let Started {
@@ -254,49 +318,17 @@ async fn run_lr_node(
         transport,
     } = start::<f32>(file, id, join_timeout).await?;
     let outcome = match (role, spawned.worker, data) {
-        (Role::Worker, Some(worker), Some((text, mut shares, steps, test))) => {
-            let workers = job.cfg.job.workers;
-            let rows_of = |share: usize| -> Result<ShareRows, RuntimeError> {
-                if let Some(rows) = shares.get(&share) {
-                    return Ok((rows.clone(), 0..rows.len()));
-                }
-                let range = shard(&text, share, workers);
-                let rows = parse(&name, &text[range], IndexBase::Zero)
-                    .map_err(|e| RuntimeError::Config(e.to_string()))?;
-                let rows = Arc::new(rows);
-                shares.insert(share, rows.clone());
-                Ok((rows.clone(), 0..rows.len()))
-            };
-            let mut epochs = 0;
-            run_shares(
-                &job.cfg,
-                &worker,
-                rows_of,
-                steps,
-                test.as_ref(),
-                None,
-                |e| {
-                    epochs = e.epoch;
-                    let mut line = format!(
-                        "worker {id} iter={} rows={} train_logloss={:.4}",
-                        e.epoch,
-                        e.rows,
-                        e.loss / e.rows.max(1) as f64
-                    );
-                    if let Some((loss, auc, nnz, _)) = &e.model {
-                        line += &format!(" test_logloss={loss:.4} test_auc={auc:.4} nnz={nnz}");
-                    }
-                    println!("{line}");
-                },
-            )
-            .await?;
+        (Role::Worker, Some(worker), Some(mut data)) => {
+            let epochs = train_lr_worker(job, id, &worker, &mut data).await?;
             spawned.node.shutdown().await?;
             NodeOutcome::Trained { epochs }
         }
         (Role::Server, _, _) => {
             let report = until_signal(spawned.node).await?;
-            NodeOutcome::Server {
-                totals: Vec::new(),
+            let (rows, nonzero) = lr_server_summary(&report);
+            NodeOutcome::LrServer {
+                rows,
+                nonzero,
                 refused: report.refusals.total(),
             }
         }
@@ -307,6 +339,96 @@ async fn run_lr_node(
     };
     transport.shutdown().await;
     Ok(outcome)
+}
+
+/// Trains one worker of an lr job, printing a line per epoch with its time and rows/s; returns
+/// the epochs done.
+async fn train_lr_worker(
+    job: &LrJob,
+    id: NodeId,
+    worker: &WorkerHandle<f32>,
+    data: &mut LrData,
+) -> Result<u32, RunError> {
+    let test = data.test.take();
+    let (steps, base) = (data.steps, data.base);
+    let rows_of = |share: usize| {
+        data.share(share)
+            .map_err(|e| RuntimeError::Config(e.to_string()))
+    };
+    let measure = Measure {
+        test: test.as_ref(),
+        model: job.save.is_some(),
+    };
+    let mut epochs = 0;
+    let mut best: Option<f64> = None;
+    let mut save_failed = None;
+    let mut began = Instant::now();
+    run_shares(&job.cfg, worker, rows_of, steps, measure, None, |e| {
+        epochs = e.epoch;
+        let secs = began.elapsed().as_secs_f64();
+        began = Instant::now();
+        let mut line = format!(
+            "worker {id} iter={} rows={} train_logloss={:.4}",
+            e.epoch,
+            e.rows,
+            e.loss / e.rows.max(1) as f64
+        );
+        if let Some(model) = &e.model {
+            if let Some((loss, auc)) = model.test {
+                line += &format!(" test_logloss={loss:.4} test_auc={auc:.4}");
+            }
+            line += &format!(" nnz={}", model.nnz);
+            // The best epoch by test log loss, or the latest without a test set; written as
+            // soon as it is known, so that a later failure cannot lose it.
+            let loss = model.test.map(|(loss, _)| loss);
+            let better = match (loss, best) {
+                (Some(loss), Some(best)) => loss < best,
+                _ => true,
+            };
+            if let (Some(path), true) = (&job.save, better) {
+                best = loss;
+                if let Err(e) = save_replacing(path, &model.weights, base) {
+                    save_failed.get_or_insert(e);
+                }
+            }
+        }
+        line += &format!(
+            " rows_per_sec={:.0} secs={secs:.2}",
+            e.rows as f64 / secs.max(1e-9)
+        );
+        println!("{line}");
+    })
+    .await?;
+    match save_failed {
+        Some(e) => Err(RunError::Data(e)),
+        None => Ok(epochs),
+    }
+}
+
+/// Writes the model to a file beside `path`, then renames it over `path`: a reader never sees
+/// half a model.
+fn save_replacing(
+    path: &std::path::Path,
+    weights: &pserver_core::KvPairs<f32>,
+    base: IndexBase,
+) -> Result<(), String> {
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
+    save_model(&partial, weights, base)?;
+    std::fs::rename(&partial, path).map_err(|e| format!("{}: cannot write: {e}", path.display()))
+}
+
+/// The rows a stopped lr server held as a primary, and how many of them are non-zero.
+fn lr_server_summary(report: &NodeReport<Driver<f32>>) -> (usize, usize) {
+    let (mut rows, mut nonzero) = (0, 0);
+    if let Some(server) = report.node.node().as_server() {
+        server.for_each_primary_row(&mut |_, row| {
+            rows += 1;
+            nonzero += usize::from(row.iter().any(|w| *w != 0.0));
+        });
+    }
+    (rows, nonzero)
 }
 
 /// Per key index of the script, what a stopped server has applied to the ranges it is the
@@ -453,4 +575,40 @@ pub fn dump_totals(path: &PathBuf, totals: &[i64]) -> std::io::Result<()> {
         .map(|(k, t)| format!("{k} {t}\n"))
         .collect();
     std::fs::write(path, text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apps::lr::LrConfig;
+    use crate::data::libsvm::parse;
+
+    #[test]
+    fn a_cluster_worker_decides_the_index_base_over_both_files_as_train_does() {
+        let dir = std::env::temp_dir().join(format!("pserver-lrdata-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (train, test) = (dir.join("train.svm"), dir.join("test.svm"));
+        // Zero-based, but only the test file shows it.
+        std::fs::write(&train, "1 1:1 3:1\n0 2:1\n1 3:1\n0 1:1\n").unwrap();
+        std::fs::write(&test, "1 0:1 1:1\n").unwrap();
+        let mut cfg = LrConfig::default();
+        cfg.job.workers = 2;
+        let job = LrJob {
+            data: train.clone(),
+            test: Some(test),
+            save: None,
+            index_base: IndexBase::Auto,
+            cfg,
+        };
+        let mut data = LrData::read(&job, 1).unwrap();
+        assert_eq!(data.base, IndexBase::Zero);
+        let text = std::fs::read(&train).unwrap();
+        let whole = parse("train", &text, IndexBase::Zero).unwrap();
+        let (first, _) = data.share(0).unwrap();
+        let (second, _) = data.share(1).unwrap();
+        assert_eq!(first.len() + second.len(), whole.len());
+        assert_eq!(first.row(0), whole.row(0));
+        assert_eq!(second.row(second.len() - 1), whole.row(whole.len() - 1));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

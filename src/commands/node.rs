@@ -59,6 +59,11 @@ pub fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
                 })?;
             }
         }
+        NodeOutcome::LrServer {
+            rows,
+            nonzero,
+            refused,
+        } => println!("server {id} rows={rows} nonzero={nonzero} refused={refused}"),
         NodeOutcome::Trained { epochs } => println!("worker {id} trained epochs={epochs}"),
         NodeOutcome::Worker(s) => println!(
             "worker {id} iterations={} pushes={} pushed_sum={}",

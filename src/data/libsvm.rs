@@ -281,11 +281,19 @@ pub fn parse_whole(name: &str, text: &[u8], base: IndexBase) -> Result<Examples,
 /// Whether `text` holds at least one row, without parsing it: a process that parses only its
 /// share of a file still needs to know that the whole file is not empty.
 pub fn holds_rows(text: &[u8]) -> bool {
-    text.split(|&b| b == b'\n').any(|line| {
-        line.iter()
-            .take_while(|&&b| b != b'#')
-            .any(|b| !b.is_ascii_whitespace())
-    })
+    count_rows(text) > 0
+}
+
+/// The rows `text` holds: its lines with anything besides blanks and a comment, which the
+/// parser turns into one example each.
+pub fn count_rows(text: &[u8]) -> usize {
+    text.split(|&b| b == b'\n')
+        .filter(|line| {
+            line.iter()
+                .take_while(|&&b| b != b'#')
+                .any(|b| !b.is_ascii_whitespace())
+        })
+        .count()
 }
 
 /// The error for a file named `name` that holds no rows.
@@ -523,6 +531,9 @@ mod tests {
         assert!(!holds_rows(b"\n  \t\n# header\n   # note\r\n"));
         assert!(holds_rows(b"# header\n-1\n"));
         assert!(holds_rows(b"1 3:1"));
+        let text = b"# header\n1 1:1\n\n0 2:1 # tail\n  # note\n1\n";
+        assert_eq!(count_rows(text), 3);
+        assert_eq!(parse("t", text, IndexBase::One).unwrap().len(), 3);
     }
 
     #[test]

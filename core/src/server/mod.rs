@@ -302,6 +302,14 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .sum()
     }
 
+    /// Calls `f` on every row of the ranges this server is the primary of, in key order: what
+    /// it holds for the job, without the copies it keeps as a replica.
+    pub fn for_each_primary_row(&self, f: &mut dyn FnMut(Key, &[V])) {
+        for shard in self.shards.values().filter(|s| s.is_primary()) {
+            shard.store.for_each_in(shard.range, f);
+        }
+    }
+
     /// The key ranges of the shards this server holds, each with whether it is their primary.
     pub fn shards(&self) -> impl Iterator<Item = (KeyRange, bool)> + '_ {
         self.shards.values().map(|s| (s.range, s.is_primary()))

@@ -41,7 +41,7 @@ use thiserror::Error;
 use super::script::Script;
 use crate::apps::lr::{Keep, LrConfig, Wire};
 use crate::data::libsvm::IndexBase;
-use raw::{App, Raw, RawBase, RawJob, RawNode, RawRing};
+use raw::{App, Choice, Raw, RawBase, RawJob, RawNode, RawRing, Rule};
 
 /// The environment variable that may carry the secret instead of a file.
 pub const SECRET_ENV: &str = "PSERVER_SECRET";
@@ -112,6 +112,9 @@ pub struct LrJob {
     pub data: PathBuf,
     /// Test data, measured by the first worker after every epoch.
     pub test: Option<PathBuf>,
+    /// Where the worker holding the first share saves the model: the epoch with the lowest
+    /// test log loss, or the last without a test set.
+    pub save: Option<PathBuf>,
     /// How every file of the job counts its feature indices.
     pub index_base: IndexBase,
     /// How to train.
@@ -399,10 +402,79 @@ fn spec(
     Ok(spec)
 }
 
+/// The update rule of an lr job, and its rates: each must be a number it can mean, and given
+/// only to a rule that uses it.
+fn updater(job: &RawJob, origin: &Origin<'_>) -> Result<Updater, ClusterFileError> {
+    let positive = |field: &str, value: Option<f64>, default: f64| match value {
+        Some(v) if !(v.is_finite() && v > 0.0) => {
+            Err(origin.invalid(field, format!("{v} is not a finite number above 0")))
+        }
+        v => Ok(v.unwrap_or(default)),
+    };
+    let non_negative = |field: &str, value: Option<f64>, default: f64| match value {
+        Some(v) if !(v.is_finite() && v >= 0.0) => {
+            Err(origin.invalid(field, format!("{v} is not a finite number of at least 0")))
+        }
+        v => Ok(v.unwrap_or(default)),
+    };
+    let rule = match &job.updater {
+        Choice::Known(rule) => *rule,
+        Choice::Other(other) => {
+            return Err(origin.invalid(
+                "job.updater",
+                format!(
+                    "`{other}` is not an update rule: expected \"ftrl\", \"adagrad\" or \"sgd\""
+                ),
+            ));
+        }
+    };
+    let unused = |field: &str, rule: &str, takes: &str| {
+        Err(origin.invalid(
+            field,
+            format!("not used by updater \"{rule}\", which takes {takes}"),
+        ))
+    };
+    match rule {
+        Rule::Ftrl => {
+            if job.lr.is_some() {
+                return unused("job.lr", "ftrl", "alpha, l1 and l2");
+            }
+            Ok(Updater::FtrlProximal {
+                alpha: positive("job.alpha", job.alpha, 0.3)?,
+                beta: 1.0,
+                l1: non_negative("job.l1", job.l1, 1.0)?,
+                l2: non_negative("job.l2", job.l2, 1.0)?,
+            })
+        }
+        Rule::Adagrad | Rule::Sgd => {
+            let name = if rule == Rule::Sgd { "sgd" } else { "adagrad" };
+            for (field, given) in [
+                ("job.alpha", job.alpha.is_some()),
+                ("job.l1", job.l1.is_some()),
+                ("job.l2", job.l2.is_some()),
+            ] {
+                if given {
+                    return unused(field, name, "lr");
+                }
+            }
+            let lr = positive("job.lr", job.lr, 0.1)?;
+            Ok(if rule == Rule::Sgd {
+                Updater::Sgd { lr }
+            } else {
+                Updater::AdaGrad { lr, eps: 1e-6 }
+            })
+        }
+    }
+}
+
 /// What the workers do. A logistic-regression job also sets the servers' update rule in
 /// `spec`.
-fn job(job: RawJob, spec: &mut ClusterSpec, origin: &Origin<'_>) -> Result<Job, ClusterFileError> {
-    let app = job.app.known().map_err(|other| {
+fn job(
+    mut job: RawJob,
+    spec: &mut ClusterSpec,
+    origin: &Origin<'_>,
+) -> Result<Job, ClusterFileError> {
+    let app = std::mem::take(&mut job.app).known().map_err(|other| {
         origin.invalid(
             "job.app",
             format!("`{other}` is not a job: expected \"script\" or \"lr\""),
@@ -413,6 +485,7 @@ fn job(job: RawJob, spec: &mut ClusterSpec, origin: &Origin<'_>) -> Result<Job, 
     }
     let data = job
         .data
+        .clone()
         .map(|f| origin.relative(f))
         .ok_or_else(|| origin.invalid("job.data", "an lr job needs the training data file"))?;
     // Checked here rather than left to training: a NaN rate trains to NaN, a zero batch
@@ -423,20 +496,7 @@ fn job(job: RawJob, spec: &mut ClusterSpec, origin: &Origin<'_>) -> Result<Job, 
     if job.batch == 0 {
         return Err(origin.invalid("job.batch", "must be at least 1"));
     }
-    if !(job.alpha.is_finite() && job.alpha > 0.0) {
-        return Err(origin.invalid(
-            "job.alpha",
-            format!("{} is not a finite number above 0", job.alpha),
-        ));
-    }
-    for (field, value) in [("job.l1", job.l1), ("job.l2", job.l2)] {
-        if !(value.is_finite() && value >= 0.0) {
-            return Err(origin.invalid(
-                field,
-                format!("{value} is not a finite number of at least 0"),
-            ));
-        }
-    }
+    spec.job.updater = updater(&job, origin)?;
     let index_base = match &job.index_base {
         RawBase::Number(0) => IndexBase::Zero,
         RawBase::Number(1) => IndexBase::One,
@@ -453,12 +513,6 @@ fn job(job: RawJob, spec: &mut ClusterSpec, origin: &Origin<'_>) -> Result<Job, 
                 format!("{shown} is not an index base: expected 0, 1 or \"auto\""),
             ));
         }
-    };
-    spec.job.updater = Updater::FtrlProximal {
-        alpha: job.alpha,
-        beta: 1.0,
-        l1: job.l1,
-        l2: job.l2,
     };
     let cfg = LrConfig {
         job: spec.job.clone(),
@@ -477,6 +531,7 @@ fn job(job: RawJob, spec: &mut ClusterSpec, origin: &Origin<'_>) -> Result<Job, 
     Ok(Job::Lr(Box::new(LrJob {
         data,
         test: job.test.map(|f| origin.relative(f)),
+        save: job.save.map(|f| origin.relative(f)),
         index_base,
         cfg,
     })))

@@ -74,12 +74,13 @@ pub(super) struct RawJob {
     pub(super) epochs: u32,
     #[serde(default = "default_batch")]
     pub(super) batch: usize,
-    #[serde(default = "default_alpha")]
-    pub(super) alpha: f64,
-    #[serde(default = "default_l1")]
-    pub(super) l1: f64,
-    #[serde(default = "default_l2")]
-    pub(super) l2: f64,
+    #[serde(default)]
+    pub(super) updater: Choice<Rule>,
+    pub(super) lr: Option<f64>,
+    pub(super) alpha: Option<f64>,
+    pub(super) l1: Option<f64>,
+    pub(super) l2: Option<f64>,
+    pub(super) save: Option<PathBuf>,
     #[serde(default = "yes")]
     pub(super) bias: bool,
     #[serde(default = "yes")]
@@ -106,6 +107,16 @@ impl Default for RawBase {
 
 fn yes() -> bool {
     true
+}
+
+/// The servers' update rule of an lr job (`updater` of the `[job]` table).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum Rule {
+    #[default]
+    Ftrl,
+    Adagrad,
+    Sgd,
 }
 
 /// What the workers of a cluster run (`app` of the `[job]` table).
@@ -158,18 +169,6 @@ fn default_batch() -> usize {
     100
 }
 
-fn default_alpha() -> f64 {
-    0.3
-}
-
-fn default_l1() -> f64 {
-    1.0
-}
-
-fn default_l2() -> f64 {
-    1.0
-}
-
 fn default_keys() -> u64 {
     1000
 }
@@ -189,9 +188,12 @@ impl Default for RawJob {
             test: None,
             epochs: default_epochs(),
             batch: default_batch(),
-            alpha: default_alpha(),
-            l1: default_l1(),
-            l2: default_l2(),
+            updater: Choice::default(),
+            lr: None,
+            alpha: None,
+            l1: None,
+            l2: None,
+            save: None,
             bias: true,
             shuffle: true,
             seed: 0,

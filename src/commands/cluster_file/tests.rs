@@ -161,3 +161,64 @@ fn a_cluster_file_with_a_good_lr_job_keeps_its_batch_and_rates() {
         }
     );
 }
+
+#[test]
+fn an_lr_job_chooses_its_update_rule_and_refuses_a_rate_the_rule_does_not_use() {
+    let sgd = lr_job_with("updater", "\"sgd\"").replace("keys = 10", "lr = 0.5\nkeys = 10");
+    let Job::Lr(job) = parse(&sgd).unwrap().job else {
+        panic!("not an lr job");
+    };
+    assert_eq!(job.cfg.job.updater, Updater::Sgd { lr: 0.5 });
+    let f = parse(&lr_job_with("updater", "\"adagrad\"")).unwrap();
+    assert_eq!(f.spec.job.updater, Updater::AdaGrad { lr: 0.1, eps: 1e-6 });
+    let e = parse(&sgd.replace("lr = 0.5", "alpha = 1.0"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("/etc/pserver/c.toml: job.alpha: not used by updater \"sgd\""),
+        "{e}"
+    );
+    let e = parse(&lr_job_with("lr", "0.1")).unwrap_err().to_string();
+    assert!(
+        e.starts_with("/etc/pserver/c.toml: job.lr: not used"),
+        "{e}"
+    );
+    let e = parse(&lr_job_with("updater", "\"adam\""))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("/etc/pserver/c.toml: job.updater: `adam`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_lr_job_has_an_unregularized_intercept_and_one_index_base_unless_told_otherwise() {
+    let f = parse(&lr_job_with("batch", "7")).unwrap();
+    let Job::Lr(job) = &f.job else {
+        panic!("not an lr job");
+    };
+    assert!(job.cfg.bias && job.index_base == IndexBase::Auto);
+    // The servers, built from the file's spec, know the intercept's key.
+    let intercept = pserver_core::KeyRange::single(crate::apps::lr::BIAS_KEY).ok();
+    assert_eq!(f.spec.job.unregularized, intercept);
+    let f = parse(&lr_job_with("bias", "false")).unwrap();
+    assert_eq!(f.spec.job.unregularized, None);
+    for (value, base) in [
+        ("0", IndexBase::Zero),
+        ("1", IndexBase::One),
+        ("\"auto\"", IndexBase::Auto),
+    ] {
+        let Job::Lr(job) = parse(&lr_job_with("index_base", value)).unwrap().job else {
+            panic!("not an lr job");
+        };
+        assert_eq!(job.index_base, base, "{value}");
+    }
+    let e = parse(&lr_job_with("index_base", "2"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("/etc/pserver/c.toml: job.index_base: 2 is not"),
+        "{e}"
+    );
+}
