@@ -1,6 +1,6 @@
 //! Matrix factorization on generated low-rank ratings reaches the noise floor.
 
-use pserver::apps::mf::{MfConfig, train};
+use pserver::apps::mf::{Generated, MfConfig, train};
 
 #[test]
 fn test_rmse_comes_within_ten_percent_of_the_noise_floor() {
@@ -9,12 +9,15 @@ fn test_rmse_comes_within_ten_percent_of_the_noise_floor() {
         .enable_all()
         .build()
         .unwrap();
-    let cfg = MfConfig::default();
-    let reports = rt.block_on(train(&cfg)).expect("training runs");
+    let (cfg, problem) = (MfConfig::default(), Generated::default());
+    let reports = rt
+        .block_on(train(&cfg, problem.data(), |_| {}))
+        .expect("training runs");
     let rmse: Vec<f64> = reports.iter().map(|r| r.test_rmse).collect();
-    eprintln!("noise {} test rmse by epoch {rmse:?}", cfg.noise);
+    eprintln!("noise {} test rmse by epoch {rmse:?}", problem.noise);
     let last = *rmse.last().unwrap();
-    assert!(last <= 1.1 * cfg.noise, "{rmse:?}");
-    // It learned: far below the error of predicting nothing.
+    assert!(last <= 1.1 * problem.noise, "{rmse:?}");
+    // It learned: far below the error of predicting the mean.
     assert!(rmse[0] > 1.2 * last, "{rmse:?}");
+    assert!(last < 0.5 * reports[0].baseline_rmse, "{reports:?}");
 }

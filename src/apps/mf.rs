@@ -2,11 +2,19 @@
 //! keys of width `rank` on the servers, which apply plain SGD; workers pull the factors their
 //! minibatch touches, compute the gradient of the squared error and push it.
 //!
+//! A rating is predicted as the training ratings' mean plus the dot product of the user's and
+//! the item's factors, so the factors learn what sets a rating apart from the mean: ratings of
+//! 1 to 5 are far from the zero that small factors predict, and learning the mean through
+//! the factors first would take many epochs.
+//!
 //! Factors start at a small seeded random point that every node derives from the key
 //! (`initial`), added to what the servers hold, which start at zero: no node has to write the
 //! initial model before training begins.
 
+use crate::data::ratings::Rating;
 use crate::seeded::{mix, unit};
+use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
 use pserver_core::{Consistency, Key, KeyList, KeySelection, KvPairs, Updater};
@@ -14,9 +22,19 @@ use pserver_transport::mem::MemNetwork;
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError};
 
 /// The first item key: users are keys `0..users`, items `ITEM_BASE + i`.
-const ITEM_BASE: Key = 1 << 40;
+pub const ITEM_BASE: Key = 1 << 40;
 
-/// A generated problem and how to train on it.
+/// The key of user number `user`.
+pub fn user_key(user: u32) -> Key {
+    Key::from(user)
+}
+
+/// The key of item number `item`.
+pub fn item_key(item: u32) -> Key {
+    ITEM_BASE + Key::from(item)
+}
+
+/// How to train.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MfConfig {
     /// Servers.
@@ -25,25 +43,17 @@ pub struct MfConfig {
     pub workers: usize,
     /// The consistency model.
     pub consistency: Consistency,
-    /// Users.
-    pub users: u64,
-    /// Items.
-    pub items: u64,
-    /// Rank of the true matrix and of the model.
+    /// Factors per user and per item: the rank of the model.
     pub rank: usize,
-    /// Training ratings.
-    pub ratings: usize,
-    /// Standard deviation of the noise added to every rating: the best test RMSE possible.
-    pub noise: f64,
     /// Passes over the training ratings.
     pub epochs: u32,
     /// Ratings per minibatch on each worker.
     pub batch: usize,
     /// SGD learning rate.
     pub lr: f64,
-    /// L2 regularization of the factors.
+    /// L2 regularization of the factors, per rating.
     pub l2: f64,
-    /// Seed of the problem and of the initial factors.
+    /// Seed of the initial factors and of the order in which workers visit their ratings.
     pub seed: u64,
 }
 
@@ -53,11 +63,7 @@ impl Default for MfConfig {
             servers: 2,
             workers: 2,
             consistency: Consistency::BoundedDelay(2),
-            users: 300,
-            items: 300,
             rank: 4,
-            ratings: 40_000,
-            noise: 0.5,
             epochs: 8,
             batch: 200,
             lr: 0.05,
@@ -67,15 +73,160 @@ impl Default for MfConfig {
     }
 }
 
+/// Training and test ratings, users and items numbered as [`crate::data::ratings::Ids`]
+/// numbers them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MfData {
+    /// What the workers train on.
+    pub train: Vec<Rating>,
+    /// What the model is measured on after every epoch.
+    pub test: Vec<Rating>,
+}
+
+impl MfData {
+    /// The mean of the training ratings (0 without any): what the model predicts before it
+    /// learns anything.
+    pub fn mean(&self) -> f64 {
+        let sum: f64 = self.train.iter().map(|r| f64::from(r.value)).sum();
+        sum / self.train.len().max(1) as f64
+    }
+
+    /// The test RMSE of predicting the training mean for every rating: what training must
+    /// beat.
+    pub fn baseline_rmse(&self) -> f64 {
+        let mean = self.mean();
+        rms(
+            self.test.iter().map(|r| f64::from(r.value) - mean),
+            self.test.len(),
+        )
+    }
+
+    /// Distinct users in the training and test ratings.
+    pub fn users(&self) -> usize {
+        distinct(self.all().map(|r| r.user))
+    }
+
+    /// Distinct items in the training and test ratings.
+    pub fn items(&self) -> usize {
+        distinct(self.all().map(|r| r.item))
+    }
+
+    /// Test ratings whose user or item has no training rating: the model predicts them from
+    /// factors that kept their seeded starting point.
+    pub fn unseen(&self) -> usize {
+        let seen = |numbers: &mut dyn Iterator<Item = u32>| {
+            let mut seen = Vec::new();
+            for n in numbers {
+                let n = n as usize;
+                if seen.len() <= n {
+                    seen.resize(n + 1, false);
+                }
+                seen[n] = true;
+            }
+            seen
+        };
+        let users = seen(&mut self.train.iter().map(|r| r.user));
+        let items = seen(&mut self.train.iter().map(|r| r.item));
+        let known = |seen: &[bool], n: u32| seen.get(n as usize).copied().unwrap_or(false);
+        self.test
+            .iter()
+            .filter(|r| !known(&users, r.user) || !known(&items, r.item))
+            .count()
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Rating> {
+        self.train.iter().chain(&self.test)
+    }
+}
+
+fn distinct(numbers: impl Iterator<Item = u32>) -> usize {
+    let mut numbers: Vec<u32> = numbers.collect();
+    numbers.sort_unstable();
+    numbers.dedup();
+    numbers.len()
+}
+
+/// A generated problem: a low-rank matrix plus Gaussian noise, sampled uniformly.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Generated {
+    /// Users.
+    pub users: u32,
+    /// Items.
+    pub items: u32,
+    /// Rank of the true matrix.
+    pub rank: usize,
+    /// Training ratings; a tenth as many more are drawn for testing.
+    pub ratings: usize,
+    /// Standard deviation of the noise added to every rating: the best test RMSE possible.
+    pub noise: f64,
+    /// Seed of the true factors, the sample and the noise.
+    pub seed: u64,
+}
+
+impl Default for Generated {
+    fn default() -> Self {
+        Generated {
+            users: 300,
+            items: 300,
+            rank: 4,
+            ratings: 40_000,
+            noise: 0.5,
+            seed: 0,
+        }
+    }
+}
+
+impl Generated {
+    /// `n` ratings from the true low-rank matrix plus noise; another `stream` draws other
+    /// ratings of the same matrix.
+    pub fn generate(&self, n: usize, stream: u64) -> Vec<Rating> {
+        (0..n as u64)
+            .map(|t| {
+                let r = mix(self.seed ^ stream.wrapping_mul(0x51ed) ^ t);
+                let user = (r % u64::from(self.users.max(1))) as u32;
+                let item = ((r >> 32) % u64::from(self.items.max(1))) as u32;
+                let signal: f64 = (0..self.rank)
+                    .map(|j| self.truth(user_key(user), j) * self.truth(item_key(item), j))
+                    .sum();
+                let value = signal + self.noise * normal(self.seed ^ 0x3333, stream, t);
+                Rating {
+                    user,
+                    item,
+                    value: value as f32,
+                }
+            })
+            .collect()
+    }
+
+    /// The training ratings and a tenth as many test ratings, drawn apart.
+    pub fn data(&self) -> MfData {
+        MfData {
+            train: self.generate(self.ratings, 1),
+            test: self.generate(self.ratings / 10, 2),
+        }
+    }
+
+    /// The true factor `j` of `key`, scaled so that a rating's signal has variance about 1.
+    fn truth(&self, key: Key, j: usize) -> f64 {
+        normal(self.seed ^ 0x2222, key, j as u64) / (self.rank as f64).sqrt().sqrt()
+    }
+}
+
 /// One epoch's result.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MfReport {
     /// Epochs done, from 1.
     pub epoch: u32,
-    /// Root mean squared error on held-out ratings.
+    /// Root mean squared error on the training ratings, after the epoch.
+    pub train_rmse: f64,
+    /// Root mean squared error on the test ratings.
     pub test_rmse: f64,
+    /// Test RMSE of predicting the training mean: [`MfData::baseline_rmse`].
+    pub baseline_rmse: f64,
     /// Seconds since training began.
     pub secs: f64,
+    /// Training ratings per second in this epoch's training, without measuring the model.
+    pub rows_per_sec: f64,
 }
 
 /// A standard normal draw from two hashed words (Box-Muller).
@@ -90,109 +241,139 @@ fn initial(cfg: &MfConfig, key: Key, j: usize) -> f64 {
     0.1 * normal(cfg.seed ^ 0x1111, key, j as u64)
 }
 
-/// The true factor `j` of `key`, scaled so that a rating's signal has variance about 1.
-fn truth(cfg: &MfConfig, key: Key, j: usize) -> f64 {
-    normal(cfg.seed ^ 0x2222, key, j as u64) / (cfg.rank as f64).sqrt().sqrt()
+/// The factors of `keys` (sorted): what the servers hold, `pulled`, plus the starting point,
+/// `rank` values per key.
+fn model(cfg: &MfConfig, keys: &[Key], pulled: &[f32]) -> Vec<f64> {
+    let mut out = Vec::with_capacity(pulled.len());
+    for (k, &key) in keys.iter().enumerate() {
+        let row = &pulled[k * cfg.rank..(k + 1) * cfg.rank];
+        out.extend(
+            row.iter()
+                .enumerate()
+                .map(|(j, &v)| f64::from(v) + initial(cfg, key, j)),
+        );
+    }
+    out
 }
 
-/// `n` ratings from the true low-rank matrix plus noise: (user key, item key, rating).
-pub fn generate(cfg: &MfConfig, n: usize, stream: u64) -> Vec<(Key, Key, f32)> {
-    (0..n as u64)
-        .map(|t| {
-            let r = mix(cfg.seed ^ stream.wrapping_mul(0x51ed) ^ t);
-            let user = r % cfg.users;
-            let item = ITEM_BASE + (r >> 32) % cfg.items;
-            let signal: f64 = (0..cfg.rank)
-                .map(|j| truth(cfg, user, j) * truth(cfg, item, j))
-                .sum();
-            let rating = signal + cfg.noise * normal(cfg.seed ^ 0x3333, stream, t);
-            (user, item, rating as f32)
-        })
-        .collect()
+/// Where the factors of `key` start in a model of `keys` (sorted, holding `key`).
+fn offset(keys: &[Key], key: Key, rank: usize) -> usize {
+    keys.binary_search(&key).unwrap_or(0) * rank
 }
 
-/// Factors of `key` in `pulled` (aligned with `keys`) plus their starting point.
-/// Writes into `out` (reused between calls, so the hot loop does not allocate).
-fn factors(cfg: &MfConfig, keys: &[Key], pulled: &[f32], key: Key, out: &mut Vec<f64>) {
-    let pos = keys.binary_search(&key).unwrap_or(0);
-    out.clear();
-    out.extend((0..cfg.rank).map(|j| f64::from(pulled[pos * cfg.rank + j]) + initial(cfg, key, j)));
-}
-
-fn rmse(cfg: &MfConfig, keys: &[Key], pulled: &[f32], ratings: &[(Key, Key, f32)]) -> f64 {
-    let (mut pu, mut qi) = (Vec::new(), Vec::new());
-    let sum: f64 = ratings
+/// The prediction error on `r` of the model `factors` of `keys`, with the factors' offsets.
+fn error(keys: &[Key], factors: &[f64], rank: usize, mean: f64, r: &Rating) -> (f64, usize, usize) {
+    let a = offset(keys, user_key(r.user), rank);
+    let b = offset(keys, item_key(r.item), rank);
+    let dot: f64 = factors[a..a + rank]
         .iter()
-        .map(|&(u, i, r)| {
-            factors(cfg, keys, pulled, u, &mut pu);
-            factors(cfg, keys, pulled, i, &mut qi);
-            let e = pu.iter().zip(&qi).map(|(a, b)| a * b).sum::<f64>() - f64::from(r);
-            e * e
-        })
+        .zip(&factors[b..b + rank])
+        .map(|(p, q)| p * q)
         .sum();
-    (sum / ratings.len().max(1) as f64).sqrt()
+    (mean + dot - f64::from(r.value), a, b)
 }
 
-fn sorted_keys(ratings: &[(Key, Key, f32)]) -> Vec<Key> {
-    let mut keys: Vec<Key> = ratings.iter().flat_map(|&(u, i, _)| [u, i]).collect();
+fn rms(errors: impl Iterator<Item = f64>, n: usize) -> f64 {
+    (errors.map(|e| e * e).sum::<f64>() / n.max(1) as f64).sqrt()
+}
+
+fn sorted_keys<'a>(ratings: impl Iterator<Item = &'a Rating>) -> Vec<Key> {
+    let mut keys: Vec<Key> = ratings
+        .flat_map(|r| [user_key(r.user), item_key(r.item)])
+        .collect();
     keys.sort_unstable();
     keys.dedup();
     keys
 }
 
+/// The order in which a worker visits the `n` ratings of its share in `epoch`: a seeded
+/// permutation, so that files sorted by user or by time do not feed one user's ratings in a
+/// row.
+fn visit_order(seed: u64, worker: usize, epoch: u32, n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let stream = mix(seed ^ mix(worker as u64) ^ mix(u64::from(epoch) << 32));
+    for i in (1..n).rev() {
+        let j = (mix(stream ^ i as u64) % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
+/// Pushes a worker keeps unawaited before it waits for the oldest: enough that it never waits
+/// for one under bounded delay, while the last ones are awaited before the model is measured.
+const PUSHES_IN_FLIGHT: usize = 8;
+
 fn config(e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Config(e.to_string())
 }
 
-/// Trains on generated ratings in one process and reports the test RMSE after every epoch.
-pub async fn train(cfg: &MfConfig) -> Result<Vec<MfReport>, RuntimeError> {
+/// Trains on `data` in one process, calling `on_epoch` with each epoch's result as it ends;
+/// returns every epoch's result.
+///
+/// Every epoch, each worker trains on every rating of its share of the training ratings (a
+/// contiguous `1/workers` of them) in a seeded order, in `ceil(share / batch)` steps; all
+/// workers take as many steps, the ones with a smaller share advancing without a batch.
+pub async fn train(
+    cfg: &MfConfig,
+    data: MfData,
+    mut on_epoch: impl FnMut(&MfReport),
+) -> Result<Vec<MfReport>, RuntimeError> {
     let began = Instant::now();
-    let train_set = std::sync::Arc::new(generate(cfg, cfg.ratings, 1));
-    let test_set = generate(cfg, cfg.ratings / 10, 2);
+    let mean = data.mean();
+    let baseline_rmse = data.baseline_rmse();
+    let data = Arc::new(data);
     let mut spec = ClusterSpec::new(cfg.servers, cfg.workers);
     spec.job.consistency = cfg.consistency;
     spec.job.width = cfg.rank;
     spec.job.updater = Updater::Sgd { lr: cfg.lr };
     let cluster: LocalCluster<f32> = LocalCluster::start(&spec, &MemNetwork::reliable())?;
-    let per = train_set.len().div_ceil(cfg.workers);
+    let per = data.train.len().div_ceil(cfg.workers.max(1));
     let steps = per.div_ceil(cfg.batch.max(1));
-    let test_keys = sorted_keys(&test_set);
+    let all_keys = sorted_keys(data.all());
     let mut reports = Vec::new();
     for epoch in 1..=cfg.epochs {
+        let epoch_began = Instant::now();
         let mut tasks = Vec::new();
         for (w, handle) in cluster.workers.iter().enumerate() {
-            let (handle, data, cfg) = (handle.clone(), train_set.clone(), *cfg);
+            let (handle, data, cfg) = (handle.clone(), data.clone(), *cfg);
             tasks.push(tokio::spawn(async move {
                 handle.ready().await?;
-                let mine = &data[(w * per).min(data.len())..((w + 1) * per).min(data.len())];
+                let share = &data.train
+                    [(w * per).min(data.train.len())..((w + 1) * per).min(data.train.len())];
+                let order = visit_order(cfg.seed, w, epoch, share.len());
+                let mut pushes = VecDeque::new();
                 for step in 0..steps {
-                    let from = (step * cfg.batch).min(mine.len());
-                    let batch = &mine[from..(from + cfg.batch).min(mine.len())];
+                    let from = (step * cfg.batch).min(order.len());
+                    let batch = &order[from..(from + cfg.batch).min(order.len())];
                     if batch.is_empty() {
                         handle.advance().await?;
                         continue;
                     }
-                    let keys = sorted_keys(batch);
+                    let keys = sorted_keys(batch.iter().map(|&i| &share[i]));
                     let list = KeyList::new(keys.clone()).map_err(config)?;
                     let pulled = handle.pull(KeySelection::Keys(list)).await?;
+                    let factors = model(&cfg, &keys, pulled.values());
                     let mut grad = vec![0f32; keys.len() * cfg.rank];
-                    let (mut pu, mut qi) = (Vec::new(), Vec::new());
-                    for &(u, i, r) in batch {
-                        factors(&cfg, &keys, pulled.values(), u, &mut pu);
-                        factors(&cfg, &keys, pulled.values(), i, &mut qi);
-                        let e = pu.iter().zip(&qi).map(|(a, b)| a * b).sum::<f64>() - f64::from(r);
-                        let (a, b) = (
-                            keys.binary_search(&u).unwrap_or(0) * cfg.rank,
-                            keys.binary_search(&i).unwrap_or(0) * cfg.rank,
-                        );
+                    for &i in batch {
+                        let (e, a, b) = error(&keys, &factors, cfg.rank, mean, &share[i]);
                         for j in 0..cfg.rank {
-                            grad[a + j] += (e * qi[j] + cfg.l2 * pu[j]) as f32;
-                            grad[b + j] += (e * pu[j] + cfg.l2 * qi[j]) as f32;
+                            let (p, q) = (factors[a + j], factors[b + j]);
+                            grad[a + j] += (e * q + cfg.l2 * p) as f32;
+                            grad[b + j] += (e * p + cfg.l2 * q) as f32;
                         }
                     }
                     let kvs = KvPairs::new(keys, grad, cfg.rank).map_err(config)?;
-                    drop(handle.start_push(kvs).await?);
+                    pushes.push_back(handle.start_push(kvs).await?);
+                    if pushes.len() > PUSHES_IN_FLIGHT {
+                        if let Some(oldest) = pushes.pop_front() {
+                            oldest.await?;
+                        }
+                    }
                     handle.advance().await?;
+                }
+                // The model is measured next: it should hold every push of the epoch.
+                for push in pushes {
+                    push.await?;
                 }
                 Ok::<(), RuntimeError>(())
             }));
@@ -200,14 +381,63 @@ pub async fn train(cfg: &MfConfig) -> Result<Vec<MfReport>, RuntimeError> {
         for t in tasks {
             t.await.map_err(|_| RuntimeError::ShutDown)??;
         }
-        let list = KeyList::new(test_keys.clone()).map_err(config)?;
+        let trained_secs = epoch_began.elapsed().as_secs_f64();
+        let list = KeyList::new(all_keys.clone()).map_err(config)?;
         let pulled = cluster.workers[0].pull(KeySelection::Keys(list)).await?;
-        reports.push(MfReport {
+        let factors = model(cfg, &all_keys, pulled.values());
+        let measure = |ratings: &[Rating]| {
+            rms(
+                ratings
+                    .iter()
+                    .map(|r| error(&all_keys, &factors, cfg.rank, mean, r).0),
+                ratings.len(),
+            )
+        };
+        let report = MfReport {
             epoch,
-            test_rmse: rmse(cfg, &test_keys, pulled.values(), &test_set),
+            train_rmse: measure(&data.train),
+            test_rmse: measure(&data.test),
+            baseline_rmse,
             secs: began.elapsed().as_secs_f64(),
-        });
+            rows_per_sec: data.train.len() as f64 / trained_secs.max(1e-9),
+        };
+        on_epoch(&report);
+        reports.push(report);
     }
     cluster.shutdown().await?;
     Ok(reports)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rating(user: u32, item: u32, value: f32) -> Rating {
+        Rating { user, item, value }
+    }
+
+    #[test]
+    fn the_baseline_predicts_the_training_mean() {
+        let data = MfData {
+            train: vec![rating(0, 0, 1.0), rating(1, 0, 3.0)],
+            test: vec![rating(0, 1, 4.0), rating(2, 0, 2.0)],
+        };
+        assert_eq!(data.mean(), 2.0);
+        // Errors 2 and 0.
+        assert!((data.baseline_rmse() - 2f64.sqrt()).abs() < 1e-12);
+        assert_eq!((data.users(), data.items()), (3, 2));
+        // Item 1 and user 2 have no training rating.
+        assert_eq!(data.unseen(), 2);
+    }
+
+    #[test]
+    fn each_epoch_visits_every_rating_of_a_share_once_in_a_seeded_order() {
+        let order = visit_order(3, 1, 1, 500);
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..500).collect::<Vec<_>>());
+        assert_ne!(order, sorted);
+        assert_eq!(order, visit_order(3, 1, 1, 500));
+        assert_ne!(order, visit_order(3, 1, 2, 500));
+    }
 }

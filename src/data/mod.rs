@@ -1,4 +1,5 @@
 //! Reading training data.
 
 pub mod libsvm;
+pub mod ratings;
 pub mod synthetic;

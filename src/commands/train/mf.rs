@@ -1,47 +1,233 @@
-//! `pserver train mf`: matrix factorization of generated ratings.
+//! `pserver train mf`: matrix factorization of a ratings file, or of generated ratings.
+
+use std::path::PathBuf;
 
 use pserver_core::Consistency;
 
 use super::NodesArgs;
-use crate::apps::mf::{MfConfig, train};
+use crate::apps::mf::{Generated, MfConfig, MfData, train};
 use crate::commands::CliError;
+use crate::commands::parse::{at_least_one, non_negative_finite, open_unit, positive_finite};
+use crate::data::ratings::{Ids, read, split};
 
 /// Factorize a matrix of ratings into user and item factors.
 ///
-/// The factors live on the servers; workers push the gradient of the squared error of their
-/// minibatches. Prints `iter=E test_rmse=... secs=...` after every epoch.
+/// With --data, trains on a ratings file: MovieLens u.data (user item rating timestamp,
+/// tab-separated), ratings.dat (user::item::rating::timestamp), or CSV with a header naming
+/// the user, item and rating columns (MovieLens userId,movieId,rating,timestamp), optionally
+/// .gz. Without it, on a generated rank-4 problem whose noise floor is printed. A rating is
+/// predicted as the training mean plus the dot product of its user's and item's factors. The
+/// factors live on the servers; workers push the gradient of the squared error of their
+/// minibatches. Prints `iter=E train_rmse=... test_rmse=... baseline_rmse=... secs=...
+/// rows_per_sec=...` after every epoch, where baseline_rmse is the test RMSE of predicting
+/// the training mean. A bad line is one error naming file:line and the field, exit status 2.
 #[derive(clap::Args, Debug)]
 pub struct MfArgs {
+    /// Ratings to train on; without it, a generated problem.
+    #[arg(long, value_name = "FILE")]
+    data: Option<PathBuf>,
+    /// Test ratings, whose user and item ids are those of --data [default: hold out
+    /// --test-fraction of --data].
+    #[arg(long, value_name = "FILE", requires = "data")]
+    test: Option<PathBuf>,
+    /// Fraction of --data held out for testing, chosen by --seed, when no --test is given
+    /// [default: 0.1].
+    #[arg(long, value_name = "F", value_parser = open_unit, requires = "data", conflicts_with = "test", allow_negative_numbers = true)]
+    test_fraction: Option<f64>,
+    /// Seed of the test split, the initial factors, the order of each epoch and the
+    /// generated problem.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
     #[command(flatten)]
     nodes: NodesArgs,
     /// Consistency model: sequential, bounded:TAU or eventual.
     #[arg(long, default_value = "bounded:2")]
     consistency: Consistency,
+    /// Factors per user and per item [default: 10 with --data; 4, the true rank, on the
+    /// generated problem].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000), allow_negative_numbers = true)]
+    rank: Option<u32>,
+    /// The servers' SGD learning rate.
+    #[arg(long, default_value_t = 0.05, value_parser = positive_finite, allow_negative_numbers = true)]
+    lr: f64,
+    /// L2 regularization of the factors, per rating [default: 0.05 with --data, 0.01 on the
+    /// generated problem].
+    #[arg(long, value_parser = non_negative_finite, allow_negative_numbers = true)]
+    l2: Option<f64>,
     /// Passes over the training ratings.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     epochs: u32,
+    /// Ratings per minibatch on each worker.
+    #[arg(long, default_value_t = 200, value_parser = at_least_one, allow_negative_numbers = true)]
+    batch: usize,
 }
 
-/// Trains and prints the test error after every epoch.
-pub(super) fn run(args: &MfArgs) -> Result<(), CliError> {
-    let cfg = MfConfig {
+/// Test fraction when neither --test nor --test-fraction is given.
+const TEST_FRACTION: f64 = 0.1;
+
+/// The training configuration the arguments give.
+fn config(args: &MfArgs) -> MfConfig {
+    let real = args.data.is_some();
+    MfConfig {
         servers: args.nodes.servers as usize,
         workers: args.nodes.workers as usize,
         consistency: args.consistency,
+        rank: args.rank.map_or(if real { 10 } else { 4 }, |r| r as usize),
         epochs: args.epochs,
-        ..MfConfig::default()
-    };
-    let rt = crate::commands::runtime()?;
-    eprintln!(
-        "mf: {} users x {} items, rank {}, {} ratings, noise {}",
-        cfg.users, cfg.items, cfg.rank, cfg.ratings, cfg.noise
-    );
-    let reports = rt.block_on(train(&cfg)).map_err(CliError::failed)?;
-    for r in reports {
-        println!(
-            "iter={} test_rmse={:.4} noise_floor={} secs={:.2}",
-            r.epoch, r.test_rmse, cfg.noise, r.secs
-        );
+        batch: args.batch,
+        lr: args.lr,
+        l2: args.l2.unwrap_or(if real { 0.05 } else { 0.01 }),
+        seed: args.seed,
     }
+}
+
+/// The ratings the arguments name, split into training and test ratings.
+fn load(args: &MfArgs, data: &std::path::Path) -> Result<MfData, CliError> {
+    let mut ids = Ids::new();
+    let ratings = read(data, &mut ids).map_err(CliError::input)?;
+    let (train, test) = match &args.test {
+        Some(test) => (ratings, read(test, &mut ids).map_err(CliError::input)?),
+        None => {
+            let fraction = args.test_fraction.unwrap_or(TEST_FRACTION);
+            let (train, test) = split(&ratings, fraction, args.seed);
+            let left_without = if train.is_empty() {
+                Some("train")
+            } else if test.is_empty() {
+                Some("test")
+            } else {
+                None
+            };
+            if let Some(what) = left_without {
+                return Err(CliError::input(format!(
+                    "{}: holding out --test-fraction {fraction} of its {} ratings leaves none to {what} on: give more ratings, another fraction or --test",
+                    data.display(),
+                    ratings.len()
+                )));
+            }
+            (train, test)
+        }
+    };
+    Ok(MfData { train, test })
+}
+
+/// Trains and prints the errors after every epoch.
+pub(super) fn run(args: &MfArgs) -> Result<(), CliError> {
+    let cfg = config(args);
+    let (data, noise) = match &args.data {
+        Some(path) => (load(args, path)?, None),
+        None => {
+            let problem = Generated {
+                seed: args.seed,
+                ..Generated::default()
+            };
+            (problem.data(), Some(problem.noise))
+        }
+    };
+    let per = data.train.len().div_ceil(cfg.workers);
+    eprintln!(
+        "mf: {} users, {} items, {} train ratings, {} test ratings ({} with a user or item unseen in training), rank {}, {} workers x {} steps of {} ratings per epoch{}",
+        data.users(),
+        data.items(),
+        data.train.len(),
+        data.test.len(),
+        data.unseen(),
+        cfg.rank,
+        cfg.workers,
+        per.div_ceil(cfg.batch),
+        cfg.batch,
+        noise.map_or(String::new(), |n| format!(", noise floor {n}")),
+    );
+    let rt = crate::commands::runtime()?;
+    rt.block_on(train(&cfg, data, |r| {
+        println!(
+            "iter={} train_rmse={:.4} test_rmse={:.4} baseline_rmse={:.4} secs={:.2} rows_per_sec={:.0}",
+            r.epoch, r.train_rmse, r.test_rmse, r.baseline_rmse, r.secs, r.rows_per_sec
+        );
+    }))
+    .map_err(CliError::failed)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        mf: MfArgs,
+    }
+
+    fn config_of(args: &[&str]) -> MfConfig {
+        let cli = Cli::try_parse_from(std::iter::once("mf").chain(args.iter().copied()))
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        config(&cli.mf)
+    }
+
+    #[test]
+    fn every_training_option_reaches_the_configuration() {
+        let cfg = config_of(&[
+            "--data",
+            "u.data",
+            "--rank",
+            "3",
+            "--lr",
+            "0.2",
+            "--l2",
+            "0.5",
+            "--batch",
+            "7",
+            "--epochs",
+            "9",
+            "--seed",
+            "11",
+            "--workers",
+            "3",
+            "--servers",
+            "5",
+        ]);
+        let want = MfConfig {
+            servers: 5,
+            workers: 3,
+            consistency: Consistency::BoundedDelay(2),
+            rank: 3,
+            epochs: 9,
+            batch: 7,
+            lr: 0.2,
+            l2: 0.5,
+            seed: 11,
+        };
+        assert_eq!(cfg, want);
+    }
+
+    #[test]
+    fn rank_and_l2_default_by_whether_the_data_is_real() {
+        let generated = config_of(&[]);
+        assert_eq!((generated.rank, generated.l2), (4, 0.01));
+        let real = config_of(&["--data", "u.data"]);
+        assert_eq!((real.rank, real.l2), (10, 0.05));
+    }
+
+    #[test]
+    fn test_options_need_data_and_exclude_each_other() {
+        let refused = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("mf").chain(args.iter().copied())).is_err()
+        };
+        assert!(refused(&["--test", "t"]));
+        assert!(refused(&["--test-fraction", "0.2"]));
+        assert!(refused(&[
+            "--data",
+            "d",
+            "--test",
+            "t",
+            "--test-fraction",
+            "0.2"
+        ]));
+        for bad in ["0", "1", "NaN", "-0.1"] {
+            assert!(refused(&["--data", "d", "--test-fraction", bad]), "{bad}");
+        }
+        assert!(!refused(&["--data", "d", "--test-fraction", "0.2"]));
+    }
 }

@@ -1,0 +1,323 @@
+//! `pserver train mf` on ratings files, as a user runs it: MovieLens and CSV files written here
+//! from a known low-rank model, and the errors a bad file gives.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A directory of its own for one test, removed when the test ends.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("pserver-train-mf-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn pserver(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pserver"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// SplitMix64: the test's own seeded randomness.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut x = self.0;
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    }
+
+    fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    fn normal(&mut self) -> f64 {
+        let (u1, u2) = (self.unit(), self.unit());
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+/// `n` ratings of `users` x `items` from a rank-3 model plus user and item biases and noise,
+/// rounded to the stars 1 to 5 as MovieLens ratings are: (user, item, stars).
+fn low_rank_ratings(users: usize, items: usize, n: usize, seed: u64) -> Vec<(usize, usize, u8)> {
+    let mut rng = Rng(seed);
+    let mut factors = |count: usize| -> Vec<[f64; 4]> {
+        (0..count)
+            .map(|_| {
+                [
+                    0.5 * rng.normal(),
+                    0.6 * rng.normal(),
+                    0.6 * rng.normal(),
+                    0.6 * rng.normal(),
+                ]
+            })
+            .collect()
+    };
+    let (p, q) = (factors(users), factors(items));
+    (0..n)
+        .map(|_| {
+            let (u, i) = (
+                (rng.next() % users as u64) as usize,
+                (rng.next() % items as u64) as usize,
+            );
+            let taste: f64 = (1..4).map(|j| p[u][j] * q[i][j]).sum();
+            let x = 3.5 + p[u][0] + q[i][0] + taste + 0.4 * rng.normal();
+            (u, i, x.round().clamp(1.0, 5.0) as u8)
+        })
+        .collect()
+}
+
+/// A MovieLens `u.data`: `user item rating timestamp`, tab-separated, ids from 1.
+fn movielens(ratings: &[(usize, usize, u8)]) -> String {
+    ratings
+        .iter()
+        .enumerate()
+        .map(|(t, (u, i, r))| format!("{}\t{}\t{r}\t{}\n", u + 1, i + 1, 874_724_710 + t))
+        .collect()
+}
+
+/// One `iter=` line of the output.
+#[derive(Debug)]
+struct Epoch {
+    iter: u32,
+    train_rmse: f64,
+    test_rmse: f64,
+    baseline_rmse: f64,
+}
+
+/// The epochs a successful run printed, and its stderr.
+fn trained(args: &[&str]) -> (Vec<Epoch>, String) {
+    let out = pserver(args);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "{args:?}: {err}");
+    let epochs = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let field = |name: &str| -> f64 {
+                line.split(' ')
+                    .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                    .unwrap_or_else(|| panic!("no {name} in {line}"))
+                    .parse()
+                    .unwrap()
+            };
+            for name in ["secs", "rows_per_sec"] {
+                field(name);
+            }
+            Epoch {
+                iter: field("iter") as u32,
+                train_rmse: field("train_rmse"),
+                test_rmse: field("test_rmse"),
+                baseline_rmse: field("baseline_rmse"),
+            }
+        })
+        .collect();
+    eprintln!("{args:?}: {epochs:?}");
+    (epochs, err)
+}
+
+/// Runs `args`, expects exit status 2 and an error message holding every one of `what`.
+fn refused(args: &[&str], what: &[&str]) {
+    let out = pserver(args);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.starts_with("error: "), "{args:?}: {err}");
+    assert_eq!(err.matches("error:").count(), 1, "{args:?}: {err}");
+    for w in what {
+        assert!(err.contains(w), "{args:?}: wanted {w:?} in {err}");
+    }
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+}
+
+#[test]
+fn train_mf_on_a_movielens_file_beats_the_global_mean() {
+    let dir = Scratch::new("movielens");
+    let data = dir.file("u.data", &movielens(&low_rank_ratings(200, 150, 15_000, 1)));
+    let (epochs, err) = trained(&[
+        "train",
+        "mf",
+        "--data",
+        path(&data),
+        "--test-fraction",
+        "0.2",
+        "--epochs",
+        "6",
+    ]);
+    assert!(err.contains("200 users, 150 items"), "{err}");
+    let iters: Vec<u32> = epochs.iter().map(|e| e.iter).collect();
+    assert_eq!(iters, [1, 2, 3, 4, 5, 6]);
+    let last = epochs.last().unwrap();
+    assert!(last.test_rmse < 0.95 * last.baseline_rmse, "{epochs:?}");
+    assert!(last.train_rmse < epochs[0].train_rmse, "{epochs:?}");
+}
+
+#[test]
+fn a_csv_file_with_a_header_and_a_separate_test_file_trains_on_shared_ids() {
+    let dir = Scratch::new("csv");
+    let ratings = low_rank_ratings(200, 150, 15_000, 2);
+    // ml-latest's layout, with string ids: a user is known by name in both files.
+    let csv = |rows: &[(usize, usize, u8)]| -> String {
+        let mut text = String::from("userId,movieId,rating,timestamp\n");
+        for (u, i, r) in rows {
+            text += &format!("u{u},m{i},{r}.0,1112486027\n");
+        }
+        text
+    };
+    let train = dir.file("ratings.csv", &csv(&ratings[..13_500]));
+    let mut test_rows = ratings[13_500..].to_vec();
+    // A user no training rating knows: scored from its starting factors, and counted.
+    test_rows.push((999, 0, 3));
+    let test = dir.file("test.csv", &csv(&test_rows));
+    let (epochs, err) = trained(&[
+        "train",
+        "mf",
+        "--data",
+        path(&train),
+        "--test",
+        path(&test),
+        "--epochs",
+        "6",
+    ]);
+    assert!(
+        err.contains(
+            "13500 train ratings, 1501 test ratings (1 with a user or item unseen in training)"
+        ),
+        "{err}"
+    );
+    let last = epochs.last().unwrap();
+    assert!(last.test_rmse < 0.95 * last.baseline_rmse, "{epochs:?}");
+}
+
+#[test]
+fn a_bad_line_is_refused_naming_file_line_and_field() {
+    let dir = Scratch::new("bad");
+    let good = dir.file("good.data", "1\t1\t4\t0\n2\t1\t3\t0\n1\t2\t5\t0\n");
+    let bad = dir.file("bad.data", "1\t1\t4\t0\n2\t1\t3\t0\n1\t2\tx\t0\n");
+    refused(
+        &["train", "mf", "--data", path(&bad)],
+        &["bad.data:3: rating: expected a number, found 'x'"],
+    );
+    refused(
+        &["train", "mf", "--data", path(&good), "--test", path(&bad)],
+        &["bad.data:3: rating"],
+    );
+    let nan = dir.file("nan.data", "1 1 NaN 0\n");
+    refused(
+        &["train", "mf", "--data", path(&nan)],
+        &["nan.data:1: rating: expected a finite number, found 'NaN'"],
+    );
+    let short = dir.file("short.csv", "user,item,rating\n1,2\n");
+    refused(
+        &["train", "mf", "--data", path(&short)],
+        &["short.csv:2: rating: missing"],
+    );
+}
+
+#[test]
+fn a_missing_or_empty_ratings_file_is_refused_naming_it() {
+    let dir = Scratch::new("empty");
+    let missing = dir.0.join("missing.data");
+    refused(
+        &["train", "mf", "--data", path(&missing)],
+        &["missing.data", "cannot read"],
+    );
+    let empty = dir.file("empty.data", "");
+    refused(
+        &["train", "mf", "--data", path(&empty)],
+        &["empty.data: no ratings"],
+    );
+    let header_only = dir.file("header.csv", "userId,movieId,rating,timestamp\n\n");
+    refused(
+        &["train", "mf", "--data", path(&header_only)],
+        &["header.csv: no ratings"],
+    );
+}
+
+#[test]
+fn test_options_without_data_and_meaningless_values_are_refused_naming_the_flag() {
+    refused(&["train", "mf", "--test", "t.data"], &["--data"]);
+    refused(&["train", "mf", "--test-fraction", "0.2"], &["--data"]);
+    for (flag, bad) in [
+        ("--test-fraction", "1"),
+        ("--test-fraction", "0"),
+        ("--lr", "NaN"),
+        ("--lr", "0"),
+        ("--l2", "-1"),
+        ("--rank", "0"),
+        ("--batch", "0"),
+        ("--epochs", "0"),
+    ] {
+        refused(&["train", "mf", "--data", "u.data", flag, bad], &[flag]);
+    }
+}
+
+#[test]
+fn rank_and_batch_show_in_the_summary_line() {
+    let dir = Scratch::new("shape");
+    let data = dir.file("u.data", &movielens(&low_rank_ratings(50, 40, 2_000, 3)));
+    let (_, err) = trained(&[
+        "train",
+        "mf",
+        "--data",
+        path(&data),
+        "--rank",
+        "2",
+        "--batch",
+        "100",
+        "--workers",
+        "2",
+        "--epochs",
+        "1",
+    ]);
+    // 2,000 ratings less about a tenth held out: about 900 per worker, 9 or 10 steps of 100.
+    let summary = err.lines().find(|l| l.starts_with("mf: ")).unwrap();
+    assert!(summary.contains(", rank 2, 2 workers x "), "{summary}");
+    assert!(
+        summary.contains(" steps of 100 ratings per epoch"),
+        "{summary}"
+    );
+}
+
+#[test]
+fn a_tiny_learning_rate_or_a_strong_l2_keeps_the_model_at_the_global_mean() {
+    let dir = Scratch::new("rates");
+    let data = dir.file("u.data", &movielens(&low_rank_ratings(200, 150, 15_000, 4)));
+    let run = |extra: &[&str]| {
+        let mut args = vec!["train", "mf", "--data", path(&data), "--epochs", "4"];
+        args.extend_from_slice(extra);
+        let (epochs, _) = trained(&args);
+        let last = epochs.last().unwrap();
+        last.test_rmse / last.baseline_rmse
+    };
+    let learned = run(&[]);
+    assert!(learned < 0.95, "{learned}");
+    // Factors that hardly move from their small starting point predict the mean.
+    let still = run(&["--lr", "1e-6"]);
+    assert!((still - 1.0).abs() < 0.01, "{still}");
+    let shrunk = run(&["--l2", "5", "--lr", "0.02"]);
+    assert!(shrunk > 0.98, "{shrunk}");
+}
