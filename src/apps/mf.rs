@@ -291,11 +291,10 @@ fn sorted_keys<'a>(ratings: impl Iterator<Item = &'a Rating>) -> Vec<Key> {
 /// row.
 fn visit_order(seed: u64, worker: usize, epoch: u32, n: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
-    let stream = mix(seed ^ mix(worker as u64) ^ mix(u64::from(epoch) << 32));
-    for i in (1..n).rev() {
-        let j = (mix(stream ^ i as u64) % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
+    crate::seeded::shuffle(
+        &mut order,
+        mix(seed ^ mix(worker as u64) ^ mix(u64::from(epoch) << 32)),
+    );
     order
 }
 
