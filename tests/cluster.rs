@@ -595,11 +595,7 @@ fn logistic_regression_trains_across_processes_each_worker_on_its_own_shard() {
     assert!(!outputs[1].contains("test_auc"));
     let rows: f64 = outputs.iter().map(|o| fields(o, "rows=")[2]).sum();
     assert_eq!(rows as usize, LR_ROWS, "every row once per epoch");
-    for (_, child) in &children.0 {
-        let _ = Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status();
-    }
+    children.interrupt();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -651,11 +647,7 @@ fn a_worker_killed_mid_training_has_its_share_taken_over_by_a_live_worker() {
     assert_eq!(last as usize, LR_ROWS);
     let aucs = fields(&outputs[0].0, "test_auc=");
     assert!(aucs[EPOCHS as usize - 1] >= 0.85, "{aucs:?}");
-    for (_, child) in &children.0 {
-        let _ = Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status();
-    }
+    children.interrupt();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -727,6 +719,17 @@ fn separate_processes_over_udp_end_with_exactly_what_the_workers_pushed() {
     let workers = (SERVERS + 1..=SERVERS + WORKERS).map(NodeId);
     assert_eq!(summed_dumps(&dumps), expected_totals(ITERATIONS, workers));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+impl Children {
+    /// Asks every node still running to stop, as Ctrl-C would.
+    fn interrupt(&self) {
+        for (_, child) in &self.0 {
+            let _ = Command::new("kill")
+                .args(["-INT", &child.id().to_string()])
+                .status();
+        }
+    }
 }
 
 /// Starts every node of the cluster file `config`, in order.
@@ -807,11 +810,7 @@ fn the_cluster_job_trains_every_row_of_a_skewed_share_and_saves_the_best_epoch()
         rows[0] > 0.0 && nonzero[0] > 0.0 && nonzero[0] <= rows[0],
         "{summary}"
     );
-    for (_, child) in &children.0 {
-        let _ = Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status();
-    }
+    children.interrupt();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -848,10 +847,6 @@ fn test_metrics_survive_the_loss_of_the_worker_that_measured_them() {
     assert!(last.contains(&format!("iter={EPOCHS} ")), "{stdout}");
     assert!(last.contains("test_auc="), "{stdout}");
     assert!(fields(last, "test_auc=")[0] >= 0.85, "{stdout}");
-    for (_, child) in &children.0 {
-        let _ = Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status();
-    }
+    children.interrupt();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -44,7 +44,7 @@ fn field(line: &str, key: &str) -> f64 {
 }
 
 /// The epoch lines of a training run's output.
-fn epochs(stdout: &str) -> Vec<&str> {
+fn epochs_of(stdout: &str) -> Vec<&str> {
     stdout.lines().filter(|l| l.starts_with("iter=")).collect()
 }
 
@@ -92,16 +92,25 @@ fn the_intercept_is_unregularized_saved_with_the_model_and_used_by_predict() {
     ];
     let (with, _) = run_ok(&[&common[..], &["--save", s(&model)]].concat());
     let (without, _) = run_ok(&[&common[..], &["--no-bias"]].concat());
-    let loss = |out: &str| field(epochs(out).last().unwrap(), "test_logloss");
+    let loss = |out: &str| field(epochs_of(out).last().unwrap(), "test_logloss");
     // The entropy of a 0.8 coin is 0.500 nats; a model without intercept predicts 0.5 (0.693).
     assert!(loss(&with) < 0.53, "{with}");
     assert!(
         (loss(&without) - std::f64::consts::LN_2).abs() < 1e-3,
         "{without}"
     );
-    assert_eq!(field(epochs(&with).last().unwrap(), "nnz"), 1.0, "{with}");
+    assert_eq!(
+        field(epochs_of(&with).last().unwrap(), "nnz"),
+        1.0,
+        "{with}"
+    );
+    // The model saved is the best epoch's, intercept included.
+    let best = epochs_of(&with)
+        .iter()
+        .map(|l| field(l, "test_logloss"))
+        .fold(f64::INFINITY, f64::min);
     let (predicted, _) = run_ok(&["predict", "--model", s(&model), "--data", s(&test)]);
-    assert_eq!(field(&predicted, "logloss"), loss(&with), "{predicted}");
+    assert_eq!(field(&predicted, "logloss"), best, "{predicted}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -153,7 +162,7 @@ fn a_zero_based_file_without_index_zero_reads_the_same_as_with_it() {
         let (out, _) = run_ok(&["predict", "--model", s(&model), "--data", s(data)]);
         field(&out, "auc")
     };
-    let trained_auc = field(epochs(&trained).last().unwrap(), "test_auc");
+    let trained_auc = field(epochs_of(&trained).last().unwrap(), "test_auc");
     assert!(trained_auc > 0.9, "{trained}");
     assert_eq!(auc(&test), auc(&test0));
     assert_eq!(auc(&test), trained_auc);
@@ -233,26 +242,38 @@ const OVERFIT: [&str; 12] = [
     "7",
 ];
 
+/// Trains on the overfitting files for `epochs` epochs with `extra` options; returns stdout,
+/// stderr and each epoch's test log loss.
+fn overfit_run(
+    train: &Path,
+    test: &Path,
+    epochs: &str,
+    extra: &[&str],
+) -> (String, String, Vec<f64>) {
+    let args = [
+        "train",
+        "--data",
+        s(train),
+        "--test",
+        s(test),
+        "--epochs",
+        epochs,
+    ];
+    let (out, err) = run_ok(&[&args[..], &OVERFIT, extra].concat());
+    let losses = epochs_of(&out)
+        .iter()
+        .map(|l| field(l, "test_logloss"))
+        .collect();
+    (out, err, losses)
+}
+
 #[test]
 fn save_keeps_the_epoch_with_the_lowest_test_logloss_unless_told_to_keep_the_last() {
     let dir = scratch("keep");
     let (train, test) = overfitting(&dir);
     let (best, last) = (dir.join("best"), dir.join("last"));
-    let args = [
-        "train",
-        "--data",
-        s(&train),
-        "--test",
-        s(&test),
-        "--epochs",
-        "12",
-    ];
-    let (out, _) = run_ok(&[&args[..], &OVERFIT, &["--save", s(&best)]].concat());
-    run_ok(&[&args[..], &OVERFIT, &["--save", s(&last), "--keep", "last"]].concat());
-    let losses: Vec<f64> = epochs(&out)
-        .iter()
-        .map(|l| field(l, "test_logloss"))
-        .collect();
+    let (out, _, losses) = overfit_run(&train, &test, "12", &["--save", s(&best)]);
+    overfit_run(&train, &test, "12", &["--save", s(&last), "--keep", "last"]);
     let lowest = losses.iter().copied().fold(f64::INFINITY, f64::min);
     let final_loss = *losses.last().unwrap();
     assert!(
@@ -272,20 +293,7 @@ fn save_keeps_the_epoch_with_the_lowest_test_logloss_unless_told_to_keep_the_las
 fn early_stop_ends_the_run_n_epochs_after_the_best_one() {
     let dir = scratch("early");
     let (train, test) = overfitting(&dir);
-    let args = [
-        "train",
-        "--data",
-        s(&train),
-        "--test",
-        s(&test),
-        "--epochs",
-        "50",
-    ];
-    let (out, err) = run_ok(&[&args[..], &OVERFIT, &["--early-stop", "2"]].concat());
-    let losses: Vec<f64> = epochs(&out)
-        .iter()
-        .map(|l| field(l, "test_logloss"))
-        .collect();
+    let (out, err, losses) = overfit_run(&train, &test, "50", &["--early-stop", "2"]);
     let best = losses
         .iter()
         .enumerate()
@@ -323,7 +331,7 @@ fn a_file_sorted_by_label_trains_within_0_003_of_the_same_file_shuffled() {
             "1",
         ];
         let (out, _) = run_ok(&[&args[..], &["--epochs", "2"], extra].concat());
-        field(epochs(&out).last().unwrap(), "test_auc")
+        field(epochs_of(&out).last().unwrap(), "test_auc")
     };
     let (shuffled, sorted_shuffled) = (auc(&original, &[]), auc(&by_label, &[]));
     assert!(

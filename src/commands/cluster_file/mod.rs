@@ -39,7 +39,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::script::Script;
-use crate::apps::lr::{Keep, LrConfig, Wire};
+use crate::apps::lr::{DEFAULT_ALPHA, DEFAULT_L1, DEFAULT_L2, Keep, LrConfig, Wire, ftrl};
 use crate::data::libsvm::IndexBase;
 use raw::{App, Choice, Raw, RawBase, RawJob, RawNode, RawRing, Rule};
 
@@ -439,12 +439,11 @@ fn updater(job: &RawJob, origin: &Origin<'_>) -> Result<Updater, ClusterFileErro
             if job.lr.is_some() {
                 return unused("job.lr", "ftrl", "alpha, l1 and l2");
             }
-            Ok(Updater::FtrlProximal {
-                alpha: positive("job.alpha", job.alpha, 0.3)?,
-                beta: 1.0,
-                l1: non_negative("job.l1", job.l1, 1.0)?,
-                l2: non_negative("job.l2", job.l2, 1.0)?,
-            })
+            Ok(ftrl(
+                positive("job.alpha", job.alpha, DEFAULT_ALPHA)?,
+                non_negative("job.l1", job.l1, DEFAULT_L1)?,
+                non_negative("job.l2", job.l2, DEFAULT_L2)?,
+            ))
         }
         Rule::Adagrad | Rule::Sgd => {
             let name = if rule == Rule::Sgd { "sgd" } else { "adagrad" };

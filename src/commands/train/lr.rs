@@ -10,7 +10,10 @@ use pserver_core::{Consistency, JobSpec, Updater};
 use tokio::runtime::Runtime;
 
 use super::NodesArgs;
-use crate::apps::lr::{Keep, LrConfig, RowsTrained, Trained, Wire, save_model, train_local_until};
+use crate::apps::lr::{
+    DEFAULT_ALPHA, DEFAULT_L1, DEFAULT_L2, Keep, LrConfig, RowsTrained, Trained, Wire, ftrl,
+    save_model, train_local_until,
+};
 use crate::apps::plot::{Curve, write_svg};
 use crate::commands::parse::{at_least_one, non_negative_finite, positive_finite};
 use crate::commands::signals::{self, Stop};
@@ -98,10 +101,10 @@ struct RuleArgs {
     /// Learning rate of adagrad and sgd [default: 0.1].
     #[arg(long, value_parser = positive_finite, allow_negative_numbers = true)]
     lr: Option<f64>,
-    /// FTRL learning-rate scale [default: 0.3].
+    /// FTRL learning-rate scale [default: 1].
     #[arg(long, value_parser = positive_finite, allow_negative_numbers = true)]
     alpha: Option<f64>,
-    /// FTRL L1 regularization, per pushed gradient (larger: sparser model) [default: 1].
+    /// FTRL L1 regularization, per pushed gradient (larger: sparser model) [default: 0.1].
     #[arg(long, value_parser = non_negative_finite, allow_negative_numbers = true)]
     l1: Option<f64>,
     /// FTRL L2 regularization, per pushed gradient [default: 1].
@@ -123,12 +126,11 @@ impl RuleArgs {
                 if self.lr.is_some() {
                     return unused("--lr", "ftrl", "--alpha, --l1 and --l2");
                 }
-                Ok(Updater::FtrlProximal {
-                    alpha: self.alpha.unwrap_or(0.3),
-                    beta: 1.0,
-                    l1: self.l1.unwrap_or(1.0),
-                    l2: self.l2.unwrap_or(1.0),
-                })
+                Ok(ftrl(
+                    self.alpha.unwrap_or(DEFAULT_ALPHA),
+                    self.l1.unwrap_or(DEFAULT_L1),
+                    self.l2.unwrap_or(DEFAULT_L2),
+                ))
             }
             UpdateRule::Adagrad | UpdateRule::Sgd => {
                 let rule = if self.updater == UpdateRule::Sgd {
