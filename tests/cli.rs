@@ -761,6 +761,18 @@ fn each_application_of_train_has_its_own_options_and_help() {
 }
 
 #[test]
+fn a_model_or_plot_that_could_never_be_written_is_refused_before_training() {
+    refused(
+        &["train", "--save", "/nonexistent-pserver-dir/m.bin"],
+        "--save",
+    );
+    refused(
+        &["train", "--plot", "/nonexistent-pserver-dir/p.svg"],
+        "--plot",
+    );
+}
+
+#[test]
 fn zero_epochs_or_batch_are_refused() {
     refused(&["train", "--epochs", "0"], "--epochs");
     refused(&["train", "--batch", "0"], "--batch");

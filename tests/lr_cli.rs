@@ -156,6 +156,8 @@ fn a_zero_based_file_without_index_zero_reads_the_same_as_with_it() {
         "2",
         "--save",
         s(&model),
+        "--keep",
+        "last",
     ]);
     assert!(err.contains("index base 0: index 0 at"), "{err}");
     let auc = |data: &Path| {
@@ -320,26 +322,26 @@ fn a_file_sorted_by_label_trains_within_0_003_of_the_same_file_shuffled() {
     std::fs::write(&original, &text).unwrap();
     std::fs::write(&by_label, sorted.join("\n") + "\n").unwrap();
     let test = adult.join("adult.test.svm.gz");
-    let auc = |data: &Path, extra: &[&str]| {
-        let args = [
-            "train",
-            "--data",
-            s(data),
-            "--test",
-            s(&test),
-            "--workers",
-            "1",
-        ];
-        let (out, _) = run_ok(&[&args[..], &["--epochs", "2"], extra].concat());
+    let auc = |data: &Path, workers: &str, extra: &[&str]| {
+        let args = ["train", "--data", s(data), "--test", s(&test)];
+        let more = ["--workers", workers, "--epochs", "2"];
+        let (out, _) = run_ok(&[&args[..], &more, extra].concat());
         field(epochs_of(&out).last().unwrap(), "test_auc")
     };
-    let (shuffled, sorted_shuffled) = (auc(&original, &[]), auc(&by_label, &[]));
-    assert!(
-        (shuffled - sorted_shuffled).abs() <= 0.003,
-        "{shuffled} {sorted_shuffled}"
-    );
+    // One worker shuffles the whole file; four are dealt shares from a shuffled file.
+    for workers in ["1", "4"] {
+        let shuffled = auc(&original, workers, &[]);
+        let sorted_shuffled = auc(&by_label, workers, &[]);
+        assert!(
+            (shuffled - sorted_shuffled).abs() <= 0.003,
+            "{workers} workers: {shuffled} {sorted_shuffled}"
+        );
+    }
     // What the shuffle saves: in file order, one label's rows come all at once.
-    let in_file_order = auc(&by_label, &["--no-shuffle"]);
+    let (shuffled, in_file_order) = (
+        auc(&original, "1", &[]),
+        auc(&by_label, "1", &["--no-shuffle"]),
+    );
     assert!(
         in_file_order < shuffled - 0.02,
         "{in_file_order} {shuffled}"

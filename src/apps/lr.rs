@@ -4,19 +4,21 @@
 //! default, whose L1 term keeps the model sparse).
 //!
 //! One iteration is one minibatch on every worker; an epoch is one pass over each shard, in an
-//! order drawn afresh every epoch from a seed. After every epoch the first worker pulls the
-//! whole model (a range pull, answered in parts) and measures it on the test set.
+//! order drawn afresh every epoch from a seed. After every epoch the worker holding the first
+//! share pulls the whole model (a range pull, answered in parts) and measures it on the test
+//! set.
 //!
 //! The model has an intercept (unless [`LrConfig::bias`] is off): the weight of a constant
 //! feature of value 1 that every row holds, kept at key [`BIAS_KEY`], past every key a data
 //! file can name, and exempt from regularization ([`JobSpec::unregularized`]).
 //!
-//! **Regularization.** Each push is the gradient of the *mean* log loss of one minibatch, and
-//! the servers apply FTRL-Proximal to every push they receive, so `l1` and `l2` act once per
-//! push: per minibatch, not per row. Relative to the data term, the regularizer is therefore
-//! about `batch` times weaker than in a per-row formulation (liblinear's `C` or VW's
-//! `--l1`/`--l2`), and scales with the number of pushes a key receives: the number of
-//! minibatches that touch it, over every worker.
+//! **Regularization.** FTRL-Proximal minimizes the sum of the losses it is pushed plus one
+//! `l1 |w| + l2 w^2 / 2` for the whole run: the regularizer is charged once, not once per
+//! push. Each push is the gradient of the *mean* log loss of a minibatch, so every row counts
+//! `1 / batch` in the data term: against a per-row formulation with the same `l1` (VW's, whose
+//! updates are one row each), the regularizer is `batch` times stronger. And the data term
+//! grows with every epoch while the regularizer does not, so the regularization weakens as
+//! training goes on. The test `l1_is_charged_once_against_minibatch_means` pins this down.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -320,7 +322,7 @@ fn visiting_order(cfg: &LrConfig, share: usize, epoch: u32, rows: Range<usize>) 
 enum Note {
     /// A worker's summed training loss and row count for one epoch.
     Loss { epoch: u32, loss: f64, rows: usize },
-    /// The first worker's measurement of the model after an epoch.
+    /// The measurement of the model after an epoch, by the worker holding the first share.
     Model {
         epoch: u32,
         test_logloss: f64,
@@ -592,6 +594,15 @@ pub async fn train_local_until(
         Some(transports) => transports.values().map(|t| t.stats().bytes_sent).sum(),
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
+    // Shares are contiguous runs of rows: dealt from a seeded permutation, each holds a fair
+    // sample of a file sorted by label (or by anything else), not one end of it.
+    let train = if cfg.shuffle {
+        let mut order: Vec<usize> = (0..train.len()).collect();
+        crate::seeded::shuffle(&mut order, crate::seeded::mix(cfg.seed ^ 0x5a17));
+        train.select(&order)
+    } else {
+        train
+    };
     let (train, test) = (std::sync::Arc::new(train), std::sync::Arc::new(test));
     let tasks: Vec<_> = cluster
         .workers
@@ -649,7 +660,7 @@ pub async fn train_local_until(
 }
 
 /// What the workers have said about each epoch. An epoch's report is made once every worker's
-/// loss and the first worker's measurement of the model are in, in epoch order.
+/// loss and the measurement of the model are in, in epoch order.
 struct Epochs {
     workers: usize,
     keep: Keep,
@@ -721,8 +732,8 @@ impl Epochs {
         let epoch = next as u32;
         let secs = began.elapsed().as_secs_f64();
         let before = self.reports.last().map_or(0.0, |r| r.secs);
-        // A NaN loss is never better: the comparison keeps the earlier model.
-        let better = self.best.is_none_or(|(_, b)| test_logloss < b);
+        // A NaN loss is never better, not even than nothing.
+        let better = !test_logloss.is_nan() && self.best.is_none_or(|(_, b)| test_logloss < b);
         if better {
             self.best = Some((epoch, test_logloss));
         }
@@ -881,6 +892,32 @@ mod tests {
                 .contains("not a pserver model")
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The weight FTRL gives a feature whose every row has gradient 0.5, over `epochs` passes
+    /// of 100 rows pushed as minibatch means of `batch` rows.
+    fn ftrl_weight(batch: usize, epochs: usize, l1: f64) -> f64 {
+        use pserver_core::UpdateRule;
+        let rule = ftrl(1.0, l1, 0.0);
+        let (mut w, mut aux) = (0.0f64, [0.0f64; 2]);
+        for _ in 0..epochs * 100 / batch {
+            rule.apply(&mut w, &mut aux, 0.5);
+        }
+        w
+    }
+
+    #[test]
+    fn l1_is_charged_once_against_minibatch_means() {
+        // Per row, one epoch sums to 50 against an l1 of 10: the weight moves.
+        assert!(ftrl_weight(1, 1, 10.0) < 0.0);
+        // As means of 20 rows, one epoch sums to 2.5: the same l1 holds the weight at zero,
+        // as an l1 20 times larger would per row.
+        assert_eq!(ftrl_weight(20, 1, 10.0), 0.0);
+        assert_eq!(ftrl_weight(1, 1, 200.0), 0.0);
+        // More epochs add to the data term, not to the regularizer: by the fifth epoch (12.5)
+        // the weight moves.
+        assert_eq!(ftrl_weight(20, 4, 10.0), 0.0);
+        assert!(ftrl_weight(20, 5, 10.0) < 0.0);
     }
 
     #[test]

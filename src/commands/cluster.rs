@@ -23,7 +23,7 @@ use thiserror::Error;
 
 use super::cluster_file::{ClusterFile, ClusterFileError, Job, LrJob};
 use super::script::{Script, WorkerSummary};
-use crate::apps::lr::{Measure, ShareRows, run_shares, save_model};
+use crate::apps::lr::{Measure, ShareRows, evaluate, load_model, run_shares, save_model};
 use crate::data::libsvm::{
     DataError, Examples, IndexBase, count_rows, holds_rows, lines_before, no_examples, parse_lines,
     parse_whole, read_bytes, shard,
@@ -241,6 +241,22 @@ impl LrData {
     /// and test files as `pserver train` does.
     fn read(job: &LrJob, index: usize) -> Result<LrData, DataError> {
         let name = job.data.display().to_string();
+        // Any worker may come to hold the first share and save: each checks at once that it
+        // could.
+        if let Some(dir) = job.save.as_deref().and_then(std::path::Path::parent)
+            && !dir.as_os_str().is_empty()
+            && !dir.is_dir()
+        {
+            return Err(DataError {
+                path: job.save.as_deref().unwrap_or(dir).display().to_string(),
+                line: 0,
+                column: 0,
+                message: format!(
+                    "cannot save the model there: directory {} does not exist",
+                    dir.display()
+                ),
+            });
+        }
         let text = read_bytes(&job.data)?;
         if !holds_rows(&text) {
             return Err(no_examples(name));
@@ -351,6 +367,9 @@ async fn train_lr_worker(
 ) -> Result<u32, RunError> {
     let test = data.test.take();
     let (steps, base) = (data.steps, data.base);
+    // A worker that takes over the first share starts from the model its holder saved, so
+    // that it replaces it only with a better one.
+    let took_over = !data.shares.contains_key(&0);
     let rows_of = |share: usize| {
         data.share(share)
             .map_err(|e| RuntimeError::Config(e.to_string()))
@@ -362,6 +381,8 @@ async fn train_lr_worker(
     let mut epochs = 0;
     let mut best: Option<f64> = None;
     let mut save_failed = None;
+    // Epoch 1's time starts when the job does, not while the nodes are still joining.
+    worker.ready().await?;
     let mut began = Instant::now();
     run_shares(&job.cfg, worker, rows_of, steps, measure, None, |e| {
         epochs = e.epoch;
@@ -381,7 +402,14 @@ async fn train_lr_worker(
             // The best epoch by test log loss, or the latest without a test set; written as
             // soon as it is known, so that a later failure cannot lose it.
             let loss = model.test.map(|(loss, _)| loss);
+            if took_over
+                && best.is_none()
+                && let (Some(path), Some(test)) = (&job.save, &test)
+            {
+                best = saved_loss(path, base, test);
+            }
             let better = match (loss, best) {
+                (Some(loss), _) if loss.is_nan() => false,
                 (Some(loss), Some(best)) => loss < best,
                 _ => true,
             };
@@ -403,6 +431,12 @@ async fn train_lr_worker(
         Some(e) => Err(RunError::Data(e)),
         None => Ok(epochs),
     }
+}
+
+/// The test log loss of the model saved at `path`, if there is one read with `base`.
+fn saved_loss(path: &std::path::Path, base: IndexBase, test: &Examples) -> Option<f64> {
+    let saved = load_model(path).ok()?;
+    (saved.base == base).then(|| evaluate(&saved.weights, test).0)
 }
 
 /// Writes the model to a file beside `path`, then renames it over `path`: a reader never sees
@@ -609,6 +643,22 @@ mod tests {
         assert_eq!(first.len() + second.len(), whole.len());
         assert_eq!(first.row(0), whole.row(0));
         assert_eq!(second.row(second.len() - 1), whole.row(whole.len() - 1));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_worker_taking_over_the_first_share_scores_the_saved_model_it_may_replace() {
+        let dir = std::env::temp_dir().join(format!("pserver-saved-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let test = parse("test", b"1 1:1\n0 2:1\n", IndexBase::Zero).unwrap();
+        let weights = pserver_core::KvPairs::new(vec![1, 2], vec![2.0f32, -2.0], 1).unwrap();
+        let path = dir.join("model.bin");
+        assert_eq!(saved_loss(&path, IndexBase::Zero, &test), None);
+        save_replacing(&path, &weights, IndexBase::Zero).unwrap();
+        let loss = saved_loss(&path, IndexBase::Zero, &test).unwrap();
+        assert_eq!(loss, evaluate(&weights, &test).0);
+        // A model read with another base says nothing about this job's.
+        assert_eq!(saved_loss(&path, IndexBase::One, &test), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

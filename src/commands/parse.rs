@@ -51,6 +51,23 @@ pub(super) fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A file to write when the work is done: refused at once if it could never be written (its
+/// directory missing, or a directory in its place), rather than after hours of training.
+pub(super) fn output_file(s: &str) -> Result<std::path::PathBuf, String> {
+    let path = std::path::PathBuf::from(s);
+    if path.is_dir() {
+        return Err(format!("`{s}` is a directory"));
+    }
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!("directory `{}` does not exist", dir.display()));
+    }
+    Ok(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,5 +93,16 @@ mod tests {
             assert!(at_least_one(bad).is_err(), "{bad}");
         }
         assert_eq!(at_least_one("100"), Ok(100));
+    }
+
+    #[test]
+    fn an_output_file_that_could_never_be_written_is_refused() {
+        assert!(output_file("model.bin").is_ok());
+        let tmp = std::env::temp_dir();
+        assert!(output_file(&tmp.join("m.bin").display().to_string()).is_ok());
+        let e = output_file("/nonexistent-pserver-dir/m.bin").unwrap_err();
+        assert!(e.contains("does not exist"), "{e}");
+        let e = output_file(&tmp.display().to_string()).unwrap_err();
+        assert!(e.contains("is a directory"), "{e}");
     }
 }

@@ -24,7 +24,8 @@ pub struct PredictArgs {
     #[arg(long)]
     scores: bool,
     /// How the data counts its feature indices: 0, 1, or auto (decided from the data). Only
-    /// for models saved before the model file recorded it; for the others it must agree.
+    /// for models saved before the model file recorded it; for the others it must agree, and
+    /// auto means the model's.
     #[arg(long, value_enum)]
     index_base: Option<IndexBase>,
 }
@@ -42,7 +43,7 @@ pub fn run(args: PredictArgs) -> Result<(), CliError> {
             );
             asked
         }
-        (recorded, Some(asked)) if asked != recorded => {
+        (recorded, Some(asked)) if asked != recorded && asked != IndexBase::Auto => {
             return Err(CliError::input(format!(
                 "--index-base {asked} contradicts {}, trained on data read with index base {recorded}",
                 args.model.display()

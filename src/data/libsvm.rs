@@ -181,6 +181,23 @@ impl Examples {
         }
     }
 
+    /// The rows `order` names, in that order.
+    pub fn select(&self, order: &[usize]) -> Examples {
+        let mut out = Examples::new();
+        out.labels.reserve(order.len());
+        out.offsets.reserve(order.len());
+        out.indices.reserve(self.indices.len());
+        out.values.reserve(self.values.len());
+        for &i in order {
+            let (idx, val) = self.row(i);
+            out.labels.push(self.labels[i]);
+            out.indices.extend_from_slice(idx);
+            out.values.extend_from_slice(val);
+            out.offsets.push(out.indices.len());
+        }
+        out
+    }
+
     /// The largest feature index plus one (0 without features).
     pub fn dimensions(&self) -> u64 {
         self.indices.iter().max().map_or(0, |&m| m + 1)

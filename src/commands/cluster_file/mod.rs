@@ -110,7 +110,7 @@ pub enum Job {
 pub struct LrJob {
     /// Training data (LIBSVM); every worker reads its own byte range of it.
     pub data: PathBuf,
-    /// Test data, measured by the first worker after every epoch.
+    /// Test data, measured after every epoch by the worker holding the first share.
     pub test: Option<PathBuf>,
     /// Where the worker holding the first share saves the model: the epoch with the lowest
     /// test log loss, or the last without a test set.

@@ -15,7 +15,7 @@ use crate::apps::lr::{
     save_model, train_local_until,
 };
 use crate::apps::plot::{Curve, write_svg};
-use crate::commands::parse::{at_least_one, non_negative_finite, positive_finite};
+use crate::commands::parse::{at_least_one, non_negative_finite, output_file, positive_finite};
 use crate::commands::signals::{self, Stop};
 use crate::commands::{CliError, runtime};
 use crate::data::libsvm::{Examples, IndexBase, parse_whole, read_bytes};
@@ -25,7 +25,7 @@ use crate::data::libsvm::{Examples, IndexBase, parse_whole, read_bytes};
 /// With no arguments, trains on the shipped UCI Adult data (data/adult). Workers compute
 /// gradients on minibatches of their own share of the rows and push them; servers apply the
 /// update rule (FTRL-Proximal by default). After every epoch prints `iter=E train_logloss=...
-/// test_logloss=... test_auc=... nnz=... secs=...`; a bad data file is one line naming
+/// test_logloss=... test_auc=... nnz=... rows_per_sec=... secs=... bytes=...`; a bad data file is one line naming
 /// file:line:column, exit status 2, and so is an empty one, or an option with a value it
 /// cannot mean (a NaN or negative rate, zero epochs, a rate the chosen update rule does not
 /// use). Ctrl-C or SIGTERM stops it, keeping the epochs finished so far (their plot and
@@ -45,11 +45,11 @@ pub struct LrArgs {
     #[arg(long, value_delimiter = ',', default_value = "bounded:4")]
     consistency: Vec<Consistency>,
     /// Draw test log loss and AUC against time into this SVG file.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = output_file)]
     plot: Option<PathBuf>,
     /// Save the trained model (of the last consistency model given) to this file, for
     /// `pserver predict`.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = output_file)]
     save: Option<PathBuf>,
     /// Passes over the training data.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
@@ -104,10 +104,12 @@ struct RuleArgs {
     /// FTRL learning-rate scale [default: 1].
     #[arg(long, value_parser = positive_finite, allow_negative_numbers = true)]
     alpha: Option<f64>,
-    /// FTRL L1 regularization, per pushed gradient (larger: sparser model) [default: 0.1].
+    /// FTRL L1 regularization, charged once against the sum of the pushed minibatch mean
+    /// gradients: --batch times stronger than the same L1 per row (larger: sparser model)
+    /// [default: 0.1].
     #[arg(long, value_parser = non_negative_finite, allow_negative_numbers = true)]
     l1: Option<f64>,
-    /// FTRL L2 regularization, per pushed gradient [default: 1].
+    /// FTRL L2 regularization, charged as L1 is [default: 1].
     #[arg(long, value_parser = non_negative_finite, allow_negative_numbers = true)]
     l2: Option<f64>,
 }
@@ -213,9 +215,14 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
         let every = Duration::from_secs_f64(args.progress_every);
         let (trained, stop) = train_until_stopped(&rt, &cfg, (&train, &test), &prefix, every)?;
         if let Some(after) = trained.stopped_early {
+            let best = trained
+                .reports
+                .iter()
+                .filter(|r| !r.test_logloss.is_nan())
+                .min_by(|a, b| a.test_logloss.total_cmp(&b.test_logloss))
+                .map_or(0, |r| r.epoch);
             eprintln!(
-                "{prefix}early stop after epoch {after}: no lower test log loss since epoch {}",
-                trained.kept_epoch
+                "{prefix}early stop after epoch {after}: no lower test log loss since epoch {best}"
             );
         }
         runs.push((consistency, trained));
