@@ -131,6 +131,7 @@ impl JobSpec {
                 vnodes: 64,
                 replicas: 0,
                 seed: 0,
+                ..RingConfig::default()
             },
             width: 1,
             updater: Updater::Sum,

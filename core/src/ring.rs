@@ -1,9 +1,12 @@
 //! Consistent hashing of the key space onto servers, with virtual nodes and replicas.
 //!
-//! Keys are not hashed: the ring *is* the key space `[0, u64::MAX)`, so that a key range maps to
-//! a few contiguous server ranges and range push/pull stays ranged (the paper's §4.3). Each
-//! server places `vnodes` points at seeded hash positions; a point owns the keys from the previous
-//! point up to itself, wrapping around. A key's primary is the server of the first point above
+//! Keys are not hashed: the ring *is* the key space, so that a key range maps to a few
+//! contiguous server ranges and range push/pull stays ranged (the paper's §4.3). Each server
+//! places `vnodes` points at seeded hash positions within the job's key space `[0, K)`
+//! ([`RingConfig::key_space`], the whole `[0, u64::MAX)` by default): a job whose keys are the
+//! features `0..K` of its data says so, and its keys spread over every server instead of all
+//! falling below the lowest of points strewn over 2^64. A point owns the keys from the previous
+//! point up to itself, wrapping around (keys at or above `K` belong to the first point). A key's primary is the server of the first point above
 //! it, and its `k` replicas are the next `k` distinct servers met walking on from that point, so
 //! when a server leaves, each of its ranges falls to its first replica. A server's points
 //! depend only on the seed and its own id, so adding or removing a server moves only the ranges
@@ -34,6 +37,10 @@ pub struct RingConfig {
     pub replicas: u32,
     /// Seed of the point placement. Every node of a cluster must use the same seed.
     pub seed: u64,
+    /// The end `K` of the key space `[0, K)` the job's keys lie in: points are placed there.
+    /// Keys at or above it still have owners, those of the keys from the last point on.
+    /// Default `u64::MAX`, the whole key space.
+    pub key_space: Key,
 }
 
 impl Default for RingConfig {
@@ -42,6 +49,7 @@ impl Default for RingConfig {
             vnodes: 64,
             replicas: 1,
             seed: 0,
+            key_space: u64::MAX,
         }
     }
 }
@@ -69,6 +77,9 @@ pub enum RingError {
     /// `vnodes` was 0 or above [`MAX_VNODES`].
     #[error("virtual nodes per server must be between 1 and {MAX_VNODES}, got {0}")]
     BadVnodes(u32),
+    /// The key space `[0, 0)` holds no key.
+    #[error("the key space must hold at least one key")]
+    EmptyKeySpace,
     /// More than [`MAX_SERVERS`] servers.
     #[error("a ring holds at most {MAX_SERVERS} servers, got {0}")]
     TooManyServers(usize),
@@ -90,7 +101,8 @@ struct Segment {
 /// use pserver_core::NodeId;
 /// use pserver_core::ring::{Ring, RingConfig};
 /// let servers = (0..4).map(NodeId);
-/// let ring = Ring::new(servers, RingConfig { vnodes: 16, replicas: 1, seed: 7 })?;
+/// let config = RingConfig { vnodes: 16, replicas: 1, seed: 7, ..RingConfig::default() };
+/// let ring = Ring::new(servers, config)?;
 /// let owners = ring.owners(42);
 /// assert_eq!(owners.len(), 2);
 /// assert_ne!(owners[0], owners[1]);
@@ -124,6 +136,9 @@ impl Ring {
         }
         if config.vnodes == 0 || config.vnodes > MAX_VNODES {
             return Err(RingError::BadVnodes(config.vnodes));
+        }
+        if config.key_space == 0 {
+            return Err(RingError::EmptyKeySpace);
         }
         if config.replicas as usize >= servers.len() {
             return Err(RingError::TooFewServers {
@@ -241,8 +256,8 @@ fn build_segments(servers: &[NodeId], config: RingConfig) -> Vec<Segment> {
         .flat_map(|&s| {
             (0..config.vnodes).map(move |v| {
                 let h = hash_words(config.seed, &[u64::from(s.0), u64::from(v)]);
-                // Positions live in [0, u64::MAX), the key space.
-                (h % u64::MAX, s)
+                // Positions live in [0, K), the job's key space.
+                (h % config.key_space, s)
             })
         })
         .collect();

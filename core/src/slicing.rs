@@ -322,6 +322,7 @@ mod tests {
                 vnodes,
                 replicas: 0,
                 seed: 7,
+                ..RingConfig::default()
             },
             consistency: Consistency::Eventual,
             joining: vec![],

@@ -124,6 +124,8 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                         vnodes,
                         replicas,
                         seed,
+                        // Any key space, drawn from the seed: the field must round-trip.
+                        key_space: seed.rotate_left(17) | 1,
                     },
                     consistency,
                     incarnations: joining.iter().map(|&n| (n, epoch ^ 7)).collect(),

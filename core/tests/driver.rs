@@ -20,6 +20,7 @@ fn config(workers: &[NodeId], consistency: Consistency) -> ClusterConfig {
             vnodes: 8,
             replicas: 0,
             seed: 0,
+            ..RingConfig::default()
         },
         consistency,
         joining: Vec::new(),

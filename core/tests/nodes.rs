@@ -708,6 +708,7 @@ fn a_job_the_ring_cannot_hold_is_refused_at_setup() {
         vnodes: 8,
         replicas: 1,
         seed: 0,
+        ..RingConfig::default()
     };
     let err = Coordinator::new(job).unwrap_err();
     assert!(

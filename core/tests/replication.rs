@@ -75,6 +75,7 @@ impl Cluster {
             vnodes: 4,
             replicas,
             seed: 3,
+            ..RingConfig::default()
         };
         job.consistency = consistency;
         let coordinator = Coordinator::bootstrapped(job, &server_ids, &worker_ids).unwrap();
@@ -1110,6 +1111,7 @@ fn a_copy_brings_the_workers_range_clocks_with_it() {
         vnodes: 4,
         replicas: 0,
         seed: 3,
+        ..RingConfig::default()
     };
     let config = |epoch: Epoch, servers: Vec<NodeId>, joining: Vec<NodeId>| ClusterConfig {
         epoch,

@@ -2,7 +2,7 @@
 
 use proptest::prelude::*;
 use pserver_core::ring::{Ring, RingConfig, RingError};
-use pserver_core::{Key, KeyRange, NodeId};
+use pserver_core::{Key, KeyRange, MAX_KEY, NodeId};
 
 fn servers(n: u32) -> impl Iterator<Item = NodeId> {
     (0..n).map(NodeId)
@@ -13,6 +13,7 @@ fn config(vnodes: u32, replicas: u32, seed: u64) -> RingConfig {
         vnodes,
         replicas,
         seed,
+        ..RingConfig::default()
     }
 }
 
@@ -180,4 +181,51 @@ proptest! {
             prop_assert_eq!(seg.1, owners);
         }
     }
+}
+
+/// The primary share of each server over the keys `[0, k)`.
+fn shares_below(ring: &Ring, k: Key) -> Vec<f64> {
+    let range = KeyRange::new(0, k).unwrap();
+    let mut held = std::collections::BTreeMap::new();
+    for (part, owners) in ring.segments_in(range) {
+        *held.entry(owners[0]).or_insert(0u64) += part.len();
+    }
+    ring.servers()
+        .iter()
+        .map(|s| held.get(s).copied().unwrap_or(0) as f64 / k as f64)
+        .collect()
+}
+
+#[test]
+fn a_declared_key_space_spreads_a_dense_key_range_over_every_server() {
+    for k in [1u64 << 20, 1 << 22, 10_000] {
+        for n in 2..=4 {
+            let ring = Ring::new(
+                servers(n),
+                RingConfig {
+                    key_space: k,
+                    ..config(64, 0, 0)
+                },
+            )
+            .unwrap();
+            let fair = 1.0 / n as f64;
+            for share in shares_below(&ring, k) {
+                assert!(
+                    (0.6 * fair..1.4 * fair).contains(&share),
+                    "{n} servers, K = {k}: {:?}",
+                    shares_below(&ring, k)
+                );
+            }
+            // Keys past the declared space still have an owner.
+            assert_eq!(ring.owners(MAX_KEY).len(), 1);
+        }
+    }
+    // Without it, the features of a small data set all fall to one server.
+    let whole = Ring::new(servers(4), config(64, 0, 0)).unwrap();
+    assert!(shares_below(&whole, 1 << 22).contains(&1.0));
+    let empty = RingConfig {
+        key_space: 0,
+        ..config(64, 0, 0)
+    };
+    assert_eq!(Ring::new(servers(2), empty), Err(RingError::EmptyKeySpace));
 }

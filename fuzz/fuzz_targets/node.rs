@@ -210,6 +210,7 @@ fn message(body: Body) -> Message<i64> {
                     vnodes: 4,
                     replicas: u32::from(replicas),
                     seed: 0,
+                    ..RingConfig::default()
                 },
                 joining,
                 leaving: Vec::new(),

@@ -573,6 +573,11 @@ pub async fn train_local_until(
 ) -> Result<Trained, RuntimeError> {
     let began = Instant::now();
     let mut spec = ClusterSpec::of(cfg.job.clone());
+    // The job's keys are the data's features: the ring spreads them over every server, where
+    // over the whole 64-bit key space they would all fall to one.
+    if spec.job.ring.key_space == u64::MAX {
+        spec.job.ring.key_space = train.dimensions().max(test.dimensions()).max(1);
+    }
     // Held pulls wait for the slowest worker; never declare a busy worker dead for that.
     spec.job.timing.heartbeat_timeout = Duration::from_secs(60).as_nanos() as u64;
     let network = MemNetwork::reliable();

@@ -21,17 +21,15 @@ use pserver_core::{Consistency, Key, KeyList, KeySelection, KvPairs, Updater};
 use pserver_transport::mem::MemNetwork;
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError};
 
-/// The first item key: users are keys `0..users`, items `ITEM_BASE + i`.
-pub const ITEM_BASE: Key = 1 << 40;
-
-/// The key of user number `user`.
+/// The key of user number `user`: users and items take turns, so that the keys of a problem
+/// are the dense range `[0, 2 * max(users, items))`, which the ring spreads over every server.
 pub fn user_key(user: u32) -> Key {
-    Key::from(user)
+    2 * Key::from(user)
 }
 
 /// The key of item number `item`.
 pub fn item_key(item: u32) -> Key {
-    ITEM_BASE + Key::from(item)
+    2 * Key::from(item) + 1
 }
 
 /// How to train.
@@ -325,6 +323,14 @@ pub async fn train(
     spec.job.consistency = cfg.consistency;
     spec.job.width = cfg.rank;
     spec.job.updater = Updater::Sgd { lr: cfg.lr };
+    let top = data
+        .train
+        .iter()
+        .chain(&data.test)
+        .map(|r| r.user.max(r.item))
+        .max()
+        .unwrap_or(0);
+    spec.job.ring.key_space = item_key(top) + 1;
     let cluster: LocalCluster<f32> = LocalCluster::start(&spec, &MemNetwork::reliable())?;
     let per = data.train.len().div_ceil(cfg.workers.max(1));
     let steps = per.div_ceil(cfg.batch.max(1));

@@ -3,16 +3,17 @@
 
 use std::fmt::Write as _;
 
-use pserver_core::NodeId;
 use pserver_core::ring::{Ring, RingConfig, RingError};
+use pserver_core::{KeyRange, NodeId};
 
 use super::CliError;
 
 /// Show how a ring spreads the key space over servers, and what joining or leaving moves.
 ///
 /// Prints one `name value unit` line per measure: each server's primary share of the key
-/// space, the number of segments, the imbalance (largest share over the mean), and with
-/// --add or --remove the share of keys that would change primary.
+/// space (of the keys 0..K with --key-space K), the number of segments, the imbalance (largest
+/// share over the mean), and with --add or --remove the share of keys that would change
+/// primary.
 #[derive(clap::Args, Debug)]
 pub struct RingArgs {
     /// Number of servers (ids 0..N).
@@ -27,6 +28,10 @@ pub struct RingArgs {
     /// Seed of the point placement (every node of a cluster uses the same one).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The job's key space: its keys are 0..K (the data's features, say), and the ring places
+    /// its points there. Default: the whole 64-bit key space.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u64).range(1..))]
+    key_space: Option<u64>,
     /// Preview adding a server with this id.
     #[arg(long, value_name = "ID", conflicts_with = "remove")]
     add: Option<u32>,
@@ -41,6 +46,7 @@ pub fn run(args: RingArgs) -> Result<(), CliError> {
         vnodes: args.vnodes,
         replicas: args.replicas,
         seed: args.seed,
+        key_space: args.key_space.unwrap_or(u64::MAX),
     };
     let change = match (args.add, args.remove) {
         (Some(id), _) => Some(Change::Add(NodeId(id))),
@@ -50,11 +56,6 @@ pub fn run(args: RingArgs) -> Result<(), CliError> {
     let text = report(args.servers, config, change).map_err(CliError::input)?;
     print!("{text}");
     Ok(())
-}
-
-/// The fraction of the key space `keys` stands for.
-fn fraction(keys: u64) -> f64 {
-    keys as f64 / u64::MAX as f64
 }
 
 /// A membership change to preview.
@@ -75,8 +76,15 @@ pub fn report(
     change: Option<Change>,
 ) -> Result<String, RingError> {
     let ring = Ring::new((0..servers).map(NodeId), config)?;
+    let space = KeyRange::new(0, config.key_space).map_err(|_| RingError::EmptyKeySpace)?;
+    let fraction = |keys: u64| keys as f64 / config.key_space as f64;
     let mut out = String::new();
-    let shares = ring.primary_shares();
+    let mut shares: Vec<(NodeId, u64)> = ring.servers().iter().map(|&s| (s, 0)).collect();
+    for (part, owners) in ring.segments_in(space) {
+        if let Some(held) = shares.iter_mut().find(|(s, _)| *s == owners[0]) {
+            held.1 += part.len();
+        }
+    }
     let mean = 1.0 / shares.len() as f64;
     let mut max = 0.0f64;
     for (server, keys) in &shares {
@@ -94,7 +102,12 @@ pub fn report(
         let _ = writeln!(
             out,
             "{name}.moved {:.4} fraction",
-            fraction(ring.primary_changes(&new).map(|(r, _, _)| r.len()).sum())
+            fraction(
+                ring.primary_changes(&new)
+                    .filter_map(|(r, _, _)| r.intersect(space))
+                    .map(KeyRange::len)
+                    .sum()
+            )
         );
     }
     Ok(out)
@@ -110,6 +123,7 @@ mod tests {
             vnodes: 64,
             replicas: 1,
             seed: 0,
+            ..RingConfig::default()
         };
         let text = report(8, config, Some(Change::Add(NodeId(8)))).unwrap();
         assert_eq!(text.lines().filter(|l| l.starts_with("share.")).count(), 8);
@@ -129,6 +143,7 @@ mod tests {
             vnodes: 64,
             replicas: 3,
             seed: 0,
+            ..RingConfig::default()
         };
         assert!(matches!(
             report(2, config, None),

@@ -12,7 +12,7 @@ use crate::value::Value;
 use crate::wire::forms::seq;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;

@@ -14,6 +14,7 @@ pub(crate) fn ring() -> RingConfig {
         vnodes: 8,
         replicas: 0,
         seed: 1,
+        ..RingConfig::default()
     }
 }
 

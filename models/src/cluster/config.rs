@@ -270,6 +270,7 @@ impl ClusterModelConfig {
                 vnodes: if self.copies_ranges() { 1 } else { 2 },
                 replicas: self.replicas,
                 seed,
+                ..RingConfig::default()
             };
             let Ok(ring) = Ring::new(self.server_ids(), config) else {
                 return (0, false, config);

@@ -229,6 +229,7 @@ impl Default for SimConfig {
                 vnodes: 16,
                 replicas: 0,
                 seed: 0,
+                ..RingConfig::default()
             },
             updater: None,
             ring_change: None,

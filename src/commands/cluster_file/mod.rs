@@ -10,6 +10,8 @@
 //! vnodes = 64
 //! seed = 0
 //! replicas = 1                 # copies of each range besides its primary; default 1 (0 with one server)
+//! key_space = 1048576          # the job's keys are 0..key_space (an lr job: the data's
+//!                              # dimension), spread over every server; default all of u64
 //!
 //! [job]
 //! keys = 1000
@@ -370,6 +372,16 @@ fn spec(
     spec.job.consistency = consistency;
     spec.job.ring.vnodes = ring.vnodes;
     spec.job.ring.seed = ring.seed;
+    spec.job.ring.key_space = match ring.key_space {
+        Some(0) => {
+            return Err(origin.invalid(
+                "ring.key_space",
+                "must be at least 1: the job's keys are 0..key_space",
+            ));
+        }
+        Some(k) => k,
+        None => u64::MAX,
+    };
     // One replica of every range by default, so that a server may die without losing
     // anything, when there is a second server to hold it.
     spec.job.ring.replicas = ring.replicas.unwrap_or(u32::from(servers > 1));

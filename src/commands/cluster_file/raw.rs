@@ -40,6 +40,7 @@ pub(super) struct RawRing {
     #[serde(default)]
     pub(super) seed: u64,
     pub(super) replicas: Option<u32>,
+    pub(super) key_space: Option<u64>,
 }
 
 fn default_vnodes() -> u32 {
@@ -52,6 +53,7 @@ impl Default for RawRing {
             vnodes: default_vnodes(),
             seed: 0,
             replicas: None,
+            key_space: None,
         }
     }
 }

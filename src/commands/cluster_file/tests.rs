@@ -222,3 +222,18 @@ fn an_lr_job_has_an_unregularized_intercept_and_one_index_base_unless_told_other
         "{e}"
     );
 }
+
+#[test]
+fn a_ring_may_declare_the_jobs_key_space_but_not_an_empty_one() {
+    assert_eq!(parse(GOOD).unwrap().spec.job.ring.key_space, u64::MAX);
+    let with = |k: &str| GOOD.replace("[job]", &format!("[ring]\nkey_space = {k}\n[job]"));
+    assert_eq!(
+        parse(&with("1048576")).unwrap().spec.job.ring.key_space,
+        1 << 20
+    );
+    let e = parse(&with("0")).unwrap_err().to_string();
+    assert!(
+        e.starts_with("/etc/pserver/c.toml: ring.key_space: "),
+        "{e}"
+    );
+}
