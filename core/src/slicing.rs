@@ -292,15 +292,42 @@ pub(crate) fn assemble<V: Value>(mut replies: Vec<KvPairs<V>>, width: usize) -> 
     if in_order {
         return KvPairs::concat(replies, width);
     }
-    let mut rows: Vec<(Key, &[V])> = replies.iter().flat_map(|r| r.iter()).collect();
-    rows.sort_unstable_by_key(|&(k, _)| k);
-    let mut keys = Vec::with_capacity(rows.len());
-    let mut values = Vec::with_capacity(rows.len() * width);
-    for (k, row) in rows {
-        keys.push(k);
-        values.extend_from_slice(row);
+    // Each reply is sorted: merge them a run at a time (a run per ring segment, not a sort
+    // of every row). The run taken is the reply with the smallest next key, up to the next
+    // key of any other reply.
+    let mut next = vec![0usize; replies.len()];
+    let mut runs = Vec::new();
+    loop {
+        let mut least: Option<(Key, usize)> = None;
+        let mut bound = Key::MAX;
+        for (i, reply) in replies.iter().enumerate() {
+            if next[i] >= reply.len() {
+                continue;
+            }
+            let key = reply.key_at(next[i]);
+            match least {
+                Some((k, _)) if k < key => bound = bound.min(key),
+                Some((k, _)) => {
+                    bound = bound.min(k);
+                    least = Some((key, i));
+                }
+                None => least = Some((key, i)),
+            }
+        }
+        let Some((key, i)) = least else {
+            break;
+        };
+        let rest = replies[i].rows(next[i], replies[i].len());
+        let run = match KeyRange::new(key, bound) {
+            Ok(range) => rest.slice(range),
+            Err(_) => rest.rows(0, 1),
+        };
+        // At least one row, so that the merge always moves on.
+        let run = if run.is_empty() { rest.rows(0, 1) } else { run };
+        next[i] += run.len();
+        runs.push(run);
     }
-    KvPairs::from_validated(keys, values, width)
+    KvPairs::concat(runs, width)
 }
 
 #[cfg(test)]
@@ -437,6 +464,33 @@ mod tests {
                 }
             }
             prop_assert_eq!(joined, ranges);
+        }
+
+        /// Replies with disjoint keys, interleaved in any way, come back as one sorted vector
+        /// with every row's own values.
+        #[test]
+        fn assembled_replies_hold_every_row_once_in_key_order(
+            keys in prop::collection::btree_set(0u64..5_000, 0..400),
+            owners in prop::collection::vec(0usize..4, 400),
+            dense_from in 0u64..5_000,
+        ) {
+            let mut parts: Vec<(Vec<u64>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); 5];
+            for (i, &k) in keys.iter().enumerate() {
+                let part = &mut parts[owners[i % owners.len()]];
+                part.0.push(k);
+                part.1.push(k as f32);
+            }
+            // And a dense reply of keys no other reply holds.
+            let dense: Vec<u64> = (5_000 + dense_from..5_100 + dense_from).collect();
+            parts[4] = (dense.clone(), dense.iter().map(|&k| k as f32).collect());
+            let replies: Vec<KvPairs<f32>> = parts
+                .into_iter()
+                .map(|(k, v)| KvPairs::new(k, v, 1).unwrap())
+                .collect();
+            let merged = assemble(replies, 1);
+            let expected: Vec<u64> = keys.iter().copied().chain(dense).collect();
+            prop_assert_eq!(merged.keys(), &expected[..]);
+            prop_assert!(merged.iter().all(|(k, v)| v[0] == k as f32));
         }
     }
 }

@@ -243,7 +243,7 @@ impl<V: Value> KvPairs<V> {
     }
 
     /// The key at position `i` (`i < len`).
-    fn key_at(&self, i: usize) -> Key {
+    pub(crate) fn key_at(&self, i: usize) -> Key {
         match &self.keys {
             KeyStorage::List(keys) => keys[self.lo + i],
             KeyStorage::Run { first, .. } => first + (self.lo + i) as Key,

@@ -17,7 +17,11 @@ use clap::ValueEnum;
 use loopback::start;
 use options::{dense_sizes, spelled, wants};
 use raw_tcp::raw_tcp;
-use requests::{dense, round_trips, sparse};
+use requests::{SPARSE_SPACE, dense, round_trips, sparse, sparse_keys};
+use std::collections::BTreeMap;
+
+use pserver_core::ring::Ring;
+use pserver_core::{Key, NodeId};
 
 pub use options::{BenchOptions, DenseSize, Kind, Topology, Wire};
 
@@ -25,8 +29,9 @@ pub use options::{BenchOptions, DenseSize, Kind, Topology, Wire};
 /// tcp, udp; one server and one worker, then two of each, on loopback), with a raw TCP
 /// stream and ping-pong as baselines measured in the same run. Build with --release.
 ///
-/// Dense requests carry contiguous keys; sparse ones 1M keys drawn from 2^40 (64K with
-/// --quick); `udp_lossy` drops 0.1% of the datagrams. Every dense measure checks that the
+/// Dense requests carry contiguous keys; sparse ones 1M keys drawn from 2^24 (64K with
+/// --quick); each runs on a cluster whose ring is told the key space of its keys, and with two
+/// servers `...share.nN` says what fraction of the keys each server is the primary of; `udp_lossy` drops 0.1% of the datagrams. Every dense measure checks that the
 /// servers end with exactly the pushes sent, and fails otherwise. Prints one `name value
 /// unit` line per measure (GB/s of values, million keys per second, microseconds); --table
 /// adds each figure's ratio to the raw TCP baseline.
@@ -175,20 +180,62 @@ pub async fn run_bench(
     Ok(all)
 }
 
-/// Every measure `opts` asks for over `wire`, on one cluster of the `topology`.
+/// The job of a bench cluster of the `topology` whose keys are `[0, key_space)`.
+fn bench_spec(topology: Topology, key_space: Key) -> ClusterSpec {
+    let (servers, workers) = topology.shape();
+    let mut spec = ClusterSpec::new(servers, workers);
+    spec.job.consistency = Consistency::Eventual;
+    spec.job.ring.key_space = key_space;
+    spec
+}
+
+/// With more than one server, the fraction of `keys` each is the primary of: what part of
+/// every push it receives.
+fn server_shares(
+    spec: &ClusterSpec,
+    prefix: &str,
+    keys: impl Iterator<Item = Key>,
+) -> Result<Vec<Measure>, BenchError> {
+    if spec.job.servers < 2 {
+        return Ok(Vec::new());
+    }
+    let ring = Ring::new(spec.job.layout().servers(), spec.job.ring).map_err(runtime_err)?;
+    let mut held: BTreeMap<NodeId, u64> = ring.servers().iter().map(|&s| (s, 0)).collect();
+    let mut total = 0u64;
+    for key in keys {
+        *held.entry(ring.primary(key)).or_default() += 1;
+        total += 1;
+    }
+    Ok(held
+        .into_iter()
+        .map(|(server, n)| Measure {
+            name: format!("{prefix}.share.{server}"),
+            value: n as f64 / total.max(1) as f64,
+            unit: "fraction",
+        })
+        .collect())
+}
+
+/// Starts a cluster for `spec` over `wire` and waits until its workers are ready.
+async fn started(
+    spec: &ClusterSpec,
+    wire: Wire,
+) -> Result<pserver_transport::runtime::LocalCluster<f32>, BenchError> {
+    let cluster = start(spec, wire, 0.0).await?;
+    for w in &cluster.workers {
+        w.ready().await?;
+    }
+    Ok(cluster)
+}
+
+/// Every measure `opts` asks for over `wire` with the `topology`, each on a cluster whose key
+/// space is that of its keys.
 async fn measure_cluster(
     opts: &BenchOptions,
     wire: Wire,
     topology: Topology,
     emit: &mut impl FnMut(Measure),
 ) -> Result<(), BenchError> {
-    let (servers, workers) = topology.shape();
-    let mut spec = ClusterSpec::new(servers, workers);
-    spec.job.consistency = Consistency::Eventual;
-    let cluster = start(&spec, wire, 0.0).await?;
-    for w in &cluster.workers {
-        w.ready().await?;
-    }
     let prefix = format!("{}.{}", spelled(wire), spelled(topology));
     let sizes = if wants(&opts.kinds, Kind::Dense) {
         dense_sizes(opts.quick, &opts.sizes)
@@ -196,7 +243,14 @@ async fn measure_cluster(
         Vec::new()
     };
     for size in sizes {
+        let spec = bench_spec(topology, size.values() as Key);
+        let cluster = started(&spec, wire).await?;
+        let named = format!("{prefix}.dense.{}", spelled(size));
+        for m in server_shares(&spec, &named, 0..size.values() as Key)? {
+            emit(m);
+        }
         let figures = dense(&cluster.workers, size.values(), opts.quick, &prefix).await;
+        cluster.shutdown().await?;
         let (push, pull) = match figures {
             Ok(figures) => figures,
             // Reported, and the transport's larger requests are skipped: they would not
@@ -212,12 +266,21 @@ async fn measure_cluster(
             emit(m);
         }
     }
+    let spec = bench_spec(topology, SPARSE_SPACE);
+    let cluster = started(&spec, wire).await?;
     if wants(&opts.kinds, Kind::Sparse) {
         let (keys, name) = if opts.quick {
             (64 << 10, "64K")
         } else {
             (1 << 20, "1M")
         };
+        for m in server_shares(
+            &spec,
+            &format!("{prefix}.sparse.{name}"),
+            sparse_keys(keys).into_iter(),
+        )? {
+            emit(m);
+        }
         match sparse(&cluster.workers, keys, opts.quick, &prefix).await {
             Ok(figures) => {
                 for m in push_and_pull_measures(&prefix, "sparse", name, figures, "Mkeys/s") {

@@ -55,7 +55,7 @@ pub enum Kind {
     /// Dense push and pull: contiguous keys.
     #[value(help = None)]
     Dense,
-    /// Sparse push and pull: keys drawn at random from 2^40.
+    /// Sparse push and pull: keys drawn at random from 2^24.
     #[value(help = None)]
     Sparse,
     /// Round trips of 1-key pushes, one at a time.

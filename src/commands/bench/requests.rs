@@ -48,25 +48,34 @@ pub(super) async fn dense(
     Ok((bytes / push / 1e9, bytes / pull / 1e9))
 }
 
-/// Push and pull of `count` keys drawn at random from 2^40, by every worker, repeated; million
-/// keys per second each way, all workers together.
+/// Keys of a sparse request are drawn from `[0, SPARSE_SPACE)`: 16 times as many as the largest
+/// sparse request holds, and the key space the bench's ring is told of.
+pub(super) const SPARSE_SPACE: Key = 1 << 24;
+
+/// `count` distinct keys drawn at random from [`SPARSE_SPACE`], sorted: a fixed, seeded key
+/// set (splitmix64), the same in every run.
+pub(super) fn sparse_keys(count: usize) -> Vec<Key> {
+    let mut keys = std::collections::BTreeSet::new();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    while keys.len() < count.min(SPARSE_SPACE as usize) {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        keys.insert(((z ^ (z >> 31)) >> 40) % SPARSE_SPACE);
+    }
+    keys.into_iter().collect()
+}
+
+/// Push and pull of `count` keys drawn at random from [`SPARSE_SPACE`], by every worker,
+/// repeated; million keys per second each way, all workers together.
 pub(super) async fn sparse(
     workers: &[WorkerHandle<f32>],
     count: usize,
     quick: bool,
     what: &str,
 ) -> Result<(f64, f64), BenchError> {
-    let mut keys = std::collections::BTreeSet::new();
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    while keys.len() < count {
-        // splitmix64: a fixed, seeded key set, the same in every run.
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        keys.insert((z ^ (z >> 31)) >> 24);
-    }
-    let keys: Vec<Key> = keys.into_iter().collect();
+    let keys = sparse_keys(count);
     let list = KeyList::new(keys.clone()).map_err(runtime_err)?;
     let kvs = KvPairs::new(keys, vec![1.0f32; count], 1).map_err(runtime_err)?;
     let (push, pull, _) = push_and_pull(
