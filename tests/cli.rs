@@ -667,6 +667,39 @@ fn bench_quick_prints_one_machine_readable_line_per_measure() {
     assert_eq!(table.lines().count(), names.len() + 1, "{table}");
 }
 
+/// `bench --train --quick` measures the floor and three ways of running pserver train on the
+/// same generated rows, one `name value unit` line each.
+#[test]
+fn bench_train_measures_pserver_against_a_floor_on_the_same_rows() {
+    let out = pserver()
+        .args(["bench", "--train", "--quick"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let value = |name: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.split(' ').next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} missing: {text}"));
+        line.split(' ').nth(1).unwrap().parse().unwrap()
+    };
+    for way in ["floor", "mem.1s1w", "mem.2s2w", "tcp.1s1w"] {
+        assert!(value(&format!("train.{way}.rows_per_sec")) > 0.0);
+        let auc = value(&format!("train.{way}.test_auc"));
+        assert!(auc > 0.6, "{way}: {text}");
+    }
+    // One worker under bounded delay runs the floor's minibatches in the floor's order: the
+    // same model, to float rounding.
+    let (floor, one) = (value("train.floor.test_auc"), value("train.mem.1s1w.test_auc"));
+    assert!((floor - one).abs() < 1e-3, "{text}");
+    assert!(value("train.mem.1s1w.vs_floor") > 0.0);
+}
+
 #[test]
 fn bench_measures_only_the_kinds_and_shapes_asked_for() {
     let out = pserver()

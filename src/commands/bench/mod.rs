@@ -8,6 +8,7 @@ mod loopback;
 mod options;
 mod raw_tcp;
 mod requests;
+mod train;
 
 use pserver_core::Consistency;
 use pserver_transport::runtime::{ClusterSpec, RuntimeError};
@@ -58,6 +59,13 @@ pub struct BenchArgs {
     /// Only these cluster shapes, comma-separated (servers `s`, workers `w`); by default both.
     #[arg(long, value_delimiter = ',')]
     topologies: Vec<Topology>,
+    /// Measure training instead: logistic regression on a generated problem (500,000 rows of
+    /// 4M features, 3 epochs; 20,000 rows with --quick), by a floor (the same update rule over
+    /// a flat array in one thread) and by pserver train with 1 server and 1 worker over mem,
+    /// 2 and 2 over mem, and 1 and 1 over tcp: rows/s (parsing apart), CPU-seconds per
+    /// million rows, test AUC, each pserver figure's ratio to the floor, and the peak RSS.
+    #[arg(long, conflicts_with_all = ["table", "sizes", "kinds", "topologies"])]
+    train: bool,
 }
 
 /// Runs `pserver bench`: prints every measure as it is known, then with `--table` the table of
@@ -69,6 +77,14 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         );
     }
     let rt = super::runtime()?;
+    if args.train {
+        let size = train::TrainSize::new(args.quick);
+        return rt
+            .block_on(train::run_train_bench(size, &mut |m: Measure| {
+                println!("{}", m.line())
+            }))
+            .map_err(CliError::failed);
+    }
     let opts = BenchOptions {
         quick: args.quick,
         transports: args.transports,
