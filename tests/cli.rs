@@ -695,7 +695,10 @@ fn bench_train_measures_pserver_against_a_floor_on_the_same_rows() {
     }
     // One worker under bounded delay runs the floor's minibatches in the floor's order: the
     // same model, to float rounding.
-    let (floor, one) = (value("train.floor.test_auc"), value("train.mem.1s1w.test_auc"));
+    let (floor, one) = (
+        value("train.floor.test_auc"),
+        value("train.mem.1s1w.test_auc"),
+    );
     assert!((floor - one).abs() < 1e-3, "{text}");
     assert!(value("train.mem.1s1w.vs_floor") > 0.0);
 }

@@ -925,6 +925,147 @@ mod tests {
         assert!(ftrl_weight(20, 5, 10.0) < 0.0);
     }
 
+    fn examples(text: &[u8]) -> Examples {
+        crate::data::libsvm::parse("t", text, IndexBase::Zero).unwrap()
+    }
+
+    #[test]
+    fn a_batch_pulls_its_distinct_keys_sorted_and_the_intercept_last() {
+        let data = examples(b"1 3:1 7:1\n0 1:1 3:2\n");
+        assert_eq!(batch_keys(&data, &[0, 1], true), vec![1, 3, 7, BIAS_KEY]);
+        assert_eq!(batch_keys(&data, &[1], false), vec![1, 3]);
+    }
+
+    #[test]
+    fn the_gradient_is_the_mean_over_the_batch_with_the_intercept_in_the_last_slot() {
+        let data = examples(b"1 0:1 1:2\n0 1:1\n");
+        let keys = [0, 1, BIAS_KEY];
+        let weights = [0.5f32, -0.25, 0.1];
+        let (grad, loss) = gradient(&data, &[0, 1], &keys, &weights, true);
+        // Row 0: z = 0.1 + 0.5 - 0.5 = 0.1, label 1; row 1: z = 0.1 - 0.25 = -0.15, label 0.
+        let (p0, p1) = (sigmoid(0.1), sigmoid(-0.15));
+        let (g0, g1) = ((p0 - 1.0) / 2.0, p1 / 2.0);
+        let want = [g0, 2.0 * g0 + g1, g0 + g1];
+        for (got, want) in grad.iter().zip(want) {
+            assert!((f64::from(*got) - want).abs() < 1e-6, "{grad:?} {want}");
+        }
+        assert!((loss - (-p0.ln() - (1.0 - p1).ln())).abs() < 1e-9);
+        // Without an intercept its weight is not read, and no slot is added.
+        let (grad, _) = gradient(&data, &[1], &[0, 1], &[0.5, -0.25], false);
+        assert!(
+            (f64::from(grad[1]) - sigmoid(-0.25)).abs() < 1e-6,
+            "{grad:?}"
+        );
+        assert_eq!(grad[0], 0.0);
+    }
+
+    #[test]
+    fn scores_are_the_log_odds_with_the_intercept() {
+        let data = examples(b"1 0:1 2:3\n0\n");
+        let model = KvPairs::new(vec![0, 2, BIAS_KEY], vec![0.5f32, 0.25, -1.0], 1).unwrap();
+        assert_eq!(scores(&model, &data), vec![-1.0 + 0.5 + 0.75, -1.0]);
+    }
+
+    #[test]
+    fn each_epoch_and_each_share_visit_their_rows_in_their_own_order() {
+        let cfg = LrConfig::default();
+        let order = |share, epoch| visiting_order(&cfg, share, epoch, 0..50);
+        let mut sorted = order(0, 1);
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..50).collect::<Vec<_>>());
+        assert_ne!(order(0, 1), order(0, 2));
+        assert_ne!(order(0, 1), order(1, 1));
+        assert_eq!(order(3, 4), order(3, 4));
+        let in_file = LrConfig {
+            shuffle: false,
+            ..LrConfig::default()
+        };
+        assert_eq!(
+            visiting_order(&in_file, 2, 5, 10..20),
+            (10..20).collect::<Vec<_>>()
+        );
+    }
+
+    /// The reports of epochs whose test log losses are `losses`, with `keep`, each epoch's
+    /// model holding its number as its one weight.
+    fn reported(losses: &[f64], keep: Keep) -> Epochs {
+        let cfg = LrConfig {
+            epochs: losses.len() as u32,
+            keep,
+            ..LrConfig::default()
+        };
+        let mut epochs = Epochs::new(&cfg);
+        let began = Instant::now();
+        for (i, &loss) in losses.iter().enumerate() {
+            let epoch = i as u32 + 1;
+            for _ in 0..cfg.job.workers {
+                assert!(epochs.next_report(began, 0).is_none());
+                epochs.note(Note::Loss {
+                    epoch,
+                    loss: 2.0,
+                    rows: 4,
+                });
+            }
+            assert!(epochs.next_report(began, 0).is_none(), "no model yet");
+            let weights = KvPairs::new(vec![1], vec![epoch as f32], 1).unwrap();
+            epochs.note(Note::Model {
+                epoch,
+                test_logloss: loss,
+                test_auc: 0.5,
+                nnz: 1,
+                weights,
+            });
+            let report = *epochs.next_report(began, 0).unwrap();
+            assert_eq!(report.epoch, epoch);
+            assert_eq!(report.rows, 4 * cfg.job.workers);
+            assert_eq!(report.train_logloss, 0.5);
+        }
+        let total: f64 = epochs.reports.iter().map(|r| r.epoch_secs).sum();
+        let last = epochs.reports.last().map_or(0.0, |r| r.secs);
+        assert!((total - last).abs() < 1e-9);
+        epochs
+    }
+
+    #[test]
+    fn the_best_epoch_is_the_first_with_the_lowest_test_loss_and_never_a_nan() {
+        let epochs = reported(&[0.5, 0.3, 0.3, 0.4, f64::NAN], Keep::Best);
+        assert_eq!(epochs.since_best(), 3);
+        let trained = epochs.trained().unwrap();
+        assert_eq!(
+            (trained.kept_epoch, trained.model.values()),
+            (2, &[2.0f32][..])
+        );
+        let trained = reported(&[0.5, 0.3, 0.4], Keep::Last).trained().unwrap();
+        assert_eq!(
+            (trained.kept_epoch, trained.model.values()),
+            (3, &[3.0f32][..])
+        );
+        let trained = reported(&[f64::NAN, 0.7], Keep::Best).trained().unwrap();
+        assert_eq!(trained.kept_epoch, 2);
+        assert_eq!(reported(&[0.5, 0.6], Keep::Best).since_best(), 1);
+    }
+
+    #[test]
+    fn a_model_saved_before_the_index_base_was_recorded_still_loads() {
+        let dir = std::env::temp_dir().join(format!("pserver-model-v1-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("v1.bin");
+        let mut bytes = b"PSLRv1\0\0".to_vec();
+        bytes.extend_from_slice(&1u64.to_le_bytes());
+        bytes.extend_from_slice(&5u64.to_le_bytes());
+        bytes.extend_from_slice(&0.5f32.to_le_bytes());
+        std::fs::write(&path, bytes).unwrap();
+        let model = load_model(&path).unwrap();
+        assert_eq!(model.base, IndexBase::Auto);
+        assert_eq!(
+            (model.weights.keys(), model.weights.values()),
+            (&[5][..], &[0.5][..])
+        );
+        std::fs::write(&path, b"PSLRv9\0\0\0\0\0\0\0\0\0\0\0\0").unwrap();
+        assert!(load_model(&path).unwrap_err().contains("wrong magic bytes"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn auc_is_exact_and_handles_ties() {
         assert_eq!(auc(&[0.1, 0.9], &[0.0, 1.0]), 1.0);

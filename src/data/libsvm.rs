@@ -543,6 +543,17 @@ mod tests {
     }
 
     #[test]
+    fn select_takes_the_rows_named_in_that_order() {
+        let ex = parse("t", b"1 1:1\n0 2:2 3:3\n1 4:4\n", IndexBase::Zero).unwrap();
+        let picked = ex.select(&[2, 0]);
+        assert_eq!(picked.len(), 2);
+        assert_eq!(picked.labels(), &[1.0, 1.0]);
+        assert_eq!(picked.row(0), (&[4][..], &[4.0][..]));
+        assert_eq!(picked.row(1), (&[1][..], &[1.0][..]));
+        assert_eq!(ex.select(&[1]).row(0), ex.row(1));
+    }
+
+    #[test]
     fn a_file_of_blank_lines_and_comments_holds_no_rows() {
         assert!(!holds_rows(b""));
         assert!(!holds_rows(b"\n  \t\n# header\n   # note\r\n"));
@@ -590,6 +601,8 @@ mod tests {
         assert_eq!((e.line, e.column), (42, 3), "{e}");
         assert!(e.message.contains("index 0"), "{e}");
         assert_eq!(lines_before(b"a\nb\nc", 4), 2);
+        assert_eq!(lines_before(b"ab\ncd\n", 6), 2);
+        assert_eq!(lines_before(b"ab\ncd\n", 2), 0);
         assert_eq!(first_index_zero(b"1 1:1\n1 00:1\n"), Some((2, 3)));
         assert_eq!(first_index_zero(b"0 1:0 10:1 20:0\n"), None);
     }
@@ -613,6 +626,9 @@ mod tests {
                 .starts_with("t.svm:1:3: index '18446744073709551616' is out of range")
         );
         assert!(err("1 18446744073709551615:1\n").contains("out of range"));
+        // MAX_KEY itself is the intercept's, never a feature's.
+        assert!(err("1 18446744073709551614:1\n").contains("out of range"));
+        assert!(parse("t", b"1 18446744073709551613:1\n", IndexBase::Zero).is_ok());
         assert!(err("1 5:1 3:1\n").contains("indices must increase"));
         assert_eq!(err("1 a:1\n"), "t.svm:1:3: expected an index, found 'a'");
         assert!(err("1 1:inf\n").contains("expected a numeric value"));
