@@ -79,6 +79,82 @@ pub const DEFAULT_L1: f64 = 0.1;
 /// FTRL's default L2 regularization, per push.
 pub const DEFAULT_L2: f64 = 1.0;
 
+/// The servers' update rule of a logistic-regression job.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rule {
+    /// FTRL-Proximal: takes alpha, l1 and l2.
+    #[default]
+    Ftrl,
+    /// AdaGrad: takes lr.
+    Adagrad,
+    /// Plain SGD: takes lr.
+    Sgd,
+}
+
+/// The rates a user gave, each `None` when not given.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Rates {
+    /// Learning rate of adagrad and sgd.
+    pub lr: Option<f64>,
+    /// FTRL's learning-rate scale.
+    pub alpha: Option<f64>,
+    /// FTRL's L1.
+    pub l1: Option<f64>,
+    /// FTRL's L2.
+    pub l2: Option<f64>,
+}
+
+/// A rate given to a rule that does not use it: the rate's name, the rule's, and the names of
+/// the rates the rule takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnusedRate {
+    /// The rate given (`lr`, `alpha`, `l1`, `l2`).
+    pub rate: &'static str,
+    /// The rule chosen.
+    pub rule: &'static str,
+    /// The rates it takes.
+    pub takes: &'static [&'static str],
+}
+
+impl Rule {
+    /// The update rule with `rates` (defaults for those not given), or the first rate given
+    /// that the rule does not use: a rate is never silently ignored.
+    pub fn updater(self, rates: Rates) -> Result<Updater, UnusedRate> {
+        let (name, takes): (&'static str, &'static [&'static str]) = match self {
+            Rule::Ftrl => ("ftrl", &["alpha", "l1", "l2"]),
+            Rule::Adagrad => ("adagrad", &["lr"]),
+            Rule::Sgd => ("sgd", &["lr"]),
+        };
+        let given = [
+            ("lr", rates.lr),
+            ("alpha", rates.alpha),
+            ("l1", rates.l1),
+            ("l2", rates.l2),
+        ];
+        if let Some((rate, _)) = given
+            .iter()
+            .find(|(rate, value)| value.is_some() && !takes.contains(rate))
+        {
+            return Err(UnusedRate {
+                rate,
+                rule: name,
+                takes,
+            });
+        }
+        let lr = rates.lr.unwrap_or(0.1);
+        Ok(match self {
+            Rule::Ftrl => ftrl(
+                rates.alpha.unwrap_or(DEFAULT_ALPHA),
+                rates.l1.unwrap_or(DEFAULT_L1),
+                rates.l2.unwrap_or(DEFAULT_L2),
+            ),
+            Rule::Adagrad => Updater::AdaGrad { lr, eps: 1e-6 },
+            Rule::Sgd => Updater::Sgd { lr },
+        })
+    }
+}
+
 /// FTRL-Proximal with these rates (and `beta` 1).
 pub fn ftrl(alpha: f64, l1: f64, l2: f64) -> Updater {
     Updater::FtrlProximal {

@@ -41,9 +41,9 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::script::Script;
-use crate::apps::lr::{DEFAULT_ALPHA, DEFAULT_L1, DEFAULT_L2, Keep, LrConfig, Wire, ftrl};
+use crate::apps::lr::{Keep, LrConfig, Rates, Wire};
 use crate::data::libsvm::IndexBase;
-use raw::{App, Choice, Raw, RawBase, RawJob, RawNode, RawRing, Rule};
+use raw::{App, Choice, Raw, RawBase, RawJob, RawNode, RawRing};
 
 /// The environment variable that may carry the secret instead of a file.
 pub const SECRET_ENV: &str = "PSERVER_SECRET";
@@ -417,17 +417,17 @@ fn spec(
 /// The update rule of an lr job, and its rates: each must be a number it can mean, and given
 /// only to a rule that uses it.
 fn updater(job: &RawJob, origin: &Origin<'_>) -> Result<Updater, ClusterFileError> {
-    let positive = |field: &str, value: Option<f64>, default: f64| match value {
+    let positive = |field: &str, value: Option<f64>| match value {
         Some(v) if !(v.is_finite() && v > 0.0) => {
             Err(origin.invalid(field, format!("{v} is not a finite number above 0")))
         }
-        v => Ok(v.unwrap_or(default)),
+        v => Ok(v),
     };
-    let non_negative = |field: &str, value: Option<f64>, default: f64| match value {
+    let non_negative = |field: &str, value: Option<f64>| match value {
         Some(v) if !(v.is_finite() && v >= 0.0) => {
             Err(origin.invalid(field, format!("{v} is not a finite number of at least 0")))
         }
-        v => Ok(v.unwrap_or(default)),
+        v => Ok(v),
     };
     let rule = match &job.updater {
         Choice::Known(rule) => *rule,
@@ -440,42 +440,22 @@ fn updater(job: &RawJob, origin: &Origin<'_>) -> Result<Updater, ClusterFileErro
             ));
         }
     };
-    let unused = |field: &str, rule: &str, takes: &str| {
-        Err(origin.invalid(
-            field,
-            format!("not used by updater \"{rule}\", which takes {takes}"),
-        ))
+    let rates = Rates {
+        lr: positive("job.lr", job.lr)?,
+        alpha: positive("job.alpha", job.alpha)?,
+        l1: non_negative("job.l1", job.l1)?,
+        l2: non_negative("job.l2", job.l2)?,
     };
-    match rule {
-        Rule::Ftrl => {
-            if job.lr.is_some() {
-                return unused("job.lr", "ftrl", "alpha, l1 and l2");
-            }
-            Ok(ftrl(
-                positive("job.alpha", job.alpha, DEFAULT_ALPHA)?,
-                non_negative("job.l1", job.l1, DEFAULT_L1)?,
-                non_negative("job.l2", job.l2, DEFAULT_L2)?,
-            ))
-        }
-        Rule::Adagrad | Rule::Sgd => {
-            let name = if rule == Rule::Sgd { "sgd" } else { "adagrad" };
-            for (field, given) in [
-                ("job.alpha", job.alpha.is_some()),
-                ("job.l1", job.l1.is_some()),
-                ("job.l2", job.l2.is_some()),
-            ] {
-                if given {
-                    return unused(field, name, "lr");
-                }
-            }
-            let lr = positive("job.lr", job.lr, 0.1)?;
-            Ok(if rule == Rule::Sgd {
-                Updater::Sgd { lr }
-            } else {
-                Updater::AdaGrad { lr, eps: 1e-6 }
-            })
-        }
-    }
+    rule.updater(rates).map_err(|u| {
+        origin.invalid(
+            &format!("job.{}", u.rate),
+            format!(
+                "not used by updater \"{}\", which takes {}",
+                u.rule,
+                u.takes.join(", ")
+            ),
+        )
+    })
 }
 
 /// What the workers do. A logistic-regression job also sets the servers' update rule in

@@ -77,7 +77,7 @@ pub(super) struct RawJob {
     #[serde(default = "default_batch")]
     pub(super) batch: usize,
     #[serde(default)]
-    pub(super) updater: Choice<Rule>,
+    pub(super) updater: Choice<crate::apps::lr::Rule>,
     pub(super) lr: Option<f64>,
     pub(super) alpha: Option<f64>,
     pub(super) l1: Option<f64>,
@@ -109,16 +109,6 @@ impl Default for RawBase {
 
 fn yes() -> bool {
     true
-}
-
-/// The servers' update rule of an lr job (`updater` of the `[job]` table).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub(super) enum Rule {
-    #[default]
-    Ftrl,
-    Adagrad,
-    Sgd,
 }
 
 /// What the workers of a cluster run (`app` of the `[job]` table).

@@ -11,8 +11,7 @@ use tokio::runtime::Runtime;
 
 use super::NodesArgs;
 use crate::apps::lr::{
-    DEFAULT_ALPHA, DEFAULT_L1, DEFAULT_L2, Keep, LrConfig, RowsTrained, Trained, Wire, ftrl,
-    save_model, train_local_until,
+    Keep, LrConfig, Rates, RowsTrained, Rule, Trained, Wire, save_model, train_local_until,
 };
 use crate::apps::plot::{Curve, write_svg};
 use crate::commands::parse::{at_least_one, non_negative_finite, output_file, positive_finite};
@@ -97,7 +96,7 @@ struct RuleArgs {
     /// The servers' update rule: ftrl (FTRL-Proximal, sparse; takes --alpha --l1 --l2),
     /// adagrad or sgd (take --lr).
     #[arg(long, value_enum, default_value = "ftrl")]
-    updater: UpdateRule,
+    updater: Rule,
     /// Learning rate of adagrad and sgd [default: 0.1].
     #[arg(long, value_parser = positive_finite, allow_negative_numbers = true)]
     lr: Option<f64>,
@@ -118,45 +117,21 @@ impl RuleArgs {
     /// The update rule asked for, or an error naming a rate given to a rule that does not
     /// use it.
     fn updater(&self) -> Result<Updater, CliError> {
-        let unused = |flag: &str, rule: &str, takes: &str| {
-            Err(CliError::input(format!(
-                "{flag} is not used by --updater {rule}, which takes {takes}"
-            )))
+        let rates = Rates {
+            lr: self.lr,
+            alpha: self.alpha,
+            l1: self.l1,
+            l2: self.l2,
         };
-        match self.updater {
-            UpdateRule::Ftrl => {
-                if self.lr.is_some() {
-                    return unused("--lr", "ftrl", "--alpha, --l1 and --l2");
-                }
-                Ok(ftrl(
-                    self.alpha.unwrap_or(DEFAULT_ALPHA),
-                    self.l1.unwrap_or(DEFAULT_L1),
-                    self.l2.unwrap_or(DEFAULT_L2),
-                ))
-            }
-            UpdateRule::Adagrad | UpdateRule::Sgd => {
-                let rule = if self.updater == UpdateRule::Sgd {
-                    "sgd"
-                } else {
-                    "adagrad"
-                };
-                for (flag, given) in [
-                    ("--alpha", self.alpha.is_some()),
-                    ("--l1", self.l1.is_some()),
-                    ("--l2", self.l2.is_some()),
-                ] {
-                    if given {
-                        return unused(flag, rule, "--lr");
-                    }
-                }
-                let lr = self.lr.unwrap_or(0.1);
-                Ok(if self.updater == UpdateRule::Sgd {
-                    Updater::Sgd { lr }
-                } else {
-                    Updater::AdaGrad { lr, eps: 1e-6 }
-                })
-            }
-        }
+        self.updater.updater(rates).map_err(|u| {
+            let takes: Vec<String> = u.takes.iter().map(|t| format!("--{t}")).collect();
+            CliError::input(format!(
+                "--{} is not used by --updater {}, which takes {}",
+                u.rate,
+                u.rule,
+                takes.join(", ")
+            ))
+        })
     }
 }
 
@@ -168,14 +143,6 @@ impl RuleArgs {
 enum Transport {
     Mem,
     Tcp,
-}
-
-/// The servers' update rule.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum UpdateRule {
-    Ftrl,
-    Adagrad,
-    Sgd,
 }
 
 /// Trains once per consistency model given, printing a line per epoch, then draws the plot
