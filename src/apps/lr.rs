@@ -740,6 +740,9 @@ pub async fn train_local_until(
     epochs.trained()
 }
 
+/// An epoch's measurement: test log loss, test AUC, non-zero weights, and the model.
+type EpochModel = (f64, f64, usize, KvPairs<f32>);
+
 /// What the workers have said about each epoch. An epoch's report is made once every worker's
 /// loss and the measurement of the model are in, in epoch order.
 struct Epochs {
@@ -747,10 +750,9 @@ struct Epochs {
     keep: Keep,
     /// Per epoch (from 1): summed loss, rows and workers that reported.
     losses: Vec<(f64, usize, usize)>,
-    /// Per epoch (from 1): test log loss, test AUC and non-zero weights.
-    models: Vec<Option<(f64, f64, usize)>>,
-    /// Per epoch (from 1) not reported yet: the model measured after it.
-    pending_models: std::collections::BTreeMap<u32, KvPairs<f32>>,
+    /// Per epoch (from 1) not reported yet: test log loss, test AUC, non-zero weights and
+    /// the model measured after it.
+    models: Vec<Option<EpochModel>>,
     /// The model kept so far, and its epoch.
     kept: Option<(u32, KvPairs<f32>)>,
     /// The reported epoch with the lowest test log loss.
@@ -766,7 +768,6 @@ impl Epochs {
             keep: cfg.keep,
             losses: vec![(0.0, 0, 0); cfg.epochs as usize + 1],
             models: vec![None; cfg.epochs as usize + 1],
-            pending_models: std::collections::BTreeMap::new(),
             kept: None,
             best: None,
             reports: Vec::new(),
@@ -795,8 +796,7 @@ impl Epochs {
                 nnz,
                 weights,
             } => {
-                self.models[epoch as usize] = Some((test_logloss, test_auc, nnz));
-                self.pending_models.insert(epoch, weights);
+                self.models[epoch as usize] = Some((test_logloss, test_auc, nnz, weights));
             }
         }
     }
@@ -806,10 +806,10 @@ impl Epochs {
     fn next_report(&mut self, began: Instant, bytes_sent: u64) -> Option<&EpochReport> {
         let next = self.reports.len() + 1;
         let (loss, rows, workers) = *self.losses.get(next)?;
-        let (test_logloss, test_auc, nnz) = (*self.models.get(next)?)?;
         if workers < self.workers {
             return None;
         }
+        let (test_logloss, test_auc, nnz, model) = self.models.get_mut(next)?.take()?;
         let epoch = next as u32;
         let secs = began.elapsed().as_secs_f64();
         let before = self.reports.last().map_or(0.0, |r| r.secs);
@@ -818,9 +818,7 @@ impl Epochs {
         if better {
             self.best = Some((epoch, test_logloss));
         }
-        if let Some(model) = self.pending_models.remove(&epoch)
-            && (better || self.keep == Keep::Last || self.kept.is_none())
-        {
+        if better || self.keep == Keep::Last || self.kept.is_none() {
             self.kept = Some((epoch, model));
         }
         self.reports.push(EpochReport {

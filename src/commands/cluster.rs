@@ -19,6 +19,7 @@ use pserver_transport::tcp::TcpTransport;
 use pserver_transport::udp::UdpTransport;
 
 use super::cluster_file::ProcessWire;
+use super::parse::output_file;
 use thiserror::Error;
 
 use super::cluster_file::{ClusterFile, ClusterFileError, Job, LrJob};
@@ -243,18 +244,14 @@ impl LrData {
         let name = job.data.display().to_string();
         // Any worker may come to hold the first share and save: each checks at once that it
         // could.
-        if let Some(dir) = job.save.as_deref().and_then(std::path::Path::parent)
-            && !dir.as_os_str().is_empty()
-            && !dir.is_dir()
+        if let Some(path) = &job.save
+            && let Err(why) = output_file(&path.display().to_string())
         {
             return Err(DataError {
-                path: job.save.as_deref().unwrap_or(dir).display().to_string(),
+                path: path.display().to_string(),
                 line: 0,
                 column: 0,
-                message: format!(
-                    "cannot save the model there: directory {} does not exist",
-                    dir.display()
-                ),
+                message: format!("cannot save the model there: {why}"),
             });
         }
         let text = read_bytes(&job.data)?;

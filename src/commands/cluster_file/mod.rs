@@ -488,23 +488,17 @@ fn job(
         return Err(origin.invalid("job.batch", "must be at least 1"));
     }
     spec.job.updater = updater(&job, origin)?;
-    let index_base = match &job.index_base {
-        RawBase::Number(0) => IndexBase::Zero,
-        RawBase::Number(1) => IndexBase::One,
-        RawBase::Name(name) if name == "0" => IndexBase::Zero,
-        RawBase::Name(name) if name == "1" => IndexBase::One,
-        RawBase::Name(name) if name == "auto" => IndexBase::Auto,
-        other => {
-            let shown = match other {
-                RawBase::Number(n) => n.to_string(),
-                RawBase::Name(s) => format!("\"{s}\""),
-            };
-            return Err(origin.invalid(
-                "job.index_base",
-                format!("{shown} is not an index base: expected 0, 1 or \"auto\""),
-            ));
-        }
+    // The names `--index-base` takes on the command line: `0`, `1`, `auto`.
+    let (name, shown) = match &job.index_base {
+        RawBase::Number(n) => (n.to_string(), n.to_string()),
+        RawBase::Name(s) => (s.clone(), format!("\"{s}\"")),
     };
+    let index_base = <IndexBase as clap::ValueEnum>::from_str(&name, false).map_err(|_| {
+        origin.invalid(
+            "job.index_base",
+            format!("{shown} is not an index base: expected 0, 1 or \"auto\""),
+        )
+    })?;
     let cfg = LrConfig {
         job: spec.job.clone(),
         epochs: job.epochs,
