@@ -14,6 +14,7 @@ use crate::ids::{NodeId, NodeLayout};
 use crate::key::KeyRange;
 use crate::ring::RingConfig;
 use crate::server::{Server, ServerConfig};
+use crate::store::StoreLayout;
 use crate::timing::Timing;
 use crate::updater::Updater;
 use crate::value::Value;
@@ -72,6 +73,9 @@ pub struct JobSpec {
     /// Keys the servers update without the rule's regularizer: a model's intercept, which
     /// regularization would pull towards zero for no benefit. Default: none.
     pub unregularized: Option<KeyRange>,
+    /// How servers lay out their rows: in key order, for dense keys (the default), or behind
+    /// a hash table, for sparse models whose batches touch scattered keys.
+    pub store: StoreLayout,
 }
 
 /// Why a job cannot work.
@@ -143,6 +147,7 @@ impl JobSpec {
             max_bytes_in_flight: u64::MAX,
             seed: 0,
             unregularized: None,
+            store: StoreLayout::Ordered,
         }
     }
 
@@ -208,6 +213,7 @@ impl JobSpec {
         cfg.timing = self.timing;
         cfg.max_reply_bytes = self.max_reply_bytes;
         cfg.unregularized = self.unregularized;
+        cfg.store = self.store;
         cfg
     }
 
@@ -278,6 +284,20 @@ mod tests {
         }
         assert_eq!(job.server_config(NodeId(1)).max_reply_bytes, 1 << 16);
         assert_eq!(job.worker_config(NodeId(3)).width, 3);
+    }
+
+    #[test]
+    fn servers_keep_their_rows_in_the_layout_the_job_names() {
+        let mut job = JobSpec::new(1, 1);
+        for layout in [StoreLayout::Hashed, StoreLayout::Ordered] {
+            job.store = layout;
+            let d = job.driver::<f32>(NodeId(1), 0).expect("a server of the job");
+            let crate::driver::Node::Server(server) = d.node() else {
+                panic!("node 1 is not a server");
+            };
+            let hashed = matches!(server.template(), crate::store::Store::Hashed(_));
+            assert_eq!(hashed, layout == StoreLayout::Hashed);
+        }
     }
 
     #[test]

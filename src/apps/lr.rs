@@ -24,6 +24,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pserver_core::store::StoreLayout;
 use pserver_core::{
     Consistency, JobSpec, Key, KeyList, KeyRange, KeySelection, KvPairs, MAX_KEY, RangeList,
     Updater,
@@ -183,6 +184,8 @@ impl Default for LrConfig {
         let mut job = JobSpec::new(2, 4);
         job.consistency = Consistency::BoundedDelay(4);
         job.updater = ftrl(DEFAULT_ALPHA, DEFAULT_L1, DEFAULT_L2);
+        // Each batch touches a few thousand scattered features of millions.
+        job.store = StoreLayout::Hashed;
         LrConfig {
             job,
             epochs: 10,

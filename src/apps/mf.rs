@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use pserver_core::store::StoreLayout;
 use pserver_core::{Consistency, Key, KeyList, KeySelection, KvPairs, Updater};
 use pserver_transport::mem::MemNetwork;
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError};
@@ -322,6 +323,8 @@ pub async fn train(
     let mut spec = ClusterSpec::new(cfg.servers, cfg.workers);
     spec.job.consistency = cfg.consistency;
     spec.job.width = cfg.rank;
+    // A batch's users and items are scattered over the key space.
+    spec.job.store = StoreLayout::Hashed;
     spec.job.updater = Updater::Sgd { lr: cfg.lr };
     let top = data
         .train

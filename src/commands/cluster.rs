@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use pserver_core::store::OrderedStore;
+use pserver_core::store::Store;
 use pserver_core::{Consistency, Driver, NodeId, Role, Updater, Value};
 use pserver_transport::Transport;
 use pserver_transport::TransportError;
@@ -94,7 +94,7 @@ pub enum NodeOutcome {
 /// A node started over TCP, with its configuration in force.
 struct Started<V: Value> {
     role: Role,
-    spawned: Spawned<V, Updater, OrderedStore<V>>,
+    spawned: Spawned<V, Updater, Store<V>>,
     transport: NodeTransport,
 }
 

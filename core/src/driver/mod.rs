@@ -62,7 +62,7 @@ use crate::effects::{Effects, Event, Refusal, TimerCmd, TimerId};
 use crate::ids::{NodeId, Time};
 use crate::kv::KvPairs;
 use crate::selection::KeySelection;
-use crate::store::{OrderedStore, ParamStore};
+use crate::store::{ParamStore, Store};
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
 use crate::wire::{ClusterConfig, Envelope, RequestId};
@@ -148,7 +148,7 @@ impl Refusals {
 /// must not go backwards. The driver never reads a clock, never blocks and never allocates more
 /// than what it queues.
 #[derive(Clone, Debug)]
-pub struct Driver<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = OrderedStore<V>> {
+pub struct Driver<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store<V>> {
     node: Node<V, U, S>,
     codec: Codec,
     timers: BTreeMap<TimerId, Time>,

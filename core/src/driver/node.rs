@@ -4,7 +4,7 @@ use crate::coordinator::Coordinator;
 use crate::effects::{Effects, TimerId};
 use crate::ids::{Epoch, NodeId, Role, Time};
 use crate::server::Server;
-use crate::store::{OrderedStore, ParamStore};
+use crate::store::{ParamStore, Store};
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
 use crate::wire::{ClusterConfig, Envelope};
@@ -22,7 +22,7 @@ use crate::worker::Worker;
 /// assert_eq!((node.id(), node.role()), (NodeId(3), Role::Worker));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Node<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = OrderedStore<V>> {
+pub enum Node<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store<V>> {
     /// The coordinator (boxed, like the others, so that a `Node` is small to move).
     Coordinator(Box<Coordinator>),
     /// A server.

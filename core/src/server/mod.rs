@@ -17,7 +17,7 @@ use crate::consistency::Consistency;
 use crate::effects::{Effects, Refusal, TimerId};
 use crate::ids::{Epoch, NodeId, Role, Time};
 use crate::key::{Key, KeyRange};
-use crate::store::{OrderedStore, ParamStore};
+use crate::store::{ParamStore, Store, StoreLayout};
 use crate::timing::Timing;
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
@@ -53,6 +53,8 @@ pub struct ServerConfig {
     pub max_reply_bytes: usize,
     /// Keys the update rule applies without its regularizer ([`UpdateRule::unregularized`]).
     pub unregularized: Option<KeyRange>,
+    /// How the rows are laid out ([`StoreLayout`]). Default: in key order.
+    pub store: StoreLayout,
 }
 
 impl ServerConfig {
@@ -66,6 +68,7 @@ impl ServerConfig {
             incarnation: 0,
             max_reply_bytes: crate::worker::DEFAULT_MAX_SLICE_BYTES,
             unregularized: None,
+            store: StoreLayout::Ordered,
         }
     }
 
@@ -93,7 +96,7 @@ impl ServerConfig {
 /// `c` is answered only when every live worker has finished every iteration below `c - tau`
 /// (and, in sequential mode, the server has applied them).
 #[derive(Clone, Debug)]
-pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = OrderedStore<V>> {
+pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store<V>> {
     cfg: ServerConfig,
     updater: U,
     cluster: Option<Cluster>,
@@ -191,10 +194,10 @@ impl<V: Value + Hash, U: UpdateRule<V>, S: ParamStore<V>> Hash for Server<V, U, 
     }
 }
 
-impl<V: Value, U: UpdateRule<V>> Server<V, U, OrderedStore<V>> {
-    /// A server with an ordered-map store.
+impl<V: Value, U: UpdateRule<V>> Server<V, U, Store<V>> {
+    /// A server keeping its rows in the layout `cfg.store` names.
     pub fn new(cfg: ServerConfig, updater: U) -> Self {
-        let store = OrderedStore::new(cfg.width, updater.aux_width());
+        let store = Store::new(cfg.store, cfg.width, updater.aux_width());
         Self::with_store(cfg, updater, store)
     }
 }
@@ -230,6 +233,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     #[cfg(feature = "mutations")]
     pub fn set_mutation(&mut self, mutation: Option<crate::mutation::Mutation>) {
         self.mutation = mutation;
+    }
+
+    /// The empty store new shards are made from: its layout is every shard's.
+    #[cfg(test)]
+    pub(crate) fn template(&self) -> &S {
+        &self.template
     }
 
     /// This server's id.

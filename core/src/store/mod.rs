@@ -2,8 +2,10 @@
 //!
 //! Storage is not protocol: the trait is small, so that another layout can serve behind the same
 //! server code. Its batch methods have per-row defaults; [`OrderedStore`] overrides them to
-//! work on runs of consecutive rows, which is what makes a dense push one pass over memory
-//! (ARCHITECTURE.md §3).
+//! work on runs of consecutive rows, which is what makes a dense push one pass over memory,
+//! and [`HashedStore`] to find each of a sparse batch's scattered keys in one lookup
+//! (ARCHITECTURE.md §3). A job picks one of the two ([`StoreLayout`]); [`Store`] is whichever
+//! it picked.
 
 use core::fmt::Debug;
 use core::hash::Hasher;
@@ -11,8 +13,12 @@ use core::hash::Hasher;
 use crate::key::{Key, KeyRange};
 use crate::value::Value;
 
+mod hashed;
+mod layout;
 mod ordered;
 
+pub use hashed::HashedStore;
+pub use layout::{Store, StoreLayout};
 pub use ordered::OrderedStore;
 
 /// What [`ParamStore::for_each_row_in`] calls for each row: its key, values and updater state.

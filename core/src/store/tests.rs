@@ -148,6 +148,8 @@ enum Step {
     Touch(Key),
     /// Splits at the key and keeps the low part (or the high part).
     Split(Key, bool),
+    /// Reads every row in key order, as a range pull does between pushes.
+    Read,
 }
 
 fn step() -> impl proptest::strategy::Strategy<Value = Step> {
@@ -169,6 +171,7 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
             .prop_map(|(from, n, d)| Step::UpdateRange(from, n, d)),
         1 => key.clone().prop_map(Step::Touch),
         1 => (key, proptest::bool::ANY).prop_map(|(k, high)| Step::Split(k, high)),
+        1 => proptest::strategy::Just(Step::Read),
     ]
 }
 
@@ -182,8 +185,8 @@ type Model = std::collections::BTreeMap<Key, ([i64; 2], [i64; 2])>;
 /// Adds `[delta, key]` to the rows of `keys` (strictly increasing) in `store`, through
 /// `update_range` when the keys are `range`, and in `model`; returns how many calls the store
 /// made and whether every call had rows, state and deltas of one length.
-fn add_to_both(
-    store: &mut OrderedStore<i64>,
+fn add_to_both<S: ParamStore<i64>>(
+    store: &mut S,
     model: &mut Model,
     keys: &[Key],
     delta: i64,
@@ -213,6 +216,107 @@ fn add_to_both(
     (calls, shapes_agree)
 }
 
+/// Runs the steps on a store from `new` and on a plain ordered map of rows, and checks that
+/// the store holds exactly what the map does, and every way of reading it agrees.
+fn agrees_with_an_ordered_map<S: ParamStore<i64> + PartialEq + Hash>(
+    new: fn() -> S,
+    steps: Vec<Step>,
+    probe: Vec<Key>,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    let mut store = new();
+    let mut model = Model::new();
+    for step in steps {
+        match step {
+            Step::Update(mut keys, delta) => {
+                keys.sort_unstable();
+                keys.dedup();
+                let (calls, shapes_agree) = add_to_both(&mut store, &mut model, &keys, delta, None);
+                proptest::prop_assert!(shapes_agree);
+                // A dense batch into rows stored one after another is a few calls,
+                // not one per row.
+                proptest::prop_assert!(calls <= keys.len());
+            }
+            Step::UpdateRange(from, n, delta) => {
+                let range = KeyRange::new(from, from.saturating_add(n as Key)).unwrap();
+                let keys: Vec<Key> = range.keys().collect();
+                let (_, shapes_agree) =
+                    add_to_both(&mut store, &mut model, &keys, delta, Some(range));
+                proptest::prop_assert!(shapes_agree);
+            }
+            Step::Touch(k) => {
+                let (row, aux) = store.row_mut(k);
+                row[1] += 1;
+                aux[0] += 7;
+                let (mrow, maux) = model.entry(k).or_default();
+                mrow[1] += 1;
+                maux[0] += 7;
+            }
+            Step::Split(at, keep_high) => {
+                let high = store.split_off(at);
+                let model_high = model.split_off(&at);
+                proptest::prop_assert_eq!(high.len(), model_high.len());
+                if keep_high {
+                    store = high;
+                    model = model_high;
+                }
+            }
+            Step::Read => {
+                let mut keys = Vec::new();
+                store.for_each_in(KeyRange::FULL, &mut |k, _| keys.push(k));
+                proptest::prop_assert!(keys.iter().copied().eq(model.keys().copied()));
+            }
+        }
+        proptest::prop_assert_eq!(store.len(), model.len());
+    }
+    let mut rows = Vec::new();
+    store.for_each_row_in(KeyRange::FULL, &mut |k, row, aux| {
+        rows.push((k, [row[0], row[1]], [aux[0], aux[1]]));
+    });
+    let want: Vec<_> = model.iter().map(|(&k, &(r, a))| (k, r, a)).collect();
+    proptest::prop_assert_eq!(&rows, &want);
+    let mut runs = Vec::new();
+    let range = KeyRange::new(10, 20_050).unwrap();
+    store.for_each_run_in(range, &mut |keys, values| {
+        for (&k, row) in keys.iter().zip(values.chunks_exact(2)) {
+            runs.push((k, [row[0], row[1]]));
+        }
+    });
+    let want_runs: Vec<_> = model
+        .range(10..20_050)
+        .map(|(&k, &(r, _))| (k, r))
+        .collect();
+    proptest::prop_assert_eq!(runs, want_runs);
+    let mut probe = probe;
+    probe.sort_unstable();
+    probe.dedup();
+    let mut got = Vec::new();
+    store.values_of(&probe, 2, &mut got);
+    let want_values: Vec<i64> = probe
+        .iter()
+        .flat_map(|k| model.get(k).map_or([0, 0], |&(r, _)| r))
+        .collect();
+    proptest::prop_assert_eq!(got, want_values);
+    for &k in &probe {
+        proptest::prop_assert_eq!(store.get(k), model.get(&k).map(|(r, _)| &r[..]));
+    }
+    // The same rows written one by one into a fresh store: equal, and equal hashes,
+    // however differently the two are cut into leaves.
+    let mut fresh = new();
+    for (&k, (r, a)) in model.iter().rev() {
+        let (row, aux) = fresh.row_mut(k);
+        row.copy_from_slice(r);
+        aux.copy_from_slice(a);
+    }
+    proptest::prop_assert!(fresh == store);
+    let hash = |s: &S| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        s.hash(&mut h);
+        h.finish()
+    };
+    proptest::prop_assert_eq!(hash(&fresh), hash(&store));
+    Ok(())
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
 
@@ -223,89 +327,30 @@ proptest::proptest! {
         steps in proptest::collection::vec(step(), 1..12),
         probe in proptest::collection::vec(0u64..40_100, 0..64),
     ) {
-        let mut store = OrderedStore::<i64>::new(2, 1);
-        let mut model = Model::new();
-        for step in steps {
-            match step {
-                Step::Update(mut keys, delta) => {
-                    keys.sort_unstable();
-                    keys.dedup();
-                    let (calls, shapes_agree) = add_to_both(&mut store, &mut model, &keys, delta, None);
-                    proptest::prop_assert!(shapes_agree);
-                    // A dense batch into rows stored one after another is a few calls,
-                    // not one per row.
-                    proptest::prop_assert!(calls <= keys.len());
-                }
-                Step::UpdateRange(from, n, delta) => {
-                    let range = KeyRange::new(from, from.saturating_add(n as Key)).unwrap();
-                    let keys: Vec<Key> = range.keys().collect();
-                    let (_, shapes_agree) =
-                        add_to_both(&mut store, &mut model, &keys, delta, Some(range));
-                    proptest::prop_assert!(shapes_agree);
-                }
-                Step::Touch(k) => {
-                    let (row, aux) = store.row_mut(k);
-                    row[1] += 1;
-                    aux[0] += 7;
-                    let (mrow, maux) = model.entry(k).or_default();
-                    mrow[1] += 1;
-                    maux[0] += 7;
-                }
-                Step::Split(at, keep_high) => {
-                    let high = store.split_off(at);
-                    let model_high = model.split_off(&at);
-                    proptest::prop_assert_eq!(high.len(), model_high.len());
-                    if keep_high {
-                        store = high;
-                        model = model_high;
-                    }
-                }
-            }
-            proptest::prop_assert_eq!(store.len(), model.len());
+        agrees_with_an_ordered_map(|| OrderedStore::<i64>::new(2, 1), steps, probe)?;
+    }
+
+    /// The same for the hashed layout, whose rows are not kept in key order.
+    #[test]
+    fn the_hashed_store_agrees_with_an_ordered_map_under_batches_touches_and_splits(
+        steps in proptest::collection::vec(step(), 1..12),
+        probe in proptest::collection::vec(0u64..40_100, 0..64),
+    ) {
+        agrees_with_an_ordered_map(|| HashedStore::<i64>::new(2, 1), steps, probe)?;
+    }
+
+    /// Either layout behind [`Store`] reads back what the ordered map holds.
+    #[test]
+    fn the_store_of_either_layout_agrees_with_an_ordered_map(
+        steps in proptest::collection::vec(step(), 1..6),
+        probe in proptest::collection::vec(0u64..40_100, 0..16),
+        hashed in proptest::bool::ANY,
+    ) {
+        if hashed {
+            agrees_with_an_ordered_map(|| Store::<i64>::new(StoreLayout::Hashed, 2, 1), steps, probe)?;
+        } else {
+            agrees_with_an_ordered_map(|| Store::<i64>::new(StoreLayout::Ordered, 2, 1), steps, probe)?;
         }
-        let mut rows = Vec::new();
-        store.for_each_row_in(KeyRange::FULL, &mut |k, row, aux| {
-            rows.push((k, [row[0], row[1]], [aux[0], aux[1]]));
-        });
-        let want: Vec<_> = model.iter().map(|(&k, &(r, a))| (k, r, a)).collect();
-        proptest::prop_assert_eq!(&rows, &want);
-        let mut runs = Vec::new();
-        let range = KeyRange::new(10, 20_050).unwrap();
-        store.for_each_run_in(range, &mut |keys, values| {
-            for (&k, row) in keys.iter().zip(values.chunks_exact(2)) {
-                runs.push((k, [row[0], row[1]]));
-            }
-        });
-        let want_runs: Vec<_> = model.range(10..20_050).map(|(&k, &(r, _))| (k, r)).collect();
-        proptest::prop_assert_eq!(runs, want_runs);
-        let mut probe = probe;
-        probe.sort_unstable();
-        probe.dedup();
-        let mut got = Vec::new();
-        store.values_of(&probe, 2, &mut got);
-        let want_values: Vec<i64> = probe
-            .iter()
-            .flat_map(|k| model.get(k).map_or([0, 0], |&(r, _)| r))
-            .collect();
-        proptest::prop_assert_eq!(got, want_values);
-        for &k in &probe {
-            proptest::prop_assert_eq!(store.get(k), model.get(&k).map(|(r, _)| &r[..]));
-        }
-        // The same rows written one by one into a fresh store: equal, and equal hashes,
-        // however differently the two are cut into leaves.
-        let mut fresh = OrderedStore::<i64>::new(2, 1);
-        for (&k, (r, a)) in model.iter().rev() {
-            let (row, aux) = fresh.row_mut(k);
-            row.copy_from_slice(r);
-            aux.copy_from_slice(a);
-        }
-        proptest::prop_assert!(fresh == store);
-        let hash = |s: &OrderedStore<i64>| {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            s.hash(&mut h);
-            h.finish()
-        };
-        proptest::prop_assert_eq!(hash(&fresh), hash(&store));
     }
 }
 

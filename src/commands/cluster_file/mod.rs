@@ -499,6 +499,7 @@ fn job(
             format!("{shown} is not an index base: expected 0, 1 or \"auto\""),
         )
     })?;
+    spec.job.store = LrConfig::default().job.store;
     let cfg = LrConfig {
         job: spec.job.clone(),
         epochs: job.epochs,

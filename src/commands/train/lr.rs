@@ -244,6 +244,7 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
     let mut job = JobSpec::new(args.nodes.servers as usize, args.nodes.workers as usize);
     job.consistency = consistency;
     job.updater = args.rule.updater()?;
+    job.store = LrConfig::default().job.store;
     let cfg = LrConfig {
         job,
         epochs: args.epochs,
