@@ -291,7 +291,9 @@ mod tests {
         let mut job = JobSpec::new(1, 1);
         for layout in [StoreLayout::Hashed, StoreLayout::Ordered] {
             job.store = layout;
-            let d = job.driver::<f32>(NodeId(1), 0).expect("a server of the job");
+            let d = job
+                .driver::<f32>(NodeId(1), 0)
+                .expect("a server of the job");
             let crate::driver::Node::Server(server) = d.node() else {
                 panic!("node 1 is not a server");
             };

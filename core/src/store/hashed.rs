@@ -33,10 +33,11 @@ impl Hasher for KeyHasher {
 
 type Slots = HashMap<Key, usize, BuildHasherDefault<KeyHasher>>;
 
-/// Rows in the order they were first written, three flat arrays (keys, values, updater state)
-/// indexed by a hash table from key to row: a key costs one lookup however many rows the store
-/// holds and however scattered the keys are, which is what a sparse model's pushes and pulls
-/// need (ARCHITECTURE.md §3).
+/// Rows in the order they were first written, indexed by a hash table from key to row: a key
+/// costs one lookup however many rows the store holds and however scattered the keys are,
+/// which is what a sparse model's pushes and pulls need (ARCHITECTURE.md §3). A row's values
+/// and its updater state lie next to each other, so that updating a scattered key touches one
+/// cache line, not one in each of two arrays.
 ///
 /// Reading in key order (a range pull, a shard copy) sorts the rows once and keeps that order
 /// until a row is added, so that the parts of a long range pull do not each sort again. A dense
@@ -62,8 +63,8 @@ pub struct HashedStore<V> {
     aux_width: usize,
     slots: Slots,
     keys: Vec<Key>,
-    values: Vec<V>,
-    aux: Vec<V>,
+    /// Per row, `width` values then `width * aux_width` updater values.
+    rows: Vec<V>,
     /// Rows by increasing key, computed when first asked for after a row was added.
     sorted: OnceLock<Vec<usize>>,
 }
@@ -76,8 +77,7 @@ impl<V: Value> HashedStore<V> {
             aux_width,
             slots: Slots::default(),
             keys: Vec::new(),
-            values: Vec::new(),
-            aux: Vec::new(),
+            rows: Vec::new(),
             sorted: OnceLock::new(),
         }
     }
@@ -88,21 +88,21 @@ impl<V: Value> HashedStore<V> {
         let slot = *self.slots.entry(key).or_insert(next);
         if slot == next {
             self.keys.push(key);
-            self.values
-                .resize(self.values.len() + self.width, V::default());
-            self.aux
-                .resize(self.aux.len() + self.width * self.aux_width, V::default());
+            self.rows
+                .resize(self.rows.len() + self.stride(), V::default());
             self.sorted = OnceLock::new();
         }
         slot
     }
 
+    /// Values per row, updater state included.
+    fn stride(&self) -> usize {
+        self.width * (1 + self.aux_width)
+    }
+
     fn rows_mut(&mut self, slot: usize) -> (&mut [V], &mut [V]) {
-        let (width, row_aux) = (self.width, self.width * self.aux_width);
-        (
-            &mut self.values[slot * width..(slot + 1) * width],
-            &mut self.aux[slot * row_aux..(slot + 1) * row_aux],
-        )
+        let stride = self.stride();
+        self.rows[slot * stride..(slot + 1) * stride].split_at_mut(self.width)
     }
 
     /// Rows whose keys lie in `range`, by increasing key.
@@ -118,12 +118,13 @@ impl<V: Value> HashedStore<V> {
     }
 
     fn row(&self, slot: usize) -> &[V] {
-        &self.values[slot * self.width..(slot + 1) * self.width]
+        let at = slot * self.stride();
+        &self.rows[at..at + self.width]
     }
 
     fn aux_row(&self, slot: usize) -> &[V] {
-        let row_aux = self.width * self.aux_width;
-        &self.aux[slot * row_aux..(slot + 1) * row_aux]
+        let stride = self.stride();
+        &self.rows[slot * stride + self.width..(slot + 1) * stride]
     }
 }
 
@@ -165,10 +166,24 @@ impl<V: Value> ParamStore<V> for HashedStore<V> {
 
     fn values_of(&self, keys: &[Key], width: usize, out: &mut Vec<V>) {
         out.reserve(keys.len() * width);
+        if width != self.width {
+            out.resize(out.len() + keys.len() * width, V::default());
+            return;
+        }
+        let stride = self.stride();
+        if width == 1 {
+            // One value a row, the common sparse case: no slice copy per key.
+            out.extend(keys.iter().map(|key| {
+                self.slots
+                    .get(key)
+                    .map_or(V::default(), |&slot| self.rows[slot * stride])
+            }));
+            return;
+        }
         for key in keys {
             match self.slots.get(key) {
-                Some(&slot) if width == self.width => out.extend_from_slice(self.row(slot)),
-                _ => out.resize(out.len() + width, V::default()),
+                Some(&slot) => out.extend_from_slice(self.row(slot)),
+                None => out.resize(out.len() + width, V::default()),
             }
         }
     }

@@ -395,3 +395,21 @@ fn a_dense_range_over_stored_rows_is_one_call_per_leaf() {
         panic!("applied a short batch")
     });
 }
+
+/// Pulls of one-value rows read each key's own value, zero for a key never written, from
+/// either layout.
+#[test]
+fn one_value_rows_are_pulled_each_from_its_own_key() {
+    for layout in [StoreLayout::Hashed, StoreLayout::Ordered] {
+        let mut s = Store::<f32>::new(layout, 1, 2);
+        s.update_rows(&[3, 7, 1 << 40], &[0.0; 3], &mut |_, _, _| {});
+        for (k, w) in [(3, 1.5), (7, -2.0), (1 << 40, 4.0)] {
+            let (row, aux) = s.row_mut(k);
+            row[0] = w;
+            aux.fill(9.0);
+        }
+        let mut out = vec![8.0];
+        s.values_of(&[2, 3, 7, 1 << 40], 1, &mut out);
+        assert_eq!(out, [8.0, 0.0, 1.5, -2.0, 4.0], "{layout:?}");
+    }
+}
