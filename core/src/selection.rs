@@ -29,6 +29,11 @@ impl KeyList {
     pub fn keys(&self) -> &[Key] {
         &self.0
     }
+
+    /// The shared key storage, for a vector over the same keys.
+    pub(crate) fn shared(&self) -> &Arc<Vec<Key>> {
+        &self.0
+    }
 }
 
 /// Non-empty, sorted, disjoint key ranges.

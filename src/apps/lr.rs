@@ -20,6 +20,8 @@
 //! grows with every epoch while the regularizer does not, so the regularization weakens as
 //! training goes on. The test `l1_is_charged_once_against_minibatch_means` pins this down.
 
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,6 +61,9 @@ pub struct LrConfig {
     pub keep: Keep,
     /// Stop after this many epochs in a row without a better test log loss.
     pub early_stop: Option<u32>,
+    /// Whether a worker pulls its next minibatch's weights while it computes on this one,
+    /// where the consistency model allows it ([`LrConfig::pipelined`]).
+    pub pipeline: bool,
 }
 
 /// Which epoch's model a training run ends with.
@@ -196,12 +201,33 @@ impl Default for LrConfig {
             seed: 0,
             keep: Keep::Best,
             early_stop: None,
+            pipeline: true,
         }
         .with_bias(true)
     }
 }
 
 impl LrConfig {
+    /// Whether workers pull a minibatch ahead: when asked to and the job's bound lets a
+    /// batch's weights miss at least one iteration of pushes. Under sequential consistency
+    /// each batch needs the push of the one before, so nothing is pulled ahead.
+    pub fn pipelined(&self) -> bool {
+        self.pipeline && self.job.consistency.tau() != Some(0)
+    }
+
+    /// The job the nodes run. A pulled-ahead batch's pull is sent one iteration early, so
+    /// under bounded delay `tau` the servers hold it to `tau - 1`: every batch's weights then
+    /// miss at most the pushes the job's `tau` allows, as without pipelining.
+    pub fn protocol_job(&self) -> JobSpec {
+        let mut job = self.job.clone();
+        if self.pipelined()
+            && let Consistency::BoundedDelay(tau) = job.consistency
+        {
+            job.consistency = Consistency::BoundedDelay(tau.saturating_sub(1));
+        }
+        job
+    }
+
     /// This configuration with or without an intercept (exempt from regularization).
     pub fn with_bias(mut self, bias: bool) -> Self {
         self.bias = bias;
@@ -326,63 +352,92 @@ pub fn evaluate(weights: &KvPairs<f32>, test: &Examples) -> (f64, f64) {
     (loss / test.len().max(1) as f64, auc(&scores, test.labels()))
 }
 
-/// One minibatch: the distinct keys it touches, sorted, the intercept's last.
-fn batch_keys(data: &Examples, rows: &[usize], bias: bool) -> Vec<Key> {
-    let mut keys: Vec<Key> = rows
-        .iter()
-        .flat_map(|&r| data.row(r).0.iter().copied())
-        .collect();
-    keys.sort_unstable();
-    keys.dedup();
-    if bias {
-        keys.push(BIAS_KEY);
-    }
-    keys
+/// One minibatch, made ready before its weights are pulled: its rows, the distinct keys it
+/// touches (sorted, the intercept's last), and where each feature of each row, in row order,
+/// sits among those keys. One sort finds both, so computing on the pulled weights needs no
+/// search.
+#[derive(Debug)]
+struct Batch {
+    rows: Vec<usize>,
+    keys: KeyList,
+    positions: Vec<u32>,
 }
 
-/// The gradient of the mean log loss of `rows` at `weights` (aligned with `keys`, which end
-/// with the intercept's when `bias`), and the summed log loss before the update.
-fn gradient(
-    data: &Examples,
-    rows: &[usize],
-    keys: &[Key],
-    weights: &[f32],
-    bias: bool,
-) -> (Vec<f32>, f64) {
-    let mut grad = vec![0f32; keys.len()];
-    let mut loss = 0.0;
-    let n = rows.len().max(1) as f32;
-    let intercept = if bias {
-        weights.last().map_or(0.0, |&w| f64::from(w))
-    } else {
-        0.0
-    };
-    let mut intercept_grad = 0f32;
-    // Each row's features' positions among `keys`, in one buffer reused for every row.
-    let mut pos: Vec<usize> = Vec::new();
-    for &r in rows {
-        let (idx, val) = data.row(r);
-        pos.clear();
-        pos.extend(idx.iter().map(|k| keys.binary_search(k).unwrap_or(0)));
-        let z: f64 = intercept
-            + pos
-                .iter()
-                .zip(val)
-                .map(|(&p, &v)| f64::from(weights[p]) * f64::from(v))
-                .sum::<f64>();
-        let p = sigmoid(z);
-        let y = data.labels()[r];
-        loss += logloss(p, y);
-        let g = (p - f64::from(y)) as f32 / n;
-        for (&p, &v) in pos.iter().zip(val) {
-            grad[p] += g * v;
+impl Batch {
+    /// Prepares `rows` of `data`; `scratch` is reused from batch to batch.
+    fn new(
+        data: &Examples,
+        rows: &[usize],
+        bias: bool,
+        scratch: &mut Vec<(Key, u32)>,
+    ) -> Result<Self, RuntimeError> {
+        scratch.clear();
+        for &r in rows {
+            let at = scratch.len();
+            scratch.extend(
+                data.row(r)
+                    .0
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &k)| (k, (at + i) as u32)),
+            );
         }
-        intercept_grad += g;
+        scratch.sort_unstable_by_key(|&(k, _)| k);
+        let mut keys: Vec<Key> = Vec::with_capacity(scratch.len() + 1);
+        let mut positions = vec![0u32; scratch.len()];
+        for &(k, at) in scratch.iter() {
+            if keys.last() != Some(&k) {
+                keys.push(k);
+            }
+            positions[at as usize] = (keys.len() - 1) as u32;
+        }
+        if bias {
+            keys.push(BIAS_KEY);
+        }
+        Ok(Batch {
+            rows: rows.to_vec(),
+            keys: KeyList::new(keys).map_err(config)?,
+            positions,
+        })
     }
-    if bias && let Some(last) = grad.last_mut() {
-        *last += intercept_grad;
+
+    /// The gradient of the mean log loss of the batch's rows at `weights` (aligned with its
+    /// keys, the intercept's last when `bias`), and the summed log loss before the update.
+    fn gradient(&self, data: &Examples, weights: &[f32], bias: bool) -> (Vec<f32>, f64) {
+        let mut grad = vec![0f32; weights.len()];
+        let mut loss = 0.0;
+        let n = self.rows.len().max(1) as f32;
+        let intercept = if bias {
+            weights.last().map_or(0.0, |&w| f64::from(w))
+        } else {
+            0.0
+        };
+        let mut intercept_grad = 0f32;
+        let mut from = 0;
+        for &r in &self.rows {
+            let val = data.row(r).1;
+            let pos = &self.positions[from..from + val.len()];
+            from += val.len();
+            let z: f64 = intercept
+                + pos
+                    .iter()
+                    .zip(val)
+                    .map(|(&p, &v)| f64::from(weights[p as usize]) * f64::from(v))
+                    .sum::<f64>();
+            let p = sigmoid(z);
+            let y = data.labels()[r];
+            loss += logloss(p, y);
+            let g = (p - f64::from(y)) as f32 / n;
+            for (&p, &v) in pos.iter().zip(val) {
+                grad[p as usize] += g * v;
+            }
+            intercept_grad += g;
+        }
+        if bias && let Some(last) = grad.last_mut() {
+            *last += intercept_grad;
+        }
+        (grad, loss)
     }
-    (grad, loss)
 }
 
 /// The order in which a share's rows `rows` are visited in `epoch`: shuffled by a seed drawn
@@ -458,63 +513,59 @@ pub type ShareRows = (Arc<Examples>, Range<usize>);
 pub async fn run_shares(
     cfg: &LrConfig,
     handle: &WorkerHandle<f32>,
-    mut rows_of: impl FnMut(usize) -> Result<ShareRows, RuntimeError>,
+    rows_of: impl FnMut(usize) -> Result<ShareRows, RuntimeError>,
     steps: usize,
     measure: Measure<'_>,
     counter: Option<&RowsTrained>,
     mut on_epoch: impl FnMut(WorkerEpoch),
 ) -> Result<(), RuntimeError> {
     handle.ready().await?;
-    let batch = cfg.batch.max(1);
     let everything = RangeList::new(vec![KeyRange::FULL]).map_err(config)?;
-    let mut held: Vec<usize> = Vec::new();
+    let mut shares = Shares {
+        cfg,
+        handle,
+        rows_of,
+        held: Vec::new(),
+        orders: BTreeMap::new(),
+        scratch: Vec::new(),
+    };
+    let ahead = cfg.pipelined();
     for epoch in 1..=cfg.epochs {
-        let mut loss = 0.0;
-        let mut trained = 0;
-        // Per share: its rows, in this epoch's order.
-        let mut orders: std::collections::BTreeMap<usize, (Arc<Examples>, Vec<usize>)> =
-            std::collections::BTreeMap::new();
+        let (mut loss, mut trained) = (0.0, 0);
+        shares.orders.clear();
+        let mut next = None;
         for step in 0..steps {
-            let shares = handle.shares().await?;
-            for &share in shares.iter().filter(|s| !held.contains(s)) {
-                if !held.is_empty() {
-                    info!(
-                        share,
-                        epoch, step, "took over the share of a worker that is gone"
-                    );
-                }
+            let current = match next.take() {
+                Some(sent) => sent,
+                None => shares.send(epoch, step).await?,
+            };
+            // The next step's pulls go out now, in this iteration, and are answered while
+            // this step computes: `LrConfig::protocol_job` runs the servers' bound one lower,
+            // so that they still see every push the job's bound promises.
+            if ahead && step + 1 < steps {
+                next = Some(shares.send(epoch, step + 1).await?);
             }
-            held = shares;
-            for &share in &held {
-                let (data, order) = match orders.entry(share) {
-                    std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::btree_map::Entry::Vacant(e) => {
-                        let (data, mine) = rows_of(share)?;
-                        e.insert((data, visiting_order(cfg, share, epoch, mine)))
-                    }
-                };
-                let from = (step * batch).min(order.len());
-                let rows = &order[from..(from + batch).min(order.len())];
-                if rows.is_empty() {
-                    continue;
-                }
-                trained += rows.len();
-                if let Some(counter) = counter {
-                    counter.add(rows.len());
-                }
-                let keys = batch_keys(data, rows, cfg.bias);
-                let list = KeyList::new(keys.clone()).map_err(config)?;
-                let pulled = handle.pull(KeySelection::Keys(list)).await?;
-                let (grad, l) = gradient(data, rows, &keys, pulled.values(), cfg.bias);
+            for InFlight {
+                data,
+                batch,
+                weights,
+            } in current
+            {
+                let pulled = weights.await?;
+                let (grad, l) = batch.gradient(&data, pulled.values(), cfg.bias);
                 loss += l;
-                let kvs = KvPairs::new(keys, grad, 1).map_err(config)?;
+                trained += batch.rows.len();
+                if let Some(counter) = counter {
+                    counter.add(batch.rows.len());
+                }
+                let kvs = KvPairs::with_keys(&batch.keys, grad, 1).map_err(config)?;
                 // Not waiting for the acknowledgement: the consistency model bounds how far
                 // ahead of its acknowledged pushes the worker may run.
                 drop(handle.start_push(kvs).await?);
             }
             handle.advance().await?;
         }
-        let model = if held.contains(&0) && (measure.test.is_some() || measure.model) {
+        let model = if shares.held.contains(&0) && (measure.test.is_some() || measure.model) {
             let weights = handle
                 .pull(KeySelection::Ranges(everything.clone()))
                 .await?;
@@ -534,6 +585,72 @@ pub async fn run_shares(
         });
     }
     Ok(())
+}
+
+/// A pulled answer not yet awaited.
+type Answer = std::pin::Pin<Box<dyn Future<Output = Result<KvPairs<f32>, RuntimeError>> + Send>>;
+
+/// A minibatch whose weights were asked for.
+struct InFlight {
+    data: Arc<Examples>,
+    batch: Batch,
+    weights: Answer,
+}
+
+/// The shares a worker trains and their rows in this epoch's order.
+struct Shares<'a, F> {
+    cfg: &'a LrConfig,
+    handle: &'a WorkerHandle<f32>,
+    rows_of: F,
+    /// The shares of the last step.
+    held: Vec<usize>,
+    /// Per share: its rows, in this epoch's order.
+    orders: BTreeMap<usize, (Arc<Examples>, Vec<usize>)>,
+    scratch: Vec<(Key, u32)>,
+}
+
+impl<F: FnMut(usize) -> Result<ShareRows, RuntimeError>> Shares<'_, F> {
+    /// Prepares the minibatch of `step` of every share the worker holds now, and sends their
+    /// pulls.
+    async fn send(&mut self, epoch: u32, step: usize) -> Result<Vec<InFlight>, RuntimeError> {
+        let shares = self.handle.shares().await?;
+        for &share in shares.iter().filter(|s| !self.held.contains(s)) {
+            if !self.held.is_empty() {
+                info!(
+                    share,
+                    epoch, step, "took over the share of a worker that is gone"
+                );
+            }
+        }
+        self.held = shares;
+        let batch = self.cfg.batch.max(1);
+        let mut sent = Vec::with_capacity(self.held.len());
+        for &share in &self.held {
+            let (data, order) = match self.orders.entry(share) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => {
+                    let (data, mine) = (self.rows_of)(share)?;
+                    e.insert((data, visiting_order(self.cfg, share, epoch, mine)))
+                }
+            };
+            let from = (step * batch).min(order.len());
+            let rows = &order[from..(from + batch).min(order.len())];
+            if rows.is_empty() {
+                continue;
+            }
+            let prepared = Batch::new(data, rows, self.cfg.bias, &mut self.scratch)?;
+            let weights = self
+                .handle
+                .start_pull(KeySelection::Keys(prepared.keys.clone()))
+                .await?;
+            sent.push(InFlight {
+                data: data.clone(),
+                batch: prepared,
+                weights: Box::pin(weights),
+            });
+        }
+        Ok(sent)
+    }
 }
 
 impl EpochReport {
@@ -651,7 +768,7 @@ pub async fn train_local_until(
     stop: impl Future<Output = ()>,
 ) -> Result<Trained, RuntimeError> {
     let began = Instant::now();
-    let mut spec = ClusterSpec::of(cfg.job.clone());
+    let mut spec = ClusterSpec::of(cfg.protocol_job());
     // The job's keys are the data's features: the ring spreads them over every server, where
     // over the whole 64-bit key space they would all fall to one.
     if spec.job.ring.key_space == u64::MAX {
@@ -1007,18 +1124,54 @@ mod tests {
     }
 
     #[test]
+    fn pulling_ahead_lowers_the_servers_bound_by_one_and_only_when_it_happens() {
+        let with = |consistency, pipeline| {
+            let mut cfg = LrConfig {
+                pipeline,
+                ..LrConfig::default()
+            };
+            cfg.job.consistency = consistency;
+            (cfg.pipelined(), cfg.protocol_job().consistency)
+        };
+        use Consistency::{BoundedDelay, Eventual, Sequential};
+        assert_eq!(with(BoundedDelay(4), true), (true, BoundedDelay(3)));
+        assert_eq!(with(BoundedDelay(1), true), (true, BoundedDelay(0)));
+        assert_eq!(with(BoundedDelay(4), false), (false, BoundedDelay(4)));
+        assert_eq!(with(Sequential, true), (false, Sequential));
+        assert_eq!(with(Eventual, true), (true, Eventual));
+    }
+
+    fn batch(data: &Examples, rows: &[usize], bias: bool) -> Batch {
+        Batch::new(data, rows, bias, &mut Vec::new()).unwrap()
+    }
+
+    #[test]
     fn a_batch_pulls_its_distinct_keys_sorted_and_the_intercept_last() {
         let data = examples(b"1 3:1 7:1\n0 1:1 3:2\n");
-        assert_eq!(batch_keys(&data, &[0, 1], true), vec![1, 3, 7, BIAS_KEY]);
-        assert_eq!(batch_keys(&data, &[1], false), vec![1, 3]);
+        assert_eq!(batch(&data, &[0, 1], true).keys.keys(), [1, 3, 7, BIAS_KEY]);
+        assert_eq!(batch(&data, &[1], false).keys.keys(), [1, 3]);
+    }
+
+    #[test]
+    fn each_feature_of_a_batch_points_at_its_own_key() {
+        let data = examples(b"1 2:1 5:1 9:1\n0 5:1 9:2\n1 2:1\n");
+        let rows = [2, 0, 1];
+        let b = batch(&data, &rows, true);
+        let features: Vec<Key> = rows.iter().flat_map(|&r| data.row(r).0.to_vec()).collect();
+        let pointed: Vec<Key> = b
+            .positions
+            .iter()
+            .map(|&p| b.keys.keys()[p as usize])
+            .collect();
+        assert_eq!(pointed, features);
+        assert_eq!(b.rows, rows);
     }
 
     #[test]
     fn the_gradient_is_the_mean_over_the_batch_with_the_intercept_in_the_last_slot() {
         let data = examples(b"1 0:1 1:2\n0 1:1\n");
-        let keys = [0, 1, BIAS_KEY];
         let weights = [0.5f32, -0.25, 0.1];
-        let (grad, loss) = gradient(&data, &[0, 1], &keys, &weights, true);
+        let (grad, loss) = batch(&data, &[0, 1], true).gradient(&data, &weights, true);
         // Row 0: z = 0.1 + 0.5 - 0.5 = 0.1, label 1; row 1: z = 0.1 - 0.25 = -0.15, label 0.
         let (p0, p1) = (sigmoid(0.1), sigmoid(-0.15));
         let (g0, g1) = ((p0 - 1.0) / 2.0, p1 / 2.0);
@@ -1028,12 +1181,12 @@ mod tests {
         }
         assert!((loss - (-p0.ln() - (1.0 - p1).ln())).abs() < 1e-9);
         // Without an intercept its weight is not read, and no slot is added.
-        let (grad, _) = gradient(&data, &[1], &[0, 1], &[0.5, -0.25], false);
+        let (grad, _) = batch(&data, &[1], false).gradient(&data, &[-0.25], false);
+        assert_eq!(grad.len(), 1);
         assert!(
-            (f64::from(grad[1]) - sigmoid(-0.25)).abs() < 1e-6,
+            (f64::from(grad[0]) - sigmoid(-0.25)).abs() < 1e-6,
             "{grad:?}"
         );
-        assert_eq!(grad[0], 0.0);
     }
 
     #[test]

@@ -158,6 +158,40 @@ impl<V: Value> KvPairs<V> {
         Ok(Self::from_run(range.start(), values, width))
     }
 
+    /// A vector over the keys of `list`, whose order the type proves already: the keys are
+    /// neither checked again nor copied, only counted against the values. So a worker that
+    /// pulled a batch's keys pushes its gradient for them without another pass over the keys.
+    ///
+    /// ```
+    /// use pserver_core::{KeyList, KvPairs};
+    /// let keys = KeyList::new(vec![2, 7, 9])?;
+    /// let grad = KvPairs::with_keys(&keys, vec![0.5f32, -1.0, 2.0], 1)?;
+    /// assert_eq!(grad.get(7), Some(&[-1.0f32][..]));
+    /// assert!(KvPairs::with_keys(&keys, vec![0.5f32], 1).is_err());
+    /// # Ok::<(), pserver_core::KvError>(())
+    /// ```
+    pub fn with_keys(list: &crate::KeyList, values: Vec<V>, width: usize) -> Result<Self, KvError> {
+        if width == 0 {
+            return Err(KvError::ZeroWidth);
+        }
+        let keys = list.shared();
+        if keys.len().checked_mul(width) != Some(values.len()) {
+            return Err(KvError::LengthMismatch {
+                keys: keys.len(),
+                values: values.len(),
+                width,
+            });
+        }
+        let hi = keys.len();
+        Ok(KvPairs {
+            keys: KeyStorage::List(Arc::clone(keys)),
+            values: ValueStorage::owned(values),
+            width,
+            lo: 0,
+            hi,
+        })
+    }
+
     /// Wraps storage whose invariants the caller has already checked.
     pub(crate) fn from_validated(keys: Vec<Key>, values: Vec<V>, width: usize) -> Self {
         Self::from_stored(keys, ValueStorage::owned(values), width)

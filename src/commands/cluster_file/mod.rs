@@ -510,10 +510,12 @@ fn job(
         seed: job.seed,
         keep: Keep::Best,
         early_stop: None,
+        pipeline: true,
     }
     .with_bias(job.bias);
-    // The servers are built from `spec`: they must know the intercept's key too.
-    spec.job = cfg.job.clone();
+    // The servers are built from `spec`: they must know the intercept's key too, and hold
+    // pulled-ahead batches to the bound the pipelined workers need.
+    spec.job = cfg.protocol_job();
     Ok(Job::Lr(Box::new(LrJob {
         data,
         test: job.test.map(|f| origin.relative(f)),

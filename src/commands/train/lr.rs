@@ -75,6 +75,11 @@ pub struct LrArgs {
     /// from --seed.
     #[arg(long)]
     no_shuffle: bool,
+    /// Pull each minibatch's weights only once the one before is pushed, instead of while it
+    /// is computed. Pipelining never applies under sequential consistency, and under bounded
+    /// delay keeps the bound: a batch's weights miss no more pushes than tau allows.
+    #[arg(long)]
+    no_pipeline: bool,
     /// Seed of the order rows are visited in.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -258,6 +263,7 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
         seed: args.seed,
         keep: args.keep,
         early_stop: args.early_stop,
+        pipeline: !args.no_pipeline,
     };
     Ok(cfg.with_bias(!args.no_bias))
 }

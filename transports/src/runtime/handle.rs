@@ -194,7 +194,25 @@ impl<V: Value> WorkerHandle<V> {
 
     /// Pulls `keys` in the current iteration, once the consistency model allows it.
     pub async fn pull(&self, keys: KeySelection) -> Result<KvPairs<V>, RuntimeError> {
-        self.call(|tx| Command::Pull(keys, tx)).await
+        self.start_pull(keys).await?.await
+    }
+
+    /// Hands a pull of `keys` to the worker now, in the current iteration (waiting only while
+    /// its call queue is full), and returns the answer to await later: the paper's
+    /// asynchronous task, so that an application pulls its next minibatch's weights while it
+    /// computes on this one. The pull is held, like any other, until the consistency model
+    /// allows it in the iteration it was sent in.
+    pub async fn start_pull(
+        &self,
+        keys: KeySelection,
+    ) -> Result<impl Future<Output = Result<KvPairs<V>, RuntimeError>> + Send + 'static, RuntimeError>
+    {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Pull(keys, tx))
+            .await
+            .map_err(|_| RuntimeError::ShutDown)?;
+        Ok(async move { rx.await.map_err(|_| RuntimeError::ShutDown)? })
     }
 
     /// Ends the current iteration; returns the iteration entered, once the consistency model
