@@ -672,7 +672,7 @@ fn bench_quick_prints_one_machine_readable_line_per_measure() {
 #[test]
 fn bench_train_measures_pserver_against_a_floor_on_the_same_rows() {
     let out = pserver()
-        .args(["bench", "--train", "--quick"])
+        .args(["bench", "--train", "--quick", "--table"])
         .output()
         .unwrap();
     assert!(
@@ -701,6 +701,34 @@ fn bench_train_measures_pserver_against_a_floor_on_the_same_rows() {
     );
     assert!((floor - one).abs() < 1e-3, "{text}");
     assert!(value("train.mem.1s1w.vs_floor") > 0.0);
+    // Every way reports its peak memory and how its first epoch compares with the later ones.
+    for way in ["floor", "mem.1s1w", "mem.2s2w", "tcp.1s1w"] {
+        assert!(value(&format!("train.{way}.peak_rss")) > 0.0, "{text}");
+        assert!(
+            value(&format!("train.{way}.first_epoch_vs_later")) > 0.0,
+            "{text}"
+        );
+    }
+    // VW runs on the same rows when it is installed, and is said to be skipped when not.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if text.contains("train.vw.rows_per_sec") {
+        assert!(value("train.vw.test_auc") > 0.6, "{text}");
+        assert!(value("train.mem.2s2w.vs_vw") > 0.0, "{text}");
+    } else {
+        assert!(stderr.contains("vw: skipped"), "{stderr}");
+    }
+    // The table: a header, then a row per way, each with its ratio to the floor.
+    let table: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("way "))
+        .collect();
+    assert!(table.len() >= 5, "{text}");
+    assert!(table[0].contains("vs floor"), "{text}");
+    let floor_row = table
+        .iter()
+        .find(|l| l.starts_with("floor "))
+        .expect("a floor row");
+    assert!(floor_row.contains(" 1.000 "), "{floor_row}");
 }
 
 #[test]

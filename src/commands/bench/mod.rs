@@ -9,6 +9,7 @@ mod options;
 mod raw_tcp;
 mod requests;
 mod train;
+mod vw;
 
 use pserver_core::Consistency;
 use pserver_transport::runtime::{ClusterSpec, RuntimeError};
@@ -61,11 +62,16 @@ pub struct BenchArgs {
     topologies: Vec<Topology>,
     /// Measure training instead: logistic regression on a generated problem (500,000 rows of
     /// 4M features, 3 epochs; 20,000 rows with --quick), by a floor (the same update rule over
-    /// a flat array in one thread) and by pserver train with 1 server and 1 worker over mem,
-    /// 2 and 2 over mem, and 1 and 1 over tcp: rows/s (parsing apart), CPU-seconds per
-    /// million rows, test AUC, each pserver figure's ratio to the floor, and the peak RSS.
-    #[arg(long, conflicts_with_all = ["table", "sizes", "kinds", "topologies"])]
+    /// a flat array in one thread), by Vowpal Wabbit (one pass, when the vw command or the
+    /// vowpalwabbit Python module is installed) and by pserver train with 1 server and 1
+    /// worker over mem, 2 and 2 over mem, and 1 and 1 over tcp: rows/s overall and per epoch
+    /// (parsing apart), CPU-seconds per million rows, peak RSS, test AUC, and each figure's
+    /// ratio to the floor and to VW.
+    #[arg(long, conflicts_with_all = ["sizes", "kinds", "topologies"])]
     train: bool,
+    /// Training rows of the --train problem (and a tenth as many test rows).
+    #[arg(long, requires = "train")]
+    train_rows: Option<u64>,
 }
 
 /// Runs `pserver bench`: prints every measure as it is known, then with `--table` the table of
@@ -78,12 +84,17 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     }
     let rt = super::runtime()?;
     if args.train {
-        let size = train::TrainSize::new(args.quick);
-        return rt
-            .block_on(train::run_train_bench(size, &mut |m: Measure| {
-                println!("{}", m.line())
-            }))
-            .map_err(CliError::failed);
+        let size = train::TrainSize::new(args.quick, args.train_rows);
+        let mut measures = Vec::new();
+        rt.block_on(train::run_train_bench(size, &mut |m: Measure| {
+            println!("{}", m.line());
+            measures.push(m);
+        }))
+        .map_err(CliError::failed)?;
+        if args.table {
+            train::print_table(&measures);
+        }
+        return Ok(());
     }
     let opts = BenchOptions {
         quick: args.quick,

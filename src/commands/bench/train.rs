@@ -3,13 +3,15 @@
 //! The floor is the same update rule (FTRL-Proximal with the job's rates, the intercept exempt
 //! from regularization) over the same rows in the same minibatches, in one thread, with the
 //! weights in a flat array: no parameter server at all. Every pserver figure reads as a ratio
-//! to it. Parsing is timed apart, and is in no rows/s figure.
+//! to it. Parsing is timed apart, and is in no rows/s figure. Vowpal Wabbit, when installed,
+//! trains one pass over the same rows in the same run (its figure includes its own parsing,
+//! which it does on a thread of its own).
 
 use std::time::Instant;
 
 use pserver_core::{Key, KvPairs, UpdateRule};
 
-use super::{BenchError, Measure, runtime_err};
+use super::{BenchError, Measure, runtime_err, vw};
 use crate::apps::lr::{BIAS_KEY, LrConfig, Wire, evaluate, train_local};
 use crate::data::libsvm::{Examples, IndexBase, parse};
 use crate::data::synthetic::{GenConfig, write};
@@ -28,8 +30,21 @@ pub(super) struct TrainSize {
 }
 
 impl TrainSize {
-    /// Tens of seconds in all; a few with `quick`.
-    pub(super) fn new(quick: bool) -> Self {
+    /// Tens of seconds in all; a few with `quick`; `rows` training rows (and a tenth as many
+    /// test rows) when given.
+    pub(super) fn new(quick: bool, rows: Option<u64>) -> Self {
+        let size = Self::default_for(quick);
+        match rows {
+            Some(rows) => TrainSize {
+                rows,
+                test_rows: (rows / 10).max(1),
+                ..size
+            },
+            None => size,
+        }
+    }
+
+    fn default_for(quick: bool) -> Self {
         if quick {
             TrainSize {
                 rows: 20_000,
@@ -48,17 +63,35 @@ impl TrainSize {
     }
 }
 
-/// CPU seconds this process has used (user and system), from `/proc/self/stat`; `None` where
-/// there is no such file.
-fn cpu_secs() -> Option<f64> {
+/// Two fields of `/proc/self/stat` summed, in seconds: `at` counts fields after the command
+/// name, from 0.
+fn stat_secs(at: usize) -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // The command name may hold spaces: the fields that follow start after its `)`.
     let rest = stat.rsplit_once(')')?.1;
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    let ticks: f64 =
+        fields.get(at)?.parse::<f64>().ok()? + fields.get(at + 1)?.parse::<f64>().ok()?;
     // /proc reports in USER_HZ, 100 on every Linux.
     Some(ticks / 100.0)
+}
+
+/// CPU seconds this process has used (user and system); `None` where there is no `/proc`.
+fn cpu_secs() -> Option<f64> {
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
+    stat_secs(11)
+}
+
+/// CPU seconds the children this process waited for have used (user and system).
+pub(super) fn cpu_secs_of_children() -> Option<f64> {
+    // cutime and cstime are fields 16 and 17 of the whole line.
+    stat_secs(13)
+}
+
+/// Resets this process's peak RSS to its current RSS, so that each way of training reports
+/// its own peak; false where the kernel does not allow it.
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 /// The peak resident set of this process so far, in MB, from `/proc/self/status`.
@@ -100,30 +133,45 @@ fn data(
 }
 
 /// What one way of training reached.
-struct Reached {
-    rows_per_sec: f64,
-    cpu_secs_per_mrow: Option<f64>,
-    auc: f64,
+pub(super) struct Reached {
+    /// Over every epoch.
+    pub(super) rows_per_sec: f64,
+    /// Per epoch.
+    pub(super) epochs: Vec<f64>,
+    pub(super) cpu_secs_per_mrow: Option<f64>,
+    pub(super) peak_rss_mb: Option<f64>,
+    pub(super) auc: f64,
 }
 
 fn emit_reached(name: &str, r: &Reached, emit: &mut impl FnMut(Measure)) {
-    emit(Measure {
-        name: format!("train.{name}.rows_per_sec"),
-        value: r.rows_per_sec,
-        unit: "rows/s",
-    });
-    if let Some(cpu) = r.cpu_secs_per_mrow {
+    let mut put = |what: String, value: f64, unit: &'static str| {
         emit(Measure {
-            name: format!("train.{name}.cpu_secs_per_mrow"),
-            value: cpu,
-            unit: "s",
-        });
+            name: format!("train.{name}.{what}"),
+            value,
+            unit,
+        })
+    };
+    put("rows_per_sec".into(), r.rows_per_sec, "rows/s");
+    if r.epochs.len() > 1 {
+        for (i, &rate) in r.epochs.iter().enumerate() {
+            put(format!("epoch{}.rows_per_sec", i + 1), rate, "rows/s");
+        }
+        // Time of the first epoch over the mean of the later ones.
+        let later =
+            r.epochs[1..].iter().map(|x| 1.0 / x).sum::<f64>() / (r.epochs.len() - 1) as f64;
+        put(
+            "first_epoch_vs_later".into(),
+            (1.0 / r.epochs[0]) / later,
+            "ratio",
+        );
     }
-    emit(Measure {
-        name: format!("train.{name}.test_auc"),
-        value: r.auc,
-        unit: "auc",
-    });
+    if let Some(cpu) = r.cpu_secs_per_mrow {
+        put("cpu_secs_per_mrow".into(), cpu, "s");
+    }
+    if let Some(mb) = r.peak_rss_mb {
+        put("peak_rss".into(), mb, "MB");
+    }
+    put("test_auc".into(), r.auc, "auc");
 }
 
 /// The floor: FTRL over a flat weight array in one thread, minibatch by minibatch in file
@@ -138,7 +186,9 @@ fn floor(cfg: &LrConfig, train: &Examples, test: &Examples) -> Reached {
     let mut touched: Vec<usize> = Vec::new();
     let (cpu0, began) = (cpu_secs(), Instant::now());
     let batch = cfg.batch.max(1);
+    let mut epochs = Vec::new();
     for _ in 0..cfg.epochs {
+        let epoch_began = Instant::now();
         for from in (0..train.len()).step_by(batch) {
             let rows = from..(from + batch).min(train.len());
             let n = rows.len() as f32;
@@ -169,6 +219,7 @@ fn floor(cfg: &LrConfig, train: &Examples, test: &Examples) -> Reached {
             free.apply(&mut w[bias], &mut aux[2 * bias..2 * bias + 2], grad[bias]);
             grad[bias] = 0.0;
         }
+        epochs.push(train.len() as f64 / epoch_began.elapsed().as_secs_f64().max(1e-9));
     }
     let secs = began.elapsed().as_secs_f64();
     let cpu = cpu_secs().zip(cpu0).map(|(b, a)| b - a);
@@ -182,7 +233,9 @@ fn floor(cfg: &LrConfig, train: &Examples, test: &Examples) -> Reached {
     let rows = train.len() as f64 * f64::from(cfg.epochs);
     Reached {
         rows_per_sec: rows / secs.max(1e-9),
+        epochs,
         cpu_secs_per_mrow: cpu.map(|c| c / rows * 1e6),
+        peak_rss_mb: peak_rss_mb(),
         auc,
     }
 }
@@ -206,12 +259,15 @@ async fn pserver(
     let secs: f64 = trained.reports.iter().map(|r| r.epoch_secs).sum();
     Ok(Reached {
         rows_per_sec: rows as f64 / secs.max(1e-9),
+        epochs: trained.reports.iter().map(|r| r.rows_per_sec()).collect(),
         cpu_secs_per_mrow: cpu.map(|c| c / rows.max(1) as f64 * 1e6),
+        peak_rss_mb: peak_rss_mb(),
         auc: trained.reports.last().map_or(0.5, |r| r.test_auc),
     })
 }
 
-/// Runs the training measures on a generated problem of `size`.
+/// Runs the training measures on a generated problem of `size`. Each way of training
+/// reports its own peak RSS, over the data every way shares (generated and parsed before).
 pub(super) async fn run_train_bench(
     size: TrainSize,
     emit: &mut impl FnMut(Measure),
@@ -223,22 +279,56 @@ pub(super) async fn run_train_bench(
         shuffle: false,
         ..LrConfig::default()
     };
+    let own_peaks = reset_peak_rss();
+    if let Some(mb) = peak_rss_mb() {
+        emit(Measure {
+            name: "train.data_rss".into(),
+            value: mb,
+            unit: "MB",
+        });
+    }
     let floor = floor(&cfg, &train, &test);
     emit_reached("floor", &floor, emit);
+    let vw = match vw::command() {
+        Some(command) => {
+            let reached = vw::reached(&command, &train, &test)?;
+            emit_reached("vw", &reached, emit);
+            emit_ratio(
+                "vw",
+                "vs_floor",
+                reached.rows_per_sec / floor.rows_per_sec,
+                emit,
+            );
+            Some(reached)
+        }
+        None => {
+            eprintln!(
+                "vw: skipped, neither the vw command nor the vowpalwabbit Python module is installed (pip install vowpalwabbit)"
+            );
+            None
+        }
+    };
     for (name, shape) in [
         ("mem.1s1w", (1, 1, Wire::Mem)),
         ("mem.2s2w", (2, 2, Wire::Mem)),
         ("tcp.1s1w", (1, 1, Wire::Tcp)),
     ] {
+        if own_peaks {
+            reset_peak_rss();
+        }
         let reached = pserver(&cfg, shape, &train, &test).await?;
         emit_reached(name, &reached, emit);
-        emit(Measure {
-            name: format!("train.{name}.vs_floor"),
-            value: reached.rows_per_sec / floor.rows_per_sec.max(1e-9),
-            unit: "ratio",
-        });
+        emit_ratio(
+            name,
+            "vs_floor",
+            reached.rows_per_sec / floor.rows_per_sec,
+            emit,
+        );
+        if let Some(vw) = &vw {
+            emit_ratio(name, "vs_vw", reached.rows_per_sec / vw.rows_per_sec, emit);
+        }
     }
-    if let Some(mb) = peak_rss_mb() {
+    if let Some(mb) = peak_rss_mb().filter(|_| !own_peaks) {
         emit(Measure {
             name: "train.peak_rss".into(),
             value: mb,
@@ -246,4 +336,45 @@ pub(super) async fn run_train_bench(
         });
     }
     Ok(())
+}
+
+fn emit_ratio(name: &str, what: &str, value: f64, emit: &mut impl FnMut(Measure)) {
+    emit(Measure {
+        name: format!("train.{name}.{what}"),
+        value,
+        unit: "ratio",
+    });
+}
+
+/// The training measures as a table: one row per way of training, each rate with its ratio
+/// to the floor and to VW.
+pub(super) fn print_table(measures: &[Measure]) {
+    let get = |way: &str, what: &str| {
+        let name = format!("train.{way}.{what}");
+        measures.iter().find(|m| m.name == name).map(|m| m.value)
+    };
+    let show =
+        |x: Option<f64>, digits: usize| x.map_or("-".to_owned(), |x| format!("{x:.digits$}"));
+    println!();
+    println!(
+        "{:<10} {:>12} {:>9} {:>7} {:>11} {:>13} {:>10} {:>9}",
+        "way", "rows/s", "vs floor", "vs VW", "CPU s/Mrow", "1st/later ep", "peak MB", "test AUC"
+    );
+    for way in ["floor", "vw", "mem.1s1w", "mem.2s2w", "tcp.1s1w"] {
+        let Some(rate) = get(way, "rows_per_sec") else {
+            continue;
+        };
+        let (floor, vw) = (get("floor", "rows_per_sec"), get("vw", "rows_per_sec"));
+        println!(
+            "{:<10} {:>12.0} {:>9} {:>7} {:>11} {:>13} {:>10} {:>9}",
+            way,
+            rate,
+            show(floor.map(|f| rate / f), 3),
+            show(vw.map(|v| rate / v), 3),
+            show(get(way, "cpu_secs_per_mrow"), 2),
+            show(get(way, "first_epoch_vs_later"), 2),
+            show(get(way, "peak_rss"), 0),
+            show(get(way, "test_auc"), 4),
+        );
+    }
 }

@@ -1,0 +1,170 @@
+//! Vowpal Wabbit as a baseline of `pserver bench --train`: one pass of logistic regression
+//! over the same rows, run as the `vw` command or, without one, as the `vowpalwabbit` Python
+//! module, and measured from outside (wall clock, the child's CPU time and peak RSS).
+
+use std::ffi::OsString;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::BenchError;
+use super::train::{Reached, cpu_secs_of_children};
+use crate::apps::lr::auc;
+use crate::data::libsvm::Examples;
+
+/// How to run VW here: the `vw` command, or Python running the module; `None` when neither
+/// is installed.
+pub(super) fn command() -> Option<Vec<OsString>> {
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("vw").is_file()));
+    if on_path {
+        return Some(vec!["vw".into()]);
+    }
+    let python = Command::new("python3")
+        .args(["-c", "import vowpalwabbit"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    python.then(|| vec!["python3".into(), "-m".into(), "vowpalwabbit".into()])
+}
+
+/// Writes `data` in VW's text form: labels -1 and +1, every feature in one namespace under
+/// its own index, so that VW trains on exactly the features pserver does.
+fn write_vw(data: &Examples, path: &Path) -> Result<(), BenchError> {
+    let mut out = BufWriter::new(std::fs::File::create(path)?);
+    for r in 0..data.len() {
+        let (idx, val) = data.row(r);
+        let label = if data.labels()[r] > 0.0 { "1" } else { "-1" };
+        write!(out, "{label} |f")?;
+        for (k, v) in idx.iter().zip(val) {
+            write!(out, " {k}:{v}")?;
+        }
+        writeln!(out)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// The peak resident set of process `pid` so far, in MB.
+fn peak_rss_mb_of(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+/// Runs `vw` with `args` to its end; returns its wall-clock seconds, CPU seconds and peak
+/// RSS. The peak is read while it runs (the last reading before it exits: a few
+/// milliseconds of growth may be missed).
+fn run(vw: &[OsString], args: &[OsString]) -> Result<(f64, Option<f64>, Option<f64>), BenchError> {
+    let (program, first) = vw
+        .split_first()
+        .ok_or_else(|| BenchError::Inexact("no vw command".into()))?;
+    let cpu0 = cpu_secs_of_children();
+    let began = Instant::now();
+    let mut child = Command::new(program)
+        .args(first)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut peak = None;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        peak = peak_rss_mb_of(child.id()).or(peak);
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let secs = began.elapsed().as_secs_f64();
+    if !status.success() {
+        let mut said = String::new();
+        if let Some(mut err) = child.stderr.take() {
+            use std::io::Read;
+            let _ = err.read_to_string(&mut said);
+        }
+        let last = said.lines().last().unwrap_or("").to_owned();
+        return Err(BenchError::Inexact(format!(
+            "vw exited with {status}: {last}"
+        )));
+    }
+    let cpu = cpu_secs_of_children().zip(cpu0).map(|(b, a)| b - a);
+    Ok((secs, cpu, peak))
+}
+
+/// A scratch directory removed when dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One pass of VW with logistic loss over `train`, its test AUC on `test`.
+pub(super) fn reached(
+    vw: &[OsString],
+    train: &Examples,
+    test: &Examples,
+) -> Result<Reached, BenchError> {
+    let dir =
+        Scratch(std::env::temp_dir().join(format!("pserver-bench-vw-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0)?;
+    let (train_file, test_file) = (dir.0.join("train.vw"), dir.0.join("test.vw"));
+    let (model, predictions) = (dir.0.join("vw.model"), dir.0.join("vw.predictions"));
+    write_vw(train, &train_file)?;
+    write_vw(test, &test_file)?;
+    // Indices are numbers, which VW keeps modulo 2^b: one bit above what the largest needs
+    // gives every feature a weight of its own.
+    let dims = train.dimensions().max(test.dimensions()).max(1);
+    let bits = (64 - dims.leading_zeros() + 1).max(18);
+    let os = |s: &str| OsString::from(s);
+    let (secs, cpu, peak) = run(
+        vw,
+        &[
+            os("-d"),
+            train_file.into(),
+            os("-f"),
+            model.clone().into(),
+            os("--loss_function"),
+            os("logistic"),
+            os("-b"),
+            os(&bits.to_string()),
+            os("--quiet"),
+        ],
+    )?;
+    run(
+        vw,
+        &[
+            os("-t"),
+            os("-i"),
+            model.into(),
+            os("-d"),
+            test_file.into(),
+            os("-p"),
+            predictions.clone().into(),
+            os("--quiet"),
+        ],
+    )?;
+    let scores: Vec<f64> = std::fs::read_to_string(&predictions)?
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    if scores.len() != test.len() {
+        return Err(BenchError::Inexact(format!(
+            "vw predicted {} of {} test rows",
+            scores.len(),
+            test.len()
+        )));
+    }
+    let rows = train.len() as f64;
+    Ok(Reached {
+        rows_per_sec: rows / secs.max(1e-9),
+        epochs: vec![rows / secs.max(1e-9)],
+        cpu_secs_per_mrow: cpu.map(|c| c / rows * 1e6),
+        peak_rss_mb: peak,
+        auc: auc(&scores, test.labels()),
+    })
+}
