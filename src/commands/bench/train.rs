@@ -290,17 +290,19 @@ pub(super) async fn run_train_bench(
     let floor = floor(&cfg, &train, &test);
     emit_reached("floor", &floor, emit);
     let vw = match vw::command() {
-        Some(command) => {
-            let reached = vw::reached(&command, &train, &test)?;
-            emit_reached("vw", &reached, emit);
-            emit_ratio(
-                "vw",
-                "vs_floor",
-                reached.rows_per_sec / floor.rows_per_sec,
-                emit,
-            );
-            Some(reached)
-        }
+        Some(command) => match vw::reached(&command, &train, &test) {
+            Ok(reached) => {
+                let vs_floor = reached.rows_per_sec / floor.rows_per_sec;
+                emit_reached("vw", &reached, emit);
+                emit_ratio("vw", "vs_floor", vs_floor, emit);
+                Some(reached)
+            }
+            // A baseline that breaks is not a reason to lose pserver's figures.
+            Err(e) => {
+                eprintln!("vw: skipped, it failed: {e}");
+                None
+            }
+        },
         None => {
             eprintln!(
                 "vw: skipped, neither the vw command nor the vowpalwabbit Python module is installed (pip install vowpalwabbit)"
