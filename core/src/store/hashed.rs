@@ -33,15 +33,38 @@ impl Hasher for KeyHasher {
 
 type Slots = HashMap<Key, usize, BuildHasherDefault<KeyHasher>>;
 
-/// Rows in the order they were first written, indexed by a hash table from key to row: a key
-/// costs one lookup however many rows the store holds and however scattered the keys are,
-/// which is what a sparse model's pushes and pulls need (ARCHITECTURE.md §3). A row's values
-/// and its updater state lie next to each other, so that updating a scattered key touches one
-/// cache line, not one in each of two arrays.
+/// Keys below this may be held in the direct part, at their own index.
+const DIRECT_KEYS: Key = 1 << 26;
+
+/// The direct part grows only while it would stay at least a quarter full: memory for it is
+/// at most four times what the rows themselves need.
+const DIRECT_FILL: usize = 4;
+
+/// Where a row is.
+#[derive(Clone, Copy, Debug)]
+enum At {
+    /// In the direct part, at the key's own index.
+    Direct(usize),
+    /// In the hashed part, at this slot.
+    Hashed(usize),
+}
+
+/// Rows found in one step: a key small enough to index an array (a feature id, a user or item
+/// number) is kept at its own index, as a flat weight array keeps it; any other key through a
+/// hash table from key to row, in the order rows arrived. Either way a key costs one lookup
+/// however many rows the store holds and however scattered the keys are, which is what a
+/// sparse model's pushes and pulls need (ARCHITECTURE.md §3). A row's values and its updater
+/// state lie next to each other, so that updating a scattered key touches one cache line, not
+/// one in each of two arrays.
 ///
-/// Reading in key order (a range pull, a shard copy) sorts the rows once and keeps that order
-/// until a row is added, so that the parts of a long range pull do not each sort again. A dense
-/// range costs a lookup per key here; [`super::OrderedStore`] serves those as slices.
+/// The direct part covers keys `0..n`, `n` a power of two grown only while at least a quarter
+/// of it would be filled, so it never costs more than four times the rows it holds; keys at or
+/// above `n` are hashed (and move to the direct part when it grows over them).
+///
+/// Reading in key order (a range pull, a shard copy) walks the direct part in order, then
+/// sorts the hashed rows once and keeps that order until a hashed row is added, so that the
+/// parts of a long range pull do not each sort again. A dense range costs a lookup per key
+/// here; [`super::OrderedStore`] serves those as slices.
 ///
 /// ```
 /// use pserver_core::KeyRange;
@@ -61,11 +84,17 @@ type Slots = HashMap<Key, usize, BuildHasherDefault<KeyHasher>>;
 pub struct HashedStore<V> {
     width: usize,
     aux_width: usize,
+    /// Rows of keys `0..direct_keys`, each at `key * stride`; zeros where none was written.
+    direct: Vec<V>,
+    /// Which keys of the direct part were written, a bit each.
+    present: Vec<u64>,
+    direct_keys: usize,
+    direct_len: usize,
     slots: Slots,
     keys: Vec<Key>,
-    /// Per row, `width` values then `width * aux_width` updater values.
+    /// Per hashed row, `width` values then `width * aux_width` updater values.
     rows: Vec<V>,
-    /// Rows by increasing key, computed when first asked for after a row was added.
+    /// Hashed rows by increasing key, computed when first asked for after one was added.
     sorted: OnceLock<Vec<usize>>,
 }
 
@@ -75,6 +104,10 @@ impl<V: Value> HashedStore<V> {
         HashedStore {
             width,
             aux_width,
+            direct: Vec::new(),
+            present: Vec::new(),
+            direct_keys: 0,
+            direct_len: 0,
             slots: Slots::default(),
             keys: Vec::new(),
             rows: Vec::new(),
@@ -82,8 +115,44 @@ impl<V: Value> HashedStore<V> {
         }
     }
 
+    /// Keys the direct part covers.
+    #[cfg(test)]
+    pub(super) fn direct_keys(&self) -> usize {
+        self.direct_keys
+    }
+
+    /// Values per row, updater state included.
+    fn stride(&self) -> usize {
+        self.width * (1 + self.aux_width)
+    }
+
+    fn is_present(&self, key: usize) -> bool {
+        self.present[key / 64] & (1 << (key % 64)) != 0
+    }
+
+    fn find(&self, key: Key) -> Option<At> {
+        match usize::try_from(key) {
+            Ok(k) if k < self.direct_keys => self.is_present(k).then_some(At::Direct(k)),
+            _ => self.slots.get(&key).map(|&slot| At::Hashed(slot)),
+        }
+    }
+
     /// The row of `key`, added as zeros if absent.
-    fn slot_or_insert(&mut self, key: Key) -> usize {
+    fn find_or_insert(&mut self, key: Key) -> At {
+        if key >= self.direct_keys as Key && key < DIRECT_KEYS {
+            let wanted = (key as usize + 1).next_power_of_two();
+            if (self.len() + 1) * DIRECT_FILL >= wanted {
+                self.grow_direct(wanted);
+            }
+        }
+        if key < DIRECT_KEYS && (key as usize) < self.direct_keys {
+            let k = key as usize;
+            if !self.is_present(k) {
+                self.present[k / 64] |= 1 << (k % 64);
+                self.direct_len += 1;
+            }
+            return At::Direct(k);
+        }
         let next = self.keys.len();
         let slot = *self.slots.entry(key).or_insert(next);
         if slot == next {
@@ -92,21 +161,69 @@ impl<V: Value> HashedStore<V> {
                 .resize(self.rows.len() + self.stride(), V::default());
             self.sorted = OnceLock::new();
         }
-        slot
+        At::Hashed(slot)
     }
 
-    /// Values per row, updater state included.
-    fn stride(&self) -> usize {
-        self.width * (1 + self.aux_width)
-    }
-
-    fn rows_mut(&mut self, slot: usize) -> (&mut [V], &mut [V]) {
+    /// Makes the direct part cover keys `0..keys`, moving the hashed rows below into it.
+    fn grow_direct(&mut self, keys: usize) {
         let stride = self.stride();
-        self.rows[slot * stride..(slot + 1) * stride].split_at_mut(self.width)
+        self.direct.resize(keys * stride, V::default());
+        self.present.resize(keys.div_ceil(64), 0);
+        self.direct_keys = keys;
+        if self.keys.iter().all(|&k| k >= keys as Key) {
+            return;
+        }
+        let (old_keys, old_rows) = (
+            std::mem::take(&mut self.keys),
+            std::mem::take(&mut self.rows),
+        );
+        self.slots.clear();
+        self.sorted = OnceLock::new();
+        for (slot, key) in old_keys.into_iter().enumerate() {
+            let row = &old_rows[slot * stride..(slot + 1) * stride];
+            let at = self.find_or_insert(key);
+            self.full_row_mut(at).copy_from_slice(row);
+        }
     }
 
-    /// Rows whose keys lie in `range`, by increasing key.
-    fn sorted_in(&self, range: KeyRange) -> &[usize] {
+    fn full_row(&self, at: At) -> &[V] {
+        let stride = self.stride();
+        match at {
+            At::Direct(k) => &self.direct[k * stride..(k + 1) * stride],
+            At::Hashed(slot) => &self.rows[slot * stride..(slot + 1) * stride],
+        }
+    }
+
+    fn full_row_mut(&mut self, at: At) -> &mut [V] {
+        let stride = self.stride();
+        match at {
+            At::Direct(k) => &mut self.direct[k * stride..(k + 1) * stride],
+            At::Hashed(slot) => &mut self.rows[slot * stride..(slot + 1) * stride],
+        }
+    }
+
+    fn rows_mut(&mut self, at: At) -> (&mut [V], &mut [V]) {
+        let width = self.width;
+        self.full_row_mut(at).split_at_mut(width)
+    }
+
+    fn row(&self, at: At) -> &[V] {
+        &self.full_row(at)[..self.width]
+    }
+
+    fn aux_row(&self, at: At) -> &[V] {
+        &self.full_row(at)[self.width..]
+    }
+
+    /// Every row in `range`, by increasing key: the direct part's, then the hashed part's
+    /// (whose keys all lie above it).
+    fn in_order(&self, range: KeyRange) -> impl Iterator<Item = (Key, At)> + '_ {
+        let end =
+            usize::try_from(range.end()).map_or(self.direct_keys, |e| e.min(self.direct_keys));
+        let start = usize::try_from(range.start()).map_or(end, |s| s.min(end));
+        let direct = (start..end)
+            .filter(|&k| self.is_present(k))
+            .map(|k| (k as Key, At::Direct(k)));
         let sorted = self.sorted.get_or_init(|| {
             let mut order: Vec<usize> = (0..self.keys.len()).collect();
             order.sort_unstable_by_key(|&slot| self.keys[slot]);
@@ -114,28 +231,21 @@ impl<V: Value> HashedStore<V> {
         });
         let from = sorted.partition_point(|&s| self.keys[s] < range.start());
         let to = sorted.partition_point(|&s| self.keys[s] < range.end());
-        &sorted[from..to.max(from)]
-    }
-
-    fn row(&self, slot: usize) -> &[V] {
-        let at = slot * self.stride();
-        &self.rows[at..at + self.width]
-    }
-
-    fn aux_row(&self, slot: usize) -> &[V] {
-        let stride = self.stride();
-        &self.rows[slot * stride + self.width..(slot + 1) * stride]
+        let hashed = sorted[from..to.max(from)]
+            .iter()
+            .map(|&slot| (self.keys[slot], At::Hashed(slot)));
+        direct.chain(hashed)
     }
 }
 
 impl<V: Value> ParamStore<V> for HashedStore<V> {
     fn get(&self, key: Key) -> Option<&[V]> {
-        self.slots.get(&key).map(|&slot| self.row(slot))
+        self.find(key).map(|at| self.row(at))
     }
 
     fn row_mut(&mut self, key: Key) -> (&mut [V], &mut [V]) {
-        let slot = self.slot_or_insert(key);
-        self.rows_mut(slot)
+        let at = self.find_or_insert(key);
+        self.rows_mut(at)
     }
 
     fn update_rows(&mut self, keys: &[Key], deltas: &[V], f: &mut RowsUpdate<'_, V>) {
@@ -143,10 +253,9 @@ impl<V: Value> ParamStore<V> for HashedStore<V> {
         if keys.is_empty() || deltas.len() != keys.len() * width {
             return;
         }
-        self.slots.reserve(keys.len());
         for (&key, delta) in keys.iter().zip(deltas.chunks_exact(width)) {
-            let slot = self.slot_or_insert(key);
-            let (row, aux) = self.rows_mut(slot);
+            let at = self.find_or_insert(key);
+            let (row, aux) = self.rows_mut(at);
             f(row, aux, delta);
         }
     }
@@ -158,8 +267,8 @@ impl<V: Value> ParamStore<V> for HashedStore<V> {
             return;
         }
         for (key, delta) in range.keys().zip(deltas.chunks_exact(width)) {
-            let slot = self.slot_or_insert(key);
-            let (row, aux) = self.rows_mut(slot);
+            let at = self.find_or_insert(key);
+            let (row, aux) = self.rows_mut(at);
             f(row, aux, delta);
         }
     }
@@ -172,46 +281,54 @@ impl<V: Value> ParamStore<V> for HashedStore<V> {
         }
         let stride = self.stride();
         if width == 1 {
-            // One value a row, the common sparse case: no slice copy per key.
-            out.extend(keys.iter().map(|key| {
-                self.slots
-                    .get(key)
-                    .map_or(V::default(), |&slot| self.rows[slot * stride])
+            // One value a row, the common sparse case: no slice copy per key, and a direct
+            // row never written reads as the zero it holds.
+            out.extend(keys.iter().map(|&key| {
+                match usize::try_from(key) {
+                    Ok(k) if k < self.direct_keys => self.direct[k * stride],
+                    _ => self
+                        .slots
+                        .get(&key)
+                        .map_or(V::default(), |&slot| self.rows[slot * stride]),
+                }
             }));
             return;
         }
-        for key in keys {
-            match self.slots.get(key) {
-                Some(&slot) => out.extend_from_slice(self.row(slot)),
+        for &key in keys {
+            match self.find(key) {
+                Some(at) => out.extend_from_slice(self.row(at)),
                 None => out.resize(out.len() + width, V::default()),
             }
         }
     }
 
     fn for_each_run_in(&self, range: KeyRange, f: &mut RunVisitor<'_, V>) {
-        // Rows are not stored in key order: gather them into runs of a bounded size.
+        // Rows do not lie in key order with only their values: gather runs of a bounded size.
         const RUN: usize = 1024;
-        let (mut keys, mut values) = (Vec::new(), Vec::new());
-        for chunk in self.sorted_in(range).chunks(RUN) {
-            keys.clear();
-            values.clear();
-            for &slot in chunk {
-                keys.push(self.keys[slot]);
-                values.extend_from_slice(self.row(slot));
+        let (mut keys, mut values) = (Vec::with_capacity(RUN), Vec::new());
+        for (key, at) in self.in_order(range) {
+            keys.push(key);
+            values.extend_from_slice(self.row(at));
+            if keys.len() == RUN {
+                f(&keys, &values);
+                keys.clear();
+                values.clear();
             }
+        }
+        if !keys.is_empty() {
             f(&keys, &values);
         }
     }
 
     fn for_each_in(&self, range: KeyRange, f: &mut dyn FnMut(Key, &[V])) {
-        for &slot in self.sorted_in(range) {
-            f(self.keys[slot], self.row(slot));
+        for (key, at) in self.in_order(range) {
+            f(key, self.row(at));
         }
     }
 
     fn for_each_row_in(&self, range: KeyRange, f: &mut RowVisitor<'_, V>) {
-        for &slot in self.sorted_in(range) {
-            f(self.keys[slot], self.row(slot), self.aux_row(slot));
+        for (key, at) in self.in_order(range) {
+            f(key, self.row(at), self.aux_row(at));
         }
     }
 
@@ -222,20 +339,17 @@ impl<V: Value> ParamStore<V> for HashedStore<V> {
     fn split_off(&mut self, at: Key) -> Self {
         let mut low = self.empty();
         let mut high = self.empty();
-        for slot in 0..self.keys.len() {
-            let key = self.keys[slot];
+        for (key, row) in self.in_order(KeyRange::FULL) {
             let half = if key < at { &mut low } else { &mut high };
-            let (row, aux) = (self.row(slot), self.aux_row(slot));
-            let (to_row, to_aux) = half.row_mut(key);
-            to_row.copy_from_slice(row);
-            to_aux.copy_from_slice(aux);
+            let to = half.find_or_insert(key);
+            half.full_row_mut(to).copy_from_slice(self.full_row(row));
         }
         *self = low;
         high
     }
 
     fn len(&self) -> usize {
-        self.keys.len()
+        self.direct_len + self.keys.len()
     }
 }
 
