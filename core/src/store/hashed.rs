@@ -33,7 +33,7 @@ impl Hasher for KeyHasher {
 
 type Slots = HashMap<Key, usize, BuildHasherDefault<KeyHasher>>;
 
-/// Keys below this may be held in the direct part, at their own index.
+/// The most keys the direct part spans.
 const DIRECT_KEYS: Key = 1 << 26;
 
 /// The direct part grows only while it would stay at least a quarter full: memory for it is
@@ -43,23 +43,24 @@ const DIRECT_FILL: usize = 4;
 /// Where a row is.
 #[derive(Clone, Copy, Debug)]
 enum At {
-    /// In the direct part, at the key's own index.
+    /// In the direct part, at the key's offset from its base.
     Direct(usize),
     /// In the hashed part, at this slot.
     Hashed(usize),
 }
 
-/// Rows found in one step: a key small enough to index an array (a feature id, a user or item
-/// number) is kept at its own index, as a flat weight array keeps it; any other key through a
-/// hash table from key to row, in the order rows arrived. Either way a key costs one lookup
+/// Rows found in one step: keys that fill a contiguous span well enough (feature ids, user or
+/// item numbers, a shard of them) are kept at their offset in that span, as a flat weight
+/// array keeps them; any other key through a hash table from key to row, in the order rows
+/// arrived. Either way a key costs one lookup
 /// however many rows the store holds and however scattered the keys are, which is what a
 /// sparse model's pushes and pulls need (ARCHITECTURE.md §3). A row's values and its updater
 /// state lie next to each other, so that updating a scattered key touches one cache line, not
 /// one in each of two arrays.
 ///
-/// The direct part covers keys `0..n`, `n` a power of two grown only while at least a quarter
-/// of it would be filled, so it never costs more than four times the rows it holds; keys at or
-/// above `n` are hashed (and move to the direct part when it grows over them).
+/// The direct part covers keys `base..base + n`, `n` a power of two, grown (up or down) only
+/// while at least a quarter of it would be filled, so it never costs more than four times the
+/// rows it holds. Other keys are hashed, and move to the direct part when it grows over them.
 ///
 /// Reading in key order (a range pull, a shard copy) walks the direct part in order, then
 /// sorts the hashed rows once and keeps that order until a hashed row is added, so that the
@@ -84,13 +85,17 @@ enum At {
 pub struct HashedStore<V> {
     width: usize,
     aux_width: usize,
-    /// Rows of keys `0..direct_keys`, each at `key * stride`; zeros where none was written.
+    /// Rows of keys `base..base + direct_keys`, each at `(key - base) * stride`; zeros where
+    /// none was written.
     direct: Vec<V>,
+    base: Key,
     /// Which keys of the direct part were written, a bit each.
     present: Vec<u64>,
     direct_keys: usize,
     direct_len: usize,
     slots: Slots,
+    /// The lowest hashed key, where a first direct part would start.
+    lowest: Option<Key>,
     keys: Vec<Key>,
     /// Per hashed row, `width` values then `width * aux_width` updater values.
     rows: Vec<V>,
@@ -105,10 +110,12 @@ impl<V: Value> HashedStore<V> {
             width,
             aux_width,
             direct: Vec::new(),
+            base: 0,
             present: Vec::new(),
             direct_keys: 0,
             direct_len: 0,
             slots: Slots::default(),
+            lowest: None,
             keys: Vec::new(),
             rows: Vec::new(),
             sorted: OnceLock::new(),
@@ -130,23 +137,46 @@ impl<V: Value> HashedStore<V> {
         self.present[key / 64] & (1 << (key % 64)) != 0
     }
 
+    /// The offset of `key` in the direct part, if it lies there.
+    fn offset(&self, key: Key) -> Option<usize> {
+        key.checked_sub(self.base)
+            .and_then(|k| usize::try_from(k).ok())
+            .filter(|&k| k < self.direct_keys)
+    }
+
     fn find(&self, key: Key) -> Option<At> {
-        match usize::try_from(key) {
-            Ok(k) if k < self.direct_keys => self.is_present(k).then_some(At::Direct(k)),
-            _ => self.slots.get(&key).map(|&slot| At::Hashed(slot)),
+        match self.offset(key) {
+            Some(k) => self.is_present(k).then_some(At::Direct(k)),
+            None => self.slots.get(&key).map(|&slot| At::Hashed(slot)),
         }
     }
 
     /// The row of `key`, added as zeros if absent.
     fn find_or_insert(&mut self, key: Key) -> At {
-        if key >= self.direct_keys as Key && key < DIRECT_KEYS {
-            let wanted = (key as usize + 1).next_power_of_two();
-            if (self.len() + 1) * DIRECT_FILL >= wanted {
-                self.grow_direct(wanted);
+        if self.offset(key).is_none() {
+            // The keys the direct part would have to span to take this one too.
+            let (low, high) = if self.direct_keys == 0 {
+                (self.lowest.map_or(key, |l| l.min(key)), key)
+            } else {
+                let last = self.base.saturating_add(self.direct_keys as Key - 1);
+                (self.base.min(key), last.max(key))
+            };
+            let span = (high - low).checked_add(1).filter(|&n| n <= DIRECT_KEYS);
+            if let Some(span) = span {
+                let wanted = (span as usize).next_power_of_two();
+                if (self.len() + 1) * DIRECT_FILL >= wanted {
+                    // Reaching down as far as the power of two allows, so that keys arriving
+                    // in decreasing order rebuild the part only when it doubles.
+                    let base = if key < self.base || self.direct_keys == 0 {
+                        high.saturating_add(1).saturating_sub(wanted as Key).min(low)
+                    } else {
+                        self.base
+                    };
+                    self.rebuild_direct(base, wanted);
+                }
             }
         }
-        if key < DIRECT_KEYS && (key as usize) < self.direct_keys {
-            let k = key as usize;
+        if let Some(k) = self.offset(key) {
             if !self.is_present(k) {
                 self.present[k / 64] |= 1 << (k % 64);
                 self.direct_len += 1;
@@ -156,6 +186,7 @@ impl<V: Value> HashedStore<V> {
         let next = self.keys.len();
         let slot = *self.slots.entry(key).or_insert(next);
         if slot == next {
+            self.lowest = Some(self.lowest.map_or(key, |low| low.min(key)));
             self.keys.push(key);
             self.rows
                 .resize(self.rows.len() + self.stride(), V::default());
@@ -164,13 +195,28 @@ impl<V: Value> HashedStore<V> {
         At::Hashed(slot)
     }
 
-    /// Makes the direct part cover keys `0..keys`, moving the hashed rows below into it.
-    fn grow_direct(&mut self, keys: usize) {
+    /// Makes the direct part cover keys `base..base + keys`, a span holding the one it had,
+    /// and moves the hashed rows there into it.
+    fn rebuild_direct(&mut self, base: Key, keys: usize) {
         let stride = self.stride();
-        self.direct.resize(keys * stride, V::default());
-        self.present.resize(keys.div_ceil(64), 0);
+        if base == self.base || self.direct_keys == 0 {
+            self.direct.resize(keys * stride, V::default());
+            self.present.resize(keys.div_ceil(64), 0);
+            self.base = base;
+        } else {
+            let old = std::mem::replace(&mut self.direct, vec![V::default(); keys * stride]);
+            let old_present = std::mem::replace(&mut self.present, vec![0; keys.div_ceil(64)]);
+            let shift = (self.base - base) as usize;
+            for k in (0..self.direct_keys).filter(|&k| old_present[k / 64] & (1 << (k % 64)) != 0) {
+                let to = k + shift;
+                self.direct[to * stride..(to + 1) * stride]
+                    .copy_from_slice(&old[k * stride..(k + 1) * stride]);
+                self.present[to / 64] |= 1 << (to % 64);
+            }
+            self.base = base;
+        }
         self.direct_keys = keys;
-        if self.keys.iter().all(|&k| k >= keys as Key) {
+        if self.keys.iter().all(|&k| self.offset(k).is_none()) {
             return;
         }
         let (old_keys, old_rows) = (
@@ -178,6 +224,7 @@ impl<V: Value> HashedStore<V> {
             std::mem::take(&mut self.rows),
         );
         self.slots.clear();
+        self.lowest = None;
         self.sorted = OnceLock::new();
         for (slot, key) in old_keys.into_iter().enumerate() {
             let row = &old_rows[slot * stride..(slot + 1) * stride];
@@ -215,15 +262,14 @@ impl<V: Value> HashedStore<V> {
         &self.full_row(at)[self.width..]
     }
 
-    /// Every row in `range`, by increasing key: the direct part's, then the hashed part's
-    /// (whose keys all lie above it).
+    /// Every row in `range`, by increasing key: the hashed part's below the direct part,
+    /// the direct part's, and the hashed part's above it.
     fn in_order(&self, range: KeyRange) -> impl Iterator<Item = (Key, At)> + '_ {
-        let end =
-            usize::try_from(range.end()).map_or(self.direct_keys, |e| e.min(self.direct_keys));
-        let start = usize::try_from(range.start()).map_or(end, |s| s.min(end));
-        let direct = (start..end)
+        let within = |key: Key| key.saturating_sub(self.base).min(self.direct_keys as Key) as usize;
+        let (start, end) = (within(range.start()), within(range.end()));
+        let direct = (start..end.max(start))
             .filter(|&k| self.is_present(k))
-            .map(|k| (k as Key, At::Direct(k)));
+            .map(|k| (self.base + k as Key, At::Direct(k)));
         let sorted = self.sorted.get_or_init(|| {
             let mut order: Vec<usize> = (0..self.keys.len()).collect();
             order.sort_unstable_by_key(|&slot| self.keys[slot]);
@@ -231,10 +277,14 @@ impl<V: Value> HashedStore<V> {
         });
         let from = sorted.partition_point(|&s| self.keys[s] < range.start());
         let to = sorted.partition_point(|&s| self.keys[s] < range.end());
-        let hashed = sorted[from..to.max(from)]
+        let hashed = &sorted[from..to.max(from)];
+        let below = hashed.partition_point(|&s| self.keys[s] < self.base);
+        let at = |&slot: &usize| (self.keys[slot], At::Hashed(slot));
+        hashed[..below]
             .iter()
-            .map(|&slot| (self.keys[slot], At::Hashed(slot)));
-        direct.chain(hashed)
+            .map(at)
+            .chain(direct)
+            .chain(hashed[below..].iter().map(at))
     }
 }
 
@@ -284,9 +334,9 @@ impl<V: Value> ParamStore<V> for HashedStore<V> {
             // One value a row, the common sparse case: no slice copy per key, and a direct
             // row never written reads as the zero it holds.
             out.extend(keys.iter().map(|&key| {
-                match usize::try_from(key) {
-                    Ok(k) if k < self.direct_keys => self.direct[k * stride],
-                    _ => self
+                match self.offset(key) {
+                    Some(k) => self.direct[k * stride],
+                    None => self
                         .slots
                         .get(&key)
                         .map_or(V::default(), |&slot| self.rows[slot * stride]),

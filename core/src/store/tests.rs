@@ -414,33 +414,27 @@ fn one_value_rows_are_pulled_each_from_its_own_key() {
     }
 }
 
-/// Small keys are held at their own index once they fill at least a quarter of it; a few
-/// large or scattered keys never make the store allocate a key space they do not fill.
+/// Keys that fill a span at least a quarter full are held at their offset in it, the span
+/// growing up or down as keys arrive; a few large or scattered keys never make the store
+/// allocate a span they do not fill.
 #[test]
 fn the_direct_part_grows_only_while_a_quarter_full() {
     let mut s = HashedStore::<f32>::new(1, 2);
     s.row_mut(1 << 20).0[0] = 1.0;
     s.row_mut(crate::MAX_KEY).0[0] = 2.0;
-    assert_eq!(s.direct_keys(), 0);
-    let keys: Vec<Key> = (0..1000).collect();
-    s.update_rows(&keys, &[0.5; 1000], &mut |row, _, d| row[0] += d[0]);
-    assert_eq!(s.direct_keys(), 1024);
-    let more: Vec<Key> = (1000..(1 << 19)).collect();
-    s.update_rows(&more, &vec![0.5; more.len()], &mut |row, _, d| {
-        row[0] += d[0]
-    });
-    assert_eq!(s.direct_keys(), 1 << 19);
-    // With a quarter of 2^21 keys held, the next touch of key 2^20 moves it into the direct
-    // part, its value with it.
-    s.row_mut(1 << 20).1[0] = 3.0;
-    assert_eq!(s.direct_keys(), 1 << 21);
-    assert!(
-        s.direct_keys() <= 4 * s.len(),
-        "{} for {}",
-        s.direct_keys(),
-        s.len()
-    );
+    assert!(s.direct_keys() <= 4 * s.len());
+    // Keys arriving in decreasing order, below the first one: the span reaches down to them.
+    for k in (0..(1u64 << 19)).rev() {
+        s.update_rows(&[k], &[0.5], &mut |row, _, d| row[0] += d[0]);
+        assert!(s.direct_keys() <= 4 * s.len(), "{} for {}", s.direct_keys(), s.len());
+    }
+    assert!(s.direct_keys() >= 1 << 20, "{}", s.direct_keys());
     assert_eq!(s.get(1 << 20), Some(&[1.0f32][..]));
     assert_eq!(s.get(crate::MAX_KEY), Some(&[2.0f32][..]));
+    assert_eq!(s.get(0), Some(&[0.5f32][..]));
     assert_eq!(s.len(), (1 << 19) + 2);
+    let mut keys = Vec::new();
+    s.for_each_in(KeyRange::FULL, &mut |k, _| keys.push(k));
+    assert!(keys.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(keys.len(), s.len());
 }
