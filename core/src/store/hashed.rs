@@ -168,7 +168,9 @@ impl<V: Value> HashedStore<V> {
                     // Reaching down as far as the power of two allows, so that keys arriving
                     // in decreasing order rebuild the part only when it doubles.
                     let base = if key < self.base || self.direct_keys == 0 {
-                        high.saturating_add(1).saturating_sub(wanted as Key).min(low)
+                        high.saturating_add(1)
+                            .saturating_sub(wanted as Key)
+                            .min(low)
                     } else {
                         self.base
                     };

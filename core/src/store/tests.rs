@@ -426,7 +426,12 @@ fn the_direct_part_grows_only_while_a_quarter_full() {
     // Keys arriving in decreasing order, below the first one: the span reaches down to them.
     for k in (0..(1u64 << 19)).rev() {
         s.update_rows(&[k], &[0.5], &mut |row, _, d| row[0] += d[0]);
-        assert!(s.direct_keys() <= 4 * s.len(), "{} for {}", s.direct_keys(), s.len());
+        assert!(
+            s.direct_keys() <= 4 * s.len(),
+            "{} for {}",
+            s.direct_keys(),
+            s.len()
+        );
     }
     assert!(s.direct_keys() >= 1 << 20, "{}", s.direct_keys());
     assert_eq!(s.get(1 << 20), Some(&[1.0f32][..]));
