@@ -1,4 +1,5 @@
-//! [`HashedStore`]: rows found through a hash table, kept in the order they arrived.
+//! [`HashedStore`]: rows found in one step, at their offset in a filled span or through a hash
+//! table.
 
 use core::hash::{BuildHasherDefault, Hash, Hasher};
 use std::collections::HashMap;

@@ -28,8 +28,8 @@ pub type RowVisitor<'a, V> = dyn FnMut(Key, &[V], &[V]) + 'a;
 /// values, their updater state, and the pushed values for them, all in key order.
 pub type RowsUpdate<'a, V> = dyn FnMut(&mut [V], &mut [V], &[V]) + 'a;
 
-/// What [`ParamStore::for_each_run_in`] calls for each run of stored rows: their keys and their
-/// values, in key order.
+/// What [`ParamStore::for_each_run_in`] calls for each run of stored rows (consecutive in the
+/// store, or gathered by it): their keys and their values, in key order.
 pub type RunVisitor<'a, V> = dyn FnMut(&[Key], &[V]) + 'a;
 
 /// A server's parameter rows: `width` values and `aux_width x width` updater state per key.

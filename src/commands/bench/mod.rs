@@ -70,7 +70,7 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with_all = ["sizes", "kinds", "topologies"])]
     train: bool,
     /// Training rows of the --train problem (and a tenth as many test rows).
-    #[arg(long, requires = "train")]
+    #[arg(long, requires = "train", value_parser = clap::value_parser!(u64).range(10..))]
     train_rows: Option<u64>,
 }
 

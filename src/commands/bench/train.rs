@@ -287,7 +287,14 @@ pub(super) async fn run_train_bench(
             unit: "MB",
         });
     }
-    let floor = floor(&cfg, &train, &test);
+    // Where the peak cannot be reset, it is the process's so far: no way's own.
+    let own = |mut r: Reached| {
+        if !own_peaks {
+            r.peak_rss_mb = None;
+        }
+        r
+    };
+    let floor = own(floor(&cfg, &train, &test));
     emit_reached("floor", &floor, emit);
     let vw = match vw::command() {
         Some(command) => match vw::reached(&command, &train, &test) {
@@ -318,7 +325,7 @@ pub(super) async fn run_train_bench(
         if own_peaks {
             reset_peak_rss();
         }
-        let reached = pserver(&cfg, shape, &train, &test).await?;
+        let reached = own(pserver(&cfg, shape, &train, &test).await?);
         emit_reached(name, &reached, emit);
         emit_ratio(
             name,

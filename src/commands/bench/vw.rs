@@ -58,7 +58,11 @@ fn peak_rss_mb_of(pid: u32) -> Option<f64> {
 /// Runs `vw` with `args` to its end; returns its wall-clock seconds, CPU seconds and peak
 /// RSS. The peak is read while it runs (the last reading before it exits: a few
 /// milliseconds of growth may be missed).
-fn run(vw: &[OsString], args: &[OsString]) -> Result<(f64, Option<f64>, Option<f64>), BenchError> {
+fn run(
+    vw: &[OsString],
+    args: &[OsString],
+    log: &Path,
+) -> Result<(f64, Option<f64>, Option<f64>), BenchError> {
     let (program, first) = vw
         .split_first()
         .ok_or_else(|| BenchError::Inexact("no vw command".into()))?;
@@ -68,7 +72,8 @@ fn run(vw: &[OsString], args: &[OsString]) -> Result<(f64, Option<f64>, Option<f
         .args(first)
         .args(args)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        // Read only once it ends: a pipe it filled with warnings would stall it.
+        .stderr(Stdio::from(std::fs::File::create(log)?))
         .spawn()?;
     let mut peak = None;
     let status = loop {
@@ -80,11 +85,7 @@ fn run(vw: &[OsString], args: &[OsString]) -> Result<(f64, Option<f64>, Option<f
     };
     let secs = began.elapsed().as_secs_f64();
     if !status.success() {
-        let mut said = String::new();
-        if let Some(mut err) = child.stderr.take() {
-            use std::io::Read;
-            let _ = err.read_to_string(&mut said);
-        }
+        let said = std::fs::read_to_string(log).unwrap_or_default();
         let last = said.lines().last().unwrap_or("").to_owned();
         return Err(BenchError::Inexact(format!(
             "vw exited with {status}: {last}"
@@ -134,6 +135,7 @@ pub(super) fn reached(
             os(&bits.to_string()),
             os("--quiet"),
         ],
+        &dir.0.join("train.log"),
     )?;
     run(
         vw,
@@ -147,6 +149,7 @@ pub(super) fn reached(
             predictions.clone().into(),
             os("--quiet"),
         ],
+        &dir.0.join("test.log"),
     )?;
     let scores: Vec<f64> = std::fs::read_to_string(&predictions)?
         .lines()

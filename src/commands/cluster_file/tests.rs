@@ -202,6 +202,17 @@ fn an_lr_job_has_an_unregularized_intercept_and_one_index_base_unless_told_other
     // The servers, built from the file's spec, know the intercept's key.
     let intercept = pserver_core::KeyRange::single(crate::apps::lr::BIAS_KEY).ok();
     assert_eq!(f.spec.job.unregularized, intercept);
+    // They keep rows in the hashed layout, and hold the pulls the pipelined workers send a
+    // step ahead to a bound one lower than the job's.
+    assert_eq!(f.spec.job.store, pserver_core::store::StoreLayout::Hashed);
+    assert!(job.cfg.pipelined());
+    assert_eq!(f.spec.job.consistency, job.cfg.protocol_job().consistency);
+    if let pserver_core::Consistency::BoundedDelay(tau) = job.cfg.job.consistency {
+        assert_eq!(
+            f.spec.job.consistency,
+            pserver_core::Consistency::BoundedDelay(tau - 1)
+        );
+    }
     let f = parse(&lr_job_with("bias", "false")).unwrap();
     assert_eq!(f.spec.job.unregularized, None);
     for (value, base) in [
