@@ -376,10 +376,9 @@ impl Batch {
             let at = scratch.len();
             scratch.extend(
                 data.row(r)
-                    .0
-                    .iter()
+                    .ids()
                     .enumerate()
-                    .map(|(i, &k)| (k, (at + i) as u32)),
+                    .map(|(i, k)| (k, (at + i) as u32)),
             );
         }
         scratch.sort_unstable_by_key(|&(k, _)| k);
@@ -415,21 +414,33 @@ impl Batch {
         let mut intercept_grad = 0f32;
         let mut from = 0;
         for &r in &self.rows {
-            let val = data.row(r).1;
-            let pos = &self.positions[from..from + val.len()];
-            from += val.len();
-            let z: f64 = intercept
-                + pos
+            let row = data.row(r);
+            let pos = &self.positions[from..from + row.len()];
+            from += row.len();
+            let dot: f64 = match row.values() {
+                Some(val) => pos
                     .iter()
                     .zip(val)
                     .map(|(&p, &v)| f64::from(weights[p as usize]) * f64::from(v))
-                    .sum::<f64>();
-            let p = sigmoid(z);
+                    .sum(),
+                // Binary rows: every value is 1.
+                None => pos.iter().map(|&p| f64::from(weights[p as usize])).sum(),
+            };
+            let p = sigmoid(intercept + dot);
             let y = data.labels()[r];
             loss += logloss(p, y);
             let g = (p - f64::from(y)) as f32 / n;
-            for (&p, &v) in pos.iter().zip(val) {
-                grad[p as usize] += g * v;
+            match row.values() {
+                Some(val) => {
+                    for (&p, &v) in pos.iter().zip(val) {
+                        grad[p as usize] += g * v;
+                    }
+                }
+                None => {
+                    for &p in pos {
+                        grad[p as usize] += g;
+                    }
+                }
             }
             intercept_grad += g;
         }
@@ -1055,12 +1066,11 @@ pub fn scores(model: &KvPairs<f32>, data: &Examples) -> Vec<f64> {
     let intercept = model.get(BIAS_KEY).map_or(0.0, |w| f64::from(w[0]));
     (0..data.len())
         .map(|i| {
-            let (idx, val) = data.row(i);
             intercept
-                + idx
+                + data
+                    .row(i)
                     .iter()
-                    .zip(val)
-                    .map(|(&k, &v)| model.get(k).map_or(0.0, |w| f64::from(w[0]) * f64::from(v)))
+                    .map(|(k, v)| model.get(k).map_or(0.0, |w| f64::from(w[0]) * f64::from(v)))
                     .sum::<f64>()
         })
         .collect()
@@ -1157,7 +1167,7 @@ mod tests {
         let data = examples(b"1 2:1 5:1 9:1\n0 5:1 9:2\n1 2:1\n");
         let rows = [2, 0, 1];
         let b = batch(&data, &rows, true);
-        let features: Vec<Key> = rows.iter().flat_map(|&r| data.row(r).0.to_vec()).collect();
+        let features: Vec<Key> = rows.iter().flat_map(|&r| data.row(r).ids()).collect();
         let pointed: Vec<Key> = b
             .positions
             .iter()

@@ -124,14 +124,160 @@ pub fn first_index_zero(text: &[u8]) -> Option<(usize, usize)> {
     None
 }
 
-/// Examples in compressed sparse rows: labels, and per example a run of (index, value) pairs.
+/// Feature ids: four bytes each while every id fits in four, eight once one does not.
+#[derive(Clone, Debug, PartialEq)]
+enum Ids {
+    Narrow(Vec<u32>),
+    Wide(Vec<u64>),
+}
+
+impl Default for Ids {
+    fn default() -> Self {
+        Ids::Narrow(Vec::new())
+    }
+}
+
+impl Ids {
+    fn len(&self) -> usize {
+        match self {
+            Ids::Narrow(v) => v.len(),
+            Ids::Wide(v) => v.len(),
+        }
+    }
+
+    fn push(&mut self, id: u64) {
+        match self {
+            Ids::Narrow(v) => match u32::try_from(id) {
+                Ok(id) => v.push(id),
+                Err(_) => {
+                    let mut wide: Vec<u64> = Vec::with_capacity(v.capacity());
+                    wide.extend(v.iter().map(|&k| u64::from(k)));
+                    wide.push(id);
+                    *self = Ids::Wide(wide);
+                }
+            },
+            Ids::Wide(v) => v.push(id),
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        match self {
+            Ids::Narrow(v) => v.truncate(len),
+            Ids::Wide(v) => v.truncate(len),
+        }
+    }
+
+    fn reserve(&mut self, n: usize) {
+        match self {
+            Ids::Narrow(v) => v.reserve(n),
+            Ids::Wide(v) => v.reserve(n),
+        }
+    }
+
+    fn slice(&self, r: Range<usize>) -> IdSlice<'_> {
+        match self {
+            Ids::Narrow(v) => IdSlice::Narrow(&v[r]),
+            Ids::Wide(v) => IdSlice::Wide(&v[r]),
+        }
+    }
+
+    /// The same kind of list, empty.
+    fn empty_like(&self) -> Ids {
+        match self {
+            Ids::Narrow(_) => Ids::Narrow(Vec::new()),
+            Ids::Wide(_) => Ids::Wide(Vec::new()),
+        }
+    }
+
+    fn extend_from(&mut self, ids: IdSlice<'_>) {
+        match (self, ids) {
+            (Ids::Narrow(v), IdSlice::Narrow(s)) => v.extend_from_slice(s),
+            (Ids::Wide(v), IdSlice::Wide(s)) => v.extend_from_slice(s),
+            (this, ids) => {
+                for id in ids.iter() {
+                    this.push(id);
+                }
+            }
+        }
+    }
+}
+
+/// One example's feature ids, as stored.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum IdSlice<'a> {
+    Narrow(&'a [u32]),
+    Wide(&'a [u64]),
+}
+
+impl<'a> IdSlice<'a> {
+    fn len(&self) -> usize {
+        match self {
+            IdSlice::Narrow(s) => s.len(),
+            IdSlice::Wide(s) => s.len(),
+        }
+    }
+
+    fn iter(self) -> impl Iterator<Item = u64> + 'a {
+        let (narrow, wide): (&[u32], &[u64]) = match self {
+            IdSlice::Narrow(s) => (s, &[]),
+            IdSlice::Wide(s) => (&[], s),
+        };
+        narrow
+            .iter()
+            .map(|&k| u64::from(k))
+            .chain(wide.iter().copied())
+    }
+}
+
+/// One example: its features' ids in increasing order, and their values (none stored when
+/// every value of the set is 1, as in click data).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Row<'a> {
+    ids: IdSlice<'a>,
+    values: Option<&'a [f32]>,
+}
+
+impl<'a> Row<'a> {
+    /// Number of features.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// True for an example without features.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The feature ids, increasing.
+    pub fn ids(self) -> impl Iterator<Item = u64> + 'a {
+        self.ids.iter()
+    }
+
+    /// The features' values; `None` when every value is 1.
+    pub fn values(&self) -> Option<&'a [f32]> {
+        self.values
+    }
+
+    /// The features' (id, value) pairs.
+    pub fn iter(self) -> impl Iterator<Item = (u64, f32)> + 'a {
+        let values = self.values;
+        self.ids()
+            .enumerate()
+            .map(move |(i, k)| (k, values.map_or(1.0, |v| v[i])))
+    }
+}
+
+/// Examples in compressed sparse rows: labels, and per example a run of feature ids and
+/// values, held compactly: four-byte ids while every id fits (eight otherwise), and no values
+/// at all while every value is 1, so that click-like data costs four bytes a feature.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Examples {
     labels: Vec<f32>,
-    /// Start of each example's features in `indices`/`values`, plus the end.
+    /// Start of each example's features in `ids`/`values`, plus the end.
     offsets: Vec<usize>,
-    indices: Vec<u64>,
-    values: Vec<f32>,
+    ids: Ids,
+    /// `None` while every value is 1.
+    values: Option<Vec<f32>>,
 }
 
 impl Examples {
@@ -158,49 +304,81 @@ impl Examples {
         &self.labels
     }
 
-    /// Example `i`'s feature indices and values.
-    pub fn row(&self, i: usize) -> (&[u64], &[f32]) {
+    /// Example `i`.
+    pub fn row(&self, i: usize) -> Row<'_> {
         let r = self.offsets[i]..self.offsets[i + 1];
-        (&self.indices[r.clone()], &self.values[r])
+        Row {
+            ids: self.ids.slice(r.clone()),
+            values: self.values.as_ref().map(|v| &v[r]),
+        }
     }
 
     /// Number of (index, value) pairs over all examples.
     pub fn nonzeros(&self) -> usize {
-        self.indices.len()
+        self.ids.len()
+    }
+
+    /// Appends a feature to the example being read.
+    fn push_feature(&mut self, id: u64, value: f32) {
+        match &mut self.values {
+            Some(values) => values.push(value),
+            None if value == 1.0 => {}
+            None => {
+                // The first value that is not 1: from now on every value is kept.
+                let mut values = Vec::with_capacity(self.ids.len() + 1);
+                values.resize(self.ids.len(), 1.0);
+                values.push(value);
+                self.values = Some(values);
+            }
+        }
+        self.ids.push(id);
+    }
+
+    /// Drops the features from `start` on (of an example that could not be read).
+    fn truncate_features(&mut self, start: usize) {
+        self.ids.truncate(start);
+        if let Some(values) = &mut self.values {
+            values.truncate(start);
+        }
+    }
+
+    /// Ends the example being read.
+    fn end_row(&mut self, label: f32) {
+        self.labels.push(label);
+        self.offsets.push(self.ids.len());
     }
 
     /// The first `n` examples (all of them if there are fewer).
     pub fn head(&self, n: usize) -> Examples {
-        let n = n.min(self.len());
-        let end = self.offsets[n];
-        Examples {
-            labels: self.labels[..n].to_vec(),
-            offsets: self.offsets[..=n].to_vec(),
-            indices: self.indices[..end].to_vec(),
-            values: self.values[..end].to_vec(),
-        }
+        self.select(&(0..n.min(self.len())).collect::<Vec<_>>())
     }
 
     /// The rows `order` names, in that order.
     pub fn select(&self, order: &[usize]) -> Examples {
         let mut out = Examples::new();
+        out.ids = self.ids.empty_like();
+        out.values = self.values.as_ref().map(|_| Vec::new());
         out.labels.reserve(order.len());
         out.offsets.reserve(order.len());
-        out.indices.reserve(self.indices.len());
-        out.values.reserve(self.values.len());
         for &i in order {
-            let (idx, val) = self.row(i);
+            let row = self.row(i);
             out.labels.push(self.labels[i]);
-            out.indices.extend_from_slice(idx);
-            out.values.extend_from_slice(val);
-            out.offsets.push(out.indices.len());
+            out.ids.extend_from(row.ids);
+            if let (Some(to), Some(from)) = (&mut out.values, row.values) {
+                to.extend_from_slice(from);
+            }
+            out.offsets.push(out.ids.len());
         }
         out
     }
 
     /// The largest feature index plus one (0 without features).
     pub fn dimensions(&self) -> u64 {
-        self.indices.iter().max().map_or(0, |&m| m + 1)
+        let max = match &self.ids {
+            Ids::Narrow(v) => v.iter().max().map(|&m| u64::from(m)),
+            Ids::Wide(v) => v.iter().max().copied(),
+        };
+        max.map_or(0, |m| m + 1)
     }
 }
 
@@ -343,9 +521,8 @@ pub fn parse_lines(
         IndexBase::One => true,
     };
     let mut out = Examples::new();
-    // A rough guess that avoids most regrowth: one pair per 8 bytes.
-    out.indices.reserve(text.len() / 8);
-    out.values.reserve(text.len() / 8);
+    // A rough guess that avoids most regrowth: one feature per 8 bytes.
+    out.ids.reserve(text.len() / 8);
     for (n, line) in text.split(|&b| b == b'\n').enumerate() {
         parse_line(line, &mut out, one_based).map_err(|(column, message)| DataError {
             path: name.to_owned(),
@@ -391,7 +568,7 @@ fn parse_line(line: &[u8], out: &mut Examples, one_based: bool) -> Result<(), Li
     };
     let label = parse_f32(label)
         .ok_or_else(|| (col, format!("expected a numeric label, {}", found(label))))?;
-    let start = out.indices.len();
+    let start = out.ids.len();
     let mut last: Option<u64> = None;
     for (col, token) in tokens {
         if token.starts_with(b"qid:") {
@@ -456,18 +633,15 @@ fn parse_line(line: &[u8], out: &mut Examples, one_based: bool) -> Result<(), Li
             (true, 0) => return Err(rollback(out, start, col, ZERO_IN_ONE_BASED.into())),
             (true, i) => i - 1,
         };
-        out.indices.push(index);
-        out.values.push(value);
+        out.push_feature(index, value);
     }
-    out.labels.push(if label > 0.0 { 1.0 } else { 0.0 });
-    out.offsets.push(out.indices.len());
+    out.end_row(if label > 0.0 { 1.0 } else { 0.0 });
     Ok(())
 }
 
 /// Undoes a half-parsed line before reporting it.
 fn rollback(out: &mut Examples, start: usize, col: usize, message: String) -> LineError {
-    out.indices.truncate(start);
-    out.values.truncate(start);
+    out.truncate_features(start);
     (col, message)
 }
 
@@ -520,6 +694,41 @@ fn parse_f32(token: &[u8]) -> Option<f32> {
 mod tests {
     use super::*;
 
+    fn pairs(row: Row<'_>) -> Vec<(u64, f32)> {
+        row.iter().collect()
+    }
+
+    /// Click data costs four bytes a feature: four-byte ids and no values while every value
+    /// is 1; a value that is not 1, or an id past four bytes, changes the layout and nothing
+    /// read before it.
+    #[test]
+    fn rows_are_held_compactly_and_read_back_as_written() {
+        let ex = parse("t", b"1 3:1 7:1\n0 2:1\n", IndexBase::Zero).unwrap();
+        assert!(matches!(ex.ids, Ids::Narrow(_)) && ex.values.is_none());
+        assert_eq!(ex.row(0).values(), None);
+        assert_eq!(pairs(ex.row(0)), [(3, 1.0), (7, 1.0)]);
+        let ex = parse(
+            "t",
+            b"1 3:1 7:1\n0 2:0.5 5000000000:1\n1 4:1\n",
+            IndexBase::Zero,
+        )
+        .unwrap();
+        assert!(matches!(ex.ids, Ids::Wide(_)) && ex.values.is_some());
+        assert_eq!(pairs(ex.row(0)), [(3, 1.0), (7, 1.0)]);
+        assert_eq!(pairs(ex.row(1)), [(2, 0.5), (5_000_000_000, 1.0)]);
+        assert_eq!(pairs(ex.row(2)), [(4, 1.0)]);
+        assert_eq!(ex.dimensions(), 5_000_000_001);
+        // A line refused halfway leaves nothing of itself behind.
+        let err = parse("t", b"1 3:1\n0 2:0.5 9:x\n", IndexBase::Zero);
+        assert!(err.is_err());
+        let mut part = Examples::new();
+        parse_line(b"1 3:1", &mut part, false).unwrap();
+        assert!(parse_line(b"0 2:0.5 9:x", &mut part, false).is_err());
+        parse_line(b"1 4:1", &mut part, false).unwrap();
+        assert_eq!(part.nonzeros(), 2);
+        assert_eq!(pairs(part.row(1)), [(4, 1.0)]);
+    }
+
     fn err(text: &str) -> String {
         parse("t.svm", text.as_bytes(), IndexBase::Auto)
             .unwrap_err()
@@ -536,9 +745,9 @@ mod tests {
         .unwrap();
         assert_eq!(ex.len(), 3);
         assert_eq!(ex.labels(), &[1.0, 0.0, 0.0]);
-        assert_eq!(ex.row(0), (&[2, 9][..], &[1.5, -2e-3][..]));
-        assert_eq!(ex.row(1), (&[0][..], &[1.0][..]));
-        assert_eq!(ex.row(2).0.len(), 0);
+        assert_eq!(pairs(ex.row(0)), [(2, 1.5), (9, -2e-3)]);
+        assert_eq!(pairs(ex.row(1)), [(0, 1.0)]);
+        assert!(ex.row(2).is_empty());
         assert_eq!(ex.dimensions(), 10);
     }
 
@@ -548,8 +757,8 @@ mod tests {
         let picked = ex.select(&[2, 0]);
         assert_eq!(picked.len(), 2);
         assert_eq!(picked.labels(), &[1.0, 1.0]);
-        assert_eq!(picked.row(0), (&[4][..], &[4.0][..]));
-        assert_eq!(picked.row(1), (&[1][..], &[1.0][..]));
+        assert_eq!(pairs(picked.row(0)), [(4, 4.0)]);
+        assert_eq!(pairs(picked.row(1)), [(1, 1.0)]);
         assert_eq!(ex.select(&[1]).row(0), ex.row(1));
     }
 
@@ -567,9 +776,9 @@ mod tests {
     #[test]
     fn a_zero_index_means_zero_based_unless_told_otherwise() {
         let ex = parse("t", b"1 0:1 4:1\n", IndexBase::Auto).unwrap();
-        assert_eq!(ex.row(0).0, &[0, 4]);
+        assert!(ex.row(0).ids().eq([0, 4]));
         let ex = parse("t", b"1 1:1 4:1\n", IndexBase::Zero).unwrap();
-        assert_eq!(ex.row(0).0, &[1, 4]);
+        assert!(ex.row(0).ids().eq([1, 4]));
         let e = parse("t", b"1 0:1\n", IndexBase::One).unwrap_err();
         assert!(e.to_string().contains("index 0"), "{e}");
     }
@@ -589,10 +798,8 @@ mod tests {
             .unwrap_err();
         assert_eq!((e.path.as_str(), e.line, e.column), ("train", 1, 3));
         // Read with the job's base, the file without index 0 keeps its indices.
-        assert_eq!(
-            parse("test", without, IndexBase::Zero).unwrap().row(0).0,
-            &[2, 5]
-        );
+        let read = parse("test", without, IndexBase::Zero).unwrap();
+        assert!(read.row(0).ids().eq([2, 5]));
     }
 
     #[test]

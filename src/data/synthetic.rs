@@ -116,8 +116,8 @@ mod tests {
         assert!(ex.dimensions() <= 100_000);
         let mut counts = vec![0u32; 100_000];
         for i in 0..ex.len() {
-            assert_eq!(ex.row(i).0.len(), 20);
-            for &f in ex.row(i).0 {
+            assert_eq!(ex.row(i).len(), 20);
+            for f in ex.row(i).ids() {
                 counts[f as usize] += 1;
             }
         }
@@ -129,7 +129,7 @@ mod tests {
         // Labels follow the true weights: rows with a positive true score are mostly 1.
         let (mut agree, mut total) = (0, 0);
         for i in 0..ex.len() {
-            let z: f64 = ex.row(i).0.iter().map(|&j| true_weight(&cfg, j)).sum();
+            let z: f64 = ex.row(i).ids().map(|j| true_weight(&cfg, j)).sum();
             if z.abs() > 2.0 {
                 total += 1;
                 agree += usize::from((z > 0.0) == (ex.labels()[i] > 0.5));

@@ -193,16 +193,15 @@ fn floor(cfg: &LrConfig, train: &Examples, test: &Examples) -> Reached {
             let rows = from..(from + batch).min(train.len());
             let n = rows.len() as f32;
             for r in rows {
-                let (idx, val) = train.row(r);
+                let row = train.row(r);
                 let z: f64 = f64::from(w[bias])
-                    + idx
+                    + row
                         .iter()
-                        .zip(val)
-                        .map(|(&k, &v)| f64::from(w[k as usize]) * f64::from(v))
+                        .map(|(k, v)| f64::from(w[k as usize]) * f64::from(v))
                         .sum::<f64>();
                 let p = 1.0 / (1.0 + (-z.clamp(-35.0, 35.0)).exp());
                 let g = (p - f64::from(train.labels()[r])) as f32 / n;
-                for (&k, &v) in idx.iter().zip(val) {
+                for (k, v) in row.iter() {
                     let k = k as usize;
                     if grad[k] == 0.0 {
                         touched.push(k);

@@ -35,10 +35,9 @@ pub(super) fn command() -> Option<Vec<OsString>> {
 fn write_vw(data: &Examples, path: &Path) -> Result<(), BenchError> {
     let mut out = BufWriter::new(std::fs::File::create(path)?);
     for r in 0..data.len() {
-        let (idx, val) = data.row(r);
         let label = if data.labels()[r] > 0.0 { "1" } else { "-1" };
         write!(out, "{label} |f")?;
-        for (k, v) in idx.iter().zip(val) {
+        for (k, v) in data.row(r).iter() {
             write!(out, " {k}:{v}")?;
         }
         writeln!(out)?;
