@@ -22,7 +22,6 @@
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -452,9 +451,9 @@ impl Batch {
 }
 
 /// The order in which a share's rows `rows` are visited in `epoch`: shuffled by a seed drawn
-/// from the job's seed, the share and the epoch, or in file order.
-fn visiting_order(cfg: &LrConfig, share: usize, epoch: u32, rows: Range<usize>) -> Vec<usize> {
-    let mut order: Vec<usize> = rows.collect();
+/// from the job's seed, the share and the epoch, or as given.
+fn visiting_order(cfg: &LrConfig, share: usize, epoch: u32, rows: Vec<usize>) -> Vec<usize> {
+    let mut order = rows;
     if cfg.shuffle {
         let seed = crate::seeded::mix(cfg.seed ^ crate::seeded::mix(share as u64))
             ^ u64::from(epoch).rotate_left(32);
@@ -497,7 +496,7 @@ pub struct Measured {
     pub test: Option<(f64, f64)>,
     /// Non-zero weights.
     pub nnz: usize,
-    /// The model itself.
+    /// The model itself: every weight that is not zero.
     pub weights: KvPairs<f32>,
 }
 
@@ -512,7 +511,7 @@ pub struct Measure<'a> {
 }
 
 /// The rows of one share of the training data: the examples that hold them, and which.
-pub type ShareRows = (Arc<Examples>, Range<usize>);
+pub type ShareRows = (Arc<Examples>, Vec<usize>);
 
 /// Trains on one worker for `cfg.epochs` epochs of `steps` minibatches each; after every
 /// epoch, the worker holding the first share pulls the whole model and measures it as
@@ -577,12 +576,19 @@ pub async fn run_shares(
             handle.advance().await?;
         }
         let model = if shares.held.contains(&0) && (measure.test.is_some() || measure.model) {
-            let weights = handle
+            let pulled = handle
                 .pull(KeySelection::Ranges(everything.clone()))
                 .await?;
+            // Only the weights that are not zero: a weight absent reads as zero, and an
+            // L1-regularized model keeps a few of the millions of rows the servers store.
+            let (keys, values): (Vec<Key>, Vec<f32>) = pulled
+                .iter()
+                .filter_map(|(k, w)| w.first().filter(|&&w| w != 0.0).map(|&w| (k, w)))
+                .unzip();
+            let weights = KvPairs::new(keys, values, 1).map_err(config)?;
             Some(Measured {
                 test: measure.test.map(|test| evaluate(&weights, test)),
-                nnz: weights.values().iter().filter(|w| **w != 0.0).count(),
+                nnz: weights.len(),
                 weights,
             })
         } else {
@@ -692,6 +698,7 @@ async fn run_worker(
     cfg: LrConfig,
     handle: WorkerHandle<f32>,
     train: std::sync::Arc<Examples>,
+    dealt: Arc<Vec<usize>>,
     test: std::sync::Arc<Examples>,
     notes: mpsc::UnboundedSender<Note>,
     counter: RowsTrained,
@@ -699,7 +706,7 @@ async fn run_worker(
     let per = train.len().div_ceil(cfg.job.workers);
     let rows_of = |share: usize| {
         let share = (share * per).min(train.len())..((share + 1) * per).min(train.len());
-        Ok((train.clone(), share))
+        Ok((train.clone(), dealt[share].to_vec()))
     };
     let steps = per.div_ceil(cfg.batch.max(1));
     let measure = Measure {
@@ -747,7 +754,7 @@ fn config(e: impl std::fmt::Display) -> RuntimeError {
 pub struct Trained {
     /// One report per epoch.
     pub reports: Vec<EpochReport>,
-    /// The model kept ([`LrConfig::keep`]): every stored key with its weight.
+    /// The model kept ([`LrConfig::keep`]): every weight that is not zero.
     pub model: KvPairs<f32>,
     /// The epoch the model is from (0 if none finished).
     pub kept_epoch: u32,
@@ -808,13 +815,12 @@ pub async fn train_local_until(
     let (tx, mut rx) = mpsc::unbounded_channel();
     // Shares are contiguous runs of rows: dealt from a seeded permutation, each holds a fair
     // sample of a file sorted by label (or by anything else), not one end of it.
-    let train = if cfg.shuffle {
-        let mut order: Vec<usize> = (0..train.len()).collect();
-        crate::seeded::shuffle(&mut order, crate::seeded::mix(cfg.seed ^ 0x5a17));
-        train.select(&order)
-    } else {
-        train
-    };
+    // The permutation is what is dealt: the rows themselves are not copied.
+    let mut dealt: Vec<usize> = (0..train.len()).collect();
+    if cfg.shuffle {
+        crate::seeded::shuffle(&mut dealt, crate::seeded::mix(cfg.seed ^ 0x5a17));
+    }
+    let dealt = Arc::new(dealt);
     let (train, test) = (std::sync::Arc::new(train), std::sync::Arc::new(test));
     let tasks: Vec<_> = cluster
         .workers
@@ -824,6 +830,7 @@ pub async fn train_local_until(
                 cfg.clone(),
                 h.clone(),
                 train.clone(),
+                dealt.clone(),
                 test.clone(),
                 tx.clone(),
                 counter.clone(),
@@ -1209,7 +1216,7 @@ mod tests {
     #[test]
     fn each_epoch_and_each_share_visit_their_rows_in_their_own_order() {
         let cfg = LrConfig::default();
-        let order = |share, epoch| visiting_order(&cfg, share, epoch, 0..50);
+        let order = |share, epoch| visiting_order(&cfg, share, epoch, (0..50).collect());
         let mut sorted = order(0, 1);
         sorted.sort_unstable();
         assert_eq!(sorted, (0..50).collect::<Vec<_>>());
@@ -1221,7 +1228,7 @@ mod tests {
             ..LrConfig::default()
         };
         assert_eq!(
-            visiting_order(&in_file, 2, 5, 10..20),
+            visiting_order(&in_file, 2, 5, (10..20).collect()),
             (10..20).collect::<Vec<_>>()
         );
     }

@@ -293,7 +293,7 @@ impl LrData {
     /// The rows of share `share`, parsed on first use.
     fn share(&mut self, share: usize) -> Result<ShareRows, DataError> {
         if let Some(rows) = self.shares.get(&share) {
-            return Ok((rows.clone(), 0..rows.len()));
+            return Ok((rows.clone(), (0..rows.len()).collect()));
         }
         let range = shard(&self.text, share, self.workers);
         let before = lines_before(&self.text, range.start);
@@ -304,7 +304,7 @@ impl LrData {
             before,
         )?);
         self.shares.insert(share, rows.clone());
-        Ok((rows.clone(), 0..rows.len()))
+        Ok((rows.clone(), (0..rows.len()).collect()))
     }
 }
 
