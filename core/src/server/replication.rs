@@ -26,6 +26,10 @@ pub(super) enum Resend {
     Range(KeyRange),
 }
 
+/// The most a declared key space's rows may take, laid out flat, for new shards to be laid
+/// out up front.
+const PRESIZE_BYTES: u128 = 1 << 30;
+
 impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// Applies `entry` to the primary shard it names and streams it to the replicas that are
     /// in step (or queues it, [`Shard::take_step`]); the others catch up from the log or a
@@ -521,6 +525,19 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
     }
 
+    /// The part of `range` inside the job's declared key space, when the job declared one
+    /// whose rows, laid out flat, fit [`PRESIZE_BYTES`]: what a new shard's store may lay out
+    /// up front ([`ParamStore::empty_for`]).
+    fn declared_part(&self, range: KeyRange) -> Option<KeyRange> {
+        let space = self.cluster.as_ref()?.config.ring.key_space;
+        let row_bytes = self.cfg.width * (1 + self.updater.aux_width()) * core::mem::size_of::<V>();
+        let bytes = u128::from(space) * row_bytes as u128;
+        if space == u64::MAX || bytes > PRESIZE_BYTES {
+            return None;
+        }
+        range.intersect(KeyRange::new(0, space).ok()?)
+    }
+
     /// Creates a shard for every part of a piece this server holds that no shard covers: as
     /// its primary, a range lost with its holders (or, at a job's start, a new one); as a
     /// replica, only at a job's start, when every shard is empty and so in step.
@@ -559,7 +576,10 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 } else {
                     continue;
                 };
-                let mut store = self.template.empty();
+                let mut store = match self.declared_part(gap) {
+                    Some(part) => self.template.empty_for(part),
+                    None => self.template.empty(),
+                };
                 if fresh_start {
                     self.template.for_each_row_in(gap, &mut |k, row, aux| {
                         let (values, state) = store.row_mut(k);

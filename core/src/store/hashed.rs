@@ -389,6 +389,17 @@ impl<V: Value> ParamStore<V> for HashedStore<V> {
         HashedStore::new(self.width, self.aux_width)
     }
 
+    fn empty_for(&self, range: KeyRange) -> Self {
+        let mut store = self.empty();
+        if let Some(keys) = usize::try_from(range.len())
+            .ok()
+            .filter(|&n| n > 0 && n as Key <= DIRECT_KEYS)
+        {
+            store.rebuild_direct(range.start(), keys);
+        }
+        store
+    }
+
     fn split_off(&mut self, at: Key) -> Self {
         let mut low = self.empty();
         let mut high = self.empty();

@@ -88,6 +88,13 @@ impl<V: Value> ParamStore<V> for Store<V> {
         }
     }
 
+    fn empty_for(&self, range: KeyRange) -> Self {
+        match self {
+            Store::Ordered(s) => Store::Ordered(s.empty_for(range)),
+            Store::Hashed(s) => Store::Hashed(s.empty_for(range)),
+        }
+    }
+
     fn split_off(&mut self, at: Key) -> Self {
         match self {
             Store::Ordered(s) => Store::Ordered(s.split_off(at)),

@@ -94,6 +94,15 @@ pub trait ParamStore<V: Value>: Clone + Debug {
     /// An empty store of the same shape.
     fn empty(&self) -> Self;
 
+    /// An empty store of the same shape for the rows of `range`, which the job says its keys
+    /// fill (it declared its key space, and a flat array of it fits the server's budget): a
+    /// layout may lay them out up front instead of growing into them. The default is
+    /// [`ParamStore::empty`].
+    fn empty_for(&self, range: KeyRange) -> Self {
+        let _ = range;
+        self.empty()
+    }
+
     /// Moves every row at or above `at` into a new store of the same shape.
     fn split_off(&mut self, at: Key) -> Self;
 

@@ -443,3 +443,32 @@ fn the_direct_part_grows_only_while_a_quarter_full() {
     assert!(keys.windows(2).all(|w| w[0] < w[1]));
     assert_eq!(keys.len(), s.len());
 }
+
+/// A store made for a range the job's keys fill holds the range's keys at their offsets
+/// from the start, and still hashes any key outside it.
+#[test]
+fn a_store_made_for_a_declared_range_lays_it_out_up_front() {
+    let range = KeyRange::new(1000, 5000).unwrap();
+    let mut s = HashedStore::<f32>::new(1, 2).empty_for(range);
+    assert_eq!(s.direct_keys(), 4000);
+    assert_eq!(s.len(), 0);
+    for k in [4999, 1000, 2500, 7, 9000] {
+        s.row_mut(k).0[0] = k as f32;
+    }
+    assert_eq!(s.direct_keys(), 4000);
+    let mut seen = Vec::new();
+    s.for_each_in(KeyRange::FULL, &mut |k, v| seen.push((k, v[0])));
+    assert_eq!(
+        seen,
+        [
+            (7, 7.0),
+            (1000, 1000.0),
+            (2500, 2500.0),
+            (4999, 4999.0),
+            (9000, 9000.0)
+        ]
+    );
+    // Too wide a range is not laid out at all.
+    let huge = HashedStore::<f32>::new(1, 2).empty_for(KeyRange::new(0, 1 << 40).unwrap());
+    assert_eq!(huge.direct_keys(), 0);
+}
