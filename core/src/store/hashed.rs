@@ -61,7 +61,10 @@ enum At {
 ///
 /// The direct part covers keys `base..base + n`, `n` a power of two, grown (up or down) only
 /// while at least a quarter of it would be filled, so it never costs more than four times the
-/// rows it holds. Other keys are hashed, and move to the direct part when it grows over them.
+/// rows it holds; or, for a shard of a key space the job declared
+/// ([`ParamStore::empty_for`]), laid out over the shard's range up front, so that the first
+/// epoch does not grow into it. Other keys are hashed, and move to the direct part when it
+/// grows over them.
 ///
 /// Reading in key order (a range pull, a shard copy) walks the direct part in order, then
 /// sorts the hashed rows once and keeps that order until a hashed row is added, so that the
