@@ -14,7 +14,7 @@
 //! let examples = parse("inline.svm", text, IndexBase::Auto)?;
 //! assert_eq!(examples.len(), 2);
 //! assert_eq!(examples.labels(), &[1.0, 0.0]);
-//! assert_eq!(examples.row(0).0, &[0, 6]); // one-based, detected
+//! assert!(examples.row(0).ids().eq([0, 6])); // one-based, detected
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

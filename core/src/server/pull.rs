@@ -1,6 +1,8 @@
 //! Pulls: who serves them, when the consistency model lets them be answered, and the answers,
 //! a range pull's in parts that each fit a message (ARCHITECTURE.md §3).
 
+use core::ops::ControlFlow;
+
 use crate::consistency::Consistency;
 use crate::effects::Effects;
 use crate::ids::{Iteration, NodeId};
@@ -179,13 +181,16 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 shard
                     .store
                     .for_each_run_in(part, &mut |run_keys, run_values| {
-                        if resume.is_some() {
-                            return;
-                        }
                         let room = most - rows.len();
                         let take = run_keys.len().min(room);
                         rows.extend(&run_keys[..take], &run_values[..take * width]);
                         resume = run_keys.get(take).copied();
+                        // Full: the rest of the range waits for the next part, unread.
+                        if resume.is_some() {
+                            ControlFlow::Break(())
+                        } else {
+                            ControlFlow::Continue(())
+                        }
                     });
                 if resume.is_some() {
                     break 'ranges;

@@ -366,13 +366,15 @@ impl<V: Value> ParamStore<V> for HashedStore<V> {
             keys.push(key);
             values.extend_from_slice(self.row(at));
             if keys.len() == RUN {
-                f(&keys, &values);
+                if f(&keys, &values).is_break() {
+                    return;
+                }
                 keys.clear();
                 values.clear();
             }
         }
         if !keys.is_empty() {
-            f(&keys, &values);
+            let _ = f(&keys, &values);
         }
     }
 

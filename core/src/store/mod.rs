@@ -9,6 +9,7 @@
 
 use core::fmt::Debug;
 use core::hash::Hasher;
+use core::ops::ControlFlow;
 
 use crate::key::{Key, KeyRange};
 use crate::value::Value;
@@ -29,8 +30,9 @@ pub type RowVisitor<'a, V> = dyn FnMut(Key, &[V], &[V]) + 'a;
 pub type RowsUpdate<'a, V> = dyn FnMut(&mut [V], &mut [V], &[V]) + 'a;
 
 /// What [`ParamStore::for_each_run_in`] calls for each run of stored rows (consecutive in the
-/// store, or gathered by it): their keys and their values, in key order.
-pub type RunVisitor<'a, V> = dyn FnMut(&[Key], &[V]) + 'a;
+/// store, or gathered by it): their keys and their values, in key order; it breaks to stop
+/// the walk (a reply that is full).
+pub type RunVisitor<'a, V> = dyn FnMut(&[Key], &[V]) -> ControlFlow<()> + 'a;
 
 /// A server's parameter rows: `width` values and `aux_width x width` updater state per key.
 ///
@@ -80,9 +82,14 @@ pub trait ParamStore<V: Value>: Clone + Debug {
     }
 
     /// Calls `f` on the stored rows in `range`, in key order, several at a time where the
-    /// layout allows.
+    /// layout allows, until it breaks.
     fn for_each_run_in(&self, range: KeyRange, f: &mut RunVisitor<'_, V>) {
-        self.for_each_in(range, &mut |key, row| f(&[key], row));
+        let mut stopped = false;
+        self.for_each_in(range, &mut |key, row| {
+            if !stopped {
+                stopped = f(&[key], row).is_break();
+            }
+        });
     }
 
     /// Calls `f` on every stored row in `range`, in key order.

@@ -1,6 +1,7 @@
 //! [`OrderedStore`]: rows in sorted leaves of a few thousand keys each.
 
 use core::hash::{Hash, Hasher};
+use core::ops::ControlFlow;
 use std::collections::BTreeMap;
 
 use super::{ParamStore, RowVisitor, RowsUpdate, RunVisitor};
@@ -415,11 +416,14 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
         for leaf in self.leaves_in(range) {
             let from = leaf.keys.partition_point(|&k| k < range.start());
             let to = leaf.keys.partition_point(|&k| k < range.end());
-            if from < to {
-                f(
+            if from < to
+                && f(
                     &leaf.keys[from..to],
                     &leaf.values[from * self.width..to * self.width],
-                );
+                )
+                .is_break()
+            {
+                return;
             }
         }
     }
@@ -429,6 +433,7 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
             for (&k, row) in keys.iter().zip(values.chunks_exact(self.width)) {
                 f(k, row);
             }
+            ControlFlow::Continue(())
         });
     }
 

@@ -280,7 +280,17 @@ fn agrees_with_an_ordered_map<S: ParamStore<i64> + PartialEq + Hash>(
         for (&k, row) in keys.iter().zip(values.chunks_exact(2)) {
             runs.push((k, [row[0], row[1]]));
         }
+        core::ops::ControlFlow::Continue(())
     });
+    // A walk that breaks stops at once: the first run only.
+    let (mut calls, mut first) = (0, None);
+    store.for_each_run_in(range, &mut |keys, _| {
+        calls += 1;
+        first = keys.first().copied();
+        core::ops::ControlFlow::Break(())
+    });
+    proptest::prop_assert!(calls <= 1);
+    proptest::prop_assert_eq!(first, model.range(10..20_050).next().map(|(&k, _)| k));
     let want_runs: Vec<_> = model
         .range(10..20_050)
         .map(|(&k, &(r, _))| (k, r))
