@@ -130,6 +130,11 @@ fn under_sequential_consistency_the_pipelined_loop_reaches_the_unpipelined_model
         trained(&cfg)
     };
     let (piped, plain) = (run(true), run(false));
+    assert!(
+        piped.reports.iter().all(|r| r.pulled_ahead == 0),
+        "{:?}",
+        piped.reports
+    );
     assert_eq!(piped.model, plain.model);
     let losses = |t: &Trained| {
         t.reports
@@ -158,6 +163,14 @@ fn a_pipelined_run_trains_every_row_and_reaches_what_an_unpipelined_run_does() {
     for reports in [&piped, &plain] {
         assert!(reports.iter().all(|r| r.rows == 12_000), "{reports:?}");
     }
+    // Every batch but each worker's first of an epoch had its weights pulled ahead; none
+    // without pipelining.
+    let batches = 12_000 / 100;
+    assert!(
+        piped.iter().all(|r| r.pulled_ahead == batches - 2),
+        "{piped:?}"
+    );
+    assert!(plain.iter().all(|r| r.pulled_ahead == 0), "{plain:?}");
     let best = |reports: &[EpochReport]| reports.iter().map(|r| r.test_auc).fold(0.0, f64::max);
     let (a, b) = (best(&piped), best(&plain));
     assert!((a - b).abs() <= 0.002, "pipelined {a}, unpipelined {b}");

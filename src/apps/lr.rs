@@ -294,6 +294,9 @@ pub struct EpochReport {
     pub nnz: usize,
     /// Rows trained on in the epoch, over every worker.
     pub rows: usize,
+    /// Minibatches whose weights were pulled while the one before was computed, over every
+    /// worker ([`LrConfig::pipelined`]).
+    pub pulled_ahead: usize,
     /// Seconds the epoch took, from the end of the one before.
     pub epoch_secs: f64,
     /// Seconds since training began.
@@ -465,7 +468,12 @@ fn visiting_order(cfg: &LrConfig, share: usize, epoch: u32, rows: Vec<usize>) ->
 /// What the workers tell the trainer.
 enum Note {
     /// A worker's summed training loss and row count for one epoch.
-    Loss { epoch: u32, loss: f64, rows: usize },
+    Loss {
+        epoch: u32,
+        loss: f64,
+        rows: usize,
+        pulled_ahead: usize,
+    },
     /// The measurement of the model after an epoch, by the worker holding the first share.
     Model {
         epoch: u32,
@@ -485,6 +493,8 @@ pub struct WorkerEpoch {
     pub loss: f64,
     /// Rows it trained on.
     pub rows: usize,
+    /// Minibatches whose weights it pulled while computing the one before.
+    pub pulled_ahead: usize,
     /// The model after the epoch, if this worker measured it ([`Measure`]).
     pub model: Option<Measured>,
 }
@@ -541,7 +551,7 @@ pub async fn run_shares(
     };
     let ahead = cfg.pipelined();
     for epoch in 1..=cfg.epochs {
-        let (mut loss, mut trained) = (0.0, 0);
+        let (mut loss, mut trained, mut pulled_ahead) = (0.0, 0, 0);
         shares.orders.clear();
         let mut next = None;
         for step in 0..steps {
@@ -553,7 +563,9 @@ pub async fn run_shares(
             // this step computes: `LrConfig::protocol_job` runs the servers' bound one lower,
             // so that they still see every push the job's bound promises.
             if ahead && step + 1 < steps {
-                next = Some(shares.send(epoch, step + 1).await?);
+                let sent = shares.send(epoch, step + 1).await?;
+                pulled_ahead += sent.len();
+                next = Some(sent);
             }
             for InFlight {
                 data,
@@ -598,6 +610,7 @@ pub async fn run_shares(
             epoch,
             loss,
             rows: trained,
+            pulled_ahead,
             model,
         });
     }
@@ -725,6 +738,7 @@ async fn run_worker(
                 epoch: e.epoch,
                 loss: e.loss,
                 rows: e.rows,
+                pulled_ahead: e.pulled_ahead,
             });
             if let Some(Measured {
                 test: Some((test_logloss, test_auc)),
@@ -886,8 +900,8 @@ type EpochModel = (f64, f64, usize, KvPairs<f32>);
 struct Epochs {
     workers: usize,
     keep: Keep,
-    /// Per epoch (from 1): summed loss, rows and workers that reported.
-    losses: Vec<(f64, usize, usize)>,
+    /// Per epoch (from 1): summed loss, rows, workers that reported, and batches pulled ahead.
+    losses: Vec<(f64, usize, usize, usize)>,
     /// Per epoch (from 1) not reported yet: test log loss, test AUC, non-zero weights and
     /// the model measured after it.
     models: Vec<Option<EpochModel>>,
@@ -904,7 +918,7 @@ impl Epochs {
         Epochs {
             workers: cfg.job.workers,
             keep: cfg.keep,
-            losses: vec![(0.0, 0, 0); cfg.epochs as usize + 1],
+            losses: vec![(0.0, 0, 0, 0); cfg.epochs as usize + 1],
             models: vec![None; cfg.epochs as usize + 1],
             kept: None,
             best: None,
@@ -921,11 +935,17 @@ impl Epochs {
 
     fn note(&mut self, note: Note) {
         match note {
-            Note::Loss { epoch, loss, rows } => {
+            Note::Loss {
+                epoch,
+                loss,
+                rows,
+                pulled_ahead,
+            } => {
                 let slot = &mut self.losses[epoch as usize];
                 slot.0 += loss;
                 slot.1 += rows;
                 slot.2 += 1;
+                slot.3 += pulled_ahead;
             }
             Note::Model {
                 epoch,
@@ -943,7 +963,7 @@ impl Epochs {
     /// are when training began and what the nodes have sent so far.
     fn next_report(&mut self, began: Instant, bytes_sent: u64) -> Option<&EpochReport> {
         let next = self.reports.len() + 1;
-        let (loss, rows, workers) = *self.losses.get(next)?;
+        let (loss, rows, workers, pulled_ahead) = *self.losses.get(next)?;
         if workers < self.workers {
             return None;
         }
@@ -966,6 +986,7 @@ impl Epochs {
             test_auc,
             nnz,
             rows,
+            pulled_ahead,
             epoch_secs: secs - before,
             secs,
             bytes_sent,
@@ -1251,6 +1272,7 @@ mod tests {
                     epoch,
                     loss: 2.0,
                     rows: 4,
+                    pulled_ahead: 0,
                 });
             }
             assert!(epochs.next_report(began, 0).is_none(), "no model yet");

@@ -97,6 +97,7 @@ mod tests {
                 test_auc: 0.8 + 0.02 * f64::from(e) - shift,
                 nnz: 10 * e as usize,
                 rows: 100,
+                pulled_ahead: 0,
                 epoch_secs: 0.1,
                 secs: 0.1 * f64::from(e) + shift,
                 bytes_sent: 0,
