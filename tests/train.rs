@@ -39,19 +39,22 @@ fn small(cfg: LrConfig) -> LrConfig {
     LrConfig { epochs: 4, ..cfg }
 }
 
+/// Four asynchronous workers, each pulling its next batch's weights a step ahead, do not
+/// lower their training loss in lockstep once it has settled: the loss falls steeply, then
+/// stays within a few percent of its best, never climbing back.
 #[test]
-fn default_settings_reach_a_good_auc_on_a_slice_and_improve_every_epoch() {
+fn default_settings_reach_a_good_auc_on_a_slice_and_keep_their_training_loss_down() {
     let reports = train(&small(LrConfig::default()));
     eprintln!("{reports:?}");
     assert_eq!(reports.len(), 4);
     let last = reports.last().unwrap();
     assert!(last.test_auc >= 0.89, "{reports:?}");
-    assert!(
-        reports
-            .windows(2)
-            .all(|w| w[1].train_logloss < w[0].train_logloss),
-        "{reports:?}"
-    );
+    let loss: Vec<f64> = reports.iter().map(|r| r.train_logloss).collect();
+    assert!(loss[1] < 0.8 * loss[0], "{loss:?}");
+    for (i, &l) in loss.iter().enumerate().skip(1) {
+        let best = loss[..i].iter().copied().fold(f64::INFINITY, f64::min);
+        assert!(l < 1.05 * best, "epoch {}: {loss:?}", i + 1);
+    }
 }
 
 /// Compared at each run's best epoch, which is what `--save` keeps: an asynchronous run's
