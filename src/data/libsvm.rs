@@ -65,6 +65,34 @@ impl IndexBase {
         Ok((IndexBase::One, None))
     }
 
+    /// As [`IndexBase::resolve`], over files read a few megabytes at a time instead of
+    /// texts held whole.
+    pub fn resolve_files<'a>(
+        self,
+        paths: impl IntoIterator<Item = &'a Path>,
+    ) -> Result<(IndexBase, Option<ZeroAt>), DataError> {
+        if self == IndexBase::Zero {
+            return Ok((IndexBase::Zero, None));
+        }
+        for path in paths {
+            let name = path.display().to_string();
+            let mut found = None;
+            for_each_chunk(path, |text, lines| {
+                if found.is_none() {
+                    found = first_index_zero(text).map(|(line, col)| (lines + line, col));
+                }
+                Ok(())
+            })?;
+            if let Some((line, column)) = found {
+                if self == IndexBase::One {
+                    return Err(zero_in_one_based(&name, line, column));
+                }
+                return Ok((IndexBase::Zero, Some((name, line, column))));
+            }
+        }
+        Ok((IndexBase::One, None))
+    }
+
     /// The number this base counts from, as a saved model records it.
     pub fn first(self) -> Option<u8> {
         match self {
@@ -531,13 +559,124 @@ pub fn parse_lines(
     // Every feature has a colon: room for them all at once, where growing by doubling would
     // hold the old and the new array together and leave up to half of the new one unused.
     out.ids.reserve(text.iter().filter(|&&b| b == b':').count());
+    parse_into(&mut out, name, text, one_based, lines_before)?;
+    Ok(out)
+}
+
+/// Appends the examples of `text`, whole lines of the file `name` after its first
+/// `lines_before`, to `out`.
+fn parse_into(
+    out: &mut Examples,
+    name: &str,
+    text: &[u8],
+    one_based: bool,
+    lines_before: usize,
+) -> Result<(), DataError> {
     for (n, line) in text.split(|&b| b == b'\n').enumerate() {
-        parse_line(line, &mut out, one_based).map_err(|(column, message)| DataError {
+        parse_line(line, out, one_based).map_err(|(column, message)| DataError {
             path: name.to_owned(),
             line: lines_before + n + 1,
             column: column + 1,
             message,
         })?;
+    }
+    Ok(())
+}
+
+/// Bytes of a file read at a time by the streaming reader.
+const CHUNK: usize = 4 << 20;
+
+/// Calls `f` on the file at `path` (decompressed if its name ends in `.gz`) a few megabytes
+/// of whole lines at a time, each with the number of lines before it, so that a file is
+/// never held whole in memory.
+fn for_each_chunk(
+    path: &Path,
+    f: impl FnMut(&[u8], usize) -> Result<(), DataError>,
+) -> Result<(), DataError> {
+    chunks_of(path, CHUNK, f)
+}
+
+/// [`for_each_chunk`] with `chunk` bytes read at a time.
+fn chunks_of(
+    path: &Path,
+    chunk: usize,
+    mut f: impl FnMut(&[u8], usize) -> Result<(), DataError>,
+) -> Result<(), DataError> {
+    use std::io::Read;
+    let name = path.display().to_string();
+    let fail = |message: String| DataError {
+        path: name.clone(),
+        line: 0,
+        column: 0,
+        message,
+    };
+    let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    let gz = path.extension().is_some_and(|e| e == "gz");
+    let mut reader: Box<dyn Read> = if gz {
+        Box::new(flate2::read::MultiGzDecoder::new(std::io::BufReader::new(
+            file,
+        )))
+    } else {
+        Box::new(file)
+    };
+    let mut buf = vec![0u8; chunk.max(1)];
+    let (mut filled, mut lines) = (0, 0);
+    loop {
+        if filled == buf.len() {
+            // A line longer than the buffer: make room for it.
+            buf.resize(buf.len() * 2, 0);
+        }
+        let n = reader.read(&mut buf[filled..]).map_err(|e| {
+            fail(if gz {
+                format!("not a valid gzip file: {e}")
+            } else {
+                format!("cannot read: {e}")
+            })
+        })?;
+        filled += n;
+        if n == 0 {
+            if filled > 0 {
+                f(&buf[..filled], lines)?;
+            }
+            return Ok(());
+        }
+        if let Some(last) = buf[..filled].iter().rposition(|&b| b == b'\n') {
+            let whole = &buf[..=last];
+            f(whole, lines)?;
+            lines += whole.iter().filter(|&&b| b == b'\n').count();
+            buf.copy_within(last + 1..filled, 0);
+            filled -= last + 1;
+        }
+    }
+}
+
+/// Reads and parses the file at `path` as [`read`] does, but a few megabytes at a time: the
+/// text is never held whole, so a run's memory is its parsed rows. `base` must be decided
+/// already (`Auto` is read as one-based unless the file holds an index 0, which this reader
+/// cannot know before it ends: decide it first with [`IndexBase::resolve_files`]).
+pub fn read_streaming(path: &Path, base: IndexBase) -> Result<Examples, DataError> {
+    read_in_chunks(path, base, CHUNK)
+}
+
+/// [`read_streaming`] with `chunk` bytes read at a time.
+fn read_in_chunks(path: &Path, base: IndexBase, chunk: usize) -> Result<Examples, DataError> {
+    let name = path.display().to_string();
+    let base = match base {
+        IndexBase::Auto => IndexBase::Auto.resolve_files([path])?.0,
+        base => base,
+    };
+    let mut out = Examples::new();
+    // Every feature takes at least four bytes ("1:1 "): room for them all, which costs
+    // address space only until it is written.
+    let len = std::fs::metadata(path).map_or(0, |m| m.len() as usize);
+    let gz = path.extension().is_some_and(|e| e == "gz");
+    out.ids.reserve(if gz { len * 2 } else { len / 4 });
+    let one_based = base == IndexBase::One;
+    chunks_of(path, chunk, |text, lines| {
+        parse_into(&mut out, &name, text, one_based, lines)
+    })?;
+    if out.is_empty() {
+        return Err(no_examples(name));
     }
     Ok(out)
 }
@@ -704,6 +843,38 @@ mod tests {
 
     fn pairs(row: Row<'_>) -> Vec<(u64, f32)> {
         row.iter().collect()
+    }
+
+    /// Read a few bytes at a time, lines cut anywhere (even longer than a chunk), a file
+    /// parses to what it parses to whole, and an error names its line in the whole file.
+    #[test]
+    fn a_file_read_in_chunks_reads_as_it_does_whole() {
+        let dir = std::env::temp_dir().join(format!("pserver-chunks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = b"# head\n1 1:1 4:0.5\n\n0 2:1 3:1 9:1 12:1 30:1 31:1\n1 5:2\n0\n1 7:1";
+        let path = dir.join("t.svm");
+        std::fs::write(&path, text).unwrap();
+        let whole = parse("t", text, IndexBase::One).unwrap();
+        for chunk in [1, 2, 5, 7, 13, 64, 1 << 20] {
+            let read = read_in_chunks(&path, IndexBase::One, chunk).unwrap();
+            assert_eq!(read.len(), whole.len(), "chunk {chunk}");
+            for r in 0..whole.len() {
+                assert_eq!(pairs(read.row(r)), pairs(whole.row(r)), "chunk {chunk}");
+            }
+            assert_eq!(read.labels(), whole.labels());
+        }
+        let bad = b"1 1:1\n0 2:1\n\n1 3:x\n";
+        std::fs::write(&path, bad).unwrap();
+        for chunk in [3, 1 << 20] {
+            let e = read_in_chunks(&path, IndexBase::One, chunk).unwrap_err();
+            assert_eq!((e.line, e.column), (4, 5), "chunk {chunk}: {e}");
+        }
+        // The base found over files read in chunks names the line of the whole file.
+        std::fs::write(&path, b"1 1:1\n0 2:1\n1 0:1\n").unwrap();
+        let (base, why) = IndexBase::Auto.resolve_files([path.as_path()]).unwrap();
+        assert_eq!(base, IndexBase::Zero);
+        assert_eq!(why.map(|(_, line, col)| (line, col)), Some((3, 3)));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Click data costs four bytes a feature: four-byte ids and no values while every value

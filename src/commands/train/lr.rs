@@ -17,7 +17,7 @@ use crate::apps::plot::{Curve, write_svg};
 use crate::commands::parse::{at_least_one, non_negative_finite, output_file, positive_finite};
 use crate::commands::signals::{self, Stop};
 use crate::commands::{CliError, runtime};
-use crate::data::libsvm::{Examples, IndexBase, parse_whole, read_bytes};
+use crate::data::libsvm::{Examples, IndexBase, read_streaming};
 
 /// Train sparse logistic regression on LIBSVM data (the default application).
 ///
@@ -223,15 +223,14 @@ fn load(args: &LrArgs) -> Result<(Examples, Examples, IndexBase), CliError> {
         args.data.display().to_string(),
         args.test.display().to_string(),
     );
-    let train_text = read_bytes(&args.data).map_err(CliError::input)?;
-    let test_text = read_bytes(&args.test).map_err(CliError::input)?;
-    let files = [
-        (train_name.as_str(), &train_text[..]),
-        (test_name.as_str(), &test_text[..]),
-    ];
-    let (base, zero) = args.index_base.resolve(files).map_err(CliError::input)?;
-    let train = parse_whole(&train_name, &train_text, base).map_err(CliError::input)?;
-    let test = parse_whole(&test_name, &test_text, base).map_err(CliError::input)?;
+    // Read a few megabytes at a time, twice where the base is to be found: the text of a
+    // large file is never held whole beside its parsed rows.
+    let (base, zero) = args
+        .index_base
+        .resolve_files([args.data.as_path(), args.test.as_path()])
+        .map_err(CliError::input)?;
+    let train = read_streaming(&args.data, base).map_err(CliError::input)?;
+    let test = read_streaming(&args.test, base).map_err(CliError::input)?;
     match (args.index_base, zero) {
         (IndexBase::Auto, Some((file, line, column))) => {
             eprintln!("index base 0: index 0 at {file}:{line}:{column}")
