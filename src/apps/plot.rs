@@ -98,6 +98,7 @@ mod tests {
                 nnz: 10 * e as usize,
                 rows: 100,
                 pulled_ahead: 0,
+                train_secs: 0.1,
                 epoch_secs: 0.1,
                 secs: 0.1 * f64::from(e) + shift,
                 bytes_sent: 0,

@@ -168,5 +168,6 @@ pub(super) fn reached(
         cpu_secs_per_mrow: cpu.map(|c| c / rows * 1e6),
         peak_rss_mb: peak,
         auc: auc(&scores, test.labels()),
+        measure_secs: None,
     })
 }
