@@ -812,8 +812,8 @@ pub struct Trained {
 /// every epoch; `on_epoch` sees each report as it is made.
 pub async fn train_local(
     cfg: &LrConfig,
-    train: Examples,
-    test: Examples,
+    train: impl Into<Arc<Examples>>,
+    test: impl Into<Arc<Examples>>,
     on_epoch: impl FnMut(&EpochReport),
 ) -> Result<Trained, RuntimeError> {
     let counter = RowsTrained::default();
@@ -825,13 +825,15 @@ pub async fn train_local(
 /// `counter` counts the rows trained as training goes.
 pub async fn train_local_until(
     cfg: &LrConfig,
-    train: Examples,
-    test: Examples,
+    train: impl Into<Arc<Examples>>,
+    test: impl Into<Arc<Examples>>,
     counter: &RowsTrained,
     mut on_epoch: impl FnMut(&EpochReport),
     stop: impl Future<Output = ()>,
 ) -> Result<Trained, RuntimeError> {
     let began = Instant::now();
+    // Shared, never copied: a run holds one copy of the rows, however many runs share it.
+    let (train, test): (Arc<Examples>, Arc<Examples>) = (train.into(), test.into());
     let mut spec = ClusterSpec::of(cfg.protocol_job());
     // The job's keys are the data's features: the ring spreads them over every server, where
     // over the whole 64-bit key space they would all fall to one.
@@ -859,15 +861,14 @@ pub async fn train_local_until(
         Some(transports) => transports.values().map(|t| t.stats().bytes_sent).sum(),
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
-    // Shares are contiguous runs of rows: dealt from a seeded permutation, each holds a fair
-    // sample of a file sorted by label (or by anything else), not one end of it.
-    // The permutation is what is dealt: the rows themselves are not copied.
+    // Shares are contiguous runs of a seeded permutation of the rows: each holds a fair
+    // sample of a file sorted by label (or by anything else), not one end of it. The
+    // permutation is what is dealt; the rows themselves are not copied.
     let mut dealt: Vec<usize> = (0..train.len()).collect();
     if cfg.shuffle {
         crate::seeded::shuffle(&mut dealt, crate::seeded::mix(cfg.seed ^ 0x5a17));
     }
     let dealt = Arc::new(dealt);
-    let (train, test) = (std::sync::Arc::new(train), std::sync::Arc::new(test));
     let tasks: Vec<_> = cluster
         .workers
         .iter()

@@ -71,8 +71,11 @@ impl IndexBase {
         self,
         paths: impl IntoIterator<Item = &'a Path>,
     ) -> Result<(IndexBase, Option<ZeroAt>), DataError> {
-        if self == IndexBase::Zero {
-            return Ok((IndexBase::Zero, None));
+        match self {
+            IndexBase::Zero => return Ok((IndexBase::Zero, None)),
+            // The parser refuses an index 0 itself, naming its line: no pass needed.
+            IndexBase::One => return Ok((IndexBase::One, None)),
+            IndexBase::Auto => {}
         }
         for path in paths {
             let name = path.display().to_string();
@@ -185,13 +188,6 @@ impl Ids {
                 }
             },
             Ids::Wide(v) => v.push(id),
-        }
-    }
-
-    fn capacity(&self) -> usize {
-        match self {
-            Ids::Narrow(v) => v.capacity(),
-            Ids::Wide(v) => v.capacity(),
         }
     }
 
@@ -360,7 +356,7 @@ impl Examples {
             None if value == 1.0 => {}
             None => {
                 // The first value that is not 1: from now on every value is kept.
-                let mut values = Vec::with_capacity(self.ids.capacity().max(self.ids.len() + 1));
+                let mut values = Vec::with_capacity(self.ids.len() * 2 + 1);
                 values.resize(self.ids.len(), 1.0);
                 values.push(value);
                 self.values = Some(values);
@@ -626,14 +622,27 @@ fn chunks_of(
             // A line longer than the buffer: make room for it.
             buf.resize(buf.len() * 2, 0);
         }
-        let n = reader.read(&mut buf[filled..]).map_err(|e| {
-            fail(if gz {
-                format!("not a valid gzip file: {e}")
-            } else {
-                format!("cannot read: {e}")
-            })
-        })?;
-        filled += n;
+        // Fill the buffer (a decompressor returns a little at a time), so that `f` sees a
+        // few megabytes a call and the last newline is looked for once per buffer.
+        let mut n = 0;
+        while filled < buf.len() {
+            let read = match reader.read(&mut buf[filled..]) {
+                Ok(read) => read,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(fail(if gz {
+                        format!("not a valid gzip file: {e}")
+                    } else {
+                        format!("cannot read: {e}")
+                    }));
+                }
+            };
+            if read == 0 {
+                break;
+            }
+            filled += read;
+            n += read;
+        }
         if n == 0 {
             if filled > 0 {
                 f(&buf[..filled], lines)?;
@@ -667,10 +676,13 @@ fn read_in_chunks(path: &Path, base: IndexBase, chunk: usize) -> Result<Examples
     };
     let mut out = Examples::new();
     // Every feature takes at least four bytes ("1:1 "): room for them all, which costs
-    // address space only until it is written.
-    let len = std::fs::metadata(path).map_or(0, |m| m.len() as usize);
+    // address space only until it is written, up to a bound past which the list grows as
+    // it goes rather than ask for more address space than a machine may grant at once.
+    const MOST: u64 = 1 << 26;
+    let len = std::fs::metadata(path).map_or(0, |m| m.len());
     let gz = path.extension().is_some_and(|e| e == "gz");
-    out.ids.reserve(if gz { len * 2 } else { len / 4 });
+    let room = if gz { len.saturating_mul(2) } else { len / 4 }.min(MOST);
+    out.ids.reserve(usize::try_from(room).unwrap_or(0));
     let one_based = base == IndexBase::One;
     chunks_of(path, chunk, |text, lines| {
         parse_into(&mut out, &name, text, one_based, lines)

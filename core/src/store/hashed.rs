@@ -205,10 +205,15 @@ impl<V: Value> HashedStore<V> {
     /// and moves the hashed rows there into it.
     fn rebuild_direct(&mut self, base: Key, keys: usize) {
         let stride = self.stride();
-        if base == self.base || self.direct_keys == 0 {
+        if self.direct_keys == 0 {
+            // Zeroed memory from the allocator: pages of a span laid out up front cost
+            // nothing until a row of theirs is written.
+            self.direct = vec![V::default(); keys * stride];
+            self.present = vec![0; keys.div_ceil(64)];
+            self.base = base;
+        } else if base == self.base {
             self.direct.resize(keys * stride, V::default());
             self.present.resize(keys.div_ceil(64), 0);
-            self.base = base;
         } else {
             let old = std::mem::replace(&mut self.direct, vec![V::default(); keys * stride]);
             let old_present = std::mem::replace(&mut self.present, vec![0; keys.div_ceil(64)]);

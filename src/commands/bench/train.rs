@@ -7,6 +7,7 @@
 //! trains one pass over the same rows in the same run (its figure includes its own parsing,
 //! which it does on a thread of its own).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use pserver_core::{Key, KvPairs, UpdateRule};
@@ -249,15 +250,15 @@ fn floor(cfg: &LrConfig, train: &Examples, test: &Examples) -> Reached {
 async fn pserver(
     cfg: &LrConfig,
     (servers, workers, wire): (usize, usize, Wire),
-    train: &Examples,
-    test: &Examples,
+    train: &Arc<Examples>,
+    test: &Arc<Examples>,
 ) -> Result<Reached, BenchError> {
     let mut cfg = cfg.clone();
     cfg.job.servers = servers;
     cfg.job.workers = workers;
     cfg.transport = wire;
     let cpu0 = cpu_secs();
-    let trained = train_local(&cfg, train.clone(), test.clone(), |_| {}).await?;
+    let trained = train_local(&cfg, Arc::clone(train), Arc::clone(test), |_| {}).await?;
     let cpu = cpu_secs().zip(cpu0).map(|(b, a)| b - a);
     let rows: usize = trained.reports.iter().map(|r| r.rows).sum();
     // The steps alone, as the floor's time leaves out its AUC; the measurement of the model
@@ -285,6 +286,7 @@ pub(super) async fn run_train_bench(
     emit: &mut impl FnMut(Measure),
 ) -> Result<(), BenchError> {
     let (train, test) = data(size, emit)?;
+    let (train, test) = (Arc::new(train), Arc::new(test));
     let cfg = LrConfig {
         epochs: size.epochs,
         // In file order, as the floor: the generated rows are in random order already.

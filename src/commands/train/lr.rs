@@ -3,6 +3,7 @@
 use std::cell::Cell;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -161,6 +162,8 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
         .map(|&c| Ok((c, config(args, c)?)))
         .collect::<Result<Vec<_>, CliError>>()?;
     let (train, test, base) = load(args)?;
+    // One copy of the rows, shared by every run.
+    let (train, test) = (Arc::new(train), Arc::new(test));
     let rt = runtime()?;
     let mut runs = Vec::new();
     let mut stopped = None;
@@ -273,7 +276,7 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
 fn train_until_stopped(
     rt: &Runtime,
     cfg: &LrConfig,
-    (train, test): (&Examples, &Examples),
+    (train, test): (&Arc<Examples>, &Arc<Examples>),
     prefix: &str,
     every: Duration,
 ) -> Result<(Trained, Option<Stop>), CliError> {
@@ -293,8 +296,8 @@ fn train_until_stopped(
     let began = Instant::now();
     let training = train_local_until(
         cfg,
-        train.clone(),
-        test.clone(),
+        Arc::clone(train),
+        Arc::clone(test),
         &counter,
         |r| {
             bar.suspend(|| {
