@@ -261,8 +261,9 @@ impl<'a> IdSlice<'a> {
 }
 
 /// One example: its features' ids in increasing order, and their values (none stored when
-/// every value of the set is 1, as in click data).
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// every value of the set is 1, as in click data). Rows are equal when their features are,
+/// however they are stored.
+#[derive(Clone, Copy, Debug)]
 pub struct Row<'a> {
     ids: IdSlice<'a>,
     values: Option<&'a [f32]>,
@@ -300,8 +301,9 @@ impl<'a> Row<'a> {
 
 /// Examples in compressed sparse rows: labels, and per example a run of feature ids and
 /// values, held compactly: four-byte ids while every id fits (eight otherwise), and no values
-/// at all while every value is 1, so that click-like data costs four bytes a feature.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// at all while every value is 1, so that click-like data costs four bytes a feature. Sets
+/// are equal when their labels and rows are, however they are stored.
+#[derive(Clone, Debug, Default)]
 pub struct Examples {
     labels: Vec<f32>,
     /// Start of each example's features in `ids`/`values`, plus the end.
@@ -309,6 +311,18 @@ pub struct Examples {
     ids: Ids,
     /// `None` while every value is 1.
     values: Option<Vec<f32>>,
+}
+
+impl PartialEq for Row<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl PartialEq for Examples {
+    fn eq(&self, other: &Self) -> bool {
+        self.labels == other.labels && (0..self.len()).all(|r| self.row(r) == other.row(r))
+    }
 }
 
 impl Examples {
@@ -909,6 +923,11 @@ mod tests {
         assert_eq!(pairs(ex.row(1)), [(2, 0.5), (5_000_000_000, 1.0)]);
         assert_eq!(pairs(ex.row(2)), [(4, 1.0)]);
         assert_eq!(ex.dimensions(), 5_000_000_001);
+        // Stored differently, the same rows are equal.
+        let narrow = parse("t", b"1 3:1 7:1\n", IndexBase::Zero).unwrap();
+        assert_eq!(narrow.row(0), ex.row(0));
+        assert_eq!(narrow, ex.head(1));
+        assert_ne!(narrow.row(0), ex.row(2));
         // A line refused halfway leaves nothing of itself behind.
         let err = parse("t", b"1 3:1\n0 2:0.5 9:x\n", IndexBase::Zero);
         assert!(err.is_err());
