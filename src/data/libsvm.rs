@@ -481,15 +481,19 @@ pub fn shard(text: &[u8], shard: usize, shards: usize) -> Range<usize> {
     cut(shard)..cut(shard + 1).max(cut(shard))
 }
 
-/// Reads the bytes of the file at `path`, decompressed if its name ends in `.gz`.
-pub fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
-    let name = path.display().to_string();
-    let fail = |message: String| DataError {
-        path: name.clone(),
+/// An error about the whole file at `path`, not one of its lines.
+fn file_error(path: &Path, message: String) -> DataError {
+    DataError {
+        path: path.display().to_string(),
         line: 0,
         column: 0,
         message,
-    };
+    }
+}
+
+/// Reads the bytes of the file at `path`, decompressed if its name ends in `.gz`.
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
+    let fail = |message: String| file_error(path, message);
     let raw = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
     if path.extension().is_none_or(|e| e != "gz") {
         return Ok(raw);
@@ -613,13 +617,7 @@ fn chunks_of(
     mut f: impl FnMut(&[u8], usize) -> Result<(), DataError>,
 ) -> Result<(), DataError> {
     use std::io::Read;
-    let name = path.display().to_string();
-    let fail = |message: String| DataError {
-        path: name.clone(),
-        line: 0,
-        column: 0,
-        message,
-    };
+    let fail = |message: String| file_error(path, message);
     let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot read: {e}")))?;
     let gz = path.extension().is_some_and(|e| e == "gz");
     let mut reader: Box<dyn Read> = if gz {
