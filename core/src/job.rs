@@ -286,6 +286,35 @@ mod tests {
         assert_eq!(job.worker_config(NodeId(3)).width, 3);
     }
 
+    /// A server of a job that declares a small key space lays its shards' parts of it out up
+    /// front; one of a job that declares none, or one too large to lay out, does not.
+    #[test]
+    fn a_declared_key_space_is_laid_out_up_front_and_no_other() {
+        for (space, laid_out) in [(1000, 1000), (u64::MAX, 0), (1 << 40, 0)] {
+            let mut job = JobSpec::new(1, 1);
+            job.store = StoreLayout::Hashed;
+            job.ring.key_space = space;
+            let (s, w) = (NodeId(1), NodeId(2));
+            let coordinator =
+                crate::coordinator::Coordinator::bootstrapped(job.coordinator_config(), &[s], &[w])
+                    .expect("a job that can run");
+            let config = coordinator.config().cloned().expect("a configuration");
+            let mut d = job.driver::<f32>(s, 0).expect("a server of the job");
+            d.start_configured(0, config);
+            let crate::driver::Node::Server(server) = d.node() else {
+                panic!("node 1 is not a server");
+            };
+            let spans: usize = server
+                .shard_stores()
+                .map(|store| match store {
+                    crate::store::Store::Hashed(h) => h.direct_keys(),
+                    crate::store::Store::Ordered(_) => 0,
+                })
+                .sum();
+            assert_eq!(spans, laid_out, "key space {space}");
+        }
+    }
+
     #[test]
     fn servers_keep_their_rows_in_the_layout_the_job_names() {
         let mut job = JobSpec::new(1, 1);

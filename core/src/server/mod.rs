@@ -241,6 +241,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         &self.template
     }
 
+    /// Every shard's store.
+    #[cfg(test)]
+    pub(crate) fn shard_stores(&self) -> impl Iterator<Item = &S> + '_ {
+        self.shards.values().map(|s| &s.store)
+    }
+
     /// This server's id.
     pub fn id(&self) -> NodeId {
         self.cfg.id

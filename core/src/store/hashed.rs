@@ -128,7 +128,7 @@ impl<V: Value> HashedStore<V> {
 
     /// Keys the direct part covers.
     #[cfg(test)]
-    pub(super) fn direct_keys(&self) -> usize {
+    pub(crate) fn direct_keys(&self) -> usize {
         self.direct_keys
     }
 
