@@ -107,6 +107,15 @@ pub struct HashedStore<V> {
     sorted: OnceLock<Vec<usize>>,
 }
 
+/// Whether bit `i` of `bits` is set.
+fn bit(bits: &[u64], i: usize) -> bool {
+    bits[i / 64] & (1 << (i % 64)) != 0
+}
+
+fn set_bit(bits: &mut [u64], i: usize) {
+    bits[i / 64] |= 1 << (i % 64);
+}
+
 impl<V: Value> HashedStore<V> {
     /// An empty store of rows `width` wide with `aux_width` updater values per value.
     pub fn new(width: usize, aux_width: usize) -> Self {
@@ -138,7 +147,7 @@ impl<V: Value> HashedStore<V> {
     }
 
     fn is_present(&self, key: usize) -> bool {
-        self.present[key / 64] & (1 << (key % 64)) != 0
+        bit(&self.present, key)
     }
 
     /// The offset of `key` in the direct part, if it lies there.
@@ -184,7 +193,7 @@ impl<V: Value> HashedStore<V> {
         }
         if let Some(k) = self.offset(key) {
             if !self.is_present(k) {
-                self.present[k / 64] |= 1 << (k % 64);
+                set_bit(&mut self.present, k);
                 self.direct_len += 1;
             }
             return At::Direct(k);
@@ -218,11 +227,11 @@ impl<V: Value> HashedStore<V> {
             let old = std::mem::replace(&mut self.direct, vec![V::default(); keys * stride]);
             let old_present = std::mem::replace(&mut self.present, vec![0; keys.div_ceil(64)]);
             let shift = (self.base - base) as usize;
-            for k in (0..self.direct_keys).filter(|&k| old_present[k / 64] & (1 << (k % 64)) != 0) {
+            for k in (0..self.direct_keys).filter(|&k| bit(&old_present, k)) {
                 let to = k + shift;
                 self.direct[to * stride..(to + 1) * stride]
                     .copy_from_slice(&old[k * stride..(k + 1) * stride]);
-                self.present[to / 64] |= 1 << (to % 64);
+                set_bit(&mut self.present, to);
             }
             self.base = base;
         }

@@ -97,7 +97,13 @@ fn reset_peak_rss() -> bool {
 
 /// The peak resident set of this process so far, in MB, from `/proc/self/status`.
 fn peak_rss_mb() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    peak_rss_mb_of("self")
+}
+
+/// The peak resident set of process `pid` (or `self`) so far, in MB, from its
+/// `/proc/<pid>/status`.
+pub(super) fn peak_rss_mb_of(pid: impl std::fmt::Display) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::BenchError;
-use super::train::{Reached, cpu_secs_of_children};
+use super::train::{Reached, cpu_secs_of_children, peak_rss_mb_of};
 use crate::apps::lr::auc;
 use crate::data::libsvm::Examples;
 
@@ -44,14 +44,6 @@ fn write_vw(data: &Examples, path: &Path) -> Result<(), BenchError> {
     }
     out.flush()?;
     Ok(())
-}
-
-/// The peak resident set of process `pid` so far, in MB.
-fn peak_rss_mb_of(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb / 1024.0)
 }
 
 /// Runs `vw` with `args` to its end; returns its wall-clock seconds, CPU seconds and peak
