@@ -67,7 +67,7 @@ pub enum RingError {
     #[error("server {0} is not in the ring")]
     UnknownServer(NodeId),
     /// `replicas` must be smaller than the number of servers.
-    #[error("{replicas} replicas need at least {} servers, but the ring has {servers}", replicas + 1)]
+    #[error("{replicas} replicas need at least {} servers, but the ring has {servers}", u64::from(*replicas) + 1)]
     TooFewServers {
         /// Replicas asked for.
         replicas: u32,

@@ -106,6 +106,11 @@ fn bad_configurations_are_refused_with_a_reason() {
             servers: 2
         })
     );
+    let most = Ring::new(servers(2), config(8, u32::MAX, 0)).unwrap_err();
+    assert_eq!(
+        most.to_string(),
+        "4294967295 replicas need at least 4294967296 servers, but the ring has 2"
+    );
     assert_eq!(
         Ring::new(servers(2), config(0, 1, 0)),
         Err(RingError::BadVnodes(0))

@@ -341,6 +341,16 @@ fn nodes(nodes: Vec<RawNode>, origin: &Origin<'_>) -> Result<Nodes, ClusterFileE
                 format!("`{}` is not an address like 127.0.0.1:7400", node.address),
             )
         })?;
+        if address.port() == 0 {
+            // Port 0 asks the system for any free port, which no other node could know.
+            return Err(origin.invalid(
+                &field("address"),
+                format!(
+                    "`{}` has port 0: every node needs a fixed port the others can reach",
+                    node.address
+                ),
+            ));
+        }
         let id = NodeId(node.id);
         if addresses.insert(id, address).is_some() {
             return Err(origin.invalid(&field("id"), format!("node id {} appears twice", node.id)));
@@ -391,7 +401,7 @@ fn spec(
             format!(
                 "{} replicas need at least {} servers, but the file names {servers}",
                 spec.job.ring.replicas,
-                spec.job.ring.replicas + 1
+                u64::from(spec.job.ring.replicas) + 1
             ),
         ));
     }

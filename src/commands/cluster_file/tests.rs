@@ -248,3 +248,23 @@ fn a_ring_may_declare_the_jobs_key_space_but_not_an_empty_one() {
         "{e}"
     );
 }
+
+#[test]
+fn a_port_zero_address_is_refused_by_name() {
+    let any_port = GOOD.replace("127.0.0.1:7401", "127.0.0.1:0");
+    let e = parse(&any_port).unwrap_err().to_string();
+    assert!(
+        e.starts_with("/etc/pserver/c.toml: node[1].address: `127.0.0.1:0` has port 0"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_largest_replica_count_is_refused_without_wrapping_around() {
+    let most = format!("{GOOD}[ring]\nreplicas = {}\n", u32::MAX);
+    let e = parse(&most).unwrap_err().to_string();
+    assert!(
+        e.contains("4294967295 replicas need at least 4294967296 servers, but the file names 1"),
+        "{e}"
+    );
+}
