@@ -41,12 +41,15 @@ enum Command {
     /// Run one server of a cluster described by a cluster file, until SIGINT or SIGTERM.
     ///
     /// On exit it prints `server nN keys=K total=T refused=R`, and with --dump writes one
-    /// `key_index total` line per key it holds.
+    /// `key_index total` line per key it holds. A server the coordinator removed from the
+    /// cluster (fenced, after a silence past the heartbeat timeout) exits at once with status
+    /// 3 and says so, freeing its port: restart it with the same id to rejoin.
     Server(node::NodeArgs),
     /// Run one worker of a cluster described by a cluster file: the job's script (pull every
     /// key, compute, push, advance, for each iteration), then exit.
     ///
-    /// Prints `worker nN iterations=I pushes=P pushed_sum=S` when done.
+    /// Prints `worker nN iterations=I pushes=P pushed_sum=S` when done. A worker the
+    /// coordinator removed from the cluster (fenced) exits with status 3 and says so.
     Worker(node::NodeArgs),
     Local(local::LocalArgs),
     Bench(bench::BenchArgs),

@@ -407,6 +407,139 @@ fn a_server_killed_mid_job_over_tcp_loses_no_push() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Sends `signal` (`-STOP`, `-CONT`, `-INT`) to `child`.
+fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal}");
+}
+
+/// A thread reading `child`'s stderr: it sends one `()` per line containing `needle`, and
+/// returns the whole log once the stream closes.
+fn watch_log(
+    child: &mut Child,
+    needle: &'static str,
+) -> (
+    std::sync::mpsc::Receiver<()>,
+    std::thread::JoinHandle<String>,
+) {
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (seen, lines) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut log = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains(needle) {
+                let _ = seen.send(());
+            }
+            log += &line;
+            log.push('\n');
+        }
+        log
+    });
+    (lines, reader)
+}
+
+#[test]
+fn a_fenced_server_process_exits_and_frees_its_port() {
+    const SERVERS3: u32 = 3;
+    const WORKERS2: u32 = 2;
+    const LONG: u32 = 60;
+    let dir = std::env::temp_dir().join(format!("pserver-fence-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
+    let ports: Vec<u16> = (0..=SERVERS3 + WORKERS2).map(|_| free_port()).collect();
+    // One replica per range: the others go on without the paused server and lose nothing.
+    let config = write_cluster(&dir, &ports, SERVERS3, "bounded:1", LONG, 25);
+    let config_arg = config.to_str().unwrap();
+    let dumps: Vec<PathBuf> = (1..=SERVERS3)
+        .map(|s| dir.join(format!("server{s}.totals")))
+        .collect();
+    let mut children = Children(Vec::new());
+    for id in 0..=SERVERS3 + WORKERS2 {
+        let role = match id {
+            0 => "coordinator",
+            i if i <= SERVERS3 => "server",
+            _ => "worker",
+        };
+        let id_arg = id.to_string();
+        let mut args = vec![role, "--config", config_arg, "--id", &id_arg];
+        let dump = (role == "server").then(|| dumps[id as usize - 1].to_str().unwrap().to_owned());
+        if let Some(dump) = &dump {
+            args.extend(["--dump", dump]);
+        }
+        let log = if role == "worker" { "info" } else { "warn" };
+        let child = pserver(&args)
+            .env("RUST_LOG", log)
+            .spawn()
+            .expect("start a node");
+        children.0.push((format!("{role} {id}"), child));
+    }
+    let (deaths, coordinator_log) = watch_log(&mut children.0[0].1, "node declared dead");
+    let first_worker = 1 + SERVERS3 as usize;
+    let (iterations, worker_log) = watch_log(&mut children.0[first_worker].1, "iteration done");
+    for done in 0..3 {
+        if iterations.recv_timeout(Duration::from_secs(60)).is_err() {
+            drop(children);
+            let log = worker_log.join().unwrap_or_default();
+            panic!("the first worker finished {done} iterations, then none for 60 s:\n{log}");
+        }
+    }
+    // Pause server 1 until the coordinator declares it dead, then let it run again.
+    signal(&children.0[1].1, "-STOP");
+    let declared = deaths.recv_timeout(Duration::from_secs(60));
+    signal(&children.0[1].1, "-CONT");
+    assert!(
+        declared.is_ok(),
+        "the coordinator never declared the paused server dead"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (name, mut fenced) = children.0.remove(1);
+    wait_for(&mut fenced, deadline, &name);
+    let out = fenced.wait_with_output().expect("output");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{name}: {err}");
+    assert!(
+        err.contains("server n1 was removed from the cluster (fenced)"),
+        "{name}: {err}"
+    );
+    TcpListener::bind(("127.0.0.1", ports[1])).expect("the fenced server's port is free");
+    // The rest of the job runs to its end, and the survivors hold every push exactly once.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let workers_at = first_worker - 1;
+    for (name, mut child) in children.0.drain(workers_at..) {
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().expect("output");
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains(&format!("iterations={LONG}")),
+            "{name}"
+        );
+    }
+    drop(worker_log.join());
+    for (_, child) in &children.0 {
+        signal(child, "-INT");
+    }
+    for (name, mut child) in children.0.drain(..) {
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().expect("output");
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+    }
+    drop(coordinator_log.join());
+    let workers = (SERVERS3 + 1..=SERVERS3 + WORKERS2).map(NodeId);
+    assert_eq!(
+        summed_dumps(&dumps[1..]),
+        expected_totals(LONG, workers),
+        "the survivors hold every push exactly once"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn one_process_over_a_lossy_duplicating_network_ends_with_the_same_exact_totals() {
     for consistency in [Consistency::BoundedDelay(2), Consistency::Sequential] {
@@ -471,6 +604,26 @@ fn a_bad_cluster_file_a_port_in_use_or_no_coordinator_is_one_line_and_status_2()
     let err = text(&out.stderr);
     assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+
+    // A dump file that cannot be written is said before the node waits for anybody.
+    let nowhere = dir.join("no-such-dir").join("dump.txt");
+    let out = pserver(&[
+        "server",
+        "--config",
+        config.to_str().unwrap(),
+        "--id",
+        "2",
+        "--join-timeout-secs",
+        "20",
+        "--dump",
+        nowhere.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("dump.txt: cannot write"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
 
     // Nobody else runs: the coordinator is unreachable.
     let out = pserver(&[

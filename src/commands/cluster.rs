@@ -489,8 +489,17 @@ pub fn server_totals(report: &NodeReport<Driver<i64>>, script: &Script) -> Vec<i
 async fn until_signal<V: Value>(
     node: NodeHandle<Driver<V>>,
 ) -> Result<NodeReport<Driver<V>>, RunError> {
-    super::signals::stop_requested().await;
-    Ok(node.shutdown().await?)
+    let report = node
+        .run_until(async {
+            super::signals::stop_requested().await;
+        })
+        .await?;
+    // A fenced node ends its process: the cluster went on without it, and its id and port
+    // must be free for a restart.
+    if report.fenced {
+        return Err(RunError::Runtime(RuntimeError::Fenced));
+    }
+    Ok(report)
 }
 
 /// A whole cluster in one process.

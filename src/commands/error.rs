@@ -29,6 +29,10 @@ pub enum CliError {
     /// shell's convention for a process ended by SIGTERM.
     #[error("terminated")]
     Terminated,
+    /// The coordinator removed this node from the cluster, and the cluster went on without
+    /// it. Exit status 3: restarting the node with the same id rejoins.
+    #[error("{0}")]
+    Fenced(String),
 }
 
 impl CliError {
@@ -47,6 +51,7 @@ impl CliError {
         match self {
             CliError::Input(_) => 2,
             CliError::Failed(_) | CliError::Found => 1,
+            CliError::Fenced(_) => 3,
             CliError::Interrupted => 130,
             CliError::Terminated => 143,
         }
@@ -59,7 +64,10 @@ pub fn exit(result: Result<(), CliError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            if let CliError::Input(message) | CliError::Failed(message) = &e {
+            if let CliError::Input(message)
+            | CliError::Failed(message)
+            | CliError::Fenced(message) = &e
+            {
                 eprintln!("error: {message}");
             }
             ExitCode::from(e.exit_status())

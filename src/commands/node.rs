@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pserver_core::{NodeId, Role};
+use pserver_transport::runtime::RuntimeError;
 
 use super::CliError;
-use super::cluster::{self, NodeOutcome};
+use super::cluster::{self, NodeOutcome, RunError};
 use super::cluster_file::ClusterFile;
 
 /// The arguments of `pserver coordinator`, `pserver server` and `pserver worker`.
@@ -43,10 +44,25 @@ pub fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
             args.id
         )));
     }
+    if let Some(path) = &args.dump {
+        // Found out now, not after the whole job has run.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))?;
+    }
     let join = Duration::from_secs(args.join_timeout_secs);
     let outcome = super::runtime()?
         .block_on(cluster::run_node(&file, id, join))
-        .map_err(CliError::input)?;
+        .map_err(|e| match e {
+            RunError::Runtime(RuntimeError::Fenced) => CliError::Fenced(format!(
+                "{role} {id} was removed from the cluster (fenced): the coordinator went on \
+                 without it, as it does with a node silent past its timeout; restart it to rejoin"
+            )),
+            e => CliError::input(e),
+        })?;
     match outcome {
         NodeOutcome::Coordinator => {}
         NodeOutcome::Server { totals, refused } => {

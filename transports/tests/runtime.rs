@@ -196,7 +196,10 @@ fn a_worker_declared_dead_is_fenced_and_says_so() {
         })
         .await??;
         assert_eq!(pushed, RuntimeError::Fenced);
-        assert_eq!(worker.advance().await, Err(RuntimeError::ShutDown));
+        // Every later call says why too, not only that the node is gone.
+        assert_eq!(worker.advance().await, Err(RuntimeError::Fenced));
+        let keys = KeySelection::Keys(KeyList::new(vec![1])?);
+        assert_eq!(worker.pull(keys).await, Err(RuntimeError::Fenced));
         cluster.shutdown().await?;
         Ok::<(), Box<dyn std::error::Error>>(())
     })

@@ -1,7 +1,9 @@
 //! What the application holds: cheap, cloneable handles that talk to a node's event loop over
 //! bounded queues.
 
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 
 use pserver_core::{
@@ -111,6 +113,8 @@ impl<V: Value> Command<V> {
 pub struct WorkerHandle<V: Value> {
     pub(crate) commands: mpsc::Sender<Command<V>>,
     pub(crate) ready: watch::Receiver<Option<Epoch>>,
+    /// Why the event loop ended, once it has: a call made afterwards fails with it.
+    pub(crate) ended: Arc<OnceLock<RuntimeError>>,
 }
 
 impl<V: Value> Clone for WorkerHandle<V> {
@@ -118,11 +122,17 @@ impl<V: Value> Clone for WorkerHandle<V> {
         WorkerHandle {
             commands: self.commands.clone(),
             ready: self.ready.clone(),
+            ended: Arc::clone(&self.ended),
         }
     }
 }
 
 impl<V: Value> WorkerHandle<V> {
+    /// Why a call found the event loop gone: fenced, or shut down.
+    fn gone(&self) -> RuntimeError {
+        self.ended.get().cloned().unwrap_or(RuntimeError::ShutDown)
+    }
+
     async fn call<T>(
         &self,
         make: impl FnOnce(oneshot::Sender<Result<T, RuntimeError>>) -> Command<V>,
@@ -131,13 +141,13 @@ impl<V: Value> WorkerHandle<V> {
         self.commands
             .send(make(tx))
             .await
-            .map_err(|_| RuntimeError::ShutDown)?;
-        rx.await.map_err(|_| RuntimeError::ShutDown)?
+            .map_err(|_| self.gone())?;
+        rx.await.map_err(|_| self.gone())?
     }
 
     /// Waits until the worker has its first configuration; returns its epoch.
     pub async fn ready(&self) -> Result<Epoch, RuntimeError> {
-        wait_ready(&self.ready).await
+        wait_ready(&self.ready).await.map_err(|_| self.gone())
     }
 
     /// Pushes `kvs` in the current iteration; returns once the push counts for the iteration
@@ -182,10 +192,7 @@ impl<V: Value> WorkerHandle<V> {
             done: done_tx,
             durable: durable_tx,
         };
-        self.commands
-            .send(command)
-            .await
-            .map_err(|_| RuntimeError::ShutDown)?;
+        self.commands.send(command).await.map_err(|_| self.gone())?;
         Ok(PushTicket {
             done: Stage::Waiting(done),
             durable,
@@ -211,7 +218,7 @@ impl<V: Value> WorkerHandle<V> {
         self.commands
             .send(Command::Pull(keys, tx))
             .await
-            .map_err(|_| RuntimeError::ShutDown)?;
+            .map_err(|_| self.gone())?;
         Ok(async move { rx.await.map_err(|_| RuntimeError::ShutDown)? })
     }
 
@@ -299,6 +306,8 @@ pub struct NodeReport<N> {
     pub refusals: Refusals,
     /// Frames the transport would not take.
     pub send_errors: u64,
+    /// Whether the node stopped because the coordinator removed it from the cluster.
+    pub fenced: bool,
 }
 
 /// Controls one node's event loop: stop it, wait for it.
@@ -333,5 +342,26 @@ impl<N> NodeHandle<N> {
     /// Waits for the node to stop by itself (fenced, or its transport closed).
     pub async fn join(self) -> Result<NodeReport<N>, RuntimeError> {
         self.task.await.map_err(|_| RuntimeError::ShutDown)?
+    }
+
+    /// Runs the node until `stop` completes, then stops it as [`NodeHandle::shutdown`] does;
+    /// or until it stops by itself first ([`NodeReport::fenced`] says whether it was fenced).
+    /// A process serving a node waits here, so that a fenced node ends its process.
+    pub async fn run_until(
+        self,
+        stop: impl Future<Output = ()>,
+    ) -> Result<NodeReport<N>, RuntimeError> {
+        let NodeHandle {
+            stop: stopper,
+            mut task,
+            ..
+        } = self;
+        tokio::select! {
+            () = stop => {
+                let _ = stopper.send(true);
+            }
+            ended = &mut task => return ended.map_err(|_| RuntimeError::ShutDown)?,
+        }
+        task.await.map_err(|_| RuntimeError::ShutDown)?
     }
 }

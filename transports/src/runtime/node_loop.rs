@@ -1,7 +1,7 @@
 //! One node's event loop.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use pserver_core::store::ParamStore;
 use pserver_core::{
@@ -50,9 +50,11 @@ where
     let (stop_tx, stop_rx) = watch::channel(false);
     let (cmd_tx, cmd_rx) = mpsc::channel(cfg.command_queue.max(1));
     let (ready_tx, ready_rx) = watch::channel(None);
+    let ended = Arc::new(OnceLock::new());
     let worker = (role == Role::Worker).then(|| WorkerHandle {
         commands: cmd_tx,
         ready: ready_rx.clone(),
+        ended: Arc::clone(&ended),
     });
     let span = info_span!("node", id = %id, role = %role);
     let looped = NodeLoop {
@@ -67,6 +69,7 @@ where
         ready: ready_tx,
         send_errors: 0,
         fenced: false,
+        ended,
     };
     let task = tokio::spawn(looped.run(cmd_rx, stop_rx).instrument(span));
     let node = NodeHandle {
@@ -95,6 +98,8 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     ready: watch::Sender<Option<u64>>,
     send_errors: u64,
     fenced: bool,
+    /// Why the loop ended, for the worker handle's calls that come after.
+    ended: Arc<OnceLock<RuntimeError>>,
 }
 
 impl<V, U, S, T> NodeLoop<V, U, S, T>
@@ -194,11 +199,13 @@ where
         } else {
             RuntimeError::ShutDown
         };
+        let _ = self.ended.set(failure.clone());
         self.fail_all(&failure);
         info!(refused = self.driver.refusals().total(), "stopped");
         Ok(NodeReport {
             refusals: self.driver.refusals(),
             send_errors: self.send_errors,
+            fenced: self.fenced,
             node: self.driver,
         })
     }
