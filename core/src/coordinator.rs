@@ -236,19 +236,27 @@ impl Coordinator {
         let mut next = config.clone();
         next.workers.push(worker);
         next.workers.sort_unstable();
+        // Back in the job, its shares are its own again.
+        next.left.retain(|&w| w != worker);
         self.dead.remove(&worker);
         self.silent_checks.remove(&worker);
         self.members.insert(worker, Role::Worker);
         self.publish(next, out);
     }
 
-    /// A worker asking to leave is removed at once; its last job is to be fenced.
+    /// A worker asking to leave is removed at once, and its shares with it: they pass to
+    /// nobody, as a dead worker's would. Its last job is to be fenced.
     fn remove_worker<V: Value>(&mut self, worker: NodeId, out: &mut Effects<V>) {
         let Some(config) = &self.config else {
             return;
         };
         let mut next = config.clone();
         next.workers.retain(|&w| w != worker);
+        if let Err(at) = next.left.binary_search(&worker) {
+            next.left.insert(at, worker);
+        }
+        self.silent_checks.remove(&worker);
+        out.emit(Event::WorkerLeft(worker));
         self.publish(next, out);
     }
 
@@ -452,6 +460,7 @@ impl Coordinator {
             joining: Vec::new(),
             leaving: Vec::new(),
             shares: of(Role::Worker),
+            left: vec![],
             incarnations: Vec::new(),
         });
         if let Some(config) = &mut self.config {

@@ -64,6 +64,9 @@ pub enum Event<V: Value> {
     PullDone(RequestId, KvPairs<V>),
     /// The coordinator declared a node dead (coordinator only).
     NodeDead(NodeId),
+    /// A worker left the job on its own (coordinator only): done, or stopped by its operator.
+    /// Its shares pass to nobody ([`crate::ClusterConfig::left`]).
+    WorkerLeft(NodeId),
     /// The coordinator: this server is silent past the timeout, restarted, or asked to leave,
     /// but stays in the ring, because the servers left are too few for the ring's replicas. A
     /// silent server's ranges are not served until it answers again or servers join.

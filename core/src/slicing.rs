@@ -355,6 +355,7 @@ mod tests {
             joining: vec![],
             leaving: vec![],
             shares: vec![NodeId(9)],
+            left: vec![],
             incarnations: vec![],
         })
         .unwrap()

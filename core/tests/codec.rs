@@ -115,6 +115,8 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                 consistency,
                 (joining, leaving),
             )| {
+                // The field must round-trip: any members, drawn from the others.
+                let left = workers.iter().chain(&joining).copied().step_by(2).collect();
                 Message::Config(ClusterConfig {
                     epoch,
                     coordinator,
@@ -128,6 +130,7 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                         key_space: seed.rotate_left(17) | 1,
                     },
                     consistency,
+                    left,
                     incarnations: joining.iter().map(|&n| (n, epoch ^ 7)).collect(),
                     joining,
                     shares: leaving.iter().rev().copied().collect(),

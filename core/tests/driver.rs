@@ -26,6 +26,7 @@ fn config(workers: &[NodeId], consistency: Consistency) -> ClusterConfig {
         joining: Vec::new(),
         leaving: Vec::new(),
         shares: workers.to_vec(),
+        left: vec![],
         incarnations: Vec::new(),
     }
 }

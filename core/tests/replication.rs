@@ -1029,12 +1029,43 @@ fn a_dead_workers_share_of_the_work_passes_to_a_live_worker() {
     assert_eq!(c.config().shares, [w1, w1, w3]);
     assert!(c.run_until(10_000 * MS, |c| shares(c, w1) == [0, 1]));
     assert_eq!(shares(&c, w3), [2]);
-    // One that leaves hands its share on too.
+    // One that leaves on its own keeps its share: done with it, it passes it to nobody.
     c.driver(w3).leave().unwrap();
     c.collect();
     assert!(c.run_until(10_000 * MS, |c| c.events[&w3].contains(&Event::Fenced)));
-    assert_eq!(c.config().shares, [w1, w1, w1]);
-    assert!(c.run_until(10_000 * MS, |c| shares(c, w1) == [0, 1, 2]));
+    assert_eq!(c.config().workers, [w1]);
+    assert_eq!(c.config().left, [w3]);
+    assert_eq!(c.config().shares, [w1, w1, w3]);
+    assert_eq!(shares(&c, w1), [0, 1]);
+}
+
+#[test]
+fn a_worker_that_finishes_is_never_declared_dead() {
+    let mut c = Cluster::new(2, 2, 1, Consistency::Eventual);
+    let keys = Cluster::keys(8);
+    let (w1, w2) = (NodeId(3), NodeId(4));
+    c.iterate(w1, &keys);
+    c.iterate(w2, &keys);
+    assert!(c.run_until(10_000 * MS, |c| c.iteration(w1) == 1
+        && c.iteration(w2) == 1));
+    // The second worker is done: it leaves, and is silent from then on.
+    c.driver(w2).leave().unwrap();
+    c.collect();
+    assert!(c.run_until(10_000 * MS, |c| c.events[&w2].contains(&Event::Fenced)));
+    c.crash(w2);
+    // Far past the heartbeat timeout, while the other worker goes on.
+    for _ in 0..20 {
+        c.iterate(w1, &keys);
+        c.run_until(1_000 * MS, |_| false);
+    }
+    assert!(c.iteration(w1) >= 21, "the other worker went on");
+    let said = &c.events[&COORD];
+    assert!(said.contains(&Event::WorkerLeft(w2)), "{said:?}");
+    assert!(!said.contains(&Event::NodeDead(w2)), "{said:?}");
+    assert!(!c.coordinator().dead().contains(&w2));
+    // Its share stays done: the worker still training is not given it.
+    assert_eq!(c.config().shares, [w1, w2]);
+    assert_eq!(c.nodes[&w1].node().as_worker().unwrap().shares(), [0]);
 }
 
 #[test]
@@ -1123,6 +1154,7 @@ fn a_copy_brings_the_workers_range_clocks_with_it() {
         joining,
         leaving: Vec::new(),
         shares: vec![w],
+        left: vec![],
         incarnations: Vec::new(),
     };
     let next = Ring::new([s1, s2], ring).unwrap();

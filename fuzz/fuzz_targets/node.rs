@@ -215,6 +215,7 @@ fn message(body: Body) -> Message<i64> {
                 joining,
                 leaving: Vec::new(),
                 shares: members(workers, 8),
+                left: Vec::new(),
                 incarnations,
                 consistency: match consistency % 3 {
                     0 => Consistency::Sequential,

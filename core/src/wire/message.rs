@@ -12,7 +12,7 @@ use crate::value::Value;
 use crate::wire::forms::seq;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 7;
+pub const PROTOCOL_VERSION: u16 = 8;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;
@@ -87,10 +87,15 @@ pub struct ClusterConfig {
     pub leaving: Vec<NodeId>,
     /// The job's work, cut into one share per worker it started with (an application's part
     /// of the data, say): share `i` is worked on by `shares[i]`. The shares of a worker that
-    /// dies or leaves pass to live workers ([`ClusterConfig::hand_over_shares`]), so that no
-    /// part of the work is left undone.
+    /// dies pass to live workers ([`ClusterConfig::hand_over_shares`]), so that no part of the
+    /// work is left undone; those of a worker that left stay with it (see `left`).
     #[serde(with = "seq")]
     pub shares: Vec<NodeId>,
+    /// Workers that left the job on their own ([`Message::Leave`]), sorted: done with their
+    /// shares, or stopped by their operator. Their shares pass to nobody: leaving is not
+    /// dying, and a finished share trained again by another worker would be trained twice.
+    #[serde(with = "seq")]
+    pub left: Vec<NodeId>,
     /// The incarnation each server member (on the ring or joining) registered with, sorted by
     /// node. A server process that finds itself listed under another incarnation is a
     /// restart of that node the coordinator has not heard from yet: the configuration speaks
@@ -119,6 +124,7 @@ impl ClusterConfig {
     ///     joining: vec![],
     ///     leaving: vec![],
     ///     shares: vec![NodeId(4)],
+    ///     left: vec![],
     ///     incarnations: vec![],
     /// };
     /// let next = config.without_server(NodeId(1)).unwrap();
@@ -200,10 +206,10 @@ impl ClusterConfig {
             .collect()
     }
 
-    /// Gives every share whose worker is no longer one of `workers` to the live worker that
-    /// holds the fewest (the lowest id among equals), one share at a time, so that the work
-    /// of the workers lost spreads over those left. With no worker left, shares stay where
-    /// they are until one joins.
+    /// Gives every share whose worker died (is no longer one of `workers`, and not one of
+    /// `left`) to the live worker that holds the fewest (the lowest id among equals), one
+    /// share at a time, so that the work of the workers lost spreads over those left. With no
+    /// worker left, shares stay where they are until one joins.
     ///
     /// ```
     /// use pserver_core::{ClusterConfig, Consistency, NodeId};
@@ -219,11 +225,17 @@ impl ClusterConfig {
     ///     joining: vec![],
     ///     leaving: vec![],
     ///     shares: vec![w(2), w(3), w(4)],
+    ///     left: vec![],
     ///     incarnations: vec![],
     /// };
     /// config.workers.retain(|&n| n != w(3));
     /// config.hand_over_shares();
     /// assert_eq!(config.shares_of(w(2)), [0, 1]);
+    /// assert_eq!(config.shares_of(w(4)), [2]);
+    /// // A worker that left on its own keeps its shares: they are done.
+    /// config.workers.retain(|&n| n != w(4));
+    /// config.left.push(w(4));
+    /// config.hand_over_shares();
     /// assert_eq!(config.shares_of(w(4)), [2]);
     /// ```
     pub fn hand_over_shares(&mut self) {
@@ -231,7 +243,7 @@ impl ClusterConfig {
             return;
         }
         for i in 0..self.shares.len() {
-            if self.workers.contains(&self.shares[i]) {
+            if self.workers.contains(&self.shares[i]) || self.left.contains(&self.shares[i]) {
                 continue;
             }
             let least = self

@@ -35,6 +35,7 @@ pub(crate) fn config(
         joining: Vec::new(),
         leaving: Vec::new(),
         shares: workers.to_vec(),
+        left: vec![],
         incarnations: Vec::new(),
     }
 }

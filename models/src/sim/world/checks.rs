@@ -315,8 +315,9 @@ impl World<'_> {
         Ok(())
     }
 
-    /// Work coverage: every share of the work has a live member worker while any is left, and
-    /// no live worker on the coordinator's epoch does a share given to another.
+    /// Work coverage: every share of the work has a live member worker while any is left
+    /// (or the worker that left the job with it done), and no live worker on the coordinator's
+    /// epoch does a share given to another.
     fn check_work_coverage(&self) -> Result<(), SimFailure> {
         let Some(config) = self.coordinator().and_then(|c| c.config()) else {
             return Ok(());
@@ -338,7 +339,7 @@ impl World<'_> {
             .shares
             .iter()
             .enumerate()
-            .find(|(_, h)| !config.workers.contains(h))
+            .find(|(_, h)| !config.workers.contains(h) && !config.left.contains(h))
         {
             return Err(self.fail(
                 Invariant::WorkCoverage,

@@ -226,6 +226,7 @@ fn ring_change_configs(
         joining: Vec::new(),
         leaving: Vec::new(),
         shares: cfg.worker_ids().collect(),
+        left: vec![],
         incarnations: Vec::new(),
     };
     let gone = cfg.server_taken_off().unwrap_or(NodeId(0));
