@@ -446,6 +446,122 @@ fn watch_log(
 }
 
 #[test]
+fn a_worker_that_finishes_leaves_and_is_never_declared_dead() {
+    let dir = std::env::temp_dir().join(format!("pserver-leave-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
+    let ports: Vec<u16> = (0..=SERVERS + WORKERS).map(|_| free_port()).collect();
+    let config = write_cluster_file(&dir, &ports, "eventual", ITERATIONS);
+    let config_arg = config.to_str().unwrap();
+    let mut children = Children(Vec::new());
+    for id in 0..=SERVERS + WORKERS {
+        let role = match id {
+            0 => "coordinator",
+            i if i <= SERVERS => "server",
+            _ => "worker",
+        };
+        let log = if role == "server" { "warn" } else { "info" };
+        let id_arg = id.to_string();
+        let child = pserver(&[role, "--config", config_arg, "--id", &id_arg])
+            .env("RUST_LOG", log)
+            .spawn()
+            .expect("start a node");
+        children.0.push((format!("{role} {id}"), child));
+    }
+    let (leaves, coordinator_log) = watch_log(&mut children.0[0].1, "worker left the job");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let first_worker = 1 + SERVERS as usize;
+    for (name, mut child) in children.0.drain(first_worker..) {
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().expect("output");
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{name}: {err}");
+        assert!(err.contains("left the job"), "{name}: {err}");
+    }
+    // The coordinator took each worker out at its word.
+    for left in 0..WORKERS {
+        assert!(
+            leaves.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "the coordinator saw {left} of {WORKERS} workers leave"
+        );
+    }
+    for (_, child) in &children.0 {
+        signal(child, "-INT");
+    }
+    for (name, mut child) in children.0.drain(..) {
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().expect("output");
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+    }
+    let log = coordinator_log.join().expect("the coordinator's log");
+    assert!(!log.contains("declared dead"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_worker_stopped_by_its_operator_leaves_the_job_and_says_so() {
+    const LONG: u32 = 200;
+    let dir = std::env::temp_dir().join(format!("pserver-stop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
+    let ports: Vec<u16> = (0..=SERVERS + WORKERS).map(|_| free_port()).collect();
+    let config = write_cluster(&dir, &ports, SERVERS, "bounded:1", LONG, 25);
+    let config_arg = config.to_str().unwrap();
+    let mut children = Children(Vec::new());
+    for id in 0..=SERVERS + WORKERS {
+        let role = match id {
+            0 => "coordinator",
+            i if i <= SERVERS => "server",
+            _ => "worker",
+        };
+        let log = if role == "server" { "warn" } else { "info" };
+        let id_arg = id.to_string();
+        let child = pserver(&[role, "--config", config_arg, "--id", &id_arg])
+            .env("RUST_LOG", log)
+            .spawn()
+            .expect("start a node");
+        children.0.push((format!("{role} {id}"), child));
+    }
+    let (leaves, coordinator_log) = watch_log(&mut children.0[0].1, "worker left the job");
+    let last = children.0.len() - 1;
+    let (iterations, stopped_log) = watch_log(&mut children.0[last].1, "iteration done");
+    for _ in 0..3 {
+        assert!(iterations.recv_timeout(Duration::from_secs(60)).is_ok());
+    }
+    signal(&children.0[last].1, "-INT");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (name, mut stopped) = children.0.remove(last);
+    wait_for(&mut stopped, deadline, &name);
+    assert_eq!(stopped.wait().expect("status").code(), Some(130), "{name}");
+    let said = stopped_log.join().expect("the stopped worker's log");
+    assert!(said.contains("left the job"), "{said}");
+    assert!(
+        leaves.recv_timeout(Duration::from_secs(30)).is_ok(),
+        "the coordinator never saw the stopped worker leave"
+    );
+    // The others are not held back by it: bounded delay goes on without its progress.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for (name, mut child) in children.0.drain(1 + SERVERS as usize..) {
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().expect("output");
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains(&format!("iterations={LONG}")),
+            "{name}"
+        );
+    }
+    for (_, child) in &children.0 {
+        signal(child, "-INT");
+    }
+    for (name, mut child) in children.0.drain(..) {
+        wait_for(&mut child, deadline, &name);
+    }
+    let log = coordinator_log.join().expect("the coordinator's log");
+    assert!(!log.contains("declared dead"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_fenced_server_process_exits_and_frees_its_port() {
     const SERVERS3: u32 = 3;
     const WORKERS2: u32 = 2;

@@ -24,6 +24,7 @@ use thiserror::Error;
 
 use super::cluster_file::{ClusterFile, ClusterFileError, Job, LrJob};
 use super::script::{Script, WorkerSummary};
+use super::signals::Stop;
 use crate::apps::lr::{Measure, ShareRows, evaluate, load_model, run_shares, save_model};
 use crate::data::libsvm::{
     DataError, Examples, IndexBase, count_rows, holds_rows, lines_before, no_examples, parse_lines,
@@ -59,6 +60,9 @@ pub enum RunError {
     /// The training data could not be read.
     #[error("{0}")]
     Data(String),
+    /// SIGINT or SIGTERM stopped the worker, which left the job first.
+    #[error("{}", .0.word())]
+    Stopped(Stop),
 }
 
 /// What a process-mode node did, for its last line of output.
@@ -200,14 +204,11 @@ async fn run_script_node(
     } = start::<i64>(file, id, join_timeout).await?;
     let outcome = match (role, spawned.worker) {
         (Role::Worker, Some(worker)) => {
-            let summary = file
-                .script
-                .run_reporting(id, &worker, |it| {
-                    tracing::info!(iteration = it + 1, "iteration done")
-                })
-                .await?;
-            spawned.node.shutdown().await?;
-            NodeOutcome::Worker(summary)
+            let script = async {
+                let done = |it| tracing::info!(iteration = it + 1, "iteration done");
+                Ok(file.script.run_reporting(id, &worker, done).await?)
+            };
+            NodeOutcome::Worker(work_then_leave(spawned.node, &worker, script).await?)
         }
         (Role::Server, _) => {
             let report = until_signal(spawned.node).await?;
@@ -332,8 +333,8 @@ async fn run_lr_node(
     } = start::<f32>(file, id, join_timeout).await?;
     let outcome = match (role, spawned.worker, data) {
         (Role::Worker, Some(worker), Some(mut data)) => {
-            let epochs = train_lr_worker(job, id, &worker, &mut data).await?;
-            spawned.node.shutdown().await?;
+            let training = train_lr_worker(job, id, &worker, &mut data);
+            let epochs = work_then_leave(spawned.node, &worker, training).await?;
             NodeOutcome::Trained { epochs }
         }
         (Role::Server, _, _) => {
@@ -486,6 +487,38 @@ pub fn server_totals(report: &NodeReport<Driver<i64>>, script: &Script) -> Vec<i
 }
 
 /// Serves until SIGINT or SIGTERM, then stops the node.
+/// How long a worker waits for the coordinator to confirm that it left the job.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs a worker's `job` to its end, or until SIGINT or SIGTERM; either way the worker then
+/// leaves the job and stops. Leaving is not dying (ARCHITECTURE.md §8): the coordinator takes
+/// it out at its word, never declares it dead, and gives its shares to nobody. A job that
+/// failed does not leave: silent, its worker is declared dead and its shares go to the
+/// workers left.
+async fn work_then_leave<V: Value, T>(
+    node: NodeHandle<Driver<V>>,
+    worker: &WorkerHandle<V>,
+    job: impl Future<Output = Result<T, RunError>>,
+) -> Result<T, RunError> {
+    let outcome = tokio::select! {
+        done = job => done,
+        stop = super::signals::stop_requested() => Err(RunError::Stopped(stop)),
+    };
+    if matches!(outcome, Ok(_) | Err(RunError::Stopped(_))) {
+        match tokio::time::timeout(LEAVE_TIMEOUT, worker.leave()).await {
+            Ok(Ok(())) => tracing::info!("left the job"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not leave the job"),
+            Err(_) => tracing::warn!(
+                secs = LEAVE_TIMEOUT.as_secs(),
+                "the coordinator did not confirm that this worker left; stopping anyway, \
+                 to be declared dead in time"
+            ),
+        }
+    }
+    node.shutdown().await?;
+    outcome
+}
+
 async fn until_signal<V: Value>(
     node: NodeHandle<Driver<V>>,
 ) -> Result<NodeReport<Driver<V>>, RunError> {

@@ -10,6 +10,7 @@ use pserver_transport::runtime::RuntimeError;
 use super::CliError;
 use super::cluster::{self, NodeOutcome, RunError};
 use super::cluster_file::ClusterFile;
+use super::signals::Stop;
 
 /// The arguments of `pserver coordinator`, `pserver server` and `pserver worker`.
 #[derive(clap::Args, Debug)]
@@ -61,6 +62,8 @@ pub fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
                 "{role} {id} was removed from the cluster (fenced): the coordinator went on \
                  without it, as it does with a node silent past its timeout; restart it to rejoin"
             )),
+            RunError::Stopped(Stop::Interrupt) => CliError::Interrupted,
+            RunError::Stopped(Stop::Terminate) => CliError::Terminated,
             e => CliError::input(e),
         })?;
     match outcome {

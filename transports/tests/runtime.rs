@@ -205,3 +205,33 @@ fn a_worker_declared_dead_is_fenced_and_says_so() {
     })
     .unwrap();
 }
+
+#[test]
+fn a_worker_that_leaves_is_taken_out_and_keeps_its_share() {
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new(1, 2);
+        spec.job.consistency = Consistency::Eventual;
+        let network = MemNetwork::reliable();
+        let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &network)?;
+        let (first, second) = (cluster.workers[0].clone(), cluster.workers[1].clone());
+        first.ready().await?;
+        second.ready().await?;
+        assert_eq!(first.shares().await?, [0]);
+        first.push(KvPairs::new(vec![1], vec![5], 1)?).await?;
+        first.leave().await?;
+        // Taken out at its own request: every later call says so.
+        assert_eq!(first.advance().await, Err(RuntimeError::Left));
+        // The other worker is not given the share of the one that left.
+        assert_eq!(second.shares().await?, [1]);
+        let report = cluster.shutdown().await?;
+        assert!(report.workers[0].left && !report.workers[0].fenced);
+        let coordinator = report.coordinator.node.node().as_coordinator().unwrap();
+        let config = coordinator.config().unwrap();
+        assert_eq!(config.workers, [pserver_core::NodeId(3)]);
+        assert_eq!(config.left, [pserver_core::NodeId(2)]);
+        let server = report.servers[0].node.node().as_server().unwrap();
+        assert_eq!(server.value(1), Some(&[5][..]));
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })
+    .unwrap();
+}

@@ -24,6 +24,9 @@ pub enum RuntimeError {
     /// replica confirmed it, so it may not survive a server failure).
     #[error("the node has shut down")]
     ShutDown,
+    /// The worker left the job ([`WorkerHandle::leave`]).
+    #[error("the worker has left the job")]
+    Left,
     /// The pushed rows have another width than the job's.
     #[error("pushed rows have {got} values per key, but this job uses {expected}")]
     WidthMismatch {
@@ -80,6 +83,7 @@ pub(crate) enum Command<V: Value> {
     ),
     Advance(oneshot::Sender<Result<Iteration, RuntimeError>>),
     Shares(oneshot::Sender<Result<Vec<usize>, RuntimeError>>),
+    Leave(oneshot::Sender<Result<(), RuntimeError>>),
 }
 
 impl<V: Value> Command<V> {
@@ -97,6 +101,9 @@ impl<V: Value> Command<V> {
                 let _ = reply.send(Err(error));
             }
             Command::Shares(reply) => {
+                let _ = reply.send(Err(error));
+            }
+            Command::Leave(reply) => {
                 let _ = reply.send(Err(error));
             }
         }
@@ -230,9 +237,21 @@ impl<V: Value> WorkerHandle<V> {
 
     /// The shares of the job's work this worker does now
     /// ([`pserver_core::ClusterConfig::shares`]): its own, and those handed to it when other
-    /// workers died or left. Ask again at every step; the answer changes with the membership.
+    /// workers died. Ask again at every step; the answer changes with the membership.
     pub async fn shares(&self) -> Result<Vec<usize>, RuntimeError> {
         self.call(Command::Shares).await
+    }
+
+    /// Leaves the job: done, or stopped by its operator. Once what the application started
+    /// has completed (or [`crate::runtime::RuntimeConfig::drain_timeout`] has passed), the
+    /// worker asks the coordinator to take it out ([`pserver_core::node::Worker::leave`]);
+    /// nobody waits on its progress any more, its shares pass to nobody
+    /// ([`pserver_core::ClusterConfig::left`]), and it is never declared dead. Returns once the
+    /// coordinator confirmed and the worker's loop has ended; every later call fails with
+    /// [`RuntimeError::Left`]. Without a coordinator to confirm it this waits on: bound it
+    /// with a timeout.
+    pub async fn leave(&self) -> Result<(), RuntimeError> {
+        self.call(Command::Leave).await
     }
 }
 
@@ -308,6 +327,8 @@ pub struct NodeReport<N> {
     pub send_errors: u64,
     /// Whether the node stopped because the coordinator removed it from the cluster.
     pub fenced: bool,
+    /// Whether the worker stopped because it left the job ([`WorkerHandle::leave`]).
+    pub left: bool,
 }
 
 /// Controls one node's event loop: stop it, wait for it.

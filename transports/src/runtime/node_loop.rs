@@ -69,6 +69,8 @@ where
         ready: ready_tx,
         send_errors: 0,
         fenced: false,
+        leave: None,
+        left: false,
         ended,
     };
     let task = tokio::spawn(looped.run(cmd_rx, stop_rx).instrument(span));
@@ -98,8 +100,22 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     ready: watch::Sender<Option<u64>>,
     send_errors: u64,
     fenced: bool,
+    /// The application asked the worker to leave the job.
+    leave: Option<Leaving>,
+    /// The coordinator took the worker out because it asked to leave: its fence is the
+    /// confirmation, not a removal.
+    left: bool,
     /// Why the loop ended, for the worker handle's calls that come after.
     ended: Arc<OnceLock<RuntimeError>>,
+}
+
+/// A worker's request to leave, until the coordinator confirms it.
+struct Leaving {
+    reply: oneshot::Sender<Result<(), RuntimeError>>,
+    /// Whether the worker has asked the coordinator yet: only once what the application
+    /// started has completed, or `by` has passed.
+    asked: bool,
+    by: Instant,
 }
 
 impl<V, U, S, T> NodeLoop<V, U, S, T>
@@ -115,6 +131,33 @@ where
 
     fn open_requests(&self) -> usize {
         self.pushes.len() + self.pulls.len() + self.advances.len()
+    }
+
+    /// Why the loop ends, or ended.
+    fn ending(&self) -> RuntimeError {
+        if self.left {
+            RuntimeError::Left
+        } else if self.fenced {
+            RuntimeError::Fenced
+        } else {
+            RuntimeError::ShutDown
+        }
+    }
+
+    /// Asks the coordinator to take the worker out once nothing the application started is
+    /// open any more (or the drain timeout has passed); the worker's heartbeat wakes the loop
+    /// often enough to see either.
+    fn ask_to_leave_when_done(&mut self) {
+        let done = self.open_requests() == 0 && self.driver.is_idle();
+        if let Some(leaving) = &mut self.leave
+            && !leaving.asked
+            && (done || Instant::now() >= leaving.by)
+        {
+            leaving.asked = true;
+            if let Err(e) = self.driver.leave() {
+                warn!(error = %e, "cannot leave");
+            }
+        }
     }
 
     async fn run(
@@ -137,11 +180,12 @@ where
             if self.driver.poll_timeout().is_some_and(|t| t <= now) {
                 self.driver.handle_timeout(now);
             }
+            self.ask_to_leave_when_done();
             self.flush().await;
             if self.fenced {
                 commands.close();
                 while let Ok(command) = commands.try_recv() {
-                    command.refuse(RuntimeError::Fenced);
+                    command.refuse(self.ending());
                 }
                 break;
             }
@@ -194,24 +238,31 @@ where
             }
         }
         self.flush().await;
-        let failure = if self.fenced {
-            RuntimeError::Fenced
-        } else {
-            RuntimeError::ShutDown
-        };
+        let failure = self.ending();
         let _ = self.ended.set(failure.clone());
+        if let Some(leaving) = self.leave.take() {
+            let _ = leaving.reply.send(if self.left {
+                Ok(())
+            } else {
+                Err(failure.clone())
+            });
+        }
         self.fail_all(&failure);
         info!(refused = self.driver.refusals().total(), "stopped");
         Ok(NodeReport {
             refusals: self.driver.refusals(),
             send_errors: self.send_errors,
-            fenced: self.fenced,
+            fenced: self.fenced && !self.left,
+            left: self.left,
             node: self.driver,
         })
     }
 
     fn apply(&mut self, command: Command<V>) {
         let now = self.now();
+        if self.leave.is_some() {
+            return command.refuse(RuntimeError::Left);
+        }
         match command {
             Command::Push { kvs, done, durable } => match self.driver.push(now, kvs) {
                 Ok(id) => {
@@ -246,6 +297,18 @@ where
                 let node = self.driver.node();
                 let shares = node.as_worker().map(|w| w.shares());
                 let _ = reply.send(shares.ok_or(RuntimeError::NotAWorker(self.driver.id())));
+            }
+            Command::Leave(reply) => {
+                if self.driver.node().as_worker().is_none() {
+                    let _ = reply.send(Err(RuntimeError::NotAWorker(self.driver.id())));
+                } else {
+                    debug!(open = self.open_requests(), "leaving the job");
+                    self.leave = Some(Leaving {
+                        reply,
+                        asked: false,
+                        by: Instant::now() + self.cfg.drain_timeout,
+                    });
+                }
             }
         }
     }
@@ -312,9 +375,15 @@ where
                 "every holder of this range failed before it was copied: it starts again from zero"
             ),
             Event::Fenced => {
-                warn!("removed from the cluster");
+                if self.leave.as_ref().is_some_and(|l| l.asked) {
+                    info!("left the job");
+                    self.left = true;
+                } else {
+                    warn!("removed from the cluster");
+                }
                 self.fenced = true;
             }
+            Event::WorkerLeft(node) => info!(node = %node, "worker left the job"),
             Event::Refused { from, reason } => match reason {
                 Refusal::Undecodable(_) | Refusal::SpoofedSender { .. } => {
                     warn!(from = %from, reason = %reason, "message refused");
