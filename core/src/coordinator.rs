@@ -244,6 +244,29 @@ impl Coordinator {
         self.publish(next, out);
     }
 
+    /// A server lost `ranges` with their holders: the next configuration lists them, so that
+    /// every member hears of it ([`ClusterConfig::lost`]). A report of ranges listed already
+    /// is answered with the configuration, which is its acknowledgement.
+    fn list_lost<V: Value>(&mut self, server: NodeId, ranges: Vec<KeyRange>, out: &mut Effects<V>) {
+        let Some(config) = &self.config else {
+            return;
+        };
+        let mut next = config.clone();
+        let mut new = false;
+        for range in ranges {
+            if let Err(at) = next.lost.binary_search(&range) {
+                next.lost.insert(at, range);
+                out.emit(Event::RangeLost(range));
+                new = true;
+            }
+        }
+        if new {
+            self.publish(next, out);
+        } else {
+            self.send_config(server, out);
+        }
+    }
+
     /// A worker asking to leave is removed at once, and its shares with it: they pass to
     /// nobody, as a dead worker's would. Its last job is to be fenced.
     fn remove_worker<V: Value>(&mut self, worker: NodeId, out: &mut Effects<V>) {
@@ -331,6 +354,7 @@ impl Coordinator {
                 self.switch_when_caught_up(out);
             }
             Message::CaughtUp { .. } => {}
+            Message::Lost(ranges) if self.is_server(from) => self.list_lost(from, ranges, out),
             Message::Leave if self.is_worker(from) => self.remove_worker(from, out),
             Message::Leave => self.retire_server(from, out),
             Message::ConfigRequest => self.send_config(from, out),
@@ -461,6 +485,7 @@ impl Coordinator {
             leaving: Vec::new(),
             shares: of(Role::Worker),
             left: vec![],
+            lost: vec![],
             incarnations: Vec::new(),
         });
         if let Some(config) = &mut self.config {

@@ -77,7 +77,9 @@ pub enum Event<V: Value> {
     Fenced,
     /// A server became the primary of a range that no live server held a copy of (more
     /// servers failed than the ring has replicas, faster than copies were refilled): the range
-    /// starts again from zero. Every value pushed to it before is lost.
+    /// starts again from zero. Every value pushed to it before is lost. Emitted on that
+    /// server, on the coordinator once the server reported it, and on every worker once a
+    /// configuration lists it ([`crate::ClusterConfig::lost`]).
     RangeLost(KeyRange),
     /// The node refused a message (see [`Refusal`]). Nothing in the node changed; drivers count
     /// these and log them, so that input the protocol cannot use never vanishes silently.

@@ -356,6 +356,7 @@ mod tests {
             leaving: vec![],
             shares: vec![NodeId(9)],
             left: vec![],
+            lost: vec![],
             incarnations: vec![],
         })
         .unwrap()

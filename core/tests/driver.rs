@@ -27,6 +27,7 @@ fn config(workers: &[NodeId], consistency: Consistency) -> ClusterConfig {
         leaving: Vec::new(),
         shares: workers.to_vec(),
         left: vec![],
+        lost: vec![],
         incarnations: Vec::new(),
     }
 }

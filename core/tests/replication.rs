@@ -1123,6 +1123,15 @@ fn losing_every_holder_of_a_range_at_once_is_reported_not_silent() {
         })
         .collect();
     assert!(lost.iter().any(|r| r.contains(key)), "{lost:?}");
+    // The coordinator lists the loss, and every worker hears of it.
+    assert!(c.run_until(10_000 * MS, |c| c.config().lost == lost));
+    for range in &lost {
+        assert!(c.events[&COORD].contains(&Event::RangeLost(*range)));
+    }
+    assert!(c.run_until(10_000 * MS, |c| {
+        lost.iter()
+            .all(|r| c.events[&w].contains(&Event::RangeLost(*r)))
+    }));
     assert_eq!(
         c.primary_value(key),
         0,
@@ -1155,6 +1164,7 @@ fn a_copy_brings_the_workers_range_clocks_with_it() {
         leaving: Vec::new(),
         shares: vec![w],
         left: vec![],
+        lost: vec![],
         incarnations: Vec::new(),
     };
     let next = Ring::new([s1, s2], ring).unwrap();

@@ -137,6 +137,10 @@ enum Body {
     CaughtUp(u8),
     Leave,
     ProgressRequest,
+    Lost {
+        from_key: u16,
+        to_key: u16,
+    },
 }
 
 impl Body {
@@ -216,6 +220,7 @@ fn message(body: Body) -> Message<i64> {
                 leaving: Vec::new(),
                 shares: members(workers, 8),
                 left: Vec::new(),
+                lost: vec![],
                 incarnations,
                 consistency: match consistency % 3 {
                     0 => Consistency::Sequential,
@@ -372,6 +377,7 @@ fn message(body: Body) -> Message<i64> {
         },
         Body::Leave => Message::Leave,
         Body::ProgressRequest => Message::ProgressRequest,
+        Body::Lost { from_key, to_key } => Message::Lost(vec![range(from_key, to_key)]),
     }
 }
 

@@ -57,6 +57,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
         self.progress_unheard.retain(|w| cluster.is_worker(*w));
         let was_member = self.is_member();
+        self.lost_unlisted
+            .retain(|r| cluster.config.lost.binary_search(r).is_err());
         // What is queued goes to the replicas of the ring it was taken in under.
         self.ship_queued(out);
         self.cluster = Some(cluster);
@@ -66,6 +68,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             out.emit(Event::Fenced);
         }
         self.reshard(fresh_start, &rejoined, out);
+        self.report_lost(out);
         self.drop_unserved_pulls();
         self.resend_replication(Resend::Changed, out);
         // A replica that was behind may have left the range's holders: what every holder
@@ -84,6 +87,14 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.arm_replication(now, out);
         self.answer_held(out);
         self.replay_early(now, out);
+    }
+
+    /// Tells the coordinator of the ranges this server lost that no configuration lists yet.
+    pub(super) fn report_lost(&self, out: &mut Effects<V>) {
+        if !self.lost_unlisted.is_empty() {
+            let ranges = self.lost_unlisted.clone();
+            self.send(self.cfg.coordinator, Message::Lost(ranges), out);
+        }
     }
 
     /// The servers `next` lists as joining that the configuration in force did not. One

@@ -121,6 +121,10 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store
     started_configured: bool,
     /// [`Server::leave`] was called.
     leave_requested: bool,
+    /// Ranges this server lost with their holders ([`crate::Event::RangeLost`]) that no adopted
+    /// configuration lists yet: reported to the coordinator with every heartbeat until one
+    /// does ([`ClusterConfig::lost`]).
+    lost_unlisted: Vec<KeyRange>,
     /// Per worker, the epoch it last reported taken progress at and that progress
     /// ([`Message::Progress`]); counted only while that epoch is in force.
     taken: BTreeMap<NodeId, Taken>,
@@ -219,6 +223,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             replication_attempts: 0,
             started_configured: false,
             leave_requested: false,
+            lost_unlisted: Vec::new(),
             taken: BTreeMap::new(),
             queue_seen: BTreeMap::new(),
             listed: false,
@@ -414,6 +419,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 if self.leave_requested && self.is_member() {
                     self.send(self.cfg.coordinator, Message::Leave, out);
                 }
+                self.report_lost(out);
                 out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
             }
             _ => {}

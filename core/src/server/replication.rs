@@ -556,6 +556,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             for gap in self.gaps_in(range) {
                 if at == 0 && !fresh_start {
                     out.emit(crate::effects::Event::RangeLost(gap));
+                    self.lost_unlisted.push(gap);
                 }
                 let role = if at == 0 {
                     let start_as = if fresh_start || promote_stale {

@@ -96,6 +96,13 @@ pub struct ClusterConfig {
     /// dying, and a finished share trained again by another worker would be trained twice.
     #[serde(with = "seq")]
     pub left: Vec<NodeId>,
+    /// Key ranges lost so far, sorted: every holder of each failed before its rows were
+    /// copied (more failures than the ring has replicas), and its values started again from
+    /// zero. A server reports each loss ([`Message::Lost`]); listed here, it reaches every
+    /// worker, which emits [`crate::Event::RangeLost`] for it, so that a job can fail instead
+    /// of ending with a model that silently lost part of its values.
+    #[serde(with = "seq")]
+    pub lost: Vec<KeyRange>,
     /// The incarnation each server member (on the ring or joining) registered with, sorted by
     /// node. A server process that finds itself listed under another incarnation is a
     /// restart of that node the coordinator has not heard from yet: the configuration speaks
@@ -125,6 +132,7 @@ impl ClusterConfig {
     ///     leaving: vec![],
     ///     shares: vec![NodeId(4)],
     ///     left: vec![],
+    ///     lost: vec![],
     ///     incarnations: vec![],
     /// };
     /// let next = config.without_server(NodeId(1)).unwrap();
@@ -226,6 +234,7 @@ impl ClusterConfig {
     ///     leaving: vec![],
     ///     shares: vec![w(2), w(3), w(4)],
     ///     left: vec![],
+    ///     lost: vec![],
     ///     incarnations: vec![],
     /// };
     /// config.workers.retain(|&n| n != w(3));
@@ -517,9 +526,13 @@ pub enum Message<V: Value> {
     /// iteration and keeps it, resending it now and then, until `PushAck` says the replicas
     /// hold it (ARCHITECTURE.md §8).
     PushTaken(SliceRef),
+    /// A server tells the coordinator of key ranges it lost with their holders
+    /// ([`crate::Event::RangeLost`]), repeated with every heartbeat until a configuration
+    /// lists them ([`ClusterConfig::lost`]).
+    Lost(#[serde(with = "seq")] Vec<KeyRange>),
 }
 
 impl<V: Value> Message<V> {
     /// Number of message kinds this version knows; the wire tags are `0..KINDS`.
-    pub const KINDS: u32 = 19;
+    pub const KINDS: u32 = 20;
 }

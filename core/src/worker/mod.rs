@@ -385,6 +385,13 @@ impl<V: Value> Worker<V> {
         if !cluster.is_worker(self.cfg.id) {
             return self.fence(out);
         }
+        // A range lost since the configuration before: the job may have to fail for it.
+        let known: &[crate::key::KeyRange] = self.cluster.as_ref().map_or(&[], |c| &c.config.lost);
+        for &range in &cluster.config.lost {
+            if known.binary_search(&range).is_err() {
+                out.emit(Event::RangeLost(range));
+            }
+        }
         self.cluster = Some(cluster);
         if first {
             out.cancel_timer(TimerId::Register);

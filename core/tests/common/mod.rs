@@ -36,6 +36,7 @@ pub(crate) fn config(
         leaving: Vec::new(),
         shares: workers.to_vec(),
         left: vec![],
+        lost: vec![],
         incarnations: Vec::new(),
     }
 }

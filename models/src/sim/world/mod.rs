@@ -227,6 +227,7 @@ fn ring_change_configs(
         leaving: Vec::new(),
         shares: cfg.worker_ids().collect(),
         left: vec![],
+        lost: vec![],
         incarnations: Vec::new(),
     };
     let gone = cfg.server_taken_off().unwrap_or(NodeId(0));
