@@ -562,6 +562,72 @@ fn a_worker_stopped_by_its_operator_leaves_the_job_and_says_so() {
 }
 
 #[test]
+fn a_lost_range_fails_the_job() {
+    const SERVERS4: u32 = 4;
+    const WORKERS2: u32 = 2;
+    const LONG: u32 = 60;
+    let dir = std::env::temp_dir().join(format!("pserver-lost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
+    let ports: Vec<u16> = (0..=SERVERS4 + WORKERS2).map(|_| free_port()).collect();
+    // One replica per range: two servers killed at once lose the ranges they both held.
+    let config = write_cluster(&dir, &ports, SERVERS4, "bounded:1", LONG, 25);
+    let config_arg = config.to_str().unwrap();
+    let mut children = Children(Vec::new());
+    for id in 0..=SERVERS4 + WORKERS2 {
+        let role = match id {
+            0 => "coordinator",
+            i if i <= SERVERS4 => "server",
+            _ => "worker",
+        };
+        let log = if role == "worker" { "info" } else { "warn" };
+        let id_arg = id.to_string();
+        let child = pserver(&[role, "--config", config_arg, "--id", &id_arg])
+            .env("RUST_LOG", log)
+            .spawn()
+            .expect("start a node");
+        children.0.push((format!("{role} {id}"), child));
+    }
+    let (losses, coordinator_log) =
+        watch_log(&mut children.0[0].1, "every holder of this range failed");
+    let first_worker = 1 + SERVERS4 as usize;
+    let (iterations, first_log) = watch_log(&mut children.0[first_worker].1, "iteration done");
+    for _ in 0..3 {
+        assert!(iterations.recv_timeout(Duration::from_secs(60)).is_ok());
+    }
+    for victim in [1, 2] {
+        children.0[victim].1.kill().expect("kill a server");
+    }
+    assert!(
+        losses.recv_timeout(Duration::from_secs(60)).is_ok(),
+        "the coordinator never heard of the loss"
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut first_log = Some(first_log);
+    for (name, mut child) in children.0.drain(first_worker..) {
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().expect("output");
+        let err = match first_log.take() {
+            Some(reader) => reader.join().expect("the first worker's log"),
+            None => text(&out.stderr),
+        };
+        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+        let last = err.trim().lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("error: the job lost key range") && last.contains("allow_loss"),
+            "{name}: {last}"
+        );
+    }
+    for (_, child) in children.0.iter().skip(3) {
+        signal(child, "-INT");
+    }
+    signal(&children.0[0].1, "-INT");
+    drop(children);
+    drop(coordinator_log.join());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_fenced_server_process_exits_and_frees_its_port() {
     const SERVERS3: u32 = 3;
     const WORKERS2: u32 = 2;

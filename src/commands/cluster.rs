@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pserver_core::store::Store;
-use pserver_core::{Consistency, Driver, NodeId, Role, Updater, Value};
+use pserver_core::{Consistency, Driver, KeyRange, NodeId, Role, Updater, Value};
 use pserver_transport::Transport;
 use pserver_transport::TransportError;
 use pserver_transport::mem::{MemFaults, MemNetwork};
@@ -63,6 +63,29 @@ pub enum RunError {
     /// SIGINT or SIGTERM stopped the worker, which left the job first.
     #[error("{}", .0.word())]
     Stopped(Stop),
+    /// The job lost key ranges with their holders, and does not allow it.
+    #[error(
+        "the job lost {}: every server holding them failed before they were copied (more failures than the ring's replicas), and their values started again from zero; set allow_loss = true in the job to accept this",
+        lost_list(.0)
+    )]
+    Lost(Vec<KeyRange>),
+}
+
+/// `ranges` as a reader takes them in.
+fn lost_list(ranges: &[KeyRange]) -> String {
+    let shown: Vec<String> = ranges.iter().take(8).map(ToString::to_string).collect();
+    let more = ranges.len().saturating_sub(shown.len());
+    let tail = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    let noun = if ranges.len() == 1 {
+        "key range"
+    } else {
+        "key ranges"
+    };
+    format!("{noun} {}{tail}", shown.join(", "))
 }
 
 /// What a process-mode node did, for its last line of output.
@@ -208,7 +231,8 @@ async fn run_script_node(
                 let done = |it| tracing::info!(iteration = it + 1, "iteration done");
                 Ok(file.script.run_reporting(id, &worker, done).await?)
             };
-            NodeOutcome::Worker(work_then_leave(spawned.node, &worker, script).await?)
+            let allow_loss = file.allow_loss;
+            NodeOutcome::Worker(work_then_leave(spawned.node, &worker, allow_loss, script).await?)
         }
         (Role::Server, _) => {
             let report = until_signal(spawned.node).await?;
@@ -334,7 +358,7 @@ async fn run_lr_node(
     let outcome = match (role, spawned.worker, data) {
         (Role::Worker, Some(worker), Some(mut data)) => {
             let training = train_lr_worker(job, id, &worker, &mut data);
-            let epochs = work_then_leave(spawned.node, &worker, training).await?;
+            let epochs = work_then_leave(spawned.node, &worker, file.allow_loss, training).await?;
             NodeOutcome::Trained { epochs }
         }
         (Role::Server, _, _) => {
@@ -498,13 +522,23 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 async fn work_then_leave<V: Value, T>(
     node: NodeHandle<Driver<V>>,
     worker: &WorkerHandle<V>,
+    allow_loss: bool,
     job: impl Future<Output = Result<T, RunError>>,
 ) -> Result<T, RunError> {
     let outcome = tokio::select! {
         done = job => done,
         stop = super::signals::stop_requested() => Err(RunError::Stopped(stop)),
     };
-    if matches!(outcome, Ok(_) | Err(RunError::Stopped(_))) {
+    // A job that lost part of its values ends in failure unless it said it accepts that.
+    let lost = worker.lost_ranges();
+    let outcome = match outcome {
+        Ok(_) if !lost.is_empty() && !allow_loss => Err(RunError::Lost(lost)),
+        outcome => outcome,
+    };
+    if matches!(
+        outcome,
+        Ok(_) | Err(RunError::Stopped(_) | RunError::Lost(_))
+    ) {
         match tokio::time::timeout(LEAVE_TIMEOUT, worker.leave()).await {
             Ok(Ok(())) => tracing::info!("left the job"),
             Ok(Err(e)) => tracing::warn!(error = %e, "could not leave the job"),

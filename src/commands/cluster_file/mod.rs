@@ -142,6 +142,10 @@ pub struct ClusterFile {
     pub roles: BTreeMap<NodeId, Role>,
     /// How the nodes talk.
     pub transport: ProcessWire,
+    /// Whether the job may end well after losing key ranges with their holders (more
+    /// servers failed than the ring has replicas): `job.allow_loss`, false by default, so
+    /// that such a job's workers exit non-zero naming the ranges.
+    pub allow_loss: bool,
     secret_file: Option<PathBuf>,
 }
 
@@ -201,6 +205,7 @@ impl ClusterFile {
             iterations: raw.job.iterations,
             compute: Duration::from_millis(raw.job.compute_ms),
         };
+        let allow_loss = raw.job.allow_loss;
         let job = job(raw.job, &mut spec, &origin)?;
         spec.job
             .validate::<i64>()
@@ -214,6 +219,7 @@ impl ClusterFile {
             addresses,
             roles,
             transport,
+            allow_loss,
             secret_file: raw.secret_file.map(|f| origin.relative(f)),
         })
     }

@@ -91,6 +91,8 @@ pub(super) struct RawJob {
     pub(super) seed: u64,
     #[serde(default)]
     pub(super) index_base: RawBase,
+    #[serde(default)]
+    pub(super) allow_loss: bool,
 }
 
 /// `index_base`: `0`, `1` or `"auto"` (numbers written as strings are taken too).
@@ -190,6 +192,7 @@ impl Default for RawJob {
             shuffle: true,
             seed: 0,
             index_base: RawBase::default(),
+            allow_loss: false,
         }
     }
 }

@@ -268,3 +268,10 @@ fn the_largest_replica_count_is_refused_without_wrapping_around() {
         "{e}"
     );
 }
+
+#[test]
+fn a_job_refuses_loss_unless_it_says_it_allows_it() {
+    assert!(!parse(GOOD).unwrap().allow_loss);
+    let allowing = GOOD.replace("keys = 10", "keys = 10\nallow_loss = true");
+    assert!(parse(&allowing).unwrap().allow_loss);
+}

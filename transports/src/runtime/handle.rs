@@ -7,7 +7,8 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 
 use pserver_core::{
-    Epoch, Iteration, JobError, KeySelection, KvPairs, NodeId, Refusals, Value, WorkerError,
+    Epoch, Iteration, JobError, KeyRange, KeySelection, KvPairs, NodeId, Refusals, Value,
+    WorkerError,
 };
 use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -122,6 +123,8 @@ pub struct WorkerHandle<V: Value> {
     pub(crate) ready: watch::Receiver<Option<Epoch>>,
     /// Why the event loop ended, once it has: a call made afterwards fails with it.
     pub(crate) ended: Arc<OnceLock<RuntimeError>>,
+    /// The key ranges the job lost so far ([`pserver_core::Event::RangeLost`]).
+    pub(crate) lost: watch::Receiver<Vec<KeyRange>>,
 }
 
 impl<V: Value> Clone for WorkerHandle<V> {
@@ -130,6 +133,7 @@ impl<V: Value> Clone for WorkerHandle<V> {
             commands: self.commands.clone(),
             ready: self.ready.clone(),
             ended: Arc::clone(&self.ended),
+            lost: self.lost.clone(),
         }
     }
 }
@@ -240,6 +244,13 @@ impl<V: Value> WorkerHandle<V> {
     /// workers died. Ask again at every step; the answer changes with the membership.
     pub async fn shares(&self) -> Result<Vec<usize>, RuntimeError> {
         self.call(Command::Shares).await
+    }
+
+    /// The key ranges the job lost so far: every holder of each failed before it was copied,
+    /// and its values started again from zero ([`pserver_core::ClusterConfig::lost`]). A job
+    /// that does not accept loss fails when this is not empty at its end.
+    pub fn lost_ranges(&self) -> Vec<KeyRange> {
+        self.lost.borrow().clone()
     }
 
     /// Leaves the job: done, or stopped by its operator. Once what the application started

@@ -5,8 +5,8 @@ use std::sync::{Arc, OnceLock};
 
 use pserver_core::store::ParamStore;
 use pserver_core::{
-    Driver, DriverError, Event, Iteration, KvPairs, Refusal, RequestId, Role, Time, UpdateRule,
-    Value,
+    Driver, DriverError, Event, Iteration, KeyRange, KvPairs, Refusal, RequestId, Role, Time,
+    UpdateRule, Value,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until};
@@ -51,10 +51,12 @@ where
     let (cmd_tx, cmd_rx) = mpsc::channel(cfg.command_queue.max(1));
     let (ready_tx, ready_rx) = watch::channel(None);
     let ended = Arc::new(OnceLock::new());
+    let (lost_tx, lost_rx) = watch::channel(Vec::new());
     let worker = (role == Role::Worker).then(|| WorkerHandle {
         commands: cmd_tx,
         ready: ready_rx.clone(),
         ended: Arc::clone(&ended),
+        lost: lost_rx,
     });
     let span = info_span!("node", id = %id, role = %role);
     let looped = NodeLoop {
@@ -72,6 +74,7 @@ where
         leave: None,
         left: false,
         ended,
+        lost: lost_tx,
     };
     let task = tokio::spawn(looped.run(cmd_rx, stop_rx).instrument(span));
     let node = NodeHandle {
@@ -107,6 +110,8 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     left: bool,
     /// Why the loop ended, for the worker handle's calls that come after.
     ended: Arc<OnceLock<RuntimeError>>,
+    /// The ranges the job lost, for the worker handle.
+    lost: watch::Sender<Vec<KeyRange>>,
 }
 
 /// A worker's request to leave, until the coordinator confirms it.
@@ -370,10 +375,13 @@ where
                 node = %node,
                 "server silent or leaving, but kept: too few servers left for the ring's replicas"
             ),
-            Event::RangeLost(range) => tracing::error!(
-                %range,
-                "every holder of this range failed before it was copied: it starts again from zero"
-            ),
+            Event::RangeLost(range) => {
+                tracing::error!(
+                    %range,
+                    "every holder of this range failed before it was copied: it starts again from zero"
+                );
+                self.lost.send_modify(|lost| lost.push(range));
+            }
             Event::Fenced => {
                 if self.leave.as_ref().is_some_and(|l| l.asked) {
                     info!("left the job");
