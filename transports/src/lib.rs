@@ -13,10 +13,15 @@
 
 pub mod mem;
 #[cfg(not(loom))]
+mod refusal_log;
+#[cfg(not(loom))]
 pub mod runtime;
 pub mod sync;
 pub mod tcp;
 pub mod udp;
+
+#[cfg(all(test, not(loom)))]
+mod test_logs;
 
 pub use bytes::{self, Bytes};
 /// The protocol core whose types this crate's API takes and gives.

@@ -140,6 +140,24 @@ pub(super) enum HandshakeError {
     Rng(String),
 }
 
+impl HandshakeError {
+    /// What kind of refusal this is, for the refusal log's summaries.
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            HandshakeError::BadMagic(_) => "not a pserver peer",
+            HandshakeError::Version { .. } => "other protocol version",
+            HandshakeError::ClusterIdTooLong(_) | HandshakeError::Cluster { .. } => "other cluster",
+            HandshakeError::ClaimsSelf(_)
+            | HandshakeError::UnknownNode(_)
+            | HandshakeError::WrongNode { .. } => "unknown node",
+            HandshakeError::BadProof => "wrong secret",
+            HandshakeError::Timeout(_) => "handshake timeout",
+            HandshakeError::Closed => "closed during the handshake",
+            HandshakeError::Io(_) | HandshakeError::Rng(_) => "i/o error",
+        }
+    }
+}
+
 impl From<std::io::Error> for HandshakeError {
     fn from(e: std::io::Error) -> Self {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {

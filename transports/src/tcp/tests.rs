@@ -1,12 +1,9 @@
 //! Loopback tests of the TCP transport. Every test runs on a single-threaded runtime (so that a
 //! thread-local tracing subscriber sees the logs of every task) and within [`LIMIT`].
 
-use std::sync::{Arc as StdArc, Mutex as StdMutex};
-
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tracing_subscriber::fmt::MakeWriter;
 
 use std::future::Future;
 
@@ -18,6 +15,7 @@ use tokio::time::Instant;
 use super::handshake::{self, Auth, Hello};
 use super::transport::authenticate;
 use super::*;
+use crate::test_logs::capture;
 use crate::{Transport, TransportError};
 
 /// The bound on every test.
@@ -103,61 +101,6 @@ fn frame(s: impl Into<String>) -> Bytes {
 async fn expect(t: &TcpTransport, from: u32, what: &Bytes) {
     let (peer, got) = t.recv().await.unwrap();
     assert_eq!((peer, &got), (NodeId(from), what));
-}
-
-/// Logs written by the current thread's tasks.
-#[derive(Clone, Default)]
-struct Logs(StdArc<StdMutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Logs {
-    type Writer = Logs;
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
-}
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-
-    /// The warnings, one per line.
-    fn warnings(&self) -> Vec<String> {
-        self.text()
-            .lines()
-            .filter(|l| l.contains("WARN"))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    fn assert_warned(&self, needle: &str) {
-        let w = self.warnings();
-        assert!(
-            w.iter().any(|l| l.contains(needle)),
-            "no warning contains {needle:?}; warnings:\n{}",
-            w.join("\n")
-        );
-    }
-}
-
-fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
-    let logs = Logs::default();
-    let sub = tracing_subscriber::fmt()
-        .with_writer(logs.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::DEBUG)
-        .finish();
-    (logs, tracing::subscriber::set_default(sub))
 }
 
 /// Connects to `to` as node `me` and passes the handshake with `auth`'s settings.
@@ -494,14 +437,14 @@ async fn hostile_clients_cost_only_their_own_connection() {
         c.write_all(&hello.encode()[..20]).await.unwrap();
         drop(c);
         until(refusals(3)).await;
-        logs.assert_warned("closed the connection during the handshake");
+        logs.assert_logged("closed the connection during the handshake");
         ping().await;
 
         // Connect and say nothing: the handshake timeout frees the connection.
         let mut silent = TcpStream::connect(s.local_addr()).await.unwrap();
         ping().await;
         until(refusals(4)).await;
-        logs.assert_warned("handshake timed out waiting for the peer's hello");
+        logs.assert_logged("handshake timed out waiting for the peer's hello");
         let mut buf = [0u8; 16];
         assert!(matches!(silent.read(&mut buf).await, Ok(0) | Err(_)));
         ping().await;
@@ -698,4 +641,26 @@ fn config_defaults_and_a_secret_that_never_prints() {
         (Duration::from_millis(50), Duration::from_secs(2))
     );
     assert_eq!(c.send_queue, 1024);
+}
+
+#[tokio::test]
+async fn a_flood_of_refused_connections_is_counted_each_and_logged_once_a_window() {
+    let (logs, _guard) = capture();
+    let addrs = free_addrs(2);
+    let s = bind(cfg(1, addrs[0], &[(2, addrs[1])])).await;
+    for _ in 0..40 {
+        let mut c = TcpStream::connect(s.local_addr()).await.unwrap();
+        let _ = c.write_all(b"GET / HTTP/1.1\r\n\r\n").await;
+    }
+    until(|| s.stats().handshakes_refused >= 40).await;
+    let lines: Vec<String> = logs
+        .warnings()
+        .into_iter()
+        .filter(|l| l.contains("refused"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].contains("refused a connection from 127.0.0.1:"),
+        "{lines:#?}"
+    );
 }

@@ -20,6 +20,7 @@ use super::handshake::{self, Auth, MAX_CLUSTER_ID};
 use super::peer::PeerTask;
 use super::stats::{Count, Counters};
 use super::{TcpConfig, TcpStats};
+use crate::refusal_log::{self, RefusalLog};
 use crate::sync::Arc;
 use crate::{Transport, TransportError};
 
@@ -54,6 +55,8 @@ pub(super) struct Shared {
     pub(super) reconnect_max: Duration,
     /// The counters behind [`TcpStats`].
     pub(super) counters: Counters,
+    /// Refused connections, logged at a bounded rate.
+    pub(super) refusals: RefusalLog,
     /// Frames for `recv`.
     pub(super) inbound: mpsc::Sender<(NodeId, Bytes)>,
     /// Every peer.
@@ -229,6 +232,7 @@ impl TcpTransport {
             reconnect_min,
             reconnect_max: cfg.reconnect_max.max(reconnect_min),
             counters: Counters::default(),
+            refusals: RefusalLog::new("connection", refusal_log::WINDOW),
             inbound,
             peers: handles,
         });
@@ -352,8 +356,16 @@ impl Transport for TcpTransport {
 /// Accepts connections for as long as the transport lives; each gets its own handshake task,
 /// so a slow or hostile client holds up nobody else.
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tasks: Tasks) {
+    let mut summaries = tokio::time::interval(refusal_log::WINDOW);
     loop {
-        match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = summaries.tick() => {
+                shared.refusals.tick();
+                continue;
+            }
+        };
+        match accepted {
             Ok((stream, addr)) => {
                 shared.counters.bump(Count::Accepted);
                 tasks.spawn(accept_one(stream, addr, Arc::clone(&shared)));
@@ -397,8 +409,10 @@ pub(super) async fn authenticate(
             })
         }
         Err(e) => {
-            warn!(remote = %addr, "refused a connection from {addr}: {e}");
             shared.counters.bump(Count::Refused);
+            shared
+                .refusals
+                .refused(e.kind(), || format!("from {addr}: {e}"));
             None
         }
     }

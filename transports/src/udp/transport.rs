@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use tracing::debug;
 
 use super::fragment::{FragmentHeader, Reassembler, ReassemblyLimits, fragment};
+use crate::refusal_log::{self, RefusalLog};
 use crate::tcp::Secret;
 use crate::{FlowLimits, Transport, TransportError};
 
@@ -137,6 +138,8 @@ struct Shared {
     drop_outgoing: f64,
     rng: Mutex<SmallRng>,
     counters: Counters,
+    /// Refused datagrams, logged at a bounded rate.
+    refusals: RefusalLog,
 }
 
 /// Carries frames over UDP between the nodes of a peer table ([`UdpConfig`]).
@@ -242,6 +245,7 @@ impl UdpTransport {
             drop_outgoing: cfg.drop_outgoing,
             rng: Mutex::new(SmallRng::seed_from_u64(cfg.seed)),
             counters: Counters::default(),
+            refusals: RefusalLog::new("datagram", refusal_log::WINDOW),
         });
         let (tx, rx) = mpsc::channel(cfg.recv_queue.max(1));
         let task = tokio::spawn(receive(Arc::clone(&shared), by_addr, cfg.limits, tx));
@@ -461,12 +465,15 @@ async fn receive(
             },
             _ = tick.tick() => {
                 reassembler.expire(Instant::now());
+                shared.refusals.tick();
                 continue;
             }
         };
         bump(&c.received);
         let Some(&peer) = by_addr.get(&addr) else {
             bump(&c.unknown_source);
+            let detail = || format!("from {addr}: not an address of this cluster");
+            shared.refusals.refused("unknown address", detail);
             continue;
         };
         let datagram = &buf[..n];
@@ -475,6 +482,8 @@ async fn receive(
                 Some(body) => body,
                 None => {
                     bump(&c.bad_mac);
+                    let detail = || format!("from {addr} ({peer}): its MAC does not verify");
+                    shared.refusals.refused("wrong secret", detail);
                     continue;
                 }
             },
@@ -482,6 +491,8 @@ async fn receive(
         };
         if FragmentHeader::read(body).is_ok_and(|h| h.from != peer) {
             bump(&c.unknown_source);
+            let detail = || format!("from {addr} ({peer}): it names another sender");
+            shared.refusals.refused("spoofed sender", detail);
             continue;
         }
         match reassembler.accept(Instant::now(), Bytes::copy_from_slice(body)) {
@@ -494,7 +505,8 @@ async fn receive(
             Ok(None) => {}
             Err(e) => {
                 bump(&c.refused);
-                debug!(peer = %peer, error = %e, "datagram refused");
+                let detail = || format!("from {addr} ({peer}): {e}");
+                shared.refusals.refused("malformed", detail);
             }
         }
     }

@@ -114,3 +114,28 @@ async fn a_bad_configuration_is_an_error_naming_the_field() {
         .to_string();
     assert!(err.contains("max_payload"), "{err}");
 }
+
+#[tokio::test]
+async fn a_flood_of_refused_datagrams_is_counted_each_and_logged_once_a_window() {
+    let (logs, _guard) = crate::test_logs::capture();
+    let t = cluster(&[(A, None), (B, None)]).await;
+    let stranger = UdpSocket::bind(loopback()).await.unwrap();
+    for _ in 0..30 {
+        stranger.send_to(b"noise", t[1].local_addr()).await.unwrap();
+    }
+    // Loopback delivers in send order: once the peer's frame is in, the noise was seen.
+    t[0].send(B, Bytes::from_static(b"from a")).await.unwrap();
+    assert_eq!(t[1].recv().await.unwrap().1, Bytes::from_static(b"from a"));
+    assert_eq!(t[1].stats().unknown_source, 30);
+    let lines: Vec<String> = logs
+        .warnings()
+        .into_iter()
+        .filter(|l| l.contains("refused"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].contains("refused a datagram from 127.0.0.1:"),
+        "{lines:#?}"
+    );
+    logs.assert_logged("not an address of this cluster");
+}

@@ -1,0 +1,142 @@
+//! Refused input, logged so that whoever sends it cannot fill the log: the first refusal of a
+//! window is logged in full, the others are counted by reason and summed up in one line once
+//! the window is over. Every refusal is also counted in the transport's stats.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+
+use crate::sync::Mutex;
+
+/// How long a window lasts: under a steady attack, two lines per window.
+pub(crate) const WINDOW: Duration = Duration::from_secs(10);
+
+/// The refusals of one kind of input (`"connection"`, `"datagram"`), logged at a bounded rate.
+#[derive(Debug)]
+pub(crate) struct RefusalLog {
+    what: &'static str,
+    window: Duration,
+    state: Mutex<Window>,
+}
+
+#[derive(Debug, Default)]
+struct Window {
+    /// When the refusal logged in full opened the window.
+    opened: Option<Instant>,
+    /// The refusals since, by reason.
+    counted: BTreeMap<&'static str, u64>,
+}
+
+impl RefusalLog {
+    /// A log for refused `what`s with windows of `window`.
+    pub(crate) fn new(what: &'static str, window: Duration) -> Self {
+        RefusalLog {
+            what,
+            window,
+            state: Mutex::new(Window::default()),
+        }
+    }
+
+    /// Records one refusal: logged with `detail` when it opens a window, counted under
+    /// `reason` otherwise.
+    pub(crate) fn refused(&self, reason: &'static str, detail: impl FnOnce() -> String) {
+        let now = Instant::now();
+        let opens = {
+            let mut w = self.lock();
+            self.close_if_over(&mut w, now);
+            if w.opened.is_none() {
+                w.opened = Some(now);
+                true
+            } else {
+                *w.counted.entry(reason).or_default() += 1;
+                false
+            }
+        };
+        if opens {
+            warn!(
+                reason,
+                "refused a {} {} (more in the next {} s are summed up)",
+                self.what,
+                detail(),
+                self.window.as_secs()
+            );
+        } else {
+            // Each one still, for whoever turns debug logging on.
+            debug!(reason, "refused a {} {}", self.what, detail());
+        }
+    }
+
+    /// Sums up the window if it is over; call it now and then, so that the last refusals of
+    /// an attack that stopped are reported too.
+    pub(crate) fn tick(&self) {
+        self.tick_at(Instant::now());
+    }
+
+    fn tick_at(&self, now: Instant) {
+        let mut w = self.lock();
+        self.close_if_over(&mut w, now);
+    }
+
+    fn close_if_over(&self, w: &mut Window, now: Instant) {
+        let Some(opened) = w.opened else {
+            return;
+        };
+        if now.duration_since(opened) < self.window {
+            return;
+        }
+        w.opened = None;
+        let counted = core::mem::take(&mut w.counted);
+        let secs = now.duration_since(opened).as_secs();
+        if let Some(line) = summary(self.what, secs, &counted) {
+            warn!(refused = counted.values().sum::<u64>(), "{line}");
+        }
+    }
+
+    fn lock(&self) -> crate::sync::MutexGuard<'_, Window> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The line that sums up a window's refusals after its first, if there were any.
+fn summary(what: &str, secs: u64, counted: &BTreeMap<&'static str, u64>) -> Option<String> {
+    let total: u64 = counted.values().sum();
+    let reasons: Vec<String> = counted.iter().map(|(r, n)| format!("{r}: {n}")).collect();
+    (total > 0).then(|| {
+        format!(
+            "refused {total} more {what}s in the last {secs} s ({})",
+            reasons.join(", ")
+        )
+    })
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_logs_its_first_refusal_and_sums_up_the_rest() {
+        let log = RefusalLog::new("connection", Duration::from_millis(50));
+        for _ in 0..1000 {
+            log.refused("wrong secret", || "from 127.0.0.1:9: wrong secret".into());
+        }
+        // The first opened the window; the others are counted for its summary.
+        let counted = log.lock().counted.get("wrong secret").copied();
+        assert_eq!(counted, Some(999));
+        assert!(log.lock().opened.is_some());
+        log.refused("unknown address", || "from 127.0.0.1:10".into());
+        let line = summary("connection", 10, &log.lock().counted);
+        assert_eq!(
+            line.as_deref(),
+            Some(
+                "refused 1000 more connections in the last 10 s (unknown address: 1, wrong secret: 999)"
+            )
+        );
+        log.tick_at(Instant::now() + Duration::from_millis(60));
+        let w = log.lock();
+        assert!(w.opened.is_none() && w.counted.is_empty(), "{w:?}");
+        assert_eq!(summary("datagram", 10, &BTreeMap::new()), None);
+    }
+}
