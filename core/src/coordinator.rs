@@ -107,6 +107,9 @@ pub struct Coordinator {
     /// storing arrival times keeps the state bounded, which the model checker needs.
     silent_checks: BTreeMap<NodeId, u64>,
     dead: BTreeSet<NodeId>,
+    /// Silent servers kept on the ring because too few would be left without them, each
+    /// reported once ([`Event::RingDegraded`]) until it is heard from again.
+    kept_silent: BTreeSet<NodeId>,
     /// Servers that reported catching up with the change of the current epoch.
     caught_up: BTreeSet<NodeId>,
     /// The incarnation each node last registered with.
@@ -130,6 +133,7 @@ impl Coordinator {
             config: None,
             silent_checks: BTreeMap::new(),
             dead: BTreeSet::new(),
+            kept_silent: BTreeSet::new(),
             caught_up: BTreeSet::new(),
             incarnations: BTreeMap::new(),
         })
@@ -322,6 +326,7 @@ impl Coordinator {
             return out.refuse(from, Refusal::Misaddressed { to: env.to });
         }
         self.silent_checks.remove(&from);
+        self.kept_silent.remove(&from);
         match env.body {
             Message::Register { role, incarnation } => {
                 if let Some(&known) = self.incarnations.get(&from).filter(|&&i| incarnation < i) {
@@ -549,7 +554,9 @@ impl Coordinator {
                         next = without;
                         removed.push(n);
                     }
-                    Err(_) => out.emit(Event::RingDegraded(n)),
+                    // Said once, not on every check it stays silent.
+                    Err(_) if self.kept_silent.insert(n) => out.emit(Event::RingDegraded(n)),
+                    Err(_) => {}
                 }
             }
         }

@@ -191,7 +191,7 @@ pub use timing::Timing;
 pub use updater::{UpdateRule, Updater};
 pub use value::Value;
 pub use wire::{ClusterConfig, RequestId};
-pub use worker::{DEFAULT_MAX_SLICE_BYTES, WorkerError};
+pub use worker::{DEFAULT_MAX_SLICE_BYTES, Wait, WorkerError};
 
 /// The byte buffer frames travel in, re-exported so that embedders use the same version.
 pub use bytes::{self, Bytes};

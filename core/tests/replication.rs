@@ -461,11 +461,12 @@ fn a_server_whose_loss_would_leave_too_few_for_the_replicas_is_kept_and_reported
     c.crash(NodeId(2));
     c.run_until(10_000 * MS, |_| false);
     assert_eq!(c.config().servers, vec![NodeId(1), NodeId(2)]);
-    assert!(
-        c.events[&COORD].contains(&Event::RingDegraded(NodeId(2))),
-        "{:?}",
-        c.events[&COORD]
-    );
+    // Reported once for the whole silence, not on every failure check.
+    let said = c.events[&COORD]
+        .iter()
+        .filter(|e| **e == Event::RingDegraded(NodeId(2)))
+        .count();
+    assert_eq!(said, 1, "{:?}", c.events[&COORD]);
 }
 
 /// A primary cut off from its replica holds a push without acknowledging it; once the primary
@@ -867,8 +868,11 @@ fn drop_dedup_on_transfer_applies_a_resend_again_after_fail_over() {
         let follower = c.ring().owners(key)[1];
         assert_eq!(c.pushes_done(w), 0);
         c.crash(replica);
+        // Epoch 3 takes the replica off the ring; ranges the two crashed servers alone held
+        // are listed as lost in a later one.
         assert!(c.run_until(60_000 * MS, |c| c.pushes_done(w) == 1
-            && c.servers_at_epoch(3)));
+            && c.config().epoch >= 3
+            && c.servers_at_epoch(c.config().epoch)));
         assert_eq!(c.ring().primary(key), follower);
         c.primary_value(key)
     };

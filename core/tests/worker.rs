@@ -919,3 +919,35 @@ fn staleness_a_push_taken_in_at_an_earlier_epoch_counts_only_when_taken_in_again
     assert!(pushes(&out).iter().all(|p| p.1 != slice), "{out:?}");
     assert_eq!(taken_sends(&out), vec![(S1, 3, 1)]);
 }
+
+#[test]
+fn a_worker_says_which_server_and_keys_each_open_slice_waits_for() {
+    let cfg = config(1, &[1, 2], Consistency::Eventual);
+    let mut w = worker(&cfg);
+    let mut out = Effects::new();
+    let (k1, k2) = (key_of(&cfg, S1), key_of(&cfg, S2));
+    let push = w.push(T, one(k1), &mut out).unwrap();
+    let pull = w.pull(T, keys(&[k2]), &mut out).unwrap();
+    let waits = w.waits();
+    assert_eq!(waits.len(), 2, "{waits:?}");
+    assert_eq!(
+        (waits[0].request, waits[0].push, waits[0].server),
+        (push, true, S1)
+    );
+    assert_eq!(waits[0].keys, Some(KeyRange::new(k1, k1 + 1).unwrap()));
+    assert_eq!(
+        (waits[1].request, waits[1].push, waits[1].server),
+        (pull, false, S2)
+    );
+    assert_eq!(waits[1].keys, Some(KeyRange::new(k2, k2 + 1).unwrap()));
+    assert!(
+        waits.iter().all(|x| x.attempts == 0 && x.iteration == 0),
+        "{waits:?}"
+    );
+    // Answered, the push waits no more.
+    let sent = pushes(&out);
+    out.clear();
+    w.on_message(T, ack(S1, sent[0].1), &mut out);
+    assert_eq!(w.waits().len(), 1);
+    assert_eq!(w.waits()[0].request, pull);
+}

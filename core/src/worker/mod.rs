@@ -14,6 +14,7 @@ use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, Refusal, TimerId};
 use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
+use crate::key::KeyRange;
 use crate::kv::KvPairs;
 use crate::selection::KeySelection;
 use crate::slicing::Part;
@@ -117,6 +118,28 @@ impl<V: Value> Worker<V> {
         self.cluster
             .as_ref()
             .map_or_else(Vec::new, |c| c.config.shares_of(self.cfg.id))
+    }
+
+    /// What the worker waits for: every unanswered slice of its open requests, in request
+    /// order (the oldest first), with the server it is addressed to and the keys it covers.
+    /// A driver that sees requests stay open logs these, so that a stall says where it is.
+    pub fn waits(&self) -> Vec<Wait> {
+        self.requests
+            .iter()
+            .flat_map(|(&request, r)| {
+                r.open.values().map(move |slice| Wait {
+                    request,
+                    push: r.is_push(),
+                    iteration: r.iteration,
+                    server: slice.server,
+                    keys: match &slice.part {
+                        Part::Push(kvs) => kvs.span(),
+                        Part::Pull(keys) => keys.span(),
+                    },
+                    attempts: slice.attempts,
+                })
+            })
+            .collect()
     }
 
     /// The iteration the worker is in.
@@ -386,7 +409,7 @@ impl<V: Value> Worker<V> {
             return self.fence(out);
         }
         // A range lost since the configuration before: the job may have to fail for it.
-        let known: &[crate::key::KeyRange] = self.cluster.as_ref().map_or(&[], |c| &c.config.lost);
+        let known: &[KeyRange] = self.cluster.as_ref().map_or(&[], |c| &c.config.lost);
         for &range in &cluster.config.lost {
             if known.binary_search(&range).is_err() {
                 out.emit(Event::RangeLost(range));
@@ -435,4 +458,22 @@ impl<V: Value> Worker<V> {
         }
         out.emit(Event::Fenced);
     }
+}
+
+/// One unanswered slice of a worker's open request ([`Worker::waits`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Wait {
+    /// The request it is a slice of.
+    pub request: RequestId,
+    /// A push (otherwise a pull).
+    pub push: bool,
+    /// The iteration the request belongs to.
+    pub iteration: Iteration,
+    /// The server it is addressed to.
+    pub server: NodeId,
+    /// The keys it covers, first to last (none for an empty slice).
+    pub keys: Option<KeyRange>,
+    /// How many times it was sent again, unanswered.
+    pub attempts: u8,
 }
