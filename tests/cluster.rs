@@ -637,6 +637,75 @@ fn a_lost_range_fails_the_job() {
 }
 
 #[test]
+fn a_worker_stalled_on_an_unavailable_range_says_why_and_ends() {
+    const SERVERS3: u32 = 3;
+    const WORKERS2: u32 = 2;
+    const LONG: u32 = 400;
+    let dir = std::env::temp_dir().join(format!("pserver-stall-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
+    let ports: Vec<u16> = (0..=SERVERS3 + WORKERS2).map(|_| free_port()).collect();
+    let config = write_cluster(&dir, &ports, SERVERS3, "bounded:1", LONG, 25);
+    // Workers give up after 4 s without progress.
+    let text_of_config = std::fs::read_to_string(&config).unwrap();
+    let with_limit = text_of_config.replacen("[job]\n", "[job]\nstall_limit_secs = 4\n", 1);
+    std::fs::write(&config, with_limit).unwrap();
+    let config_arg = config.to_str().unwrap();
+    let mut children = Children(Vec::new());
+    for id in 0..=SERVERS3 + WORKERS2 {
+        let role = match id {
+            0 => "coordinator",
+            i if i <= SERVERS3 => "server",
+            _ => "worker",
+        };
+        let log = if role == "worker" { "info" } else { "warn" };
+        let id_arg = id.to_string();
+        let child = pserver(&[role, "--config", config_arg, "--id", &id_arg])
+            .env("RUST_LOG", log)
+            .spawn()
+            .expect("start a node");
+        children.0.push((format!("{role} {id}"), child));
+    }
+    let first_worker = 1 + SERVERS3 as usize;
+    let (iterations, first_log) = watch_log(&mut children.0[first_worker].1, "iteration done");
+    for _ in 0..3 {
+        assert!(iterations.recv_timeout(Duration::from_secs(60)).is_ok());
+    }
+    // Two of three servers gone with one replica a range: the one left cannot hold the ring,
+    // so the silent server is kept on it, and its ranges are served by nobody.
+    for victim in [1, 2] {
+        children.0[victim].1.kill().expect("kill a server");
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut first_log = Some(first_log);
+    for (name, mut child) in children.0.drain(first_worker..) {
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().expect("output");
+        let err = match first_log.take() {
+            Some(reader) => reader.join().expect("the first worker's log"),
+            None => text(&out.stderr),
+        };
+        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+        assert!(err.contains("nothing completed for"), "{name}: {err}");
+        let last = err.trim().lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("error: no request completed for")
+                && last.contains("the stall limit: waiting for server n"),
+            "{name}: {last}"
+        );
+    }
+    for (_, child) in children.0.iter().skip(3) {
+        signal(child, "-INT");
+    }
+    signal(&children.0[0].1, "-INT");
+    let (_, coordinator) = children.0.remove(0);
+    let log = text(&coordinator.wait_with_output().expect("output").stderr);
+    let degraded = log.matches("too few servers left").count();
+    assert!((1..=2).contains(&degraded), "said {degraded} times:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_fenced_server_process_exits_and_frees_its_port() {
     const SERVERS3: u32 = 3;
     const WORKERS2: u32 = 2;

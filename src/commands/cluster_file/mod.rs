@@ -206,6 +206,13 @@ impl ClusterFile {
             compute: Duration::from_millis(raw.job.compute_ms),
         };
         let allow_loss = raw.job.allow_loss;
+        // 0 waits for ever.
+        spec.runtime.stall_limit =
+            (raw.job.stall_limit_secs > 0).then(|| Duration::from_secs(raw.job.stall_limit_secs));
+        // Said at least once before giving up.
+        if let Some(limit) = spec.runtime.stall_limit {
+            spec.runtime.stall_warning = spec.runtime.stall_warning.min(limit / 2);
+        }
         let job = job(raw.job, &mut spec, &origin)?;
         spec.job
             .validate::<i64>()

@@ -93,6 +93,13 @@ pub(super) struct RawJob {
     pub(super) index_base: RawBase,
     #[serde(default)]
     pub(super) allow_loss: bool,
+    #[serde(default = "default_stall_limit_secs")]
+    pub(super) stall_limit_secs: u64,
+}
+
+/// A worker that sees nothing complete for five minutes gives up.
+fn default_stall_limit_secs() -> u64 {
+    300
 }
 
 /// `index_base`: `0`, `1` or `"auto"` (numbers written as strings are taken too).
@@ -193,6 +200,7 @@ impl Default for RawJob {
             seed: 0,
             index_base: RawBase::default(),
             allow_loss: false,
+            stall_limit_secs: default_stall_limit_secs(),
         }
     }
 }

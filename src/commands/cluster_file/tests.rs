@@ -275,3 +275,13 @@ fn a_job_refuses_loss_unless_it_says_it_allows_it() {
     let allowing = GOOD.replace("keys = 10", "keys = 10\nallow_loss = true");
     assert!(parse(&allowing).unwrap().allow_loss);
 }
+
+#[test]
+fn a_worker_gives_up_after_the_stall_limit_the_job_sets() {
+    let limit = |text: &str| parse(text).unwrap().spec.runtime.stall_limit;
+    assert_eq!(limit(GOOD), Some(Duration::from_secs(300)));
+    let short = GOOD.replace("keys = 10", "keys = 10\nstall_limit_secs = 5");
+    assert_eq!(limit(&short), Some(Duration::from_secs(5)));
+    let never = GOOD.replace("keys = 10", "keys = 10\nstall_limit_secs = 0");
+    assert_eq!(limit(&never), None);
+}

@@ -28,6 +28,15 @@ pub enum RuntimeError {
     /// The worker left the job ([`WorkerHandle::leave`]).
     #[error("the worker has left the job")]
     Left,
+    /// None of the worker's open requests completed within
+    /// [`crate::runtime::RuntimeConfig::stall_limit`].
+    #[error("no request completed for {secs} s, the stall limit: waiting for {waiting}")]
+    Stalled {
+        /// How long nothing completed.
+        secs: u64,
+        /// What the worker waited for: servers, keys, retransmissions.
+        waiting: String,
+    },
     /// The pushed rows have another width than the job's.
     #[error("pushed rows have {got} values per key, but this job uses {expected}")]
     WidthMismatch {

@@ -51,6 +51,13 @@ pub struct RuntimeConfig {
     pub drain_timeout: Duration,
     /// Start with this configuration in force (static membership) instead of registering.
     pub configured: Option<ClusterConfig>,
+    /// A worker with requests open that sees none complete for this long says what it waits
+    /// for (which servers, which keys), again at most this often. Default 10 s.
+    pub stall_warning: Duration,
+    /// A worker that sees none of its open requests complete for this long gives up: every
+    /// open and later call fails with [`RuntimeError::Stalled`], saying what it waited for,
+    /// and the loop ends. Default: never.
+    pub stall_limit: Option<Duration>,
 }
 
 impl Default for RuntimeConfig {
@@ -60,6 +67,8 @@ impl Default for RuntimeConfig {
             max_open_requests: 256,
             drain_timeout: Duration::from_secs(10),
             configured: None,
+            stall_warning: Duration::from_secs(10),
+            stall_limit: None,
         }
     }
 }

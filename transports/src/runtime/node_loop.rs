@@ -5,8 +5,8 @@ use std::sync::{Arc, OnceLock};
 
 use pserver_core::store::ParamStore;
 use pserver_core::{
-    Driver, DriverError, Event, Iteration, KeyRange, KvPairs, Refusal, RequestId, Role, Time,
-    UpdateRule, Value,
+    Driver, DriverError, Event, Iteration, KeyRange, KvPairs, NodeId, Refusal, RequestId, Role,
+    Time, UpdateRule, Value,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until};
@@ -73,6 +73,9 @@ where
         fenced: false,
         leave: None,
         left: false,
+        progress_at: Instant::now(),
+        stall_warned_at: None,
+        stalled: None,
         ended,
         lost: lost_tx,
     };
@@ -108,6 +111,13 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     /// The coordinator took the worker out because it asked to leave: its fence is the
     /// confirmation, not a removal.
     left: bool,
+    /// When a request last completed, or requests were opened with none open before: how
+    /// long the worker has waited without progress.
+    progress_at: Instant,
+    /// When the worker last said what it waits for.
+    stall_warned_at: Option<Instant>,
+    /// Nothing completed within the stall limit: why the loop ends.
+    stalled: Option<RuntimeError>,
     /// Why the loop ended, for the worker handle's calls that come after.
     ended: Arc<OnceLock<RuntimeError>>,
     /// The ranges the job lost, for the worker handle.
@@ -140,13 +150,84 @@ where
 
     /// Why the loop ends, or ended.
     fn ending(&self) -> RuntimeError {
-        if self.left {
+        if let Some(stalled) = &self.stalled {
+            stalled.clone()
+        } else if self.left {
             RuntimeError::Left
         } else if self.fenced {
             RuntimeError::Fenced
         } else {
             RuntimeError::ShutDown
         }
+    }
+
+    /// Says what the worker waits for when its open requests see no progress for
+    /// [`RuntimeConfig::stall_warning`], and gives up past [`RuntimeConfig::stall_limit`]. The
+    /// worker's heartbeat wakes the loop often enough to notice.
+    fn watch_for_stalls(&mut self) {
+        if self.open_requests() == 0 || self.stalled.is_some() {
+            return;
+        }
+        let waited = self.progress_at.elapsed();
+        if waited < self.cfg.stall_warning {
+            return;
+        }
+        let secs = waited.as_secs();
+        if self.cfg.stall_limit.is_some_and(|limit| waited >= limit) {
+            let waiting = self.waiting_for();
+            tracing::error!(
+                secs,
+                "no request completed within the stall limit: waiting for {waiting}"
+            );
+            self.stalled = Some(RuntimeError::Stalled { secs, waiting });
+            return;
+        }
+        if self
+            .stall_warned_at
+            .is_none_or(|at| at.elapsed() >= self.cfg.stall_warning)
+        {
+            self.stall_warned_at = Some(Instant::now());
+            let open = self.open_requests();
+            warn!(
+                secs,
+                open,
+                "nothing completed for {secs} s: waiting for {}",
+                self.waiting_for()
+            );
+        }
+    }
+
+    /// The servers and keys a worker's open slices wait for, in a line.
+    fn waiting_for(&self) -> String {
+        let waits = self
+            .driver
+            .node()
+            .as_worker()
+            .map(pserver_core::node::Worker::waits)
+            .unwrap_or_default();
+        if waits.is_empty() {
+            return "the servers to acknowledge this worker's progress".to_owned();
+        }
+        let mut by_server: BTreeMap<NodeId, (usize, Option<KeyRange>, u8)> = BTreeMap::new();
+        for w in &waits {
+            let entry = by_server.entry(w.server).or_insert((0, None, 0));
+            entry.0 += 1;
+            entry.1 = match (entry.1, w.keys) {
+                (Some(a), Some(b)) => {
+                    KeyRange::new(a.start().min(b.start()), a.end().max(b.end())).ok()
+                }
+                (a, b) => a.or(b),
+            };
+            entry.2 = entry.2.max(w.attempts);
+        }
+        let parts: Vec<String> = by_server
+            .iter()
+            .map(|(server, (slices, keys, attempts))| {
+                let keys = keys.map_or_else(String::new, |k| format!(" over keys {k}"));
+                format!("server {server}: {slices} slices{keys}, sent again up to {attempts} times")
+            })
+            .collect();
+        parts.join("; ")
     }
 
     /// Asks the coordinator to take the worker out once nothing the application started is
@@ -186,8 +267,9 @@ where
                 self.driver.handle_timeout(now);
             }
             self.ask_to_leave_when_done();
+            self.watch_for_stalls();
             self.flush().await;
-            if self.fenced {
+            if self.fenced || self.stalled.is_some() {
                 commands.close();
                 while let Ok(command) = commands.try_recv() {
                     command.refuse(self.ending());
@@ -268,6 +350,10 @@ where
         if self.leave.is_some() {
             return command.refuse(RuntimeError::Left);
         }
+        if self.open_requests() == 0 {
+            // A wait begins: nothing was open, so nothing was stalled.
+            self.progress_at = Instant::now();
+        }
         match command {
             Command::Push { kvs, done, durable } => match self.driver.push(now, kvs) {
                 Ok(id) => {
@@ -341,11 +427,13 @@ where
                 self.ready.send_replace(Some(epoch));
             }
             Event::Advanced(iteration) => {
+                self.progress_at = Instant::now();
                 if let Some(reply) = self.advances.pop_front() {
                     let _ = reply.send(Ok(iteration));
                 }
             }
             Event::PushDone(id) => {
+                self.progress_at = Instant::now();
                 if let Some(reply) = self.pushes.remove(&id) {
                     let _ = reply.send(Ok(()));
                 }
@@ -366,6 +454,7 @@ where
                 }
             }
             Event::PullDone(id, kvs) => {
+                self.progress_at = Instant::now();
                 if let Some(reply) = self.pulls.remove(&id) {
                     let _ = reply.send(Ok(kvs));
                 }
