@@ -34,7 +34,7 @@ use pserver_transport::mem::MemNetwork;
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError, WorkerHandle};
 use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
 use tokio::sync::mpsc;
-use tracing::info;
+use tracing::warn;
 
 use crate::data::libsvm::{Examples, IndexBase};
 
@@ -680,7 +680,7 @@ impl<F: FnMut(usize) -> Result<ShareRows, RuntimeError>> Shares<'_, F> {
         let shares = self.handle.shares().await?;
         for &share in shares.iter().filter(|s| !self.held.contains(s)) {
             if !self.held.is_empty() {
-                info!(
+                warn!(
                     share,
                     epoch, step, "took over the share of a worker that is gone"
                 );
