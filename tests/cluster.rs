@@ -139,6 +139,18 @@ fn finish(mut child: Child) -> Output {
     child.wait_with_output().expect("collect a child's output")
 }
 
+/// The whole answer, head and body, of an HTTP/1.1 `GET path` at `addr`.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::Read;
+    let mut s = TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read the answer");
+    answer
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -186,9 +198,15 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
         .map(|s| dir.join(format!("server{s}.totals")))
         .collect();
     start("coordinator", 0, &[]);
+    // The first server serves its metrics: the refusals below must show there.
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
     for s in 1..=SERVERS {
         let dump = dumps[s as usize - 1].to_str().unwrap().to_owned();
-        start("server", s, &["--dump", &dump]);
+        if s == 1 {
+            start("server", s, &["--dump", &dump, "--metrics", &metrics_addr]);
+        } else {
+            start("server", s, &["--dump", &dump]);
+        }
     }
     for w in SERVERS + 1..=SERVERS + WORKERS {
         start("worker", w, &[]);
@@ -257,6 +275,27 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
     }
     workers_done.store(true, Ordering::Relaxed);
     let rounds = attacker.join().expect("the attack ran");
+    // Every garbage connection is counted where an operator looks.
+    let health = http_get(&metrics_addr, "/healthz");
+    assert!(
+        health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"),
+        "{health}"
+    );
+    let scrape = http_get(&metrics_addr, "/metrics");
+    let labels = "{node=\"n1\",role=\"server\"}";
+    let counter = |name: &str| -> u64 {
+        let prefix = format!("pserver_{name}_total{labels} ");
+        scrape
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in:\n{scrape}"))
+    };
+    assert!(
+        counter("tcp_handshakes_refused") >= 3 * rounds as u64,
+        "{scrape}"
+    );
+    assert!(counter("frames_received") > 0, "{scrape}");
     let attack_secs = attack_began.elapsed().as_secs();
     for (name, child) in children.0.drain(first_worker..) {
         let out = finish(child);

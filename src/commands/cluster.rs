@@ -23,6 +23,7 @@ use super::parse::output_file;
 use thiserror::Error;
 
 use super::cluster_file::{ClusterFile, ClusterFileError, Job, LrJob};
+use super::metrics::{Sources, TransportCounters};
 use super::script::{Script, WorkerSummary};
 use super::signals::Stop;
 use crate::apps::lr::{Measure, ShareRows, evaluate, load_model, run_shares, save_model};
@@ -60,6 +61,14 @@ pub enum RunError {
     /// The training data could not be read.
     #[error("{0}")]
     Data(String),
+    /// The metrics endpoint could not listen.
+    #[error("cannot serve metrics at {address}: {why}")]
+    Metrics {
+        /// The address asked for.
+        address: String,
+        /// Why.
+        why: String,
+    },
     /// SIGINT or SIGTERM stopped the worker, which left the job first.
     #[error("{}", .0.word())]
     Stopped(Stop),
@@ -123,6 +132,8 @@ struct Started<V: Value> {
     role: Role,
     spawned: Spawned<V, Updater, Store<V>>,
     transport: NodeTransport,
+    /// The metrics endpoint's task, if the node serves one.
+    metrics: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The transport a node process runs over, as its cluster file names it.
@@ -150,6 +161,89 @@ impl NodeTransport {
         }
     }
 
+    /// The transport's counters, for the metrics endpoint.
+    fn counters(&self) -> TransportCounters {
+        match self {
+            NodeTransport::Tcp(t) => {
+                let t = Arc::clone(t);
+                Arc::new(move || {
+                    let s = t.stats();
+                    vec![
+                        (
+                            "tcp_connections_established",
+                            "Connections whose handshake succeeded",
+                            s.connections_established,
+                        ),
+                        (
+                            "tcp_handshakes_refused",
+                            "Connections refused: wrong secret, cluster, version or node, garbage, timeout",
+                            s.handshakes_refused,
+                        ),
+                        (
+                            "tcp_frames_received",
+                            "Frames received from authenticated peers",
+                            s.frames_received,
+                        ),
+                        (
+                            "tcp_frames_sent",
+                            "Frames written to a connection",
+                            s.frames_sent,
+                        ),
+                        (
+                            "tcp_frames_dropped",
+                            "Frames dropped because a peer's queue was full",
+                            s.frames_dropped,
+                        ),
+                        (
+                            "tcp_bytes_sent",
+                            "Bytes of the frames written",
+                            s.bytes_sent,
+                        ),
+                        (
+                            "tcp_bad_framing_closes",
+                            "Connections closed for breaking the framing",
+                            s.bad_framing_closes,
+                        ),
+                    ]
+                })
+            }
+            NodeTransport::Udp(t) => {
+                let t = Arc::clone(t);
+                Arc::new(move || {
+                    let s = t.stats();
+                    vec![
+                        (
+                            "udp_datagrams_sent",
+                            "Datagrams handed to the socket",
+                            s.sent,
+                        ),
+                        ("udp_datagrams_received", "Datagrams received", s.received),
+                        (
+                            "udp_unknown_source",
+                            "Datagrams refused: from outside the peer table, or naming another sender",
+                            s.unknown_source,
+                        ),
+                        (
+                            "udp_bad_mac",
+                            "Datagrams refused: their MAC did not verify",
+                            s.bad_mac,
+                        ),
+                        (
+                            "udp_refused",
+                            "Datagrams the reassembler refused",
+                            s.refused,
+                        ),
+                        (
+                            "udp_frames_received",
+                            "Frames put back together and delivered",
+                            s.frames,
+                        ),
+                    ]
+                })
+            }
+        }
+    }
+
     fn local_addr(&self) -> std::net::SocketAddr {
         match self {
             NodeTransport::Tcp(t) => t.local_addr(),
@@ -170,8 +264,9 @@ impl NodeTransport {
 async fn start<V: Value + Send + Sync>(
     file: &ClusterFile,
     id: NodeId,
-    join_timeout: Duration,
+    options: &NodeOptions,
 ) -> Result<Started<V>, RunError> {
+    let join_timeout = options.join_timeout;
     let role = file.role(id)?;
     let transport = NodeTransport::bind(file, id).await?;
     let driver: Driver<V> = file
@@ -180,6 +275,22 @@ async fn start<V: Value + Send + Sync>(
         .driver(id)?;
     tracing::info!(%id, %role, address = %transport.local_addr(), "listening");
     let spawned = spawn_node(driver, transport.shared(), file.spec.runtime.clone());
+    let metrics = match options.metrics {
+        Some(addr) => {
+            let sources = Sources {
+                id,
+                role,
+                node: spawned.node.metrics_receiver(),
+                transport: transport.counters(),
+            };
+            let served = super::metrics::serve(addr, sources).await;
+            Some(served.map_err(|e| RunError::Metrics {
+                address: addr.to_string(),
+                why: e.to_string(),
+            })?)
+        }
+        None => None,
+    };
     if role != Role::Coordinator
         && tokio::time::timeout(join_timeout, spawned.node.ready())
             .await
@@ -199,7 +310,17 @@ async fn start<V: Value + Send + Sync>(
         role,
         spawned,
         transport,
+        metrics,
     })
+}
+
+/// How a node process runs, besides what its cluster file says.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// Servers and workers give up if the job has not started after this long.
+    pub join_timeout: Duration,
+    /// Serve `/healthz` and `/metrics` here.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// Runs node `id` of the cluster file until it is done (a worker) or told to stop by SIGINT or
@@ -207,24 +328,25 @@ async fn start<V: Value + Send + Sync>(
 pub async fn run_node(
     file: &ClusterFile,
     id: NodeId,
-    join_timeout: Duration,
+    options: &NodeOptions,
 ) -> Result<NodeOutcome, RunError> {
     match &file.job {
-        Job::Script => run_script_node(file, id, join_timeout).await,
-        Job::Lr(job) => run_lr_node(file, job, id, join_timeout).await,
+        Job::Script => run_script_node(file, id, options).await,
+        Job::Lr(job) => run_lr_node(file, job, id, options).await,
     }
 }
 
 async fn run_script_node(
     file: &ClusterFile,
     id: NodeId,
-    join_timeout: Duration,
+    options: &NodeOptions,
 ) -> Result<NodeOutcome, RunError> {
     let Started {
         role,
         spawned,
         transport,
-    } = start::<i64>(file, id, join_timeout).await?;
+        metrics,
+    } = start::<i64>(file, id, options).await?;
     let outcome = match (role, spawned.worker) {
         (Role::Worker, Some(worker)) => {
             let script = async {
@@ -246,6 +368,9 @@ async fn run_script_node(
             NodeOutcome::Coordinator
         }
     };
+    if let Some(task) = metrics {
+        task.abort();
+    }
     transport.shutdown().await;
     Ok(outcome)
 }
@@ -342,7 +467,7 @@ async fn run_lr_node(
     file: &ClusterFile,
     job: &LrJob,
     id: NodeId,
-    join_timeout: Duration,
+    options: &NodeOptions,
 ) -> Result<NodeOutcome, RunError> {
     let index = file.spec.job.layout().workers().position(|w| w == id);
     // Read before joining, so that a bad file is reported at once.
@@ -354,7 +479,8 @@ async fn run_lr_node(
         role,
         spawned,
         transport,
-    } = start::<f32>(file, id, join_timeout).await?;
+        metrics,
+    } = start::<f32>(file, id, options).await?;
     let outcome = match (role, spawned.worker, data) {
         (Role::Worker, Some(worker), Some(mut data)) => {
             let training = train_lr_worker(job, id, &worker, &mut data);
@@ -375,6 +501,9 @@ async fn run_lr_node(
             NodeOutcome::Coordinator
         }
     };
+    if let Some(task) = metrics {
+        task.abort();
+    }
     transport.shutdown().await;
     Ok(outcome)
 }

@@ -9,6 +9,7 @@ pub mod cluster_file;
 pub mod error;
 pub mod r#gen;
 pub mod local;
+pub mod metrics;
 pub mod node;
 mod parse;
 pub mod predict;

@@ -30,6 +30,11 @@ pub struct NodeArgs {
     /// Servers: on exit, write one `key_index total` line per key held to this file.
     #[arg(long, value_name = "FILE")]
     dump: Option<PathBuf>,
+    /// Serve `/healthz` and Prometheus-format `/metrics` (frames, bytes, pushes, pulls,
+    /// iterations, open requests and resends, refusals by reason, nodes declared dead, lost
+    /// ranges, the transport's counters) over HTTP at this address, e.g. 127.0.0.1:9100.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 /// Runs node `--id` of the cluster file, which must be a `role`, and prints its last line.
@@ -54,9 +59,12 @@ pub fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
             .open(path)
             .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))?;
     }
-    let join = Duration::from_secs(args.join_timeout_secs);
+    let options = cluster::NodeOptions {
+        join_timeout: Duration::from_secs(args.join_timeout_secs),
+        metrics: args.metrics,
+    };
     let outcome = super::runtime()?
-        .block_on(cluster::run_node(&file, id, join))
+        .block_on(cluster::run_node(&file, id, &options))
         .map_err(|e| match e {
             RunError::Runtime(RuntimeError::Fenced) => CliError::Fenced(format!(
                 "{role} {id} was removed from the cluster (fenced): the coordinator went on \

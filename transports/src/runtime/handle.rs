@@ -351,11 +351,43 @@ pub struct NodeReport<N> {
     pub left: bool,
 }
 
+/// What a node's event loop has done, for an operator's dashboard ([`NodeHandle::metrics`]).
+/// Counted since the node started; refreshed a few times a second while it runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeMetrics {
+    /// The configuration epoch the node is on.
+    pub epoch: Epoch,
+    /// Frames received and handed to the node.
+    pub frames_received: u64,
+    /// Frames the node sent.
+    pub frames_sent: u64,
+    /// Bytes of the frames sent.
+    pub bytes_sent: u64,
+    /// A worker's pushes done.
+    pub pushes: u64,
+    /// A worker's pulls answered.
+    pub pulls: u64,
+    /// A worker's iterations advanced.
+    pub iterations: u64,
+    /// A worker's requests open now.
+    pub open_requests: u64,
+    /// A worker's unanswered slices sent again, summed over its open slices now.
+    pub resends_open: u64,
+    /// Nodes the coordinator declared dead.
+    pub nodes_dead: u64,
+    /// Key ranges lost with their holders, as this node heard of them.
+    pub ranges_lost: u64,
+    /// Input the node refused, by reason.
+    pub refusals: Refusals,
+}
+
 /// Controls one node's event loop: stop it, wait for it.
 #[derive(Debug)]
 pub struct NodeHandle<N> {
     pub(crate) id: NodeId,
     pub(crate) ready: watch::Receiver<Option<Epoch>>,
+    pub(crate) metrics: watch::Receiver<NodeMetrics>,
     pub(crate) stop: watch::Sender<bool>,
     pub(crate) task: JoinHandle<Result<NodeReport<N>, RuntimeError>>,
 }
@@ -370,6 +402,17 @@ impl<N> NodeHandle<N> {
     /// one); returns its epoch.
     pub async fn ready(&self) -> Result<Epoch, RuntimeError> {
         wait_ready(&self.ready).await
+    }
+
+    /// What the node has done so far, refreshed a few times a second.
+    pub fn metrics(&self) -> NodeMetrics {
+        self.metrics.borrow().clone()
+    }
+
+    /// A receiver of [`NodeHandle::metrics`] that outlives the handle (for a metrics
+    /// endpoint).
+    pub fn metrics_receiver(&self) -> watch::Receiver<NodeMetrics> {
+        self.metrics.clone()
     }
 
     /// Asks the node to stop and waits for it. A worker first finishes what the application

@@ -32,7 +32,7 @@ mod handle;
 mod node_loop;
 
 pub use cluster::{ClusterSpec, LocalCluster, LocalReport};
-pub use handle::{NodeHandle, NodeReport, PushTicket, RuntimeError, WorkerHandle};
+pub use handle::{NodeHandle, NodeMetrics, NodeReport, PushTicket, RuntimeError, WorkerHandle};
 pub use node_loop::{Spawned, spawn_node};
 
 use std::time::Duration;

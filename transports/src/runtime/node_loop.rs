@@ -13,7 +13,10 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::RuntimeConfig;
-use super::handle::{Command, NodeHandle, NodeReport, RuntimeError, WorkerHandle};
+use super::handle::{Command, NodeHandle, NodeMetrics, NodeReport, RuntimeError, WorkerHandle};
+
+/// How often the loop publishes its metrics at most.
+const METRICS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 use crate::{Transport, TransportError};
 
 type Reply<T> = oneshot::Sender<Result<T, RuntimeError>>;
@@ -52,6 +55,7 @@ where
     let (ready_tx, ready_rx) = watch::channel(None);
     let ended = Arc::new(OnceLock::new());
     let (lost_tx, lost_rx) = watch::channel(Vec::new());
+    let (metrics_tx, metrics_rx) = watch::channel(NodeMetrics::default());
     let worker = (role == Role::Worker).then(|| WorkerHandle {
         commands: cmd_tx,
         ready: ready_rx.clone(),
@@ -78,11 +82,15 @@ where
         stalled: None,
         ended,
         lost: lost_tx,
+        counts: NodeMetrics::default(),
+        metrics: metrics_tx,
+        published_at: Instant::now(),
     };
     let task = tokio::spawn(looped.run(cmd_rx, stop_rx).instrument(span));
     let node = NodeHandle {
         id,
         ready: ready_rx,
+        metrics: metrics_rx,
         stop: stop_tx,
         task,
     };
@@ -122,6 +130,10 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     ended: Arc<OnceLock<RuntimeError>>,
     /// The ranges the job lost, for the worker handle.
     lost: watch::Sender<Vec<KeyRange>>,
+    /// What the loop counts; published now and then.
+    counts: NodeMetrics,
+    metrics: watch::Sender<NodeMetrics>,
+    published_at: Instant,
 }
 
 /// A worker's request to leave, until the coordinator confirms it.
@@ -159,6 +171,25 @@ where
         } else {
             RuntimeError::ShutDown
         }
+    }
+
+    /// Publishes the counts, at most every [`METRICS_EVERY`] unless `now`: a scrape sees
+    /// figures a fraction of a second old, and the hot loop pays for a copy only that often.
+    fn publish_metrics(&mut self, now: bool) {
+        if !now && self.published_at.elapsed() < METRICS_EVERY {
+            return;
+        }
+        self.published_at = Instant::now();
+        let node = self.driver.node();
+        let waits = node.as_worker().map(pserver_core::node::Worker::waits);
+        let metrics = NodeMetrics {
+            epoch: node.epoch(),
+            open_requests: self.open_requests() as u64,
+            resends_open: waits.map_or(0, |w| w.iter().map(|x| u64::from(x.attempts)).sum()),
+            refusals: self.driver.refusals(),
+            ..self.counts.clone()
+        };
+        self.metrics.send_replace(metrics);
     }
 
     /// Says what the worker waits for when its open requests see no progress for
@@ -269,6 +300,7 @@ where
             self.ask_to_leave_when_done();
             self.watch_for_stalls();
             self.flush().await;
+            self.publish_metrics(false);
             if self.fenced || self.stalled.is_some() {
                 commands.close();
                 while let Ok(command) = commands.try_recv() {
@@ -300,6 +332,7 @@ where
                 }
                 received = self.transport.recv() => match received {
                     Ok((from, frame)) => {
+                        self.counts.frames_received += 1;
                         let now = self.now();
                         self.driver.handle_frame(now, from, &frame);
                     }
@@ -325,6 +358,7 @@ where
             }
         }
         self.flush().await;
+        self.publish_metrics(true);
         let failure = self.ending();
         let _ = self.ended.set(failure.clone());
         if let Some(leaving) = self.leave.take() {
@@ -407,6 +441,8 @@ where
     /// Sends what the driver has queued and hands its events out.
     async fn flush(&mut self) {
         while let Some((to, frame)) = self.driver.poll_transmit_parts() {
+            self.counts.frames_sent += 1;
+            self.counts.bytes_sent += frame.len() as u64;
             if let Err(e) = self.transport.send_parts(to, frame).await {
                 self.send_errors += 1;
                 debug!(to = %to, error = %e, "send failed");
@@ -428,12 +464,14 @@ where
             }
             Event::Advanced(iteration) => {
                 self.progress_at = Instant::now();
+                self.counts.iterations += 1;
                 if let Some(reply) = self.advances.pop_front() {
                     let _ = reply.send(Ok(iteration));
                 }
             }
             Event::PushDone(id) => {
                 self.progress_at = Instant::now();
+                self.counts.pushes += 1;
                 if let Some(reply) = self.pushes.remove(&id) {
                     let _ = reply.send(Ok(()));
                 }
@@ -455,11 +493,15 @@ where
             }
             Event::PullDone(id, kvs) => {
                 self.progress_at = Instant::now();
+                self.counts.pulls += 1;
                 if let Some(reply) = self.pulls.remove(&id) {
                     let _ = reply.send(Ok(kvs));
                 }
             }
-            Event::NodeDead(node) => warn!(node = %node, "node declared dead"),
+            Event::NodeDead(node) => {
+                self.counts.nodes_dead += 1;
+                warn!(node = %node, "node declared dead");
+            }
             Event::RingDegraded(node) => warn!(
                 node = %node,
                 "server silent or leaving, but kept: too few servers left for the ring's replicas"
@@ -470,6 +512,7 @@ where
                     "every holder of this range failed before it was copied: it starts again from zero"
                 );
                 self.lost.send_modify(|lost| lost.push(range));
+                self.counts.ranges_lost += 1;
             }
             Event::Fenced => {
                 if self.leave.as_ref().is_some_and(|l| l.asked) {

@@ -1,0 +1,207 @@
+//! A node process's operator endpoint (`--metrics ADDR`): `/healthz` answers while the node
+//! runs, and `/metrics` gives its counters in the Prometheus text format, the node loop's
+//! ([`NodeMetrics`]) and its transport's.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use pserver_core::{NodeId, Role};
+use pserver_transport::runtime::NodeMetrics;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// A transport's counters as `(name, help, value)`, read at each scrape.
+pub type TransportCounters = Arc<dyn Fn() -> Vec<(&'static str, &'static str, u64)> + Send + Sync>;
+
+/// What a scrape reads.
+#[derive(Clone)]
+pub struct Sources {
+    /// The node.
+    pub id: NodeId,
+    /// Its role.
+    pub role: Role,
+    /// The node loop's counters.
+    pub node: watch::Receiver<NodeMetrics>,
+    /// The transport's.
+    pub transport: TransportCounters,
+}
+
+/// Serves `/healthz` and `/metrics` on `addr` until the returned task is aborted.
+pub async fn serve(addr: SocketAddr, sources: Sources) -> std::io::Result<JoinHandle<()>> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving /healthz and /metrics");
+    Ok(tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let sources = sources.clone();
+            let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                let response = answer(request.uri().path(), &sources);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            tokio::spawn(async move {
+                let io = TokioIo::new(stream);
+                if let Err(e) = http1::Builder::new().serve_connection(io, service).await {
+                    tracing::debug!(error = %e, "a metrics connection failed");
+                }
+            });
+        }
+    }))
+}
+
+fn answer(path: &str, sources: &Sources) -> Response<Full<Bytes>> {
+    let (status, body) = match path {
+        "/healthz" => (StatusCode::OK, "ok\n".to_owned()),
+        "/metrics" => match render(sources) {
+            Ok(text) => (StatusCode::OK, text),
+            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+        },
+        _ => (StatusCode::NOT_FOUND, "/healthz or /metrics\n".to_owned()),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if path == "/metrics" {
+        response.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static(
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            ),
+        );
+    }
+    response
+}
+
+/// The counters in the OpenMetrics text format, each labelled with the node and its role.
+fn render(sources: &Sources) -> Result<String, std::fmt::Error> {
+    let m = sources.node.borrow().clone();
+    let mut registry = Registry::with_prefix_and_labels(
+        "pserver",
+        [
+            ("node".into(), sources.id.to_string().into()),
+            ("role".into(), sources.role.to_string().into()),
+        ]
+        .into_iter(),
+    );
+    let counter = |v: u64| {
+        let c: Counter = Counter::default();
+        c.inc_by(v);
+        c
+    };
+    let gauge = |v: u64| {
+        let g: Gauge = Gauge::default();
+        g.set(i64::try_from(v).unwrap_or(i64::MAX));
+        g
+    };
+    registry.register(
+        "epoch",
+        "Configuration epoch the node is on",
+        gauge(m.epoch),
+    );
+    let counts = [
+        (
+            "frames_received",
+            "Frames received and handed to the node",
+            m.frames_received,
+        ),
+        ("frames_sent", "Frames the node sent", m.frames_sent),
+        (
+            "bytes_sent",
+            "Bytes of the frames the node sent",
+            m.bytes_sent,
+        ),
+        ("pushes", "Pushes done (workers)", m.pushes),
+        ("pulls", "Pulls answered (workers)", m.pulls),
+        ("iterations", "Iterations advanced (workers)", m.iterations),
+        (
+            "nodes_dead",
+            "Nodes declared dead (the coordinator)",
+            m.nodes_dead,
+        ),
+        (
+            "ranges_lost",
+            "Key ranges lost with all their holders",
+            m.ranges_lost,
+        ),
+    ];
+    for (name, help, value) in counts {
+        registry.register(name, help, counter(value));
+    }
+    registry.register(
+        "open_requests",
+        "Requests open now (workers)",
+        gauge(m.open_requests),
+    );
+    registry.register(
+        "resends_open",
+        "Resends of the slices open now (workers)",
+        gauge(m.resends_open),
+    );
+    let refusals = Family::<Vec<(String, String)>, Counter>::default();
+    let r = &m.refusals;
+    for (reason, n) in [
+        ("undecodable", r.undecodable),
+        ("spoofed", r.spoofed),
+        ("misaddressed", r.misaddressed),
+        ("unknown_sender", r.unknown_sender),
+        ("stale_epoch", r.stale_epoch),
+        ("foreign_job", r.foreign_job),
+        ("unencodable", r.unencodable),
+        ("other", r.other),
+    ] {
+        refusals
+            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
+            .inc_by(n);
+    }
+    registry.register("refusals", "Messages the node refused, by reason", refusals);
+    for (name, help, value) in (sources.transport)() {
+        registry.register(name, help, counter(value));
+    }
+    let mut text = String::new();
+    encode(&mut text, &registry)?;
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scrape_gives_every_counter_labelled_with_the_node() {
+        let mut m = NodeMetrics::default();
+        m.frames_received = 12;
+        m.refusals.undecodable = 3;
+        let (_tx, node) = watch::channel(m);
+        let sources = Sources {
+            id: NodeId(4),
+            role: Role::Server,
+            node,
+            transport: Arc::new(|| vec![("tcp_handshakes_refused", "Handshakes refused", 7)]),
+        };
+        let text = render(&sources).unwrap();
+        let labels = "node=\"n4\",role=\"server\"";
+        for line in [
+            format!("pserver_frames_received_total{{{labels}}} 12"),
+            format!("pserver_refusals_total{{{labels},reason=\"undecodable\"}} 3"),
+            format!("pserver_tcp_handshakes_refused_total{{{labels}}} 7"),
+            format!("pserver_epoch{{{labels}}} 0"),
+        ] {
+            assert!(text.contains(&line), "no {line} in:\n{text}");
+        }
+        assert_eq!(answer("/healthz", &sources).status(), StatusCode::OK);
+        assert_eq!(answer("/nope", &sources).status(), StatusCode::NOT_FOUND);
+    }
+}
