@@ -207,6 +207,17 @@ impl ClusterConfig {
         Ring::new(self.next_servers(), self.ring)
     }
 
+    /// The live worker holding the lowest-numbered share a live worker holds: the one an
+    /// application asks to do what one worker does for all (measure the model, save it).
+    /// It passes on when that worker dies or leaves; `None` with no live worker holding a
+    /// share.
+    pub fn lead_worker(&self) -> Option<NodeId> {
+        self.shares
+            .iter()
+            .copied()
+            .find(|w| self.workers.contains(w))
+    }
+
     /// The shares `worker` works on, in order (see [`ClusterConfig::shares`]).
     pub fn shares_of(&self, worker: NodeId) -> Vec<usize> {
         (0..self.shares.len())
@@ -242,10 +253,13 @@ impl ClusterConfig {
     /// assert_eq!(config.shares_of(w(2)), [0, 1]);
     /// assert_eq!(config.shares_of(w(4)), [2]);
     /// // A worker that left on its own keeps its shares: they are done.
-    /// config.workers.retain(|&n| n != w(4));
-    /// config.left.push(w(4));
+    /// assert_eq!(config.lead_worker(), Some(w(2)));
+    /// config.workers.retain(|&n| n != w(2));
+    /// config.left.push(w(2));
     /// config.hand_over_shares();
-    /// assert_eq!(config.shares_of(w(4)), [2]);
+    /// assert_eq!(config.shares_of(w(2)), [0, 1]);
+    /// // What one worker does for all passes to the next live one.
+    /// assert_eq!(config.lead_worker(), Some(w(4)));
     /// ```
     pub fn hand_over_shares(&mut self) {
         if self.workers.is_empty() {

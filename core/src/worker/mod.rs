@@ -142,6 +142,12 @@ impl<V: Value> Worker<V> {
             .collect()
     }
 
+    /// Whether this worker leads: it holds the lowest-numbered share a live worker holds
+    /// ([`ClusterConfig::lead_worker`]).
+    pub fn leads(&self) -> bool {
+        self.cluster.as_ref().and_then(|c| c.config.lead_worker()) == Some(self.cfg.id)
+    }
+
     /// The iteration the worker is in.
     pub fn iteration(&self) -> Iteration {
         self.iteration
