@@ -1268,8 +1268,20 @@ fn the_cluster_job_trains_every_row_of_a_skewed_share_and_saves_the_best_epoch()
 
 #[test]
 fn test_metrics_survive_the_loss_of_the_worker_that_measured_them() {
+    metrics_survive_the_measurer(|child| child.kill().expect("kill the worker"), "killed");
+}
+
+#[test]
+fn test_metrics_survive_the_worker_that_measured_them_leaving() {
+    metrics_survive_the_measurer(|child| signal(child, "-INT"), "left");
+}
+
+/// Stops the worker measuring a two-worker lr job after its first epoch as `stop` does, and
+/// checks that the other one measures the last epochs.
+fn metrics_survive_the_measurer(stop: impl FnOnce(&mut Child), how: &str) {
     const EPOCHS: u32 = 8;
-    let dir = std::env::temp_dir().join(format!("pserver-lr-measurer-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("pserver-lr-measurer-{how}-{}", std::process::id()));
     let (config, roles) = lr_cluster(&dir, 2, EPOCHS);
     let mut children = start_all(&config, &roles);
     // Kill the first worker, which holds the first share and measures, after one epoch.
@@ -1280,7 +1292,7 @@ fn test_metrics_survive_the_loss_of_the_worker_that_measured_them() {
         first.contains("iter=1 ") && first.contains("test_auc="),
         "{first}"
     );
-    children.0[2].1.kill().expect("kill the worker");
+    stop(&mut children.0[2].1);
     let (name, mut survivor) = children.0.remove(3);
     wait_for(
         &mut survivor,
@@ -1290,8 +1302,8 @@ fn test_metrics_survive_the_loss_of_the_worker_that_measured_them() {
     let out = survivor.wait_with_output().unwrap();
     let stdout = text_of(&out.stdout);
     assert!(out.status.success(), "{name}: {}", text_of(&out.stderr));
-    // The survivor took over the first share, and with it the measuring: the last epochs
-    // carry test metrics.
+    // The survivor took over the measuring (and, from a dead worker, its share): the last
+    // epochs carry test metrics.
     let last = stdout
         .lines()
         .rfind(|l| l.contains(" iter="))

@@ -620,7 +620,11 @@ pub async fn run_shares(
             handle.advance().await?;
         }
         let train_secs = began.elapsed().as_secs_f64();
-        let model = if shares.held.contains(&0) && (measure.test.is_some() || measure.model) {
+        // The leading worker measures: the holder of the first share while it lives, then
+        // whoever holds the lowest share among the living, so that metrics go on whoever
+        // dies or leaves.
+        let wanted = measure.test.is_some() || measure.model;
+        let model = if wanted && handle.leads().await? {
             let pulled = handle
                 .pull(KeySelection::Ranges(everything.clone()))
                 .await?;

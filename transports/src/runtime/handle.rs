@@ -94,6 +94,7 @@ pub(crate) enum Command<V: Value> {
     Advance(oneshot::Sender<Result<Iteration, RuntimeError>>),
     Shares(oneshot::Sender<Result<Vec<usize>, RuntimeError>>),
     Leave(oneshot::Sender<Result<(), RuntimeError>>),
+    Leads(oneshot::Sender<Result<bool, RuntimeError>>),
 }
 
 impl<V: Value> Command<V> {
@@ -114,6 +115,9 @@ impl<V: Value> Command<V> {
                 let _ = reply.send(Err(error));
             }
             Command::Leave(reply) => {
+                let _ = reply.send(Err(error));
+            }
+            Command::Leads(reply) => {
                 let _ = reply.send(Err(error));
             }
         }
@@ -253,6 +257,13 @@ impl<V: Value> WorkerHandle<V> {
     /// workers died. Ask again at every step; the answer changes with the membership.
     pub async fn shares(&self) -> Result<Vec<usize>, RuntimeError> {
         self.call(Command::Shares).await
+    }
+
+    /// Whether this worker leads: it holds the lowest-numbered share a live worker holds
+    /// ([`pserver_core::ClusterConfig::lead_worker`]), and so does what one worker does for
+    /// all. Ask again when it matters; it passes on when the leader dies or leaves.
+    pub async fn leads(&self) -> Result<bool, RuntimeError> {
+        self.call(Command::Leads).await
     }
 
     /// The key ranges the job lost so far: every holder of each failed before it was copied,

@@ -423,6 +423,11 @@ where
                 let shares = node.as_worker().map(|w| w.shares());
                 let _ = reply.send(shares.ok_or(RuntimeError::NotAWorker(self.driver.id())));
             }
+            Command::Leads(reply) => {
+                let node = self.driver.node();
+                let leads = node.as_worker().map(pserver_core::node::Worker::leads);
+                let _ = reply.send(leads.ok_or(RuntimeError::NotAWorker(self.driver.id())));
+            }
             Command::Leave(reply) => {
                 if self.driver.node().as_worker().is_none() {
                     let _ = reply.send(Err(RuntimeError::NotAWorker(self.driver.id())));
