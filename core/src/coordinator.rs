@@ -110,6 +110,9 @@ pub struct Coordinator {
     /// Silent servers kept on the ring because too few would be left without them, each
     /// reported once ([`Event::RingDegraded`]) until it is heard from again.
     kept_silent: BTreeSet<NodeId>,
+    /// Servers that asked to be taken off the ring (to leave, or restarted) but could not be,
+    /// each reported once until a configuration is published.
+    kept_asking: BTreeSet<NodeId>,
     /// Servers that reported catching up with the change of the current epoch.
     caught_up: BTreeSet<NodeId>,
     /// The incarnation each node last registered with.
@@ -134,6 +137,7 @@ impl Coordinator {
             silent_checks: BTreeMap::new(),
             dead: BTreeSet::new(),
             kept_silent: BTreeSet::new(),
+            kept_asking: BTreeSet::new(),
             caught_up: BTreeSet::new(),
             incarnations: BTreeMap::new(),
         })
@@ -382,7 +386,9 @@ impl Coordinator {
             match config.without_server(server) {
                 Ok(without) => next = without,
                 Err(_) => {
-                    out.emit(Event::RingDegraded(server));
+                    if self.kept_asking.insert(server) {
+                        out.emit(Event::RingDegraded(server));
+                    }
                     return self.send_config(server, out);
                 }
             }
@@ -410,7 +416,9 @@ impl Coordinator {
         next.leaving.push(server);
         next.leaving.sort_unstable();
         if next.next_ring().is_err() {
-            out.emit(Event::RingDegraded(server));
+            if self.kept_asking.insert(server) {
+                out.emit(Event::RingDegraded(server));
+            }
             return self.send_config(server, out);
         }
         self.publish(next, out);
@@ -420,6 +428,7 @@ impl Coordinator {
     /// ring at once if nobody has anything to copy.
     fn publish<V: Value>(&mut self, mut next: ClusterConfig, out: &mut Effects<V>) {
         next.epoch = self.epoch() + 1;
+        self.kept_asking.clear();
         next.hand_over_shares();
         next.incarnations = server_incarnations(&self.incarnations, &next);
         self.config = Some(next);

@@ -556,7 +556,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             for gap in self.gaps_in(range) {
                 if at == 0 && !fresh_start {
                     out.emit(crate::effects::Event::RangeLost(gap));
-                    self.lost_unlisted.push(gap);
+                    // Listed already (lost before, in the same bounds): the coordinator
+                    // would publish nothing new, and the report would never be answered.
+                    let listed = self
+                        .cluster
+                        .as_ref()
+                        .is_some_and(|c| c.config.lost.binary_search(&gap).is_ok());
+                    if !listed {
+                        self.lost_unlisted.push(gap);
+                    }
                 }
                 let role = if at == 0 {
                     let start_as = if fresh_start || promote_stale {

@@ -411,15 +411,16 @@ impl<V: Value> Worker<V> {
             self.forget_taken_progress();
             self.untake_before(cluster.epoch());
         }
-        if !cluster.is_worker(self.cfg.id) {
-            return self.fence(out);
-        }
-        // A range lost since the configuration before: the job may have to fail for it.
+        // A range lost since the configuration before: the job may have to fail for it, even
+        // if this configuration also removes the worker.
         let known: &[KeyRange] = self.cluster.as_ref().map_or(&[], |c| &c.config.lost);
         for &range in &cluster.config.lost {
             if known.binary_search(&range).is_err() {
                 out.emit(Event::RangeLost(range));
             }
+        }
+        if !cluster.is_worker(self.cfg.id) {
+            return self.fence(out);
         }
         self.cluster = Some(cluster);
         if first {
