@@ -353,8 +353,7 @@ async fn run_script_node(
                 let done = |it| tracing::info!(iteration = it + 1, "iteration done");
                 Ok(file.script.run_reporting(id, &worker, done).await?)
             };
-            let allow_loss = file.allow_loss;
-            NodeOutcome::Worker(work_then_leave(spawned.node, &worker, allow_loss, script).await?)
+            NodeOutcome::Worker(work_then_leave(spawned.node, &worker, file, script).await?)
         }
         (Role::Server, _) => {
             let report = until_signal(spawned.node).await?;
@@ -484,7 +483,7 @@ async fn run_lr_node(
     let outcome = match (role, spawned.worker, data) {
         (Role::Worker, Some(worker), Some(mut data)) => {
             let training = train_lr_worker(job, id, &worker, &mut data);
-            let epochs = work_then_leave(spawned.node, &worker, file.allow_loss, training).await?;
+            let epochs = work_then_leave(spawned.node, &worker, file, training).await?;
             NodeOutcome::Trained { epochs }
         }
         (Role::Server, _, _) => {
@@ -639,9 +638,9 @@ pub fn server_totals(report: &NodeReport<Driver<i64>>, script: &Script) -> Vec<i
         .collect()
 }
 
-/// Serves until SIGINT or SIGTERM, then stops the node.
-/// How long a worker waits for the coordinator to confirm that it left the job.
-const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a worker waits for the coordinator to confirm that it left the job, past the
+/// runtime's drain timeout (after which it asks to leave whatever is still open).
+const LEAVE_CONFIRM: Duration = Duration::from_secs(10);
 
 /// Runs a worker's `job` to its end, or until SIGINT or SIGTERM; either way the worker then
 /// leaves the job and stops. Leaving is not dying (ARCHITECTURE.md §8): the coordinator takes
@@ -651,37 +650,36 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 async fn work_then_leave<V: Value, T>(
     node: NodeHandle<Driver<V>>,
     worker: &WorkerHandle<V>,
-    allow_loss: bool,
+    file: &ClusterFile,
     job: impl Future<Output = Result<T, RunError>>,
 ) -> Result<T, RunError> {
     let outcome = tokio::select! {
         done = job => done,
         stop = super::signals::stop_requested() => Err(RunError::Stopped(stop)),
     };
-    // A job that lost part of its values ends in failure unless it said it accepts that.
-    let lost = worker.lost_ranges();
-    let outcome = match outcome {
-        Ok(_) if !lost.is_empty() && !allow_loss => Err(RunError::Lost(lost)),
-        outcome => outcome,
-    };
-    if matches!(
-        outcome,
-        Ok(_) | Err(RunError::Stopped(_) | RunError::Lost(_))
-    ) {
-        match tokio::time::timeout(LEAVE_TIMEOUT, worker.leave()).await {
+    if matches!(outcome, Ok(_) | Err(RunError::Stopped(_))) {
+        let within = file.spec.runtime.drain_timeout + LEAVE_CONFIRM;
+        match tokio::time::timeout(within, worker.leave()).await {
             Ok(Ok(())) => tracing::info!("left the job"),
             Ok(Err(e)) => tracing::warn!(error = %e, "could not leave the job"),
             Err(_) => tracing::warn!(
-                secs = LEAVE_TIMEOUT.as_secs(),
+                secs = within.as_secs(),
                 "the coordinator did not confirm that this worker left; stopping anyway, \
                  to be declared dead in time"
             ),
         }
     }
     node.shutdown().await?;
-    outcome
+    // A job that lost part of its values ends in failure unless it said it accepts that;
+    // read after leaving, whose confirmation may be what brought the news.
+    let lost = worker.lost_ranges();
+    match outcome {
+        Ok(_) if !lost.is_empty() && !file.allow_loss => Err(RunError::Lost(lost)),
+        outcome => outcome,
+    }
 }
 
+/// Serves until SIGINT or SIGTERM, then stops the node.
 async fn until_signal<V: Value>(
     node: NodeHandle<Driver<V>>,
 ) -> Result<NodeReport<Driver<V>>, RunError> {

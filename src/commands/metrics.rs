@@ -45,8 +45,14 @@ pub async fn serve(addr: SocketAddr, sources: Sources) -> std::io::Result<JoinHa
     tracing::info!(%addr, "serving /healthz and /metrics");
     Ok(tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, say: it will not heal at once, so do not spin on it.
+                    tracing::warn!(error = %e, "accepting a metrics connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
             };
             let sources = sources.clone();
             let service = service_fn(move |request: Request<hyper::body::Incoming>| {
@@ -65,7 +71,12 @@ pub async fn serve(addr: SocketAddr, sources: Sources) -> std::io::Result<JoinHa
 
 fn answer(path: &str, sources: &Sources) -> Response<Full<Bytes>> {
     let (status, body) = match path {
-        "/healthz" => (StatusCode::OK, "ok\n".to_owned()),
+        // The node loop drops its end of the metrics channel when it stops.
+        "/healthz" if sources.node.has_changed().is_ok() => (StatusCode::OK, "ok\n".to_owned()),
+        "/healthz" => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the node has stopped\n".to_owned(),
+        ),
         "/metrics" => match render(sources) {
             Ok(text) => (StatusCode::OK, text),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
@@ -203,5 +214,10 @@ mod tests {
         }
         assert_eq!(answer("/healthz", &sources).status(), StatusCode::OK);
         assert_eq!(answer("/nope", &sources).status(), StatusCode::NOT_FOUND);
+        drop(_tx);
+        assert_eq!(
+            answer("/healthz", &sources).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
 }

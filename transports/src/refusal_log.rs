@@ -41,7 +41,10 @@ impl RefusalLog {
     /// Records one refusal: logged with `detail` when it opens a window, counted under
     /// `reason` otherwise.
     pub(crate) fn refused(&self, reason: &'static str, detail: impl FnOnce() -> String) {
-        let now = Instant::now();
+        self.refused_at(Instant::now(), reason, detail);
+    }
+
+    fn refused_at(&self, now: Instant, reason: &'static str, detail: impl FnOnce() -> String) {
         let opens = {
             let mut w = self.lock();
             self.close_if_over(&mut w, now);
@@ -119,14 +122,17 @@ mod tests {
     #[test]
     fn a_window_logs_its_first_refusal_and_sums_up_the_rest() {
         let log = RefusalLog::new("connection", Duration::from_millis(50));
+        let start = Instant::now();
         for _ in 0..1000 {
-            log.refused("wrong secret", || "from 127.0.0.1:9: wrong secret".into());
+            log.refused_at(start, "wrong secret", || {
+                "from 127.0.0.1:9: wrong secret".into()
+            });
         }
         // The first opened the window; the others are counted for its summary.
         let counted = log.lock().counted.get("wrong secret").copied();
         assert_eq!(counted, Some(999));
         assert!(log.lock().opened.is_some());
-        log.refused("unknown address", || "from 127.0.0.1:10".into());
+        log.refused_at(start, "unknown address", || "from 127.0.0.1:10".into());
         let line = summary("connection", 10, &log.lock().counted);
         assert_eq!(
             line.as_deref(),
@@ -134,7 +140,7 @@ mod tests {
                 "refused 1000 more connections in the last 10 s (unknown address: 1, wrong secret: 999)"
             )
         );
-        log.tick_at(Instant::now() + Duration::from_millis(60));
+        log.tick_at(start + Duration::from_millis(60));
         let w = log.lock();
         assert!(w.opened.is_none() && w.counted.is_empty(), "{w:?}");
         assert_eq!(summary("datagram", 10, &BTreeMap::new()), None);

@@ -227,8 +227,14 @@ fn a_worker_that_leaves_is_taken_out_and_keeps_its_share() {
         assert!(report.workers[0].left && !report.workers[0].fenced);
         let coordinator = report.coordinator.node.node().as_coordinator().unwrap();
         let config = coordinator.config().unwrap();
-        assert_eq!(config.workers, [pserver_core::NodeId(3)]);
-        assert_eq!(config.left, [pserver_core::NodeId(2)]);
+        let (first_id, second_id) = (pserver_core::NodeId(2), pserver_core::NodeId(3));
+        assert_eq!(config.workers, [second_id]);
+        assert_eq!(config.left, [first_id]);
+        assert_eq!(
+            config.shares,
+            [first_id, second_id],
+            "nobody took the share over"
+        );
         let server = report.servers[0].node.node().as_server().unwrap();
         assert_eq!(server.value(1), Some(&[5][..]));
         Ok::<(), Box<dyn std::error::Error>>(())

@@ -200,9 +200,6 @@ where
             return;
         }
         let waited = self.progress_at.elapsed();
-        if waited < self.cfg.stall_warning {
-            return;
-        }
         let secs = waited.as_secs();
         if self.cfg.stall_limit.is_some_and(|limit| waited >= limit) {
             let waiting = self.waiting_for();
@@ -211,6 +208,9 @@ where
                 "no request completed within the stall limit: waiting for {waiting}"
             );
             self.stalled = Some(RuntimeError::Stalled { secs, waiting });
+            return;
+        }
+        if waited < self.cfg.stall_warning {
             return;
         }
         if self
@@ -302,6 +302,8 @@ where
             self.flush().await;
             self.publish_metrics(false);
             if self.fenced || self.stalled.is_some() {
+                // Said before the queue closes, so that a call turned away says why.
+                let _ = self.ended.set(self.ending());
                 commands.close();
                 while let Ok(command) = commands.try_recv() {
                     command.refuse(self.ending());
