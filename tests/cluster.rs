@@ -493,29 +493,58 @@ fn watch_log(
     (lines, reader)
 }
 
-#[test]
-fn a_worker_that_finishes_leaves_and_is_never_declared_dead() {
-    let dir = std::env::temp_dir().join(format!("pserver-leave-{}", std::process::id()));
+/// A script cluster of `servers` and `workers` in a fresh directory named after `name`, its
+/// workers computing `compute_ms` an iteration: the directory, the ports by node id, and the
+/// cluster file.
+fn script_cluster(
+    name: &str,
+    (servers, workers): (u32, u32),
+    consistency: &str,
+    iterations: u32,
+    compute_ms: u64,
+) -> (PathBuf, Vec<u16>, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("pserver-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
-    let ports: Vec<u16> = (0..=SERVERS + WORKERS).map(|_| free_port()).collect();
-    let config = write_cluster_file(&dir, &ports, "eventual", ITERATIONS);
-    let config_arg = config.to_str().unwrap();
+    let ports: Vec<u16> = (0..=servers + workers).map(|_| free_port()).collect();
+    let config = write_cluster(&dir, &ports, servers, consistency, iterations, compute_ms);
+    (dir, ports, config)
+}
+
+/// Starts every node of `config` (the coordinator, `servers` servers, then workers) with the
+/// log level `log` gives its role and the arguments `extra` gives its id.
+fn start_nodes(
+    config: &Path,
+    (servers, workers): (u32, u32),
+    log: impl Fn(&str) -> &'static str,
+    extra: impl Fn(u32) -> Vec<String>,
+) -> Children {
     let mut children = Children(Vec::new());
-    for id in 0..=SERVERS + WORKERS {
+    for id in 0..=servers + workers {
         let role = match id {
             0 => "coordinator",
-            i if i <= SERVERS => "server",
+            i if i <= servers => "server",
             _ => "worker",
         };
-        let log = if role == "server" { "warn" } else { "info" };
         let id_arg = id.to_string();
-        let child = pserver(&[role, "--config", config_arg, "--id", &id_arg])
-            .env("RUST_LOG", log)
+        let extra = extra(id);
+        let mut args = vec![role, "--config", config.to_str().unwrap(), "--id", &id_arg];
+        args.extend(extra.iter().map(String::as_str));
+        let child = pserver(&args)
+            .env("RUST_LOG", log(role))
             .spawn()
             .expect("start a node");
         children.0.push((format!("{role} {id}"), child));
     }
+    children
+}
+
+#[test]
+fn a_worker_that_finishes_leaves_and_is_never_declared_dead() {
+    let shape = (SERVERS, WORKERS);
+    let (dir, _, config) = script_cluster("leave", shape, "eventual", ITERATIONS, 0);
+    let log = |role: &str| if role == "server" { "warn" } else { "info" };
+    let mut children = start_nodes(&config, shape, log, |_| Vec::new());
     let (leaves, coordinator_log) = watch_log(&mut children.0[0].1, "worker left the job");
     let deadline = Instant::now() + Duration::from_secs(120);
     let first_worker = 1 + SERVERS as usize;
@@ -549,27 +578,10 @@ fn a_worker_that_finishes_leaves_and_is_never_declared_dead() {
 #[test]
 fn a_worker_stopped_by_its_operator_leaves_the_job_and_says_so() {
     const LONG: u32 = 200;
-    let dir = std::env::temp_dir().join(format!("pserver-stop-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
-    let ports: Vec<u16> = (0..=SERVERS + WORKERS).map(|_| free_port()).collect();
-    let config = write_cluster(&dir, &ports, SERVERS, "bounded:1", LONG, 25);
-    let config_arg = config.to_str().unwrap();
-    let mut children = Children(Vec::new());
-    for id in 0..=SERVERS + WORKERS {
-        let role = match id {
-            0 => "coordinator",
-            i if i <= SERVERS => "server",
-            _ => "worker",
-        };
-        let log = if role == "server" { "warn" } else { "info" };
-        let id_arg = id.to_string();
-        let child = pserver(&[role, "--config", config_arg, "--id", &id_arg])
-            .env("RUST_LOG", log)
-            .spawn()
-            .expect("start a node");
-        children.0.push((format!("{role} {id}"), child));
-    }
+    let shape = (SERVERS, WORKERS);
+    let (dir, _, config) = script_cluster("stop", shape, "bounded:1", LONG, 25);
+    let log = |role: &str| if role == "server" { "warn" } else { "info" };
+    let mut children = start_nodes(&config, shape, log, |_| Vec::new());
     let (leaves, coordinator_log) = watch_log(&mut children.0[0].1, "worker left the job");
     let last = children.0.len() - 1;
     let (iterations, stopped_log) = watch_log(&mut children.0[last].1, "iteration done");
@@ -614,28 +626,11 @@ fn a_lost_range_fails_the_job() {
     const SERVERS4: u32 = 4;
     const WORKERS2: u32 = 2;
     const LONG: u32 = 60;
-    let dir = std::env::temp_dir().join(format!("pserver-lost-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
-    let ports: Vec<u16> = (0..=SERVERS4 + WORKERS2).map(|_| free_port()).collect();
+    let shape = (SERVERS4, WORKERS2);
     // One replica per range: two servers killed at once lose the ranges they both held.
-    let config = write_cluster(&dir, &ports, SERVERS4, "bounded:1", LONG, 25);
-    let config_arg = config.to_str().unwrap();
-    let mut children = Children(Vec::new());
-    for id in 0..=SERVERS4 + WORKERS2 {
-        let role = match id {
-            0 => "coordinator",
-            i if i <= SERVERS4 => "server",
-            _ => "worker",
-        };
-        let log = if role == "worker" { "info" } else { "warn" };
-        let id_arg = id.to_string();
-        let child = pserver(&[role, "--config", config_arg, "--id", &id_arg])
-            .env("RUST_LOG", log)
-            .spawn()
-            .expect("start a node");
-        children.0.push((format!("{role} {id}"), child));
-    }
+    let (dir, _, config) = script_cluster("lost", shape, "bounded:1", LONG, 25);
+    let log = |role: &str| if role == "worker" { "info" } else { "warn" };
+    let mut children = start_nodes(&config, shape, log, |_| Vec::new());
     let (losses, coordinator_log) =
         watch_log(&mut children.0[0].1, "every holder of this range failed");
     let first_worker = 1 + SERVERS4 as usize;
@@ -680,31 +675,14 @@ fn a_worker_stalled_on_an_unavailable_range_says_why_and_ends() {
     const SERVERS3: u32 = 3;
     const WORKERS2: u32 = 2;
     const LONG: u32 = 400;
-    let dir = std::env::temp_dir().join(format!("pserver-stall-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
-    let ports: Vec<u16> = (0..=SERVERS3 + WORKERS2).map(|_| free_port()).collect();
-    let config = write_cluster(&dir, &ports, SERVERS3, "bounded:1", LONG, 25);
+    let shape = (SERVERS3, WORKERS2);
+    let (dir, _, config) = script_cluster("stall", shape, "bounded:1", LONG, 25);
     // Workers give up after 4 s without progress.
     let text_of_config = std::fs::read_to_string(&config).unwrap();
     let with_limit = text_of_config.replacen("[job]\n", "[job]\nstall_limit_secs = 4\n", 1);
     std::fs::write(&config, with_limit).unwrap();
-    let config_arg = config.to_str().unwrap();
-    let mut children = Children(Vec::new());
-    for id in 0..=SERVERS3 + WORKERS2 {
-        let role = match id {
-            0 => "coordinator",
-            i if i <= SERVERS3 => "server",
-            _ => "worker",
-        };
-        let log = if role == "worker" { "info" } else { "warn" };
-        let id_arg = id.to_string();
-        let child = pserver(&[role, "--config", config_arg, "--id", &id_arg])
-            .env("RUST_LOG", log)
-            .spawn()
-            .expect("start a node");
-        children.0.push((format!("{role} {id}"), child));
-    }
+    let log = |role: &str| if role == "worker" { "info" } else { "warn" };
+    let mut children = start_nodes(&config, shape, log, |_| Vec::new());
     let first_worker = 1 + SERVERS3 as usize;
     let (iterations, first_log) = watch_log(&mut children.0[first_worker].1, "iteration done");
     for _ in 0..3 {
@@ -749,36 +727,18 @@ fn a_fenced_server_process_exits_and_frees_its_port() {
     const SERVERS3: u32 = 3;
     const WORKERS2: u32 = 2;
     const LONG: u32 = 60;
-    let dir = std::env::temp_dir().join(format!("pserver-fence-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("secret.key"), "s3cret-for-tests\n").unwrap();
-    let ports: Vec<u16> = (0..=SERVERS3 + WORKERS2).map(|_| free_port()).collect();
+    let shape = (SERVERS3, WORKERS2);
     // One replica per range: the others go on without the paused server and lose nothing.
-    let config = write_cluster(&dir, &ports, SERVERS3, "bounded:1", LONG, 25);
-    let config_arg = config.to_str().unwrap();
+    let (dir, ports, config) = script_cluster("fence", shape, "bounded:1", LONG, 25);
     let dumps: Vec<PathBuf> = (1..=SERVERS3)
         .map(|s| dir.join(format!("server{s}.totals")))
         .collect();
-    let mut children = Children(Vec::new());
-    for id in 0..=SERVERS3 + WORKERS2 {
-        let role = match id {
-            0 => "coordinator",
-            i if i <= SERVERS3 => "server",
-            _ => "worker",
-        };
-        let id_arg = id.to_string();
-        let mut args = vec![role, "--config", config_arg, "--id", &id_arg];
-        let dump = (role == "server").then(|| dumps[id as usize - 1].to_str().unwrap().to_owned());
-        if let Some(dump) = &dump {
-            args.extend(["--dump", dump]);
-        }
-        let log = if role == "worker" { "info" } else { "warn" };
-        let child = pserver(&args)
-            .env("RUST_LOG", log)
-            .spawn()
-            .expect("start a node");
-        children.0.push((format!("{role} {id}"), child));
-    }
+    let log = |role: &str| if role == "worker" { "info" } else { "warn" };
+    let dump_of = |id: u32| match id.checked_sub(1).and_then(|i| dumps.get(i as usize)) {
+        Some(dump) => vec!["--dump".to_owned(), dump.to_str().unwrap().to_owned()],
+        None => Vec::new(),
+    };
+    let mut children = start_nodes(&config, shape, log, dump_of);
     let (deaths, coordinator_log) = watch_log(&mut children.0[0].1, "node declared dead");
     let first_worker = 1 + SERVERS3 as usize;
     let (iterations, worker_log) = watch_log(&mut children.0[first_worker].1, "iteration done");

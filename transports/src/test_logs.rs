@@ -49,6 +49,13 @@ impl Logs {
         );
     }
 
+    /// The warnings that say something was refused.
+    pub(crate) fn refusal_warnings(&self) -> Vec<String> {
+        let mut w = self.warnings();
+        w.retain(|l| l.contains("refused"));
+        w
+    }
+
     pub(crate) fn assert_warned(&self, needle: &str) {
         let w = self.warnings();
         assert!(

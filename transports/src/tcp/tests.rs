@@ -653,11 +653,7 @@ async fn a_flood_of_refused_connections_is_counted_each_and_logged_once_a_window
         let _ = c.write_all(b"GET / HTTP/1.1\r\n\r\n").await;
     }
     until(|| s.stats().handshakes_refused >= 40).await;
-    let lines: Vec<String> = logs
-        .warnings()
-        .into_iter()
-        .filter(|l| l.contains("refused"))
-        .collect();
+    let lines = logs.refusal_warnings();
     assert_eq!(lines.len(), 1, "{lines:#?}");
     assert!(
         lines[0].contains("refused a connection from 127.0.0.1:"),
