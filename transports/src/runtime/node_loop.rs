@@ -15,6 +15,27 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::RuntimeConfig;
 use super::handle::{Command, NodeHandle, NodeMetrics, NodeReport, RuntimeError, WorkerHandle};
 
+/// How often the coordinator sums up the job.
+const SUMMARY_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The coordinator's summary of `config`, with the nodes it declared dead so far.
+fn summary(config: &pserver_core::ClusterConfig, dead: u64) -> String {
+    let list = |nodes: &[NodeId]| {
+        let names: Vec<String> = nodes.iter().map(ToString::to_string).collect();
+        format!("[{}]", names.join(", "))
+    };
+    format!(
+        "epoch {}: servers {}, workers {}, joining {}, leaving {}, left {}, {dead} declared dead, {} ranges lost",
+        config.epoch,
+        list(&config.servers),
+        list(&config.workers),
+        list(&config.joining),
+        list(&config.leaving),
+        list(&config.left),
+        config.lost.len()
+    )
+}
+
 /// How often the loop publishes its metrics at most.
 const METRICS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 use crate::{Transport, TransportError};
@@ -85,6 +106,7 @@ where
         counts: NodeMetrics::default(),
         metrics: metrics_tx,
         published_at: Instant::now(),
+        summarized_at: Instant::now(),
     };
     let task = tokio::spawn(looped.run(cmd_rx, stop_rx).instrument(span));
     let node = NodeHandle {
@@ -134,6 +156,8 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     counts: NodeMetrics,
     metrics: watch::Sender<NodeMetrics>,
     published_at: Instant,
+    /// When the coordinator last summed up the job's membership.
+    summarized_at: Instant,
 }
 
 /// A worker's request to leave, until the coordinator confirms it.
@@ -170,6 +194,24 @@ where
             RuntimeError::Fenced
         } else {
             RuntimeError::ShutDown
+        }
+    }
+
+    /// The coordinator sums up the job every [`SUMMARY_EVERY`]: conditions are logged when
+    /// they change, and this line says where they stand, at WARN while any is bad.
+    fn summarize(&mut self) {
+        if self.summarized_at.elapsed() < SUMMARY_EVERY {
+            return;
+        }
+        self.summarized_at = Instant::now();
+        let Some(config) = self.driver.node().as_coordinator().and_then(|c| c.config()) else {
+            return;
+        };
+        let line = summary(config, self.counts.nodes_dead);
+        if self.counts.nodes_dead > 0 || !config.lost.is_empty() {
+            warn!("{line}");
+        } else {
+            info!("{line}");
         }
     }
 
@@ -301,6 +343,7 @@ where
             self.watch_for_stalls();
             self.flush().await;
             self.publish_metrics(false);
+            self.summarize();
             if self.fenced || self.stalled.is_some() {
                 // Said before the queue closes, so that a call turned away says why.
                 let _ = self.ended.set(self.ending());
@@ -562,5 +605,36 @@ fn runtime_error(e: DriverError) -> RuntimeError {
         DriverError::NotAWorker(id) => RuntimeError::NotAWorker(id),
         DriverError::Worker(e) => e.into(),
         _ => RuntimeError::ShutDown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pserver_core::ring::RingConfig;
+    use pserver_core::{ClusterConfig, Consistency};
+
+    #[test]
+    fn the_coordinators_summary_names_every_member_and_what_went_wrong() {
+        let n = NodeId;
+        let config = ClusterConfig {
+            epoch: 7,
+            coordinator: n(0),
+            servers: vec![n(1), n(2)],
+            workers: vec![n(4)],
+            ring: RingConfig::default(),
+            consistency: Consistency::Eventual,
+            joining: vec![n(3)],
+            leaving: vec![],
+            shares: vec![n(4), n(5)],
+            left: vec![n(5)],
+            lost: vec![KeyRange::new(0, 10).unwrap_or(KeyRange::FULL)],
+            incarnations: vec![],
+        };
+        assert_eq!(
+            summary(&config, 2),
+            "epoch 7: servers [n1, n2], workers [n4], joining [n3], leaving [], left [n5], \
+             2 declared dead, 1 ranges lost"
+        );
     }
 }
