@@ -38,6 +38,7 @@ fn summary(config: &pserver_core::ClusterConfig, dead: u64) -> String {
 
 /// How often the loop publishes its metrics at most.
 const METRICS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+use crate::refusal_log::{self, RefusalLog};
 use crate::{Transport, TransportError};
 
 type Reply<T> = oneshot::Sender<Result<T, RuntimeError>>;
@@ -107,6 +108,7 @@ where
         metrics: metrics_tx,
         published_at: Instant::now(),
         summarized_at: Instant::now(),
+        refused_messages: RefusalLog::new("message", refusal_log::WINDOW),
     };
     let task = tokio::spawn(looped.run(cmd_rx, stop_rx).instrument(span));
     let node = NodeHandle {
@@ -158,6 +160,8 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     published_at: Instant,
     /// When the coordinator last summed up the job's membership.
     summarized_at: Instant,
+    /// Messages refused as undecodable or spoofed, logged at a bounded rate.
+    refused_messages: RefusalLog,
 }
 
 /// A worker's request to leave, until the coordinator confirms it.
@@ -344,6 +348,7 @@ where
             self.flush().await;
             self.publish_metrics(false);
             self.summarize();
+            self.refused_messages.tick();
             if self.fenced || self.stalled.is_some() {
                 // Said before the queue closes, so that a call turned away says why.
                 let _ = self.ended.set(self.ending());
@@ -575,8 +580,14 @@ where
             }
             Event::WorkerLeft(node) => info!(node = %node, "worker left the job"),
             Event::Refused { from, reason } => match reason {
-                Refusal::Undecodable(_) | Refusal::SpoofedSender { .. } => {
-                    warn!(from = %from, reason = %reason, "message refused");
+                // What a broken or hostile peer sends: said at a bounded rate.
+                Refusal::Undecodable(_) => {
+                    let detail = || format!("from {from}: {reason}");
+                    self.refused_messages.refused("undecodable", detail);
+                }
+                Refusal::SpoofedSender { .. } => {
+                    let detail = || format!("from {from}: {reason}");
+                    self.refused_messages.refused("spoofed sender", detail);
                 }
                 _ => debug!(from = %from, reason = %reason, "message refused"),
             },

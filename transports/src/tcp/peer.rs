@@ -8,7 +8,7 @@ use pserver_core::{FrameParts, NodeId};
 use tokio::net::TcpStream;
 use tokio::sync::{Mutex as TokioMutex, mpsc, oneshot};
 use tokio::time::{Instant, sleep_until, timeout_at};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::conn::{self, Established};
 use super::handshake;
@@ -235,8 +235,11 @@ pub(super) async fn dial(shared: &Shared, peer: NodeId, addr: SocketAddr) -> Opt
             })
         }
         Err(e) => {
-            warn!(%peer, remote = %addr, "handshake with {peer} at {addr} failed: {e}");
             shared.counters.bump(Count::Refused);
+            // Redialed with every backoff: logged at the same bounded rate as refusals here.
+            shared
+                .refusals
+                .refused(e.kind(), || format!("to {peer} at {addr} (dialed): {e}"));
             None
         }
     }
