@@ -161,6 +161,11 @@ fn render(sources: &Sources) -> Result<String, std::fmt::Error> {
         "Resends of the slices open now (workers)",
         gauge(m.resends_open),
     );
+    registry.register(
+        "held_pulls",
+        "Pulls held until the consistency model lets them be answered (servers)",
+        gauge(m.held_pulls),
+    );
     let refusals = Family::<Vec<(String, String)>, Counter>::default();
     let r = &m.refusals;
     for (reason, n) in [
@@ -195,6 +200,7 @@ mod tests {
         let mut m = NodeMetrics::default();
         m.frames_received = 12;
         m.refusals.undecodable = 3;
+        m.held_pulls = 5;
         let (_tx, node) = watch::channel(m);
         let sources = Sources {
             id: NodeId(4),
@@ -209,6 +215,7 @@ mod tests {
             format!("pserver_refusals_total{{{labels},reason=\"undecodable\"}} 3"),
             format!("pserver_tcp_handshakes_refused_total{{{labels}}} 7"),
             format!("pserver_epoch{{{labels}}} 0"),
+            format!("pserver_held_pulls{{{labels}}} 5"),
         ] {
             assert!(text.contains(&line), "no {line} in:\n{text}");
         }

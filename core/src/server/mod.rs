@@ -257,6 +257,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.cfg.id
     }
 
+    /// Pulls held until the consistency model lets them be answered: how far the workers
+    /// are waiting on each other here.
+    pub fn held_pulls(&self) -> usize {
+        self.held.len()
+    }
+
     /// The epoch of the configuration in force, 0 before the first.
     pub fn epoch(&self) -> Epoch {
         self.cluster.as_ref().map_or(0, Cluster::epoch)
@@ -303,12 +309,6 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .map(|s| s.applied_below)
             .min()
             .unwrap_or(0)
-    }
-
-    /// Pulls held back by the consistency model (feature `testing`).
-    #[cfg(feature = "testing")]
-    pub fn held_pulls(&self) -> usize {
-        self.held.len()
     }
 
     /// Key spans remembered for de-duplication, over all shards and workers (feature

@@ -232,6 +232,7 @@ where
             epoch: node.epoch(),
             open_requests: self.open_requests() as u64,
             resends_open: waits.map_or(0, |w| w.iter().map(|x| u64::from(x.attempts)).sum()),
+            held_pulls: node.as_server().map_or(0, |s| s.held_pulls() as u64),
             refusals: self.driver.refusals(),
             ..self.counts.clone()
         };
