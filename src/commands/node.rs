@@ -31,8 +31,9 @@ pub struct NodeArgs {
     #[arg(long, value_name = "FILE")]
     dump: Option<PathBuf>,
     /// Serve `/healthz` and Prometheus-format `/metrics` (frames, bytes, pushes, pulls,
-    /// iterations, open requests and resends, held pulls, refusals by reason, nodes declared dead, lost
-    /// ranges, the transport's counters) over HTTP at this address, e.g. 127.0.0.1:9100.
+    /// iterations, open requests and resends, held pulls, refusals by reason, nodes declared
+    /// dead, lost ranges, the transport's counters) over HTTP at this address, e.g.
+    /// 127.0.0.1:9100.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
 }
