@@ -36,8 +36,9 @@ fn summary(config: &pserver_core::ClusterConfig, dead: u64) -> String {
     )
 }
 
-/// How often the loop publishes its metrics at most.
-const METRICS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+/// How often the loop does its housekeeping (stall watch, metrics, summaries) at most: the
+/// hot path, one iteration per frame, reads the clock once for all of it.
+const HOUSEKEEPING_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 use crate::refusal_log::{self, RefusalLog};
 use crate::{Transport, TransportError};
 
@@ -106,7 +107,7 @@ where
         lost: lost_tx,
         counts: NodeMetrics::default(),
         metrics: metrics_tx,
-        published_at: Instant::now(),
+        housekeep_at: Instant::now(),
         summarized_at: Instant::now(),
         refused_messages: RefusalLog::new("message", refusal_log::WINDOW),
     };
@@ -157,7 +158,8 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     /// What the loop counts; published now and then.
     counts: NodeMetrics,
     metrics: watch::Sender<NodeMetrics>,
-    published_at: Instant,
+    /// When the housekeeping is due next.
+    housekeep_at: Instant,
     /// When the coordinator last summed up the job's membership.
     summarized_at: Instant,
     /// Messages refused as undecodable or spoofed, logged at a bounded rate.
@@ -219,13 +221,22 @@ where
         }
     }
 
-    /// Publishes the counts, at most every [`METRICS_EVERY`] unless `now`: a scrape sees
-    /// figures a fraction of a second old, and the hot loop pays for a copy only that often.
-    fn publish_metrics(&mut self, now: bool) {
-        if !now && self.published_at.elapsed() < METRICS_EVERY {
+    /// Every [`HOUSEKEEPING_EVERY`]: what the worker waits for, the metrics a scrape reads
+    /// (a fraction of a second old), the coordinator's summary, the refusal log's window.
+    fn housekeep(&mut self) {
+        let now = Instant::now();
+        if now < self.housekeep_at {
             return;
         }
-        self.published_at = Instant::now();
+        self.housekeep_at = now + HOUSEKEEPING_EVERY;
+        self.watch_for_stalls();
+        self.publish_metrics();
+        self.summarize();
+        self.refused_messages.tick();
+    }
+
+    /// Publishes the counts.
+    fn publish_metrics(&mut self) {
         let node = self.driver.node();
         let waits = node.as_worker().map(pserver_core::node::Worker::waits);
         let metrics = NodeMetrics {
@@ -345,11 +356,8 @@ where
                 self.driver.handle_timeout(now);
             }
             self.ask_to_leave_when_done();
-            self.watch_for_stalls();
+            self.housekeep();
             self.flush().await;
-            self.publish_metrics(false);
-            self.summarize();
-            self.refused_messages.tick();
             if self.fenced || self.stalled.is_some() {
                 // Said before the queue closes, so that a call turned away says why.
                 let _ = self.ended.set(self.ending());
@@ -409,7 +417,7 @@ where
             }
         }
         self.flush().await;
-        self.publish_metrics(true);
+        self.publish_metrics();
         let failure = self.ending();
         let _ = self.ended.set(failure.clone());
         if let Some(leaving) = self.leave.take() {
