@@ -893,6 +893,13 @@ impl Cluster {
         self.collect();
     }
 
+    /// Makes `worker` leave the job and runs until the fence that confirms it arrives.
+    fn leave(&mut self, worker: NodeId) {
+        self.driver(worker).leave().unwrap();
+        self.collect();
+        assert!(self.run_until(10_000 * MS, |c| c.events[&worker].contains(&Event::Fenced)));
+    }
+
     fn iteration(&self, worker: NodeId) -> Iteration {
         self.nodes[&worker].node().as_worker().unwrap().iteration()
     }
@@ -987,9 +994,7 @@ fn a_worker_that_leaves_is_waited_for_no_more() {
     c.iterate(w2, &keys);
     assert!(c.run_until(10_000 * MS, |c| c.iteration(w1) == 1
         && c.iteration(w2) == 1));
-    c.driver(w2).leave().unwrap();
-    c.collect();
-    assert!(c.run_until(10_000 * MS, |c| c.events[&w2].contains(&Event::Fenced)));
+    c.leave(w2);
     assert_eq!(c.config().workers, vec![w1]);
     assert!(
         !c.coordinator().dead().contains(&w2),
@@ -1034,9 +1039,7 @@ fn a_dead_workers_share_of_the_work_passes_to_a_live_worker() {
     assert!(c.run_until(10_000 * MS, |c| shares(c, w1) == [0, 1]));
     assert_eq!(shares(&c, w3), [2]);
     // One that leaves on its own keeps its share: done with it, it passes it to nobody.
-    c.driver(w3).leave().unwrap();
-    c.collect();
-    assert!(c.run_until(10_000 * MS, |c| c.events[&w3].contains(&Event::Fenced)));
+    c.leave(w3);
     assert_eq!(c.config().workers, [w1]);
     assert_eq!(c.config().left, [w3]);
     assert_eq!(c.config().shares, [w1, w1, w3]);
@@ -1053,9 +1056,7 @@ fn a_worker_that_finishes_is_never_declared_dead() {
     assert!(c.run_until(10_000 * MS, |c| c.iteration(w1) == 1
         && c.iteration(w2) == 1));
     // The second worker is done: it leaves, and is silent from then on.
-    c.driver(w2).leave().unwrap();
-    c.collect();
-    assert!(c.run_until(10_000 * MS, |c| c.events[&w2].contains(&Event::Fenced)));
+    c.leave(w2);
     c.crash(w2);
     // Far past the heartbeat timeout, while the other worker goes on.
     for _ in 0..20 {
