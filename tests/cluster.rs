@@ -723,6 +723,60 @@ fn a_worker_stalled_on_an_unavailable_range_says_why_and_ends() {
 }
 
 #[test]
+fn a_silent_coordinator_is_noticed_and_a_worker_it_leaves_stalled_ends() {
+    const SERVERS2: u32 = 2;
+    const WORKERS2: u32 = 2;
+    const LONG: u32 = 400;
+    let shape = (SERVERS2, WORKERS2);
+    let (dir, _, config) = script_cluster("silent", shape, "bounded:1", LONG, 25);
+    let text_of_config = std::fs::read_to_string(&config).unwrap();
+    let with_limit = text_of_config.replacen("[job]\n", "[job]\nstall_limit_secs = 6\n", 1);
+    std::fs::write(&config, with_limit).unwrap();
+    let mut children = start_nodes(&config, shape, |_| "info", |_| Vec::new());
+    let first_worker = 1 + SERVERS2 as usize;
+    let (iterations, first_log) = watch_log(&mut children.0[first_worker].1, "iteration done");
+    for _ in 0..3 {
+        assert!(iterations.recv_timeout(Duration::from_secs(60)).is_ok());
+    }
+    // The coordinator dies, then a server: nobody is left to declare the server dead, and
+    // every request to its ranges waits.
+    children.0[0].1.kill().expect("kill the coordinator");
+    children.0[1].1.kill().expect("kill a server");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut first_log = Some(first_log);
+    for (name, mut child) in children.0.drain(first_worker..) {
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().expect("output");
+        let err = match first_log.take() {
+            Some(reader) => reader.join().expect("the first worker's log"),
+            None => text(&out.stderr),
+        };
+        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+        assert_eq!(
+            err.matches("the coordinator has not answered for").count(),
+            1,
+            "{name}: {err}"
+        );
+        let last = err.trim().lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("error: no request completed for")
+                && last.contains("the coordinator has been silent for"),
+            "{name}: {last}"
+        );
+    }
+    // The server left says so too, once.
+    let (_, mut server) = children.0.remove(2);
+    server.kill().expect("stop the server left");
+    let log = text(&server.wait_with_output().expect("output").stderr);
+    assert_eq!(
+        log.matches("the coordinator has not answered for").count(),
+        1,
+        "{log}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_fenced_server_process_exits_and_frees_its_port() {
     const SERVERS3: u32 = 3;
     const WORKERS2: u32 = 2;

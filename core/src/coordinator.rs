@@ -368,7 +368,10 @@ impl Coordinator {
             Message::Leave => self.retire_server(from, out),
             Message::ConfigRequest => self.send_config(from, out),
             Message::Heartbeat { .. } if env.epoch < self.epoch() => self.send_config(from, out),
-            Message::Heartbeat { .. } => {}
+            Message::Heartbeat { sent_at } => {
+                let body = Message::HeartbeatAck { sent_at };
+                out.send(Envelope::new(self.cfg.id, from, self.epoch(), body));
+            }
             _ => out.refuse(from, Refusal::Unexpected),
         }
     }

@@ -81,6 +81,15 @@ pub enum Event<V: Value> {
     /// server, on the coordinator once the server reported it, and on every worker once a
     /// configuration lists it ([`crate::ClusterConfig::lost`]).
     RangeLost(KeyRange),
+    /// A server or worker has heard nothing from the coordinator for
+    /// [`crate::Timing::coordinator_timeout`]: no failure, join or leave can be dealt with
+    /// until it is back, so a request whose server died waits. Said once per silence.
+    CoordinatorSilent {
+        /// How long it has been silent at least: the timeout.
+        for_at_least: Time,
+    },
+    /// The coordinator was heard again after [`Event::CoordinatorSilent`].
+    CoordinatorBack,
     /// The node refused a message (see [`Refusal`]). Nothing in the node changed; drivers count
     /// these and log them, so that input the protocol cannot use never vanishes silently.
     Refused {

@@ -174,6 +174,7 @@ pub mod testing;
 mod timing;
 mod updater;
 mod value;
+mod watch;
 pub mod wire;
 mod worker;
 

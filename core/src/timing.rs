@@ -13,6 +13,12 @@ pub struct Timing {
     pub heartbeat_interval: Time,
     /// Silence after which the coordinator declares a node dead.
     pub heartbeat_timeout: Time,
+    /// Silence of the coordinator after which a server or worker says so
+    /// ([`crate::Event::CoordinatorSilent`]): the coordinator answers every heartbeat, so a
+    /// node that hears nothing for this long knows that no failure, join or leave can be dealt
+    /// with until it is back. 0: never watched (the model checker's setting, where the watch
+    /// would only multiply states).
+    pub coordinator_timeout: Time,
     /// First retransmission timeout; doubles per attempt.
     pub rto_initial: Time,
     /// Cap on the retransmission timeout.
@@ -34,6 +40,7 @@ impl Default for Timing {
         Timing {
             heartbeat_interval: 100 * MS,
             heartbeat_timeout: 2_000 * MS,
+            coordinator_timeout: 2_000 * MS,
             rto_initial: 20 * MS,
             rto_max: 1_000 * MS,
             register_retry: 100 * MS,
@@ -57,6 +64,13 @@ impl Timing {
     /// The attempt counter after one more send.
     pub(crate) fn next_attempt(&self, attempts: u8) -> u8 {
         attempts.saturating_add(1).min(self.max_doublings)
+    }
+
+    /// Heartbeats in a row the coordinator may leave unanswered before a node says it is
+    /// silent; `None` when nodes do not watch it.
+    pub(crate) fn unanswered_heartbeats_allowed(&self) -> Option<u64> {
+        (self.coordinator_timeout > 0)
+            .then(|| (self.coordinator_timeout / self.heartbeat_interval.max(1)).max(1))
     }
 
     /// Failure checks in a row that a node may miss before it is declared dead.

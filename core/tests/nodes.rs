@@ -844,7 +844,7 @@ fn the_coordinator_checks_for_silent_workers_every_heartbeat_interval() {
 }
 
 #[test]
-fn the_coordinator_answers_only_stale_heartbeats_and_admits_latecomers_in_a_new_epoch() {
+fn the_coordinator_answers_heartbeats_and_admits_latecomers_in_a_new_epoch() {
     let mut c = coordinator();
     let mut out = Effects::new();
     register(&mut c, 0, NodeId(1), Role::Server, &mut out);
@@ -853,9 +853,11 @@ fn the_coordinator_answers_only_stale_heartbeats_and_admits_latecomers_in_a_new_
     let config = c.config().unwrap().clone();
     out.clear();
     let beat = |epoch| Envelope::new(W1, COORD, epoch, Message::Heartbeat { sent_at: 1 });
-    // A heartbeat at the current epoch needs no answer, and is no refusal either.
+    // A heartbeat at the current epoch is answered with its time, and is no refusal.
     c.on_message(0, beat(1), &mut out);
-    assert!(out.sends.is_empty() && out.events.is_empty(), "{out:?}");
+    let ack = Envelope::new(COORD, W1, 1, Message::HeartbeatAck { sent_at: 1 });
+    assert_eq!(sends_of(&mut out), vec![ack]);
+    assert!(out.events.is_empty(), "{out:?}");
     // A node behind the current epoch is sent the configuration.
     c.on_message(0, beat(0), &mut out);
     assert_eq!(sends_of(&mut out), vec![deliver_config::<i64>(W1, &config)]);
@@ -919,5 +921,81 @@ fn the_coordinator_lists_registered_incarnations_and_refuses_earlier_ones() {
                 claimed: 5
             }
         }]
+    );
+}
+
+#[test]
+fn servers_and_workers_say_once_that_the_coordinator_is_silent_and_once_that_it_is_back() {
+    let mut c = coordinator();
+    let mut out = Effects::new();
+    register(&mut c, 0, NodeId(1), Role::Server, &mut out);
+    register(&mut c, 0, W1, Role::Worker, &mut out);
+    register(&mut c, 0, W2, Role::Worker, &mut out);
+    let config = c.config().unwrap().clone();
+    let epoch = config.epoch;
+    let timing = Timing::default();
+    let allowed = timing.coordinator_timeout / timing.heartbeat_interval;
+    let mut w = worker(W1, &config);
+    let mut s = server(1, &config, Updater::Sum);
+    let said = |out: &mut Effects<i64>| {
+        let said: Vec<_> = out
+            .events
+            .drain(..)
+            .filter(|e| matches!(e, Event::CoordinatorSilent { .. } | Event::CoordinatorBack))
+            .collect();
+        out.sends.clear();
+        said
+    };
+    let (mut w_out, mut s_out) = (Effects::new(), Effects::new());
+    // The coordinator answers: nobody says anything, however long it goes on.
+    for now in 1..=3 * allowed {
+        w.on_timer(now, TimerId::Heartbeat, &mut w_out);
+        s.on_timer(now, TimerId::Heartbeat, &mut s_out);
+        let beats: Vec<_> = w_out.sends.drain(..).chain(s_out.sends.drain(..)).collect();
+        for beat in beats {
+            out.clear();
+            c.on_message(now, beat, &mut out);
+            for answer in out.sends.drain(..) {
+                assert_eq!(answer.epoch, epoch);
+                if answer.to == W1 {
+                    w.on_message(now, answer, &mut w_out);
+                } else {
+                    s.on_message(now, answer, &mut s_out);
+                }
+            }
+        }
+        assert_eq!(said(&mut w_out), [], "at heartbeat {now}");
+        assert_eq!(said(&mut s_out), [], "at heartbeat {now}");
+    }
+    // Silent: said once, after the timeout's worth of heartbeats.
+    let mut heard_at = None;
+    for i in 1..=3 * allowed {
+        w.on_timer(i, TimerId::Heartbeat, &mut w_out);
+        s.on_timer(i, TimerId::Heartbeat, &mut s_out);
+        let (ws, ss) = (said(&mut w_out), said(&mut s_out));
+        assert_eq!(ws, ss);
+        if !ws.is_empty() {
+            assert!(heard_at.is_none(), "said twice");
+            heard_at = Some(i);
+            let silent = Event::CoordinatorSilent {
+                for_at_least: timing.coordinator_timeout,
+            };
+            assert_eq!(ws, [silent]);
+        }
+    }
+    assert_eq!(heard_at, Some(allowed + 1));
+    // Back: any message of the coordinator's says so, once.
+    let ack = |to| Envelope::new(COORD, to, epoch, Message::HeartbeatAck { sent_at: 0 });
+    for _ in 0..2 {
+        w.on_message(0, ack(W1), &mut w_out);
+        s.on_message(0, ack(NodeId(1)), &mut s_out);
+    }
+    assert_eq!(said(&mut w_out), [Event::CoordinatorBack]);
+    assert_eq!(said(&mut s_out), [Event::CoordinatorBack]);
+    assert!(
+        w_out.events.is_empty() && s_out.events.is_empty(),
+        "an answer is taken without a refusal: {:?} {:?}",
+        w_out.events,
+        s_out.events
     );
 }

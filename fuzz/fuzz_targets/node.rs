@@ -141,6 +141,7 @@ enum Body {
         from_key: u16,
         to_key: u16,
     },
+    HeartbeatAck,
 }
 
 impl Body {
@@ -378,6 +379,7 @@ fn message(body: Body) -> Message<i64> {
         Body::Leave => Message::Leave,
         Body::ProgressRequest => Message::ProgressRequest,
         Body::Lost { from_key, to_key } => Message::Lost(vec![range(from_key, to_key)]),
+        Body::HeartbeatAck => Message::HeartbeatAck { sent_at: 0 },
     }
 }
 

@@ -21,6 +21,7 @@ use crate::store::{ParamStore, Store, StoreLayout};
 use crate::timing::Timing;
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
+use crate::watch::CoordinatorWatch;
 use crate::wire::{ClusterConfig, Envelope, Message, SliceRef};
 
 use progress::Taken;
@@ -121,6 +122,8 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store
     started_configured: bool,
     /// [`Server::leave`] was called.
     leave_requested: bool,
+    /// How long the coordinator has left heartbeats unanswered.
+    coordinator: CoordinatorWatch,
     /// Ranges this server lost with their holders ([`crate::Event::RangeLost`]) that no adopted
     /// configuration lists yet: reported to the coordinator with every heartbeat until one
     /// does ([`ClusterConfig::lost`]).
@@ -223,6 +226,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             replication_attempts: 0,
             started_configured: false,
             leave_requested: false,
+            coordinator: CoordinatorWatch::default(),
             lost_unlisted: Vec::new(),
             taken: BTreeMap::new(),
             queue_seen: BTreeMap::new(),
@@ -410,6 +414,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             TimerId::Heartbeat => {
                 let body = Message::Heartbeat { sent_at: now };
                 self.send(self.cfg.coordinator, body, out);
+                self.coordinator.heartbeat_sent(&self.cfg.timing, out);
                 self.ship_idle_queues(out);
                 self.arm_replication(now, out);
                 // Either may have been lost; the coordinator waits for both.
@@ -431,6 +436,14 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let from = env.from;
         if env.to != self.cfg.id {
             return out.refuse(from, Refusal::Misaddressed { to: env.to });
+        }
+        if from == self.cfg.coordinator {
+            self.coordinator.heard(&self.cfg.timing, out);
+            // An answer to a heartbeat says only that the coordinator is alive; at a newer
+            // epoch than ours it is not kept for later like other early messages.
+            if let Message::HeartbeatAck { .. } = env.body {
+                return;
+            }
         }
         if let Message::Config(config) = env.body {
             return self.adopt(now, from, config, out);

@@ -12,7 +12,7 @@ use crate::value::Value;
 use crate::wire::forms::seq;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;
@@ -544,9 +544,16 @@ pub enum Message<V: Value> {
     /// ([`crate::Event::RangeLost`]), repeated with every heartbeat until a configuration
     /// lists them ([`ClusterConfig::lost`]).
     Lost(#[serde(with = "seq")] Vec<KeyRange>),
+    /// The coordinator's answer to a heartbeat: it is alive. Servers and workers that hear
+    /// nothing from it for [`crate::Timing::coordinator_timeout`] say so
+    /// ([`crate::Event::CoordinatorSilent`]).
+    HeartbeatAck {
+        /// The heartbeat's `sent_at`, echoed.
+        sent_at: Time,
+    },
 }
 
 impl<V: Value> Message<V> {
     /// Number of message kinds this version knows; the wire tags are `0..KINDS`.
-    pub const KINDS: u32 = 20;
+    pub const KINDS: u32 = 21;
 }

@@ -19,6 +19,7 @@ use crate::kv::KvPairs;
 use crate::selection::KeySelection;
 use crate::slicing::Part;
 use crate::value::Value;
+use crate::watch::CoordinatorWatch;
 use crate::wire::{ClusterConfig, Envelope, Message, PullReply, RequestId};
 
 pub use config::{DEFAULT_MAX_SLICE_BYTES, WorkerConfig, WorkerError};
@@ -60,6 +61,8 @@ pub struct Worker<V: Value> {
     learning_start: bool,
     /// [`Worker::leave`] was called.
     leave_requested: bool,
+    /// How long the coordinator has left heartbeats unanswered.
+    coordinator: CoordinatorWatch,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -84,6 +87,7 @@ impl<V: Value> Worker<V> {
             started_configured: false,
             learning_start: false,
             leave_requested: false,
+            coordinator: CoordinatorWatch::default(),
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -294,6 +298,7 @@ impl<V: Value> Worker<V> {
             TimerId::Heartbeat => {
                 let body = Message::Heartbeat { sent_at: now };
                 self.send(self.cfg.coordinator, body, out);
+                self.coordinator.heartbeat_sent(&self.cfg.timing, out);
                 if self.leave_requested {
                     self.send(self.cfg.coordinator, Message::Leave, out);
                 }
@@ -317,8 +322,12 @@ impl<V: Value> Worker<V> {
         if self.fenced {
             return out.refuse(from, Refusal::Fenced);
         }
+        if from == self.cfg.coordinator {
+            self.coordinator.heard(&self.cfg.timing, out);
+        }
         match env.body {
             Message::Config(config) => self.adopt(now, from, config, out),
+            Message::HeartbeatAck { .. } if from == self.cfg.coordinator => {}
             Message::PushAck(sref) => self.on_answer(now, from, sref, None, out),
             // Taken in counts only at the epoch it happened in: a server that took a push in
             // under an earlier configuration may have lost it since (ARCHITECTURE.md §8). A

@@ -223,13 +223,15 @@ impl ClusterModelConfig {
     }
 
     /// Timing for the checker, where a node is declared dead after two silent failure checks
-    /// and durations are otherwise irrelevant (the checker fires any set timer at any point).
+    /// and durations are otherwise irrelevant (the checker fires any set timer at any point);
+    /// nodes do not watch the coordinator.
     /// Without [`ClusterModelConfig::backoff`] there is no backoff, so no attempt counters in
     /// the state; with it the timeout is 1, then 2.
     pub fn timing(&self) -> Timing {
         let mut t = Timing::default();
         t.heartbeat_interval = 1;
         t.heartbeat_timeout = 1;
+        t.coordinator_timeout = 0;
         t.register_retry = 1;
         let (rto, doublings) = if self.backoff { (1, 1) } else { (0, 0) };
         t.rto_initial = rto;

@@ -110,6 +110,7 @@ where
         housekeep_at: Instant::now(),
         summarized_at: Instant::now(),
         refused_messages: RefusalLog::new("message", refusal_log::WINDOW),
+        coordinator_silent_since: None,
     };
     let task = tokio::spawn(looped.run(cmd_rx, stop_rx).instrument(span));
     let node = NodeHandle {
@@ -164,6 +165,8 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     summarized_at: Instant,
     /// Messages refused as undecodable or spoofed, logged at a bounded rate.
     refused_messages: RefusalLog,
+    /// Since when the node has said that the coordinator is silent.
+    coordinator_silent_since: Option<Instant>,
 }
 
 /// A worker's request to leave, until the coordinator confirms it.
@@ -316,7 +319,14 @@ where
                 format!("server {server}: {slices} slices{keys}, sent again up to {attempts} times")
             })
             .collect();
-        parts.join("; ")
+        let mut line = parts.join("; ");
+        if let Some(at) = self.coordinator_silent_since {
+            let secs = at.elapsed().as_secs();
+            line.push_str(&format!(
+                "; the coordinator has been silent for {secs} s, so no failure can be dealt with"
+            ));
+        }
+        line
     }
 
     /// Asks the coordinator to take the worker out once nothing the application started is
@@ -588,6 +598,24 @@ where
                 self.fenced = true;
             }
             Event::WorkerLeft(node) => info!(node = %node, "worker left the job"),
+            Event::CoordinatorSilent { for_at_least } => {
+                let silent = std::time::Duration::from_nanos(for_at_least);
+                let secs = silent.as_secs();
+                warn!(
+                    secs,
+                    "the coordinator has not answered for {secs} s: no failure, join or leave \
+                     can be dealt with until it is back"
+                );
+                let now = Instant::now();
+                self.coordinator_silent_since = Some(now.checked_sub(silent).unwrap_or(now));
+            }
+            Event::CoordinatorBack => {
+                let secs = self
+                    .coordinator_silent_since
+                    .take()
+                    .map_or(0, |at| at.elapsed().as_secs());
+                info!(secs, "the coordinator answers again");
+            }
             Event::Refused { from, reason } => match reason {
                 // What a broken or hostile peer sends: said at a bounded rate.
                 Refusal::Undecodable(_) => {
