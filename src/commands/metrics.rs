@@ -16,7 +16,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Registry, Unit};
 use pserver_core::{NodeId, Role};
 use pserver_transport::runtime::NodeMetrics;
 use tokio::net::TcpListener;
@@ -147,6 +147,11 @@ fn render(sources: &Sources) -> Result<String, std::fmt::Error> {
             "Key ranges lost with all their holders",
             m.ranges_lost,
         ),
+        (
+            "recoveries",
+            "Configuration changes that came while requests were open, each ended by a completed request (workers)",
+            m.recoveries,
+        ),
     ];
     for (name, help, value) in counts {
         registry.register(name, help, counter(value));
@@ -165,6 +170,14 @@ fn render(sources: &Sources) -> Result<String, std::fmt::Error> {
         "held_pulls",
         "Pulls held until the consistency model lets them be answered (servers)",
         gauge(m.held_pulls),
+    );
+    let last_recovery = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    last_recovery.set(m.last_recovery.as_secs_f64());
+    registry.register_with_unit(
+        "last_recovery",
+        "How long the last recovery held the requests: from the last completion before the configuration changed to the first after (workers)",
+        Unit::Seconds,
+        last_recovery,
     );
     let refusals = Family::<Vec<(String, String)>, Counter>::default();
     let r = &m.refusals;
@@ -201,6 +214,8 @@ mod tests {
         m.frames_received = 12;
         m.refusals.undecodable = 3;
         m.held_pulls = 5;
+        m.recoveries = 2;
+        m.last_recovery = std::time::Duration::from_millis(2_500);
         let (_tx, node) = watch::channel(m);
         let sources = Sources {
             id: NodeId(4),
@@ -216,6 +231,8 @@ mod tests {
             format!("pserver_tcp_handshakes_refused_total{{{labels}}} 7"),
             format!("pserver_epoch{{{labels}}} 0"),
             format!("pserver_held_pulls{{{labels}}} 5"),
+            format!("pserver_recoveries_total{{{labels}}} 2"),
+            format!("pserver_last_recovery_seconds{{{labels}}} 2.5"),
         ] {
             assert!(text.contains(&line), "no {line} in:\n{text}");
         }

@@ -241,3 +241,57 @@ fn a_worker_that_leaves_is_taken_out_and_keeps_its_share() {
     })
     .unwrap();
 }
+
+#[test]
+fn a_worker_counts_the_recovery_from_a_server_death_and_how_long_it_took() {
+    rt().block_on(async {
+        // Three servers: two are left to hold a range and its replica.
+        let mut spec = ClusterSpec::new(3, 1);
+        spec.job.ring.replicas = 1;
+        spec.job.timing.heartbeat_interval = 10_000_000;
+        spec.job.timing.heartbeat_timeout = 200_000_000;
+        let network = MemNetwork::reliable();
+        let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &network)?;
+        let worker = cluster.workers[0].clone();
+        worker.ready().await?;
+        let (server, me) = (pserver_core::NodeId(1), pserver_core::NodeId(4));
+        // Keys over the whole key space: some are on every server.
+        let keys: Vec<u64> = (0..64).map(|i| i * (u64::MAX / 64)).collect();
+        let kvs = || KvPairs::new(keys.clone(), vec![1; keys.len()], 1);
+        worker.push(kvs()?).await?;
+        let before = cluster.metrics(me).ok_or("no worker")?;
+        assert_eq!(before.recoveries, 0);
+        network.isolate(server);
+        // Waits until the coordinator declares the server dead and the replica takes over.
+        worker.push(kvs()?).await?;
+        let after = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let m = cluster.metrics(me).ok_or("no worker")?;
+                if m.recoveries > 0 {
+                    return Ok::<_, Box<dyn std::error::Error>>(m);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await??;
+        assert_eq!(after.recoveries, 1);
+        // Nobody can declare the server dead before its heartbeats were missed for about
+        // the timeout (less one check): the recovery cannot have been shorter.
+        assert!(
+            after.last_recovery >= Duration::from_millis(150),
+            "{:?}",
+            after.last_recovery
+        );
+        let report = cluster.shutdown().await?;
+        // The servers left hold both pushes, each once, on every key.
+        for &k in &keys {
+            let held: Vec<_> = report.servers[1..]
+                .iter()
+                .filter_map(|s| s.node.node().as_server().map(|s| s.received_total(k)))
+                .collect();
+            assert!(held.contains(&vec![2]), "key {k}: {held:?}");
+        }
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })
+    .unwrap();
+}

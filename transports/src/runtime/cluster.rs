@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use pserver_core::{Driver, JobSpec, NodeId, Value};
 
-use super::handle::{NodeHandle, NodeReport, RuntimeError, WorkerHandle};
+use super::handle::{NodeHandle, NodeMetrics, NodeReport, RuntimeError, WorkerHandle};
 use super::{RuntimeConfig, spawn_node};
 use crate::mem::MemNetwork;
 use crate::{FlowLimits, Transport};
@@ -124,6 +124,15 @@ impl<V: Value + Send + Sync> LocalCluster<V> {
             servers,
             worker_nodes,
         })
+    }
+
+    /// The latest counts of node `id` (`None` if it is not one of the cluster's).
+    pub fn metrics(&self, id: NodeId) -> Option<NodeMetrics> {
+        std::iter::once(&self.coordinator)
+            .chain(&self.servers)
+            .chain(&self.worker_nodes)
+            .find(|n| n.id() == id)
+            .map(NodeHandle::metrics)
     }
 
     /// Stops the workers (each finishing what it started), then the servers and the

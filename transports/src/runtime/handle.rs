@@ -393,6 +393,12 @@ pub struct NodeMetrics {
     pub ranges_lost: u64,
     /// Input the node refused, by reason.
     pub refusals: Refusals,
+    /// A worker's recoveries: configuration changes (a server declared dead, joining or
+    /// leaving) that came while it had requests open, each ended by its next completed request.
+    pub recoveries: u64,
+    /// How long the last recovery held the worker's requests: from the last request that
+    /// completed before the configuration changed to the first one after.
+    pub last_recovery: std::time::Duration,
 }
 
 /// Controls one node's event loop: stop it, wait for it.

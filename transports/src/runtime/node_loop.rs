@@ -5,8 +5,8 @@ use std::sync::{Arc, OnceLock};
 
 use pserver_core::store::ParamStore;
 use pserver_core::{
-    Driver, DriverError, Event, Iteration, KeyRange, KvPairs, NodeId, Refusal, RequestId, Role,
-    Time, UpdateRule, Value,
+    Driver, DriverError, Epoch, Event, Iteration, KeyRange, KvPairs, NodeId, Refusal, RequestId,
+    Role, Time, UpdateRule, Value,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until};
@@ -111,6 +111,8 @@ where
         summarized_at: Instant::now(),
         refused_messages: RefusalLog::new("message", refusal_log::WINDOW),
         coordinator_silent_since: None,
+        seen_epoch: 0,
+        recovering_since: None,
     };
     let task = tokio::spawn(looped.run(cmd_rx, stop_rx).instrument(span));
     let node = NodeHandle {
@@ -167,6 +169,10 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     refused_messages: RefusalLog,
     /// Since when the node has said that the coordinator is silent.
     coordinator_silent_since: Option<Instant>,
+    /// The epoch the loop last saw the node on.
+    seen_epoch: Epoch,
+    /// The configuration changed while requests were open: since the last completion before.
+    recovering_since: Option<Instant>,
 }
 
 /// A worker's request to leave, until the coordinator confirms it.
@@ -528,6 +534,26 @@ where
         while let Some(event) = self.driver.poll_event() {
             self.on_event(event);
         }
+        let epoch = self.driver.node().epoch();
+        if epoch != self.seen_epoch {
+            self.seen_epoch = epoch;
+            if self.open_requests() > 0 && self.recovering_since.is_none() {
+                self.recovering_since = Some(self.progress_at);
+            }
+        }
+    }
+
+    /// A request completed: the wait, and any recovery, is over.
+    fn progressed(&mut self) {
+        self.progress_at = Instant::now();
+        if let Some(since) = self.recovering_since.take() {
+            self.counts.recoveries += 1;
+            self.counts.last_recovery = since.elapsed();
+            info!(
+                millis = self.counts.last_recovery.as_millis() as u64,
+                "requests complete again after a configuration change"
+            );
+        }
     }
 
     fn on_event(&mut self, event: Event<V>) {
@@ -537,14 +563,14 @@ where
                 self.ready.send_replace(Some(epoch));
             }
             Event::Advanced(iteration) => {
-                self.progress_at = Instant::now();
+                self.progressed();
                 self.counts.iterations += 1;
                 if let Some(reply) = self.advances.pop_front() {
                     let _ = reply.send(Ok(iteration));
                 }
             }
             Event::PushDone(id) => {
-                self.progress_at = Instant::now();
+                self.progressed();
                 self.counts.pushes += 1;
                 if let Some(reply) = self.pushes.remove(&id) {
                     let _ = reply.send(Ok(()));
@@ -566,7 +592,7 @@ where
                 }
             }
             Event::PullDone(id, kvs) => {
-                self.progress_at = Instant::now();
+                self.progressed();
                 self.counts.pulls += 1;
                 if let Some(reply) = self.pulls.remove(&id) {
                     let _ = reply.send(Ok(kvs));
