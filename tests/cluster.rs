@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -15,46 +15,14 @@ use pserver::commands::cluster::{LocalOptions, run_local};
 use pserver::commands::script::Script;
 use pserver::core::{Consistency, NodeId};
 
+mod common;
+
+use common::{Children, LR_ROWS, fields, free_port, http_get, lr_cluster_of, pserver, signal};
+
 const SERVERS: u32 = 2;
 const WORKERS: u32 = 3;
 const KEYS: u64 = 1000;
 const ITERATIONS: u32 = 20;
-
-/// Children killed when the test ends, however it ends.
-struct Children(Vec<(String, Child)>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for (_, c) in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// A loopback port for a child to listen on, free for both TCP and UDP when handed out.
-///
-/// A port found by binding port 0 comes from the kernel's ephemeral range, which every
-/// outgoing connection of the children also draws from: one of them may take it before the
-/// child that was given it binds it. Ports are therefore taken from below that range (32768
-/// and up on Linux), from a counter that no two tests of this process share.
-fn free_port() -> u16 {
-    use std::sync::atomic::AtomicU32;
-    const LOW: u32 = 20_000;
-    const SPAN: u32 = 12_000;
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let base = std::process::id().wrapping_mul(7919) % SPAN;
-    for _ in 0..SPAN {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = (LOW + (base + n) % SPAN) as u16;
-        let free = TcpListener::bind(("127.0.0.1", port)).is_ok()
-            && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok();
-        if free {
-            return port;
-        }
-    }
-    panic!("no free loopback port between {LOW} and {}", LOW + SPAN);
-}
 
 fn write_cluster_file(dir: &Path, ports: &[u16], consistency: &str, iterations: u32) -> PathBuf {
     write_cluster(dir, ports, SERVERS, consistency, iterations, 0)
@@ -117,16 +85,6 @@ fn expected_totals(iterations: u32, workers: impl Iterator<Item = NodeId>) -> BT
         .collect()
 }
 
-fn pserver(args: &[&str]) -> Command {
-    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("pserver"));
-    cmd.args(args)
-        .env_remove("PSERVER_SECRET")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd
-}
-
 fn wait_for(child: &mut Child, deadline: Instant, what: &str) {
     while child.try_wait().expect("poll a child").is_none() {
         assert!(Instant::now() < deadline, "{what} did not finish in time");
@@ -137,18 +95,6 @@ fn wait_for(child: &mut Child, deadline: Instant, what: &str) {
 fn finish(mut child: Child) -> Output {
     child.kill().ok();
     child.wait_with_output().expect("collect a child's output")
-}
-
-/// The whole answer, head and body, of an HTTP/1.1 `GET path` at `addr`.
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::Read;
-    let mut s = TcpStream::connect(addr).expect("connect to the metrics endpoint");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(request.as_bytes()).unwrap();
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).expect("read the answer");
-    answer
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -453,15 +399,6 @@ fn a_server_killed_mid_job_over_tcp_loses_no_push() {
         "the survivors hold every push exactly once"
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Sends `signal` (`-STOP`, `-CONT`, `-INT`) to `child`.
-fn signal(child: &Child, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &child.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {signal}");
 }
 
 /// A thread reading `child`'s stderr: it sends one `()` per line containing `needle`, and
@@ -980,50 +917,7 @@ fn lr_cluster_with(
     job: &str,
     arrange: impl FnOnce(&mut Vec<String>),
 ) -> (String, Vec<&'static str>) {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("secret.key"), "lr-secret\n").unwrap();
-    let adult = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/adult");
-    let lines = |name: &str, n: usize| -> Vec<String> {
-        let bytes = pserver::data::libsvm::read_bytes(&adult.join(name)).unwrap();
-        String::from_utf8(bytes)
-            .unwrap()
-            .lines()
-            .take(n)
-            .map(|l| format!("{l}\n"))
-            .collect()
-    };
-    let mut train = lines("adult.train.svm.gz", LR_ROWS);
-    arrange(&mut train);
-    std::fs::write(dir.join("train.svm"), train.concat()).unwrap();
-    std::fs::write(
-        dir.join("test.svm"),
-        lines("adult.test.svm.gz", 1_500).concat(),
-    )
-    .unwrap();
-    let mut roles = vec!["coordinator", "server"];
-    roles.extend(std::iter::repeat_n("worker", workers));
-    let ports: Vec<u16> = roles.iter().map(|_| free_port()).collect();
-    let mut text = format!(
-        "cluster_id = \"lr\"\nconsistency = \"bounded:2\"\nsecret_file = \"secret.key\"\n\n[job]\napp = \"lr\"\ndata = \"train.svm\"\ntest = \"test.svm\"\nepochs = {epochs}\n{job}"
-    );
-    for (id, (port, role)) in ports.iter().zip(&roles).enumerate() {
-        text +=
-            &format!("\n[[node]]\nid = {id}\nrole = \"{role}\"\naddress = \"127.0.0.1:{port}\"\n");
-    }
-    let config = dir.join("cluster.toml");
-    std::fs::write(&config, text).unwrap();
-    (config.to_str().unwrap().to_owned(), roles)
-}
-
-/// Training rows in the logistic-regression clusters.
-const LR_ROWS: usize = 6_000;
-
-/// The `key=value` fields named `key` in a worker's epoch lines, in order.
-fn fields(out: &str, key: &str) -> Vec<f64> {
-    out.lines()
-        .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix(key)))
-        .map(|v| v.parse().unwrap())
-        .collect()
+    lr_cluster_of(dir, 1, workers, epochs, job, arrange)
 }
 
 #[test]
