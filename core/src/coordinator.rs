@@ -364,6 +364,19 @@ impl Coordinator {
             }
             Message::CaughtUp { .. } => {}
             Message::Lost(ranges) if self.is_server(from) => self.list_lost(from, ranges, out),
+            // Only at the epoch in force: an older `Leave` may be from an earlier process of
+            // the node, delayed past its restart, and must not take the new one out. A node
+            // that leaves says so again with every heartbeat, at the epoch it is told.
+            Message::Leave if env.epoch < self.epoch() => {
+                out.refuse(
+                    from,
+                    Refusal::StaleEpoch {
+                        epoch: env.epoch,
+                        current: self.epoch(),
+                    },
+                );
+                self.send_config(from, out);
+            }
             Message::Leave if self.is_worker(from) => self.remove_worker(from, out),
             Message::Leave => self.retire_server(from, out),
             Message::ConfigRequest => self.send_config(from, out),

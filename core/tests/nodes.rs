@@ -999,3 +999,40 @@ fn servers_and_workers_say_once_that_the_coordinator_is_silent_and_once_that_it_
         s_out.events
     );
 }
+
+#[test]
+fn a_leave_from_before_the_epoch_in_force_is_refused_so_a_late_one_takes_no_new_process_out() {
+    let mut c = coordinator();
+    let mut out = Effects::new();
+    register(&mut c, 0, NodeId(1), Role::Server, &mut out);
+    register(&mut c, 0, W1, Role::Worker, &mut out);
+    register(&mut c, 0, W2, Role::Worker, &mut out);
+    // Another worker joins: epoch 2.
+    register(&mut c, 0, NodeId(12), Role::Worker, &mut out);
+    assert_eq!(c.epoch(), 2);
+    out.clear();
+    let leave = |epoch| Envelope::new(W1, COORD, epoch, Message::Leave);
+    // Sent at epoch 1, perhaps by an earlier process of W1: refused, and W1 told the epoch.
+    c.on_message(0, leave(1), &mut out);
+    assert_eq!(c.epoch(), 2);
+    assert!(c.config().unwrap().workers.contains(&W1));
+    assert_eq!(
+        out.events,
+        [Event::Refused {
+            from: W1,
+            reason: Refusal::StaleEpoch {
+                epoch: 1,
+                current: 2
+            }
+        }]
+    );
+    let config = c.config().unwrap().clone();
+    assert_eq!(sends_of(&mut out), [deliver_config(W1, &config)]);
+    // Said again at the epoch in force, it is taken.
+    out.clear();
+    c.on_message(0, leave(2), &mut out);
+    let config = c.config().unwrap();
+    assert_eq!(config.epoch, 3);
+    assert!(!config.workers.contains(&W1));
+    assert_eq!(config.left, [W1]);
+}
