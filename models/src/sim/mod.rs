@@ -111,6 +111,26 @@
 //! every range was served again: no crashed server left in the coordinator's ring, and every
 //! range's primary there on the new epoch and holding the range as primary.
 //!
+//! ## Membership under stress
+//!
+//! With [`SimConfig::membership_stress`] the membership changes of a run pile up, as on a bad
+//! day of a real cluster:
+//!
+//! - the planned joins, leaves and the first crash all come within a quarter of a fault-free
+//!   run's length of one seeded moment, and a server asks to leave whether or not a change is
+//!   under way: a server joins while another leaves, or while a crash is still being
+//!   recovered from;
+//! - every membership message (`Register`, `Config`, `ConfigRequest`, `CaughtUp`, `Leave`,
+//!   `Transfer`, `TransferAck`, `Lost`) takes up to 800 ms more and may overtake the ones
+//!   sent before it, so that acknowledgements of an earlier plan arrive after a later one
+//!   started and configurations arrive out of order;
+//! - what a crashed server sent that is still on the network is not lost with it but
+//!   arrives up to 3 s late, after a restart, and what was sent to it may reach its next
+//!   process: an earlier incarnation's messages and the configurations addressed to it
+//!   arrive late.
+//!
+//! Every invariant is checked as in any other run.
+//!
 //! ## What the oracle can still judge
 //!
 //! The oracle follows one server's acknowledgements, in order. With replicas a primary
@@ -207,6 +227,11 @@ pub struct SimConfig {
     /// before the coordinator declares them dead, instead of after: the new process, still a
     /// member, registers under a new incarnation, is taken off the ring and joins again.
     pub quick_restart: bool,
+    /// Membership under stress (see "Membership under stress" in the module docs): joins,
+    /// leaves and the first crash come close together, so that changes overlap; membership
+    /// messages are delayed and reordered; and a crashed server's messages still on the
+    /// network arrive late, after its restart.
+    pub membership_stress: bool,
 }
 
 impl Default for SimConfig {
@@ -237,6 +262,7 @@ impl Default for SimConfig {
             join_servers: 0,
             leave_servers: 0,
             quick_restart: false,
+            membership_stress: false,
         }
     }
 }
@@ -298,6 +324,9 @@ impl SimConfig {
         }
         if self.quick_restart {
             cmd += " --quick-restart";
+        }
+        if self.membership_stress {
+            cmd += " --membership-stress";
         }
         cmd
     }
@@ -636,6 +665,13 @@ pub struct ServerFaults {
     pub joins: usize,
     /// Servers that asked to leave the job while it ran.
     pub leaves: usize,
+    /// Joins, leaves and crashes that came while another change was under way: a
+    /// configuration still changing its ring, or a crash not yet recovered from.
+    pub overlapping: usize,
+    /// Messages of a server's earlier process delivered while a later one of it ran.
+    pub late_from_earlier_process: usize,
+    /// Messages sent to a server's earlier process that reached a later one.
+    pub late_to_later_process: usize,
 }
 
 impl ServerFaults {
@@ -654,6 +690,9 @@ impl ServerFaults {
         self.flaps += other.flaps;
         self.joins += other.joins;
         self.leaves += other.leaves;
+        self.overlapping += other.overlapping;
+        self.late_from_earlier_process += other.late_from_earlier_process;
+        self.late_to_later_process += other.late_to_later_process;
     }
 }
 

@@ -78,13 +78,15 @@ impl Network {
         self.cut.retain(|&(a, b)| a != node && b != node);
     }
 
-    /// Delivery times of one message sent now: none (lost), one, or two (duplicated).
+    /// Delivery times of one message sent now: none (lost), one, or two (duplicated). A
+    /// message `late` by up to that much more is delivered out of order.
     pub(crate) fn deliveries(
         &mut self,
         rng: &mut SimRng,
         now: Time,
         from: NodeId,
         to: NodeId,
+        late: Option<Time>,
     ) -> Vec<Time> {
         self.sent += 1;
         if self.isolated.contains(&from)
@@ -100,7 +102,9 @@ impl Network {
             .map(|_| {
                 let jitter = rng.below(self.latency / 2 + 1);
                 let mut at = now + self.latency + jitter;
-                if self.faults.reorder {
+                if let Some(late) = late {
+                    at += rng.below(late + 1);
+                } else if self.faults.reorder {
                     at += rng.below(self.latency * 4 + 1);
                 } else {
                     let last = self.last.entry((from, to)).or_default();

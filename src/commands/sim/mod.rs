@@ -94,6 +94,11 @@ pub struct SimArgs {
     /// taken off the ring and joins again.
     #[arg(long)]
     quick_restart: bool,
+    /// Membership under stress: the joins, leaves and first crash come close together so that
+    /// they overlap, membership messages are delayed and reordered, and a crashed server's
+    /// messages still on the network arrive late, after its restart.
+    #[arg(long)]
+    membership_stress: bool,
     /// Skip encoding and decoding every message (faster, checks less).
     #[arg(long)]
     no_wire: bool,
@@ -182,6 +187,7 @@ fn config(args: &SimArgs) -> SimConfig {
         join_servers: args.join_servers as usize,
         leave_servers: args.leave_servers as usize,
         quick_restart: args.quick_restart,
+        membership_stress: args.membership_stress,
         ..SimConfig::default()
     };
     cfg.ring.replicas = args.replicas;

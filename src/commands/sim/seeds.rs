@@ -84,7 +84,7 @@ impl Batch {
     pub fn server_fault_summary(&self) -> String {
         let f = &self.server_faults;
         format!(
-            "server_faults crashes={} restarts={} crashes_during_copy={} crashes_after_copy={} cut_offs={} flaps={} joins={} leaves={}",
+            "server_faults crashes={} restarts={} crashes_during_copy={} crashes_after_copy={} cut_offs={} flaps={} joins={} leaves={} overlapping={} late_from_earlier_process={} late_to_later_process={}",
             f.crashes,
             f.restarts,
             f.crashes_during_copy,
@@ -92,7 +92,10 @@ impl Batch {
             f.cut_offs,
             f.flaps,
             f.joins,
-            f.leaves
+            f.leaves,
+            f.overlapping,
+            f.late_from_earlier_process,
+            f.late_to_later_process
         )
     }
 }

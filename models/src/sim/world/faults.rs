@@ -13,6 +13,9 @@ use pserver_core::node::Server;
 use pserver_core::ring::Ring;
 use pserver_core::{NodeId, Time};
 
+/// How late, under membership stress, what a crashed server sent may still arrive.
+const LATE_AFTER_CRASH: Time = 3_000 * MS;
+
 /// What a planned server crash is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum CrashKind {
@@ -124,16 +127,28 @@ impl World<'_> {
         // Joins take ids after the workers'; joins and leaves come at seeded times.
         let first_new = (self.cfg.servers + self.cfg.workers + 1) as u32;
         self.plan.membership_pending = self.cfg.join_servers + self.cfg.leave_servers;
+        // Under stress every change comes within a short while of one moment, so that they
+        // overlap.
+        let stress = self.cfg.membership_stress;
+        let around = if stress {
+            Some(self.plan.rng.below(horizon))
+        } else {
+            None
+        };
+        let when = |rng: &mut SimRng| match around {
+            Some(t) => t + rng.below(horizon / 4 + 1),
+            None => rng.below(horizon),
+        };
         for i in 0..self.cfg.join_servers {
-            let at = self.plan.rng.below(horizon);
+            let at = when(&mut self.plan.rng);
             self.schedule(at, Action::JoinServer(NodeId(first_new + i as u32)));
         }
         for _ in 0..self.cfg.leave_servers {
-            let at = self.plan.rng.below(horizon);
+            let at = when(&mut self.plan.rng);
             self.schedule(at, Action::LeaveServer);
         }
         let mut first_crash =
-            (self.cfg.crash_servers > 0).then(|| (self.plan.rng.below(horizon), None));
+            (self.cfg.crash_servers > 0).then(|| (when(&mut self.plan.rng), None));
         if self.cfg.faults.partition && self.replicated && !members.is_empty() {
             let pick = self.plan.rng.below(3);
             if pick != 1 {
@@ -194,13 +209,28 @@ impl World<'_> {
             None if live.is_empty() => return None,
             None => live[self.plan.rng.below(live.len() as u64) as usize],
         };
+        self.count_overlap();
         self.down.insert(victim);
         self.wakeups.remove(&victim);
         let queue = core::mem::take(&mut self.queue);
-        self.queue = queue
-            .into_iter()
-            .filter(|s| !matches!(s.action, Action::Deliver { from, .. } if from == victim))
-            .collect();
+        if self.cfg.membership_stress {
+            // Still on the network, and late: it may arrive after the server restarted.
+            let rng = &mut self.plan.rng;
+            self.queue = queue
+                .into_iter()
+                .map(|mut s| {
+                    if matches!(s.action, Action::Deliver { from, .. } if from == victim) {
+                        s.at += rng.below(LATE_AFTER_CRASH + 1);
+                    }
+                    s
+                })
+                .collect();
+        } else {
+            self.queue = queue
+                .into_iter()
+                .filter(|s| !matches!(s.action, Action::Deliver { from, .. } if from == victim))
+                .collect();
+        }
         self.plan.crashed += 1;
         self.plan.open.push(self.now);
         match kind {
@@ -240,6 +270,30 @@ impl World<'_> {
         d.set_mutation(self.mutation);
         d.start(self.now);
         self.nodes.insert(node, d);
+        self.started.insert(node, self.now);
+    }
+
+    /// Counts a message that crosses from one process of a server to another: sent by an
+    /// earlier process than the one running now, or to one.
+    pub(super) fn count_late(&mut self, from: NodeId, to: NodeId, sent_at: Time) {
+        let started = |n| self.started.get(&n).copied().unwrap_or(0);
+        if sent_at < started(from) {
+            self.plan.happened.late_from_earlier_process += 1;
+        }
+        if sent_at < started(to) {
+            self.plan.happened.late_to_later_process += 1;
+        }
+    }
+
+    /// Counts a join, leave or crash that comes while another change is under way.
+    fn count_overlap(&mut self) {
+        let changing = self
+            .coordinator()
+            .and_then(|c| c.config())
+            .is_some_and(pserver_core::ClusterConfig::is_changing);
+        if changing || !self.plan.open.is_empty() {
+            self.plan.happened.overlapping += 1;
+        }
     }
 
     /// A fresh process of a crashed server starts and registers.
@@ -260,6 +314,7 @@ impl World<'_> {
             self.schedule(self.now + 10 * MS, Action::JoinServer(node));
             return;
         }
+        self.count_overlap();
         self.start_server_process(node);
         self.plan.happened.joins += 1;
         self.plan.membership_pending -= 1;
@@ -269,7 +324,9 @@ impl World<'_> {
     /// may leave now (too few would be left): tried again later.
     pub(super) fn leave_server(&mut self) -> Option<NodeId> {
         let config = self.coordinator().and_then(|c| c.config()).cloned();
-        let Some(config) = config.filter(|c| !c.is_changing()) else {
+        // Under stress a server asks whether or not a change is under way.
+        let stress = self.cfg.membership_stress;
+        let Some(config) = config.filter(|c| stress || !c.is_changing()) else {
             self.schedule(self.now + 10 * MS, Action::LeaveServer);
             return None;
         };
@@ -284,6 +341,7 @@ impl World<'_> {
             return None;
         }
         let node = candidates[self.plan.rng.below(candidates.len() as u64) as usize];
+        self.count_overlap();
         let d = self.nodes.get_mut(&node)?;
         d.leave().ok()?;
         self.plan.happened.leaves += 1;

@@ -29,6 +29,9 @@ use pserver_core::{Epoch, Iteration, NodeId, Time};
 use pserver_core::{Event, Refusal};
 use pserver_core::{Key, KeyRange};
 
+/// How much later than others a membership message may arrive under membership stress.
+const MEMBERSHIP_LATE: Time = 800 * MS;
+
 /// What travels the simulated network: a frame, or the envelope itself when the run skips the
 /// wire.
 #[derive(Clone, Debug)]
@@ -42,6 +45,8 @@ enum Action {
     Deliver {
         from: NodeId,
         to: NodeId,
+        /// When it was sent, to tell an earlier process's messages from a later one's.
+        sent_at: Time,
         packet: Packet,
         /// The epoch a `Redirect` names, to count the redirects workers follow.
         redirect: Option<Epoch>,
@@ -135,6 +140,8 @@ struct World<'a> {
     replicated: bool,
     /// Servers whose process is down: they receive, send and fire nothing.
     down: BTreeSet<NodeId>,
+    /// When the running process of each server started after the run began.
+    started: BTreeMap<NodeId, Time>,
     /// The server fault plan and what has come of it.
     plan: faults::Plan,
     /// Server configuration shared by every server, to start a fresh one on a restart.
@@ -318,6 +325,7 @@ impl<'a> World<'a> {
             previous_ring: None,
             replicated: cfg.ring.replicas > 0,
             down: BTreeSet::new(),
+            started: BTreeMap::new(),
             plan: faults::Plan::new(cfg.seed),
             server_config,
             #[cfg(feature = "mutations")]
@@ -479,10 +487,12 @@ impl<'a> World<'a> {
             Action::Deliver {
                 from,
                 to,
+                sent_at,
                 packet,
                 redirect,
             } => {
                 if !self.is_down(to) {
+                    self.count_late(from, to, sent_at);
                     if let Some(d) = self.nodes.get_mut(&to) {
                         // A worker follows a redirect to a newer epoch than its own.
                         if let Some(w) = d.node().as_worker() {
@@ -597,14 +607,16 @@ impl<'a> World<'a> {
             let deadline = d.poll_timeout();
             let applied_below = d.node().as_server().map(Server::applied_below);
             for (to, packet) in packets {
-                let redirect = self.observe(node, to, &packet)?;
-                for at in self.net.deliveries(&mut self.rng, self.now, node, to) {
+                let (redirect, membership) = self.observe(node, to, &packet)?;
+                let late = (membership && self.cfg.membership_stress).then_some(MEMBERSHIP_LATE);
+                for at in self.net.deliveries(&mut self.rng, self.now, node, to, late) {
                     let packet = packet.clone();
                     self.schedule(
                         at,
                         Action::Deliver {
                             from: node,
                             to,
+                            sent_at: self.now,
                             packet,
                             redirect,
                         },
@@ -636,13 +648,13 @@ impl<'a> World<'a> {
 
     /// Shows the oracle what a node sends: the pushes workers send, and the acknowledgements
     /// servers send (the first for a slice is when the server took it in). Returns the epoch a
-    /// `Redirect` names.
+    /// `Redirect` names, and whether the message is one of membership.
     fn observe(
         &mut self,
         from: NodeId,
         to: NodeId,
         packet: &Packet,
-    ) -> Result<Option<Epoch>, SimFailure> {
+    ) -> Result<(Option<Epoch>, bool), SimFailure> {
         let decoded;
         let env = match packet {
             Packet::Envelope(env) => env,
@@ -684,12 +696,23 @@ impl<'a> World<'a> {
                 .oracle
                 .acked(from, to, *slice)
                 .map_err(|detail| self.fail(Invariant::Oracle, detail))?,
-            Message::Redirect { epoch, .. } => return Ok(Some(*epoch)),
+            Message::Redirect { epoch, .. } => return Ok((Some(*epoch), false)),
             Message::Transfer(_) => self.copy_sent(to),
             Message::TransferAck { range, .. } => self.copy_installed(from, to, *range),
             _ => {}
         }
-        Ok(None)
+        let membership = matches!(
+            env.body,
+            Message::Register { .. }
+                | Message::Config(_)
+                | Message::ConfigRequest
+                | Message::CaughtUp { .. }
+                | Message::Leave
+                | Message::Transfer(_)
+                | Message::TransferAck { .. }
+                | Message::Lost(_)
+        );
+        Ok((None, membership))
     }
 
     fn on_event(&mut self, node: NodeId, event: Event<f64>) -> Result<(), SimFailure> {
