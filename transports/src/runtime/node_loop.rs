@@ -537,6 +537,11 @@ where
         let epoch = self.driver.node().epoch();
         if epoch != self.seen_epoch {
             self.seen_epoch = epoch;
+            // Each membership change and the end of each ring change, as it happens: an
+            // operator (or a test) need not wait for the periodic summary to see where it is.
+            if let Some(config) = self.driver.node().as_coordinator().and_then(|c| c.config()) {
+                info!("published {}", summary(config, self.counts.nodes_dead));
+            }
             if self.open_requests() > 0 && self.recovering_since.is_none() {
                 self.recovering_since = Some(self.progress_at);
             }
