@@ -238,6 +238,11 @@ impl NodeTransport {
                             "Frames put back together and delivered",
                             s.frames,
                         ),
+                        (
+                            "udp_incomplete_frames_dropped",
+                            "Incomplete frames dropped: a fragment timed out, or newer frames needed the room",
+                            s.incomplete_dropped,
+                        ),
                     ]
                 })
             }

@@ -1,6 +1,6 @@
-//! Refused input, logged so that whoever sends it cannot fill the log: the first refusal of a
-//! window is logged in full, the others are counted by reason and summed up in one line once
-//! the window is over. Every refusal is also counted in the transport's stats.
+//! Refused input and dropped frames, logged so that whoever causes them cannot fill the log:
+//! the first of a window is logged in full, the others are counted by reason and summed up in
+//! one line once the window is over. Every one is also counted in the transport's stats.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -16,6 +16,8 @@ pub(crate) const WINDOW: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub(crate) struct RefusalLog {
     what: &'static str,
+    /// What happened to each: "refused", "dropped".
+    verb: &'static str,
     window: Duration,
     state: Mutex<Window>,
 }
@@ -31,8 +33,19 @@ struct Window {
 impl RefusalLog {
     /// A log for refused `what`s with windows of `window`.
     pub(crate) fn new(what: &'static str, window: Duration) -> Self {
+        Self::with_verb(what, "refused", window)
+    }
+
+    /// A log for `what`s dropped (not refused: nothing was wrong with them, but they could not
+    /// be kept), with windows of `window`.
+    pub(crate) fn drops(what: &'static str, window: Duration) -> Self {
+        Self::with_verb(what, "dropped", window)
+    }
+
+    fn with_verb(what: &'static str, verb: &'static str, window: Duration) -> Self {
         RefusalLog {
             what,
+            verb,
             window,
             state: Mutex::new(Window::default()),
         }
@@ -41,6 +54,11 @@ impl RefusalLog {
     /// Records one refusal: logged with `detail` when it opens a window, counted under
     /// `reason` otherwise.
     pub(crate) fn refused(&self, reason: &'static str, detail: impl FnOnce() -> String) {
+        self.refused_at(Instant::now(), reason, detail);
+    }
+
+    /// Records one drop, as [`RefusalLog::refused`] records a refusal.
+    pub(crate) fn dropped(&self, reason: &'static str, detail: impl FnOnce() -> String) {
         self.refused_at(Instant::now(), reason, detail);
     }
 
@@ -59,14 +77,15 @@ impl RefusalLog {
         if opens {
             warn!(
                 reason,
-                "refused a {} {} (more in the next {} s are summed up)",
+                "{} a {} {} (more in the next {} s are summed up)",
+                self.verb,
                 self.what,
                 detail(),
                 self.window.as_secs()
             );
         } else {
             // Each one still, for whoever turns debug logging on.
-            debug!(reason, "refused a {} {}", self.what, detail());
+            debug!(reason, "{} a {} {}", self.verb, self.what, detail());
         }
     }
 
@@ -91,8 +110,8 @@ impl RefusalLog {
         w.opened = None;
         let counted = core::mem::take(&mut w.counted);
         let secs = now.duration_since(opened).as_secs();
-        if let Some(line) = summary(self.what, secs, &counted) {
-            warn!(refused = counted.values().sum::<u64>(), "{line}");
+        if let Some(line) = summary(self.verb, self.what, secs, &counted) {
+            warn!(count = counted.values().sum::<u64>(), "{line}");
         }
     }
 
@@ -104,12 +123,17 @@ impl RefusalLog {
 }
 
 /// The line that sums up a window's refusals after its first, if there were any.
-fn summary(what: &str, secs: u64, counted: &BTreeMap<&'static str, u64>) -> Option<String> {
+fn summary(
+    verb: &str,
+    what: &str,
+    secs: u64,
+    counted: &BTreeMap<&'static str, u64>,
+) -> Option<String> {
     let total: u64 = counted.values().sum();
     let reasons: Vec<String> = counted.iter().map(|(r, n)| format!("{r}: {n}")).collect();
     (total > 0).then(|| {
         format!(
-            "refused {total} more {what}s in the last {secs} s ({})",
+            "{verb} {total} more {what}s in the last {secs} s ({})",
             reasons.join(", ")
         )
     })
@@ -133,7 +157,7 @@ mod tests {
         assert_eq!(counted, Some(999));
         assert!(log.lock().opened.is_some());
         log.refused_at(start, "unknown address", || "from 127.0.0.1:10".into());
-        let line = summary("connection", 10, &log.lock().counted);
+        let line = summary("refused", "connection", 10, &log.lock().counted);
         assert_eq!(
             line.as_deref(),
             Some(
@@ -143,6 +167,6 @@ mod tests {
         log.tick_at(start + Duration::from_millis(60));
         let w = log.lock();
         assert!(w.opened.is_none() && w.counted.is_empty(), "{w:?}");
-        assert_eq!(summary("datagram", 10, &BTreeMap::new()), None);
+        assert_eq!(summary("refused", "datagram", 10, &BTreeMap::new()), None);
     }
 }

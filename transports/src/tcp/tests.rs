@@ -540,8 +540,9 @@ async fn send_refuses_oversized_frames_and_unknown_peers() {
 }
 
 #[tokio::test]
-async fn frames_beyond_the_send_queue_are_dropped_and_counted() {
+async fn frames_beyond_the_send_queue_are_dropped_counted_and_logged_once_a_window() {
     bounded(async {
+        let (logs, _guard) = capture();
         // The peer's port accepts TCP connections but never answers the handshake.
         let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let mut c = cfg(
@@ -557,6 +558,16 @@ async fn frames_beyond_the_send_queue_are_dropped_and_counted() {
         }
         assert_eq!(a.stats().frames_dropped, 6);
         assert_eq!(a.stats().frames_sent, 0);
+        let drops: Vec<String> = logs
+            .warnings()
+            .into_iter()
+            .filter(|l| l.contains("dropped a frame"))
+            .collect();
+        assert_eq!(drops.len(), 1, "{drops:#?}");
+        assert!(
+            drops[0].contains("for n2: its send queue is full"),
+            "{drops:#?}"
+        );
     })
     .await;
 }

@@ -57,6 +57,8 @@ pub(super) struct Shared {
     pub(super) counters: Counters,
     /// Refused connections, logged at a bounded rate.
     pub(super) refusals: RefusalLog,
+    /// Frames dropped on a full send queue, logged at a bounded rate.
+    pub(super) drops: RefusalLog,
     /// Frames for `recv`.
     pub(super) inbound: mpsc::Sender<(NodeId, Bytes)>,
     /// Every peer.
@@ -233,6 +235,7 @@ impl TcpTransport {
             reconnect_max: cfg.reconnect_max.max(reconnect_min),
             counters: Counters::default(),
             refusals: RefusalLog::new("connection", refusal_log::WINDOW),
+            drops: RefusalLog::drops("frame", refusal_log::WINDOW),
             inbound,
             peers: handles,
         });
@@ -326,7 +329,10 @@ impl Transport for TcpTransport {
             }
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.shared.counters.bump(Count::Dropped);
-                debug!(peer = %to, "send queue full: frame dropped");
+                // The core resends what matters; a peer that cannot keep up is worth a line,
+                // but not one per frame.
+                let detail = || format!("for {to}: its send queue is full");
+                self.shared.drops.dropped("send queue full", detail);
                 Ok(())
             }
             Err(mpsc::error::TrySendError::Closed(_)) => Err(TransportError::Closed),
@@ -362,6 +368,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tasks: Tasks) {
             accepted = listener.accept() => accepted,
             _ = summaries.tick() => {
                 shared.refusals.tick();
+                shared.drops.tick();
                 continue;
             }
         };

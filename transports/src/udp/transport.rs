@@ -108,6 +108,9 @@ pub struct UdpStats {
     pub refused: u64,
     /// Frames delivered to `recv`.
     pub frames: u64,
+    /// Incomplete frames the reassembler dropped: a fragment did not come within the
+    /// reassembly timeout, or newer frames needed the room. The core resends what matters.
+    pub incomplete_dropped: u64,
 }
 
 #[derive(Default)]
@@ -119,6 +122,7 @@ struct Counters {
     bad_mac: AtomicU64,
     refused: AtomicU64,
     frames: AtomicU64,
+    incomplete_dropped: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -140,6 +144,8 @@ struct Shared {
     counters: Counters,
     /// Refused datagrams, logged at a bounded rate.
     refusals: RefusalLog,
+    /// Incomplete frames dropped, logged at a bounded rate.
+    drops: RefusalLog,
 }
 
 /// Carries frames over UDP between the nodes of a peer table ([`UdpConfig`]).
@@ -246,6 +252,7 @@ impl UdpTransport {
             rng: Mutex::new(SmallRng::seed_from_u64(cfg.seed)),
             counters: Counters::default(),
             refusals: RefusalLog::new("datagram", refusal_log::WINDOW),
+            drops: RefusalLog::drops("partial frame", refusal_log::WINDOW),
         });
         let (tx, rx) = mpsc::channel(cfg.recv_queue.max(1));
         let task = tokio::spawn(receive(Arc::clone(&shared), by_addr, cfg.limits, tx));
@@ -274,6 +281,7 @@ impl UdpTransport {
             bad_mac: get(&c.bad_mac),
             refused: get(&c.refused),
             frames: get(&c.frames),
+            incomplete_dropped: get(&c.incomplete_dropped),
         }
     }
 
@@ -449,6 +457,8 @@ async fn receive(
     tx: mpsc::Sender<(NodeId, Bytes)>,
 ) {
     let mut reassembler = Reassembler::new(limits);
+    // What the reassembler had dropped when last counted.
+    let mut dropped = (0, 0);
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let mut tick = tokio::time::interval((limits.timeout / 2).max(Duration::from_millis(1)));
     let c = &shared.counters;
@@ -465,7 +475,9 @@ async fn receive(
             },
             _ = tick.tick() => {
                 reassembler.expire(Instant::now());
+                note_drops(&shared, &reassembler, &mut dropped);
                 shared.refusals.tick();
+                shared.drops.tick();
                 continue;
             }
         };
@@ -495,7 +507,9 @@ async fn receive(
             shared.refusals.refused("spoofed sender", detail);
             continue;
         }
-        match reassembler.accept(Instant::now(), Bytes::copy_from_slice(body)) {
+        let accepted = reassembler.accept(Instant::now(), Bytes::copy_from_slice(body));
+        note_drops(&shared, &reassembler, &mut dropped);
+        match accepted {
             Ok(Some((_, frame))) => {
                 bump(&c.frames);
                 if tx.send((peer, frame)).await.is_err() {
@@ -509,6 +523,26 @@ async fn receive(
                 shared.refusals.refused("malformed", detail);
             }
         }
+    }
+}
+
+/// Counts and logs the incomplete frames the reassembler dropped since `seen` (expired,
+/// evicted).
+fn note_drops(shared: &Shared, reassembler: &Reassembler, seen: &mut (u64, u64)) {
+    let stats = reassembler.stats();
+    let (expired, evicted) = (stats.expired - seen.0, stats.evicted - seen.1);
+    *seen = (stats.expired, stats.evicted);
+    shared
+        .counters
+        .incomplete_dropped
+        .fetch_add(expired + evicted, Ordering::Relaxed);
+    for _ in 0..expired {
+        let detail = || "(a fragment did not come within the reassembly timeout)".to_owned();
+        shared.drops.dropped("timed out", detail);
+    }
+    for _ in 0..evicted {
+        let detail = || "(newer frames needed the room)".to_owned();
+        shared.drops.dropped("no room", detail);
     }
 }
 

@@ -135,3 +135,36 @@ async fn a_flood_of_refused_datagrams_is_counted_each_and_logged_once_a_window()
     );
     logs.assert_logged("not an address of this cluster");
 }
+
+#[tokio::test]
+async fn frames_left_incomplete_are_counted_each_and_logged_once_a_window() {
+    let (logs, _guard) = crate::test_logs::capture();
+    let a = std::net::UdpSocket::bind(loopback()).unwrap();
+    let b = std::net::UdpSocket::bind(loopback()).unwrap();
+    let addrs: BTreeMap<NodeId, SocketAddr> =
+        [(A, a.local_addr().unwrap()), (B, b.local_addr().unwrap())].into();
+    // A loses a third of its datagrams: most frames of five arrive with a piece missing.
+    let mut ac = UdpConfig::new(A, addrs[&A], addrs.clone());
+    ac.drop_outgoing = 0.3;
+    let mut bc = UdpConfig::new(B, addrs[&B], addrs.clone());
+    bc.limits.timeout = Duration::from_millis(50);
+    let a = UdpTransport::with_socket(ac, a).await.unwrap();
+    let b = UdpTransport::with_socket(bc, b).await.unwrap();
+    for _ in 0..30 {
+        a.send(B, Bytes::from(vec![7u8; 6_000])).await.unwrap();
+    }
+    assert!(a.stats().injected_drops > 1);
+    // Every partial frame expires together, a reassembly timeout after its last piece.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while b.stats().incomplete_dropped < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", b.stats());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let lines: Vec<String> = logs
+        .warnings()
+        .into_iter()
+        .filter(|l| l.contains("dropped a partial frame"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains("reassembly timeout"), "{lines:#?}");
+}
