@@ -607,32 +607,42 @@ fn a_lost_range_fails_the_job() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn a_worker_stalled_on_an_unavailable_range_says_why_and_ends() {
-    const SERVERS3: u32 = 3;
-    const WORKERS2: u32 = 2;
+/// A script cluster of `shape` (long enough never to finish) whose workers give up after
+/// `stall_secs` without progress, started with the log levels `log` gives, once its first
+/// worker is three iterations in: the directory, the nodes, the first worker's index and the
+/// reader of its log.
+fn stalling_cluster(
+    name: &str,
+    shape: (u32, u32),
+    stall_secs: u32,
+    log: impl Fn(&str) -> &'static str,
+) -> (PathBuf, Children, usize, std::thread::JoinHandle<String>) {
     const LONG: u32 = 400;
-    let shape = (SERVERS3, WORKERS2);
-    let (dir, _, config) = script_cluster("stall", shape, "bounded:1", LONG, 25);
-    // Workers give up after 4 s without progress.
+    let (dir, _, config) = script_cluster(name, shape, "bounded:1", LONG, 25);
     let text_of_config = std::fs::read_to_string(&config).unwrap();
-    let with_limit = text_of_config.replacen("[job]\n", "[job]\nstall_limit_secs = 4\n", 1);
-    std::fs::write(&config, with_limit).unwrap();
-    let log = |role: &str| if role == "worker" { "info" } else { "warn" };
+    let limit = format!("[job]\nstall_limit_secs = {stall_secs}\n");
+    std::fs::write(&config, text_of_config.replacen("[job]\n", &limit, 1)).unwrap();
     let mut children = start_nodes(&config, shape, log, |_| Vec::new());
-    let first_worker = 1 + SERVERS3 as usize;
+    let first_worker = 1 + shape.0 as usize;
     let (iterations, first_log) = watch_log(&mut children.0[first_worker].1, "iteration done");
     for _ in 0..3 {
         assert!(iterations.recv_timeout(Duration::from_secs(60)).is_ok());
     }
-    // Two of three servers gone with one replica a range: the one left cannot hold the ring,
-    // so the silent server is kept on it, and its ranges are served by nobody.
-    for victim in [1, 2] {
-        children.0[victim].1.kill().expect("kill a server");
-    }
+    (dir, children, first_worker, first_log)
+}
+
+/// Waits for every worker from `first` on to end with status 1 and, last, the stall limit's
+/// one-line reason, whose tail `why` holds; returns each worker's log.
+fn workers_stall(
+    children: &mut Children,
+    first: usize,
+    first_log: std::thread::JoinHandle<String>,
+    why: impl Fn(&str) -> bool,
+) -> Vec<(String, String)> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut first_log = Some(first_log);
-    for (name, mut child) in children.0.drain(first_worker..) {
+    let mut logs = Vec::new();
+    for (name, mut child) in children.0.drain(first..) {
         wait_for(&mut child, deadline, &name);
         let out = child.wait_with_output().expect("output");
         let err = match first_log.take() {
@@ -640,13 +650,29 @@ fn a_worker_stalled_on_an_unavailable_range_says_why_and_ends() {
             None => text(&out.stderr),
         };
         assert_eq!(out.status.code(), Some(1), "{name}: {err}");
-        assert!(err.contains("nothing completed for"), "{name}: {err}");
         let last = err.trim().lines().last().unwrap_or_default();
         assert!(
-            last.starts_with("error: no request completed for")
-                && last.contains("the stall limit: waiting for server n"),
+            last.starts_with("error: no request completed for") && why(last),
             "{name}: {last}"
         );
+        logs.push((name, err));
+    }
+    logs
+}
+
+#[test]
+fn a_worker_stalled_on_an_unavailable_range_says_why_and_ends() {
+    let shape = (3, 2);
+    let log = |role: &str| if role == "worker" { "info" } else { "warn" };
+    let (dir, mut children, first_worker, first_log) = stalling_cluster("stall", shape, 4, log);
+    // Two of three servers gone with one replica a range: the one left cannot hold the ring,
+    // so the silent server is kept on it, and its ranges are served by nobody.
+    for victim in [1, 2] {
+        children.0[victim].1.kill().expect("kill a server");
+    }
+    let waiting = |last: &str| last.contains("the stall limit: waiting for server n");
+    for (name, err) in workers_stall(&mut children, first_worker, first_log, waiting) {
+        assert!(err.contains("nothing completed for"), "{name}: {err}");
     }
     for (_, child) in children.0.iter().skip(3) {
         signal(child, "-INT");
@@ -661,45 +687,17 @@ fn a_worker_stalled_on_an_unavailable_range_says_why_and_ends() {
 
 #[test]
 fn a_silent_coordinator_is_noticed_and_a_worker_it_leaves_stalled_ends() {
-    const SERVERS2: u32 = 2;
-    const WORKERS2: u32 = 2;
-    const LONG: u32 = 400;
-    let shape = (SERVERS2, WORKERS2);
-    let (dir, _, config) = script_cluster("silent", shape, "bounded:1", LONG, 25);
-    let text_of_config = std::fs::read_to_string(&config).unwrap();
-    let with_limit = text_of_config.replacen("[job]\n", "[job]\nstall_limit_secs = 6\n", 1);
-    std::fs::write(&config, with_limit).unwrap();
-    let mut children = start_nodes(&config, shape, |_| "info", |_| Vec::new());
-    let first_worker = 1 + SERVERS2 as usize;
-    let (iterations, first_log) = watch_log(&mut children.0[first_worker].1, "iteration done");
-    for _ in 0..3 {
-        assert!(iterations.recv_timeout(Duration::from_secs(60)).is_ok());
-    }
+    let shape = (2, 2);
+    let (dir, mut children, first_worker, first_log) =
+        stalling_cluster("silent", shape, 6, |_| "info");
     // The coordinator dies, then a server: nobody is left to declare the server dead, and
     // every request to its ranges waits.
     children.0[0].1.kill().expect("kill the coordinator");
     children.0[1].1.kill().expect("kill a server");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut first_log = Some(first_log);
-    for (name, mut child) in children.0.drain(first_worker..) {
-        wait_for(&mut child, deadline, &name);
-        let out = child.wait_with_output().expect("output");
-        let err = match first_log.take() {
-            Some(reader) => reader.join().expect("the first worker's log"),
-            None => text(&out.stderr),
-        };
-        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
-        assert_eq!(
-            err.matches("the coordinator has not answered for").count(),
-            1,
-            "{name}: {err}"
-        );
-        let last = err.trim().lines().last().unwrap_or_default();
-        assert!(
-            last.starts_with("error: no request completed for")
-                && last.contains("the coordinator has been silent for"),
-            "{name}: {last}"
-        );
+    let silent = |last: &str| last.contains("the coordinator has been silent for");
+    for (name, err) in workers_stall(&mut children, first_worker, first_log, silent) {
+        let said = err.matches("the coordinator has not answered for").count();
+        assert_eq!(said, 1, "{name}: {err}");
     }
     // The server left says so too, once.
     let (_, mut server) = children.0.remove(2);

@@ -632,6 +632,16 @@ fn coordinator() -> Coordinator {
     Coordinator::new(job).unwrap()
 }
 
+/// The coordinator once the server and both workers registered: epoch 1 is published.
+fn started_coordinator() -> (Coordinator, Effects<i64>) {
+    let mut c = coordinator();
+    let mut out = Effects::new();
+    register(&mut c, 0, NodeId(1), Role::Server, &mut out);
+    register(&mut c, 0, W1, Role::Worker, &mut out);
+    register(&mut c, 0, W2, Role::Worker, &mut out);
+    (c, out)
+}
+
 fn register(c: &mut Coordinator, now: Time, from: NodeId, role: Role, out: &mut Effects<i64>) {
     c.on_message(
         now,
@@ -670,11 +680,7 @@ fn the_coordinator_publishes_once_every_expected_node_registered() {
 
 #[test]
 fn the_coordinator_removes_a_silent_worker_and_bumps_the_epoch() {
-    let mut c = coordinator();
-    let mut out = Effects::new();
-    register(&mut c, 0, NodeId(1), Role::Server, &mut out);
-    register(&mut c, 0, W1, Role::Worker, &mut out);
-    register(&mut c, 0, W2, Role::Worker, &mut out);
+    let (mut c, mut out) = started_coordinator();
     let timing = Timing::default();
     let checks = timing.heartbeat_timeout / timing.heartbeat_interval;
     let beat = |from| Envelope::new(from, COORD, 1, Message::Heartbeat { sent_at: 1 });
@@ -845,11 +851,7 @@ fn the_coordinator_checks_for_silent_workers_every_heartbeat_interval() {
 
 #[test]
 fn the_coordinator_answers_heartbeats_and_admits_latecomers_in_a_new_epoch() {
-    let mut c = coordinator();
-    let mut out = Effects::new();
-    register(&mut c, 0, NodeId(1), Role::Server, &mut out);
-    register(&mut c, 0, W1, Role::Worker, &mut out);
-    register(&mut c, 0, W2, Role::Worker, &mut out);
+    let (mut c, mut out) = started_coordinator();
     let config = c.config().unwrap().clone();
     out.clear();
     let beat = |epoch| Envelope::new(W1, COORD, epoch, Message::Heartbeat { sent_at: 1 });
@@ -926,11 +928,7 @@ fn the_coordinator_lists_registered_incarnations_and_refuses_earlier_ones() {
 
 #[test]
 fn servers_and_workers_say_once_that_the_coordinator_is_silent_and_once_that_it_is_back() {
-    let mut c = coordinator();
-    let mut out = Effects::new();
-    register(&mut c, 0, NodeId(1), Role::Server, &mut out);
-    register(&mut c, 0, W1, Role::Worker, &mut out);
-    register(&mut c, 0, W2, Role::Worker, &mut out);
+    let (mut c, mut out) = started_coordinator();
     let config = c.config().unwrap().clone();
     let epoch = config.epoch;
     let timing = Timing::default();
@@ -1002,11 +1000,7 @@ fn servers_and_workers_say_once_that_the_coordinator_is_silent_and_once_that_it_
 
 #[test]
 fn a_leave_from_before_the_epoch_in_force_is_refused_so_a_late_one_takes_no_new_process_out() {
-    let mut c = coordinator();
-    let mut out = Effects::new();
-    register(&mut c, 0, NodeId(1), Role::Server, &mut out);
-    register(&mut c, 0, W1, Role::Worker, &mut out);
-    register(&mut c, 0, W2, Role::Worker, &mut out);
+    let (mut c, mut out) = started_coordinator();
     // Another worker joins: epoch 2.
     register(&mut c, 0, NodeId(12), Role::Worker, &mut out);
     assert_eq!(c.epoch(), 2);
