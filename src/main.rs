@@ -63,9 +63,13 @@ fn main() -> ExitCode {
     let filter = EnvFilter::builder()
         .with_default_directive(tracing::level_filters::LevelFilter::WARN.into())
         .from_env_lossy();
+    // Colours only for a person at a terminal: a log piped to a file or a collector reads
+    // `node=n2`, not escape codes around it.
+    let colours = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colours)
         .init();
     let result = match Cli::parse().command {
         Command::Ring(args) => ring::run(args),

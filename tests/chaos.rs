@@ -317,11 +317,9 @@ impl Cluster {
         if id == 0 {
             args.extend(["--metrics", &self.metrics]);
         }
-        // Info for the joining server's first configuration; no colours, so that fields read
-        // `node=n2`.
+        // Info for the joining server's first configuration.
         let mut child = pserver(&args)
             .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
             .spawn()
             .expect("start a node");
         let stdout = child.stdout.take().expect("piped stdout");

@@ -699,7 +699,7 @@ fn a_silent_coordinator_is_noticed_and_a_worker_it_leaves_stalled_ends() {
         let said = err.matches("the coordinator has not answered for").count();
         assert_eq!(said, 1, "{name}: {err}");
     }
-    // The server left says so too, once.
+    // The server left says so too, once, in plain text: its log goes to a pipe.
     let (_, mut server) = children.0.remove(2);
     server.kill().expect("stop the server left");
     let log = text(&server.wait_with_output().expect("output").stderr);
@@ -707,6 +707,10 @@ fn a_silent_coordinator_is_noticed_and_a_worker_it_leaves_stalled_ends() {
         log.matches("the coordinator has not answered for").count(),
         1,
         "{log}"
+    );
+    assert!(
+        !log.contains('\x1b'),
+        "escape codes in a piped log: {log:?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
