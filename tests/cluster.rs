@@ -508,7 +508,7 @@ fn a_worker_that_finishes_leaves_and_is_never_declared_dead() {
         assert!(out.status.success(), "{name}: {}", text(&out.stderr));
     }
     let log = coordinator_log.join().expect("the coordinator's log");
-    assert!(!log.contains("declared dead"), "{log}");
+    assert!(!log.contains("node declared dead"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -554,7 +554,7 @@ fn a_worker_stopped_by_its_operator_leaves_the_job_and_says_so() {
         wait_for(&mut child, deadline, &name);
     }
     let log = coordinator_log.join().expect("the coordinator's log");
-    assert!(!log.contains("declared dead"), "{log}");
+    assert!(!log.contains("node declared dead"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
