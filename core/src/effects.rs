@@ -186,6 +186,9 @@ pub struct Effects<V: Value> {
     pub timers: Vec<TimerCmd>,
     /// Events for the application.
     pub events: Vec<Event<V>>,
+    /// How many of `sends` are messages sent again because they went unanswered (a worker's
+    /// request slices and progress reports): counted by the driver, for operators.
+    pub retransmitted: u64,
 }
 
 impl<V: Value> Default for Effects<V> {
@@ -194,6 +197,7 @@ impl<V: Value> Default for Effects<V> {
             sends: Vec::new(),
             timers: Vec::new(),
             events: Vec::new(),
+            retransmitted: 0,
         }
     }
 }
@@ -209,11 +213,12 @@ impl<V: Value> Effects<V> {
         self.sends.is_empty() && self.timers.is_empty() && self.events.is_empty()
     }
 
-    /// Empties all three lists, keeping their allocations.
+    /// Empties all three lists, keeping their allocations, and the count.
     pub fn clear(&mut self) {
         self.sends.clear();
         self.timers.clear();
         self.events.clear();
+        self.retransmitted = 0;
     }
 
     pub(crate) fn send(&mut self, env: Envelope<V>) {

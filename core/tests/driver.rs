@@ -323,3 +323,29 @@ fn a_stale_part_of_a_range_answer_is_refused_not_counted_twice() {
     assert_eq!(done[0].keys(), &[1, 2, 60]);
     assert_eq!(w.refusals().other, 2);
 }
+
+#[test]
+fn the_driver_counts_what_a_worker_sends_again_and_nothing_else() {
+    let cfg = config(&[W1], Consistency::Eventual);
+    let mut w = worker(W1, &cfg, Codec::default(), DEFAULT_MAX_SLICE_BYTES, 4);
+    while w.poll_transmit().is_some() {}
+    w.push(0, KvPairs::new(vec![1], vec![1], 1).unwrap())
+        .unwrap();
+    let (mut pushes, mut heartbeats) = (0, 0);
+    // Nobody answers: the push goes out again and again, between heartbeats.
+    for round in 0..=20 {
+        while let Some(t) = w.poll_transmit() {
+            match Codec::default().decode::<i64>(&t.frame).unwrap().body {
+                Message::Push(_) => pushes += 1,
+                Message::Heartbeat { .. } => heartbeats += 1,
+                _ => {}
+            }
+        }
+        if round < 20 {
+            let at = w.poll_timeout().expect("a timer is set");
+            w.handle_timeout(at);
+        }
+    }
+    assert!(pushes > 2 && heartbeats > 0, "{pushes} {heartbeats}");
+    assert_eq!(w.retransmissions(), pushes - 1);
+}

@@ -553,6 +553,8 @@ fn retransmission_backs_off_exponentially_up_to_the_cap() {
         out.clear();
         w.on_timer(at, TimerId::Retransmit, &mut out);
         assert!(out.sends.iter().any(|e| matches!(e.body, Message::Push(_))));
+        // Counted for operators: the push's one slice, sent again.
+        assert_eq!(out.retransmitted, 1);
     }
     let gaps: Vec<u64> = fire_times
         .windows(2)

@@ -148,6 +148,11 @@ fn render(sources: &Sources) -> Result<String, std::fmt::Error> {
             m.ranges_lost,
         ),
         (
+            "retransmissions",
+            "Messages sent again because they went unanswered (workers)",
+            m.retransmissions,
+        ),
+        (
             "recoveries",
             "Configuration changes that came while requests were open, each ended by a completed request (workers)",
             m.recoveries,
@@ -215,6 +220,7 @@ mod tests {
         m.refusals.undecodable = 3;
         m.held_pulls = 5;
         m.recoveries = 2;
+        m.retransmissions = 9;
         m.last_recovery = std::time::Duration::from_millis(2_500);
         let (_tx, node) = watch::channel(m);
         let sources = Sources {
@@ -232,6 +238,7 @@ mod tests {
             format!("pserver_epoch{{{labels}}} 0"),
             format!("pserver_held_pulls{{{labels}}} 5"),
             format!("pserver_recoveries_total{{{labels}}} 2"),
+            format!("pserver_retransmissions_total{{{labels}}} 9"),
             format!("pserver_last_recovery_seconds{{{labels}}} 2.5"),
         ] {
             assert!(text.contains(&line), "no {line} in:\n{text}");

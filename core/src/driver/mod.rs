@@ -156,6 +156,7 @@ pub struct Driver<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store
     outbox: VecDeque<Envelope<V>>,
     events: VecDeque<Event<V>>,
     refusals: Refusals,
+    retransmissions: u64,
     encode_errors: VecDeque<(NodeId, EncodeError)>,
 }
 
@@ -175,6 +176,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
             outbox: VecDeque::new(),
             events: VecDeque::new(),
             refusals: Refusals::default(),
+            retransmissions: 0,
             encode_errors: VecDeque::new(),
         }
     }
@@ -214,6 +216,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
     /// Refused input so far.
     pub fn refusals(&self) -> Refusals {
         self.refusals
+    }
+
+    /// Messages the node sent again so far because they went unanswered (a worker's request
+    /// slices and progress reports).
+    pub fn retransmissions(&self) -> u64 {
+        self.retransmissions
     }
 
     /// Starts the node: registration (or failure detection, for the coordinator). Call once,
@@ -411,6 +419,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
             }
         }
         self.outbox.extend(out.sends.drain(..));
+        self.retransmissions += core::mem::take(&mut out.retransmitted);
         for event in out.events.drain(..) {
             if let Event::Refused { reason, .. } = &event {
                 self.refusals.count(reason);

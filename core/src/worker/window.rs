@@ -183,12 +183,14 @@ impl<V: Value> Worker<V> {
             }
         }
         let allowance = self.transfer_allowance();
+        out.retransmitted += due.len() as u64;
         for (id, sid) in due {
             self.delay_due(id, sid, allowance);
             self.send_slice(id, sid, out);
         }
         if self.progress_pending() && self.progress_due <= now {
             self.progress_attempts = timing.next_attempt(self.progress_attempts);
+            out.retransmitted += 1;
             self.send_progress(now, out);
         }
     }

@@ -385,6 +385,9 @@ pub struct NodeMetrics {
     pub open_requests: u64,
     /// A worker's unanswered slices sent again, summed over its open slices now.
     pub resends_open: u64,
+    /// A worker's messages sent again because they went unanswered, since it started
+    /// ([`pserver_core::Driver::retransmissions`]).
+    pub retransmissions: u64,
     /// A server's pulls held until the consistency model lets them be answered, now.
     pub held_pulls: u64,
     /// Nodes the coordinator declared dead.

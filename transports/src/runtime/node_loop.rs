@@ -254,6 +254,7 @@ where
             resends_open: waits.map_or(0, |w| w.iter().map(|x| u64::from(x.attempts)).sum()),
             held_pulls: node.as_server().map_or(0, |s| s.held_pulls() as u64),
             refusals: self.driver.refusals(),
+            retransmissions: self.driver.retransmissions(),
             ..self.counts.clone()
         };
         self.metrics.send_replace(metrics);
