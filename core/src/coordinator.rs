@@ -362,11 +362,20 @@ impl Coordinator {
                 self.caught_up.insert(from);
                 self.switch_when_caught_up(out);
             }
-            Message::CaughtUp { .. } => {}
+            Message::CaughtUp { epoch } => out.refuse(
+                from,
+                Refusal::StaleEpoch {
+                    epoch,
+                    current: self.epoch(),
+                },
+            ),
             Message::Lost(ranges) if self.is_server(from) => self.list_lost(from, ranges, out),
             // Only at the epoch in force: an older `Leave` may be from an earlier process of
-            // the node, delayed past its restart, and must not take the new one out. A node
-            // that leaves says so again with every heartbeat, at the epoch it is told.
+            // a server, delayed past its restart (which always starts a new epoch), and must
+            // not take the new one out. A node that leaves says so again with every
+            // heartbeat, at the epoch it is told. (A worker that restarts while still a member
+            // starts no new epoch, so its earlier process's `Leave` at the same epoch is still
+            // taken.)
             Message::Leave if env.epoch < self.epoch() => {
                 out.refuse(
                     from,

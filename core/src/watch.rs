@@ -1,4 +1,4 @@
-//! A server's or worker's watch on the coordinator (ARCHITECTURE.md §6).
+//! A server's or worker's watch on the coordinator (ARCHITECTURE.md §2).
 //!
 //! The coordinator answers every heartbeat. A node counts the heartbeats it sent since it last
 //! heard from the coordinator, and says once when the count passes

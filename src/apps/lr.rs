@@ -847,8 +847,10 @@ pub async fn train_local_until(
     if spec.job.ring.key_space == u64::MAX {
         spec.job.ring.key_space = train.dimensions().max(test.dimensions()).max(1);
     }
-    // Held pulls wait for the slowest worker; never declare a busy worker dead for that.
+    // Held pulls wait for the slowest worker; never declare a busy worker dead for that, nor
+    // take a coordinator whose loop is as busy for a silent one.
     spec.job.timing.heartbeat_timeout = Duration::from_secs(60).as_nanos() as u64;
+    spec.job.timing.coordinator_timeout = spec.job.timing.heartbeat_timeout;
     let network = MemNetwork::reliable();
     let tcp = match cfg.transport {
         Wire::Mem => None,

@@ -148,6 +148,11 @@ fn render(sources: &Sources) -> Result<String, std::fmt::Error> {
             m.ranges_lost,
         ),
         (
+            "send_errors",
+            "Messages the transport would not send",
+            m.send_errors,
+        ),
+        (
             "retransmissions",
             "Messages sent again because they went unanswered (workers)",
             m.retransmissions,
@@ -178,6 +183,14 @@ fn render(sources: &Sources) -> Result<String, std::fmt::Error> {
     );
     let last_recovery = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
     last_recovery.set(m.last_recovery.as_secs_f64());
+    let longest_recovery = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    longest_recovery.set(m.longest_recovery.as_secs_f64());
+    registry.register_with_unit(
+        "longest_recovery",
+        "The longest recovery so far, measured as last_recovery (workers)",
+        Unit::Seconds,
+        longest_recovery,
+    );
     registry.register_with_unit(
         "last_recovery",
         "How long the last recovery held the requests: from the last completion before the configuration changed to the first after (workers)",
@@ -221,7 +234,9 @@ mod tests {
         m.held_pulls = 5;
         m.recoveries = 2;
         m.retransmissions = 9;
+        m.send_errors = 4;
         m.last_recovery = std::time::Duration::from_millis(2_500);
+        m.longest_recovery = std::time::Duration::from_millis(4_000);
         let (_tx, node) = watch::channel(m);
         let sources = Sources {
             id: NodeId(4),
@@ -239,7 +254,9 @@ mod tests {
             format!("pserver_held_pulls{{{labels}}} 5"),
             format!("pserver_recoveries_total{{{labels}}} 2"),
             format!("pserver_retransmissions_total{{{labels}}} 9"),
+            format!("pserver_send_errors_total{{{labels}}} 4"),
             format!("pserver_last_recovery_seconds{{{labels}}} 2.5"),
+            format!("pserver_longest_recovery_seconds{{{labels}}} 4.0"),
         ] {
             assert!(text.contains(&line), "no {line} in:\n{text}");
         }

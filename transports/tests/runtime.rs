@@ -282,6 +282,7 @@ fn a_worker_counts_the_recovery_from_a_server_death_and_how_long_it_took() {
             "{:?}",
             after.last_recovery
         );
+        assert_eq!(after.longest_recovery, after.last_recovery);
         let report = cluster.shutdown().await?;
         // The servers left hold both pushes, each once, on every key.
         for &k in &keys {

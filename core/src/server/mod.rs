@@ -172,6 +172,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> PartialEq for Server<V, U, S>
             && self.listed == other.listed
             && self.early == other.early
             && self.progress_unheard == other.progress_unheard
+            && self.lost_unlisted == other.lost_unlisted
+            && self.coordinator == other.coordinator
     }
 }
 
@@ -196,6 +198,8 @@ impl<V: Value + Hash, U: UpdateRule<V>, S: ParamStore<V>> Hash for Server<V, U, 
         self.listed.hash(state);
         self.early.hash(state);
         self.progress_unheard.hash(state);
+        self.lost_unlisted.hash(state);
+        self.coordinator.hash(state);
         #[cfg(feature = "mutations")]
         self.mutation.hash(state);
     }

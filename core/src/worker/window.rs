@@ -190,8 +190,10 @@ impl<V: Value> Worker<V> {
         }
         if self.progress_pending() && self.progress_due <= now {
             self.progress_attempts = timing.next_attempt(self.progress_attempts);
-            out.retransmitted += 1;
+            // One report to each server still owed one.
+            let before = out.sends.len();
             self.send_progress(now, out);
+            out.retransmitted += (out.sends.len() - before) as u64;
         }
     }
 

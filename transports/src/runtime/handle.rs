@@ -402,6 +402,10 @@ pub struct NodeMetrics {
     /// How long the last recovery held the worker's requests: from the last request that
     /// completed before the configuration changed to the first one after.
     pub last_recovery: std::time::Duration,
+    /// Messages the transport would not send (an unknown peer, a closed transport).
+    pub send_errors: u64,
+    /// The longest recovery so far, measured the same way.
+    pub longest_recovery: std::time::Duration,
 }
 
 /// Controls one node's event loop: stop it, wait for it.

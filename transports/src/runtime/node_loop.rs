@@ -110,6 +110,7 @@ where
         housekeep_at: Instant::now(),
         summarized_at: Instant::now(),
         refused_messages: RefusalLog::new("message", refusal_log::WINDOW),
+        failed_sends: RefusalLog::drops("message", refusal_log::WINDOW),
         coordinator_silent_since: None,
         seen_epoch: 0,
         recovering_since: None,
@@ -167,6 +168,8 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     summarized_at: Instant,
     /// Messages refused as undecodable or spoofed, logged at a bounded rate.
     refused_messages: RefusalLog,
+    /// Messages the transport would not send, logged at a bounded rate.
+    failed_sends: RefusalLog,
     /// Since when the node has said that the coordinator is silent.
     coordinator_silent_since: Option<Instant>,
     /// The epoch the loop last saw the node on.
@@ -242,6 +245,7 @@ where
         self.publish_metrics();
         self.summarize();
         self.refused_messages.tick();
+        self.failed_sends.tick();
     }
 
     /// Publishes the counts.
@@ -526,25 +530,31 @@ where
             self.counts.bytes_sent += frame.len() as u64;
             if let Err(e) = self.transport.send_parts(to, frame).await {
                 self.send_errors += 1;
-                debug!(to = %to, error = %e, "send failed");
+                self.counts.send_errors += 1;
+                // The core resends what matters; the operator hears of it at a bounded rate.
+                let detail = || format!("for {to}: {e}");
+                self.failed_sends.dropped("send failed", detail);
             }
         }
         while let Some((to, e)) = self.driver.poll_encode_error() {
             warn!(to = %to, error = %e, "message not sent: it does not fit a frame");
         }
+        // Whether the configuration changed while requests were open is read before the
+        // events: a completion in the same step must not hide the change, nor end it at once.
+        let epoch = self.driver.node().epoch();
+        let open_before = self.open_requests();
+        if epoch != self.seen_epoch && open_before > 0 && self.recovering_since.is_none() {
+            self.recovering_since = Some(self.progress_at);
+        }
         while let Some(event) = self.driver.poll_event() {
             self.on_event(event);
         }
-        let epoch = self.driver.node().epoch();
         if epoch != self.seen_epoch {
             self.seen_epoch = epoch;
             // Each membership change and the end of each ring change, as it happens: an
             // operator (or a test) need not wait for the periodic summary to see where it is.
             if let Some(config) = self.driver.node().as_coordinator().and_then(|c| c.config()) {
                 info!("published {}", summary(config, self.counts.nodes_dead));
-            }
-            if self.open_requests() > 0 && self.recovering_since.is_none() {
-                self.recovering_since = Some(self.progress_at);
             }
         }
     }
@@ -553,8 +563,12 @@ where
     fn progressed(&mut self) {
         self.progress_at = Instant::now();
         if let Some(since) = self.recovering_since.take() {
+            let took = since.elapsed();
             self.counts.recoveries += 1;
-            self.counts.last_recovery = since.elapsed();
+            self.counts.last_recovery = took;
+            // A join or a ring switch right after a crash is a short recovery of its own: the
+            // longest keeps what the crash cost.
+            self.counts.longest_recovery = self.counts.longest_recovery.max(took);
             info!(
                 millis = self.counts.last_recovery.as_millis() as u64,
                 "requests complete again after a configuration change"

@@ -189,7 +189,8 @@ impl World<'_> {
     }
 
     /// Crashes the next planned server (`victim`, or one the plan picks among the live
-    /// members): its process stops, and what it sent that is still on the network is lost.
+    /// members): its process stops, and what it sent that is still on the network is lost (under
+    /// membership stress, delayed instead).
     /// Returns the server crashed.
     pub(super) fn crash_server(&mut self, victim: Option<NodeId>) -> Option<NodeId> {
         let Some(config) = self.coordinator().and_then(|c| c.config()).cloned() else {
@@ -214,10 +215,13 @@ impl World<'_> {
         self.wakeups.remove(&victim);
         let queue = core::mem::take(&mut self.queue);
         if self.cfg.membership_stress {
-            // Still on the network, and late: it may arrive after the server restarted.
+            // Still on the network, and late: it may arrive after the server restarted. Drawn
+            // in the queue's own order, not the heap's layout, so that a seed replays anywhere.
             let rng = &mut self.plan.rng;
             self.queue = queue
+                .into_sorted_vec()
                 .into_iter()
+                .rev()
                 .map(|mut s| {
                     if matches!(s.action, Action::Deliver { from, .. } if from == victim) {
                         s.at += rng.below(LATE_AFTER_CRASH + 1);
@@ -287,13 +291,19 @@ impl World<'_> {
 
     /// Counts a join, leave or crash that comes while another change is under way.
     fn count_overlap(&mut self) {
+        if self.overlapping() {
+            self.plan.happened.overlapping += 1;
+        }
+    }
+
+    /// Whether a change is under way: a configuration still changing its ring, or a crash not
+    /// yet recovered from.
+    fn overlapping(&self) -> bool {
         let changing = self
             .coordinator()
             .and_then(|c| c.config())
             .is_some_and(pserver_core::ClusterConfig::is_changing);
-        if changing || !self.plan.open.is_empty() {
-            self.plan.happened.overlapping += 1;
-        }
+        changing || !self.plan.open.is_empty()
     }
 
     /// A fresh process of a crashed server starts and registers.
@@ -341,9 +351,10 @@ impl World<'_> {
             return None;
         }
         let node = candidates[self.plan.rng.below(candidates.len() as u64) as usize];
-        self.count_overlap();
+        let overlapping = self.overlapping();
         let d = self.nodes.get_mut(&node)?;
         d.leave().ok()?;
+        self.plan.happened.overlapping += usize::from(overlapping);
         self.plan.happened.leaves += 1;
         self.plan.membership_pending -= 1;
         self.plan.leaving.insert(node);
