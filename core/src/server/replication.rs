@@ -408,11 +408,20 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.split_shards_at(range.start());
         self.split_shards_at(range.end());
         let starts = self.shard_starts_in(range);
-        let newer_held = starts.iter().filter_map(|s| self.shards.get(s)).any(|s| {
-            matches!(s.role, ShardRole::Replica { primary, synced: true } if primary == from)
-                && s.seq > seq
-        });
-        if !newer_held {
+        // The parts of the range this server already holds a newer copy of, from the same
+        // primary. Copies are cut into parts and sent again, so an older one can arrive after
+        // a newer one of a part of its range: it must replace neither that part nor, because
+        // of it, the rest (ARCHITECTURE.md §8).
+        let newer: Vec<KeyRange> = starts
+            .iter()
+            .filter_map(|s| self.shards.get(s))
+            .filter(|s| {
+                matches!(s.role, ShardRole::Replica { primary, synced: true } if primary == from)
+                    && s.seq > seq
+            })
+            .map(|s| s.range)
+            .collect();
+        if newer.iter().map(|r| r.len()).sum::<u64>() < range.len() {
             for record in &copy.clocks {
                 let clock = self.progress.entry(record.worker).or_default();
                 for &(segment, finished) in &record.segments {
@@ -431,9 +440,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 return out.refuse(from, Refusal::BadAnswer);
             };
             for start in starts {
-                self.shards.remove(&start);
+                if !newer.iter().any(|r| r.start() == start) {
+                    self.shards.remove(&start);
+                }
             }
-            self.shards.insert(range.start(), shard);
+            for piece in cut_around(shard, &newer) {
+                self.shards.insert(piece.range.start(), piece);
+            }
         }
         self.send(from, Message::TransferAck { range, seq }, out);
         self.report_caught_up(out);
@@ -698,4 +711,28 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
         gaps
     }
+}
+
+/// The parts of `copy` outside `keep` (ranges inside the copy's, in key order, apart).
+fn cut_around<V: Value, S: ParamStore<V>>(
+    copy: Shard<V, S>,
+    keep: &[KeyRange],
+) -> Vec<Shard<V, S>> {
+    let mut parts = Vec::new();
+    let mut rest = Some(copy);
+    for kept in keep {
+        let Some(mut part) = rest.take() else {
+            break;
+        };
+        if kept.start() > part.range.start() {
+            let tail = part.split_off(kept.start());
+            parts.push(part);
+            part = tail;
+        }
+        if kept.end() < part.range.end() {
+            rest = Some(part.split_off(kept.end()));
+        }
+    }
+    parts.extend(rest);
+    parts
 }
