@@ -736,3 +736,41 @@ fn cut_around<V: Value, S: ParamStore<V>>(
     parts.extend(rest);
     parts
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::OrderedStore;
+
+    fn range(a: u64, b: u64) -> KeyRange {
+        KeyRange::new(a, b).unwrap()
+    }
+
+    fn copy_of(r: KeyRange) -> Shard<i64, OrderedStore<i64>> {
+        let role = ShardRole::Replica {
+            primary: NodeId(1),
+            synced: true,
+        };
+        Shard::new(r, OrderedStore::new(1, 0), role)
+    }
+
+    fn ranges(parts: &[Shard<i64, OrderedStore<i64>>]) -> Vec<KeyRange> {
+        parts.iter().map(|p| p.range).collect()
+    }
+
+    #[test]
+    fn an_older_copy_is_cut_around_the_parts_held_newer_and_nothing_else() {
+        let whole = range(0, 100);
+        // Nothing held newer: the copy whole.
+        assert_eq!(ranges(&cut_around(copy_of(whole), &[])), [whole]);
+        // Newer parts inside, at either end, and side by side.
+        let kept = [range(10, 20), range(20, 30), range(50, 60)];
+        assert_eq!(
+            ranges(&cut_around(copy_of(whole), &kept)),
+            [range(0, 10), range(30, 50), range(60, 100)]
+        );
+        let ends = [range(0, 10), range(90, 100)];
+        assert_eq!(ranges(&cut_around(copy_of(whole), &ends)), [range(10, 90)]);
+        assert_eq!(ranges(&cut_around(copy_of(whole), &[whole])), []);
+    }
+}
