@@ -59,20 +59,40 @@ impl RefusalLog {
 
     /// Records one drop, as [`RefusalLog::refused`] records a refusal.
     pub(crate) fn dropped(&self, reason: &'static str, detail: impl FnOnce() -> String) {
-        self.refused_at(Instant::now(), reason, detail);
+        self.dropped_many(reason, 1, detail);
+    }
+
+    /// Records `n` drops of one reason and detail at once, under one lock.
+    pub(crate) fn dropped_many(
+        &self,
+        reason: &'static str,
+        n: u64,
+        detail: impl FnOnce() -> String,
+    ) {
+        if n > 0 {
+            self.record(Instant::now(), reason, n, detail);
+        }
     }
 
     fn refused_at(&self, now: Instant, reason: &'static str, detail: impl FnOnce() -> String) {
+        self.record(now, reason, 1, detail);
+    }
+
+    /// Records `n` (at least one): the first opens a window if none is open, the rest are
+    /// counted for its summary.
+    fn record(&self, now: Instant, reason: &'static str, n: u64, detail: impl FnOnce() -> String) {
         let opens = {
             let mut w = self.lock();
             self.close_if_over(&mut w, now);
-            if w.opened.is_none() {
+            let opens = w.opened.is_none();
+            if opens {
                 w.opened = Some(now);
-                true
-            } else {
-                *w.counted.entry(reason).or_default() += 1;
-                false
             }
+            let counted = n - u64::from(opens);
+            if counted > 0 {
+                *w.counted.entry(reason).or_default() += counted;
+            }
+            opens
         };
         if opens {
             warn!(

@@ -96,7 +96,6 @@ where
         pulls: BTreeMap::new(),
         advances: VecDeque::new(),
         ready: ready_tx,
-        send_errors: 0,
         fenced: false,
         leave: None,
         left: false,
@@ -141,7 +140,6 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     pulls: BTreeMap<RequestId, Reply<KvPairs<V>>>,
     advances: VecDeque<Reply<Iteration>>,
     ready: watch::Sender<Option<u64>>,
-    send_errors: u64,
     fenced: bool,
     /// The application asked the worker to leave the job.
     leave: Option<Leaving>,
@@ -452,7 +450,7 @@ where
         info!(refused = self.driver.refusals().total(), "stopped");
         Ok(NodeReport {
             refusals: self.driver.refusals(),
-            send_errors: self.send_errors,
+            send_errors: self.counts.send_errors,
             fenced: self.fenced && !self.left,
             left: self.left,
             node: self.driver,
@@ -529,7 +527,6 @@ where
             self.counts.frames_sent += 1;
             self.counts.bytes_sent += frame.len() as u64;
             if let Err(e) = self.transport.send_parts(to, frame).await {
-                self.send_errors += 1;
                 self.counts.send_errors += 1;
                 // The core resends what matters; the operator hears of it at a bounded rate.
                 let detail = || format!("for {to}: {e}");
@@ -542,8 +539,7 @@ where
         // Whether the configuration changed while requests were open is read before the
         // events: a completion in the same step must not hide the change, nor end it at once.
         let epoch = self.driver.node().epoch();
-        let open_before = self.open_requests();
-        if epoch != self.seen_epoch && open_before > 0 && self.recovering_since.is_none() {
+        if epoch != self.seen_epoch && self.open_requests() > 0 && self.recovering_since.is_none() {
             self.recovering_since = Some(self.progress_at);
         }
         while let Some(event) = self.driver.poll_event() {

@@ -536,14 +536,10 @@ fn note_drops(shared: &Shared, reassembler: &Reassembler, seen: &mut (u64, u64))
         .counters
         .incomplete_dropped
         .fetch_add(expired + evicted, Ordering::Relaxed);
-    for _ in 0..expired {
-        let detail = || "(a fragment did not come within the reassembly timeout)".to_owned();
-        shared.drops.dropped("timed out", detail);
-    }
-    for _ in 0..evicted {
-        let detail = || "(newer frames needed the room)".to_owned();
-        shared.drops.dropped("no room", detail);
-    }
+    let detail = || "(a fragment did not come within the reassembly timeout)".to_owned();
+    shared.drops.dropped_many("timed out", expired, detail);
+    let detail = || "(newer frames needed the room)".to_owned();
+    shared.drops.dropped_many("no room", evicted, detail);
 }
 
 #[cfg(test)]
