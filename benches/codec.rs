@@ -38,6 +38,7 @@ fn push_frame(keys: u64, stride: u64) -> Envelope<f32> {
         Message::Push(Push {
             slice,
             iteration: 0,
+            covers: pserver::core::Coverage::WHOLE,
             settled_below: 0,
             kvs,
         }),

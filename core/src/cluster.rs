@@ -1,5 +1,6 @@
 //! A node's view of the cluster: the configuration of an epoch and the ring built from it.
 
+use crate::consistency::Consistency;
 use crate::effects::Refusal;
 use crate::ids::{Epoch, NodeId};
 use crate::key::{Key, KeyRange};
@@ -57,6 +58,11 @@ impl Cluster {
         Cluster::new(config)
             .map(Some)
             .map_err(|_| Refusal::ForeignJob)
+    }
+
+    /// The consistency model in force: the job's, with the bound adaptive tau set.
+    pub(crate) fn consistency(&self) -> Consistency {
+        self.config.pace.consistency(self.config.consistency)
     }
 
     pub(crate) fn epoch(&self) -> Epoch {

@@ -94,7 +94,7 @@ pub enum EncodeError {
 /// use pserver_core::{Codec, NodeId};
 /// use pserver_core::wire::{Envelope, Message};
 /// let codec = Codec::default();
-/// let env = Envelope::<f32>::new(NodeId(1), NodeId(0), 3, Message::Heartbeat { sent_at: 9 });
+/// let env = Envelope::<f32>::new(NodeId(1), NodeId(0), 3, Message::Heartbeat { sent_at: 9, at: None });
 /// let frame = codec.encode(&env)?;
 /// assert_eq!(codec.decode::<f32>(&frame)?, env);
 /// assert!(codec.decode::<f32>(&frame[..frame.len() - 1]).is_err());
@@ -327,7 +327,7 @@ impl Codec {
     /// let kvs = KvPairs::from_range(KeyRange::new(0, 1000)?, vec![0.5f32; 1000], 1)?;
     /// let values = kvs.values().as_ptr();
     /// let slice = SliceRef { request: 1, slice: 0 };
-    /// let push = Push { slice, iteration: 0, settled_below: 0, kvs };
+    /// let push = Push { slice, iteration: 0, covers: pserver_core::Coverage::WHOLE, settled_below: 0, kvs };
     /// let env = Envelope::new(NodeId(1), NodeId(0), 1, Message::Push(push));
     /// let codec = Codec::default();
     /// let parts = codec.encode_parts(&env)?;
@@ -369,7 +369,7 @@ impl Codec {
     /// use pserver_core::wire::{Envelope, Message, Push, SliceRef};
     /// let kvs = KvPairs::from_range(KeyRange::new(0, 1000)?, vec![0.5f32; 1000], 1)?;
     /// let slice = SliceRef { request: 1, slice: 0 };
-    /// let push = Push { slice, iteration: 0, settled_below: 0, kvs };
+    /// let push = Push { slice, iteration: 0, covers: pserver_core::Coverage::WHOLE, settled_below: 0, kvs };
     /// let codec = Codec::default();
     /// let frame = codec.encode(&Envelope::new(NodeId(1), NodeId(0), 1, Message::Push(push)))?;
     /// let Message::Push(got) = codec.decode_bytes::<f32>(&frame)?.body else { panic!() };

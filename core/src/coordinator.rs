@@ -9,6 +9,7 @@ use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, Refusal, TimerId};
 use crate::ids::{Epoch, NodeId, Role, Time};
 use crate::key::KeyRange;
+use crate::pace::{self, Pace, PaceWatch, StragglerPolicy};
 use crate::ring::{Ring, RingConfig, RingError};
 use crate::timing::Timing;
 use crate::value::Value;
@@ -31,6 +32,8 @@ pub struct CoordinatorConfig {
     pub consistency: Consistency,
     /// Timeouts and intervals.
     pub timing: Timing,
+    /// How stragglers are told and dealt with (ARCHITECTURE.md §9). Default: not at all.
+    pub stragglers: StragglerPolicy,
 }
 
 impl CoordinatorConfig {
@@ -44,6 +47,7 @@ impl CoordinatorConfig {
             ring: RingConfig::default(),
             consistency: Consistency::Sequential,
             timing: Timing::default(),
+            stragglers: StragglerPolicy::default(),
         }
     }
 }
@@ -117,6 +121,10 @@ pub struct Coordinator {
     caught_up: BTreeSet<NodeId>,
     /// The incarnation each node last registered with.
     incarnations: BTreeMap<NodeId, u64>,
+    /// Where workers reported they are, to tell stragglers.
+    pace_watch: PaceWatch,
+    /// Workers found lagging at the last check.
+    stragglers: BTreeSet<NodeId>,
 }
 
 impl Coordinator {
@@ -140,6 +148,8 @@ impl Coordinator {
             kept_asking: BTreeSet::new(),
             caught_up: BTreeSet::new(),
             incarnations: BTreeMap::new(),
+            pace_watch: PaceWatch::default(),
+            stragglers: BTreeSet::new(),
         })
     }
 
@@ -389,10 +399,16 @@ impl Coordinator {
             Message::Leave if self.is_worker(from) => self.remove_worker(from, out),
             Message::Leave => self.retire_server(from, out),
             Message::ConfigRequest => self.send_config(from, out),
-            Message::Heartbeat { .. } if env.epoch < self.epoch() => self.send_config(from, out),
-            Message::Heartbeat { sent_at } => {
-                let body = Message::HeartbeatAck { sent_at };
-                out.send(Envelope::new(self.cfg.id, from, self.epoch(), body));
+            Message::Heartbeat { sent_at, at } => {
+                if let Some(at) = at.filter(|_| self.is_worker(from)) {
+                    self.pace_watch.report(from, at);
+                }
+                if env.epoch < self.epoch() {
+                    self.send_config(from, out);
+                } else {
+                    let body = Message::HeartbeatAck { sent_at };
+                    out.send(Envelope::new(self.cfg.id, from, self.epoch(), body));
+                }
             }
             _ => out.refuse(from, Refusal::Unexpected),
         }
@@ -455,6 +471,7 @@ impl Coordinator {
         next.epoch = self.epoch() + 1;
         self.kept_asking.clear();
         next.hand_over_shares();
+        next.pace.retain_workers(&next.workers);
         next.incarnations = server_incarnations(&self.incarnations, &next);
         self.config = Some(next);
         self.caught_up.clear();
@@ -526,6 +543,7 @@ impl Coordinator {
             left: vec![],
             lost: vec![],
             incarnations: Vec::new(),
+            pace: Pace::default(),
         });
         if let Some(config) = &mut self.config {
             config.incarnations = server_incarnations(&self.incarnations, config);
@@ -565,6 +583,66 @@ impl Coordinator {
             }
         }
         self.declare_dead(&silent, out);
+        self.check_pace(out);
+    }
+
+    /// Tells stragglers from the positions workers reported, says which started and stopped
+    /// lagging, and publishes what the job's policy decides for them (ARCHITECTURE.md §9).
+    /// Nothing is decided while servers join or leave: a new epoch would make them report
+    /// catching up again.
+    fn check_pace<V: Value>(&mut self, out: &mut Effects<V>) {
+        let Some(detect) = self.cfg.stragglers.detect else {
+            return;
+        };
+        let Some(config) = self.config.as_ref().filter(|c| !c.is_changing()) else {
+            return;
+        };
+        self.pace_watch.retain(&config.workers);
+        self.stragglers.retain(|w| config.workers.contains(w));
+        let lagging = self
+            .pace_watch
+            .check(&config.workers, &config.pace, &detect);
+        for (&worker, lag) in &lagging {
+            if self.stragglers.insert(worker) {
+                out.emit(Event::Straggler {
+                    worker,
+                    behind: lag.behind,
+                });
+            }
+        }
+        let cleared: Vec<NodeId> = self
+            .stragglers
+            .iter()
+            .filter(|w| !lagging.contains_key(w))
+            .copied()
+            .collect();
+        for worker in cleared {
+            self.stragglers.remove(&worker);
+            out.emit(Event::StragglerCleared(worker));
+        }
+        if !self.cfg.stragglers.decides(config.consistency) {
+            return;
+        }
+        let pace = pace::decide(
+            &self.cfg.stragglers,
+            config.consistency,
+            &config.pace,
+            &lagging,
+        );
+        if pace == config.pace {
+            return;
+        }
+        let job_tau = config.consistency.tau().unwrap_or(0);
+        let (from, to) = (
+            config.pace.tau.unwrap_or(job_tau),
+            pace.tau.unwrap_or(job_tau),
+        );
+        if from != to {
+            out.emit(Event::TauChanged { from, to });
+        }
+        let mut next = config.clone();
+        next.pace = pace;
+        self.publish(next, out);
     }
 
     /// Removes `nodes` from the membership and publishes a new epoch. Servers go one at a time,

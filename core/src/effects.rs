@@ -7,6 +7,7 @@ use crate::codec::DecodeError;
 use crate::ids::{Epoch, Iteration, NodeId, Time};
 use crate::key::KeyRange;
 use crate::kv::KvPairs;
+use crate::pace::Coverage;
 use crate::value::Value;
 use crate::wire::{Envelope, RequestId};
 
@@ -90,6 +91,34 @@ pub enum Event<V: Value> {
     },
     /// The coordinator was heard again after [`Event::CoordinatorSilent`].
     CoordinatorBack,
+    /// The coordinator found a worker lagging the others (coordinator only;
+    /// [`crate::Detection`]). Said once, until [`Event::StragglerCleared`].
+    Straggler {
+        /// The worker.
+        worker: NodeId,
+        /// How many whole iterations it is behind the median of the others.
+        behind: Iteration,
+    },
+    /// A worker flagged as a straggler keeps up again (coordinator only).
+    StragglerCleared(NodeId),
+    /// The staleness bound in force changed (coordinator only; [`crate::TauRange`]).
+    TauChanged {
+        /// The bound before.
+        from: Iteration,
+        /// The bound now.
+        to: Iteration,
+    },
+    /// The coordinator told this worker to skip ahead ([`crate::Pace::skipped_below`]): it
+    /// left iteration `from` for `to` at once. The iterations in between count as finished;
+    /// what it pushed of `from` still counts, what it had not pushed is dropped.
+    SkippedAhead {
+        /// The iteration it was in.
+        from: Iteration,
+        /// The iteration it is in now.
+        to: Iteration,
+        /// How much of `from` its pushes covered ([`crate::node::Worker::push_part`]).
+        covered: Coverage,
+    },
     /// The node refused a message (see [`Refusal`]). Nothing in the node changed; drivers count
     /// these and log them, so that input the protocol cannot use never vanishes silently.
     Refused {

@@ -12,6 +12,7 @@ use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
 use crate::driver::Driver;
 use crate::ids::{NodeId, NodeLayout};
 use crate::key::KeyRange;
+use crate::pace::StragglerPolicy;
 use crate::ring::RingConfig;
 use crate::server::{Server, ServerConfig};
 use crate::store::StoreLayout;
@@ -76,6 +77,9 @@ pub struct JobSpec {
     /// How servers lay out their rows: in key order, for dense keys (the default), or behind
     /// a hash table, for sparse models whose batches touch scattered keys.
     pub store: StoreLayout,
+    /// How stragglers are told and dealt with: skip-ahead and adaptive tau, under bounded
+    /// delay (ARCHITECTURE.md §9). Default: not at all.
+    pub stragglers: StragglerPolicy,
 }
 
 /// Why a job cannot work.
@@ -108,6 +112,9 @@ pub enum JobError {
         /// The frame limit.
         max_frame: usize,
     },
+    /// A straggler policy the job cannot follow.
+    #[error("{0}")]
+    Stragglers(&'static str),
     /// A node id outside the job's layout.
     #[error(
         "node {id} is not part of a job of {servers} servers and {workers} workers (nodes n0..n{last})"
@@ -148,6 +155,7 @@ impl JobSpec {
             seed: 0,
             unregularized: None,
             store: StoreLayout::Ordered,
+            stragglers: StragglerPolicy::default(),
         }
     }
 
@@ -181,6 +189,7 @@ impl JobSpec {
         if self.max_slices_in_flight == 0 {
             return Err(JobError::NoSlicesInFlight);
         }
+        self.validate_stragglers()?;
         let needed = self
             .worker_config(self.layout().coordinator())
             .frame_needed::<V>();
@@ -196,6 +205,37 @@ impl JobSpec {
         Ok(())
     }
 
+    fn validate_stragglers(&self) -> Result<(), JobError> {
+        let policy = &self.stragglers;
+        let decides = policy.skip_ahead || policy.adaptive_tau.is_some();
+        if decides && !matches!(self.consistency, Consistency::BoundedDelay(_)) {
+            return Err(JobError::Stragglers(
+                "skip-ahead and adaptive tau need bounded delay (bounded:TAU): sequential consistency applies an iteration's pushes together, and eventual consistency holds nobody",
+            ));
+        }
+        if decides && policy.detect.is_none() {
+            return Err(JobError::Stragglers(
+                "skip-ahead and adaptive tau act on the stragglers detection finds: turn detection on",
+            ));
+        }
+        if let Some(range) = policy.adaptive_tau
+            && range.min > range.max
+        {
+            return Err(JobError::Stragglers(
+                "adaptive tau's range is empty: its minimum is above its maximum",
+            ));
+        }
+        if let Some(d) = policy.detect
+            && d.slower_by_percent > 0
+            && d.window == 0
+        {
+            return Err(JobError::Stragglers(
+                "a rate check needs a window of at least one check",
+            ));
+        }
+        Ok(())
+    }
+
     /// The coordinator's configuration.
     pub fn coordinator_config(&self) -> CoordinatorConfig {
         let mut cfg =
@@ -203,6 +243,7 @@ impl JobSpec {
         cfg.ring = self.ring;
         cfg.consistency = self.consistency;
         cfg.timing = self.timing;
+        cfg.stragglers = self.stragglers;
         cfg
     }
 
@@ -226,6 +267,7 @@ impl JobSpec {
         cfg.max_slices_in_flight = self.max_slices_in_flight;
         cfg.max_bytes_in_flight = self.max_bytes_in_flight;
         cfg.seed = self.seed;
+        cfg.report_position = self.stragglers.detect.is_some();
         cfg
     }
 

@@ -358,6 +358,7 @@ mod tests {
             left: vec![],
             lost: vec![],
             incarnations: vec![],
+            pace: Default::default(),
         })
         .unwrap()
     }

@@ -135,6 +135,10 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                         .map(|i| KeyRange::new(i * 10, i * 10 + 5).unwrap())
                         .collect(),
                     incarnations: joining.iter().map(|&n| (n, epoch ^ 7)).collect(),
+                    pace: pserver_core::Pace {
+                        tau: (epoch % 2 == 0).then_some((epoch % 9) as u32),
+                        skipped_below: leaving.iter().map(|&n| (n, epoch as u32)).collect(),
+                    },
                     joining,
                     shares: leaving.iter().rev().copied().collect(),
                     leaving,
@@ -182,17 +186,33 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
             .prop_map(|(role, incarnation)| Message::Register { role, incarnation }),
         config,
         Just(Message::ConfigRequest),
-        any::<u64>().prop_map(|sent_at| Message::Heartbeat { sent_at }),
-        (slice(), any::<u32>(), any::<u64>(), kvs::<V>()).prop_map(
-            |(slice, iteration, settled_below, kvs)| {
+        (
+            any::<u64>(),
+            proptest::option::of((any::<u32>(), any::<u16>()))
+        )
+            .prop_map(|(sent_at, at)| Message::Heartbeat {
+                sent_at,
+                at: at.map(|(iteration, covered)| pserver_core::Position {
+                    iteration,
+                    covered: pserver_core::Coverage(covered),
+                }),
+            }),
+        (
+            slice(),
+            any::<u32>(),
+            any::<u16>(),
+            any::<u64>(),
+            kvs::<V>()
+        )
+            .prop_map(|(slice, iteration, covers, settled_below, kvs)| {
                 Message::Push(Push {
                     slice,
                     iteration,
+                    covers: pserver_core::Coverage(covers),
                     settled_below,
                     kvs,
                 })
-            }
-        ),
+            }),
         slice().prop_map(Message::PushAck),
         (slice(), any::<u32>(), selection).prop_map(|(slice, iteration, keys)| {
             Message::Pull(Pull {
@@ -320,6 +340,7 @@ fn push(keys: Vec<Key>, values: Vec<f32>) -> Envelope<f32> {
         Message::Push(Push {
             slice,
             iteration: 3,
+            covers: pserver_core::Coverage::WHOLE,
             settled_below: 1,
             kvs,
         }),

@@ -48,9 +48,10 @@ const HEADER: [u8; 9] = [PROTOCOL_VERSION as u8, 1, 1, 2, 0, 0, 0, 0, 0];
 
 #[test]
 fn a_short_frame_claiming_2_pow_40_keys_is_refused_before_allocating() {
-    // Push { slice: (0, 0), iteration: 0, settled_below: 0, kvs: width 1, count 2^40, ... }.
+    // Push { slice: (0, 0), iteration: 0, covers: 0, settled_below: 0, kvs: width 1,
+    // count 2^40, ... }.
     let mut frame = HEADER.to_vec();
-    frame.extend_from_slice(&[4, 0, 0, 0, 0, 1]);
+    frame.extend_from_slice(&[4, 0, 0, 0, 0, 0, 1]);
     frame.extend(varint(1 << 40));
     let codec = Codec::default();
     let (result, bytes) = allocated_during(|| codec.decode::<f32>(&frame));
@@ -119,6 +120,7 @@ fn push_of_1000(step: u64) -> Envelope<f32> {
         Message::Push(Push {
             slice,
             iteration: 0,
+            covers: pserver_core::Coverage::WHOLE,
             settled_below: 0,
             kvs,
         }),

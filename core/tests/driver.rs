@@ -29,6 +29,7 @@ fn config(workers: &[NodeId], consistency: Consistency) -> ClusterConfig {
         left: vec![],
         lost: vec![],
         incarnations: Vec::new(),
+        pace: Default::default(),
     }
 }
 
@@ -179,6 +180,7 @@ fn refused_input_is_counted_and_reported() {
                 slice: 0,
             },
             iteration: 0,
+            covers: pserver_core::Coverage::WHOLE,
             settled_below: 0,
             kvs: KvPairs::new(vec![1], vec![1i64], 1).unwrap(),
         });

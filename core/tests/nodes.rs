@@ -234,6 +234,7 @@ fn a_duplicate_push_is_acknowledged_again_and_never_applied_again() {
         Message::Push(Push {
             slice,
             iteration: 0,
+            covers: pserver_core::Coverage::WHOLE,
             settled_below: 1,
             kvs,
         }),
@@ -260,6 +261,7 @@ fn dedupe_state_stays_bounded_by_the_requests_in_flight() {
         let push = Push {
             slice: SliceRef { request, slice: 0 },
             iteration: 0,
+            covers: pserver_core::Coverage::WHOLE,
             settled_below: request.saturating_sub(4),
             kvs: KvPairs::new(vec![1], vec![1i64], 1).unwrap(),
         };
@@ -337,6 +339,7 @@ fn push_env(from: NodeId, request: u64, iteration: Iteration, key: Key, v: i64) 
         Message::Push(Push {
             slice: SliceRef { request, slice: 0 },
             iteration,
+            covers: pserver_core::Coverage::WHOLE,
             settled_below: 0,
             kvs: KvPairs::new(vec![key], vec![v], 1).unwrap(),
         }),
@@ -373,6 +376,7 @@ fn sequential_mode_applies_one_aggregated_update_per_iteration() {
                     slice: 0,
                 },
                 iteration: 0,
+                covers: pserver_core::Coverage::WHOLE,
                 settled_below: 0,
                 kvs: KvPairs::new(vec![9], vec![g], 1).unwrap(),
             }),
@@ -685,7 +689,17 @@ fn the_coordinator_removes_a_silent_worker_and_bumps_the_epoch() {
     let (mut c, mut out) = started_coordinator();
     let timing = Timing::default();
     let checks = timing.heartbeat_timeout / timing.heartbeat_interval;
-    let beat = |from| Envelope::new(from, COORD, 1, Message::Heartbeat { sent_at: 1 });
+    let beat = |from| {
+        Envelope::new(
+            from,
+            COORD,
+            1,
+            Message::Heartbeat {
+                sent_at: 1,
+                at: None,
+            },
+        )
+    };
     for i in 1..=checks + 1 {
         assert_eq!(
             c.epoch(),
@@ -856,7 +870,17 @@ fn the_coordinator_answers_heartbeats_and_admits_latecomers_in_a_new_epoch() {
     let (mut c, mut out) = started_coordinator();
     let config = c.config().unwrap().clone();
     out.clear();
-    let beat = |epoch| Envelope::new(W1, COORD, epoch, Message::Heartbeat { sent_at: 1 });
+    let beat = |epoch| {
+        Envelope::new(
+            W1,
+            COORD,
+            epoch,
+            Message::Heartbeat {
+                sent_at: 1,
+                at: None,
+            },
+        )
+    };
     // A heartbeat at the current epoch is answered with its time, and is no refusal.
     c.on_message(0, beat(1), &mut out);
     let ack = Envelope::new(COORD, W1, 1, Message::HeartbeatAck { sent_at: 1 });

@@ -1171,6 +1171,7 @@ fn a_copy_brings_the_workers_range_clocks_with_it() {
         left: vec![],
         lost: vec![],
         incarnations: Vec::new(),
+        pace: Default::default(),
     };
     let next = Ring::new([s1, s2], ring).unwrap();
     let (range, _) = next

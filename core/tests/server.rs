@@ -43,6 +43,7 @@ fn push(
         Message::Push(Push {
             slice: SliceRef { request, slice: 0 },
             iteration: 0,
+            covers: pserver_core::Coverage::WHOLE,
             settled_below,
             kvs,
         }),
@@ -144,7 +145,10 @@ fn a_server_registers_and_beats_until_configured_then_only_beats() {
             S1,
             COORD,
             0,
-            Message::Heartbeat { sent_at: 7_000 }
+            Message::Heartbeat {
+                sent_at: 7_000,
+                at: None
+            }
         )]
     );
     assert_eq!(
@@ -171,7 +175,10 @@ fn a_server_registers_and_beats_until_configured_then_only_beats() {
             S1,
             COORD,
             1,
-            Message::Heartbeat { sent_at: 9_000 }
+            Message::Heartbeat {
+                sent_at: 9_000,
+                at: None
+            }
         )]
     );
     out.clear();
@@ -565,6 +572,7 @@ fn adagrad_keeps_one_accumulator_per_value_of_a_row() {
                     slice: 0,
                 },
                 iteration: 0,
+                covers: pserver_core::Coverage::WHOLE,
                 settled_below: 0,
                 kvs: KvPairs::new(vec![4], vec![a, b], 2).unwrap(),
             }),

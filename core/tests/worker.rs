@@ -186,7 +186,10 @@ fn a_worker_registers_and_beats_keeps_requests_until_configured_and_reports_its_
             W1,
             COORD,
             0,
-            Message::Heartbeat { sent_at: 3 * T }
+            Message::Heartbeat {
+                sent_at: 3 * T,
+                at: None
+            }
         )]
     );
     assert_eq!(

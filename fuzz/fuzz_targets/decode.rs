@@ -89,6 +89,7 @@ fn message<V: Value>(u: &mut Unstructured) -> Result<Message<V>> {
         0 => Message::Push(Push {
             slice: slice(u)?,
             iteration: u.arbitrary()?,
+            covers: pserver_core::Coverage(u.arbitrary()?),
             settled_below: u.arbitrary()?,
             kvs: kvs(u)?,
         }),
@@ -118,6 +119,14 @@ fn message<V: Value>(u: &mut Unstructured) -> Result<Message<V>> {
         },
         _ => Message::Heartbeat {
             sent_at: u.arbitrary()?,
+            at: if u.arbitrary()? {
+                Some(pserver_core::Position {
+                    iteration: u.arbitrary()?,
+                    covered: pserver_core::Coverage(u.arbitrary()?),
+                })
+            } else {
+                None
+            },
         },
     })
 }

@@ -71,6 +71,8 @@ enum Body {
         consistency: u8,
         replicas: bool,
         joining: u8,
+        /// Adaptive tau's bound and the worker's skip (see `pace`).
+        pace: (Option<u8>, u8),
     },
     ConfigRequest,
     Heartbeat,
@@ -192,6 +194,7 @@ fn message(body: Body) -> Message<i64> {
             consistency,
             replicas,
             joining,
+            pace,
         } => {
             let servers = members(servers | 1, 1);
             let joining: Vec<NodeId> = members(joining, 1)
@@ -223,6 +226,11 @@ fn message(body: Body) -> Message<i64> {
                 left: Vec::new(),
                 lost: vec![],
                 incarnations,
+                // The worker under test may be told to skip ahead, and the bound may move.
+                pace: Pace {
+                    tau: pace.0.map(|t| u32::from(t % 8)),
+                    skipped_below: vec![(WORKER, u32::from(pace.1 % 16))],
+                },
                 consistency: match consistency % 3 {
                     0 => Consistency::Sequential,
                     1 => Consistency::BoundedDelay(u32::from(consistency % 4)),
@@ -231,7 +239,10 @@ fn message(body: Body) -> Message<i64> {
             })
         }
         Body::ConfigRequest => Message::ConfigRequest,
-        Body::Heartbeat => Message::Heartbeat { sent_at: 1 },
+        Body::Heartbeat => Message::Heartbeat {
+            sent_at: 1,
+            at: None,
+        },
         Body::Push {
             request,
             slice,
@@ -242,6 +253,7 @@ fn message(body: Body) -> Message<i64> {
             Message::Push(Push {
                 slice,
                 iteration: u32::from(iteration % 8),
+                covers: pserver_core::Coverage::WHOLE,
                 settled_below: settled_of(slice),
                 kvs: content_of(slice),
             })

@@ -162,6 +162,16 @@ fn render(sources: &Sources) -> Result<String, std::fmt::Error> {
             "Configuration changes that came while requests were open, each ended by a completed request (workers)",
             m.recoveries,
         ),
+        (
+            "stragglers",
+            "Workers found lagging the others, each time one started to (the coordinator)",
+            m.stragglers,
+        ),
+        (
+            "skipped_iterations",
+            "Iterations the worker was told to skip (workers, under skip-ahead)",
+            m.skipped_iterations,
+        ),
     ];
     for (name, help, value) in counts {
         registry.register(name, help, counter(value));
@@ -235,6 +245,8 @@ mod tests {
         m.recoveries = 2;
         m.retransmissions = 9;
         m.send_errors = 4;
+        m.stragglers = 6;
+        m.skipped_iterations = 11;
         m.last_recovery = std::time::Duration::from_millis(2_500);
         m.longest_recovery = std::time::Duration::from_millis(4_000);
         let (_tx, node) = watch::channel(m);
@@ -255,6 +267,8 @@ mod tests {
             format!("pserver_recoveries_total{{{labels}}} 2"),
             format!("pserver_retransmissions_total{{{labels}}} 9"),
             format!("pserver_send_errors_total{{{labels}}} 4"),
+            format!("pserver_stragglers_total{{{labels}}} 6"),
+            format!("pserver_skipped_iterations_total{{{labels}}} 11"),
             format!("pserver_last_recovery_seconds{{{labels}}} 2.5"),
             format!("pserver_longest_recovery_seconds{{{labels}}} 4.0"),
         ] {

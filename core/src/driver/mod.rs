@@ -61,6 +61,7 @@ use crate::codec::{Codec, EncodeError, FrameParts};
 use crate::effects::{Effects, Event, Refusal, TimerCmd, TimerId};
 use crate::ids::{NodeId, Time};
 use crate::kv::KvPairs;
+use crate::pace::Coverage;
 use crate::selection::KeySelection;
 use crate::store::{ParamStore, Store};
 use crate::updater::{UpdateRule, Updater};
@@ -351,6 +352,17 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
     /// Pushes `kvs` from the driven worker (see [`crate::node::Worker::push`]).
     pub fn push(&mut self, now: Time, kvs: KvPairs<V>) -> Result<RequestId, DriverError> {
         self.on_worker(|w, out| w.push(now, kvs, out))
+    }
+
+    /// Pushes `kvs` as a part of the driven worker's iteration, covering `covers` of it with
+    /// the parts before (see [`crate::node::Worker::push_part`]).
+    pub fn push_part(
+        &mut self,
+        now: Time,
+        kvs: KvPairs<V>,
+        covers: Coverage,
+    ) -> Result<RequestId, DriverError> {
+        self.on_worker(|w, out| w.push_part(now, kvs, covers, out))
     }
 
     /// Pulls `keys` to the driven worker (see [`crate::node::Worker::pull`]).

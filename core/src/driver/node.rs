@@ -77,6 +77,16 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Node<V, U, S> {
         }
     }
 
+    /// The configuration the node has: the one in force, or for the coordinator the one it
+    /// published last.
+    pub fn config(&self) -> Option<&ClusterConfig> {
+        match self {
+            Node::Coordinator(c) => c.config(),
+            Node::Server(s) => s.config(),
+            Node::Worker(w) => w.config(),
+        }
+    }
+
     /// Registers with the coordinator (servers and workers) or starts failure detection (the
     /// coordinator). Call once, first.
     pub fn start(&mut self, now: Time, out: &mut Effects<V>) {

@@ -271,6 +271,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.held.len()
     }
 
+    /// The configuration in force, once the first arrived.
+    pub fn config(&self) -> Option<&ClusterConfig> {
+        self.cluster.as_ref().map(|c| &c.config)
+    }
+
     /// The epoch of the configuration in force, 0 before the first.
     pub fn epoch(&self) -> Epoch {
         self.cluster.as_ref().map_or(0, Cluster::epoch)
@@ -416,7 +421,10 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 self.arm_replication(now, out);
             }
             TimerId::Heartbeat => {
-                let body = Message::Heartbeat { sent_at: now };
+                let body = Message::Heartbeat {
+                    sent_at: now,
+                    at: None,
+                };
                 self.send(self.cfg.coordinator, body, out);
                 self.coordinator.heartbeat_sent(&self.cfg.timing, out);
                 self.ship_idle_queues(out);

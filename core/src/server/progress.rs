@@ -146,6 +146,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .get(&worker)
             .filter(|t| t.epoch == self.epoch())
             .map_or(0, |t| t.below);
-        finished.max(taken)
+        // Iterations the coordinator told the worker to skip are waited for no more
+        // (ARCHITECTURE.md §9).
+        let skipped = self
+            .cluster
+            .as_ref()
+            .map_or(0, |c| c.config.pace.skipped_below(worker));
+        finished.max(taken).max(skipped)
     }
 }

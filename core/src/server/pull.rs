@@ -77,7 +77,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let Some(span) = pull.keys.span() else {
             return true;
         };
-        let consistency = cluster.config.consistency;
+        // The bound of the configuration in force, adaptive tau's where it moves
+        // (ARCHITECTURE.md §9).
+        let consistency = cluster.consistency();
         let required = consistency.required_below(pull.iteration);
         let workers_done = cluster
             .workers()

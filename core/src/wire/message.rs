@@ -6,13 +6,14 @@ use crate::consistency::Consistency;
 use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
 use crate::key::{Key, KeyRange};
 use crate::kv::KvPairs;
+use crate::pace::{Coverage, Pace, Position};
 use crate::ring::{Ring, RingConfig, RingError};
 use crate::selection::KeySelection;
 use crate::value::Value;
 use crate::wire::forms::seq;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 9;
+pub const PROTOCOL_VERSION: u16 = 10;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;
@@ -110,9 +111,24 @@ pub struct ClusterConfig {
     /// the list (a configuration made by hand, say) is taken at its word.
     #[serde(with = "seq")]
     pub incarnations: Vec<(NodeId, u64)>,
+    /// What the coordinator decided about stragglers: the staleness bound in force and the
+    /// iterations workers were told to skip ([`Pace`]). Every server holds pulls to it.
+    pub pace: Pace,
 }
 
 impl ClusterConfig {
+    /// Whether `other` differs from this configuration in its epoch and its [`Pace`] at
+    /// most: the same members on the same ring, so that a change from one to the other moves
+    /// no range and removes nobody.
+    pub fn differs_only_in_pace(&self, other: &ClusterConfig) -> bool {
+        let strip = |c: &ClusterConfig| ClusterConfig {
+            epoch: 0,
+            pace: Pace::default(),
+            ..c.clone()
+        };
+        strip(self) == strip(other)
+    }
+
     /// The next epoch's configuration with `server` taken off the ring: each of its key ranges
     /// passes to the range's first replica, which holds the range's data already
     /// (ARCHITECTURE.md §8); with no replicas the new owners start those ranges empty. Workers
@@ -134,6 +150,7 @@ impl ClusterConfig {
     ///     left: vec![],
     ///     lost: vec![],
     ///     incarnations: vec![],
+    ///     pace: Default::default(),
     /// };
     /// let next = config.without_server(NodeId(1)).unwrap();
     /// assert_eq!((next.epoch, &next.servers[..]), (2, &[NodeId(2), NodeId(3)][..]));
@@ -247,6 +264,7 @@ impl ClusterConfig {
     ///     left: vec![],
     ///     lost: vec![],
     ///     incarnations: vec![],
+    ///     pace: Default::default(),
     /// };
     /// config.workers.retain(|&n| n != w(3));
     /// config.hand_over_shares();
@@ -289,6 +307,9 @@ pub struct Push<V: Value> {
     pub slice: SliceRef,
     /// The worker's iteration the update belongs to.
     pub iteration: Iteration,
+    /// How much of the iteration's work the worker had pushed with this push, its parts
+    /// before included ([`crate::node::Worker::push_part`]; the whole iteration otherwise).
+    pub covers: Coverage,
     /// Every push request of this worker below this id is acknowledged and will never be sent
     /// again, so servers may forget them: this keeps de-duplication state bounded.
     pub settled_below: RequestId,
@@ -467,6 +488,9 @@ pub enum Message<V: Value> {
         /// The sender's time when it sent the heartbeat (for diagnostics; not compared across
         /// nodes).
         sent_at: Time,
+        /// A worker's position, where the job detects stragglers
+        /// ([`crate::StragglerPolicy::detect`]); otherwise none.
+        at: Option<Position>,
     },
     /// A worker's update slice.
     Push(Push<V>),

@@ -11,7 +11,7 @@
 //! let ring = Ring::new((0..3).map(NodeId), RingConfig::default())?;
 //! let kvs = KvPairs::new(vec![10, 20], vec![0.5f32, -1.0], 1)?;
 //! let slice = SliceRef { request: 1, slice: 0 };
-//! let push = Message::Push(Push { slice, iteration: 0, settled_below: 0, kvs });
+//! let push = Message::Push(Push { slice, iteration: 0, covers: pserver_core::Coverage::WHOLE, settled_below: 0, kvs });
 //! let env = Envelope::new(NodeId(7), ring.primary(10), 1, push);
 //! let frame = Codec::default().encode(&env)?;
 //! assert_eq!(Codec::default().decode::<f32>(&frame)?, env);

@@ -51,6 +51,9 @@ pub struct WorkerConfig {
     pub max_bytes_in_flight: u64,
     /// Seed of the retransmission jitter.
     pub seed: u64,
+    /// Report the worker's position with every heartbeat, for the coordinator to tell
+    /// stragglers ([`crate::StragglerPolicy::detect`]). Default: off.
+    pub report_position: bool,
 }
 
 impl WorkerConfig {
@@ -65,6 +68,7 @@ impl WorkerConfig {
             max_slices_in_flight: 64,
             max_bytes_in_flight: u64::MAX,
             seed: 0,
+            report_position: false,
         }
     }
 

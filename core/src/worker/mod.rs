@@ -16,6 +16,7 @@ use crate::effects::{Effects, Event, Refusal, TimerId};
 use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
 use crate::key::KeyRange;
 use crate::kv::KvPairs;
+use crate::pace::{Coverage, Position};
 use crate::selection::KeySelection;
 use crate::slicing::Part;
 use crate::value::Value;
@@ -63,6 +64,8 @@ pub struct Worker<V: Value> {
     leave_requested: bool,
     /// How long the coordinator has left heartbeats unanswered.
     coordinator: CoordinatorWatch,
+    /// How much of the current iteration its pushes covered so far.
+    covered: Coverage,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -88,6 +91,7 @@ impl<V: Value> Worker<V> {
             learning_start: false,
             leave_requested: false,
             coordinator: CoordinatorWatch::default(),
+            covered: Coverage(0),
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -104,6 +108,11 @@ impl<V: Value> Worker<V> {
         self.cfg.id
     }
 
+    /// The configuration in force, once the first arrived.
+    pub fn config(&self) -> Option<&ClusterConfig> {
+        self.cluster.as_ref().map(|c| &c.config)
+    }
+
     /// The epoch of the configuration in force, 0 before the first.
     pub fn epoch(&self) -> Epoch {
         self.cluster.as_ref().map_or(0, Cluster::epoch)
@@ -112,6 +121,20 @@ impl<V: Value> Worker<V> {
     /// The job's consistency model, once the first configuration has arrived.
     pub fn consistency(&self) -> Option<Consistency> {
         self.cluster.as_ref().map(|c| c.config.consistency)
+    }
+
+    /// The consistency model in force: the job's, with the staleness bound adaptive tau set
+    /// ([`crate::Pace::tau`]).
+    pub fn consistency_in_force(&self) -> Option<Consistency> {
+        self.cluster.as_ref().map(Cluster::consistency)
+    }
+
+    /// Every iteration of this worker below this one counts as finished whatever it pushed:
+    /// the coordinator told it to skip them ([`crate::Pace::skipped_below`]).
+    pub fn skipped_below(&self) -> Iteration {
+        self.cluster
+            .as_ref()
+            .map_or(0, |c| c.config.pace.skipped_below(self.cfg.id))
     }
 
     /// The shares of the job's work this worker does under the configuration in force
@@ -164,11 +187,14 @@ impl<V: Value> Worker<V> {
         self.finished_below_at(self.iteration)
     }
 
+    /// Every iteration below the result is finished: pushed and acknowledged, or skipped.
     fn finished_below_at(&self, iteration: Iteration) -> Iteration {
-        self.unfinished
+        let pushed = self
+            .unfinished
             .keys()
             .next()
-            .map_or(iteration, |&i| i.min(iteration))
+            .map_or(iteration, |&i| i.min(iteration));
+        pushed.max(self.skipped_below().min(iteration))
     }
 
     /// Iterations started and not yet finished (the current one included).
@@ -259,8 +285,33 @@ impl<V: Value> Worker<V> {
                 got: kvs.width(),
             });
         }
+        self.push_part(now, kvs, Coverage::WHOLE, out)
+    }
+
+    /// Pushes `kvs` as a part of the current iteration's work: with the parts pushed before,
+    /// `covers` of it. A worker that cuts its iteration into parts this way loses only the
+    /// part it had not pushed when the coordinator tells it to skip ahead
+    /// ([`Event::SkippedAhead`]), and the coordinator sees how far into the iteration it is.
+    /// Completes as [`Worker::push`] does.
+    pub fn push_part(
+        &mut self,
+        now: Time,
+        kvs: KvPairs<V>,
+        covers: Coverage,
+        out: &mut Effects<V>,
+    ) -> Result<RequestId, WorkerError> {
+        if self.fenced {
+            return Err(WorkerError::Fenced);
+        }
+        if kvs.width() != self.cfg.width {
+            return Err(WorkerError::WidthMismatch {
+                expected: self.cfg.width,
+                got: kvs.width(),
+            });
+        }
+        self.covered = self.covered.max(covers);
         *self.unfinished.entry(self.iteration).or_default() += 1;
-        Ok(self.submit(now, Part::Push(kvs), out))
+        Ok(self.submit(now, Part::Push(kvs), covers, out))
     }
 
     /// Pulls `keys` for the current iteration. Completes with [`Event::PullDone`] once the
@@ -274,7 +325,7 @@ impl<V: Value> Worker<V> {
         if self.fenced {
             return Err(WorkerError::Fenced);
         }
-        Ok(self.submit(now, Part::Pull(keys), out))
+        Ok(self.submit(now, Part::Pull(keys), Coverage(0), out))
     }
 
     /// Ends the current iteration. The worker enters the next one ([`Event::Advanced`]) as soon
@@ -296,7 +347,11 @@ impl<V: Value> Worker<V> {
         match timer {
             TimerId::Register if self.cluster.is_none() => self.register(now, out),
             TimerId::Heartbeat => {
-                let body = Message::Heartbeat { sent_at: now };
+                let at = self.cfg.report_position.then_some(Position {
+                    iteration: self.iteration,
+                    covered: self.covered,
+                });
+                let body = Message::Heartbeat { sent_at: now, at };
                 self.send(self.cfg.coordinator, body, out);
                 self.coordinator.heartbeat_sent(&self.cfg.timing, out);
                 if self.leave_requested {
@@ -378,7 +433,7 @@ impl<V: Value> Worker<V> {
     }
 
     fn try_advance(&mut self, now: Time, out: &mut Effects<V>) {
-        let Some(consistency) = self.cluster.as_ref().map(|c| c.config.consistency) else {
+        let Some(consistency) = self.consistency_in_force() else {
             return;
         };
         let mut moved = false;
@@ -390,6 +445,7 @@ impl<V: Value> Worker<V> {
                 break;
             }
             self.iteration = next;
+            self.covered = Coverage(0);
             self.advances_waiting -= 1;
             out.emit(Event::Advanced(next));
             moved = true;
@@ -445,6 +501,7 @@ impl<V: Value> Worker<V> {
             // A server that had not answered may have left the configuration.
             self.start_when_learned(now, out);
         }
+        self.skip_ahead(out);
         let ids: Vec<RequestId> = self.requests.keys().copied().collect();
         for id in ids {
             self.reslice_moved(id);
@@ -462,6 +519,29 @@ impl<V: Value> Worker<V> {
             self.send_progress(now, out);
         }
         self.arm_retransmit(out);
+    }
+
+    /// The coordinator told this worker to skip the iterations below
+    /// [`Worker::skipped_below`]: it enters that iteration at once. What it pushed of the ones
+    /// it skips still goes to the servers; what it had not pushed is dropped. An `advance` the
+    /// application is waiting on is answered with the iteration entered.
+    fn skip_ahead(&mut self, out: &mut Effects<V>) {
+        let to = self.skipped_below();
+        if to <= self.iteration || self.learning_start {
+            return;
+        }
+        let from = self.iteration;
+        out.emit(Event::SkippedAhead {
+            from,
+            to,
+            covered: self.covered,
+        });
+        self.iteration = to;
+        self.covered = Coverage(0);
+        if self.advances_waiting > 0 {
+            self.advances_waiting -= 1;
+            out.emit(Event::Advanced(to));
+        }
     }
 
     /// The coordinator removed this worker: it drops what is open and stops.

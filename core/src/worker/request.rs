@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use crate::effects::Effects;
 use crate::ids::{Epoch, Iteration, NodeId, Time};
 use crate::kv::KvPairs;
+use crate::pace::Coverage;
 use crate::slicing::{Part, merge_parts, primary_of_all, split_by_primary};
 use crate::value::Value;
 use crate::wire::{Message, Pull, Push, RequestId, SliceId, SliceRef};
@@ -40,6 +41,8 @@ impl<V: Value> Slice<V> {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(super) struct Request<V: Value> {
     pub(super) iteration: Iteration,
+    /// A push: how much of its iteration it covers, its earlier parts included.
+    pub(super) covers: Coverage,
     /// Pushes count towards their iteration's completion; pulls do not.
     pub(super) kind: Kind,
     /// What the application asked for, kept until the first configuration slices it.
@@ -55,13 +58,14 @@ pub(super) struct Request<V: Value> {
 }
 
 impl<V: Value> Request<V> {
-    fn new(iteration: Iteration, part: Part<V>) -> Self {
+    fn new(iteration: Iteration, covers: Coverage, part: Part<V>) -> Self {
         let kind = match part {
             Part::Push(_) => Kind::Push,
             Part::Pull(_) => Kind::Pull,
         };
         Request {
             iteration,
+            covers,
             kind,
             whole: Some(part),
             open: BTreeMap::new(),
@@ -104,10 +108,17 @@ impl<V: Value> Request<V> {
 }
 
 impl<V: Value> Worker<V> {
-    pub(super) fn submit(&mut self, now: Time, part: Part<V>, out: &mut Effects<V>) -> RequestId {
+    pub(super) fn submit(
+        &mut self,
+        now: Time,
+        part: Part<V>,
+        covers: Coverage,
+        out: &mut Effects<V>,
+    ) -> RequestId {
         let id = self.next_request;
         self.next_request += 1;
-        self.requests.insert(id, Request::new(self.iteration, part));
+        self.requests
+            .insert(id, Request::new(self.iteration, covers, part));
         if self.cluster.is_some() {
             self.slice_request(now, id, out);
         }
@@ -199,6 +210,7 @@ impl<V: Value> Worker<V> {
             Part::Push(kvs) => Message::Push(Push {
                 slice: sref,
                 iteration: request.iteration,
+                covers: request.covers,
                 settled_below: self.settled_below(),
                 kvs: kvs.clone(),
             }),

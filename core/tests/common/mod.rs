@@ -38,6 +38,7 @@ pub(crate) fn config(
         left: vec![],
         lost: vec![],
         incarnations: Vec::new(),
+        pace: Default::default(),
     }
 }
 

@@ -383,7 +383,10 @@ fn detect(c: &mut Coordinator, victim: NodeId, out: &mut Effects<i64>) {
                 .collect(),
         );
         for from in heard {
-            let body = Message::Heartbeat { sent_at: 0 };
+            let body = Message::Heartbeat {
+                sent_at: 0,
+                at: None,
+            };
             c.on_message(0, Envelope::new(from, c.id(), epoch, body), out);
         }
         c.on_timer(0, TimerId::FailureCheck, out);

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 
 use pserver_core::{
-    Epoch, Iteration, JobError, KeyRange, KeySelection, KvPairs, NodeId, Refusals, Value,
+    Coverage, Epoch, Iteration, JobError, KeyRange, KeySelection, KvPairs, NodeId, Refusals, Value,
     WorkerError,
 };
 use thiserror::Error;
@@ -82,6 +82,8 @@ async fn wait_ready(ready: &watch::Receiver<Option<Epoch>>) -> Result<Epoch, Run
 pub(crate) enum Command<V: Value> {
     Push {
         kvs: KvPairs<V>,
+        /// How much of the iteration it covers with the parts before.
+        covers: Coverage,
         /// Answered on [`pserver_core::Event::PushDone`].
         done: oneshot::Sender<Result<(), RuntimeError>>,
         /// Answered on [`pserver_core::Event::PushDurable`].
@@ -138,6 +140,9 @@ pub struct WorkerHandle<V: Value> {
     pub(crate) ended: Arc<OnceLock<RuntimeError>>,
     /// The key ranges the job lost so far ([`pserver_core::Event::RangeLost`]).
     pub(crate) lost: watch::Receiver<Vec<KeyRange>>,
+    /// The iteration the coordinator last told the worker to skip to
+    /// ([`pserver_core::Event::SkippedAhead`]); 0 before any.
+    pub(crate) skipped: watch::Receiver<Iteration>,
 }
 
 impl<V: Value> Clone for WorkerHandle<V> {
@@ -147,6 +152,7 @@ impl<V: Value> Clone for WorkerHandle<V> {
             ready: self.ready.clone(),
             ended: Arc::clone(&self.ended),
             lost: self.lost.clone(),
+            skipped: self.skipped.clone(),
         }
     }
 }
@@ -209,10 +215,23 @@ impl<V: Value> WorkerHandle<V> {
     /// [`WorkerHandle::push_durable`] returns (every replica holds it). So push, then advance,
     /// without waiting a round trip.
     pub async fn start_push(&self, kvs: KvPairs<V>) -> Result<PushTicket, RuntimeError> {
+        self.start_push_part(kvs, Coverage::WHOLE).await
+    }
+
+    /// [`WorkerHandle::start_push`] for a part of the iteration's work: with the parts pushed
+    /// before, `covers` of it ([`pserver_core::node::Worker::push_part`]). An application that
+    /// pushes its iteration in parts loses only the part it had not pushed when the
+    /// coordinator tells it to skip ahead ([`WorkerHandle::skipped_to`]).
+    pub async fn start_push_part(
+        &self,
+        kvs: KvPairs<V>,
+        covers: Coverage,
+    ) -> Result<PushTicket, RuntimeError> {
         let (done_tx, done) = oneshot::channel();
         let (durable_tx, durable) = oneshot::channel();
         let command = Command::Push {
             kvs,
+            covers,
             done: done_tx,
             durable: durable_tx,
         };
@@ -271,6 +290,14 @@ impl<V: Value> WorkerHandle<V> {
     /// that does not accept loss fails when this is not empty at its end.
     pub fn lost_ranges(&self) -> Vec<KeyRange> {
         self.lost.borrow().clone()
+    }
+
+    /// The iteration the coordinator last told this worker to skip to (0 before any): a
+    /// straggler under skip-ahead ([`pserver_core::StragglerPolicy::skip_ahead`]) is moved to
+    /// the others' iteration, and its next pushes and pulls belong there. An application that
+    /// sees it rise mid-iteration may drop the rest of the iteration's work.
+    pub fn skipped_to(&self) -> Iteration {
+        *self.skipped.borrow()
     }
 
     /// Leaves the job: done, or stopped by its operator. Once what the application started
@@ -406,6 +433,10 @@ pub struct NodeMetrics {
     pub send_errors: u64,
     /// The longest recovery so far, measured the same way.
     pub longest_recovery: std::time::Duration,
+    /// Workers the coordinator found lagging, each time one started to (the coordinator).
+    pub stragglers: u64,
+    /// Iterations a worker was told to skip (a worker; [`pserver_core::Pace`]).
+    pub skipped_iterations: u64,
 }
 
 /// Controls one node's event loop: stop it, wait for it.

@@ -5,8 +5,8 @@ use std::sync::{Arc, OnceLock};
 
 use pserver_core::store::ParamStore;
 use pserver_core::{
-    Driver, DriverError, Epoch, Event, Iteration, KeyRange, KvPairs, NodeId, Refusal, RequestId,
-    Role, Time, UpdateRule, Value,
+    Coverage, Driver, DriverError, Epoch, Event, Iteration, KeyRange, KvPairs, NodeId, Refusal,
+    RequestId, Role, Time, UpdateRule, Value,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until};
@@ -78,12 +78,14 @@ where
     let (ready_tx, ready_rx) = watch::channel(None);
     let ended = Arc::new(OnceLock::new());
     let (lost_tx, lost_rx) = watch::channel(Vec::new());
+    let (skipped_tx, skipped_rx) = watch::channel(0);
     let (metrics_tx, metrics_rx) = watch::channel(NodeMetrics::default());
     let worker = (role == Role::Worker).then(|| WorkerHandle {
         commands: cmd_tx,
         ready: ready_rx.clone(),
         ended: Arc::clone(&ended),
         lost: lost_rx,
+        skipped: skipped_rx,
     });
     let span = info_span!("node", id = %id, role = %role);
     let looped = NodeLoop {
@@ -104,6 +106,7 @@ where
         stalled: None,
         ended,
         lost: lost_tx,
+        skipped: skipped_tx,
         counts: NodeMetrics::default(),
         metrics: metrics_tx,
         housekeep_at: Instant::now(),
@@ -112,6 +115,7 @@ where
         failed_sends: RefusalLog::drops("message", refusal_log::WINDOW),
         coordinator_silent_since: None,
         seen_epoch: 0,
+        seen_members: None,
         recovering_since: None,
     };
     let task = tokio::spawn(looped.run(cmd_rx, stop_rx).instrument(span));
@@ -157,6 +161,8 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     ended: Arc<OnceLock<RuntimeError>>,
     /// The ranges the job lost, for the worker handle.
     lost: watch::Sender<Vec<KeyRange>>,
+    /// Where the coordinator last told the worker to skip to.
+    skipped: watch::Sender<Iteration>,
     /// What the loop counts; published now and then.
     counts: NodeMetrics,
     metrics: watch::Sender<NodeMetrics>,
@@ -172,6 +178,9 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     coordinator_silent_since: Option<Instant>,
     /// The epoch the loop last saw the node on.
     seen_epoch: Epoch,
+    /// The configuration of that epoch: a new epoch that changes only the pace (what the
+    /// coordinator decided about stragglers) is no recovery.
+    seen_members: Option<pserver_core::ClusterConfig>,
     /// The configuration changed while requests were open: since the last completion before.
     recovering_since: Option<Instant>,
 }
@@ -467,7 +476,12 @@ where
             self.progress_at = Instant::now();
         }
         match command {
-            Command::Push { kvs, done, durable } => match self.driver.push(now, kvs) {
+            Command::Push {
+                kvs,
+                covers,
+                done,
+                durable,
+            } => match self.driver.push_part(now, kvs, covers) {
                 Ok(id) => {
                     // Both events come out of the driver only at the next flush, after this:
                     // however early they come, their waiters are in place.
@@ -539,8 +553,16 @@ where
         // Whether the configuration changed while requests were open is read before the
         // events: a completion in the same step must not hide the change, nor end it at once.
         let epoch = self.driver.node().epoch();
-        if epoch != self.seen_epoch && self.open_requests() > 0 && self.recovering_since.is_none() {
-            self.recovering_since = Some(self.progress_at);
+        if epoch != self.seen_epoch {
+            let config = self.driver.node().config();
+            let members_changed = match (&self.seen_members, config) {
+                (Some(seen), Some(now)) => !seen.differs_only_in_pace(now),
+                _ => true,
+            };
+            if members_changed && self.open_requests() > 0 && self.recovering_since.is_none() {
+                self.recovering_since = Some(self.progress_at);
+            }
+            self.seen_members = config.cloned();
         }
         while let Some(event) = self.driver.poll_event() {
             self.on_event(event);
@@ -640,6 +662,32 @@ where
                 self.fenced = true;
             }
             Event::WorkerLeft(node) => info!(node = %node, "worker left the job"),
+            Event::Straggler { worker, behind } => {
+                self.counts.stragglers += 1;
+                warn!(
+                    worker = %worker,
+                    behind,
+                    "{worker} is a straggler: {behind} iterations behind the median of the others"
+                );
+            }
+            Event::StragglerCleared(worker) => {
+                info!(worker = %worker, "{worker} keeps up again");
+            }
+            Event::TauChanged { from, to } => {
+                info!(from, to, "staleness bound now tau = {to} (was {from})");
+            }
+            Event::SkippedAhead { from, to, covered } => {
+                self.counts.skipped_iterations += u64::from(to - from);
+                let pushed = f64::from(covered.0) / f64::from(Coverage::WHOLE.0);
+                info!(
+                    from,
+                    to,
+                    "told to skip ahead: left iteration {from} ({:.0}% of it pushed) for {to}",
+                    pushed * 100.0
+                );
+                // The application's advance, if it waited, was answered with `Advanced`.
+                self.skipped.send_replace(to);
+            }
             Event::CoordinatorSilent { for_at_least } => {
                 let silent = std::time::Duration::from_nanos(for_at_least);
                 let secs = silent.as_secs();
@@ -720,6 +768,7 @@ mod tests {
             left: vec![n(5)],
             lost: vec![KeyRange::new(0, 10).unwrap_or(KeyRange::FULL)],
             incarnations: vec![],
+            pace: Default::default(),
         };
         assert_eq!(
             summary(&config, 2),

@@ -236,6 +236,7 @@ fn ring_change_configs(
         left: vec![],
         lost: vec![],
         incarnations: Vec::new(),
+        pace: Default::default(),
     };
     let gone = cfg.server_taken_off().unwrap_or(NodeId(0));
     let second = first.without_server(gone)?;

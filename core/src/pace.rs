@@ -1,0 +1,523 @@
+//! Stragglers and the pace of a job (ARCHITECTURE.md §9): how the coordinator tells a worker
+//! that lags from the others, and what it may decide about it: let the worker skip ahead, or
+//! raise the staleness bound while stragglers last. What it decides travels in the
+//! configuration ([`Pace`]), so that every server holds pulls to the same bound and counts the
+//! same skipped iterations as finished.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::consistency::Consistency;
+use crate::ids::{Iteration, NodeId};
+use crate::wire::forms::seq;
+
+/// How much of an iteration a push covers, in 65,536ths: a worker that pushes an iteration's
+/// work in parts says with each part how far it has come, so that a part pushed before the
+/// worker is told to skip ahead still counts, and the coordinator sees how far into an
+/// iteration a slow worker is.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct Coverage(pub u16);
+
+impl Coverage {
+    /// The whole iteration: what a push that is not cut into parts covers.
+    pub const WHOLE: Coverage = Coverage(u16::MAX);
+
+    /// `done` of `of` parts (`done` is capped at `of`; `of = 0` is the whole iteration).
+    ///
+    /// ```
+    /// use pserver_core::Coverage;
+    /// assert_eq!(Coverage::parts(1, 2), Coverage(32_767));
+    /// assert_eq!(Coverage::parts(4, 4), Coverage::WHOLE);
+    /// ```
+    pub fn parts(done: u32, of: u32) -> Coverage {
+        if of == 0 || done >= of {
+            return Coverage::WHOLE;
+        }
+        Coverage((u64::from(done) * u64::from(u16::MAX) / u64::from(of)) as u16)
+    }
+}
+
+/// Where a worker is: its iteration, and how much of it its pushes covered so far. Ordered,
+/// so that a worker far into an iteration is ahead of one that just entered it.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct Position {
+    /// The iteration the worker is in.
+    pub iteration: Iteration,
+    /// How much of it its pushes covered.
+    pub covered: Coverage,
+}
+
+impl Position {
+    /// The position in 65,536ths of an iteration.
+    fn fine(self) -> u64 {
+        (u64::from(self.iteration) << 16) | u64::from(self.covered.0)
+    }
+}
+
+/// How a job deals with stragglers. Everything is off by default: workers report nothing, the
+/// coordinator decides nothing, and the consistency model alone sets the pace.
+///
+/// ```
+/// use pserver_core::{Consistency, JobSpec, StragglerPolicy, TauRange};
+/// let mut job = JobSpec::new(2, 4);
+/// job.consistency = Consistency::BoundedDelay(2);
+/// job.stragglers = StragglerPolicy::skip_ahead();
+/// job.stragglers.adaptive_tau = Some(TauRange { min: 1, max: 8 });
+/// assert!(job.validate::<f32>().is_ok());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct StragglerPolicy {
+    /// How stragglers are told; `None`: not at all (and workers do not report their
+    /// position). Skip-ahead and adaptive tau need it.
+    pub detect: Option<Detection>,
+    /// Under bounded delay: tell a straggler to skip to the iteration the others are in,
+    /// instead of holding everybody at the bound ([`Pace::skipped_below`]).
+    pub skip_ahead: bool,
+    /// Under bounded delay: the staleness bound rises by one at each check that finds a
+    /// straggler, and falls by one at each check that finds none, within this range
+    /// ([`Pace::tau`]).
+    pub adaptive_tau: Option<TauRange>,
+}
+
+impl StragglerPolicy {
+    /// Detection with the default bound, and skip-ahead.
+    pub fn skip_ahead() -> Self {
+        StragglerPolicy {
+            detect: Some(Detection::default()),
+            skip_ahead: true,
+            adaptive_tau: None,
+        }
+    }
+
+    /// Detection with the default bound, and tau moving within `range`.
+    pub fn adaptive(range: TauRange) -> Self {
+        StragglerPolicy {
+            detect: Some(Detection::default()),
+            skip_ahead: false,
+            adaptive_tau: Some(range),
+        }
+    }
+
+    /// Whether the coordinator may decide anything for a job of `consistency`: skip-ahead and
+    /// adaptive tau are for bounded delay only (sequential mode applies an iteration's pushes
+    /// together, and eventual consistency never holds anybody).
+    pub(crate) fn decides(&self, consistency: Consistency) -> bool {
+        matches!(consistency, Consistency::BoundedDelay(_))
+            && (self.skip_ahead || self.adaptive_tau.is_some())
+    }
+}
+
+/// When a worker counts as a straggler. The coordinator checks at every failure check
+/// ([`crate::Timing::heartbeat_interval`]), from the positions workers report with their
+/// heartbeats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Detection {
+    /// A worker more than this many iterations behind the median of the others is a
+    /// straggler. Under bounded delay the others wait once they are `tau + 1` ahead, so a
+    /// bound above `tau` is never reached by a slow worker alone.
+    pub lag: Iteration,
+    /// A worker whose progress over the last `window` checks, times this factor in percent,
+    /// is below the median progress of the others is a straggler too (0: no rate check).
+    pub slower_by_percent: u32,
+    /// Checks the rate is measured over (at least 1 when `slower_by_percent` is set).
+    pub window: u32,
+}
+
+impl Detection {
+    /// A worker more than `lag` iterations behind the median of the others is a straggler;
+    /// no rate check.
+    pub fn lagging(lag: Iteration) -> Self {
+        Detection {
+            lag,
+            ..Detection::default()
+        }
+    }
+
+    /// Also a worker whose progress over `window` checks, times `percent` / 100, is below the
+    /// others' median progress.
+    pub fn slower_by(self, percent: u32, window: u32) -> Self {
+        Detection {
+            slower_by_percent: percent,
+            window,
+            ..self
+        }
+    }
+}
+
+impl Default for Detection {
+    fn default() -> Self {
+        Detection {
+            lag: 1,
+            slower_by_percent: 0,
+            window: 0,
+        }
+    }
+}
+
+/// The range adaptive tau moves within.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TauRange {
+    /// The lowest bound, where it starts and returns once stragglers clear.
+    pub min: Iteration,
+    /// The highest bound.
+    pub max: Iteration,
+}
+
+/// What the coordinator decided about stragglers, in force with the configuration that
+/// carries it ([`crate::ClusterConfig::pace`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Pace {
+    /// Under bounded delay with adaptive tau: the bound in force (`None`: the job's own).
+    pub tau: Option<Iteration>,
+    /// Per worker, sorted by node: every iteration below this one counts as finished, pushed
+    /// or not. A worker told so drops the iterations it had not finished and goes on from
+    /// here; servers stop waiting for them. Only ever rises.
+    #[serde(with = "seq")]
+    pub skipped_below: Vec<(NodeId, Iteration)>,
+}
+
+impl Pace {
+    /// The iterations of `worker` counted as finished whatever it pushed: all below this.
+    ///
+    /// ```
+    /// use pserver_core::{NodeId, Pace};
+    /// let pace = Pace { skipped_below: vec![(NodeId(5), 7)], ..Pace::default() };
+    /// assert_eq!(pace.skipped_below(NodeId(5)), 7);
+    /// assert_eq!(pace.skipped_below(NodeId(6)), 0);
+    /// ```
+    pub fn skipped_below(&self, worker: NodeId) -> Iteration {
+        self.skipped_below
+            .binary_search_by_key(&worker, |&(w, _)| w)
+            .map_or(0, |i| self.skipped_below[i].1)
+    }
+
+    /// The consistency model in force: the job's, with adaptive tau's bound where one is set.
+    pub fn consistency(&self, job: Consistency) -> Consistency {
+        match (job, self.tau) {
+            (Consistency::BoundedDelay(_), Some(tau)) => Consistency::BoundedDelay(tau),
+            _ => job,
+        }
+    }
+
+    /// Keeps only what concerns `workers` (the members of the next configuration).
+    pub(crate) fn retain_workers(&mut self, workers: &[NodeId]) {
+        self.skipped_below.retain(|(w, _)| workers.contains(w));
+    }
+
+    fn skip(&mut self, worker: NodeId, below: Iteration) {
+        match self
+            .skipped_below
+            .binary_search_by_key(&worker, |&(w, _)| w)
+        {
+            Ok(i) => self.skipped_below[i].1 = self.skipped_below[i].1.max(below),
+            Err(i) => self.skipped_below.insert(i, (worker, below)),
+        }
+    }
+}
+
+/// A worker found lagging at a check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Lagging {
+    /// How far behind the median of the others, in whole iterations.
+    pub(crate) behind: Iteration,
+    /// The iteration the median of the others is in.
+    pub(crate) others_in: Iteration,
+}
+
+/// What the coordinator keeps to tell stragglers: the furthest position each worker reported,
+/// and with a rate check, its positions at the last `window + 1` checks.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct PaceWatch {
+    reported: BTreeMap<NodeId, Position>,
+    history: BTreeMap<NodeId, Vec<u64>>,
+}
+
+impl PaceWatch {
+    /// A worker reported its position (heartbeats may arrive out of order: the furthest
+    /// counts).
+    pub(crate) fn report(&mut self, worker: NodeId, at: Position) {
+        let known = self.reported.entry(worker).or_default();
+        *known = (*known).max(at);
+    }
+
+    /// Forgets workers no longer in the job.
+    pub(crate) fn retain(&mut self, workers: &[NodeId]) {
+        self.reported.retain(|w, _| workers.contains(w));
+        self.history.retain(|w, _| workers.contains(w));
+    }
+
+    /// One check: the workers of `workers` that lag, each counted where `pace` lets it be
+    /// (a skipped worker is at least at its skip).
+    pub(crate) fn check(
+        &mut self,
+        workers: &[NodeId],
+        pace: &Pace,
+        detect: &Detection,
+    ) -> BTreeMap<NodeId, Lagging> {
+        let at: BTreeMap<NodeId, u64> = workers
+            .iter()
+            .filter_map(|&w| {
+                let skipped = Position {
+                    iteration: pace.skipped_below(w),
+                    covered: Coverage(0),
+                };
+                self.reported.get(&w).map(|&p| (w, p.max(skipped).fine()))
+            })
+            .collect();
+        let rate = detect.slower_by_percent > 0 && detect.window > 0;
+        if rate {
+            let keep = detect.window as usize + 1;
+            for (&w, &p) in &at {
+                let h = self.history.entry(w).or_default();
+                h.push(p);
+                if h.len() > keep {
+                    h.remove(0);
+                }
+            }
+        }
+        let mut lagging = BTreeMap::new();
+        if at.len() < 2 {
+            return lagging;
+        }
+        for (&w, &p) in &at {
+            let others = lower_median(at.iter().filter(|&(&o, _)| o != w).map(|(_, &q)| q));
+            let behind = others.saturating_sub(p);
+            let lags = behind > u64::from(detect.lag) << 16;
+            let slow = rate && self.slower(w, detect);
+            if lags || slow {
+                lagging.insert(
+                    w,
+                    Lagging {
+                        behind: (behind >> 16) as Iteration,
+                        others_in: (others >> 16) as Iteration,
+                    },
+                );
+            }
+        }
+        lagging
+    }
+
+    /// Whether `worker` progressed over the window less than the others' median by the
+    /// factor; only once every worker has a full window.
+    fn slower(&self, worker: NodeId, detect: &Detection) -> bool {
+        let full = detect.window as usize + 1;
+        let progress = |h: &Vec<u64>| (h.len() == full).then(|| h[full - 1] - h[0]);
+        let Some(mine) = self.history.get(&worker).and_then(progress) else {
+            return false;
+        };
+        let others: Option<Vec<u64>> = self
+            .history
+            .iter()
+            .filter(|&(&o, _)| o != worker)
+            .map(|(_, h)| progress(h))
+            .collect();
+        let Some(others) = others.filter(|o| !o.is_empty()) else {
+            return false;
+        };
+        let median = lower_median(others.into_iter());
+        u128::from(mine) * u128::from(detect.slower_by_percent) < u128::from(median) * 100
+    }
+}
+
+/// The lower of the two middle values (the middle one of an odd count): of two workers, the
+/// slower, so that a worker is flagged only when more than half the others are ahead.
+fn lower_median(values: impl Iterator<Item = u64>) -> u64 {
+    let mut v: Vec<u64> = values.collect();
+    v.sort_unstable();
+    v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0)
+}
+
+/// The next pace after a check found `lagging`: stragglers skipped ahead to the others'
+/// iteration where skip-ahead is on; tau one up while anybody lags and one down once nobody
+/// does.
+pub(crate) fn decide(
+    policy: &StragglerPolicy,
+    consistency: Consistency,
+    current: &Pace,
+    lagging: &BTreeMap<NodeId, Lagging>,
+) -> Pace {
+    let mut next = current.clone();
+    let Consistency::BoundedDelay(job_tau) = consistency else {
+        return next;
+    };
+    if policy.skip_ahead {
+        for (&w, lag) in lagging {
+            if lag.others_in > current.skipped_below(w) {
+                next.skip(w, lag.others_in);
+            }
+        }
+    }
+    if let Some(range) = policy.adaptive_tau {
+        let tau = current.tau.unwrap_or(job_tau).clamp(range.min, range.max);
+        let tau = if lagging.is_empty() {
+            tau.saturating_sub(1).max(range.min)
+        } else {
+            (tau + 1).min(range.max)
+        };
+        next.tau = Some(tau);
+    }
+    next
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(iteration: Iteration) -> Position {
+        Position {
+            iteration,
+            covered: Coverage(0),
+        }
+    }
+
+    const W: [NodeId; 4] = [NodeId(3), NodeId(4), NodeId(5), NodeId(6)];
+
+    #[test]
+    fn a_worker_behind_the_median_of_the_others_by_more_than_the_bound_is_flagged() {
+        let mut watch = PaceWatch::default();
+        for (w, i) in W.iter().zip([10, 9, 10, 7]) {
+            watch.report(*w, at(i));
+        }
+        let detect = Detection {
+            lag: 2,
+            ..Detection::default()
+        };
+        let lagging = watch.check(&W, &Pace::default(), &detect);
+        assert_eq!(
+            lagging,
+            BTreeMap::from([(
+                NodeId(6),
+                Lagging {
+                    behind: 3,
+                    others_in: 10
+                }
+            )])
+        );
+        // Exactly at the bound is not behind by more than it.
+        watch.report(NodeId(6), at(8));
+        assert!(watch.check(&W, &Pace::default(), &detect).is_empty());
+    }
+
+    #[test]
+    fn part_of_an_iteration_covered_counts_and_a_skip_counts_as_reached() {
+        let mut watch = PaceWatch::default();
+        watch.report(W[0], at(5));
+        watch.report(W[1], at(4));
+        let detect = Detection {
+            lag: 1,
+            ..Detection::default()
+        };
+        // One iteration behind is not more than the bound of one...
+        assert!(watch.check(&W[..2], &Pace::default(), &detect).is_empty());
+        // ...but half-way through the next is.
+        watch.report(
+            W[0],
+            Position {
+                iteration: 5,
+                covered: Coverage::parts(1, 2),
+            },
+        );
+        assert!(
+            watch
+                .check(&W[..2], &Pace::default(), &detect)
+                .contains_key(&W[1])
+        );
+        let pace = Pace {
+            skipped_below: vec![(W[1], 5)],
+            ..Pace::default()
+        };
+        assert!(watch.check(&W[..2], &pace, &detect).is_empty());
+        // An older heartbeat arriving late moves nobody back.
+        watch.report(W[0], at(1));
+        assert!(watch.check(&W[..2], &pace, &detect).is_empty());
+    }
+
+    #[test]
+    fn a_worker_slower_than_the_others_over_the_window_is_flagged_before_it_lags() {
+        let mut watch = PaceWatch::default();
+        let detect = Detection {
+            lag: 100,
+            slower_by_percent: 300,
+            window: 2,
+        };
+        let mut flagged = Vec::new();
+        for check in 0..4u32 {
+            watch.report(W[0], at(check * 8));
+            watch.report(W[1], at(check * 8));
+            watch.report(W[2], at(check * 2));
+            flagged.push(watch.check(&W[..3], &Pace::default(), &detect));
+        }
+        // The window fills at the third check.
+        assert!(flagged[0].is_empty() && flagged[1].is_empty());
+        assert_eq!(flagged[2].keys().collect::<Vec<_>>(), [&W[2]]);
+        assert_eq!(flagged[3].keys().collect::<Vec<_>>(), [&W[2]]);
+    }
+
+    #[test]
+    fn skip_ahead_moves_a_straggler_to_the_others_iteration_and_never_back() {
+        let policy = StragglerPolicy::skip_ahead();
+        let lagging = BTreeMap::from([(
+            W[3],
+            Lagging {
+                behind: 3,
+                others_in: 9,
+            },
+        )]);
+        let pace = decide(
+            &policy,
+            Consistency::BoundedDelay(2),
+            &Pace::default(),
+            &lagging,
+        );
+        assert_eq!(pace.skipped_below(W[3]), 9);
+        let back = BTreeMap::from([(
+            W[3],
+            Lagging {
+                behind: 1,
+                others_in: 7,
+            },
+        )]);
+        let again = decide(&policy, Consistency::BoundedDelay(2), &pace, &back);
+        assert_eq!(again.skipped_below(W[3]), 9);
+        // Not under sequential consistency.
+        let seq = decide(&policy, Consistency::Sequential, &Pace::default(), &lagging);
+        assert_eq!(seq.skipped_below(W[3]), 0);
+    }
+
+    #[test]
+    fn adaptive_tau_rises_while_stragglers_last_and_falls_once_they_clear_within_its_range() {
+        let policy = StragglerPolicy::adaptive(TauRange { min: 1, max: 3 });
+        let job = Consistency::BoundedDelay(1);
+        let lagging = BTreeMap::from([(
+            W[0],
+            Lagging {
+                behind: 2,
+                others_in: 4,
+            },
+        )]);
+        let mut pace = Pace::default();
+        let mut taus = Vec::new();
+        for straggling in [true, true, true, true, false, false, false] {
+            let found = if straggling {
+                lagging.clone()
+            } else {
+                BTreeMap::new()
+            };
+            pace = decide(&policy, job, &pace, &found);
+            taus.push(pace.tau.unwrap_or(0));
+        }
+        assert_eq!(taus, [2, 3, 3, 3, 2, 1, 1]);
+        assert_eq!(pace.consistency(job), Consistency::BoundedDelay(1));
+        assert_eq!(
+            pace.consistency(Consistency::Sequential),
+            Consistency::Sequential
+        );
+    }
+}

@@ -1,0 +1,315 @@
+//! Stragglers, driven by hand (ARCHITECTURE.md §9): the coordinator tells them from the
+//! positions workers report, and what it decides (skip-ahead, adaptive tau) is what servers
+//! and workers hold to.
+
+mod common;
+
+use common::{COORD, config, deliver_config, ring};
+use pserver_core::node::*;
+use pserver_core::wire::*;
+use pserver_core::*;
+
+const S1: NodeId = NodeId(1);
+const W: [NodeId; 3] = [NodeId(2), NodeId(3), NodeId(4)];
+
+fn at(iteration: Iteration) -> Option<Position> {
+    Some(Position {
+        iteration,
+        covered: Coverage(0),
+    })
+}
+
+/// A coordinator of one server and three workers with `policy`, epoch 1 in force.
+fn coordinator(consistency: Consistency, policy: StragglerPolicy) -> Coordinator {
+    let mut cfg = CoordinatorConfig::new(COORD, 1, 3);
+    cfg.ring = ring();
+    cfg.consistency = consistency;
+    cfg.stragglers = policy;
+    Coordinator::bootstrapped(cfg, &[S1], &W).unwrap()
+}
+
+/// Every worker reports `positions`, the server beats, and a failure check runs.
+fn check(c: &mut Coordinator, positions: [Iteration; 3], out: &mut Effects<i64>) {
+    let epoch = c.epoch();
+    for (w, i) in W.iter().zip(positions) {
+        let beat = Message::Heartbeat {
+            sent_at: 0,
+            at: at(i),
+        };
+        c.on_message(0, Envelope::new(*w, COORD, epoch, beat), out);
+    }
+    let beat = Message::Heartbeat {
+        sent_at: 0,
+        at: None,
+    };
+    c.on_message(0, Envelope::new(S1, COORD, epoch, beat), out);
+    c.on_timer(0, TimerId::FailureCheck, out);
+}
+
+fn detection(lag: Iteration) -> StragglerPolicy {
+    let mut policy = StragglerPolicy::default();
+    policy.detect = Some(Detection::lagging(lag));
+    policy
+}
+
+#[test]
+fn the_coordinator_flags_a_worker_lagging_the_median_once_and_says_when_it_keeps_up() {
+    let mut c = coordinator(Consistency::BoundedDelay(2), detection(1));
+    let mut out = Effects::new();
+    check(&mut c, [5, 5, 3], &mut out);
+    assert_eq!(
+        out.events,
+        [Event::Straggler {
+            worker: W[2],
+            behind: 2
+        }]
+    );
+    out.clear();
+    check(&mut c, [6, 6, 4], &mut out);
+    assert!(out.events.is_empty(), "said once: {:?}", out.events);
+    check(&mut c, [6, 6, 5], &mut out);
+    assert_eq!(out.events, [Event::StragglerCleared(W[2])]);
+    // Detection alone decides nothing: no new configuration.
+    assert_eq!(c.epoch(), 1);
+}
+
+#[test]
+fn workers_report_their_position_only_where_the_job_detects_stragglers() {
+    for (policy, reported) in [(StragglerPolicy::default(), false), (detection(1), true)] {
+        let mut job = JobSpec::new(1, 1);
+        job.consistency = Consistency::BoundedDelay(1);
+        job.stragglers = policy;
+        let mut w: Worker<i64> = Worker::new(job.worker_config(NodeId(2)));
+        let mut out = Effects::new();
+        w.start(0, &mut out);
+        out.clear();
+        w.on_timer(1, TimerId::Heartbeat, &mut out);
+        let beat = out
+            .sends
+            .iter()
+            .find_map(|e| match e.body {
+                Message::Heartbeat { at, .. } => Some(at),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(beat.is_some(), reported);
+    }
+}
+
+#[test]
+fn skip_ahead_is_published_in_the_configuration_and_servers_wait_no_more_for_what_was_skipped() {
+    let job = Consistency::BoundedDelay(1);
+    let mut c = coordinator(job, StragglerPolicy::skip_ahead());
+    let mut out = Effects::new();
+    check(&mut c, [6, 6, 2], &mut out);
+    let published = c.config().unwrap().clone();
+    assert_eq!(published.epoch, 2);
+    assert_eq!(published.pace.skipped_below(W[2]), 6);
+    assert_eq!(published.pace.skipped_below(W[0]), 0);
+    assert!(
+        out.sends
+            .iter()
+            .any(|e| e.to == S1 && e.body == Message::Config(published.clone())),
+        "every member is told"
+    );
+    // A server holding W0's pull of iteration 6 for W2's iterations 2 to 4 answers it once
+    // the configuration says they were skipped.
+    let mut s: Server<i64> = Server::new(ServerConfig::new(S1, COORD), Updater::Sum);
+    let mut sout = Effects::new();
+    let first = config(1, &[1], &W, job);
+    s.start_configured(0, first, &mut sout);
+    for w in &W[..2] {
+        let progress = Message::Progress {
+            finished_below: 6,
+            taken_below: 6,
+        };
+        s.on_message(1, Envelope::new(*w, S1, 1, progress), &mut sout);
+    }
+    let progress = Message::Progress {
+        finished_below: 2,
+        taken_below: 2,
+    };
+    s.on_message(1, Envelope::new(W[2], S1, 1, progress), &mut sout);
+    let pull = Message::Pull(Pull {
+        slice: SliceRef {
+            request: 1,
+            slice: 0,
+        },
+        iteration: 6,
+        keys: KeySelection::Keys(KeyList::new(vec![7]).unwrap()),
+    });
+    s.on_message(1, Envelope::new(W[0], S1, 1, pull), &mut sout);
+    assert_eq!(
+        s.held_pulls(),
+        1,
+        "iteration 6 under tau 1 needs W2 below 5"
+    );
+    sout.clear();
+    s.on_message(2, deliver_config(S1, &published), &mut sout);
+    assert_eq!(s.held_pulls(), 0);
+    assert!(
+        sout.sends
+            .iter()
+            .any(|e| e.to == W[0] && matches!(e.body, Message::PullReply(_)))
+    );
+}
+
+#[test]
+fn a_worker_told_to_skip_enters_the_others_iteration_and_what_it_pushed_still_goes() {
+    let job = Consistency::BoundedDelay(1);
+    let first = config(1, &[1], &W, job);
+    let mut w: Worker<i64> = Worker::new(WorkerConfig::new(W[2], COORD));
+    let mut out = Effects::new();
+    w.start_configured(0, first.clone(), &mut out);
+    // Half of iteration 0 is pushed; the other half is still being computed.
+    let kvs = KvPairs::new(vec![7], vec![3], 1).unwrap();
+    let part = w
+        .push_part(1, kvs, Coverage::parts(1, 2), &mut out)
+        .unwrap();
+    let push = out
+        .sends
+        .iter()
+        .find_map(|e| match &e.body {
+            Message::Push(p) => Some(p.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(push.covers, Coverage::parts(1, 2));
+    out.clear();
+    let mut skipped = first.clone();
+    skipped.epoch = 2;
+    skipped.pace.skipped_below = vec![(W[2], 4)];
+    w.on_message(2, deliver_config(W[2], &skipped), &mut out);
+    assert_eq!(
+        out.events,
+        [Event::SkippedAhead {
+            from: 0,
+            to: 4,
+            covered: Coverage::parts(1, 2)
+        }]
+    );
+    assert_eq!(w.iteration(), 4);
+    // The part pushed is still open, and is not what holds the worker back: it enters
+    // iterations 5 and 6 (tau 1 allows two in flight past what was skipped)...
+    assert_eq!(w.open_requests(), 1);
+    out.clear();
+    w.advance(3, &mut out).unwrap();
+    assert_eq!(out.events, [Event::Advanced(5)]);
+    // ...and the part is acknowledged as any push, once.
+    let ack = Message::PushAck(SliceRef {
+        request: part,
+        slice: 0,
+    });
+    out.clear();
+    w.on_message(4, Envelope::new(S1, W[2], 2, ack), &mut out);
+    assert!(out.events.contains(&Event::PushDone(part)));
+    // A configuration that says nothing new moves nobody back.
+    let mut again = skipped.clone();
+    again.epoch = 3;
+    out.clear();
+    w.on_message(5, deliver_config(W[2], &again), &mut out);
+    assert_eq!(w.iteration(), 5);
+    assert!(
+        !out.events
+            .iter()
+            .any(|e| matches!(e, Event::SkippedAhead { .. }))
+    );
+}
+
+#[test]
+fn an_advance_waiting_when_the_skip_arrives_is_answered_with_the_iteration_entered() {
+    let job = Consistency::BoundedDelay(0);
+    let first = config(1, &[1], &W, job);
+    let mut w: Worker<i64> = Worker::new(WorkerConfig::new(W[2], COORD));
+    let mut out = Effects::new();
+    w.start_configured(0, first.clone(), &mut out);
+    w.push(1, KvPairs::new(vec![7], vec![3], 1).unwrap(), &mut out)
+        .unwrap();
+    out.clear();
+    // Tau 0: iteration 1 waits for iteration 0's push.
+    w.advance(1, &mut out).unwrap();
+    assert!(out.events.is_empty());
+    let mut skipped = first;
+    skipped.epoch = 2;
+    skipped.pace.skipped_below = vec![(W[2], 3)];
+    w.on_message(2, deliver_config(W[2], &skipped), &mut out);
+    assert_eq!(
+        out.events,
+        [
+            Event::SkippedAhead {
+                from: 0,
+                to: 3,
+                covered: Coverage::WHOLE
+            },
+            Event::Advanced(3)
+        ]
+    );
+}
+
+#[test]
+fn adaptive_tau_rises_with_stragglers_and_is_the_bound_servers_and_workers_hold_to() {
+    let job = Consistency::BoundedDelay(1);
+    let mut c = coordinator(job, StragglerPolicy::adaptive(TauRange { min: 1, max: 3 }));
+    let mut out = Effects::new();
+    check(&mut c, [6, 6, 4], &mut out);
+    assert!(out.events.contains(&Event::TauChanged { from: 1, to: 2 }));
+    let published = c.config().unwrap().clone();
+    assert_eq!(published.pace.tau, Some(2));
+    // A server on that configuration answers at once a pull of iteration 6 that tau 1 holds
+    // (W2 finished only iteration 3 and below).
+    let pull = |request| {
+        Message::Pull(Pull {
+            slice: SliceRef { request, slice: 0 },
+            iteration: 6,
+            keys: KeySelection::Keys(KeyList::new(vec![7]).unwrap()),
+        })
+    };
+    for (cfg, held) in [(config(1, &[1], &W, job), 1), (published.clone(), 0)] {
+        let mut s: Server<i64> = Server::new(ServerConfig::new(S1, COORD), Updater::Sum);
+        let mut sout = Effects::new();
+        let epoch = cfg.epoch;
+        s.start_configured(0, cfg, &mut sout);
+        for (w, below) in W.iter().zip([6, 6, 4]) {
+            let progress = Message::Progress {
+                finished_below: below,
+                taken_below: below,
+            };
+            s.on_message(1, Envelope::new(*w, S1, epoch, progress), &mut sout);
+        }
+        s.on_message(1, Envelope::new(W[0], S1, epoch, pull(1)), &mut sout);
+        assert_eq!(s.held_pulls(), held);
+    }
+    // A worker on it runs three iterations ahead of what it finished, not two.
+    let mut w: Worker<i64> = Worker::new(WorkerConfig::new(W[0], COORD));
+    w.start_configured(0, published, &mut out);
+    for _ in 0..3 {
+        w.push(1, KvPairs::new(vec![7], vec![1], 1).unwrap(), &mut out)
+            .unwrap();
+        w.advance(1, &mut out).unwrap();
+    }
+    assert_eq!((w.iteration(), w.in_flight()), (2, 3));
+    w.push(1, KvPairs::new(vec![7], vec![1], 1).unwrap(), &mut out)
+        .unwrap();
+    w.advance(1, &mut out).unwrap();
+    assert_eq!(w.iteration(), 2, "a fourth would exceed tau + 1");
+    // Once nobody lags, the bound falls back, one check at a time.
+    out.clear();
+    check(&mut c, [7, 7, 7], &mut out);
+    assert!(out.events.contains(&Event::TauChanged { from: 2, to: 1 }));
+    check(&mut c, [8, 8, 8], &mut out);
+    assert_eq!(c.config().unwrap().pace.tau, Some(1));
+}
+
+#[test]
+fn a_job_refuses_a_straggler_policy_it_cannot_follow() {
+    let mut job = JobSpec::new(1, 2);
+    job.stragglers = StragglerPolicy::skip_ahead();
+    let err = job.validate::<f32>().unwrap_err().to_string();
+    assert!(err.contains("bounded delay"), "{err}");
+    job.consistency = Consistency::BoundedDelay(2);
+    assert!(job.validate::<f32>().is_ok());
+    job.stragglers.detect = None;
+    assert!(job.validate::<f32>().is_err(), "nothing to act on");
+    job.stragglers = StragglerPolicy::adaptive(TauRange { min: 4, max: 2 });
+    assert!(job.validate::<f32>().is_err(), "an empty range");
+}
