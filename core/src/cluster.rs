@@ -14,6 +14,9 @@ pub(crate) struct Cluster {
     pub(crate) ring: Ring,
     /// The ring a change under way leads to.
     pub(crate) next: Option<Ring>,
+    /// The first epoch of this membership: epochs since then changed only the pace
+    /// (ARCHITECTURE.md §9), so what servers sent each other under them still holds.
+    pub(crate) members_since: Epoch,
 }
 
 impl Cluster {
@@ -30,7 +33,13 @@ impl Cluster {
         } else {
             None
         };
-        Ok(Cluster { config, ring, next })
+        let members_since = config.epoch;
+        Ok(Cluster {
+            config,
+            ring,
+            next,
+            members_since,
+        })
     }
 
     /// The cluster of `config` if it supersedes `current`: a newer epoch of the same job, with a
@@ -55,9 +64,11 @@ impl Cluster {
                 return Err(Refusal::ForeignJob);
             }
         }
-        Cluster::new(config)
-            .map(Some)
-            .map_err(|_| Refusal::ForeignJob)
+        let mut next = Cluster::new(config).map_err(|_| Refusal::ForeignJob)?;
+        if let Some(current) = current.filter(|c| c.config.differs_only_in_pace(&next.config)) {
+            next.members_since = current.members_since;
+        }
+        Ok(Some(next))
     }
 
     /// The consistency model in force: the job's, with the bound adaptive tau set.

@@ -313,3 +313,133 @@ fn a_job_refuses_a_straggler_policy_it_cannot_follow() {
     job.stragglers = StragglerPolicy::adaptive(TauRange { min: 4, max: 2 });
     assert!(job.validate::<f32>().is_err(), "an empty range");
 }
+
+/// Two servers, each range with a primary and one replica, and the three workers.
+fn replicated(epoch: Epoch, tau: Option<Iteration>) -> ClusterConfig {
+    let mut c = config(epoch, &[1, 2], &W, Consistency::BoundedDelay(1));
+    c.ring.replicas = 1;
+    c.pace.tau = tau;
+    c
+}
+
+fn sends(out: &mut Effects<i64>) -> Vec<Envelope<i64>> {
+    out.sends.drain(..).collect()
+}
+
+#[test]
+fn a_replica_that_missed_the_first_configuration_asks_for_its_copies_and_gets_them() {
+    let (s1, s2) = (NodeId(1), NodeId(2));
+    let first = replicated(1, None);
+    // The straggler policy's first check moved tau: epoch 2 differs only in its pace.
+    let second = replicated(2, Some(2));
+    let mut primary: Server<i64> = Server::new(ServerConfig::new(s1, COORD), Updater::Sum);
+    let mut replica: Server<i64> = Server::new(ServerConfig::new(s2, COORD), Updater::Sum);
+    let (mut po, mut ro) = (Effects::new(), Effects::new());
+    primary.start(0, &mut po);
+    replica.start(0, &mut ro);
+    primary.on_message(1, deliver_config(s1, &first), &mut po);
+    // The replica never sees epoch 1: it creates no replica shards, while its primary counts
+    // it in step.
+    replica.on_message(1, deliver_config(s2, &second), &mut ro);
+    sends(&mut po);
+    sends(&mut ro);
+    replica.on_timer(2, TimerId::Heartbeat, &mut ro);
+    let asks: Vec<Envelope<i64>> = sends(&mut ro)
+        .into_iter()
+        .filter(|e| e.to == s1 && matches!(e.body, Message::ReplicateAck { .. }))
+        .collect();
+    assert_eq!(
+        asks.len(),
+        1,
+        "one ask to the primary, with every range missing"
+    );
+    // The primary copies each range the ask names.
+    primary.on_message(3, deliver_config(s1, &second), &mut po);
+    for ask in asks {
+        primary.on_message(3, ask, &mut po);
+    }
+    primary.on_timer(4, TimerId::Replicate, &mut po);
+    let copies: Vec<Envelope<i64>> = sends(&mut po)
+        .into_iter()
+        .filter(|e| matches!(e.body, Message::Transfer(_)))
+        .collect();
+    assert!(!copies.is_empty());
+    for copy in copies {
+        replica.on_message(5, copy, &mut ro);
+    }
+    let acks = sends(&mut ro)
+        .iter()
+        .filter(|e| matches!(e.body, Message::TransferAck { .. }))
+        .count();
+    assert!(acks > 0);
+    assert!(
+        !ro.events.iter().any(|e| matches!(e, Event::Refused { .. })),
+        "{:?}",
+        ro.events
+    );
+    // Holding every copy, it asks no more.
+    replica.on_timer(6, TimerId::Heartbeat, &mut ro);
+    assert!(
+        !sends(&mut ro)
+            .iter()
+            .any(|e| matches!(e.body, Message::ReplicateAck { .. }))
+    );
+}
+
+#[test]
+fn replication_sent_before_a_change_of_pace_is_taken_but_not_from_before_a_change_of_members() {
+    let (s1, s2) = (NodeId(1), NodeId(2));
+    let ring = pserver_core::ring::Ring::new([s1, s2], replicated(1, None).ring).unwrap();
+    let key = (0..u64::MAX)
+        .step_by(1 << 40)
+        .find(|&k| ring.primary(k) == s1)
+        .unwrap();
+    let mut primary: Server<i64> = Server::new(ServerConfig::new(s1, COORD), Updater::Sum);
+    let mut po = Effects::new();
+    primary.start_configured(0, replicated(1, None), &mut po);
+    let push = Message::Push(Push {
+        slice: SliceRef {
+            request: 1,
+            slice: 0,
+        },
+        iteration: 0,
+        covers: Coverage::WHOLE,
+        settled_below: 0,
+        kvs: KvPairs::new(vec![key], vec![5], 1).unwrap(),
+    });
+    primary.on_message(1, Envelope::new(W[0], s1, 1, push), &mut po);
+    let update = sends(&mut po)
+        .into_iter()
+        .find(|e| matches!(e.body, Message::Replicate { .. }))
+        .unwrap();
+    for (next, taken) in [
+        (replicated(2, Some(3)), true),
+        // A worker's death changes the members: what was sent before no longer holds.
+        (
+            {
+                let mut c = replicated(2, None);
+                c.workers.retain(|&w| w != W[2]);
+                c
+            },
+            false,
+        ),
+    ] {
+        let mut replica: Server<i64> = Server::new(ServerConfig::new(s2, COORD), Updater::Sum);
+        let mut ro = Effects::new();
+        replica.start_configured(0, replicated(1, None), &mut ro);
+        replica.on_message(1, deliver_config(s2, &next), &mut ro);
+        ro.clear();
+        replica.on_message(2, update.clone(), &mut ro);
+        let refused = ro.events.iter().any(|e| {
+            matches!(
+                e,
+                Event::Refused {
+                    reason: Refusal::StaleEpoch { .. },
+                    ..
+                }
+            )
+        });
+        assert_eq!(refused, !taken, "{:?}", ro.events);
+        assert_eq!(replica.value(key).is_some(), taken);
+    }
+}

@@ -54,6 +54,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.count_joiners_as_caught_up(&cluster);
         if first && !fresh_start {
             self.progress_unheard = cluster.workers().iter().copied().collect();
+            self.late_start = true;
         }
         self.progress_unheard.retain(|w| cluster.is_worker(*w));
         let was_member = self.is_member();

@@ -144,6 +144,10 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store
     /// earlier process with this id may have acknowledged it, so they would not resend it by
     /// themselves. Asked with `ProgressRequest` on every heartbeat until they answer.
     progress_unheard: BTreeSet<NodeId>,
+    /// Its first configuration was not the job's first: it created no replica shards while
+    /// its primaries may count it in step, so it asks them for what it lacks on every
+    /// heartbeat, not only while the ring changes.
+    late_start: bool,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -174,6 +178,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> PartialEq for Server<V, U, S>
             && self.progress_unheard == other.progress_unheard
             && self.lost_unlisted == other.lost_unlisted
             && self.coordinator == other.coordinator
+            && self.late_start == other.late_start
     }
 }
 
@@ -200,6 +205,7 @@ impl<V: Value + Hash, U: UpdateRule<V>, S: ParamStore<V>> Hash for Server<V, U, 
         self.progress_unheard.hash(state);
         self.lost_unlisted.hash(state);
         self.coordinator.hash(state);
+        self.late_start.hash(state);
         #[cfg(feature = "mutations")]
         self.mutation.hash(state);
     }
@@ -237,6 +243,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             listed: false,
             early: Vec::new(),
             progress_unheard: BTreeSet::new(),
+            late_start: false,
             #[cfg(feature = "mutations")]
             mutation: None,
         }

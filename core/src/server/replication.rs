@@ -266,9 +266,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         if !cluster.is_server(from) {
             return out.refuse(from, Refusal::UnknownSender);
         }
-        if env.epoch < cluster.epoch() {
+        if env.epoch < cluster.members_since {
             // Sent under a configuration that no longer holds (the sender may have lost the
-            // range since): it learns the new one from the coordinator and sends again.
+            // range since): it learns the new one from the coordinator and sends again. One
+            // that differs from the one in force only in its pace still holds: a straggler
+            // policy publishing epochs must not starve copies of the epoch they need.
             let current = cluster.epoch();
             return out.refuse(
                 from,
@@ -648,12 +650,19 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// step of. A primary may count this server in step: it missed the epoch in which this
     /// server dropped the range, or this server's primary changed. It would otherwise only
     /// find out with its next update, and a range nobody writes to any more would never be
-    /// copied.
+    /// copied. Asked while a change is under way, and always by a server whose first
+    /// configuration was not the job's first (it missed epoch 1, which a straggler policy's
+    /// early change of pace makes likely): it created no replica shards, and its primaries
+    /// count it in step from the start. Otherwise the next update sets the primary right, and
+    /// asking on every heartbeat would only repeat what a primary that chose a new replica
+    /// knows already.
     pub(super) fn ask_for_copies(&self, out: &mut Effects<V>) {
         let me = self.cfg.id;
-        // Only a change under way waits for every holder to hold its ranges; otherwise the
-        // next update sets the primary right.
-        let Some(cluster) = self.cluster.as_ref().filter(|c| c.next.is_some()) else {
+        let Some(cluster) = self
+            .cluster
+            .as_ref()
+            .filter(|c| c.next.is_some() || self.late_start)
+        else {
             return;
         };
         let mut wanted: BTreeMap<NodeId, Vec<ShardAck>> = BTreeMap::new();
