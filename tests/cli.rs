@@ -224,7 +224,7 @@ fn sim_crashes_servers_and_prints_recovery_times_before_the_summary() {
 }
 
 #[test]
-fn sim_refuses_more_crashes_than_replicas_and_more_replicas_than_servers() {
+fn sim_refuses_shapes_and_straggler_policies_it_cannot_run() {
     for (args, says) in [
         (
             &["--replicas", "1", "--crash-servers", "2", "--servers", "4"][..],
@@ -237,6 +237,11 @@ fn sim_refuses_more_crashes_than_replicas_and_more_replicas_than_servers() {
         (
             &["--replicas", "1", "--crash-servers", "1", "--servers", "2"][..],
             "--servers 2 is too few",
+        ),
+        (&["--skip-ahead"][..], "need bounded delay"),
+        (
+            &["--consistency", "bounded:2", "--adaptive-tau", "4:2"][..],
+            "is not a range of tau MIN:MAX",
         ),
     ] {
         let out = pserver().arg("sim").args(args).output().unwrap();
@@ -268,7 +273,19 @@ fn the_tau_sweep_prints_a_row_per_tau() {
         .filter_map(|l| l.strip_prefix("tau="))
         .map(|l| l.split(' ').next().unwrap())
         .collect();
-    assert_eq!(taus, ["0", "1", "2", "4", "8", "inf"]);
+    assert_eq!(
+        taus,
+        [
+            "0",
+            "1",
+            "2",
+            "4",
+            "8",
+            "inf",
+            "adaptive:1-8",
+            "skip-ahead:1"
+        ]
+    );
 }
 
 #[test]
@@ -426,6 +443,8 @@ fn check_finds_a_violation_for_every_mutation() {
             "livelock-free",
             &["--consistency", "sequential", "--ring-change"],
         ),
+        ("skip-past-decision", "staleness", &["--skip-ahead"]),
+        ("tau-past-decision", "staleness", &["--adaptive-tau"]),
     ] {
         let out = pserver()
             .args(["check", "--mutation", mutation])

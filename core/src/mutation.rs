@@ -37,11 +37,18 @@ pub enum Mutation {
     /// Copies of a shard leave its de-duplication state behind (breaks exactly-once across
     /// fail-over and joins: the new holder applies a resent push again).
     DropDedupOnTransfer,
+    /// Servers count a worker told to skip ahead as having finished one iteration more than
+    /// the configuration says (breaks staleness: a pull goes out without that worker's push of
+    /// the first iteration it did not skip).
+    SkipPastDecision,
+    /// Servers hold pulls to one iteration more than the bound adaptive tau set in the
+    /// configuration (breaks staleness: a pull misses pushes the bound in force requires).
+    TauPastDecision,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 10] = [
+    pub const ALL: [Mutation; 12] = [
         Mutation::NoDedupe,
         Mutation::NoGating,
         Mutation::NoRetransmit,
@@ -52,6 +59,8 @@ impl Mutation {
         Mutation::AckBeforeReplicate,
         Mutation::PromoteStaleReplica,
         Mutation::DropDedupOnTransfer,
+        Mutation::SkipPastDecision,
+        Mutation::TauPastDecision,
     ];
 }
 
@@ -68,6 +77,8 @@ impl fmt::Display for Mutation {
             Mutation::AckBeforeReplicate => "ack-before-replicate",
             Mutation::PromoteStaleReplica => "promote-stale-replica",
             Mutation::DropDedupOnTransfer => "drop-dedup-on-transfer",
+            Mutation::SkipPastDecision => "skip-past-decision",
+            Mutation::TauPastDecision => "tau-past-decision",
         })
     }
 }

@@ -117,6 +117,31 @@ fn with_backoff_a_retransmission_doubles_its_timeout() {
     );
 }
 
+/// One worker straggles, at any point, and is told to skip to iteration 1: servers stop
+/// waiting for its iteration 0, it enters iteration 1 (answering the advance it waited on, or
+/// after the pull it had open), and pulls are judged without its skipped push.
+#[test]
+fn with_skip_ahead_every_property_holds_and_the_state_space_is_pinned() {
+    let report = holds(ClusterModelConfig::skip_ahead());
+    assert_eq!(
+        report.verdict("straggler skipped ahead"),
+        Some(&Verdict::Found)
+    );
+    assert_eq!(report.verdict("pull waited"), Some(&Verdict::Found));
+    assert_eq!(report.unique, 155_313);
+}
+
+/// The coordinator's check, at any point, raises the bound (a straggler) or lowers it (none):
+/// pulls are judged against the bound of the configuration that answered them, and the
+/// in-flight bound against the highest published.
+#[test]
+fn with_adaptive_tau_every_property_holds_and_the_state_space_is_pinned() {
+    let report = holds(ClusterModelConfig::adaptive_tau());
+    assert_eq!(report.verdict("tau raised"), Some(&Verdict::Found));
+    assert_eq!(report.verdict("tau lowered"), Some(&Verdict::Found));
+    assert_eq!(report.unique, 42_081);
+}
+
 #[cfg(feature = "mutations")]
 mod mutations {
     use super::*;
@@ -165,6 +190,37 @@ mod mutations {
         let cfg = config(Consistency::BoundedDelay(1), NetworkKind::Ordered, 2);
         let report = violated_in(cfg, Mutation::OwnProgressOnly, "staleness");
         let steps = steps(&report, "staleness");
+        assert!(steps.iter().any(|s| s.contains("PullReply")), "{steps:?}");
+    }
+
+    /// Servers count the straggler as having finished iteration 1 too: the other worker's
+    /// pull in iteration 2 is answered without the straggler's push of iteration 1.
+    #[test]
+    fn staleness_catches_servers_that_count_a_skip_past_the_decision() {
+        let report = violated_in(
+            ClusterModelConfig::skip_ahead(),
+            Mutation::SkipPastDecision,
+            "staleness",
+        );
+        let steps = steps(&report, "staleness");
+        assert!(steps.iter().any(|s| s.contains("straggling")), "{steps:?}");
+        assert!(steps.iter().any(|s| s.contains("PullReply")), "{steps:?}");
+    }
+
+    /// Under the bound lowered to 0, a server holds the pull of iteration 1 to a bound of 1
+    /// and answers it without the other worker's push of iteration 0.
+    #[test]
+    fn staleness_catches_servers_that_hold_pulls_past_adaptive_tau() {
+        let report = violated_in(
+            ClusterModelConfig::adaptive_tau(),
+            Mutation::TauPastDecision,
+            "staleness",
+        );
+        let steps = steps(&report, "staleness");
+        assert!(
+            steps.iter().any(|s| s.contains("nobody straggling")),
+            "{steps:?}"
+        );
         assert!(steps.iter().any(|s| s.contains("PullReply")), "{steps:?}");
     }
 

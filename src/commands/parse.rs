@@ -42,6 +42,21 @@ pub(super) fn open_unit(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A range of staleness bounds, `MIN:MAX` with `MIN <= MAX`: where adaptive tau moves.
+pub(super) fn tau_range(s: &str) -> Result<pserver_core::TauRange, String> {
+    let bad =
+        || format!("`{s}` is not a range of tau MIN:MAX (whole numbers, MIN <= MAX), e.g. 1:8");
+    let (min, max) = s.split_once(':').ok_or_else(bad)?;
+    let (min, max) = (
+        min.parse().map_err(|_| bad())?,
+        max.parse().map_err(|_| bad())?,
+    );
+    if min > max {
+        return Err(bad());
+    }
+    Ok(pserver_core::TauRange { min, max })
+}
+
 /// A whole number of at least 1, as a `usize`, which clap's ranged parsers do not give: a
 /// batch size, a byte limit, a thread count.
 pub(super) fn at_least_one(s: &str) -> Result<usize, String> {

@@ -152,6 +152,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .cluster
             .as_ref()
             .map_or(0, |c| c.config.pace.skipped_below(worker));
+        let skipped = if skipped > 0 && mutated!(self, SkipPastDecision) {
+            skipped + 1
+        } else {
+            skipped
+        };
         finished.max(taken).max(skipped)
     }
 }

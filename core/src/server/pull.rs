@@ -79,7 +79,14 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         };
         // The bound of the configuration in force, adaptive tau's where it moves
         // (ARCHITECTURE.md §9).
-        let consistency = cluster.consistency();
+        let consistency = match cluster.consistency() {
+            Consistency::BoundedDelay(tau)
+                if cluster.config.pace.tau.is_some() && mutated!(self, TauPastDecision) =>
+            {
+                Consistency::BoundedDelay(tau + 1)
+            }
+            consistency => consistency,
+        };
         let required = consistency.required_below(pull.iteration);
         let workers_done = cluster
             .workers()
@@ -128,7 +135,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         };
         let body = Message::PullReply(PullReply {
             slice,
-            complete_below: self.consistency().required_below(pull.iteration),
+            // The bound this answer was held to: adaptive tau's where it moves.
+            complete_below: self
+                .cluster
+                .as_ref()
+                .map_or(0, |c| c.consistency().required_below(pull.iteration)),
             kvs,
             resume,
         });

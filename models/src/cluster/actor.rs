@@ -11,12 +11,12 @@ use pserver_core::node::{Effects, TimerCmd, TimerId};
 use pserver_core::ring::Ring;
 use pserver_core::wire::{Envelope, Message};
 use pserver_core::{
-    ClusterConfig, CoordinatorError, Event, Iteration, KeyList, KeySelection, KvPairs, NodeId,
-    RequestId, Time, Updater,
+    ClusterConfig, CoordinatorError, Coverage, Epoch, Event, Iteration, KeyList, KeySelection,
+    KvPairs, NodeId, Pace, Position, RequestId, Time, Updater,
 };
 use stateright::actor::{Actor, Id, Out, model_timeout};
 
-use super::config::{ClusterModelConfig, MAX_RETRANSMISSIONS, NetworkKind};
+use super::config::{ClusterModelConfig, MAX_RETRANSMISSIONS, NetworkKind, STRAGGLER_OTHERS_IN};
 
 /// One actor of the model.
 #[derive(Clone, Debug)]
@@ -52,6 +52,16 @@ pub enum ModelTimer {
     /// where it names a server that has not crashed are outside the model (an accurate
     /// failure detector), and once one declared a server dead the others are cancelled.
     Detect(NodeId),
+    /// Straggler detection ([`ClusterModelConfig::pace`], a coordinator timer, one per
+    /// worker): every member is heard from, this worker reporting iteration 0 and the others
+    /// [`STRAGGLER_OTHERS_IN`], and the coordinator runs its failure check, whose pace check
+    /// decides. The checker fires it at any point. The first pace timer to fire cancels the
+    /// others ([`ModelTimer::Calm`] included): each decision publishes a configuration, and
+    /// every configuration in flight multiplies the interleavings, so one per run.
+    Straggle(NodeId),
+    /// With adaptive tau: every worker is heard from at [`STRAGGLER_OTHERS_IN`], nobody lags,
+    /// and the failure check lowers tau. The alternative to [`ModelTimer::Straggle`].
+    Calm,
 }
 
 /// What every node actor shares from the model configuration.
@@ -69,6 +79,15 @@ pub struct Settings {
     pub heartbeat_marks_crash: bool,
     /// Heartbeats and failure checks are modelled only when crashes are.
     pub failure_detection: bool,
+    /// The coordinator of a model with [`ClusterModelConfig::pace`]: the workers its straggler
+    /// detection may find lagging ([`ModelTimer::Straggle`]); empty otherwise.
+    pub stragglers: Vec<NodeId>,
+    /// With adaptive tau, the coordinator may find no worker lagging ([`ModelTimer::Calm`]),
+    /// and its bound then falls.
+    pub calm: bool,
+    /// Workers note the epochs of the answers to their pulls ([`Pulled::answered_at`]): the
+    /// pace may differ from one configuration to the next ([`ClusterModelConfig::pace`]).
+    pub pace: bool,
     /// Retransmission is modelled only on the lossy network: on the reliable ordered one the
     /// model takes acknowledgements to beat the timeout, because every retransmission would
     /// otherwise lengthen a FIFO channel without end.
@@ -104,8 +123,9 @@ pub struct Script {
 pub struct WorkerActorState {
     /// The core worker.
     pub node: Worker<i64>,
-    /// The push request of each iteration so far (one per iteration).
-    pub pushes: Vec<RequestId>,
+    /// The push request of each iteration so far, with its iteration: one per iteration but
+    /// those the worker was told to skip before it pushed them.
+    pub pushes: Vec<(Iteration, RequestId)>,
     /// Bit `i`: the push of iteration `i` was acknowledged (`PushDurable`).
     pub acked: u64,
     /// Bit `i`: the push of iteration `i` counted for its iteration (`PushDone`: acknowledged,
@@ -113,8 +133,11 @@ pub struct WorkerActorState {
     pub counted: u64,
     /// The open pull and the iteration it was issued in.
     pub pulling: Option<(RequestId, Iteration)>,
-    /// Every completed pull: the iteration it was issued in and the values it returned.
-    pub pulled: Vec<(Iteration, Vec<i64>)>,
+    /// With [`ClusterModelConfig::pace`]: the epochs of the answers to the open pull so far,
+    /// sorted ([`Pulled::answered_at`]).
+    pub answered_at: Vec<Epoch>,
+    /// Every completed pull.
+    pub pulled: Vec<Pulled>,
     /// A pull completed with other keys than it asked for, or a pull completed that was not
     /// open.
     pub bad_pull: bool,
@@ -133,6 +156,9 @@ pub struct WorkerActorState {
     pub fenced: bool,
     /// Some request of this worker was redirected and then completed.
     pub followed_redirect: bool,
+    /// The coordinator told this worker to skip ahead, and it entered a later iteration
+    /// ([`Event::SkippedAhead`]).
+    pub skipped_ahead: bool,
     redirected: Vec<RequestId>,
 }
 
@@ -142,9 +168,9 @@ impl WorkerActorState {
         self.finished && self.node.open_requests() == 0
     }
 
-    /// Pushes issued (one per iteration, from iteration 0).
-    pub fn pushed(&self) -> u32 {
-        self.pushes.len() as u32
+    /// Whether the push of `iteration` was issued.
+    pub fn issued(&self, iteration: Iteration) -> bool {
+        self.pushes.iter().any(|&(it, _)| it == iteration)
     }
 
     /// Whether the push of `iteration` was acknowledged.
@@ -152,24 +178,51 @@ impl WorkerActorState {
         iteration < 64 && self.acked & (1 << iteration) != 0
     }
 
-    /// Every iteration below this one had its push acknowledged.
+    /// Every iteration below this one had its push acknowledged, or was skipped
+    /// ([`Worker::skipped_below`]).
     pub fn acked_below(&self) -> Iteration {
-        (0..self.pushed())
-            .find(|&i| !self.is_acked(i))
-            .unwrap_or(self.pushed())
+        self.first_without(self.acked)
     }
 
-    /// Every iteration below this one had its push counted ([`Event::PushDone`]).
+    /// Every iteration below this one had its push counted ([`Event::PushDone`]), or was
+    /// skipped ([`Worker::skipped_below`]): what the worker's in-flight bound counts as
+    /// finished.
     pub fn counted_below(&self) -> Iteration {
-        (0..self.pushed())
-            .find(|&i| i >= 64 || self.counted & (1 << i) == 0)
-            .unwrap_or(self.pushed())
+        self.first_without(self.counted)
+    }
+
+    /// The first iteration the worker was not told to skip whose bit in `bits` is clear.
+    fn first_without(&self, bits: u64) -> Iteration {
+        let skipped = self.node.skipped_below();
+        (skipped..64)
+            .find(|&i| bits & (1 << i) == 0)
+            .unwrap_or(skipped.max(64))
+    }
+
+    /// The iteration of push `id`.
+    fn iteration_of(&self, id: RequestId) -> Option<Iteration> {
+        self.pushes
+            .iter()
+            .find_map(|&(it, p)| (p == id).then_some(it))
     }
 
     /// The retransmission budget is spent: no more retransmissions will be modelled.
     pub fn gave_up(&self) -> bool {
         self.retransmissions >= MAX_RETRANSMISSIONS
     }
+}
+
+/// A completed pull.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Pulled {
+    /// The iteration it was issued in.
+    pub iteration: Iteration,
+    /// The values it returned, key by key.
+    pub values: Vec<i64>,
+    /// With [`ClusterModelConfig::pace`], the epochs of the servers' answers to it, sorted:
+    /// each server held the pull to the bound of its configuration, so the pull is judged
+    /// against the weakest of those. Empty otherwise: every configuration has the job's pace.
+    pub answered_at: Vec<Epoch>,
 }
 
 /// A server and what the model observed of it.
@@ -208,11 +261,64 @@ impl ServerActorState {
     }
 }
 
+/// The coordinator and the pace of every configuration it published, which properties judge
+/// against: servers and workers may hold any of them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CoordinatorActorState {
+    /// The core coordinator.
+    pub node: Coordinator,
+    /// The pace of each configuration published so far, by epoch ([`ClusterConfig::pace`]).
+    /// An epoch not listed was set up by the model (a ring change's first) with the default.
+    pub published: Vec<(Epoch, Pace)>,
+}
+
+impl CoordinatorActorState {
+    fn new(node: Coordinator) -> Self {
+        let mut state = CoordinatorActorState {
+            node,
+            published: Vec::new(),
+        };
+        if let Some(config) = state.node.config().cloned() {
+            state.note(&config);
+        }
+        state
+    }
+
+    /// The pace of the configuration of `epoch`.
+    pub fn pace_at(&self, epoch: Epoch) -> Option<&Pace> {
+        self.published
+            .iter()
+            .find_map(|(e, pace)| (*e == epoch).then_some(pace))
+    }
+
+    /// The highest staleness bound adaptive tau set in any configuration published so far
+    /// (`None` while none set one): a worker may have entered iterations under it.
+    pub fn most_tau(&self) -> Option<Iteration> {
+        self.published.iter().filter_map(|(_, p)| p.tau).max()
+    }
+
+    /// Notes every configuration the coordinator sends in `effects`: one superseded within the
+    /// same step may still reach a node.
+    fn note_sent(&mut self, effects: &Effects<i64>) {
+        for env in &effects.sends {
+            if let Message::Config(config) = &env.body {
+                self.note(config);
+            }
+        }
+    }
+
+    fn note(&mut self, config: &ClusterConfig) {
+        if self.pace_at(config.epoch).is_none() {
+            self.published.push((config.epoch, config.pace.clone()));
+        }
+    }
+}
+
 /// The state of one actor.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ClusterActorState {
     /// The coordinator.
-    Coordinator(Box<Coordinator>),
+    Coordinator(Box<CoordinatorActorState>),
     /// A server.
     Server(Box<ServerActorState>),
     /// A worker.
@@ -295,6 +401,9 @@ impl ClusterActor {
             detect: Vec::new(),
             heartbeat_marks_crash: cfg.crashes > 0 && cfg.copies_ranges(),
             failure_detection: cfg.crashes > 0 && !cfg.copies_ranges(),
+            stragglers: Vec::new(),
+            calm: false,
+            pace: cfg.pace.is_some(),
             retransmission: cfg.network == NetworkKind::Lossy,
             config: coordinator.config().cloned(),
             backoff: cfg.backoff && cfg.network == NetworkKind::Lossy,
@@ -353,6 +462,11 @@ impl ClusterActor {
                 actors[0].settings_mut().detect = cfg.all_server_ids().collect();
             }
         }
+        if let Some(pace) = cfg.pace {
+            let settings = actors[0].settings_mut();
+            settings.stragglers = cfg.worker_ids().collect();
+            settings.calm = pace.adaptive_tau;
+        }
         Ok(actors)
     }
 }
@@ -397,6 +511,45 @@ fn detect(c: &mut Coordinator, victim: NodeId, out: &mut Effects<i64>) {
 /// timing ([`ClusterModelConfig::timing`]) allows one missed check.
 const DETECTION_CHECKS: usize = 2;
 
+/// One failure check of the coordinator after it heard from every member: `straggler` (if
+/// any) reports iteration 0 and every other worker [`STRAGGLER_OTHERS_IN`], so that the core's
+/// own pace check finds the straggler lagging, or nobody. Every member is heard from, so that
+/// the check declares nobody dead.
+fn pace_check(c: &mut Coordinator, straggler: Option<NodeId>, out: &mut Effects<i64>) {
+    let Some(config) = c.config() else {
+        return;
+    };
+    let epoch = config.epoch;
+    let heard: Vec<(NodeId, Option<Position>)> = config
+        .workers
+        .iter()
+        .map(|&w| {
+            let iteration = if Some(w) == straggler {
+                0
+            } else {
+                STRAGGLER_OTHERS_IN
+            };
+            let at = Position {
+                iteration,
+                covered: Coverage(0),
+            };
+            (w, Some(at))
+        })
+        .chain(
+            config
+                .servers
+                .iter()
+                .chain(&config.joining)
+                .map(|&s| (s, None)),
+        )
+        .collect();
+    for (from, at) in heard {
+        let body = Message::Heartbeat { sent_at: 0, at };
+        c.on_message(0, Envelope::new(from, c.id(), epoch, body), out);
+    }
+    c.on_timer(0, TimerId::FailureCheck, out);
+}
+
 /// The coordinator and the epoch-2 configuration of a ring change: the owner of the first key
 /// is taken off the ring of `old`.
 fn changed_ring(
@@ -422,6 +575,7 @@ impl Script {
     /// iteration.
     fn push_and_advance(&self, w: &mut WorkerActorState, out: &mut Effects<i64>) {
         let it = w.node.iteration();
+        debug_assert!(!w.issued(it), "one push per iteration");
         let mut values = vec![0i64; self.keys.len() * self.width];
         for row in values.chunks_mut(self.width) {
             if let Some(v) = row.get_mut(self.first_column + it as usize) {
@@ -430,7 +584,7 @@ impl Script {
         }
         if let Ok(kvs) = KvPairs::new(self.keys.clone(), values, self.width) {
             if let Ok(id) = w.node.push(w.clock, kvs, out) {
-                w.pushes.push(id);
+                w.pushes.push((it, id));
             }
         }
         let _ = w.node.advance(w.clock, out);
@@ -448,6 +602,9 @@ impl Script {
 
     /// Reacts to the worker's events until none are left. Each iteration: push, advance, and
     /// once in the next iteration pull (in sequential mode that pull waits for every worker).
+    /// A worker told to skip ahead goes on from the iteration it entered: an advance it waited
+    /// on is answered with that iteration, whose pull it then issues; a pull it had open
+    /// completes, and the worker pushes in the iteration it is in now, never in those skipped.
     fn react(
         &self,
         w: &mut WorkerActorState,
@@ -462,24 +619,29 @@ impl Script {
                     Event::Ready { .. } if self.iterations > 0 => self.push_and_advance(w, out),
                     Event::Ready { .. } => w.finished = true,
                     Event::PushDone(id) => {
-                        if let Some(it) = w.pushes.iter().position(|&p| p == id) {
+                        if let Some(it) = w.iteration_of(id) {
                             w.counted |= 1 << it;
                         }
                         w.followed_redirect |= w.redirected.contains(&id);
                     }
                     Event::PushDurable(id) => {
-                        if let Some(it) = w.pushes.iter().position(|&p| p == id) {
+                        if let Some(it) = w.iteration_of(id) {
                             w.acked |= 1 << it;
                         }
                     }
+                    Event::SkippedAhead { .. } => w.skipped_ahead = true,
                     Event::Advanced(_) => self.pull(w, out),
                     Event::PullDone(id, kvs) => {
                         w.followed_redirect |= w.redirected.contains(&id);
                         match w.pulling.take_if(|(open, _)| *open == id) {
                             Some((_, it)) => {
                                 w.bad_pull |= kvs.keys() != self.keys.as_slice();
-                                w.pulled.push((it, kvs.values().to_vec()));
-                                if it >= self.iterations {
+                                w.pulled.push(Pulled {
+                                    iteration: it,
+                                    values: kvs.values().to_vec(),
+                                    answered_at: core::mem::take(&mut w.answered_at),
+                                });
+                                if w.node.iteration() >= self.iterations {
                                     w.finished = true;
                                 } else {
                                     self.push_and_advance(w, out);
@@ -537,7 +699,13 @@ impl Actor for ClusterActor {
                 for &server in &settings.detect {
                     o.set_timer(ModelTimer::Detect(server), model_timeout());
                 }
-                ClusterActorState::Coordinator(Box::new(c))
+                for &worker in &settings.stragglers {
+                    o.set_timer(ModelTimer::Straggle(worker), model_timeout());
+                }
+                if settings.calm {
+                    o.set_timer(ModelTimer::Calm, model_timeout());
+                }
+                ClusterActorState::Coordinator(Box::new(CoordinatorActorState::new(c)))
             }
             ClusterActor::Server(cfg, settings) => {
                 #[allow(unused_mut)]
@@ -571,6 +739,7 @@ impl Actor for ClusterActor {
                     acked: 0,
                     counted: 0,
                     pulling: None,
+                    answered_at: Vec::new(),
                     pulled: Vec::new(),
                     bad_pull: false,
                     clock: 0,
@@ -580,6 +749,7 @@ impl Actor for ClusterActor {
                     finished: false,
                     fenced: false,
                     followed_redirect: false,
+                    skipped_ahead: false,
                     redirected: Vec::new(),
                 };
                 script.react(&mut w, &mut out, settings, o);
@@ -599,7 +769,8 @@ impl Actor for ClusterActor {
         let mut out = Effects::new();
         match (self, state.to_mut()) {
             (ClusterActor::Coordinator(_, settings), ClusterActorState::Coordinator(c)) => {
-                c.on_message(0, msg, &mut out);
+                c.node.on_message(0, msg, &mut out);
+                c.note_sent(&out);
                 forward(&mut out, settings, o);
             }
             (ClusterActor::Server(_, settings), ClusterActorState::Server(s)) => {
@@ -639,6 +810,14 @@ impl Actor for ClusterActor {
                         w.redirected.push(slice.request);
                     }
                 }
+                if let Message::PullReply(reply) = &msg.body {
+                    let open = w.pulling.is_some_and(|(id, _)| id == reply.slice.request);
+                    if settings.pace && open {
+                        if let Err(at) = w.answered_at.binary_search(&msg.epoch) {
+                            w.answered_at.insert(at, msg.epoch);
+                        }
+                    }
+                }
                 w.node.on_message(w.clock, msg, &mut out);
                 script.react(w, &mut out, settings, o);
             }
@@ -660,10 +839,11 @@ impl Actor for ClusterActor {
                 if let (ClusterActor::Coordinator(_, settings), ClusterActorState::Coordinator(c)) =
                     (self, state.to_mut())
                 {
-                    let dead = c.dead().len();
-                    detect(c, victim, &mut out);
+                    let dead = c.node.dead().len();
+                    detect(&mut c.node, victim, &mut out);
+                    c.note_sent(&out);
                     forward(&mut out, settings, o);
-                    if c.dead().len() > dead {
+                    if c.node.dead().len() > dead {
                         for &server in &settings.detect {
                             o.cancel_timer(ModelTimer::Detect(server));
                         }
@@ -675,11 +855,35 @@ impl Actor for ClusterActor {
                 }
                 return;
             }
+            ModelTimer::Straggle(_) | ModelTimer::Calm => {
+                if let (ClusterActor::Coordinator(_, settings), ClusterActorState::Coordinator(c)) =
+                    (self, state.to_mut())
+                {
+                    let straggler = match *timer {
+                        ModelTimer::Straggle(worker) => Some(worker),
+                        _ => None,
+                    };
+                    if c.node.config().is_none() {
+                        // Registration is not over: nobody can lag yet.
+                        o.set_timer(*timer, model_timeout());
+                        return;
+                    }
+                    pace_check(&mut c.node, straggler, &mut out);
+                    c.note_sent(&out);
+                    forward(&mut out, settings, o);
+                    for &worker in &settings.stragglers {
+                        o.cancel_timer(ModelTimer::Straggle(worker));
+                    }
+                    o.cancel_timer(ModelTimer::Calm);
+                }
+                return;
+            }
         };
         let timer = &timer;
         match (self, state.to_mut()) {
             (ClusterActor::Coordinator(_, settings), ClusterActorState::Coordinator(c)) => {
-                c.on_timer(0, *timer, &mut out);
+                c.node.on_timer(0, *timer, &mut out);
+                c.note_sent(&out);
                 forward(&mut out, settings, o);
             }
             (ClusterActor::Server(_, settings), ClusterActorState::Server(s)) => {

@@ -133,6 +133,18 @@ pub fn describe(action: &Action) -> String {
                 usize::from(*id)
             )
         }
+        ActorModelAction::Timeout(id, ModelTimer::Straggle(worker)) => {
+            format!(
+                "n{} finds {worker} straggling in iteration 0 and checks the pace",
+                usize::from(*id)
+            )
+        }
+        ActorModelAction::Timeout(id, ModelTimer::Calm) => {
+            format!(
+                "n{} finds nobody straggling and checks the pace",
+                usize::from(*id)
+            )
+        }
         ActorModelAction::Crash(id) => format!("n{} crashes", usize::from(*id)),
     }
 }

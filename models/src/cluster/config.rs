@@ -5,7 +5,9 @@ use core::str::FromStr;
 
 use pserver_core::node::NodeLayout;
 use pserver_core::ring::{Ring, RingConfig};
-use pserver_core::{Consistency, JobSpec, Key, NodeId, Timing};
+use pserver_core::{
+    Consistency, Detection, Iteration, JobSpec, Key, NodeId, StragglerPolicy, TauRange, Timing,
+};
 
 /// How the model's network behaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -35,6 +37,39 @@ impl FromStr for NetworkKind {
             _ => Err(format!("unknown network `{s}`: expected ordered or lossy")),
         }
     }
+}
+
+/// What the coordinator may decide about stragglers in a bounded-delay model
+/// ([`ClusterModelConfig::pace`], ARCHITECTURE.md §9).
+///
+/// Time is not modelled, and heartbeats are left out unless crashes are, so workers report no
+/// positions: the coordinator's detection is driven by model timers instead
+/// ([`crate::cluster::ModelTimer::Straggle`], [`crate::cluster::ModelTimer::Calm`]), which
+/// hand it positions in which one worker lags, or none does, and run its own failure check, so
+/// that the core's `check_pace` decides and publishes. Safety must hold whatever positions the
+/// coordinator believes, so these are as good as real ones.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PaceModel {
+    /// A straggler is told to skip to the others' iteration ([`StragglerPolicy::skip_ahead`]).
+    pub skip_ahead: bool,
+    /// The staleness bound rises by one at a check that finds a straggler and falls by one at
+    /// a check that finds none ([`StragglerPolicy::adaptive_tau`]), from the job's `tau` to
+    /// one more or one less.
+    pub adaptive_tau: bool,
+}
+
+impl PaceModel {
+    /// Skip-ahead alone.
+    pub const SKIP_AHEAD: PaceModel = PaceModel {
+        skip_ahead: true,
+        adaptive_tau: false,
+    };
+
+    /// Adaptive tau alone.
+    pub const ADAPTIVE_TAU: PaceModel = PaceModel {
+        skip_ahead: false,
+        adaptive_tau: true,
+    };
 }
 
 /// The shape of a cluster model: deliberately tiny, because every actor multiplies the states.
@@ -81,7 +116,19 @@ pub struct ClusterModelConfig {
     /// ([`ClusterModelConfig::copies_ranges`]). Not with `registration` or `ring_change`: a
     /// join is into a job that runs on its first configuration.
     pub joins: usize,
+    /// Straggler detection, with skip-ahead and/or adaptive tau ([`PaceModel`]); `None`: off.
+    /// Once per run, at a point the checker chooses, the coordinator checks the pace and
+    /// finds one worker lagging (in iteration 0 while the others report
+    /// [`STRAGGLER_OTHERS_IN`]), or with adaptive tau possibly nobody. It decides only under
+    /// bounded delay.
+    pub pace: Option<PaceModel>,
 }
+
+/// The iteration the other workers report when one is found straggling in iteration 0
+/// ([`ClusterModelConfig::pace`]): with skip-ahead, the iteration the straggler skips to. One,
+/// the least that moves a worker forward, leaves the most iterations after the skip in which a
+/// pull can miss the push of an iteration the skip did not cover.
+pub const STRAGGLER_OTHERS_IN: Iteration = 1;
 
 /// Retransmission timer firings each worker gets when [`ClusterModelConfig::backoff`] is on.
 pub const MAX_RETRANSMISSIONS: u8 = 2;
@@ -101,6 +148,7 @@ impl Default for ClusterModelConfig {
             replicas: 0,
             backoff: false,
             joins: 0,
+            pace: None,
         }
     }
 }
@@ -146,6 +194,42 @@ impl ClusterModelConfig {
             replicas: 0,
             joins: 1,
             ..ClusterModelConfig::replication()
+        }
+    }
+
+    /// Skip-ahead ([`PaceModel::SKIP_AHEAD`]): one server, two workers, one key, two
+    /// iterations under bounded delay 0 on the ordered network. A worker skipped past
+    /// iteration 0 pushes in iteration 1, and the other worker's pull in iteration 2 needs that
+    /// push: the fewest iterations in which a server that counts the skip as reaching further
+    /// than the configuration says answers a pull too early. README, "Model checking", has the
+    /// measurements.
+    pub fn skip_ahead() -> Self {
+        ClusterModelConfig {
+            servers: 1,
+            keys: 1,
+            iterations: 2,
+            consistency: Consistency::BoundedDelay(0),
+            network: NetworkKind::Ordered,
+            pace: Some(PaceModel::SKIP_AHEAD),
+            ..ClusterModelConfig::default()
+        }
+    }
+
+    /// Adaptive tau ([`PaceModel::ADAPTIVE_TAU`]): one server, two workers, one key, one
+    /// iteration under bounded delay 1 on the ordered network, so that the coordinator's check
+    /// raises the bound to 2 when it finds a straggler and lowers it to 0 when it finds none.
+    /// Under the lowered bound the pull of iteration 1 needs every worker's push of iteration
+    /// 0, which a server that holds pulls to one more than the bound does not wait for; and a
+    /// worker that entered iteration 1 under the job's bound is still in it.
+    pub fn adaptive_tau() -> Self {
+        ClusterModelConfig {
+            servers: 1,
+            keys: 1,
+            iterations: 1,
+            consistency: Consistency::BoundedDelay(1),
+            network: NetworkKind::Ordered,
+            pace: Some(PaceModel::ADAPTIVE_TAU),
+            ..ClusterModelConfig::default()
         }
     }
 
@@ -219,7 +303,26 @@ impl ClusterModelConfig {
         job.ring = self.ring();
         job.timing = self.timing();
         job.width = self.width();
+        if let Some(pace) = self.pace {
+            job.stragglers = self.stragglers(pace);
+        }
         job
+    }
+
+    /// The job's straggler policy for `pace`. Detection flags any worker behind the others at
+    /// all (a lag of 0), so that one iteration behind is enough to skip.
+    fn stragglers(&self, pace: PaceModel) -> StragglerPolicy {
+        let mut policy = StragglerPolicy::default();
+        policy.detect = Some(Detection::lagging(0));
+        policy.skip_ahead = pace.skip_ahead;
+        if pace.adaptive_tau {
+            let tau = self.consistency.tau().unwrap_or(0);
+            policy.adaptive_tau = Some(TauRange {
+                min: tau.saturating_sub(1),
+                max: tau + 1,
+            });
+        }
+        policy
     }
 
     /// Timing for the checker, where a node is declared dead after two silent failure checks

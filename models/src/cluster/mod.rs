@@ -9,13 +9,16 @@
 //!   servers is 0 or 1; 1 for every acknowledged push, 0 for every push not yet issued.
 //! - `staleness` (always): a pull issued in iteration `c` returned, on every key, the push of
 //!   every live worker for every iteration below `c - tau`, judged push by push: a worker's own
-//!   extra pushes never stand in for another's missing one.
+//!   extra pushes never stand in for another's missing one. With straggler decisions
+//!   ([`ClusterModelConfig::pace`]), `tau` and the iterations a worker was told to skip are
+//!   those of the configurations of the servers that answered the pull.
 //! - `pull complete` (always): every pull completed once, with exactly the keys it asked for
 //!   and values the servers really held (each column 0 or 1, only for pushes issued, never
 //!   ahead of what the owner has applied).
 //! - `in-flight bound` (always): no worker is more than `tau + 1` iterations ahead of its
 //!   counted pushes (acknowledged, or in sequential mode with replicas taken in by their
-//!   servers; `durability` asks for the acknowledgement).
+//!   servers; `durability` asks for the acknowledgement) and the iterations it was told to
+//!   skip; with adaptive tau, `tau` is the highest any configuration published.
 //! - `completion` (always): when nothing is in flight and no node waits on a timer, every
 //!   surviving worker has finished its script (asked of runs where no server crashed, until
 //!   key ranges are replicated).
@@ -32,7 +35,8 @@
 //! - reachability (sometimes): a pull had to wait, a duplicate push was suppressed, a redirect
 //!   was followed, a retransmission timeout was doubled, the whole job finished; in the
 //!   replication model, a range failed over to its replica (with crashes), a server that
-//!   joined serves a range (with joins), a new holder installed a copy.
+//!   joined serves a range (with joins), a new holder installed a copy; with straggler
+//!   decisions, a straggler skipped ahead, and tau was raised and lowered.
 //!
 //! The lossy network is stateright's unordered duplicating network without explicit drops: a
 //! message that is never delivered again is indistinguishable, for every safety property, from
@@ -46,7 +50,9 @@
 //!
 //! With replicas, only servers crash and failure detection is an accurate oracle
 //! ([`ModelTimer::Detect`]): heartbeats and periodic failure checks would multiply every state
-//! by their interleavings.
+//! by their interleavings. Straggler detection is driven the same way
+//! ([`ModelTimer::Straggle`], [`ModelTimer::Calm`]): the coordinator is handed positions in
+//! which a worker lags, or none does, and its own failure check decides, once per run.
 //!
 //! A server that joins ([`ClusterModelConfig::joins`]) is an actor after the workers that
 //! starts as a fresh server process: its `Register` is on the network from the start, so the
@@ -58,17 +64,22 @@ mod check;
 mod config;
 pub mod liveness;
 
-pub use actor::{ClusterActor, ClusterActorState, ModelTimer, ServerActorState, WorkerActorState};
+pub use actor::{
+    ClusterActor, ClusterActorState, CoordinatorActorState, ModelTimer, Pulled, ServerActorState,
+    WorkerActorState,
+};
 pub use check::{
     CheckReport, LIVELOCK_MAX_STATES, PropertyResult, Strategy, Verdict, check,
     check_cluster_model, check_with, describe,
 };
-pub use config::{ClusterModelConfig, MAX_RETRANSMISSIONS, NetworkKind};
+pub use config::{
+    ClusterModelConfig, MAX_RETRANSMISSIONS, NetworkKind, PaceModel, STRAGGLER_OTHERS_IN,
+};
 
 use pserver_core::node::Coordinator;
 use pserver_core::node::TimerId;
 use pserver_core::ring::Ring;
-use pserver_core::{CoordinatorError, Epoch, Key, NodeId};
+use pserver_core::{Consistency, CoordinatorError, Epoch, Iteration, Key, NodeId, Pace};
 use stateright::actor::{ActorModel, ActorModelState, LossyNetwork, Network};
 use stateright::{Expectation, Model};
 
@@ -97,6 +108,7 @@ pub fn cluster_model(cfg: ClusterModelConfig) -> Result<ClusterModel, Coordinato
     let crashes = cfg.crashes;
     let joins = cfg.joins;
     let replicated = cfg.copies_ranges();
+    let pace = cfg.pace;
     let mut model = ActorModel::new(cfg, ())
         .within_boundary(within_boundary)
         .actors(actors)
@@ -147,6 +159,18 @@ pub fn cluster_model(cfg: ClusterModelConfig) -> Result<ClusterModel, Coordinato
     }
     if replicated {
         model = model.property(Expectation::Sometimes, "replica refilled", replica_refilled);
+    }
+    if pace.is_some_and(|p| p.skip_ahead) {
+        model = model.property(
+            Expectation::Sometimes,
+            "straggler skipped ahead",
+            skipped_ahead,
+        );
+    }
+    if pace.is_some_and(|p| p.adaptive_tau) {
+        model = model
+            .property(Expectation::Sometimes, "tau raised", tau_raised)
+            .property(Expectation::Sometimes, "tau lowered", tau_lowered);
     }
     Ok(model.property(Expectation::Sometimes, "job finished", job_finished))
 }
@@ -218,16 +242,13 @@ fn workers(state: &ClusterState) -> impl Iterator<Item = (usize, &WorkerActorSta
 /// The 0-based indexes of the workers in the configuration in force (removed workers are no
 /// longer waited for).
 fn live_workers(model: &ClusterModel, state: &ClusterState) -> Vec<usize> {
-    match state.actor_states.first().map(|s| &**s) {
-        Some(ClusterActorState::Coordinator(c)) => match c.config() {
-            Some(config) => config
-                .workers
-                .iter()
-                .filter_map(|&w| model.cfg.worker_index(w))
-                .collect(),
-            None => (0..model.cfg.workers).collect(),
-        },
-        _ => (0..model.cfg.workers).collect(),
+    match coordinator(state).and_then(Coordinator::config) {
+        Some(config) => config
+            .workers
+            .iter()
+            .filter_map(|&w| model.cfg.worker_index(w))
+            .collect(),
+        None => (0..model.cfg.workers).collect(),
     }
 }
 
@@ -287,7 +308,7 @@ fn exactly_once(model: &ClusterModel, state: &ClusterState) -> bool {
         ws.iter().enumerate().all(|(index, w)| {
             (0..model.cfg.iterations).all(|it| {
                 let v = total[model.cfg.column(index, it)];
-                let issued = it < w.pushed();
+                let issued = w.issued(it);
                 (0..=1).contains(&v) && (!w.is_acked(it) || v == 1) && (issued || v == 0)
             })
         })
@@ -311,7 +332,7 @@ fn exactly_once_per_holder(
             ws.iter().enumerate().all(|(index, w)| {
                 (0..cfg.iterations).all(|it| {
                     let v = row[cfg.column(index, it)];
-                    (0..=1).contains(&v) && (it < w.pushed() || v == 0)
+                    (0..=1).contains(&v) && (w.issued(it) || v == 0)
                 })
             })
         }) && primary_row.is_none_or(|row| {
@@ -330,10 +351,55 @@ fn current_ring(state: &ClusterState) -> Option<(Epoch, Ring)> {
 }
 
 fn coordinator(state: &ClusterState) -> Option<&Coordinator> {
+    coordinator_actor(state).map(|c| &c.node)
+}
+
+fn coordinator_actor(state: &ClusterState) -> Option<&CoordinatorActorState> {
     match state.actor_states.first().map(|s| &**s) {
         Some(ClusterActorState::Coordinator(c)) => Some(c),
         _ => None,
     }
+}
+
+/// The highest staleness bound any configuration published so far holds pulls and workers to:
+/// the job's, or adaptive tau's where it set a higher one. A worker may have entered
+/// iterations under it that a lower bound published later would not let it enter.
+fn highest_consistency(model: &ClusterModel, state: &ClusterState) -> Consistency {
+    let job = model.cfg.consistency;
+    match (job, coordinator_actor(state).and_then(|c| c.most_tau())) {
+        (Consistency::BoundedDelay(tau), Some(most)) => Consistency::BoundedDelay(tau.max(most)),
+        _ => job,
+    }
+}
+
+/// The weakest bound the servers that answered `pull` held it to: under the configurations of
+/// the epochs they answered at, the highest tau, and per worker (by index) the highest skip.
+/// Without straggler decisions every configuration has the job's bound and skips nothing.
+fn weakest_bound(
+    model: &ClusterModel,
+    state: &ClusterState,
+    pull: &Pulled,
+) -> (Consistency, Vec<Iteration>) {
+    let cfg = &model.cfg;
+    let Some(coordinator) = coordinator_actor(state).filter(|_| cfg.pace.is_some()) else {
+        return (cfg.consistency, vec![0; cfg.workers]);
+    };
+    let default = Pace::default();
+    let paces: Vec<&Pace> = pull
+        .answered_at
+        .iter()
+        .map(|&e| coordinator.pace_at(e).unwrap_or(&default))
+        .collect();
+    let consistency = paces
+        .iter()
+        .map(|p| p.consistency(cfg.consistency))
+        .max_by_key(|c| c.tau())
+        .unwrap_or_else(|| highest_consistency(model, state));
+    let skipped = cfg
+        .worker_ids()
+        .map(|w| paces.iter().map(|p| p.skipped_below(w)).max().unwrap_or(0))
+        .collect();
+    (consistency, skipped)
 }
 
 /// Whether server `s` has not crashed (actor index = node id).
@@ -455,17 +521,24 @@ fn replica_convergence(model: &ClusterModel, state: &ClusterState) -> bool {
 
 /// Every pull issued in iteration `c` includes, on every key, the push of every live worker
 /// for every iteration below `c - tau`: judged push by push, so that one worker's extra pushes
-/// can never stand in for another's missing one.
+/// can never stand in for another's missing one. With straggler decisions
+/// ([`ClusterModelConfig::pace`]) a server holds a pull to the configuration of its epoch, so
+/// `tau` is that configuration's, and a worker's pushes below the iteration it told the worker
+/// to skip to are not required (ARCHITECTURE.md §9); where servers at several epochs answered
+/// one pull, the weakest of their bounds.
 fn staleness(model: &ClusterModel, state: &ClusterState) -> bool {
     let cfg = &model.cfg;
     let live = live_workers(model, state);
     let width = cfg.width();
     workers(state).all(|(_, w)| {
-        w.pulled.iter().all(|(c, values)| {
-            let required = cfg.consistency.required_below(*c).min(cfg.iterations);
-            values.chunks(width).all(|row| {
+        w.pulled.iter().all(|pull| {
+            let (consistency, skipped) = weakest_bound(model, state, pull);
+            let required = consistency
+                .required_below(pull.iteration)
+                .min(cfg.iterations);
+            pull.values.chunks(width).all(|row| {
                 live.iter().all(|&index| {
-                    (0..required).all(|it| row.get(cfg.column(index, it)) == Some(&1))
+                    (skipped[index]..required).all(|it| row.get(cfg.column(index, it)) == Some(&1))
                 })
             })
         })
@@ -495,16 +568,16 @@ fn pull_complete(model: &ClusterModel, state: &ClusterState) -> bool {
         .collect();
     ws.iter().all(|w| {
         !w.bad_pull
-            && w.pulled.iter().all(|(_, values)| {
-                values.len() == keys.len() * width
-                    && values.chunks(width).zip(&applied).all(|(row, held)| {
+            && w.pulled.iter().all(|pull| {
+                pull.values.len() == keys.len() * width
+                    && pull.values.chunks(width).zip(&applied).all(|(row, held)| {
                         ws.iter().enumerate().all(|(index, other)| {
                             (0..cfg.iterations).all(|it| {
                                 let col = cfg.column(index, it);
                                 let v = row[col];
                                 (0..=1).contains(&v)
                                     && v <= held[col]
-                                    && (it < other.pushed() || v == 0)
+                                    && (other.issued(it) || v == 0)
                             })
                         })
                     })
@@ -513,9 +586,11 @@ fn pull_complete(model: &ClusterModel, state: &ClusterState) -> bool {
 }
 
 /// No worker is more than `tau + 1` iterations ahead of its acknowledged work: it is in
-/// iteration at most `tau` past the first iteration whose push is not yet acknowledged.
+/// iteration at most `tau` past the first iteration whose push is not yet acknowledged and that
+/// it was not told to skip. With adaptive tau, `tau` is the highest published: a worker that
+/// entered iterations under a raised bound keeps them when it falls.
 fn in_flight_bound(model: &ClusterModel, state: &ClusterState) -> bool {
-    let Some(tau) = model.cfg.consistency.tau() else {
+    let Some(tau) = highest_consistency(model, state).tau() else {
         return true;
     };
     workers(state).all(|(_, w)| w.node.iteration() <= w.counted_below() + tau)
@@ -536,7 +611,7 @@ fn quiescent(model: &ClusterModel, state: &ClusterState) -> bool {
                 ModelTimer::Node { timer, .. } => {
                     matches!(timer, TimerId::Heartbeat | TimerId::FailureCheck)
                 }
-                ModelTimer::Detect(_) => true,
+                ModelTimer::Detect(_) | ModelTimer::Straggle(_) | ModelTimer::Calm => true,
             })
     });
     idle_network && idle_timers && !failure_pending(model, state)
@@ -639,6 +714,26 @@ fn server_joined(model: &ClusterModel, state: &ClusterState) -> bool {
 
 fn replica_refilled(_: &ClusterModel, state: &ClusterState) -> bool {
     servers(state).any(|s| s.installed_copy)
+}
+
+fn skipped_ahead(_: &ClusterModel, state: &ClusterState) -> bool {
+    workers(state).any(|(_, w)| w.skipped_ahead)
+}
+
+/// Some configuration published a staleness bound above the job's.
+fn tau_raised(model: &ClusterModel, state: &ClusterState) -> bool {
+    let job = model.cfg.consistency.tau();
+    coordinator_actor(state).is_some_and(|c| c.published.iter().any(|(_, p)| p.tau > job))
+}
+
+/// Some configuration published a staleness bound below the job's.
+fn tau_lowered(model: &ClusterModel, state: &ClusterState) -> bool {
+    let job = model.cfg.consistency.tau();
+    coordinator_actor(state).is_some_and(|c| {
+        c.published
+            .iter()
+            .any(|(_, p)| p.tau.is_some() && p.tau < job)
+    })
 }
 
 fn job_finished(_: &ClusterModel, state: &ClusterState) -> bool {

@@ -87,11 +87,22 @@ impl Ledger {
         self.acked[key_index]
     }
 
-    /// Sum for `key` of the pushes of `workers` in iterations below `below`.
-    pub(crate) fn required(&self, key: u64, workers: &[NodeId], below: Iteration) -> i64 {
+    /// Sum for `key` of the pushes of `workers` in iterations below `below`, each worker's
+    /// from the iteration given with it on (the ones before it were skipped).
+    pub(crate) fn required(
+        &self,
+        key: u64,
+        workers: &[(NodeId, Iteration)],
+        below: Iteration,
+    ) -> i64 {
         self.pushes
             .iter()
-            .filter(|((w, _), r)| workers.contains(w) && r.iteration < below)
+            .filter(|((w, _), r)| {
+                r.iteration < below
+                    && workers
+                        .iter()
+                        .any(|&(lw, skipped)| lw == *w && r.iteration >= skipped)
+            })
             .filter_map(|(_, r)| r.kvs.get(key).map(|v| v[0]))
             .sum()
     }

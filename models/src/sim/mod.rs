@@ -174,7 +174,7 @@ use pserver_core::Consistency;
 use pserver_core::Updater;
 use pserver_core::node::NodeLayout;
 use pserver_core::ring::RingConfig;
-use pserver_core::{JobSpec, NodeId, Time};
+use pserver_core::{JobSpec, NodeId, StragglerPolicy, Time};
 
 /// One millisecond of virtual time.
 pub const MS: Time = 1_000_000;
@@ -200,6 +200,16 @@ pub struct SimConfig {
     pub straggler: f64,
     /// The first worker always computes this many times slower (a slow machine; 1 = none).
     pub slow_worker: f64,
+    /// The first worker computes this many times slower from the middle of the run on (a
+    /// machine that slows down mid-job; 1 = none).
+    pub slows_down: f64,
+    /// How the job deals with stragglers (ARCHITECTURE.md §9). With detection on, nodes beat
+    /// every `compute` (at least 1 ms), so that the coordinator checks at the pace of
+    /// iterations.
+    pub stragglers: StragglerPolicy,
+    /// Each iteration's compute is cut into this many parts, each pushed as it is done with
+    /// how much of the iteration it covers (`Worker::push_part`); 1: one push per iteration.
+    pub parts: u32,
     /// One-way network latency.
     pub latency: Time,
     /// Compute time of one iteration on a worker that is not straggling.
@@ -246,6 +256,9 @@ impl Default for SimConfig {
             faults: Faults::default(),
             straggler: 1.0,
             slow_worker: 1.0,
+            slows_down: 1.0,
+            stragglers: StragglerPolicy::default(),
+            parts: 1,
             latency: MS,
             compute: 10 * MS,
             wire: true,
@@ -295,6 +308,21 @@ impl SimConfig {
         }
         if self.slow_worker != 1.0 {
             cmd += &format!(" --slow-worker {}", self.slow_worker);
+        }
+        if self.slows_down != 1.0 {
+            cmd += &format!(" --slows-down {}", self.slows_down);
+        }
+        if let Some(detect) = self.stragglers.detect {
+            cmd += &format!(" --detect-lag {}", detect.lag);
+        }
+        if self.stragglers.skip_ahead {
+            cmd += " --skip-ahead";
+        }
+        if let Some(range) = self.stragglers.adaptive_tau {
+            cmd += &format!(" --adaptive-tau {}:{}", range.min, range.max);
+        }
+        if self.parts != 1 {
+            cmd += &format!(" --parts {}", self.parts);
         }
         if !self.wire {
             cmd += " --no-wire";
@@ -373,6 +401,8 @@ impl SimConfig {
                 }
             ));
         }
+        // The job's own checks last: the ones above name the simulator's options.
+        self.job().validate::<f64>().map_err(|e| e.to_string())?;
         Ok(())
     }
 
@@ -449,6 +479,10 @@ impl SimConfig {
         job.max_slice_bytes = slice_bytes;
         job.max_reply_bytes = slice_bytes;
         job.max_slices_in_flight = window;
+        job.stragglers = self.stragglers;
+        if self.stragglers.detect.is_some() {
+            job.timing.heartbeat_interval = self.compute.max(MS);
+        }
         job
     }
 
@@ -639,8 +673,39 @@ pub struct SimReport {
     /// keys pushed per iteration, times the width): what `replicated_values` comes down to in
     /// sequential mode when every iteration's pushes reach the replicas as one aggregate.
     pub aggregate_values: u64,
+    /// What the coordinator found and decided about stragglers (ARCHITECTURE.md §9).
+    pub pace: PaceReport,
     /// A digest of the final state of every node, to compare replays.
     pub fingerprint: u64,
+}
+
+/// What a run's coordinator found and decided about stragglers, and what workers did with it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PaceReport {
+    /// Times a worker was flagged as a straggler.
+    pub flagged: u64,
+    /// Times a worker was told to skip ahead.
+    pub skips: u64,
+    /// Iterations skipped, over every worker.
+    pub skipped_iterations: u64,
+    /// Times the staleness bound changed.
+    pub tau_changes: u64,
+    /// The highest bound in force during the run.
+    pub max_tau: u32,
+    /// Partial pushes of skipped iterations that still went to the servers.
+    pub parts_kept: u64,
+}
+
+impl PaceReport {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &PaceReport) {
+        self.flagged += other.flagged;
+        self.skips += other.skips;
+        self.skipped_iterations += other.skipped_iterations;
+        self.tau_changes += other.tau_changes;
+        self.max_tau = self.max_tau.max(other.max_tau);
+        self.parts_kept += other.parts_kept;
+    }
 }
 
 /// How many server faults of each kind a run went through (see "Server faults" in the module

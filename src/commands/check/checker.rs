@@ -76,10 +76,13 @@ pub fn describe_config(cfg: &ClusterModelConfig) -> String {
     if cfg.joins > 0 {
         let _ = write!(line, " joins={}", cfg.joins);
     }
+    let pace = cfg.pace.unwrap_or_default();
     for (on, flag) in [
         (cfg.registration, " registration"),
         (cfg.ring_change, " ring-change"),
         (cfg.backoff, " backoff"),
+        (pace.skip_ahead, " skip-ahead"),
+        (pace.adaptive_tau, " adaptive-tau"),
     ] {
         if on {
             line += flag;

@@ -1,7 +1,7 @@
 //! Which configurations of the cluster model a check covers: a default suite, or the shape
 //! the arguments give.
 
-use pserver_models::cluster::{ClusterModelConfig, NetworkKind};
+use pserver_models::cluster::{ClusterModelConfig, NetworkKind, PaceModel};
 
 use super::{CheckArgs, CliError, Consistency, ModelName};
 
@@ -16,20 +16,40 @@ pub(super) fn from_args(
             "--joins and --replicas shape the replication model: add --model replication",
         ));
     }
+    let pace = pace(args);
+    if replication && pace.is_some() {
+        return Err(CliError::input(
+            "--skip-ahead and --adaptive-tau shape the cluster model, not the replication model",
+        ));
+    }
+    if pace.is_some()
+        && args
+            .consistency
+            .iter()
+            .any(|c| !matches!(c, Consistency::BoundedDelay(_)))
+    {
+        return Err(CliError::input(
+            "--skip-ahead and --adaptive-tau need bounded delay: give --consistency bounded:TAU",
+        ));
+    }
     // The replication model checks fail-over and a join, each exhaustively, unless its servers
     // are shaped on the command line: then the one configuration asked for.
     let servers_given = args.servers.is_some()
         || args.crashes.is_some()
         || args.joins.is_some()
         || args.replicas.is_some();
-    let bases = match (replication, servers_given) {
-        (true, false) => ClusterModelConfig::replication_suite(),
-        (true, true) => vec![ClusterModelConfig::replication()],
-        (false, _) => vec![ClusterModelConfig::default()],
+    let bases = match (replication, servers_given, pace) {
+        (true, false, _) => ClusterModelConfig::replication_suite(),
+        (true, true, _) => vec![ClusterModelConfig::replication()],
+        (false, _, Some(pace)) => vec![paced(pace)],
+        (false, _, None) => vec![ClusterModelConfig::default()],
     };
+    // Like the replication model's, the shapes of straggler decisions have defaults of their
+    // own, which the options given change.
+    let own_defaults = replication || pace.is_some();
     let bases: Vec<ClusterModelConfig> = bases
         .into_iter()
-        .map(|defaults| shaped(args, defaults, replication))
+        .map(|defaults| shaped(args, defaults, own_defaults))
         .collect();
     if bases
         .iter()
@@ -45,7 +65,7 @@ pub(super) fn from_args(
     } else {
         args.consistency.clone()
     };
-    let configs = if replication && args.consistency.is_empty() {
+    let configs = if own_defaults && args.consistency.is_empty() {
         bases
     } else if shape_given(args) || replication {
         bases
@@ -76,13 +96,40 @@ fn shape_given(args: &CheckArgs) -> bool {
         || args.registration
         || args.ring_change
         || args.backoff
+        || args.skip_ahead
+        || args.adaptive_tau
+}
+
+/// The straggler decisions the arguments turn on.
+fn pace(args: &CheckArgs) -> Option<PaceModel> {
+    (args.skip_ahead || args.adaptive_tau).then_some(PaceModel {
+        skip_ahead: args.skip_ahead,
+        adaptive_tau: args.adaptive_tau,
+    })
+}
+
+/// The model's own shape for `pace`: skip-ahead's when it is on, else adaptive tau's.
+fn paced(pace: PaceModel) -> ClusterModelConfig {
+    let shape = if pace.skip_ahead {
+        ClusterModelConfig::skip_ahead()
+    } else {
+        ClusterModelConfig::adaptive_tau()
+    };
+    ClusterModelConfig {
+        pace: Some(pace),
+        ..shape
+    }
 }
 
 /// `defaults` with what the arguments say in its place. Keys, iterations and crashes not given
-/// are the replication model's defaults, or for the other models the smallest shape: one key,
-/// one iteration, no crash.
-fn shaped(args: &CheckArgs, defaults: ClusterModelConfig, replication: bool) -> ClusterModelConfig {
-    let (keys, iterations, crashes) = if replication {
+/// are the defaults of a model that has its own (the replication model, straggler decisions),
+/// or for the other models the smallest shape: one key, one iteration, no crash.
+fn shaped(
+    args: &CheckArgs,
+    defaults: ClusterModelConfig,
+    own_defaults: bool,
+) -> ClusterModelConfig {
+    let (keys, iterations, crashes) = if own_defaults {
         (defaults.keys, defaults.iterations, defaults.crashes)
     } else {
         (1, 1, 0)
@@ -104,6 +151,7 @@ fn shaped(args: &CheckArgs, defaults: ClusterModelConfig, replication: bool) -> 
         replicas: args.replicas.unwrap_or(defaults.replicas),
         backoff: args.backoff,
         joins: args.joins.unwrap_or(defaults.joins),
+        pace: defaults.pace,
     }
 }
 
@@ -117,7 +165,11 @@ fn shaped(args: &CheckArgs, defaults: ClusterModelConfig, replication: bool) -> 
 /// - sequential on the lossy network with a ring change: redirects and re-slicing under loss
 ///   and duplication;
 /// - bounded:1 on the ordered network over 2 iterations with a ring change: redirects while
-///   pulls are held back.
+///   pulls are held back;
+/// - skip-ahead ([`ClusterModelConfig::skip_ahead`]): a straggler skipped ahead, and pulls
+///   that no longer wait for what it skipped;
+/// - adaptive tau ([`ClusterModelConfig::adaptive_tau`]): the staleness bound raised or
+///   lowered while workers run.
 pub fn default_suite() -> Vec<ClusterModelConfig> {
     let base = ClusterModelConfig {
         keys: 1,
@@ -147,6 +199,8 @@ pub fn default_suite() -> Vec<ClusterModelConfig> {
             ring_change: true,
             ..bounded_ordered
         },
+        ClusterModelConfig::skip_ahead(),
+        ClusterModelConfig::adaptive_tau(),
     ]
 }
 
@@ -163,7 +217,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_default_suite_holds_back_pulls_under_bounded_delay_changes_the_ring_and_backs_off() {
+    fn the_default_suite_holds_pulls_back_changes_the_ring_backs_off_and_decides_the_pace() {
         let suite = default_suite();
         assert!(
             suite
@@ -185,6 +239,9 @@ mod tests {
                 .iter()
                 .any(|c| c.backoff && c.network == NetworkKind::Lossy)
         );
+        for pace in [PaceModel::SKIP_AHEAD, PaceModel::ADAPTIVE_TAU] {
+            assert!(suite.iter().any(|c| c.pace == Some(pace)), "{pace:?}");
+        }
         let out = check_cluster(&suite[3..4], Protocol::default(), Strategy::Bfs, 2, None).unwrap();
         assert!(out.text.contains("ring-change"), "{}", out.text);
         assert!(

@@ -53,8 +53,9 @@ pub struct CheckArgs {
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     timeout_secs: u64,
     /// Servers [default: 2]. Giving any of the shape options (servers, workers, keys,
-    /// iterations, crashes, joins, network, consistency, registration, ring change, backoff)
-    /// checks that one shape, once per consistency model, instead of the default suite.
+    /// iterations, crashes, joins, network, consistency, registration, ring change, backoff,
+    /// skip-ahead, adaptive tau) checks that one shape, once per consistency model, instead of
+    /// the default suite.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
     servers: Option<u32>,
     /// Workers [default: 2].
@@ -96,6 +97,16 @@ pub struct CheckArgs {
     /// twice).
     #[arg(long)]
     backoff: bool,
+    /// Straggler skip-ahead (bounded delay): once, at a point the checker chooses, the
+    /// coordinator finds a worker lagging and tells it to skip to the others' iteration.
+    /// Without other shape options: 1 server, 2 iterations, bounded:0, ordered network.
+    #[arg(long)]
+    skip_ahead: bool,
+    /// Adaptive tau (bounded delay): once, at a point the checker chooses, the coordinator's
+    /// check finds a worker lagging and raises the bound by one, or finds none and lowers it.
+    /// Without other shape options: 1 server, 1 iteration, bounded:1, ordered network.
+    #[arg(long)]
+    adaptive_tau: bool,
     /// Check a deliberately broken protocol, e.g. no-dedupe or no-gating (needs a
     /// build with --features mutations).
     #[arg(long)]

@@ -3,17 +3,19 @@
 mod seeds;
 mod sweep;
 
-use pserver_core::Consistency;
+use pserver_core::{Consistency, Detection, StragglerPolicy, TauRange};
 
 // The simulator is named in this one place; the submodules go through this module too.
 use pserver_models::sim as simulator;
-use simulator::{Faults, MS, ServerFaults, SimConfig, SimFailure, SimReport, SimUpdater};
+use simulator::{
+    Faults, MS, PaceReport, ServerFaults, SimConfig, SimFailure, SimReport, SimUpdater,
+};
 
 pub use seeds::{Batch, run_seeds};
-pub use sweep::{SweepRow, sweep_models, tau_label, tau_sweep};
+pub use sweep::{Pacing, SweepRow, sweep_models, sweep_pacings, tau_label, tau_sweep};
 
 use super::CliError;
-use super::parse::{at_least_one, factor, probability};
+use super::parse::{at_least_one, factor, probability, tau_range};
 
 /// Run whole clusters in the deterministic simulator, with faults, checking the protocol's
 /// invariants after every step.
@@ -24,7 +26,8 @@ use super::parse::{at_least_one, factor, probability};
 /// `sim seeds=N failed=F steps=X redirects=R secs=Y`, and the exit status is 1 if any seed
 /// failed.
 /// With --tau-sweep, prints instead how long the workload takes, and how much workers
-/// idle, for tau in 0, 1, 2, 4, 8 and infinity.
+/// idle, for tau in 0, 1, 2, 4, 8 and infinity, for tau moving between 1 and 8 as stragglers
+/// come and go (adaptive:1-8), and for tau 1 with stragglers skipped ahead (skip-ahead:1).
 #[derive(clap::Args, Debug)]
 pub struct SimArgs {
     /// Number of seeds to run.
@@ -64,6 +67,26 @@ pub struct SimArgs {
     /// transient stragglers, no staleness bound can hide it: everybody waits for it in the end.
     #[arg(long, default_value_t = 1.0, value_parser = factor)]
     slow_worker: f64,
+    /// The first worker computes this many times slower from the middle of each run on (a
+    /// machine that slows down mid-job).
+    #[arg(long, default_value_t = 1.0, value_parser = factor)]
+    slows_down: f64,
+    /// Detect stragglers: the coordinator flags a worker more than this many iterations
+    /// behind the median of the others (default 1 with --skip-ahead or --adaptive-tau).
+    #[arg(long, value_parser = clap::value_parser!(u32))]
+    detect_lag: Option<u32>,
+    /// Under bounded delay, let the coordinator move a straggler to the others' iteration
+    /// instead of holding everybody at the bound.
+    #[arg(long)]
+    skip_ahead: bool,
+    /// Under bounded delay, move tau within MIN:MAX: up while stragglers are found, down once
+    /// they clear.
+    #[arg(long, value_parser = tau_range)]
+    adaptive_tau: Option<TauRange>,
+    /// Cut each iteration's compute into this many parts, each pushed when done, so that a
+    /// skip loses only the part not yet pushed.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    parts: u32,
     /// Cut nodes off the network for a while, then heal.
     #[arg(long)]
     partition: bool,
@@ -108,7 +131,8 @@ pub struct SimArgs {
     /// Threads to run seeds on (default: one per core).
     #[arg(long, value_parser = at_least_one)]
     threads: Option<usize>,
-    /// Print finish time and idle fraction for tau in 0, 1, 2, 4, 8, inf instead.
+    /// Print finish time and idle fraction for tau in 0, 1, 2, 4, 8, inf, adaptive tau and
+    /// skip-ahead instead.
     #[arg(long)]
     tau_sweep: bool,
     /// The servers' update rule: sum, sgd, adagrad or ftrl (default: picked by each seed).
@@ -150,6 +174,9 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
         println!("{}", batch.recovery_summary());
         println!("{}", batch.replication_summary());
     }
+    if base.stragglers.detect.is_some() {
+        println!("{}", batch.pace_summary());
+    }
     println!("{}", batch.summary());
     if batch.failures.is_empty() {
         Ok(())
@@ -175,6 +202,9 @@ fn config(args: &SimArgs) -> SimConfig {
         },
         straggler: args.straggler,
         slow_worker: args.slow_worker,
+        slows_down: args.slows_down,
+        stragglers: policy(args),
+        parts: args.parts,
         wire: !args.no_wire,
         time_limit: args.time_limit_ms * MS,
         updater: args.updater,
@@ -194,15 +224,27 @@ fn config(args: &SimArgs) -> SimConfig {
     cfg
 }
 
+/// The straggler policy the arguments ask for: detection whenever anything acts on it.
+fn policy(args: &SimArgs) -> StragglerPolicy {
+    let mut policy = StragglerPolicy::default();
+    if args.detect_lag.is_some() || args.skip_ahead || args.adaptive_tau.is_some() {
+        policy.detect = Some(Detection::lagging(args.detect_lag.unwrap_or(1)));
+    }
+    policy.skip_ahead = args.skip_ahead;
+    policy.adaptive_tau = args.adaptive_tau;
+    policy
+}
+
 /// Runs the tau sweep on `base` and prints a row per tau.
 fn sweep(args: &SimArgs, base: &SimConfig, protocol: Protocol) -> Result<(), CliError> {
     let seeds = args.seeds.min(20);
     println!(
-        "# tau sweep: {} workers, {} iterations, straggler {}x, slow worker {}x, seeds {}..{}",
+        "# tau sweep: {} workers, {} iterations, straggler {}x, slow worker {}x, slows down {}x, seeds {}..{}",
         args.workers,
         args.iterations,
         args.straggler,
         args.slow_worker,
+        args.slows_down,
         args.first_seed,
         args.first_seed + seeds
     );
@@ -215,10 +257,12 @@ fn sweep(args: &SimArgs, base: &SimConfig, protocol: Protocol) -> Result<(), Cli
     };
     for row in rows {
         println!(
-            "tau={} finish_ms={:.1} idle_fraction={:.3}",
-            tau_label(row.consistency),
+            "tau={} finish_ms={:.1} idle_fraction={:.3} skipped_iterations={} max_tau={}",
+            row.pacing.label,
             row.finish_ms,
-            row.idle_fraction
+            row.idle_fraction,
+            row.pace.skipped_iterations,
+            row.pace.max_tau
         );
     }
     Ok(())

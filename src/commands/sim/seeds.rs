@@ -5,7 +5,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use pserver_transport::sync::{AtomicU64, Mutex, Ordering, Tickets};
 
-use super::{MS, Protocol, ServerFaults, SimConfig, SimFailure};
+use super::{MS, PaceReport, Protocol, ServerFaults, SimConfig, SimFailure};
 
 /// The outcome of running a range of seeds.
 #[derive(Debug, Default)]
@@ -30,6 +30,8 @@ pub struct Batch {
     pub replicated_values: u64,
     /// Values one replicated sum per key and iteration would carry, over all successful runs.
     pub aggregate_values: u64,
+    /// Stragglers found and what was decided about them, over all successful runs.
+    pub pace: PaceReport,
 }
 
 impl Batch {
@@ -79,6 +81,16 @@ impl Batch {
         )
     }
 
+    /// What the coordinators found and decided about stragglers: `pace flagged=F skips=S
+    /// skipped_iterations=I parts_kept=P tau_changes=T max_tau=M`.
+    pub fn pace_summary(&self) -> String {
+        let p = &self.pace;
+        format!(
+            "pace flagged={} skips={} skipped_iterations={} parts_kept={} tau_changes={} max_tau={}",
+            p.flagged, p.skips, p.skipped_iterations, p.parts_kept, p.tau_changes, p.max_tau
+        )
+    }
+
     /// The server faults injected, by kind: `server_faults crashes=C restarts=R
     /// crashes_during_copy=D crashes_after_copy=A cut_offs=X flaps=F joins=J leaves=L`.
     pub fn server_fault_summary(&self) -> String {
@@ -118,7 +130,7 @@ pub fn run_seeds(
     let replicated = AtomicU64::new(0);
     let aggregate = AtomicU64::new(0);
     let failures = Mutex::new(Vec::new());
-    let faults = Mutex::new((ServerFaults::default(), Vec::new()));
+    let faults = Mutex::new((ServerFaults::default(), Vec::new(), PaceReport::default()));
     let bar = if progress {
         let bar = ProgressBar::new(seeds);
         let style =
@@ -146,6 +158,7 @@ pub fn run_seeds(
                             if let Ok(mut f) = faults.lock() {
                                 f.0.add(&report.server_faults);
                                 f.1.extend_from_slice(&report.recoveries);
+                                f.2.add(&report.pace);
                             }
                         }
                         Err(failure) => {
@@ -165,7 +178,7 @@ pub fn run_seeds(
     bar.finish_and_clear();
     let mut failures = failures.into_inner().unwrap_or_default();
     failures.sort_by_key(|f| f.seed);
-    let (server_faults, recoveries) = faults.into_inner().unwrap_or_default();
+    let (server_faults, recoveries, pace) = faults.into_inner().unwrap_or_default();
     Batch {
         server_faults,
         recoveries,
@@ -176,6 +189,7 @@ pub fn run_seeds(
         pushed_values: pushed.into_inner(),
         replicated_values: replicated.into_inner(),
         aggregate_values: aggregate.into_inner(),
+        pace,
         secs: start.elapsed().as_secs_f64(),
     }
 }

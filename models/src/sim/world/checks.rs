@@ -8,7 +8,7 @@ use crate::sim::{Invariant, SimFailure, SimUpdater};
 use pserver_core::KeyRange;
 use pserver_core::KeySelection;
 use pserver_core::KvPairs;
-use pserver_core::{Epoch, Iteration, NodeId};
+use pserver_core::{Epoch, Iteration, NodeId, Pace, RequestId};
 
 /// Above this many keys the oracle compares every key only at the end of a run (and the keys of
 /// each step's server are left alone), and single ownership is checked only at the end, to keep
@@ -90,8 +90,9 @@ impl World<'_> {
     /// the ranges), and every key it asked for, answered or not (a key missing from a range
     /// answer reads as 0), holds every push it must.
     pub(super) fn check_pull(
-        &self,
+        &mut self,
         node: NodeId,
+        id: RequestId,
         iteration: Iteration,
         asked: &KeySelection,
         kvs: &KvPairs<f64>,
@@ -128,8 +129,31 @@ impl World<'_> {
             // Another rule with replicas: which sum a value stands for is not known.
             return Ok(());
         }
-        let below = self.cfg.consistency.required_below(iteration);
+        // Each server answered under the pace of its epoch (ARCHITECTURE.md §9): the bound in
+        // force then, and the iterations workers had been told to skip. The pull is held to
+        // the weakest of the epochs that answered it.
+        let epochs = self.reply_epochs.remove(&(node, id)).unwrap_or_default();
+        let default_pace = Pace::default();
+        let paces: Vec<&Pace> = if epochs.is_empty() {
+            vec![&default_pace]
+        } else {
+            epochs
+                .iter()
+                .map(|e| self.paces.get(e).unwrap_or(&default_pace))
+                .collect()
+        };
         let live = self.live_workers();
+        let bounds: Vec<(Iteration, Vec<(NodeId, Iteration)>)> = paces
+            .iter()
+            .map(|p| {
+                let below = p
+                    .consistency(self.cfg.consistency)
+                    .required_below(iteration);
+                let skipped = live.iter().map(|&w| (w, p.skipped_below(w))).collect();
+                (below, skipped)
+            })
+            .collect();
+        let below = bounds.iter().map(|b| b.0).min().unwrap_or(0);
         for key in requested {
             let v = kvs.get(key).map_or(0.0, |v| v[0]);
             // With `Sum` the value is the sum applied; otherwise the oracle says at which sum
@@ -149,7 +173,11 @@ impl World<'_> {
                     exact(applied)
                 }
             };
-            let need = self.ledger.required(key, &live, below);
+            let need = bounds
+                .iter()
+                .map(|(below, skipped)| self.ledger.required(key, skipped, *below))
+                .min()
+                .unwrap_or(0);
             let most = self.ledger.issued(super::index_of(&self.keys, key));
             if applied.is_none_or(|a| a < need || a > most) {
                 return Err(self.fail(
@@ -164,7 +192,15 @@ impl World<'_> {
     }
 
     pub(super) fn check_step(&self) -> Result<(), SimFailure> {
-        if let Some(tau) = self.cfg.consistency.tau() {
+        // Adaptive tau: a worker that entered iterations under a higher bound keeps them when
+        // it falls, so the bound is the highest one in force so far.
+        let published = self.paces.values().filter_map(|p| p.tau).max();
+        if let Some(tau) = self
+            .cfg
+            .consistency
+            .tau()
+            .map(|t| t.max(published.unwrap_or(0)))
+        {
             for (id, w) in self.workers() {
                 if self.apps.get(&id).is_some_and(|a| !a.crashed) && w.in_flight() > tau + 1 {
                     return Err(self.fail(

@@ -570,10 +570,13 @@ impl World<'_> {
             }
         }
         let detail = format!(
-            "every worker finished, but after {}ms of virtual time the cluster has not recovered: crashes not recovered from {}, restarts pending {}, every range served {}, members {:?} on epochs {:?}, pushes waiting for replicas {:?}",
+            "every worker finished, but after {}ms of virtual time the cluster has not recovered: coordinator {:?} on epoch {}, crashes not recovered from {}, restarts pending {}, membership changes pending {}, every range served {}, members {:?} on epochs {:?}, pushes waiting for replicas {:?}",
             self.now / MS,
+            self.coordinator().map(|c| c.phase()),
+            self.ring_epoch,
             self.plan.open.len(),
             self.plan.restarts_pending,
+            self.plan.membership_pending,
             self.served(),
             self.live_members(),
             self.live_members()
@@ -585,6 +588,15 @@ impl World<'_> {
                 .map(|&s| self.server(s).map_or(0, Server::unreplicated_pushes))
                 .collect::<Vec<_>>(),
         );
+        let missing = self
+            .ring
+            .segments()
+            .flat_map(|(range, owners)| owners.iter().map(move |&o| (range, o)))
+            .find(|&(range, o)| !self.holds(o, range, false));
+        let detail = match missing {
+            Some((range, o)) => format!("{detail}; {o} does not hold {range}, which it owns"),
+            None => detail,
+        };
         self.fail(Invariant::Completion, detail)
     }
 }

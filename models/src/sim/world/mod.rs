@@ -12,7 +12,7 @@ use super::network::Network;
 use super::oracle::Oracle;
 use super::rng::SimRng;
 use super::rule::ServerRule;
-use super::{Invariant, MS, SimConfig, SimFailure, SimReport, SimUpdater};
+use super::{Invariant, MS, PaceReport, SimConfig, SimFailure, SimReport, SimUpdater};
 use pserver_core::Bytes;
 
 use pserver_core::Codec;
@@ -24,9 +24,9 @@ use pserver_core::node::Worker;
 use pserver_core::node::{Server, ServerConfig};
 use pserver_core::ring::Ring;
 use pserver_core::wire::{Envelope, Message, ShardUpdate};
-use pserver_core::{ClusterConfig, KeyList, KeySelection, RangeList, RequestId};
+use pserver_core::{ClusterConfig, KeyList, KeySelection, Pace, RangeList, RequestId};
+use pserver_core::{Coverage, Event, Refusal};
 use pserver_core::{Epoch, Iteration, NodeId, Time};
-use pserver_core::{Event, Refusal};
 use pserver_core::{Key, KeyRange};
 
 /// How much later than others a membership message may arrive under membership stress.
@@ -53,7 +53,9 @@ enum Action {
     },
     /// A node's earliest timer deadline.
     Wake(NodeId),
-    ComputeDone(NodeId),
+    /// A part of a worker's compute is done; the number tells the iteration's work started
+    /// last, so that work a skip dropped is not pushed.
+    ComputeDone(NodeId, u64),
     Crash(NodeId),
     Isolate(NodeId),
     Heal(NodeId),
@@ -97,13 +99,22 @@ impl Ord for Scheduled {
     }
 }
 
-/// The scripted application on one worker: pull, compute, push, advance, for each iteration.
+/// The scripted application on one worker: pull, compute, push, advance, for each iteration;
+/// with [`SimConfig::parts`], compute and push in parts.
 #[derive(Clone, Debug, Default)]
 struct App {
     /// Key indices of the current iteration's pull and push.
     keys: Vec<u64>,
     /// Iteration each open pull was issued in.
     pulls: BTreeMap<RequestId, (Iteration, KeySelection)>,
+    /// The pull whose answer the current iteration computes on.
+    current: Option<RequestId>,
+    /// Counts the iterations' work started; a skip starts new work.
+    generation: u64,
+    /// Parts of the current iteration's compute pushed.
+    parts_done: u32,
+    /// The iteration's work is all pushed and the application waits for `advance`.
+    advancing: bool,
     busy: Time,
     finished_at: Option<Time>,
     crashed: bool,
@@ -161,6 +172,13 @@ struct World<'a> {
     keys: Vec<u64>,
     /// The command that replays this run.
     replay: String,
+    /// The pace of every configuration the coordinator published, by epoch: the bound and
+    /// the skips a server on that epoch holds pulls to.
+    paces: BTreeMap<Epoch, Pace>,
+    /// The epochs of the servers that answered each open pull, by worker and request.
+    reply_epochs: BTreeMap<(NodeId, RequestId), BTreeSet<Epoch>>,
+    /// What the coordinator found and decided about stragglers.
+    pace: PaceReport,
 }
 
 /// The position of `key` among `keys` (a key of the run).
@@ -338,6 +356,9 @@ impl<'a> World<'a> {
             width: 0,
             codec: Codec::default(),
             replay,
+            paces: BTreeMap::new(),
+            reply_epochs: BTreeMap::new(),
+            pace: PaceReport::default(),
         })
     }
 
@@ -521,8 +542,14 @@ impl<'a> World<'a> {
                 }
                 node
             }
-            Action::ComputeDone(node) => {
-                self.finish_compute(node);
+            Action::ComputeDone(node, generation) => {
+                if self
+                    .apps
+                    .get(&node)
+                    .is_some_and(|a| a.generation == generation)
+                {
+                    self.finish_compute(node);
+                }
                 node
             }
             Action::Crash(node) => {
@@ -698,6 +725,15 @@ impl<'a> World<'a> {
                 .acked(from, to, *slice)
                 .map_err(|detail| self.fail(Invariant::Oracle, detail))?,
             Message::Redirect { epoch, .. } => return Ok((Some(*epoch), false)),
+            Message::Config(config) if from == self.cfg.coordinator_id() => {
+                self.paces.insert(config.epoch, config.pace.clone());
+            }
+            Message::PullReply(reply) => {
+                self.reply_epochs
+                    .entry((to, reply.slice.request))
+                    .or_default()
+                    .insert(env.epoch);
+            }
             Message::Transfer(_) => self.copy_sent(to),
             Message::TransferAck { range, .. } => self.copy_installed(from, to, *range),
             _ => {}
@@ -717,9 +753,21 @@ impl<'a> World<'a> {
     }
 
     fn on_event(&mut self, node: NodeId, event: Event<f64>) -> Result<(), SimFailure> {
-        if let Event::NodeDead(dead) = event {
-            self.node_dead(dead);
-            return Ok(());
+        match event {
+            Event::NodeDead(dead) => {
+                self.node_dead(dead);
+                return Ok(());
+            }
+            Event::Straggler { .. } => {
+                self.pace.flagged += 1;
+                return Ok(());
+            }
+            Event::TauChanged { to, .. } => {
+                self.pace.tau_changes += 1;
+                self.pace.max_tau = self.pace.max_tau.max(to);
+                return Ok(());
+            }
+            _ => {}
         }
         if matches!(event, Event::Fenced) && self.server(node).is_some() {
             self.plan.leaving.remove(&node);
@@ -748,12 +796,11 @@ impl<'a> World<'a> {
                         format!("{node} reported pull {id} done twice or never issued it"),
                     ));
                 };
-                self.check_pull(node, iteration, &asked, &kvs)?;
-                let duration = self.compute_time(node, iteration);
-                if let Some(app) = self.apps.get_mut(&node) {
-                    app.busy += duration;
+                self.check_pull(node, id, iteration, &asked, &kvs)?;
+                // A pull of work a skip dropped is checked, and nothing more.
+                if self.apps.get(&node).and_then(|a| a.current) == Some(id) {
+                    self.start_part(node, iteration);
                 }
-                self.schedule(self.now + duration, Action::ComputeDone(node));
             }
             Event::PushDone(_) => {}
             Event::PushDurable(id) => {
@@ -765,14 +812,17 @@ impl<'a> World<'a> {
                     ));
                 }
             }
-            Event::Advanced(iteration) => {
-                if iteration >= self.cfg.iterations {
-                    if let Some(app) = self.apps.get_mut(&node) {
-                        app.done = true;
-                        app.finished_at = Some(self.now);
-                    }
-                } else {
-                    self.begin_iteration(node);
+            Event::Advanced(iteration) => self.enter(node, iteration),
+            Event::SkippedAhead { from, to, covered } => {
+                self.pace.skips += 1;
+                self.pace.skipped_iterations += u64::from(to - from);
+                if covered > Coverage(0) {
+                    self.pace.parts_kept += 1;
+                }
+                // An application waiting on `advance` hears `Advanced` next; any other drops
+                // what it was doing and starts the iteration it was moved to.
+                if self.apps.get(&node).is_some_and(|a| !a.advancing) {
+                    self.enter(node, to);
                 }
             }
             Event::Fenced => {
@@ -784,6 +834,33 @@ impl<'a> World<'a> {
             _ => {}
         }
         Ok(())
+    }
+
+    /// The worker's application enters `iteration`: it is done past the last, or starts the
+    /// iteration's work.
+    fn enter(&mut self, node: NodeId, iteration: Iteration) {
+        if iteration >= self.cfg.iterations {
+            if let Some(app) = self.apps.get_mut(&node) {
+                app.done = true;
+                app.current = None;
+                app.generation += 1;
+                app.finished_at = Some(self.now);
+            }
+        } else {
+            self.begin_iteration(node);
+        }
+    }
+
+    /// Computes the next part of the iteration's work.
+    fn start_part(&mut self, node: NodeId, iteration: Iteration) {
+        let parts = self.cfg.parts.max(1);
+        let duration = self.compute_time(node, iteration) / u64::from(parts);
+        let Some(app) = self.apps.get_mut(&node) else {
+            return;
+        };
+        app.busy += duration;
+        let generation = app.generation;
+        self.schedule(self.now + duration, Action::ComputeDone(node, generation));
     }
 
     fn compute_time(&mut self, node: NodeId, iteration: Iteration) -> Time {
@@ -799,6 +876,9 @@ impl<'a> World<'a> {
         };
         if index == 0 {
             factor *= self.cfg.slow_worker;
+            if iteration >= self.cfg.iterations / 2 {
+                factor *= self.cfg.slows_down;
+            }
         }
         (base as f64 * factor.max(1.0)) as Time
     }
@@ -829,20 +909,30 @@ impl<'a> World<'a> {
             if let Some(app) = self.apps.get_mut(&node) {
                 app.keys = keys;
                 app.pulls.insert(id, (iteration, selection));
+                app.current = Some(id);
+                app.generation += 1;
+                app.parts_done = 0;
+                app.advancing = false;
             }
         }
     }
 
+    /// A part of the iteration's compute is done: its values are pushed (for the keys of the
+    /// iteration, the part's share of them), and after the last part the worker advances.
     fn finish_compute(&mut self, node: NodeId) {
-        if self.apps.get(&node).is_none_or(|a| a.crashed) {
+        let Some(app) = self.apps.get(&node).filter(|a| !a.crashed) else {
             return;
-        }
-        let index_keys = self
-            .apps
-            .get(&node)
-            .map(|a| a.keys.clone())
-            .unwrap_or_default();
-        let keys: Vec<u64> = index_keys.iter().map(|&i| self.keys[i as usize]).collect();
+        };
+        let parts = self.cfg.parts.max(1);
+        let part = app.parts_done;
+        // Part `p` pushes every `parts`-th key from the `p`-th: the parts cover the keys once.
+        let keys: Vec<u64> = app
+            .keys
+            .iter()
+            .skip(part as usize)
+            .step_by(parts as usize)
+            .map(|&i| self.keys[i as usize])
+            .collect();
         // Small integers: exact in f64, so that sums stay exact whatever their order.
         let values: Vec<f64> = keys
             .iter()
@@ -856,13 +946,25 @@ impl<'a> World<'a> {
             return;
         };
         let iteration = driver.node().as_worker().map_or(0, Worker::iteration);
-        let pushed = driver.push(now, kvs.clone());
-        // The scripted application ignores a refused advance: the worker was fenced.
-        let _ = driver.advance(now);
+        let last = part + 1 >= parts;
+        let covers = Coverage::parts(part + 1, parts);
+        let pushed = driver.push_part(now, kvs.clone(), covers);
         if let Ok(id) = pushed {
             let keys = &self.keys;
             self.ledger
                 .issue(node, id, iteration, &kvs, |k| index_of(keys, k));
+        }
+        if let Some(app) = self.apps.get_mut(&node) {
+            app.parts_done = part + 1;
+            app.advancing = last;
+        }
+        if last {
+            // The scripted application ignores a refused advance: the worker was fenced.
+            if let Some(driver) = self.nodes.get_mut(&node) {
+                let _ = driver.advance(now);
+            }
+        } else {
+            self.start_part(node, iteration);
         }
     }
 
@@ -907,6 +1009,13 @@ impl<'a> World<'a> {
             pushed_values: self.pushed_values,
             replicated_values: self.replicated_values,
             aggregate_values: self.pushed_keys.len() as u64 * self.width,
+            pace: PaceReport {
+                max_tau: self
+                    .pace
+                    .max_tau
+                    .max(self.cfg.consistency.tau().unwrap_or(0)),
+                ..self.pace
+            },
             fingerprint: h.finish(),
         }
     }
