@@ -276,15 +276,6 @@ impl<V: Value> Worker<V> {
         kvs: KvPairs<V>,
         out: &mut Effects<V>,
     ) -> Result<RequestId, WorkerError> {
-        if self.fenced {
-            return Err(WorkerError::Fenced);
-        }
-        if kvs.width() != self.cfg.width {
-            return Err(WorkerError::WidthMismatch {
-                expected: self.cfg.width,
-                got: kvs.width(),
-            });
-        }
         self.push_part(now, kvs, Coverage::WHOLE, out)
     }
 
