@@ -530,16 +530,18 @@ impl Coordinator {
                 .map(|(&n, _)| n)
                 .collect()
         };
+        let workers = of(Role::Worker);
+        let shares = ClusterConfig::deal(&workers, self.cfg.stragglers.shares_per_worker());
         self.config = Some(ClusterConfig {
             epoch: 1,
             coordinator: self.cfg.id,
             servers: of(Role::Server),
-            workers: of(Role::Worker),
+            workers,
             ring: self.cfg.ring,
             consistency: self.cfg.consistency,
             joining: Vec::new(),
             leaving: Vec::new(),
-            shares: of(Role::Worker),
+            shares,
             left: vec![],
             lost: vec![],
             incarnations: Vec::new(),
@@ -620,29 +622,35 @@ impl Coordinator {
             self.stragglers.remove(&worker);
             out.emit(Event::StragglerCleared(worker));
         }
-        if !self.cfg.stragglers.decides(config.consistency) {
-            return;
-        }
-        let pace = pace::decide(
-            &self.cfg.stragglers,
-            config.consistency,
-            &config.pace,
-            &lagging,
-        );
-        if pace == config.pace {
-            return;
-        }
-        let job_tau = config.consistency.tau().unwrap_or(0);
-        let (from, to) = (
-            config.pace.tau.unwrap_or(job_tau),
-            pace.tau.unwrap_or(job_tau),
-        );
-        if from != to {
-            out.emit(Event::TauChanged { from, to });
-        }
         let mut next = config.clone();
-        next.pace = pace;
-        self.publish(next, out);
+        if self.cfg.stragglers.decides(config.consistency) {
+            next.pace = pace::decide(
+                &self.cfg.stragglers,
+                config.consistency,
+                &config.pace,
+                &lagging,
+            );
+            let job_tau = config.consistency.tau().unwrap_or(0);
+            let (from, to) = (
+                config.pace.tau.unwrap_or(job_tau),
+                next.pace.tau.unwrap_or(job_tau),
+            );
+            if from != to {
+                out.emit(Event::TauChanged { from, to });
+            }
+        }
+        if let Some(balance) = &self.cfg.stragglers.balance
+            && let Some((share, to)) =
+                self.pace_watch
+                    .rebalance(&config.shares, &config.workers, balance)
+        {
+            let from = next.shares[share];
+            next.shares[share] = to;
+            out.emit(Event::ShareMoved { share, from, to });
+        }
+        if next != *config {
+            self.publish(next, out);
+        }
     }
 
     /// Removes `nodes` from the membership and publishes a new epoch. Servers go one at a time,

@@ -119,6 +119,16 @@ pub enum Event<V: Value> {
         /// How much of `from` its pushes covered ([`crate::node::Worker::push_part`]).
         covered: Coverage,
     },
+    /// The coordinator moved a share of the job's work from a slower worker to a faster one
+    /// ([`crate::StragglerPolicy::balance`]), in the configuration it published.
+    ShareMoved {
+        /// Which share ([`crate::ClusterConfig::shares`]).
+        share: usize,
+        /// The worker that held it.
+        from: NodeId,
+        /// The worker that holds it now.
+        to: NodeId,
+    },
     /// The node refused a message (see [`Refusal`]). Nothing in the node changed; drivers count
     /// these and log them, so that input the protocol cannot use never vanishes silently.
     Refused {

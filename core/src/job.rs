@@ -167,6 +167,12 @@ impl JobSpec {
         }
     }
 
+    /// How many shares the job's work is cut into ([`crate::ClusterConfig::shares`]): one per
+    /// worker, or [`crate::Balance::per_worker`] each where shares are sized by speed.
+    pub fn share_count(&self) -> usize {
+        self.workers * self.stragglers.shares_per_worker()
+    }
+
     /// Every node id of the job, coordinator first.
     pub fn node_ids(&self) -> Vec<NodeId> {
         let layout = self.layout();
@@ -216,6 +222,18 @@ impl JobSpec {
         if decides && policy.detect.is_none() {
             return Err(JobError::Stragglers(
                 "skip-ahead and adaptive tau act on the stragglers detection finds: turn detection on",
+            ));
+        }
+        if policy.balance.is_some() && policy.detect.is_none() {
+            return Err(JobError::Stragglers(
+                "sizing shares by speed needs the speeds workers report with detection: turn detection on",
+            ));
+        }
+        if let Some(b) = policy.balance
+            && !(1 <= b.fewest && b.fewest <= b.per_worker && b.per_worker <= b.most)
+        {
+            return Err(JobError::Stragglers(
+                "shares sized by speed need 1 <= fewest <= per worker <= most",
             ));
         }
         if let Some(range) = policy.adaptive_tau

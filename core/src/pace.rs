@@ -40,8 +40,9 @@ impl Coverage {
     }
 }
 
-/// Where a worker is: its iteration, and how much of it its pushes covered so far. Ordered,
-/// so that a worker far into an iteration is ahead of one that just entered it.
+/// Where a worker is: its iteration, and how much of it its pushes covered so far; and how
+/// fast it works. Ordered by where it is first, so that a worker far into an iteration is
+/// ahead of one that just entered it.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
@@ -50,12 +51,22 @@ pub struct Position {
     pub iteration: Iteration,
     /// How much of it its pushes covered.
     pub covered: Coverage,
+    /// The work it does per second of its own compute, as its application last said
+    /// ([`crate::node::Worker::report_speed`]; rows per second, say): 0 when not said. Its
+    /// iterations per second would not do: under a consistency bound a fast worker waits for
+    /// the slow ones and advances no faster than they do.
+    pub speed: u32,
 }
 
 impl Position {
     /// The position in 65,536ths of an iteration.
     fn fine(self) -> u64 {
         (u64::from(self.iteration) << 16) | u64::from(self.covered.0)
+    }
+
+    /// Where the worker is, its speed left out.
+    fn place(self) -> (Iteration, Coverage) {
+        (self.iteration, self.covered)
     }
 }
 
@@ -83,6 +94,10 @@ pub struct StragglerPolicy {
     /// straggler, and falls by one at each check that finds none, within this range
     /// ([`Pace::tau`]).
     pub adaptive_tau: Option<TauRange>,
+    /// Cut the job's work into several shares per worker, and move shares from slow workers
+    /// to fast ones by the speed they report, one at a time, within bounds
+    /// ([`crate::ClusterConfig::shares`]). Under any consistency model.
+    pub balance: Option<Balance>,
 }
 
 impl StragglerPolicy {
@@ -91,7 +106,7 @@ impl StragglerPolicy {
         StragglerPolicy {
             detect: Some(Detection::default()),
             skip_ahead: true,
-            adaptive_tau: None,
+            ..StragglerPolicy::default()
         }
     }
 
@@ -99,9 +114,24 @@ impl StragglerPolicy {
     pub fn adaptive(range: TauRange) -> Self {
         StragglerPolicy {
             detect: Some(Detection::default()),
-            skip_ahead: false,
             adaptive_tau: Some(range),
+            ..StragglerPolicy::default()
         }
+    }
+
+    /// Detection with the default bound, and shares sized by speed as `balance` says.
+    pub fn balanced(balance: Balance) -> Self {
+        StragglerPolicy {
+            detect: Some(Detection::default()),
+            balance: Some(balance),
+            ..StragglerPolicy::default()
+        }
+    }
+
+    /// Shares each worker starts with: [`Balance::per_worker`] where shares are sized by
+    /// speed, one otherwise.
+    pub fn shares_per_worker(&self) -> usize {
+        self.balance.map_or(1, |b| usize::from(b.per_worker.max(1)))
     }
 
     /// Whether the coordinator may decide anything for a job of `consistency`: skip-ahead and
@@ -168,6 +198,30 @@ pub struct TauRange {
     pub min: Iteration,
     /// The highest bound.
     pub max: Iteration,
+}
+
+/// How the job's work is cut and moved by speed ([`StragglerPolicy::balance`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Balance {
+    /// Shares each worker starts with: the job is cut into this many times the workers.
+    /// More shares size the work more finely, and make each step of a worker smaller.
+    pub per_worker: u16,
+    /// The fewest shares a worker is left with, however slow (at least 1: a worker with no
+    /// share would report no speed to be given one back by).
+    pub fewest: u16,
+    /// The most shares a worker is given, however fast.
+    pub most: u16,
+}
+
+impl Balance {
+    /// `per_worker` shares each, never fewer than 1 nor more than twice as many.
+    pub fn shares(per_worker: u16) -> Self {
+        Balance {
+            per_worker,
+            fewest: 1,
+            most: per_worker.saturating_mul(2),
+        }
+    }
 }
 
 /// What the coordinator decided about stragglers, in force with the configuration that
@@ -244,7 +298,62 @@ impl PaceWatch {
     /// counts).
     pub(crate) fn report(&mut self, worker: NodeId, at: Position) {
         let known = self.reported.entry(worker).or_default();
-        *known = (*known).max(at);
+        if at.place() >= known.place() {
+            *known = at;
+        }
+    }
+
+    /// The speed each of `workers` last reported, if every one of them did.
+    fn speeds(&self, workers: &[NodeId]) -> Option<Vec<u32>> {
+        workers
+            .iter()
+            .map(|w| self.reported.get(w).map(|p| p.speed).filter(|&s| s > 0))
+            .collect()
+    }
+
+    /// The share to move, and to whom, for the work of `workers` to follow their speeds
+    /// better ([`Balance`]); `None` when no move would, or not every worker said its speed.
+    ///
+    /// A worker's time for a step is the shares it holds over its speed, and the slowest
+    /// sets the pace. The slowest gives its highest share to the worker that would be
+    /// quickest with one more, when that one would then still be quicker by a tenth: so a
+    /// move always shortens the slowest time, and no share moves back and forth between
+    /// workers whose speeds wobble.
+    pub(crate) fn rebalance(
+        &self,
+        shares: &[NodeId],
+        workers: &[NodeId],
+        balance: &Balance,
+    ) -> Option<(usize, NodeId)> {
+        let speeds = self.speeds(workers)?;
+        let held = |i: usize| shares.iter().filter(|&&s| s == workers[i]).count() as u128;
+        // a/b < c/d, exactly, for positive speeds.
+        let quicker = |a: u128, b: u32, c: u128, d: u32| a * u128::from(d) < c * u128::from(b);
+        let giver = (0..workers.len()).reduce(|slowest, i| {
+            if quicker(held(slowest), speeds[slowest], held(i), speeds[i]) {
+                i
+            } else {
+                slowest
+            }
+        })?;
+        if held(giver) <= u128::from(balance.fewest.max(1)) {
+            return None;
+        }
+        let taker = (0..workers.len())
+            .filter(|&i| i != giver && held(i) < u128::from(balance.most))
+            .reduce(|quickest, i| {
+                if quicker(held(i) + 1, speeds[i], held(quickest) + 1, speeds[quickest]) {
+                    i
+                } else {
+                    quickest
+                }
+            })?;
+        let after = (held(taker) + 1) * 11;
+        if !quicker(after, speeds[taker], held(giver) * 10, speeds[giver]) {
+            return None;
+        }
+        let share = shares.iter().rposition(|&s| s == workers[giver])?;
+        Some((share, workers[taker]))
     }
 
     /// Forgets workers no longer in the job.
@@ -264,11 +373,8 @@ impl PaceWatch {
         let at: BTreeMap<NodeId, u64> = workers
             .iter()
             .filter_map(|&w| {
-                let skipped = Position {
-                    iteration: pace.skipped_below(w),
-                    covered: Coverage(0),
-                };
-                self.reported.get(&w).map(|&p| (w, p.max(skipped).fine()))
+                let skipped = (u64::from(pace.skipped_below(w))) << 16;
+                self.reported.get(&w).map(|&p| (w, p.fine().max(skipped)))
             })
             .collect();
         let rate = detect.slower_by_percent > 0 && detect.window > 0;
@@ -373,7 +479,7 @@ mod tests {
     fn at(iteration: Iteration) -> Position {
         Position {
             iteration,
-            covered: Coverage(0),
+            ..Position::default()
         }
     }
 
@@ -422,6 +528,7 @@ mod tests {
             Position {
                 iteration: 5,
                 covered: Coverage::parts(1, 2),
+                speed: 0,
             },
         );
         assert!(

@@ -15,7 +15,7 @@ const W: [NodeId; 3] = [NodeId(2), NodeId(3), NodeId(4)];
 fn at(iteration: Iteration) -> Option<Position> {
     Some(Position {
         iteration,
-        covered: Coverage(0),
+        ..Position::default()
     })
 }
 
@@ -442,4 +442,195 @@ fn replication_sent_before_a_change_of_pace_is_taken_but_not_from_before_a_chang
         assert_eq!(refused, !taken, "{:?}", ro.events);
         assert_eq!(replica.value(key).is_some(), taken);
     }
+}
+
+/// Every worker reports iteration `iteration` and its speed from `speeds`, the server beats,
+/// and a failure check runs.
+fn check_speeds(
+    c: &mut Coordinator,
+    iteration: Iteration,
+    speeds: [u32; 3],
+    out: &mut Effects<i64>,
+) {
+    let epoch = c.epoch();
+    for (w, speed) in W.iter().zip(speeds) {
+        let at = Position {
+            iteration,
+            covered: Coverage(0),
+            speed,
+        };
+        let beat = Message::Heartbeat {
+            sent_at: 0,
+            at: Some(at),
+        };
+        c.on_message(0, Envelope::new(*w, COORD, epoch, beat), out);
+    }
+    let beat = Message::Heartbeat {
+        sent_at: 0,
+        at: None,
+    };
+    c.on_message(0, Envelope::new(S1, COORD, epoch, beat), out);
+    c.on_timer(0, TimerId::FailureCheck, out);
+}
+
+fn held(c: &Coordinator) -> Vec<usize> {
+    let config = c.config().unwrap();
+    W.iter().map(|&w| config.shares_of(w).len()).collect()
+}
+
+#[test]
+fn shares_move_from_a_slow_worker_to_fast_ones_one_a_check_until_each_holds_its_part() {
+    let policy = StragglerPolicy::balanced(Balance::shares(4));
+    let mut c = coordinator(Consistency::Sequential, policy);
+    assert_eq!(held(&c), [4, 4, 4], "dealt in turn");
+    assert_eq!(c.config().unwrap().shares_of(W[0]), [0, 3, 6, 9]);
+    let mut out = Effects::new();
+    let mut moves = Vec::new();
+    for i in 0..20 {
+        out.clear();
+        let epoch = c.epoch();
+        check_speeds(&mut c, i, [400, 400, 100], &mut out);
+        let moved: Vec<_> = out
+            .events
+            .iter()
+            .filter(|e| matches!(e, Event::ShareMoved { .. }))
+            .cloned()
+            .collect();
+        assert!(moved.len() <= 1, "one share a check: {moved:?}");
+        if let Some(m) = moved.first() {
+            assert_eq!(c.epoch(), epoch + 1, "published");
+            moves.push(m.clone());
+        } else {
+            assert_eq!(c.epoch(), epoch, "nothing to publish");
+        }
+    }
+    // Of 12 shares, 400 / 900 is 5.3 each for the fast and 1.3 for the slow: a step of the
+    // slowest takes 6 / 400 where it took 4 / 100.
+    assert_eq!(held(&c), [6, 5, 1]);
+    assert_eq!(moves.len(), 3);
+    assert!(
+        moves
+            .iter()
+            .all(|m| matches!(m, Event::ShareMoved { from, .. } if *from == W[2]))
+    );
+    // The highest share goes first, so that the worker leading the job stays.
+    assert_eq!(
+        moves[0],
+        Event::ShareMoved {
+            share: 11,
+            from: W[2],
+            to: W[0]
+        }
+    );
+    // Every share is held by exactly one live worker.
+    let config = c.config().unwrap();
+    assert_eq!(config.shares.len(), 12);
+    assert!(config.shares.iter().all(|s| W.contains(s)));
+}
+
+#[test]
+fn shares_stay_within_the_bounds_and_do_not_follow_speeds_that_wobble() {
+    let mut balance = Balance::shares(4);
+    balance.fewest = 3;
+    balance.most = 5;
+    let mut c = coordinator(Consistency::Sequential, StragglerPolicy::balanced(balance));
+    let mut out = Effects::new();
+    for i in 0..20 {
+        check_speeds(&mut c, i, [400, 400, 100], &mut out);
+    }
+    assert_eq!(held(&c), [5, 4, 3], "no fewer than 3, no more than 5");
+    // Speeds within a share's worth of each other move nothing, back or forth.
+    let mut c = coordinator(
+        Consistency::Sequential,
+        StragglerPolicy::balanced(Balance::shares(4)),
+    );
+    out.clear();
+    for i in 0..20 {
+        let wobble = if i % 2 == 0 {
+            [420, 380, 400]
+        } else {
+            [380, 420, 400]
+        };
+        check_speeds(&mut c, i, wobble, &mut out);
+    }
+    assert!(
+        !out.events
+            .iter()
+            .any(|e| matches!(e, Event::ShareMoved { .. })),
+        "{:?}",
+        out.events
+    );
+    assert_eq!(c.epoch(), 1);
+}
+
+#[test]
+fn no_share_moves_until_every_worker_said_its_speed() {
+    let mut c = coordinator(
+        Consistency::BoundedDelay(2),
+        StragglerPolicy::balanced(Balance::shares(2)),
+    );
+    let mut out = Effects::new();
+    check_speeds(&mut c, 3, [400, 400, 0], &mut out);
+    assert_eq!(c.epoch(), 1);
+    check_speeds(&mut c, 4, [400, 400, 50], &mut out);
+    assert_eq!(c.epoch(), 2);
+    assert_eq!(held(&c), [3, 2, 1]);
+}
+
+#[test]
+fn a_worker_says_its_speed_with_its_heartbeat_and_learns_the_shares_moved_to_it() {
+    let mut job = JobSpec::new(1, 2);
+    job.stragglers = StragglerPolicy::balanced(Balance::shares(3));
+    assert_eq!(job.share_count(), 6);
+    let mut w: Worker<i64> = Worker::new(job.worker_config(NodeId(2)));
+    let mut out = Effects::new();
+    w.report_speed(1234);
+    w.start(0, &mut out);
+    out.clear();
+    w.on_timer(1, TimerId::Heartbeat, &mut out);
+    let at = out
+        .sends
+        .iter()
+        .find_map(|e| match e.body {
+            Message::Heartbeat { at, .. } => at,
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(at.speed, 1234);
+    // A configuration that moved a share is no change of members for anybody.
+    let mut first = config(1, &[1], &[NodeId(2), NodeId(3)], Consistency::Sequential);
+    first.shares = ClusterConfig::deal(&first.workers, 3);
+    let mut moved = first.clone();
+    moved.epoch = 2;
+    moved.shares[5] = NodeId(2);
+    assert!(first.differs_only_in_pace(&moved));
+    assert_eq!(moved.shares_of(NodeId(2)), [0, 2, 4, 5]);
+    let mut gone = moved.clone();
+    gone.workers.retain(|&n| n != NodeId(3));
+    assert!(!moved.differs_only_in_pace(&gone));
+}
+
+#[test]
+fn a_job_refuses_shares_sized_by_speed_it_cannot_size() {
+    let mut job = JobSpec::new(1, 2);
+    let mut policy = StragglerPolicy::default();
+    policy.balance = Some(Balance::shares(2));
+    job.stragglers = policy;
+    assert!(matches!(
+        job.validate::<f32>(),
+        Err(JobError::Stragglers(_))
+    ));
+    for (per_worker, fewest, most) in [(2, 0, 4), (2, 3, 4), (4, 1, 3)] {
+        job.stragglers = StragglerPolicy::balanced(Balance {
+            per_worker,
+            fewest,
+            most,
+        });
+        assert!(
+            matches!(job.validate::<f32>(), Err(JobError::Stragglers(_))),
+            "{per_worker} {fewest} {most}"
+        );
+    }
+    job.stragglers = StragglerPolicy::balanced(Balance::shares(2));
+    assert!(job.validate::<f32>().is_ok());
 }

@@ -172,6 +172,11 @@ fn render(sources: &Sources) -> Result<String, std::fmt::Error> {
             "Iterations the worker was told to skip (workers, under skip-ahead)",
             m.skipped_iterations,
         ),
+        (
+            "shares_moved",
+            "Shares of the work moved from slower workers to faster ones (the coordinator)",
+            m.shares_moved,
+        ),
     ];
     for (name, help, value) in counts {
         registry.register(name, help, counter(value));
@@ -247,6 +252,7 @@ mod tests {
         m.send_errors = 4;
         m.stragglers = 6;
         m.skipped_iterations = 11;
+        m.shares_moved = 13;
         m.last_recovery = std::time::Duration::from_millis(2_500);
         m.longest_recovery = std::time::Duration::from_millis(4_000);
         let (_tx, node) = watch::channel(m);
@@ -269,6 +275,7 @@ mod tests {
             format!("pserver_send_errors_total{{{labels}}} 4"),
             format!("pserver_stragglers_total{{{labels}}} 6"),
             format!("pserver_skipped_iterations_total{{{labels}}} 11"),
+            format!("pserver_shares_moved_total{{{labels}}} 13"),
             format!("pserver_last_recovery_seconds{{{labels}}} 2.5"),
             format!("pserver_longest_recovery_seconds{{{labels}}} 4.0"),
         ] {

@@ -365,6 +365,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         self.on_worker(|w, out| w.push_part(now, kvs, covers, out))
     }
 
+    /// Says how fast the driven worker's application works (see
+    /// [`crate::node::Worker::report_speed`]).
+    pub fn report_speed(&mut self, per_sec: u32) -> Result<(), DriverError> {
+        self.on_worker(|w, _| {
+            w.report_speed(per_sec);
+            Ok(())
+        })
+    }
+
     /// Pulls `keys` to the driven worker (see [`crate::node::Worker::pull`]).
     pub fn pull(&mut self, now: Time, keys: KeySelection) -> Result<RequestId, DriverError> {
         self.on_worker(|w, out| w.pull(now, keys, out))

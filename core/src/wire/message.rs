@@ -117,14 +117,17 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
-    /// Whether `other` differs from this configuration in its epoch and its [`Pace`] at
-    /// most: the same members on the same ring, so that a change from one to the other moves
-    /// no range and removes nobody.
+    /// Whether `other` differs from this configuration in its epoch, its [`Pace`] and its
+    /// shares at most: the same members on the same ring, so that a change from one to the
+    /// other moves no range and removes nobody. Shares move alone only by speed
+    /// ([`crate::StragglerPolicy::balance`]); those of a worker that died move with the
+    /// membership.
     pub fn differs_only_in_pace(&self, other: &ClusterConfig) -> bool {
         // Every field named, so that a field added later is compared or left out on purpose.
         let ClusterConfig {
             epoch: _,
             pace: _,
+            shares: _,
             coordinator,
             servers,
             workers,
@@ -132,7 +135,6 @@ impl ClusterConfig {
             consistency,
             joining,
             leaving,
-            shares,
             left,
             lost,
             incarnations,
@@ -144,7 +146,6 @@ impl ClusterConfig {
             && *consistency == other.consistency
             && *joining == other.joining
             && *leaving == other.leaving
-            && *shares == other.shares
             && *left == other.left
             && *lost == other.lost
             && *incarnations == other.incarnations
@@ -254,6 +255,20 @@ impl ClusterConfig {
             .iter()
             .copied()
             .find(|w| self.workers.contains(w))
+    }
+
+    /// The first shares of a job of `workers`, `per_worker` each, dealt in turn: worker `i`
+    /// holds shares `i`, `i + W`, `i + 2W`, ... ([`ClusterConfig::shares`]).
+    ///
+    /// ```
+    /// use pserver_core::{ClusterConfig, NodeId};
+    /// let (a, b) = (NodeId(2), NodeId(3));
+    /// assert_eq!(ClusterConfig::deal(&[a, b], 2), [a, b, a, b]);
+    /// ```
+    pub fn deal(workers: &[NodeId], per_worker: usize) -> Vec<NodeId> {
+        (0..workers.len() * per_worker)
+            .map(|i| workers[i % workers.len()])
+            .collect()
     }
 
     /// The shares `worker` works on, in order (see [`ClusterConfig::shares`]).

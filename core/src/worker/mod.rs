@@ -66,6 +66,8 @@ pub struct Worker<V: Value> {
     coordinator: CoordinatorWatch,
     /// How much of the current iteration its pushes covered so far.
     covered: Coverage,
+    /// The speed the application last said it works at ([`Worker::report_speed`]).
+    speed: u32,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -92,6 +94,7 @@ impl<V: Value> Worker<V> {
             leave_requested: false,
             coordinator: CoordinatorWatch::default(),
             covered: Coverage(0),
+            speed: 0,
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -305,6 +308,15 @@ impl<V: Value> Worker<V> {
         Ok(self.submit(now, Part::Push(kvs), covers, out))
     }
 
+    /// Says how fast the application works: the work it does per second of its own compute,
+    /// waiting left out (rows per second, say; any unit the same for every worker of the
+    /// job). Where the job sizes shares by speed ([`crate::StragglerPolicy::balance`]) it
+    /// goes to the coordinator with the next heartbeat, which moves shares from slow workers
+    /// to fast ones by it; otherwise it is kept and unused.
+    pub fn report_speed(&mut self, per_sec: u32) {
+        self.speed = per_sec;
+    }
+
     /// Pulls `keys` for the current iteration. Completes with [`Event::PullDone`] once the
     /// servers can meet the consistency model.
     pub fn pull(
@@ -341,6 +353,7 @@ impl<V: Value> Worker<V> {
                 let at = self.cfg.report_position.then_some(Position {
                     iteration: self.iteration,
                     covered: self.covered,
+                    speed: self.speed,
                 });
                 let body = Message::Heartbeat { sent_at: now, at };
                 self.send(self.cfg.coordinator, body, out);

@@ -11,8 +11,8 @@ use pserver_core::node::{Effects, TimerCmd, TimerId};
 use pserver_core::ring::Ring;
 use pserver_core::wire::{Envelope, Message};
 use pserver_core::{
-    ClusterConfig, CoordinatorError, Coverage, Epoch, Event, Iteration, KeyList, KeySelection,
-    KvPairs, NodeId, Pace, Position, RequestId, Time, Updater,
+    ClusterConfig, CoordinatorError, Epoch, Event, Iteration, KeyList, KeySelection, KvPairs,
+    NodeId, Pace, Position, RequestId, Time, Updater,
 };
 use stateright::actor::{Actor, Id, Out, model_timeout};
 
@@ -531,7 +531,7 @@ fn pace_check(c: &mut Coordinator, straggler: Option<NodeId>, out: &mut Effects<
             };
             let at = Position {
                 iteration,
-                covered: Coverage(0),
+                ..Position::default()
             };
             (w, Some(at))
         })

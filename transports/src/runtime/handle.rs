@@ -95,6 +95,8 @@ pub(crate) enum Command<V: Value> {
     ),
     Advance(oneshot::Sender<Result<Iteration, RuntimeError>>),
     Shares(oneshot::Sender<Result<Vec<usize>, RuntimeError>>),
+    /// Work per second of the application's own compute; nothing to answer.
+    Speed(u32),
     Leave(oneshot::Sender<Result<(), RuntimeError>>),
     Leads(oneshot::Sender<Result<bool, RuntimeError>>),
 }
@@ -116,6 +118,7 @@ impl<V: Value> Command<V> {
             Command::Shares(reply) => {
                 let _ = reply.send(Err(error));
             }
+            Command::Speed(_) => {}
             Command::Leave(reply) => {
                 let _ = reply.send(Err(error));
             }
@@ -278,6 +281,17 @@ impl<V: Value> WorkerHandle<V> {
         self.call(Command::Shares).await
     }
 
+    /// Says how fast the application works: the work it does per second of its own compute,
+    /// waiting left out (rows per second, say). Where the job sizes shares by speed
+    /// ([`pserver_core::StragglerPolicy::balance`]) the coordinator moves shares from slow
+    /// workers to fast ones by it; say it again as it changes.
+    pub async fn report_speed(&self, per_sec: u32) -> Result<(), RuntimeError> {
+        self.commands
+            .send(Command::Speed(per_sec))
+            .await
+            .map_err(|_| self.gone())
+    }
+
     /// Whether this worker leads: it holds the lowest-numbered share a live worker holds
     /// ([`pserver_core::ClusterConfig::lead_worker`]), and so does what one worker does for
     /// all. Ask again when it matters; it passes on when the leader dies or leaves.
@@ -437,6 +451,9 @@ pub struct NodeMetrics {
     pub stragglers: u64,
     /// Iterations a worker was told to skip (a worker; [`pserver_core::Pace`]).
     pub skipped_iterations: u64,
+    /// Shares moved from slower workers to faster ones (the coordinator;
+    /// [`pserver_core::StragglerPolicy::balance`]).
+    pub shares_moved: u64,
 }
 
 /// Controls one node's event loop: stop it, wait for it.

@@ -515,6 +515,10 @@ where
                 let shares = node.as_worker().map(|w| w.shares());
                 let _ = reply.send(shares.ok_or(RuntimeError::NotAWorker(self.driver.id())));
             }
+            Command::Speed(per_sec) => {
+                // Only a worker has a speed to say; anything else has no application calling.
+                let _ = self.driver.report_speed(per_sec);
+            }
             Command::Leads(reply) => {
                 let node = self.driver.node();
                 let leads = node.as_worker().map(pserver_core::node::Worker::leads);
@@ -672,6 +676,10 @@ where
             }
             Event::StragglerCleared(worker) => {
                 info!(worker = %worker, "{worker} keeps up again");
+            }
+            Event::ShareMoved { share, from, to } => {
+                self.counts.shares_moved += 1;
+                info!(share, from = %from, to = %to, "share {share} moved from {from} to {to}, the faster");
             }
             Event::TauChanged { from, to } => {
                 info!(from, to, "staleness bound now tau = {to} (was {from})");

@@ -241,16 +241,17 @@ fn setup_failure(cfg: &SimConfig, e: impl core::fmt::Display) -> SimFailure {
 fn ring_change_configs(
     cfg: &SimConfig,
 ) -> Result<BTreeMap<NodeId, ClusterConfig>, pserver_core::ring::RingError> {
+    let workers: Vec<NodeId> = cfg.worker_ids().collect();
     let first = ClusterConfig {
         epoch: 1,
         coordinator: cfg.coordinator_id(),
         servers: cfg.server_ids().collect(),
-        workers: cfg.worker_ids().collect(),
+        shares: ClusterConfig::deal(&workers, cfg.stragglers.shares_per_worker()),
+        workers,
         ring: cfg.ring,
         consistency: cfg.consistency,
         joining: Vec::new(),
         leaving: Vec::new(),
-        shares: cfg.worker_ids().collect(),
         left: vec![],
         lost: vec![],
         incarnations: Vec::new(),
