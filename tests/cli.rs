@@ -283,7 +283,8 @@ fn the_tau_sweep_prints_a_row_per_tau() {
             "8",
             "inf",
             "adaptive:1-8",
-            "skip-ahead:1"
+            "skip-ahead:1",
+            "skip-ahead+shares:1"
         ]
     );
 }

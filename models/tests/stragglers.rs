@@ -1,15 +1,16 @@
 //! Stragglers in the deterministic simulator (ARCHITECTURE.md §9): every invariant holds with
-//! detection, skip-ahead, adaptive tau and partial pushes all on, under each speed profile
+//! detection, skip-ahead, adaptive tau, partial pushes and shares sized by speed all on, under each speed profile
 //! (a worker always slow, transient stragglers, a worker that slows down mid-job), and skip-ahead
 //! does what it is for.
 
-use pserver_core::{Consistency, StragglerPolicy, TauRange};
+use pserver_core::{Balance, Consistency, StragglerPolicy, TauRange};
 use pserver_models::sim::{Faults, PaceReport, SimConfig, SimFailure, SimReport, run};
 
 /// Everything the coordinator may do about stragglers, at once.
 fn every_feature() -> StragglerPolicy {
     let mut policy = StragglerPolicy::skip_ahead();
     policy.adaptive_tau = Some(TauRange { min: 1, max: 4 });
+    policy.balance = Some(Balance::shares(3));
     policy
 }
 
@@ -86,6 +87,7 @@ fn every_invariant_holds_with_every_straggler_feature_on_under_each_speed_profil
             pace.tau_changes > 0 && pace.max_tau > 1,
             "{profile}: {pace:?}"
         );
+        assert!(pace.shares_moved > 0, "{profile}: {pace:?}");
     }
 }
 
@@ -176,7 +178,7 @@ fn a_run_with_every_straggler_feature_on_replays_exactly() {
     assert_eq!(a, b);
     assert!(
         cfg.replay_command()
-            .contains("--skip-ahead --adaptive-tau 1:4 --parts 2")
+            .contains("--skip-ahead --adaptive-tau 1:4 --shares 3 --parts 2")
     );
 }
 

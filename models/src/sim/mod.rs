@@ -321,6 +321,9 @@ impl SimConfig {
         if let Some(range) = self.stragglers.adaptive_tau {
             cmd += &format!(" --adaptive-tau {}:{}", range.min, range.max);
         }
+        if let Some(balance) = self.stragglers.balance {
+            cmd += &format!(" --shares {}", balance.per_worker);
+        }
         if self.parts != 1 {
             cmd += &format!(" --parts {}", self.parts);
         }
@@ -694,6 +697,8 @@ pub struct PaceReport {
     pub max_tau: u32,
     /// Partial pushes of skipped iterations that still went to the servers.
     pub parts_kept: u64,
+    /// Shares moved from slower workers to faster ones.
+    pub shares_moved: u64,
 }
 
 impl PaceReport {
@@ -705,6 +710,7 @@ impl PaceReport {
         self.tau_changes += other.tau_changes;
         self.max_tau = self.max_tau.max(other.max_tau);
         self.parts_kept += other.parts_kept;
+        self.shares_moved += other.shares_moved;
     }
 }
 

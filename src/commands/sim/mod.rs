@@ -3,7 +3,7 @@
 mod seeds;
 mod sweep;
 
-use pserver_core::{Consistency, Detection, StragglerPolicy, TauRange};
+use pserver_core::{Balance, Consistency, Detection, StragglerPolicy, TauRange};
 
 // The simulator is named in this one place; the submodules go through this module too.
 use pserver_models::sim as simulator;
@@ -27,7 +27,9 @@ use super::parse::{at_least_one, factor, probability, tau_range};
 /// failed.
 /// With --tau-sweep, prints instead how long the workload takes, and how much workers
 /// idle, for tau in 0, 1, 2, 4, 8 and infinity, for tau moving between 1 and 8 as stragglers
-/// come and go (adaptive:1-8), and for tau 1 with stragglers skipped ahead (skip-ahead:1).
+/// come and go (adaptive:1-8), for tau 1 with stragglers skipped ahead (skip-ahead:1), and
+/// the same with four shares per worker moved from slow workers to fast ones
+/// (skip-ahead+shares:1).
 #[derive(clap::Args, Debug)]
 pub struct SimArgs {
     /// Number of seeds to run.
@@ -83,6 +85,11 @@ pub struct SimArgs {
     /// they clear.
     #[arg(long, value_parser = tau_range)]
     adaptive_tau: Option<TauRange>,
+    /// Cut the work into this many shares per worker, and let the coordinator move shares
+    /// from slow workers to fast ones by the speed they report (at least 1 each, at most
+    /// twice this many).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    shares: Option<u16>,
     /// Cut each iteration's compute into this many parts, each pushed when done, so that a
     /// skip loses only the part not yet pushed.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -227,11 +234,16 @@ fn config(args: &SimArgs) -> SimConfig {
 /// The straggler policy the arguments ask for: detection whenever anything acts on it.
 fn policy(args: &SimArgs) -> StragglerPolicy {
     let mut policy = StragglerPolicy::default();
-    if args.detect_lag.is_some() || args.skip_ahead || args.adaptive_tau.is_some() {
+    if args.detect_lag.is_some()
+        || args.skip_ahead
+        || args.adaptive_tau.is_some()
+        || args.shares.is_some()
+    {
         policy.detect = Some(Detection::lagging(args.detect_lag.unwrap_or(1)));
     }
     policy.skip_ahead = args.skip_ahead;
     policy.adaptive_tau = args.adaptive_tau;
+    policy.balance = args.shares.map(Balance::shares);
     policy
 }
 

@@ -82,12 +82,18 @@ impl Batch {
     }
 
     /// What the coordinators found and decided about stragglers: `pace flagged=F skips=S
-    /// skipped_iterations=I parts_kept=P tau_changes=T max_tau=M`.
+    /// skipped_iterations=I parts_kept=P tau_changes=T max_tau=M shares_moved=H`.
     pub fn pace_summary(&self) -> String {
         let p = &self.pace;
         format!(
-            "pace flagged={} skips={} skipped_iterations={} parts_kept={} tau_changes={} max_tau={}",
-            p.flagged, p.skips, p.skipped_iterations, p.parts_kept, p.tau_changes, p.max_tau
+            "pace flagged={} skips={} skipped_iterations={} parts_kept={} tau_changes={} max_tau={} shares_moved={}",
+            p.flagged,
+            p.skips,
+            p.skipped_iterations,
+            p.parts_kept,
+            p.tau_changes,
+            p.max_tau,
+            p.shares_moved
         )
     }
 

@@ -1,7 +1,7 @@
 //! The tau sweep: how long a workload takes, and how much workers idle, as the staleness bound
 //! grows, and with the coordinator dealing with stragglers (ARCHITECTURE.md §9).
 
-use pserver_core::{StragglerPolicy, TauRange};
+use pserver_core::{Balance, StragglerPolicy, TauRange};
 
 use super::{Consistency, MS, PaceReport, Protocol, SimConfig, SimFailure};
 
@@ -42,8 +42,9 @@ pub fn sweep_models() -> Vec<Consistency> {
 }
 
 /// What the sweep runs: every model of [`sweep_models`] as it is; tau moving between 1 and 8
-/// (`adaptive:1-8`); and bounded delay 1 with stragglers skipped ahead, each iteration pushed
-/// in four parts (`skip-ahead:1`).
+/// (`adaptive:1-8`); bounded delay 1 with stragglers skipped ahead, each iteration pushed in
+/// four parts (`skip-ahead:1`); and the same with four shares per worker moved by speed
+/// (`skip-ahead+shares:1`).
 pub fn sweep_pacings() -> Vec<Pacing> {
     let mut rows: Vec<Pacing> = sweep_models()
         .into_iter()
@@ -65,6 +66,14 @@ pub fn sweep_pacings() -> Vec<Pacing> {
         label: "skip-ahead:1".into(),
         consistency: Consistency::BoundedDelay(1),
         stragglers: StragglerPolicy::skip_ahead(),
+        parts: 4,
+    });
+    let mut shared = StragglerPolicy::skip_ahead();
+    shared.balance = Some(Balance::shares(4));
+    rows.push(Pacing {
+        label: "skip-ahead+shares:1".into(),
+        consistency: Consistency::BoundedDelay(1),
+        stragglers: shared,
         parts: 4,
     });
     rows
@@ -136,7 +145,8 @@ mod tests {
                 "8",
                 "inf",
                 "adaptive:1-8",
-                "skip-ahead:1"
+                "skip-ahead:1",
+                "skip-ahead+shares:1"
             ]
         );
         let sequential = &rows[0];
@@ -177,5 +187,25 @@ mod tests {
             .find(|r| r.pacing.label == "adaptive:1-8")
             .unwrap();
         assert!(adaptive.pace.max_tau > 1, "{rows:?}");
+    }
+
+    #[test]
+    fn with_shares_sized_by_speed_the_slow_worker_skips_little_and_all_finish_early() {
+        let base = SimConfig {
+            slow_worker: 4.0,
+            workers: 4,
+            iterations: 20,
+            ..SimConfig::default()
+        };
+        let rows = tau_sweep(&base, Protocol::default(), 0, 3).unwrap();
+        let row = |label: &str| rows.iter().find(|r| r.pacing.label == label).unwrap();
+        let (alone, shared) = (row("skip-ahead:1"), row("skip-ahead+shares:1"));
+        assert!(shared.pace.shares_moved > 0, "{rows:?}");
+        // The slow worker's work moves to the others instead of being dropped.
+        assert!(
+            2 * shared.pace.skipped_iterations < alone.pace.skipped_iterations,
+            "{rows:?}"
+        );
+        assert!(shared.finish_ms < 0.6 * row("0").finish_ms, "{rows:?}");
     }
 }

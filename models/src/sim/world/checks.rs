@@ -358,11 +358,12 @@ impl World<'_> {
         let Some(config) = self.coordinator().and_then(|c| c.config()) else {
             return Ok(());
         };
-        if config.shares.len() != self.cfg.workers {
+        let count = self.cfg.workers * self.cfg.stragglers.shares_per_worker();
+        if config.shares.len() != count {
             return Err(self.fail(
                 Invariant::WorkCoverage,
                 format!(
-                    "{} shares for {} workers",
+                    "{} shares for {} workers, where the job has {count}",
                     config.shares.len(),
                     self.cfg.workers
                 ),

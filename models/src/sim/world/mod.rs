@@ -763,6 +763,10 @@ impl<'a> World<'a> {
                 self.pace.flagged += 1;
                 return Ok(());
             }
+            Event::ShareMoved { .. } => {
+                self.pace.shares_moved += 1;
+                return Ok(());
+            }
             Event::TauChanged { to, .. } => {
                 self.pace.tau_changes += 1;
                 self.pace.max_tau = self.pace.max_tau.max(to);
@@ -881,7 +885,19 @@ impl<'a> World<'a> {
                 factor *= self.cfg.slows_down;
             }
         }
-        (base as f64 * factor.max(1.0)) as Time
+        let factor = factor.max(1.0);
+        // An iteration's work is a step of every share held: the job's work is the same
+        // however it is cut, and a worker holding more shares computes longer.
+        let per_worker = self.cfg.stragglers.shares_per_worker() as f64;
+        let held = self.nodes.get_mut(&node).map_or(per_worker, |driver| {
+            // The application knows its own speed: shares' work per second of compute.
+            let _ = driver.report_speed((1_000_000.0 / factor) as u32);
+            driver
+                .node()
+                .as_worker()
+                .map_or(per_worker, |w| w.shares().len() as f64)
+        });
+        (base as f64 * factor * held / per_worker) as Time
     }
 
     /// Pulls the keys of the iteration: a random subset, or now and then the whole key space as
