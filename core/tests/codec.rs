@@ -188,13 +188,14 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
         Just(Message::ConfigRequest),
         (
             any::<u64>(),
-            proptest::option::of((any::<u32>(), any::<u16>()))
+            proptest::option::of((any::<u32>(), any::<u16>(), any::<u32>()))
         )
             .prop_map(|(sent_at, at)| Message::Heartbeat {
                 sent_at,
-                at: at.map(|(iteration, covered)| pserver_core::Position {
+                at: at.map(|(iteration, covered, speed)| pserver_core::Position {
                     iteration,
                     covered: pserver_core::Coverage(covered),
+                    speed,
                 }),
             }),
         (

@@ -123,6 +123,7 @@ fn message<V: Value>(u: &mut Unstructured) -> Result<Message<V>> {
                 Some(pserver_core::Position {
                     iteration: u.arbitrary()?,
                     covered: pserver_core::Coverage(u.arbitrary()?),
+                    speed: u.arbitrary()?,
                 })
             } else {
                 None

@@ -27,14 +27,16 @@ use std::time::{Duration, Instant};
 
 use pserver_core::store::StoreLayout;
 use pserver_core::{
-    Consistency, JobSpec, Key, KeyList, KeyRange, KeySelection, KvPairs, MAX_KEY, RangeList,
-    Updater,
+    Consistency, Coverage, JobSpec, Key, KeyList, KeyRange, KeySelection, KvPairs, MAX_KEY,
+    RangeList, Updater,
 };
 use pserver_transport::mem::MemNetwork;
-use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError, WorkerHandle};
+use pserver_transport::runtime::{
+    ClusterSpec, LocalCluster, NodeMetrics, RuntimeError, WorkerHandle,
+};
 use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
-use tokio::sync::mpsc;
-use tracing::warn;
+use tokio::sync::{mpsc, watch};
+use tracing::info;
 
 use crate::data::libsvm::{Examples, IndexBase};
 
@@ -63,6 +65,17 @@ pub struct LrConfig {
     /// Whether a worker pulls its next minibatch's weights while it computes on this one,
     /// where the consistency model allows it ([`LrConfig::pipelined`]).
     pub pipeline: bool,
+    /// One worker computing slower than it can, to measure straggler handling.
+    pub slow_worker: Option<SlowWorker>,
+}
+
+/// A worker made to compute slower than it can ([`WorkerRun::slowdown`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlowWorker {
+    /// Which worker, from 0 in node order.
+    pub worker: usize,
+    /// How many times slower (at least 1).
+    pub factor: f64,
 }
 
 /// Which epoch's model a training run ends with.
@@ -201,6 +214,7 @@ impl Default for LrConfig {
             keep: Keep::Best,
             early_stop: None,
             pipeline: true,
+            slow_worker: None,
         }
         .with_bias(true)
     }
@@ -223,8 +237,38 @@ impl LrConfig {
             && let Consistency::BoundedDelay(tau) = job.consistency
         {
             job.consistency = Consistency::BoundedDelay(tau.saturating_sub(1));
+            // The same for the bounds adaptive tau moves between.
+            if let Some(range) = &mut job.stragglers.adaptive_tau {
+                range.min = range.min.saturating_sub(1);
+                range.max = range.max.saturating_sub(1);
+            }
         }
         job
+    }
+
+    /// Rows of one share's minibatch: `batch` over the shares each worker starts with, so that
+    /// a worker's step trains `batch` rows until shares move.
+    pub fn share_batch(&self) -> usize {
+        self.batch
+            .max(1)
+            .div_ceil(self.job.stragglers.shares_per_worker())
+    }
+
+    /// What a share's minibatch of `rows` rows is pushed weighted by: 1, or with several
+    /// shares per worker its rows over `batch`, so that a row weighs the same whoever trains
+    /// it and however many shares that worker holds.
+    fn push_weight(&self, rows: usize) -> f32 {
+        if self.job.stragglers.shares_per_worker() > 1 {
+            rows as f32 / self.batch.max(1) as f32
+        } else {
+            1.0
+        }
+    }
+
+    /// Rows in each share of `rows` training rows: the job's work is cut into
+    /// [`JobSpec::share_count`] shares, the last one shorter.
+    pub fn share_rows(&self, rows: usize) -> usize {
+        rows.div_ceil(self.job.share_count().max(1))
     }
 
     /// This configuration with or without an intercept (exempt from regularization).
@@ -294,6 +338,13 @@ pub struct EpochReport {
     pub nnz: usize,
     /// Rows trained on in the epoch, over every worker.
     pub rows: usize,
+    /// Rows of the training data no worker trained in the epoch: steps a straggler was told
+    /// to skip ([`pserver_core::StragglerPolicy::skip_ahead`]), and rows of a share moved
+    /// from a worker behind to one ahead, which started it where it was.
+    pub skipped_rows: usize,
+    /// Rows two workers trained in the epoch: of a share moved from a worker ahead to one
+    /// behind.
+    pub repeated_rows: usize,
     /// Minibatches whose weights were pulled while the one before was computed, over every
     /// worker ([`LrConfig::pipelined`]).
     pub pulled_ahead: usize,
@@ -502,6 +553,7 @@ enum Note {
         rows: usize,
         pulled_ahead: usize,
         train_secs: f64,
+        batches: Vec<Trained1>,
     },
     /// The measurement of the model after an epoch, by the worker holding the first share.
     Model {
@@ -513,6 +565,17 @@ enum Note {
     },
 }
 
+/// One minibatch a worker trained: of which share, at which step of the epoch, how many rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trained1 {
+    /// The share ([`WorkerHandle::shares`]).
+    pub share: usize,
+    /// The step of the epoch: the share's rows from `step * batch` in the epoch's order.
+    pub step: usize,
+    /// Rows in it.
+    pub rows: usize,
+}
+
 /// What a worker measured in one epoch.
 #[derive(Clone, Debug)]
 pub struct WorkerEpoch {
@@ -522,10 +585,16 @@ pub struct WorkerEpoch {
     pub loss: f64,
     /// Rows it trained on.
     pub rows: usize,
+    /// Rows of its shares it did not train because the coordinator told it to skip ahead
+    /// ([`pserver_core::StragglerPolicy::skip_ahead`]).
+    pub skipped_rows: usize,
     /// Minibatches whose weights it pulled while computing the one before.
     pub pulled_ahead: usize,
     /// Seconds its steps took, the measurement of the model after them left out.
     pub train_secs: f64,
+    /// Every minibatch it trained, so that a trainer can tell rows no worker trained (a
+    /// skip, a share moved from a worker behind to one ahead) and rows two workers did.
+    pub batches: Vec<Trained1>,
     /// The model after the epoch, if this worker measured it ([`Measure`]).
     pub model: Option<Measured>,
 }
@@ -551,108 +620,288 @@ pub struct Measure<'a> {
     pub model: bool,
 }
 
+/// How one worker runs, besides what it trains on.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerRun<'a> {
+    /// What it does after every epoch if it leads.
+    pub measure: Measure<'a>,
+    /// Counts the rows it trains as it goes.
+    pub counter: Option<&'a RowsTrained>,
+    /// How many times slower than it can the worker computes (1: as fast as it can): a
+    /// slow machine, to measure what straggler handling does. It waits `slowdown - 1` times
+    /// each minibatch's compute after it.
+    pub slowdown: f64,
+}
+
+impl Default for WorkerRun<'_> {
+    fn default() -> Self {
+        WorkerRun {
+            measure: Measure::default(),
+            counter: None,
+            slowdown: 1.0,
+        }
+    }
+}
+
 /// The rows of one share of the training data: the examples that hold them, and which.
 pub type ShareRows = (Arc<Examples>, Vec<usize>);
 
 /// Trains on one worker for `cfg.epochs` epochs of `steps` minibatches each; after every
 /// epoch, the worker holding the first share pulls the whole model and measures it as
-/// `measure` says. Each step takes the next minibatch
-/// of every share of the data the worker has ([`WorkerHandle::shares`]): its own, and those of
-/// workers that died or left, which `rows_of` finds. Every worker of a job must take the same
-/// number of steps, even with fewer rows, so that nobody waits at a consistency bound for a
-/// worker that has stopped advancing.
+/// `run.measure` says. Each step takes the next minibatch of every share of the data the
+/// worker has ([`WorkerHandle::shares`]): its own, those of workers that died or left, and
+/// those the coordinator moved to it for its speed; `rows_of` finds them. Every worker of a
+/// job must take the same number of steps, even with fewer rows, so that nobody waits at a
+/// consistency bound for a worker that has stopped advancing.
+///
+/// Step `s` of the run is the worker's iteration `s` past the one it started in. Told to skip
+/// ahead mid-step, the worker drops the step's minibatches it has not computed (those it
+/// pushed still count: each is pushed as a part of the step); the steps it skipped are rows
+/// it does not train, counted in [`WorkerEpoch::skipped_rows`].
 pub async fn run_shares(
     cfg: &LrConfig,
     handle: &WorkerHandle<f32>,
     rows_of: impl FnMut(usize) -> Result<ShareRows, RuntimeError>,
     steps: usize,
-    measure: Measure<'_>,
-    counter: Option<&RowsTrained>,
+    run: WorkerRun<'_>,
     mut on_epoch: impl FnMut(WorkerEpoch),
 ) -> Result<(), RuntimeError> {
     handle.ready().await?;
-    let everything = RangeList::new(vec![KeyRange::FULL]).map_err(config)?;
     let mut shares = Shares {
         cfg,
         handle,
         rows_of,
         held: Vec::new(),
         orders: BTreeMap::new(),
+        sizes: BTreeMap::new(),
         scratch: Vec::new(),
+        prepared: Duration::ZERO,
     };
     let ahead = cfg.pipelined();
-    for epoch in 1..=cfg.epochs {
-        let began = Instant::now();
-        let (mut loss, mut trained, mut pulled_ahead) = (0.0, 0, 0);
-        shares.orders.clear();
-        let mut next = None;
-        for step in 0..steps {
-            let current = match next.take() {
-                Some(sent) => sent,
-                None => shares.send(epoch, step).await?,
-            };
-            // The next step's pulls go out now, in this iteration, and are answered while
-            // this step computes: `LrConfig::protocol_job` runs the servers' bound one lower,
-            // so that they still see every push the job's bound promises.
-            if ahead && step + 1 < steps {
-                let sent = shares.send(epoch, step + 1).await?;
-                pulled_ahead += sent.len();
-                next = Some(sent);
-            }
-            for InFlight {
-                data,
-                batch,
-                weights,
-            } in current
-            {
-                let pulled = weights.await?;
-                let (grad, l) = batch.gradient(&data, pulled.values(), cfg.bias);
-                loss += l;
-                trained += batch.rows.len();
-                if let Some(counter) = counter {
-                    counter.add(batch.rows.len());
-                }
-                let kvs = KvPairs::with_keys(&batch.keys, grad, 1).map_err(config)?;
-                // Not waiting for the acknowledgement: the consistency model bounds how far
-                // ahead of its acknowledged pushes the worker may run.
-                drop(handle.start_push(kvs).await?);
-            }
-            handle.advance().await?;
-        }
-        let train_secs = began.elapsed().as_secs_f64();
-        // The leading worker measures: the holder of the first share while it lives, then
-        // whoever holds the lowest share among the living, so that metrics go on whoever
-        // dies or leaves.
-        let wanted = measure.test.is_some() || measure.model;
-        let model = if wanted && handle.leads().await? {
-            let pulled = handle
-                .pull(KeySelection::Ranges(everything.clone()))
-                .await?;
-            // Only the weights that are not zero: a weight absent reads as zero, and an
-            // L1-regularized model keeps a few of the millions of rows the servers store.
-            let (keys, values): (Vec<Key>, Vec<f32>) = pulled
-                .iter()
-                .filter_map(|(k, w)| w.first().filter(|&&w| w != 0.0).map(|&w| (k, w)))
-                .unzip();
-            let weights = KvPairs::new(keys, values, 1).map_err(config)?;
-            Some(Measured {
-                test: measure.test.map(|test| evaluate(&weights, test)),
-                nnz: weights.len(),
-                weights,
-            })
-        } else {
-            None
+    let steps = steps.max(1);
+    let total = cfg.epochs as usize * steps;
+    let first = handle.iteration().await?;
+    let mut slowdown = Slowdown::new(run.slowdown);
+    let mut speed = Speed::default();
+    let says_speed = cfg.job.stragglers.balance.is_some();
+    let mut epoch = Epoch1::new(1);
+    // Rows skipped in epochs not reached yet, by epoch.
+    let mut skipped_later: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut next: Option<(usize, Vec<InFlight>)> = None;
+    let mut at = 0;
+    while at < total {
+        let step = at % steps;
+        let current = match next.take() {
+            Some((of, sent)) if of == at => sent,
+            _ => shares.send(epoch.number, step).await?,
         };
-        on_epoch(WorkerEpoch {
-            epoch,
-            loss,
-            rows: trained,
-            pulled_ahead,
-            train_secs,
-            model,
-        });
+        // The next step's pulls go out now, in this iteration, and are answered while
+        // this step computes: `LrConfig::protocol_job` runs the servers' bound one lower,
+        // so that they still see every push the job's bound promises.
+        if ahead && step + 1 < steps {
+            let sent = shares.send(epoch.number, step + 1).await?;
+            epoch.pulled_ahead += sent.len();
+            next = Some((at + 1, sent));
+        }
+        let parts = current.len() as u32;
+        for (done, flight) in (1..).zip(current) {
+            if iteration_of(handle.skipped_to(), first) > at {
+                // Moved on mid-step: the rest of the step's work is dropped.
+                epoch.skipped_rows += flight.batch.rows.len();
+                continue;
+            }
+            let pulled = flight.weights.await?;
+            let began = Instant::now();
+            let (mut grad, l) = flight
+                .batch
+                .gradient(&flight.data, pulled.values(), cfg.bias);
+            let rows = flight.batch.rows.len();
+            let weight = cfg.push_weight(rows);
+            if weight != 1.0 {
+                grad.iter_mut().for_each(|g| *g *= weight);
+            }
+            // The worker's compute: the gradient, and preparing the minibatches since.
+            let computed = began.elapsed() + std::mem::take(&mut shares.prepared);
+            let slept = slowdown.after(computed).await;
+            speed.add(rows, computed + slept);
+            epoch.loss += l;
+            epoch.rows += rows;
+            epoch.batches.push(Trained1 {
+                share: flight.share,
+                step: flight.step,
+                rows,
+            });
+            if let Some(counter) = run.counter {
+                counter.add(rows);
+            }
+            let kvs = KvPairs::with_keys(&flight.batch.keys, grad, 1).map_err(config)?;
+            // Not waiting for the acknowledgement: the consistency model bounds how far
+            // ahead of its acknowledged pushes the worker may run. Each minibatch is a part
+            // of the step, so that a skip loses only what was not pushed.
+            drop(
+                handle
+                    .start_push_part(kvs, Coverage::parts(done, parts))
+                    .await?,
+            );
+        }
+        if says_speed && let Some(per_sec) = speed.per_sec() {
+            handle.report_speed(per_sec).await?;
+        }
+        // The next iteration, or the one the coordinator moved the worker to: then the worker
+        // is in it already, and advancing would skip it too.
+        let moved = iteration_of(handle.skipped_to(), first);
+        let to = if moved > at {
+            moved
+        } else {
+            iteration_of(handle.advance().await?, first)
+        };
+        for s in at + 1..to.min(total) {
+            let e = (s / steps) as u32 + 1;
+            let rows = shares.rows_at(s % steps);
+            if e == epoch.number {
+                epoch.skipped_rows += rows;
+            } else {
+                *skipped_later.entry(e).or_default() += rows;
+            }
+        }
+        // Every epoch ended by this step, measured once: a skip may cross several.
+        let ended = (to / steps).min(cfg.epochs as usize) as u32;
+        if ended >= epoch.number {
+            let model = measure(handle, run.measure).await?;
+            while epoch.number <= ended {
+                let next_epoch = epoch.number + 1;
+                let mut done = std::mem::replace(&mut epoch, Epoch1::new(next_epoch));
+                done.skipped_rows += skipped_later.remove(&done.number).unwrap_or(0);
+                on_epoch(done.finish(model.clone()));
+            }
+            shares.orders.clear();
+        }
+        at = to;
     }
     Ok(())
+}
+
+/// Step `iteration - first` of a run that started in iteration `first`.
+fn iteration_of(iteration: pserver_core::Iteration, first: pserver_core::Iteration) -> usize {
+    iteration.saturating_sub(first) as usize
+}
+
+/// The leading worker measures: the holder of the first share while it lives, then whoever
+/// holds the lowest share among the living, so that metrics go on whoever dies or leaves.
+async fn measure(
+    handle: &WorkerHandle<f32>,
+    measure: Measure<'_>,
+) -> Result<Option<Measured>, RuntimeError> {
+    let wanted = measure.test.is_some() || measure.model;
+    if !wanted || !handle.leads().await? {
+        return Ok(None);
+    }
+    let everything = RangeList::new(vec![KeyRange::FULL]).map_err(config)?;
+    let pulled = handle.pull(KeySelection::Ranges(everything)).await?;
+    // Only the weights that are not zero: a weight absent reads as zero, and an L1-regularized
+    // model keeps a few of the millions of rows the servers store.
+    let (keys, values): (Vec<Key>, Vec<f32>) = pulled
+        .iter()
+        .filter_map(|(k, w)| w.first().filter(|&&w| w != 0.0).map(|&w| (k, w)))
+        .unzip();
+    let weights = KvPairs::new(keys, values, 1).map_err(config)?;
+    Ok(Some(Measured {
+        test: measure.test.map(|test| evaluate(&weights, test)),
+        nnz: weights.len(),
+        weights,
+    }))
+}
+
+/// What a worker has done so far in one epoch.
+struct Epoch1 {
+    number: u32,
+    began: Instant,
+    loss: f64,
+    rows: usize,
+    skipped_rows: usize,
+    pulled_ahead: usize,
+    batches: Vec<Trained1>,
+}
+
+impl Epoch1 {
+    fn new(number: u32) -> Self {
+        Epoch1 {
+            number,
+            began: Instant::now(),
+            loss: 0.0,
+            rows: 0,
+            skipped_rows: 0,
+            pulled_ahead: 0,
+            batches: Vec::new(),
+        }
+    }
+
+    fn finish(self, model: Option<Measured>) -> WorkerEpoch {
+        WorkerEpoch {
+            epoch: self.number,
+            loss: self.loss,
+            rows: self.rows,
+            skipped_rows: self.skipped_rows,
+            pulled_ahead: self.pulled_ahead,
+            train_secs: self.began.elapsed().as_secs_f64(),
+            batches: self.batches,
+            model,
+        }
+    }
+}
+
+/// Makes a worker compute `factor` times slower than it does: after each minibatch it waits
+/// `factor - 1` times the minibatch's compute. Waits shorter than a millisecond are saved up,
+/// since a timer cannot wait that little, so the slowdown holds on average.
+struct Slowdown {
+    factor: f64,
+    owed: Duration,
+}
+
+impl Slowdown {
+    fn new(factor: f64) -> Self {
+        Slowdown {
+            factor: factor.max(1.0),
+            owed: Duration::ZERO,
+        }
+    }
+
+    /// Waits what `computed` owes; returns how long it waited.
+    async fn after(&mut self, computed: Duration) -> Duration {
+        if self.factor <= 1.0 {
+            return Duration::ZERO;
+        }
+        self.owed += computed.mul_f64(self.factor - 1.0);
+        if self.owed < Duration::from_millis(1) {
+            return Duration::ZERO;
+        }
+        let began = Instant::now();
+        tokio::time::sleep(self.owed).await;
+        let slept = began.elapsed();
+        self.owed = self.owed.saturating_sub(slept);
+        slept
+    }
+}
+
+/// Rows per second of a worker's own compute, waiting for pulls left out, over roughly its
+/// last fifty minibatches: what the coordinator sizes its shares by.
+#[derive(Default)]
+struct Speed {
+    rows: f64,
+    secs: f64,
+}
+
+impl Speed {
+    const KEEP: f64 = 0.98;
+
+    fn add(&mut self, rows: usize, took: Duration) {
+        self.rows = self.rows * Self::KEEP + rows as f64;
+        self.secs = self.secs * Self::KEEP + took.as_secs_f64();
+    }
+
+    fn per_sec(&self) -> Option<u32> {
+        (self.secs > 0.0).then(|| (self.rows / self.secs).clamp(1.0, f64::from(u32::MAX)) as u32)
+    }
 }
 
 /// A pulled answer not yet awaited.
@@ -660,6 +909,8 @@ type Answer = std::pin::Pin<Box<dyn Future<Output = Result<KvPairs<f32>, Runtime
 
 /// A minibatch whose weights were asked for.
 struct InFlight {
+    share: usize,
+    step: usize,
     data: Arc<Examples>,
     batch: Batch,
     weights: Answer,
@@ -674,7 +925,11 @@ struct Shares<'a, F> {
     held: Vec<usize>,
     /// Per share: its rows, in this epoch's order.
     orders: BTreeMap<usize, (Arc<Examples>, Vec<usize>)>,
+    /// Per share seen: its rows.
+    sizes: BTreeMap<usize, usize>,
     scratch: Vec<u64>,
+    /// Time spent preparing minibatches not yet counted as compute.
+    prepared: Duration,
 }
 
 impl<F: FnMut(usize) -> Result<ShareRows, RuntimeError>> Shares<'_, F> {
@@ -684,20 +939,18 @@ impl<F: FnMut(usize) -> Result<ShareRows, RuntimeError>> Shares<'_, F> {
         let shares = self.handle.shares().await?;
         for &share in shares.iter().filter(|s| !self.held.contains(s)) {
             if !self.held.is_empty() {
-                warn!(
-                    share,
-                    epoch, step, "took over the share of a worker that is gone"
-                );
+                info!(share, epoch, step, "took over share {share}");
             }
         }
         self.held = shares;
-        let batch = self.cfg.batch.max(1);
+        let batch = self.cfg.share_batch();
         let mut sent = Vec::with_capacity(self.held.len());
         for &share in &self.held {
             let (data, order) = match self.orders.entry(share) {
                 Entry::Occupied(e) => e.into_mut(),
                 Entry::Vacant(e) => {
                     let (data, mine) = (self.rows_of)(share)?;
+                    self.sizes.insert(share, mine.len());
                     e.insert((data, visiting_order(self.cfg, share, epoch, mine)))
                 }
             };
@@ -706,18 +959,32 @@ impl<F: FnMut(usize) -> Result<ShareRows, RuntimeError>> Shares<'_, F> {
             if rows.is_empty() {
                 continue;
             }
+            let began = Instant::now();
             let prepared = Batch::new(data, rows, self.cfg.bias, &mut self.scratch)?;
+            self.prepared += began.elapsed();
             let weights = self
                 .handle
                 .start_pull(KeySelection::Keys(prepared.keys.clone()))
                 .await?;
             sent.push(InFlight {
+                share,
+                step,
                 data: data.clone(),
                 batch: prepared,
                 weights: Box::pin(weights),
             });
         }
         Ok(sent)
+    }
+
+    /// Rows the minibatches of `step` hold over the shares the worker holds.
+    fn rows_at(&self, step: usize) -> usize {
+        let batch = self.cfg.share_batch();
+        self.held
+            .iter()
+            .filter_map(|s| self.sizes.get(s))
+            .map(|&len| len.saturating_sub(step * batch).min(batch))
+            .sum()
     }
 }
 
@@ -745,56 +1012,61 @@ impl RowsTrained {
     }
 }
 
+/// A run's rows, shared by its workers: training rows, the permutation of them dealt into
+/// shares, and test rows.
+#[derive(Clone)]
+struct RunData {
+    train: Arc<Examples>,
+    dealt: Arc<Vec<usize>>,
+    test: Arc<Examples>,
+}
+
 async fn run_worker(
     cfg: LrConfig,
     handle: WorkerHandle<f32>,
-    train: std::sync::Arc<Examples>,
-    dealt: Arc<Vec<usize>>,
-    test: std::sync::Arc<Examples>,
+    RunData { train, dealt, test }: RunData,
     notes: mpsc::UnboundedSender<Note>,
     counter: RowsTrained,
+    slowdown: f64,
 ) -> Result<(), RuntimeError> {
-    let per = train.len().div_ceil(cfg.job.workers);
+    let per = cfg.share_rows(train.len());
     let rows_of = |share: usize| {
         let share = (share * per).min(train.len())..((share + 1) * per).min(train.len());
         Ok((train.clone(), dealt[share].to_vec()))
     };
-    let steps = per.div_ceil(cfg.batch.max(1));
-    let measure = Measure {
-        test: Some(&*test),
-        model: true,
+    let steps = per.div_ceil(cfg.share_batch());
+    let run = WorkerRun {
+        measure: Measure {
+            test: Some(&*test),
+            model: true,
+        },
+        counter: Some(&counter),
+        slowdown,
     };
-    run_shares(
-        &cfg,
-        &handle,
-        rows_of,
-        steps,
-        measure,
-        Some(&counter),
-        |e| {
-            let _ = notes.send(Note::Loss {
+    run_shares(&cfg, &handle, rows_of, steps, run, |e| {
+        let _ = notes.send(Note::Loss {
+            epoch: e.epoch,
+            loss: e.loss,
+            rows: e.rows,
+            pulled_ahead: e.pulled_ahead,
+            train_secs: e.train_secs,
+            batches: e.batches,
+        });
+        if let Some(Measured {
+            test: Some((test_logloss, test_auc)),
+            nnz,
+            weights,
+        }) = e.model
+        {
+            let _ = notes.send(Note::Model {
                 epoch: e.epoch,
-                loss: e.loss,
-                rows: e.rows,
-                pulled_ahead: e.pulled_ahead,
-                train_secs: e.train_secs,
-            });
-            if let Some(Measured {
-                test: Some((test_logloss, test_auc)),
+                test_logloss,
+                test_auc,
                 nnz,
                 weights,
-            }) = e.model
-            {
-                let _ = notes.send(Note::Model {
-                    epoch: e.epoch,
-                    test_logloss,
-                    test_auc,
-                    nnz,
-                    weights,
-                });
-            }
-        },
-    )
+            });
+        }
+    })
     .await
 }
 
@@ -813,6 +1085,8 @@ pub struct Trained {
     pub kept_epoch: u32,
     /// Training stopped early ([`LrConfig::early_stop`]) after this epoch.
     pub stopped_early: Option<u32>,
+    /// What was found and done about stragglers.
+    pub pace: PaceCounts,
 }
 
 /// Trains on `train` in one process over the in-memory transport, measuring on `test` after
@@ -877,24 +1151,33 @@ pub async fn train_local_until(
     if cfg.shuffle {
         crate::seeded::shuffle(&mut dealt, crate::seeded::mix(cfg.seed ^ 0x5a17));
     }
-    let dealt = Arc::new(dealt);
+    let data = RunData {
+        train: train.clone(),
+        dealt: Arc::new(dealt),
+        test: test.clone(),
+    };
     let tasks: Vec<_> = cluster
         .workers
         .iter()
-        .map(|h| {
+        .enumerate()
+        .map(|(i, h)| {
+            let slowdown = cfg
+                .slow_worker
+                .filter(|s| s.worker == i)
+                .map_or(1.0, |s| s.factor);
             tokio::spawn(run_worker(
                 cfg.clone(),
                 h.clone(),
-                train.clone(),
-                dealt.clone(),
-                test.clone(),
+                data.clone(),
                 tx.clone(),
                 counter.clone(),
+                slowdown,
             ))
         })
         .collect();
     drop(tx);
-    let mut epochs = Epochs::new(cfg);
+    let mut epochs = Epochs::new(cfg, train.len());
+    let pace = PaceWatch::new(&cluster, &spec.job);
     let mut stop = std::pin::pin!(stop);
     loop {
         let note = tokio::select! {
@@ -906,6 +1189,7 @@ pub async fn train_local_until(
                     t.abort();
                 }
                 drop(cluster);
+                epochs.pace = pace.read();
                 return epochs.trained();
             }
         };
@@ -923,6 +1207,7 @@ pub async fn train_local_until(
                 t.abort();
             }
             drop(cluster);
+            epochs.pace = pace.read();
             epochs.stopped_early = Some(epochs.reports.len() as u32);
             return epochs.trained();
         }
@@ -931,14 +1216,63 @@ pub async fn train_local_until(
         t.await.map_err(|_| RuntimeError::ShutDown)??;
     }
     cluster.shutdown().await?;
+    epochs.pace = pace.read();
     epochs.trained()
+}
+
+/// What was found and done about stragglers in a run ([`pserver_core::StragglerPolicy`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PaceCounts {
+    /// Times the coordinator found a worker lagging.
+    pub stragglers: u64,
+    /// Shares it moved from slower workers to faster ones.
+    pub shares_moved: u64,
+    /// Iterations workers were told to skip, over every worker.
+    pub skipped_iterations: u64,
+}
+
+/// Where a run's [`PaceCounts`] are read from: the coordinator's and the workers' counts,
+/// which hold their last values once the nodes have stopped.
+struct PaceWatch {
+    coordinator: Option<watch::Receiver<NodeMetrics>>,
+    workers: Vec<watch::Receiver<NodeMetrics>>,
+}
+
+impl PaceWatch {
+    fn new(cluster: &LocalCluster<f32>, job: &JobSpec) -> Self {
+        let layout = job.layout();
+        PaceWatch {
+            coordinator: cluster.metrics_receiver(layout.coordinator()),
+            workers: layout
+                .workers()
+                .filter_map(|w| cluster.metrics_receiver(w))
+                .collect(),
+        }
+    }
+
+    fn read(&self) -> PaceCounts {
+        let coordinator = self
+            .coordinator
+            .as_ref()
+            .map(|c| c.borrow().clone())
+            .unwrap_or_default();
+        PaceCounts {
+            stragglers: coordinator.stragglers,
+            shares_moved: coordinator.shares_moved,
+            skipped_iterations: self
+                .workers
+                .iter()
+                .map(|w| w.borrow().skipped_iterations)
+                .sum(),
+        }
+    }
 }
 
 /// An epoch's measurement: test log loss, test AUC, non-zero weights, and the model.
 type EpochModel = (f64, f64, usize, KvPairs<f32>);
 
 /// What the workers said of one epoch, summed over them.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Said {
     loss: f64,
     rows: usize,
@@ -946,12 +1280,16 @@ struct Said {
     pulled_ahead: usize,
     /// The slowest worker's.
     train_secs: f64,
+    /// Per share and step: its rows, and how many workers trained them.
+    batches: BTreeMap<(usize, usize), (usize, usize)>,
 }
 
 /// What the workers have said about each epoch. An epoch's report is made once every worker's
 /// loss and the measurement of the model are in, in epoch order.
 struct Epochs {
     workers: usize,
+    /// Rows of the training data: what every epoch trains once.
+    train_rows: usize,
     keep: Keep,
     /// Per epoch (from 1): what the workers said of it.
     losses: Vec<Said>,
@@ -964,12 +1302,14 @@ struct Epochs {
     best: Option<(u32, f64)>,
     reports: Vec<EpochReport>,
     stopped_early: Option<u32>,
+    pace: PaceCounts,
 }
 
 impl Epochs {
-    fn new(cfg: &LrConfig) -> Self {
+    fn new(cfg: &LrConfig, train_rows: usize) -> Self {
         Epochs {
             workers: cfg.job.workers,
+            train_rows,
             keep: cfg.keep,
             losses: vec![Said::default(); cfg.epochs as usize + 1],
             models: vec![None; cfg.epochs as usize + 1],
@@ -977,6 +1317,7 @@ impl Epochs {
             best: None,
             reports: Vec::new(),
             stopped_early: None,
+            pace: PaceCounts::default(),
         }
     }
 
@@ -994,6 +1335,7 @@ impl Epochs {
                 rows,
                 pulled_ahead,
                 train_secs,
+                batches,
             } => {
                 let slot = &mut self.losses[epoch as usize];
                 slot.loss += loss;
@@ -1001,6 +1343,10 @@ impl Epochs {
                 slot.workers += 1;
                 slot.pulled_ahead += pulled_ahead;
                 slot.train_secs = slot.train_secs.max(train_secs);
+                for b in batches {
+                    let seen = slot.batches.entry((b.share, b.step)).or_default();
+                    *seen = (b.rows, seen.1 + 1);
+                }
             }
             Note::Model {
                 epoch,
@@ -1018,16 +1364,22 @@ impl Epochs {
     /// are when training began and what the nodes have sent so far.
     fn next_report(&mut self, began: Instant, bytes_sent: u64) -> Option<&EpochReport> {
         let next = self.reports.len() + 1;
+        let said = self.losses.get(next)?;
+        if said.workers < self.workers {
+            return None;
+        }
         let Said {
             loss,
             rows,
-            workers,
             pulled_ahead,
             train_secs,
-        } = *self.losses.get(next)?;
-        if workers < self.workers {
-            return None;
-        }
+            ..
+        } = *said;
+        // Rows of a skipped step no worker trained, and rows of a share that moved from a
+        // worker ahead to one behind that both did.
+        let distinct: usize = said.batches.values().map(|&(rows, _)| rows).sum();
+        let skipped_rows = self.train_rows.saturating_sub(distinct);
+        let repeated_rows = rows.saturating_sub(distinct);
         let (test_logloss, test_auc, nnz, model) = self.models.get_mut(next)?.take()?;
         let epoch = next as u32;
         let secs = began.elapsed().as_secs_f64();
@@ -1047,6 +1399,8 @@ impl Epochs {
             test_auc,
             nnz,
             rows,
+            skipped_rows,
+            repeated_rows,
             pulled_ahead,
             train_secs,
             epoch_secs: secs - before,
@@ -1067,6 +1421,7 @@ impl Epochs {
             model,
             kept_epoch,
             stopped_early: self.stopped_early,
+            pace: self.pace,
         })
     }
 }
@@ -1337,11 +1692,11 @@ mod tests {
             keep,
             ..LrConfig::default()
         };
-        let mut epochs = Epochs::new(&cfg);
+        let mut epochs = Epochs::new(&cfg, 4 * cfg.job.workers);
         let began = Instant::now();
         for (i, &loss) in losses.iter().enumerate() {
             let epoch = i as u32 + 1;
-            for _ in 0..cfg.job.workers {
+            for share in 0..cfg.job.workers {
                 assert!(epochs.next_report(began, 0).is_none());
                 epochs.note(Note::Loss {
                     epoch,
@@ -1349,6 +1704,11 @@ mod tests {
                     rows: 4,
                     pulled_ahead: 0,
                     train_secs: 0.0,
+                    batches: vec![Trained1 {
+                        share,
+                        step: 0,
+                        rows: 4,
+                    }],
                 });
             }
             assert!(epochs.next_report(began, 0).is_none(), "no model yet");
@@ -1369,6 +1729,46 @@ mod tests {
         let last = epochs.reports.last().map_or(0.0, |r| r.secs);
         assert!((total - last).abs() < 1e-9);
         epochs
+    }
+
+    #[test]
+    fn an_epoch_reports_the_rows_no_worker_trained_and_the_rows_two_did() {
+        let cfg = LrConfig {
+            epochs: 1,
+            ..LrConfig::default()
+        };
+        let mut epochs = Epochs::new(&cfg, 40);
+        let batch = |share, step, rows| Trained1 { share, step, rows };
+        // Shares 0 and 1 of 10 rows each, four workers: share 1's step 1 is trained twice
+        // (a move to a worker behind), share 2's steps 0 and 1 never (a skip).
+        let said = [
+            vec![batch(0, 0, 5), batch(0, 1, 5)],
+            vec![batch(1, 0, 5), batch(1, 1, 5)],
+            vec![batch(1, 1, 5)],
+            vec![batch(3, 0, 5), batch(3, 1, 5)],
+        ];
+        for batches in said {
+            let rows = batches.iter().map(|b| b.rows).sum();
+            epochs.note(Note::Loss {
+                epoch: 1,
+                loss: 1.0,
+                rows,
+                pulled_ahead: 0,
+                train_secs: 0.0,
+                batches,
+            });
+        }
+        epochs.note(Note::Model {
+            epoch: 1,
+            test_logloss: 0.5,
+            test_auc: 0.5,
+            nnz: 0,
+            weights: KvPairs::empty(1).unwrap(),
+        });
+        let report = epochs.next_report(Instant::now(), 0).unwrap();
+        assert_eq!(report.rows, 35);
+        assert_eq!(report.skipped_rows, 10);
+        assert_eq!(report.repeated_rows, 5);
     }
 
     #[test]

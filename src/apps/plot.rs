@@ -97,6 +97,8 @@ mod tests {
                 test_auc: 0.8 + 0.02 * f64::from(e) - shift,
                 nnz: 10 * e as usize,
                 rows: 100,
+                skipped_rows: 0,
+                repeated_rows: 0,
                 pulled_ahead: 0,
                 train_secs: 0.1,
                 epoch_secs: 0.1,

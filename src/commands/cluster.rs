@@ -26,7 +26,9 @@ use super::cluster_file::{ClusterFile, ClusterFileError, Job, LrJob};
 use super::metrics::{Sources, TransportCounters};
 use super::script::{Script, WorkerSummary};
 use super::signals::Stop;
-use crate::apps::lr::{Measure, ShareRows, evaluate, load_model, run_shares, save_model};
+use crate::apps::lr::{
+    Measure, ShareRows, WorkerRun, evaluate, load_model, run_shares, save_model,
+};
 use crate::data::libsvm::{
     DataError, Examples, IndexBase, count_rows, holds_rows, lines_before, no_examples, parse_lines,
     parse_whole, read_bytes, shard,
@@ -539,7 +541,11 @@ async fn train_lr_worker(
     // Epoch 1's time starts when the job does, not while the nodes are still joining.
     worker.ready().await?;
     let mut began = Instant::now();
-    run_shares(&job.cfg, worker, rows_of, steps, measure, None, |e| {
+    let run = WorkerRun {
+        measure,
+        ..WorkerRun::default()
+    };
+    run_shares(&job.cfg, worker, rows_of, steps, run, |e| {
         epochs = e.epoch;
         let secs = began.elapsed().as_secs_f64();
         began = Instant::now();
@@ -579,6 +585,10 @@ async fn train_lr_worker(
             " rows_per_sec={:.0} secs={secs:.2}",
             e.rows as f64 / secs.max(1e-9)
         );
+        // Never silent: rows a skip left untrained.
+        if e.skipped_rows > 0 {
+            line += &format!(" skipped_rows={}", e.skipped_rows);
+        }
         println!("{line}");
     })
     .await?;

@@ -57,6 +57,19 @@ pub(super) fn tau_range(s: &str) -> Result<pserver_core::TauRange, String> {
     Ok(pserver_core::TauRange { min, max })
 }
 
+/// `W:F`: worker `W` (from 0) computing `F` times slower (see [`factor`]).
+pub(super) fn slow_worker(s: &str) -> Result<crate::apps::lr::SlowWorker, String> {
+    let bad = || {
+        format!(
+            "`{s}` is not W:F, a worker (from 0) and how many times slower it computes (1 to 1000), e.g. 0:4"
+        )
+    };
+    let (worker, f) = s.split_once(':').ok_or_else(bad)?;
+    let worker = worker.parse().map_err(|_| bad())?;
+    let factor = factor(f).map_err(|_| bad())?;
+    Ok(crate::apps::lr::SlowWorker { worker, factor })
+}
+
 /// A whole number of at least 1, as a `usize`, which clap's ranged parsers do not give: a
 /// batch size, a byte limit, a thread count.
 pub(super) fn at_least_one(s: &str) -> Result<usize, String> {

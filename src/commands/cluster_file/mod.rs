@@ -534,6 +534,7 @@ fn job(
         keep: Keep::Best,
         early_stop: None,
         pipeline: true,
+        slow_worker: None,
     }
     .with_bias(job.bias);
     // The servers are built from `spec`: they must know the intercept's key too, and hold

@@ -7,15 +7,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use pserver_core::{Consistency, JobSpec, Updater};
+use pserver_core::{Balance, Consistency, Detection, JobSpec, StragglerPolicy, TauRange, Updater};
 use tokio::runtime::Runtime;
 
 use super::NodesArgs;
 use crate::apps::lr::{
-    Keep, LrConfig, Rates, RowsTrained, Rule, Trained, Wire, save_model, train_local_until,
+    Keep, LrConfig, Rates, RowsTrained, Rule, SlowWorker, Trained, Wire, save_model,
+    train_local_until,
 };
 use crate::apps::plot::{Curve, write_svg};
-use crate::commands::parse::{at_least_one, non_negative_finite, output_file, positive_finite};
+use crate::commands::parse::{
+    at_least_one, non_negative_finite, output_file, positive_finite, slow_worker, tau_range,
+};
 use crate::commands::signals::{self, Stop};
 use crate::commands::{CliError, runtime};
 use crate::data::libsvm::{Examples, IndexBase, read_streaming};
@@ -90,9 +93,53 @@ pub struct LrArgs {
     /// Stop after N epochs in a row without a lower test log loss.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     early_stop: Option<u32>,
+    #[command(flatten)]
+    stragglers: StragglerArgs,
     /// Without a terminal, print a progress line (rows trained, rows/s) this often.
     #[arg(long, value_name = "SECS", default_value_t = 5.0, value_parser = positive_finite, allow_negative_numbers = true)]
     progress_every: f64,
+}
+
+/// What the run does about workers slower than the others; all off by default.
+#[derive(clap::Args, Debug, Clone)]
+struct StragglerArgs {
+    /// Make worker W (from 0) compute F times slower than it can: a slow machine, to see what
+    /// the options below do about it.
+    #[arg(long, value_name = "W:F", value_parser = slow_worker)]
+    slow_worker: Option<SlowWorker>,
+    /// Warn of a worker more than N iterations behind the median of the others (on with any
+    /// option below, at 1 unless given).
+    #[arg(long, value_name = "N")]
+    detect_lag: Option<u32>,
+    /// Under bounded delay, move a straggler on to the others' iteration instead of holding
+    /// everybody at the bound. The rows it skips are not trained, and each epoch's line
+    /// counts them (skipped_rows=).
+    #[arg(long)]
+    skip_ahead: bool,
+    /// Under bounded delay, let tau move within MIN:MAX, starting from the --consistency
+    /// bound: up while stragglers are found, down once they clear.
+    #[arg(long, value_name = "MIN:MAX", value_parser = tau_range)]
+    adaptive_tau: Option<TauRange>,
+    /// Cut the training rows into N shares per worker, and let the coordinator move shares
+    /// from slow workers to fast ones by the rows per second each computes (at least one
+    /// share each, at most 2N).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    shares: Option<u16>,
+}
+
+impl StragglerArgs {
+    /// The policy asked for: detection whenever anything acts on it.
+    fn policy(&self) -> StragglerPolicy {
+        let mut policy = StragglerPolicy::default();
+        let acts = self.skip_ahead || self.adaptive_tau.is_some() || self.shares.is_some();
+        if acts || self.detect_lag.is_some() {
+            policy.detect = Some(Detection::lagging(self.detect_lag.unwrap_or(1)));
+        }
+        policy.skip_ahead = self.skip_ahead;
+        policy.adaptive_tau = self.adaptive_tau;
+        policy.balance = self.shares.map(Balance::shares);
+        policy
+    }
 }
 
 /// The servers' update rule and its rates; each rate belongs to some rules only, and giving
@@ -200,6 +247,15 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
                 "{prefix}early stop after epoch {after}: no lower test log loss since epoch {best}"
             );
         }
+        if cfg.job.stragglers.detect.is_some() {
+            let p = trained.pace;
+            let skipped: usize = trained.reports.iter().map(|r| r.skipped_rows).sum();
+            let repeated: usize = trained.reports.iter().map(|r| r.repeated_rows).sum();
+            println!(
+                "{prefix}pace stragglers={} shares_moved={} skipped_iterations={} skipped_rows={skipped} repeated_rows={repeated}",
+                p.stragglers, p.shares_moved, p.skipped_iterations
+            );
+        }
         runs.push((consistency, trained));
         if let Some(stop) = stop {
             eprintln!("{}: keeping the epochs finished so far", stop.word());
@@ -252,6 +308,20 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
     job.consistency = consistency;
     job.updater = args.rule.updater()?;
     job.store = LrConfig::default().job.store;
+    job.stragglers = args.stragglers.policy();
+    // Refused here, naming the model, rather than once the nodes are started.
+    job.validate::<f32>()
+        .map_err(|e| CliError::input(format!("--consistency {consistency}: {e}")))?;
+    if let Some(slow) = args.stragglers.slow_worker
+        && slow.worker >= job.workers
+    {
+        return Err(CliError::input(format!(
+            "--slow-worker {}:{}: there are workers 0 to {} only",
+            slow.worker,
+            slow.factor,
+            job.workers - 1
+        )));
+    }
     let cfg = LrConfig {
         job,
         epochs: args.epochs,
@@ -266,6 +336,7 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
         keep: args.keep,
         early_stop: args.early_stop,
         pipeline: !args.no_pipeline,
+        slow_worker: args.stragglers.slow_worker,
     };
     Ok(cfg.with_bias(!args.no_bias))
 }
@@ -301,11 +372,19 @@ fn train_until_stopped(
         &counter,
         |r| {
             bar.suspend(|| {
-            println!(
-                "{prefix}iter={} train_logloss={:.4} test_logloss={:.4} test_auc={:.4} nnz={} rows_per_sec={:.0} secs={:.2} bytes={}",
-                r.epoch, r.train_logloss, r.test_logloss, r.test_auc, r.nnz, r.rows_per_sec(), r.secs, r.bytes_sent
-            )
-        });
+                let mut line = format!(
+                    "{prefix}iter={} train_logloss={:.4} test_logloss={:.4} test_auc={:.4} nnz={} rows_per_sec={:.0} secs={:.2} bytes={}",
+                    r.epoch, r.train_logloss, r.test_logloss, r.test_auc, r.nnz, r.rows_per_sec(), r.secs, r.bytes_sent
+                );
+                // Never silent: rows no worker or two workers trained.
+                if r.skipped_rows > 0 || r.repeated_rows > 0 {
+                    line += &format!(
+                        " skipped_rows={} repeated_rows={}",
+                        r.skipped_rows, r.repeated_rows
+                    );
+                }
+                println!("{line}");
+            });
             bar.set_message((r.epoch + 1).min(cfg.epochs).to_string());
         },
         stop,

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use pserver_core::{Driver, JobSpec, NodeId, Value};
+use tokio::sync::watch;
 
 use super::handle::{NodeHandle, NodeMetrics, NodeReport, RuntimeError, WorkerHandle};
 use super::{RuntimeConfig, spawn_node};
@@ -133,6 +134,17 @@ impl<V: Value + Send + Sync> LocalCluster<V> {
             .chain(&self.worker_nodes)
             .find(|n| n.id() == id)
             .map(NodeHandle::metrics)
+    }
+
+    /// The counts of node `id` as they change, the last of them kept once the node has
+    /// stopped (`None` if it is not one of the cluster's): read after
+    /// [`LocalCluster::shutdown`] for a run's final counts.
+    pub fn metrics_receiver(&self, id: NodeId) -> Option<watch::Receiver<NodeMetrics>> {
+        std::iter::once(&self.coordinator)
+            .chain(&self.servers)
+            .chain(&self.worker_nodes)
+            .find(|n| n.id() == id)
+            .map(NodeHandle::metrics_receiver)
     }
 
     /// Stops the workers (each finishing what it started), then the servers and the

@@ -95,6 +95,7 @@ pub(crate) enum Command<V: Value> {
     ),
     Advance(oneshot::Sender<Result<Iteration, RuntimeError>>),
     Shares(oneshot::Sender<Result<Vec<usize>, RuntimeError>>),
+    Iteration(oneshot::Sender<Result<Iteration, RuntimeError>>),
     /// Work per second of the application's own compute; nothing to answer.
     Speed(u32),
     Leave(oneshot::Sender<Result<(), RuntimeError>>),
@@ -119,6 +120,9 @@ impl<V: Value> Command<V> {
                 let _ = reply.send(Err(error));
             }
             Command::Speed(_) => {}
+            Command::Iteration(reply) => {
+                let _ = reply.send(Err(error));
+            }
             Command::Leave(reply) => {
                 let _ = reply.send(Err(error));
             }
@@ -279,6 +283,13 @@ impl<V: Value> WorkerHandle<V> {
     /// workers died. Ask again at every step; the answer changes with the membership.
     pub async fn shares(&self) -> Result<Vec<usize>, RuntimeError> {
         self.call(Command::Shares).await
+    }
+
+    /// The iteration the worker is in: where its next pushes and pulls belong. It moves on
+    /// with [`WorkerHandle::advance`], and on its own when the coordinator tells the worker
+    /// to skip ahead ([`WorkerHandle::skipped_to`]).
+    pub async fn iteration(&self) -> Result<Iteration, RuntimeError> {
+        self.call(Command::Iteration).await
     }
 
     /// Says how fast the application works: the work it does per second of its own compute,

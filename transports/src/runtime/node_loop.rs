@@ -515,6 +515,11 @@ where
                 let shares = node.as_worker().map(|w| w.shares());
                 let _ = reply.send(shares.ok_or(RuntimeError::NotAWorker(self.driver.id())));
             }
+            Command::Iteration(reply) => {
+                let node = self.driver.node();
+                let at = node.as_worker().map(pserver_core::node::Worker::iteration);
+                let _ = reply.send(at.ok_or(RuntimeError::NotAWorker(self.driver.id())));
+            }
             Command::Speed(per_sec) => {
                 // Only a worker has a speed to say; anything else has no application calling.
                 let _ = self.driver.report_speed(per_sec);
