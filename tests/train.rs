@@ -3,9 +3,10 @@
 //! trainer would break.
 
 use std::path::Path;
+use std::time::Duration;
 
-use pserver::apps::lr::{EpochReport, LrConfig, Trained, train_local};
-use pserver::core::{Consistency, Updater};
+use pserver::apps::lr::{EpochReport, LrConfig, SlowWorker, Trained, train_local};
+use pserver::core::{Balance, Consistency, StragglerPolicy, Updater};
 use pserver::data::libsvm::{Examples, IndexBase, read};
 
 fn adult(name: &str, rows: usize) -> Examples {
@@ -177,4 +178,61 @@ fn a_pipelined_run_trains_every_row_and_reaches_what_an_unpipelined_run_does() {
     let best = |reports: &[EpochReport]| reports.iter().map(|r| r.test_auc).fold(0.0, f64::max);
     let (a, b) = (best(&piped), best(&plain));
     assert!((a - b).abs() <= 0.002, "pipelined {a}, unpipelined {b}");
+}
+
+/// Failure checks every two milliseconds, so that a run of a second or so sees many.
+fn watched(mut cfg: LrConfig, policy: StragglerPolicy) -> LrConfig {
+    cfg.job.stragglers = policy;
+    cfg.job.timing.heartbeat_interval = Duration::from_millis(2).as_nanos() as u64;
+    cfg
+}
+
+/// A worker a hundred times slower is told again and again to skip ahead. The rows no
+/// worker trains are exactly those it counted as dropped, no row is trained twice, and the
+/// others' progress still makes a good model.
+#[test]
+fn a_slow_worker_skipped_ahead_drops_only_the_rows_it_counts_and_the_run_still_learns() {
+    let mut cfg = watched(small(LrConfig::default()), StragglerPolicy::skip_ahead());
+    cfg.job.consistency = Consistency::BoundedDelay(2);
+    cfg.slow_worker = Some(SlowWorker {
+        worker: 1,
+        factor: 100.0,
+    });
+    let trained = trained(&cfg);
+    let reports = &trained.reports;
+    assert_eq!(reports.len(), 4);
+    assert!(trained.pace.stragglers > 0, "{:?}", trained.pace);
+    assert!(trained.pace.skipped_iterations > 0, "{:?}", trained.pace);
+    let skipped: usize = reports.iter().map(|r| r.skipped_rows).sum();
+    assert!(skipped > 0, "{reports:?}");
+    for r in reports {
+        assert_eq!(r.skipped_rows, r.skipped_ahead_rows, "{r:?}");
+        assert_eq!(r.repeated_rows, 0, "{r:?}");
+        assert_eq!(r.rows + r.skipped_rows, 12_000, "{r:?}");
+    }
+    assert!(reports.last().unwrap().test_auc >= 0.88, "{reports:?}");
+}
+
+/// With four shares per worker sized by speed, a worker twenty times slower hands shares
+/// to the others where epochs meet: every row of every epoch is still trained, none twice,
+/// and the model is as good.
+#[test]
+fn shares_move_from_a_slow_worker_where_epochs_meet_and_every_row_is_trained_once() {
+    let mut cfg = watched(
+        small(LrConfig::default()),
+        StragglerPolicy::balanced(Balance::shares(4)),
+    );
+    cfg.slow_worker = Some(SlowWorker {
+        worker: 2,
+        factor: 20.0,
+    });
+    let trained = trained(&cfg);
+    let reports = &trained.reports;
+    assert_eq!(reports.len(), 4);
+    assert!(trained.pace.shares_moved > 0, "{:?}", trained.pace);
+    for r in reports {
+        assert_eq!((r.skipped_rows, r.repeated_rows), (0, 0), "{r:?}");
+        assert_eq!(r.rows, 12_000, "{r:?}");
+    }
+    assert!(reports.last().unwrap().test_auc >= 0.89, "{reports:?}");
 }

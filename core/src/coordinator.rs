@@ -642,10 +642,12 @@ impl Coordinator {
         if let Some(balance) = &self.cfg.stragglers.balance
             && let Some((share, to)) =
                 self.pace_watch
-                    .rebalance(&config.shares, &config.workers, balance)
+                    .rebalance(&config.shares, &config.workers, &config.pace, balance)
         {
             let from = next.shares[share];
             next.shares[share] = to;
+            let at = self.pace_watch.iteration_of(from);
+            next.pace.record_move(share, from, at);
             out.emit(Event::ShareMoved { share, from, to });
         }
         if next != *config {

@@ -188,7 +188,9 @@ pub use ids::{Epoch, Iteration, NodeId, Role, Time};
 pub use job::{JobError, JobSpec};
 pub use key::{InvalidRange, Key, KeyRange, MAX_KEY};
 pub use kv::{KvError, KvPairs};
-pub use pace::{Balance, Coverage, Detection, Pace, Position, StragglerPolicy, TauRange};
+pub use pace::{
+    Balance, Coverage, Detection, Pace, Position, RoundShare, ShareMove, StragglerPolicy, TauRange,
+};
 pub use selection::{BadRangeList, KeyList, KeySelection, RangeList};
 pub use timing::Timing;
 pub use updater::{UpdateRule, Updater};

@@ -235,6 +235,39 @@ pub struct Pace {
     /// here; servers stop waiting for them. Only ever rises.
     #[serde(with = "seq")]
     pub skipped_below: Vec<(NodeId, Iteration)>,
+    /// The last move of each share moved by speed ([`StragglerPolicy::balance`]), sorted by
+    /// share: so that an application can hand a share over where its rounds meet, the
+    /// worker it came from finishing the round it was in ([`ShareMove`]).
+    #[serde(with = "seq")]
+    pub moves: Vec<ShareMove>,
+}
+
+/// A share a worker does in one round of an application that works in rounds
+/// ([`crate::node::Worker::shares_in_round`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RoundShare {
+    /// The share ([`crate::ClusterConfig::shares`]).
+    pub share: usize,
+    /// Moved to the worker by speed for this round
+    /// ([`crate::ClusterConfig::handed_over_in`]): it does the share's work of the round from
+    /// the beginning, wherever it is in the round when it learns.
+    pub from_start: bool,
+}
+
+/// A share moved by speed from one worker to another ([`Pace::moves`]): the giver was in
+/// iteration `at` when the coordinator decided. An application that works in rounds (an
+/// epoch over the data, say) lets the giver finish the share for the round `at` is in, and
+/// the new holder take it from the next ([`crate::ClusterConfig::shares_in_round`]), so that
+/// no part of a round's work is done twice or not at all, wherever each worker is when it
+/// learns of the move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ShareMove {
+    /// The share ([`crate::ClusterConfig::shares`]).
+    pub share: u32,
+    /// The worker that held it.
+    pub from: NodeId,
+    /// Where the worker that held it was, as it last reported.
+    pub at: Iteration,
 }
 
 impl Pace {
@@ -263,6 +296,29 @@ impl Pace {
     /// Keeps only what concerns `workers` (the members of the next configuration).
     pub(crate) fn retain_workers(&mut self, workers: &[NodeId]) {
         self.skipped_below.retain(|(w, _)| workers.contains(w));
+        // A giver that is gone finishes nothing: the new holder takes the share at once.
+        self.moves.retain(|m| workers.contains(&m.from));
+    }
+
+    /// The last move of `share`, if it was moved by speed.
+    pub fn moved(&self, share: usize) -> Option<&ShareMove> {
+        self.moves
+            .binary_search_by_key(&share, |m| m.share as usize)
+            .ok()
+            .map(|i| &self.moves[i])
+    }
+
+    /// Records that `share` moved from `from`, which was in iteration `at`.
+    pub(crate) fn record_move(&mut self, share: usize, from: NodeId, at: Iteration) {
+        let m = ShareMove {
+            share: share as u32,
+            from,
+            at,
+        };
+        match self.moves.binary_search_by_key(&m.share, |m| m.share) {
+            Ok(i) => self.moves[i] = m,
+            Err(i) => self.moves.insert(i, m),
+        }
     }
 
     fn skip(&mut self, worker: NodeId, below: Iteration) {
@@ -311,18 +367,24 @@ impl PaceWatch {
             .collect()
     }
 
+    /// The iteration `worker` last reported being in (0 before it reported).
+    pub(crate) fn iteration_of(&self, worker: NodeId) -> Iteration {
+        self.reported.get(&worker).map_or(0, |p| p.iteration)
+    }
+
     /// The share to move, and to whom, for the work of `workers` to follow their speeds
     /// better ([`Balance`]); `None` when no move would, or not every worker said its speed.
     ///
     /// A worker's time for a step is the shares it holds over its speed, and the slowest
-    /// sets the pace. The slowest gives its highest share to the worker that would be
-    /// quickest with one more, when that one would then still be quicker by a tenth: so a
+    /// sets the pace. The slowest gives its highest share (of those it did not get by a
+    /// move, if it has one) to the worker that would be quickest with one more, when that one would then still be quicker by a tenth: so a
     /// move always shortens the slowest time, and no share moves back and forth between
     /// workers whose speeds wobble.
     pub(crate) fn rebalance(
         &self,
         shares: &[NodeId],
         workers: &[NodeId],
+        pace: &Pace,
         balance: &Balance,
     ) -> Option<(usize, NodeId)> {
         let speeds = self.speeds(workers)?;
@@ -352,7 +414,15 @@ impl PaceWatch {
         if !quicker(after, speeds[taker], held(giver) * 10, speeds[giver]) {
             return None;
         }
-        let share = shares.iter().rposition(|&s| s == workers[giver])?;
+        // A share that came by a move may not have reached the giver yet (it takes it where
+        // rounds meet), and moving it on would take it from its first holder mid-round: the
+        // giver's own shares go first.
+        let mine = |i: &usize| shares[*i] == workers[giver];
+        let share = (0..shares.len())
+            .rev()
+            .filter(mine)
+            .find(|&i| pace.moved(i).is_none())
+            .or_else(|| (0..shares.len()).rev().find(mine))?;
         Some((share, workers[taker]))
     }
 

@@ -138,6 +138,15 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                     pace: pserver_core::Pace {
                         tau: (epoch % 2 == 0).then_some((epoch % 9) as u32),
                         skipped_below: leaving.iter().map(|&n| (n, epoch as u32)).collect(),
+                        moves: leaving
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &from)| pserver_core::ShareMove {
+                                share: i as u32,
+                                from,
+                                at: (epoch as u32).wrapping_mul(3),
+                            })
+                            .collect(),
                     },
                     joining,
                     shares: leaving.iter().rev().copied().collect(),

@@ -522,8 +522,20 @@ fn shares_move_from_a_slow_worker_to_fast_ones_one_a_check_until_each_holds_its_
             to: W[0]
         }
     );
-    // Every share is held by exactly one live worker.
+    // Every share is held by exactly one live worker, and each move says where the worker it
+    // came from was, so that it finishes the round it was in.
     let config = c.config().unwrap();
+    assert_eq!(
+        config.pace.moved(11),
+        Some(&ShareMove {
+            share: 11,
+            from: W[2],
+            at: 0
+        })
+    );
+    assert_eq!(config.pace.moves.len(), 3);
+    assert_eq!(config.shares_in_round(W[2], 0, 1, 1), [2, 5, 8, 11]);
+    assert_eq!(config.shares_in_round(W[2], 0, 1, 4), [2]);
     assert_eq!(config.shares.len(), 12);
     assert!(config.shares.iter().all(|s| W.contains(s)));
 }

@@ -339,11 +339,15 @@ pub struct EpochReport {
     /// Rows trained on in the epoch, over every worker.
     pub rows: usize,
     /// Rows of the training data no worker trained in the epoch: steps a straggler was told
-    /// to skip ([`pserver_core::StragglerPolicy::skip_ahead`]), and rows of a share moved
-    /// from a worker behind to one ahead, which started it where it was.
+    /// to skip ([`pserver_core::StragglerPolicy::skip_ahead`]), and rows of a share that
+    /// changed hands mid-epoch from a worker behind to one ahead.
     pub skipped_rows: usize,
-    /// Rows two workers trained in the epoch: of a share moved from a worker ahead to one
-    /// behind.
+    /// Of the rows skipped, those the workers dropped when told to skip ahead; the others
+    /// are rows of a share that changed hands mid-epoch (its worker died, or a move by speed
+    /// reached one of the two workers only after the epoch it was for).
+    pub skipped_ahead_rows: usize,
+    /// Rows two workers trained in the epoch: of a share that changed hands mid-epoch from
+    /// a worker ahead to one behind.
     pub repeated_rows: usize,
     /// Minibatches whose weights were pulled while the one before was computed, over every
     /// worker ([`LrConfig::pipelined`]).
@@ -553,6 +557,7 @@ enum Note {
         rows: usize,
         pulled_ahead: usize,
         train_secs: f64,
+        skipped_rows: usize,
         batches: Vec<Trained1>,
     },
     /// The measurement of the model after an epoch, by the worker holding the first share.
@@ -667,9 +672,13 @@ pub async fn run_shares(
     mut on_epoch: impl FnMut(WorkerEpoch),
 ) -> Result<(), RuntimeError> {
     handle.ready().await?;
+    let steps = steps.max(1);
+    let first = handle.iteration().await?;
     let mut shares = Shares {
         cfg,
         handle,
+        first,
+        steps: steps as pserver_core::Iteration,
         rows_of,
         held: Vec::new(),
         orders: BTreeMap::new(),
@@ -678,9 +687,7 @@ pub async fn run_shares(
         prepared: Duration::ZERO,
     };
     let ahead = cfg.pipelined();
-    let steps = steps.max(1);
     let total = cfg.epochs as usize * steps;
-    let first = handle.iteration().await?;
     let mut slowdown = Slowdown::new(run.slowdown);
     let mut speed = Speed::default();
     let says_speed = cfg.job.stragglers.balance.is_some();
@@ -920,6 +927,10 @@ struct InFlight {
 struct Shares<'a, F> {
     cfg: &'a LrConfig,
     handle: &'a WorkerHandle<f32>,
+    /// The worker's iteration when the run started, and the steps of an epoch: a share
+    /// moved by speed changes hands where epochs meet.
+    first: pserver_core::Iteration,
+    steps: pserver_core::Iteration,
     rows_of: F,
     /// The shares of the last step.
     held: Vec<usize>,
@@ -936,43 +947,55 @@ impl<F: FnMut(usize) -> Result<ShareRows, RuntimeError>> Shares<'_, F> {
     /// Prepares the minibatch of `step` of every share the worker holds now, and sends their
     /// pulls.
     async fn send(&mut self, epoch: u32, step: usize) -> Result<Vec<InFlight>, RuntimeError> {
-        let shares = self.handle.shares().await?;
-        for &share in shares.iter().filter(|s| !self.held.contains(s)) {
+        let shares = self
+            .handle
+            .shares_in_round(self.first, self.steps, u64::from(epoch))
+            .await?;
+        for r in shares.iter().filter(|r| !self.held.contains(&r.share)) {
             if !self.held.is_empty() {
-                info!(share, epoch, step, "took over share {share}");
+                info!(share = r.share, epoch, step, "took over share {}", r.share);
             }
         }
-        self.held = shares;
+        self.held = shares.iter().map(|r| r.share).collect();
         let batch = self.cfg.share_batch();
         let mut sent = Vec::with_capacity(self.held.len());
-        for &share in &self.held {
-            let (data, order) = match self.orders.entry(share) {
-                Entry::Occupied(e) => e.into_mut(),
+        for r in shares {
+            let share = r.share;
+            let (first_seen, (data, order)) = match self.orders.entry(share) {
+                Entry::Occupied(e) => (false, e.into_mut()),
                 Entry::Vacant(e) => {
                     let (data, mine) = (self.rows_of)(share)?;
                     self.sizes.insert(share, mine.len());
-                    e.insert((data, visiting_order(self.cfg, share, epoch, mine)))
+                    (
+                        true,
+                        e.insert((data, visiting_order(self.cfg, share, epoch, mine))),
+                    )
                 }
             };
-            let from = (step * batch).min(order.len());
-            let rows = &order[from..(from + batch).min(order.len())];
-            if rows.is_empty() {
-                continue;
+            // A share moved here for this epoch, learned of mid-epoch: its steps before this
+            // one are done now, since the worker it came from stopped where the epoch began.
+            let from_step = if first_seen && r.from_start { 0 } else { step };
+            for at in from_step..=step {
+                let from = (at * batch).min(order.len());
+                let rows = &order[from..(from + batch).min(order.len())];
+                if rows.is_empty() {
+                    continue;
+                }
+                let began = Instant::now();
+                let prepared = Batch::new(data, rows, self.cfg.bias, &mut self.scratch)?;
+                self.prepared += began.elapsed();
+                let weights = self
+                    .handle
+                    .start_pull(KeySelection::Keys(prepared.keys.clone()))
+                    .await?;
+                sent.push(InFlight {
+                    share,
+                    step: at,
+                    data: data.clone(),
+                    batch: prepared,
+                    weights: Box::pin(weights),
+                });
             }
-            let began = Instant::now();
-            let prepared = Batch::new(data, rows, self.cfg.bias, &mut self.scratch)?;
-            self.prepared += began.elapsed();
-            let weights = self
-                .handle
-                .start_pull(KeySelection::Keys(prepared.keys.clone()))
-                .await?;
-            sent.push(InFlight {
-                share,
-                step,
-                data: data.clone(),
-                batch: prepared,
-                weights: Box::pin(weights),
-            });
         }
         Ok(sent)
     }
@@ -1050,6 +1073,7 @@ async fn run_worker(
             rows: e.rows,
             pulled_ahead: e.pulled_ahead,
             train_secs: e.train_secs,
+            skipped_rows: e.skipped_rows,
             batches: e.batches,
         });
         if let Some(Measured {
@@ -1282,6 +1306,8 @@ struct Said {
     train_secs: f64,
     /// Per share and step: its rows, and how many workers trained them.
     batches: BTreeMap<(usize, usize), (usize, usize)>,
+    /// Rows workers dropped when told to skip ahead.
+    skipped_ahead: usize,
 }
 
 /// What the workers have said about each epoch. An epoch's report is made once every worker's
@@ -1335,9 +1361,11 @@ impl Epochs {
                 rows,
                 pulled_ahead,
                 train_secs,
+                skipped_rows,
                 batches,
             } => {
                 let slot = &mut self.losses[epoch as usize];
+                slot.skipped_ahead += skipped_rows;
                 slot.loss += loss;
                 slot.rows += rows;
                 slot.workers += 1;
@@ -1373,6 +1401,7 @@ impl Epochs {
             rows,
             pulled_ahead,
             train_secs,
+            skipped_ahead,
             ..
         } = *said;
         // Rows of a skipped step no worker trained, and rows of a share that moved from a
@@ -1400,6 +1429,7 @@ impl Epochs {
             nnz,
             rows,
             skipped_rows,
+            skipped_ahead_rows: skipped_ahead,
             repeated_rows,
             pulled_ahead,
             train_secs,
@@ -1704,6 +1734,7 @@ mod tests {
                     rows: 4,
                     pulled_ahead: 0,
                     train_secs: 0.0,
+                    skipped_rows: 0,
                     batches: vec![Trained1 {
                         share,
                         step: 0,
@@ -1755,6 +1786,7 @@ mod tests {
                 rows,
                 pulled_ahead: 0,
                 train_secs: 0.0,
+                skipped_rows: 0,
                 batches,
             });
         }

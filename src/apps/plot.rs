@@ -98,6 +98,7 @@ mod tests {
                 nnz: 10 * e as usize,
                 rows: 100,
                 skipped_rows: 0,
+                skipped_ahead_rows: 0,
                 repeated_rows: 0,
                 pulled_ahead: 0,
                 train_secs: 0.1,

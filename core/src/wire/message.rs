@@ -271,6 +271,65 @@ impl ClusterConfig {
             .collect()
     }
 
+    /// The shares `worker` works on in round `round` of an application that works in rounds
+    /// of `length` iterations, round 1 starting at iteration `first`: those it holds, but a
+    /// share moved by speed ([`crate::Pace::moves`]) belongs to the worker it came from up to
+    /// the end of the round that worker was in, and to its new holder from the next.
+    ///
+    /// ```
+    /// use pserver_core::{ClusterConfig, Consistency, NodeId, ShareMove};
+    /// let (a, b) = (NodeId(2), NodeId(3));
+    /// let mut config = ClusterConfig {
+    ///     epoch: 3,
+    ///     coordinator: NodeId(0),
+    ///     servers: vec![NodeId(1)],
+    ///     workers: vec![a, b],
+    ///     ring: Default::default(),
+    ///     consistency: Consistency::Sequential,
+    ///     joining: vec![],
+    ///     leaving: vec![],
+    ///     shares: vec![a, b, b],
+    ///     left: vec![],
+    ///     lost: vec![],
+    ///     incarnations: vec![],
+    ///     pace: Default::default(),
+    /// };
+    /// // Share 2 came from `a` in its iteration 25: rounds of 10 from iteration 0.
+    /// config.pace.moves = vec![ShareMove { share: 2, from: a, at: 25 }];
+    /// assert_eq!(config.shares_in_round(a, 0, 10, 3), [0, 2]);
+    /// assert_eq!(config.shares_in_round(b, 0, 10, 3), [1]);
+    /// assert_eq!(config.shares_in_round(b, 0, 10, 4), [1, 2]);
+    /// assert_eq!(config.handed_over_in(2, 0, 10), Some(4));
+    /// ```
+    pub fn shares_in_round(
+        &self,
+        worker: NodeId,
+        first: Iteration,
+        length: Iteration,
+        round: u64,
+    ) -> Vec<usize> {
+        let round_of = |at: Iteration| u64::from(at.saturating_sub(first) / length.max(1)) + 1;
+        (0..self.shares.len())
+            .filter(|&i| {
+                let holder = match self.pace.moved(i) {
+                    Some(m) if round_of(m.at) >= round => m.from,
+                    _ => self.shares[i],
+                };
+                holder == worker
+            })
+            .collect()
+    }
+
+    /// The round from which the worker holding `share` holds it, where it was moved to it by
+    /// speed ([`ClusterConfig::shares_in_round`]): a worker that learns of the move only
+    /// during that round does the share's work of the round from its beginning, so that
+    /// none of it is left undone.
+    pub fn handed_over_in(&self, share: usize, first: Iteration, length: Iteration) -> Option<u64> {
+        self.pace
+            .moved(share)
+            .map(|m| u64::from(m.at.saturating_sub(first) / length.max(1)) + 2)
+    }
+
     /// The shares `worker` works on, in order (see [`ClusterConfig::shares`]).
     pub fn shares_of(&self, worker: NodeId) -> Vec<usize> {
         (0..self.shares.len())

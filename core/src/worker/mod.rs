@@ -150,6 +150,29 @@ impl<V: Value> Worker<V> {
             .map_or_else(Vec::new, |c| c.config.shares_of(self.cfg.id))
     }
 
+    /// The shares the worker works on in round `round` of an application that works in rounds
+    /// of `length` iterations from iteration `first`
+    /// ([`ClusterConfig::shares_in_round`]): a share moved to or from it by speed changes
+    /// hands where rounds meet.
+    pub fn shares_in_round(
+        &self,
+        first: Iteration,
+        length: Iteration,
+        round: u64,
+    ) -> Vec<crate::RoundShare> {
+        let Some(c) = &self.cluster else {
+            return Vec::new();
+        };
+        c.config
+            .shares_in_round(self.cfg.id, first, length, round)
+            .into_iter()
+            .map(|share| crate::RoundShare {
+                share,
+                from_start: c.config.handed_over_in(share, first, length) == Some(round),
+            })
+            .collect()
+    }
+
     /// What the worker waits for: every unanswered slice of its open requests, in request
     /// order (the oldest first), with the server it is addressed to and the keys it covers.
     /// A driver that sees requests stay open logs these, so that a stall says where it is.

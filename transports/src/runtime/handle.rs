@@ -96,6 +96,12 @@ pub(crate) enum Command<V: Value> {
     Advance(oneshot::Sender<Result<Iteration, RuntimeError>>),
     Shares(oneshot::Sender<Result<Vec<usize>, RuntimeError>>),
     Iteration(oneshot::Sender<Result<Iteration, RuntimeError>>),
+    SharesInRound {
+        first: Iteration,
+        length: Iteration,
+        round: u64,
+        reply: oneshot::Sender<Result<Vec<pserver_core::RoundShare>, RuntimeError>>,
+    },
     /// Work per second of the application's own compute; nothing to answer.
     Speed(u32),
     Leave(oneshot::Sender<Result<(), RuntimeError>>),
@@ -121,6 +127,9 @@ impl<V: Value> Command<V> {
             }
             Command::Speed(_) => {}
             Command::Iteration(reply) => {
+                let _ = reply.send(Err(error));
+            }
+            Command::SharesInRound { reply, .. } => {
                 let _ = reply.send(Err(error));
             }
             Command::Leave(reply) => {
@@ -283,6 +292,26 @@ impl<V: Value> WorkerHandle<V> {
     /// workers died. Ask again at every step; the answer changes with the membership.
     pub async fn shares(&self) -> Result<Vec<usize>, RuntimeError> {
         self.call(Command::Shares).await
+    }
+
+    /// The shares this worker does in round `round` of an application that works in rounds
+    /// of `length` iterations, round 1 starting at iteration `first` (an epoch of `length`
+    /// steps, say): [`WorkerHandle::shares`], except that a share moved by speed
+    /// ([`pserver_core::StragglerPolicy::balance`]) changes hands where rounds meet
+    /// ([`pserver_core::ClusterConfig::shares_in_round`]). Ask at every step.
+    pub async fn shares_in_round(
+        &self,
+        first: Iteration,
+        length: Iteration,
+        round: u64,
+    ) -> Result<Vec<pserver_core::RoundShare>, RuntimeError> {
+        self.call(|reply| Command::SharesInRound {
+            first,
+            length,
+            round,
+            reply,
+        })
+        .await
     }
 
     /// The iteration the worker is in: where its next pushes and pulls belong. It moves on

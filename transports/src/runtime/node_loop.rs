@@ -515,6 +515,18 @@ where
                 let shares = node.as_worker().map(|w| w.shares());
                 let _ = reply.send(shares.ok_or(RuntimeError::NotAWorker(self.driver.id())));
             }
+            Command::SharesInRound {
+                first,
+                length,
+                round,
+                reply,
+            } => {
+                let node = self.driver.node();
+                let shares = node
+                    .as_worker()
+                    .map(|w| w.shares_in_round(first, length, round));
+                let _ = reply.send(shares.ok_or(RuntimeError::NotAWorker(self.driver.id())));
+            }
             Command::Iteration(reply) => {
                 let node = self.driver.node();
                 let at = node.as_worker().map(pserver_core::node::Worker::iteration);
