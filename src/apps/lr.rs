@@ -67,6 +67,9 @@ pub struct LrConfig {
     pub pipeline: bool,
     /// One worker computing slower than it can, to measure straggler handling.
     pub slow_worker: Option<SlowWorker>,
+    /// At each step one worker, drawn at random, computes this many times slower: transient
+    /// stragglers ([`Transient`]).
+    pub straggler: Option<f64>,
 }
 
 /// A worker made to compute slower than it can ([`WorkerRun::slowdown`]).
@@ -215,6 +218,7 @@ impl Default for LrConfig {
             early_stop: None,
             pipeline: true,
             slow_worker: None,
+            straggler: None,
         }
         .with_bias(true)
     }
@@ -636,6 +640,8 @@ pub struct WorkerRun<'a> {
     /// slow machine, to measure what straggler handling does. It waits `slowdown - 1` times
     /// each minibatch's compute after it.
     pub slowdown: f64,
+    /// Transient stragglers: at each step one worker, drawn from a seed, computes slower.
+    pub transient: Option<Transient>,
 }
 
 impl Default for WorkerRun<'_> {
@@ -644,6 +650,33 @@ impl Default for WorkerRun<'_> {
             measure: Measure::default(),
             counter: None,
             slowdown: 1.0,
+            transient: None,
+        }
+    }
+}
+
+/// At each step one worker of the job, drawn from `seed` and the step, computes `factor`
+/// times slower: stragglers that come and go, to measure what adaptive tau does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Transient {
+    /// How many times slower the step's straggler computes.
+    pub factor: f64,
+    /// This worker, from 0 in node order.
+    pub worker: usize,
+    /// Workers in the job.
+    pub workers: usize,
+    /// Seed of the draw, the same on every worker.
+    pub seed: u64,
+}
+
+impl Transient {
+    /// The slowdown of this worker at step `step`.
+    fn factor_at(&self, step: usize) -> f64 {
+        let drawn = crate::seeded::mix(self.seed ^ crate::seeded::mix(step as u64));
+        if drawn % self.workers.max(1) as u64 == self.worker as u64 {
+            self.factor
+        } else {
+            1.0
         }
     }
 }
@@ -688,7 +721,7 @@ pub async fn run_shares(
     };
     let ahead = cfg.pipelined();
     let total = cfg.epochs as usize * steps;
-    let mut slowdown = Slowdown::new(run.slowdown);
+    let mut slowdown = Slowdown::default();
     let mut speed = Speed::default();
     let says_speed = cfg.job.stragglers.balance.is_some();
     let mut epoch = Epoch1::new(1);
@@ -729,15 +762,12 @@ pub async fn run_shares(
             }
             // The worker's compute: the gradient, and preparing the minibatches since.
             let computed = began.elapsed() + std::mem::take(&mut shares.prepared);
-            let slept = slowdown.after(computed).await;
+            let factor = run.slowdown * run.transient.map_or(1.0, |t| t.factor_at(at));
+            let slept = slowdown.after(computed, factor).await;
             speed.add(rows, computed + slept);
             epoch.loss += l;
             epoch.rows += rows;
-            epoch.batches.push(Trained1 {
-                share: flight.share,
-                step: flight.step,
-                rows,
-            });
+            epoch.batches.extend(flight.parts);
             if let Some(counter) = run.counter {
                 counter.add(rows);
             }
@@ -857,28 +887,21 @@ impl Epoch1 {
     }
 }
 
-/// Makes a worker compute `factor` times slower than it does: after each minibatch it waits
-/// `factor - 1` times the minibatch's compute. Waits shorter than a millisecond are saved up,
-/// since a timer cannot wait that little, so the slowdown holds on average.
+/// Makes a worker compute slower than it does: after each minibatch computed `factor` times
+/// slower it waits `factor - 1` times the minibatch's compute. Waits shorter than a
+/// millisecond are saved up, since a timer cannot wait that little, so the slowdown holds on
+/// average.
+#[derive(Default)]
 struct Slowdown {
-    factor: f64,
     owed: Duration,
 }
 
 impl Slowdown {
-    fn new(factor: f64) -> Self {
-        Slowdown {
-            factor: factor.max(1.0),
-            owed: Duration::ZERO,
+    /// Waits what `computed` owes at `factor`; returns how long it waited.
+    async fn after(&mut self, computed: Duration, factor: f64) -> Duration {
+        if factor > 1.0 {
+            self.owed += computed.mul_f64(factor - 1.0);
         }
-    }
-
-    /// Waits what `computed` owes; returns how long it waited.
-    async fn after(&mut self, computed: Duration) -> Duration {
-        if self.factor <= 1.0 {
-            return Duration::ZERO;
-        }
-        self.owed += computed.mul_f64(self.factor - 1.0);
         if self.owed < Duration::from_millis(1) {
             return Duration::ZERO;
         }
@@ -916,8 +939,8 @@ type Answer = std::pin::Pin<Box<dyn Future<Output = Result<KvPairs<f32>, Runtime
 
 /// A minibatch whose weights were asked for.
 struct InFlight {
-    share: usize,
-    step: usize,
+    /// The shares' steps it holds.
+    parts: Vec<Trained1>,
     data: Arc<Examples>,
     batch: Batch,
     weights: Answer,
@@ -958,7 +981,10 @@ impl<F: FnMut(usize) -> Result<ShareRows, RuntimeError>> Shares<'_, F> {
         }
         self.held = shares.iter().map(|r| r.share).collect();
         let batch = self.cfg.share_batch();
-        let mut sent = Vec::with_capacity(self.held.len());
+        // One minibatch of every share's step, pulled and pushed as one where the shares'
+        // rows are in the same examples: a worker holding several shares sends no more
+        // requests than one holding a single share.
+        let mut groups: Vec<(Arc<Examples>, Vec<usize>, Vec<Trained1>)> = Vec::new();
         for r in shares {
             let share = r.share;
             let (first_seen, (data, order)) = match self.orders.entry(share) {
@@ -981,21 +1007,35 @@ impl<F: FnMut(usize) -> Result<ShareRows, RuntimeError>> Shares<'_, F> {
                 if rows.is_empty() {
                     continue;
                 }
-                let began = Instant::now();
-                let prepared = Batch::new(data, rows, self.cfg.bias, &mut self.scratch)?;
-                self.prepared += began.elapsed();
-                let weights = self
-                    .handle
-                    .start_pull(KeySelection::Keys(prepared.keys.clone()))
-                    .await?;
-                sent.push(InFlight {
+                let part = Trained1 {
                     share,
                     step: at,
-                    data: data.clone(),
-                    batch: prepared,
-                    weights: Box::pin(weights),
-                });
+                    rows: rows.len(),
+                };
+                match groups.iter_mut().find(|(d, ..)| Arc::ptr_eq(d, data)) {
+                    Some((_, all, parts)) => {
+                        all.extend_from_slice(rows);
+                        parts.push(part);
+                    }
+                    None => groups.push((data.clone(), rows.to_vec(), vec![part])),
+                }
             }
+        }
+        let mut sent = Vec::with_capacity(groups.len());
+        for (data, rows, parts) in groups {
+            let began = Instant::now();
+            let prepared = Batch::new(&data, &rows, self.cfg.bias, &mut self.scratch)?;
+            self.prepared += began.elapsed();
+            let weights = self
+                .handle
+                .start_pull(KeySelection::Keys(prepared.keys.clone()))
+                .await?;
+            sent.push(InFlight {
+                parts,
+                data,
+                batch: prepared,
+                weights: Box::pin(weights),
+            });
         }
         Ok(sent)
     }
@@ -1050,7 +1090,7 @@ async fn run_worker(
     RunData { train, dealt, test }: RunData,
     notes: mpsc::UnboundedSender<Note>,
     counter: RowsTrained,
-    slowdown: f64,
+    (slowdown, transient): (f64, Option<Transient>),
 ) -> Result<(), RuntimeError> {
     let per = cfg.share_rows(train.len());
     let rows_of = |share: usize| {
@@ -1065,6 +1105,7 @@ async fn run_worker(
         },
         counter: Some(&counter),
         slowdown,
+        transient,
     };
     run_shares(&cfg, &handle, rows_of, steps, run, |e| {
         let _ = notes.send(Note::Loss {
@@ -1189,13 +1230,19 @@ pub async fn train_local_until(
                 .slow_worker
                 .filter(|s| s.worker == i)
                 .map_or(1.0, |s| s.factor);
+            let transient = cfg.straggler.map(|factor| Transient {
+                factor,
+                worker: i,
+                workers: cfg.job.workers,
+                seed: cfg.seed,
+            });
             tokio::spawn(run_worker(
                 cfg.clone(),
                 h.clone(),
                 data.clone(),
                 tx.clone(),
                 counter.clone(),
-                slowdown,
+                (slowdown, transient),
             ))
         })
         .collect();

@@ -8,6 +8,7 @@ mod loopback;
 mod options;
 mod raw_tcp;
 mod requests;
+mod stragglers;
 mod train;
 mod vw;
 
@@ -69,6 +70,13 @@ pub struct BenchArgs {
     /// ratio to the floor and to VW.
     #[arg(long, conflicts_with_all = ["sizes", "kinds", "topologies"])]
     train: bool,
+    /// Measure straggler handling instead, on the shipped UCI Adult data: with worker 0
+    /// always 4x slower, sequential consistency against bounded delay 1 with skip-ahead and
+    /// 8 shares per worker sized by speed (time and test AUC); with transient stragglers,
+    /// fixed tau 0, 1, 2, 4, 8 against adaptive tau 1-8 (time to the lowest test log loss a
+    /// fixed tau reaches). Runs from the repository's root.
+    #[arg(long, conflicts_with_all = ["sizes", "kinds", "topologies", "train"])]
+    stragglers: bool,
     /// Training rows of the --train problem (and a tenth as many test rows).
     #[arg(long, requires = "train", value_parser = clap::value_parser!(u64).range(10..))]
     train_rows: Option<u64>,
@@ -83,6 +91,14 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         );
     }
     let rt = super::runtime()?;
+    if args.stragglers {
+        rt.block_on(stragglers::run_stragglers_bench(
+            args.quick,
+            &mut |m: Measure| println!("{}", m.line()),
+        ))
+        .map_err(CliError::failed)?;
+        return Ok(());
+    }
     if args.train {
         let size = train::TrainSize::new(args.quick, args.train_rows);
         let mut measures = Vec::new();

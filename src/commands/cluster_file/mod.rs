@@ -535,6 +535,7 @@ fn job(
         early_stop: None,
         pipeline: true,
         slow_worker: None,
+        straggler: None,
     }
     .with_bias(job.bias);
     // The servers are built from `spec`: they must know the intercept's key too, and hold

@@ -17,7 +17,7 @@ use crate::apps::lr::{
 };
 use crate::apps::plot::{Curve, write_svg};
 use crate::commands::parse::{
-    at_least_one, non_negative_finite, output_file, positive_finite, slow_worker, tau_range,
+    at_least_one, factor, non_negative_finite, output_file, positive_finite, slow_worker, tau_range,
 };
 use crate::commands::signals::{self, Stop};
 use crate::commands::{CliError, runtime};
@@ -107,6 +107,10 @@ struct StragglerArgs {
     /// the options below do about it.
     #[arg(long, value_name = "W:F", value_parser = slow_worker)]
     slow_worker: Option<SlowWorker>,
+    /// At each step one worker, drawn from --seed, computes F times slower: stragglers that
+    /// come and go.
+    #[arg(long, value_name = "F", value_parser = factor)]
+    straggler: Option<f64>,
     /// Warn of a worker more than N iterations behind the median of the others (on with any
     /// option below, at 1 unless given).
     #[arg(long, value_name = "N")]
@@ -337,6 +341,7 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
         early_stop: args.early_stop,
         pipeline: !args.no_pipeline,
         slow_worker: args.stragglers.slow_worker,
+        straggler: args.stragglers.straggler,
     };
     Ok(cfg.with_bias(!args.no_bias))
 }
