@@ -382,3 +382,54 @@ fn without_a_terminal_progress_lines_and_epoch_lines_carry_rows_per_second() {
     let epoch = epoch.expect("an epoch line");
     assert!(field(&epoch, "rows_per_sec") > 0.0, "{epoch}");
 }
+
+/// Straggler options a run cannot follow are refused before anything trains (exit status 2,
+/// naming what is wrong), and a run with them ends with its pace line.
+#[test]
+fn straggler_options_are_checked_before_training_and_a_run_ends_with_its_pace() {
+    for (args, says) in [
+        (
+            &["--consistency", "sequential", "--skip-ahead"][..],
+            "bounded delay",
+        ),
+        (&["--slow-worker", "4:4"][..], "workers 0 to 3"),
+        (&["--slow-worker", "1"][..], "W:F"),
+        (&["--straggler", "0.5"][..], "slowdown factor"),
+        (&["--adaptive-tau", "4:1"][..], "MIN:MAX"),
+    ] {
+        let out = pserver().arg("train").args(args).output().unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(
+            !err.contains("train:"),
+            "refused before reading data: {err}"
+        );
+    }
+    let (stdout, _) = run_ok(&[
+        "train",
+        "--epochs",
+        "2",
+        "--consistency",
+        "bounded:2",
+        "--skip-ahead",
+        "--shares",
+        "2",
+        "--slow-worker",
+        "1:4",
+    ]);
+    assert_eq!(epochs_of(&stdout).len(), 2, "{stdout}");
+    let pace = stdout
+        .lines()
+        .find(|l| l.starts_with("pace "))
+        .unwrap_or_else(|| panic!("no pace line in {stdout}"));
+    for key in [
+        "stragglers",
+        "shares_moved",
+        "skipped_iterations",
+        "skipped_rows",
+        "repeated_rows",
+    ] {
+        assert!(field(pace, key) >= 0.0, "{pace}");
+    }
+}
