@@ -169,6 +169,7 @@ mod selection;
 mod server;
 mod sizes;
 mod slicing;
+mod slots;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -190,6 +191,7 @@ pub use key::{InvalidRange, Key, KeyRange, MAX_KEY};
 pub use kv::{KvError, KvPairs};
 pub use pace::{Balance, Coverage, Detection, Pace, Position, StragglerPolicy, TauRange};
 pub use selection::{BadRangeList, KeyList, KeySelection, RangeList};
+pub use slots::PushSlots;
 pub use timing::Timing;
 pub use updater::{UpdateRule, Updater};
 pub use value::Value;
