@@ -252,6 +252,26 @@ fn sim_refuses_shapes_and_straggler_policies_it_cannot_run() {
 }
 
 #[test]
+fn sim_refuses_push_slots_it_cannot_grant_in_one_line() {
+    for bad in ["8192:0", "8192", "big:1", "8192:-1"] {
+        let out = pserver()
+            .args(["sim", "--seeds", "1", "--push-slots", bad])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        assert!(out.stdout.is_empty(), "{bad}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        let said: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(said.len(), 1, "{bad}: {err}");
+        assert!(
+            said[0].contains(&format!("`{bad}` is not MIN_BYTES:AT_ONCE")),
+            "{bad}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{bad}: {err}");
+    }
+}
+
+#[test]
 fn the_tau_sweep_prints_a_row_per_tau() {
     let out = pserver()
         .args([

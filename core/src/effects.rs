@@ -25,6 +25,8 @@ pub enum TimerId {
     FailureCheck,
     /// A primary resends what replicas behind it miss.
     Replicate,
+    /// A server takes back the push slots whose lease ran out ([`crate::PushSlots`]).
+    SlotLease,
 }
 
 /// A timer command for the driver.

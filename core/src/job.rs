@@ -15,6 +15,7 @@ use crate::key::KeyRange;
 use crate::pace::StragglerPolicy;
 use crate::ring::RingConfig;
 use crate::server::{Server, ServerConfig};
+use crate::slots::PushSlots;
 use crate::store::StoreLayout;
 use crate::timing::Timing;
 use crate::updater::Updater;
@@ -80,6 +81,9 @@ pub struct JobSpec {
     /// How stragglers are told and dealt with: skip-ahead and adaptive tau, under bounded
     /// delay (ARCHITECTURE.md §9). Default: not at all.
     pub stragglers: StragglerPolicy,
+    /// Round-robin push slots: servers let large push slices in a few at a time, the workers
+    /// taking turns (ARCHITECTURE.md §9). Default: none, every slice goes at once.
+    pub push_slots: Option<PushSlots>,
 }
 
 /// Why a job cannot work.
@@ -115,6 +119,9 @@ pub enum JobError {
     /// A straggler policy the job cannot follow.
     #[error("{0}")]
     Stragglers(&'static str),
+    /// Push slots of which none may be granted.
+    #[error("push slots must let at least one slice in at a time (at_once 0)")]
+    NoPushSlots,
     /// A node id outside the job's layout.
     #[error(
         "node {id} is not part of a job of {servers} servers and {workers} workers (nodes n0..n{last})"
@@ -156,6 +163,7 @@ impl JobSpec {
             unregularized: None,
             store: StoreLayout::Ordered,
             stragglers: StragglerPolicy::default(),
+            push_slots: None,
         }
     }
 
@@ -196,6 +204,9 @@ impl JobSpec {
             return Err(JobError::NoSlicesInFlight);
         }
         self.validate_stragglers()?;
+        if self.push_slots.is_some_and(|s| s.at_once == 0) {
+            return Err(JobError::NoPushSlots);
+        }
         let needed = self
             .worker_config(self.layout().coordinator())
             .frame_needed::<V>();
@@ -273,6 +284,7 @@ impl JobSpec {
         cfg.max_reply_bytes = self.max_reply_bytes;
         cfg.unregularized = self.unregularized;
         cfg.store = self.store;
+        cfg.push_slots = self.push_slots;
         cfg
     }
 
@@ -286,6 +298,7 @@ impl JobSpec {
         cfg.max_bytes_in_flight = self.max_bytes_in_flight;
         cfg.seed = self.seed;
         cfg.report_position = self.stragglers.detect.is_some();
+        cfg.push_slots = self.push_slots;
         cfg
     }
 
@@ -422,6 +435,15 @@ mod tests {
                 ..
             })
         ));
+        assert_eq!(
+            bad(|j| {
+                j.push_slots = Some(PushSlots {
+                    min_bytes: 1,
+                    at_once: 0,
+                })
+            }),
+            Some(JobError::NoPushSlots)
+        );
         assert_eq!(bad(|_| {}), None);
     }
 

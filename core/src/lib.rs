@@ -169,6 +169,7 @@ mod selection;
 mod server;
 mod sizes;
 mod slicing;
+mod slots;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -192,6 +193,7 @@ pub use pace::{
     Balance, Coverage, Detection, Pace, Position, RoundShare, ShareMove, StragglerPolicy, TauRange,
 };
 pub use selection::{BadRangeList, KeyList, KeySelection, RangeList};
+pub use slots::PushSlots;
 pub use timing::Timing;
 pub use updater::{UpdateRule, Updater};
 pub use value::Value;

@@ -288,6 +288,8 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
         Just(Message::ProgressRequest),
         proptest::collection::vec(range(), 0..4).prop_map(Message::Lost),
         any::<u64>().prop_map(|sent_at| Message::HeartbeatAck { sent_at }),
+        (slice(), any::<u32>()).prop_map(|(slice, bytes)| Message::SlotAsk { slice, bytes }),
+        slice().prop_map(Message::SlotGrant),
     ]
 }
 
@@ -607,9 +609,12 @@ fn unknown_message_kinds_are_refused() {
         Err(DecodeError::UnknownKind(100))
     );
     // The last kind is KINDS - 1: KINDS stays in step with the enum.
-    // (A zero is one one-byte varint after the kind.)
-    let body = Message::HeartbeatAck { sent_at: 0 };
+    // (A zero slice is two one-byte varints after the kind.)
+    let body = Message::SlotGrant(SliceRef {
+        request: 0,
+        slice: 0,
+    });
     let last = Envelope::<f32>::new(NodeId(1), NodeId(2), 0, body);
     let frame = Codec::default().encode(&last).unwrap();
-    assert_eq!(u32::from(frame[frame.len() - 2]), Message::<f32>::KINDS - 1);
+    assert_eq!(u32::from(frame[frame.len() - 3]), Message::<f32>::KINDS - 1);
 }

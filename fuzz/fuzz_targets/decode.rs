@@ -85,7 +85,7 @@ fn slice(u: &mut Unstructured) -> Result<SliceRef> {
 }
 
 fn message<V: Value>(u: &mut Unstructured) -> Result<Message<V>> {
-    Ok(match u.int_in_range(0..=6)? {
+    Ok(match u.int_in_range(0..=8)? {
         0 => Message::Push(Push {
             slice: slice(u)?,
             iteration: u.arbitrary()?,
@@ -117,6 +117,11 @@ fn message<V: Value>(u: &mut Unstructured) -> Result<Message<V>> {
             finished_below: u.arbitrary()?,
             taken_below: u.arbitrary()?,
         },
+        6 => Message::SlotAsk {
+            slice: slice(u)?,
+            bytes: u.arbitrary()?,
+        },
+        7 => Message::SlotGrant(slice(u)?),
         _ => Message::Heartbeat {
             sent_at: u.arbitrary()?,
             at: if u.arbitrary()? {

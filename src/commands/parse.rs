@@ -96,6 +96,25 @@ pub(super) fn output_file(s: &str) -> Result<std::path::PathBuf, String> {
     Ok(path)
 }
 
+/// `MIN_BYTES:AT_ONCE`: push slices of at least `MIN_BYTES` bytes wait for one of `AT_ONCE`
+/// slots per server (ARCHITECTURE.md §9).
+pub(super) fn push_slots(s: &str) -> Result<pserver_core::PushSlots, String> {
+    let bad = || {
+        format!(
+            "`{s}` is not MIN_BYTES:AT_ONCE, the smallest push slice that waits for a slot and the slots a server grants at once (at least 1), e.g. 65536:1"
+        )
+    };
+    let (min_bytes, at_once) = s.split_once(':').ok_or_else(bad)?;
+    let (min_bytes, at_once) = (
+        min_bytes.parse().map_err(|_| bad())?,
+        at_once.parse().map_err(|_| bad())?,
+    );
+    if at_once == 0 {
+        return Err(bad());
+    }
+    Ok(pserver_core::PushSlots { min_bytes, at_once })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

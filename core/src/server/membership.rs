@@ -69,6 +69,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             out.emit(Event::Fenced);
         }
         self.reshard(fresh_start, &rejoined, out);
+        self.retain_slot_workers(now, out);
         self.report_lost(out);
         self.drop_unserved_pulls();
         self.resend_replication(Resend::Changed, out);

@@ -7,6 +7,7 @@ mod pull;
 mod push;
 mod replication;
 mod shard;
+mod slots;
 
 use core::hash::{Hash, Hasher};
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,6 +18,7 @@ use crate::consistency::Consistency;
 use crate::effects::{Effects, Refusal, TimerId};
 use crate::ids::{Epoch, NodeId, Role, Time};
 use crate::key::{Key, KeyRange};
+use crate::slots::{PushSlots, SlotQueue};
 use crate::store::{ParamStore, Store, StoreLayout};
 use crate::timing::Timing;
 use crate::updater::{UpdateRule, Updater};
@@ -56,6 +58,9 @@ pub struct ServerConfig {
     pub unregularized: Option<KeyRange>,
     /// How the rows are laid out ([`StoreLayout`]). Default: in key order.
     pub store: StoreLayout,
+    /// Let large push slices in a few at a time, the workers taking turns
+    /// ([`crate::PushSlots`]). Default: none, every slice is let in as it comes.
+    pub push_slots: Option<PushSlots>,
 }
 
 impl ServerConfig {
@@ -70,6 +75,7 @@ impl ServerConfig {
             max_reply_bytes: crate::worker::DEFAULT_MAX_SLICE_BYTES,
             unregularized: None,
             store: StoreLayout::Ordered,
+            push_slots: None,
         }
     }
 
@@ -148,6 +154,8 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store
     /// its primaries may count it in step, so it asks them for what it lacks on every
     /// heartbeat, not only while the ring changes.
     late_start: bool,
+    /// Push slots granted and asked for ([`ServerConfig::push_slots`]); empty without.
+    slots: SlotQueue,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -179,6 +187,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> PartialEq for Server<V, U, S>
             && self.lost_unlisted == other.lost_unlisted
             && self.coordinator == other.coordinator
             && self.late_start == other.late_start
+            && self.slots == other.slots
     }
 }
 
@@ -206,6 +215,7 @@ impl<V: Value + Hash, U: UpdateRule<V>, S: ParamStore<V>> Hash for Server<V, U, 
         self.lost_unlisted.hash(state);
         self.coordinator.hash(state);
         self.late_start.hash(state);
+        self.slots.hash(state);
         #[cfg(feature = "mutations")]
         self.mutation.hash(state);
     }
@@ -244,6 +254,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             early: Vec::new(),
             progress_unheard: BTreeSet::new(),
             late_start: false,
+            slots: SlotQueue::default(),
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -362,6 +373,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.unreplicated.len()
     }
 
+    /// Push slots granted whose slice has not arrived, and asks waiting for one
+    /// ([`ServerConfig::push_slots`]; feature `testing`).
+    #[cfg(feature = "testing")]
+    pub fn push_slots(&self) -> (usize, usize) {
+        (self.slots.granted(), self.slots.waiting())
+    }
+
     /// Registers with the coordinator and starts heartbeats. Call once, first.
     pub fn start(&mut self, now: Time, out: &mut Effects<V>) {
         self.register(now, out);
@@ -427,6 +445,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 self.resend_replication(Resend::Lost, out);
                 self.arm_replication(now, out);
             }
+            TimerId::SlotLease => self.expire_slots(now, out),
             TimerId::Heartbeat => {
                 let body = Message::Heartbeat {
                     sent_at: now,
@@ -471,12 +490,21 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             return self.keep_early(env, out);
         };
         match env.body {
-            Message::Push(_) | Message::Pull(_) | Message::Progress { .. }
+            Message::Push(_)
+            | Message::Pull(_)
+            | Message::Progress { .. }
+            | Message::SlotAsk { .. }
                 if !cluster.is_worker(from) =>
             {
                 out.refuse(from, Refusal::UnknownSender);
             }
-            Message::Push(push) => self.on_push(now, from, push, out),
+            Message::Push(push) => {
+                // Any push of the slice frees its slot, even one this server redirects: its
+                // bytes are in.
+                self.slot_arrived(now, from, push.slice, push.settled_below, out);
+                self.on_push(now, from, push, out)
+            }
+            Message::SlotAsk { slice, bytes } => self.on_slot_ask(now, from, slice, bytes, out),
             Message::Pull(pull) => self.on_pull(from, pull, out),
             Message::Progress {
                 finished_below,

@@ -13,7 +13,7 @@ use crate::value::Value;
 use crate::wire::forms::seq;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 10;
+pub const PROTOCOL_VERSION: u16 = 11;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;
@@ -670,9 +670,23 @@ pub enum Message<V: Value> {
         /// The heartbeat's `sent_at`, echoed.
         sent_at: Time,
     },
+    /// A worker asks the server of a large push slice for a slot before it sends the slice
+    /// ([`crate::PushSlots`]), so that workers pushing together take turns. Resent like a
+    /// slice until granted.
+    SlotAsk {
+        /// The slice waiting.
+        slice: SliceRef,
+        /// The bytes it moves, as the worker counts them: what the server needs to know
+        /// whether it needs a slot, and how long to hold one for it.
+        bytes: u32,
+    },
+    /// A server lets a push slice in: the worker sends it now. Sent again for a repeated ask,
+    /// and at once for a slice that arrived already; a grant the worker does not wait for is
+    /// ignored.
+    SlotGrant(SliceRef),
 }
 
 impl<V: Value> Message<V> {
     /// Number of message kinds this version knows; the wire tags are `0..KINDS`.
-    pub const KINDS: u32 = 21;
+    pub const KINDS: u32 = 23;
 }

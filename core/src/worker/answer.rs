@@ -29,7 +29,7 @@ impl<V: Value> Worker<V> {
         let Some(slice) = request.open.get(&sref.slice) else {
             return;
         };
-        if !slice.sent || from != slice.server {
+        if !slice.sent || slice.asking || from != slice.server {
             // Not sent, or not to this server: an answer to something else, or a forgery.
             return out.refuse(from, Refusal::BadAnswer);
         }
@@ -73,7 +73,11 @@ impl<V: Value> Worker<V> {
         let Some(slice) = request.open.get_mut(&sref.slice) else {
             return;
         };
-        if !slice.sent || from != slice.server || !matches!(slice.part, Part::Push(_)) {
+        if !slice.sent
+            || slice.asking
+            || from != slice.server
+            || !matches!(slice.part, Part::Push(_))
+        {
             return out.refuse(from, Refusal::BadAnswer);
         }
         if slice.taken >= Some(epoch) {
@@ -92,6 +96,39 @@ impl<V: Value> Worker<V> {
         if self.count_if_taken(sref.request, out) {
             self.on_progress(now, out);
         }
+        self.arm_retransmit(out);
+    }
+
+    /// A server granted a push slice a slot ([`crate::PushSlots`]): the slice goes now, on
+    /// a fresh retransmission timer. A grant for a slice not waiting for one (a duplicate, or
+    /// one for a slice acknowledged since) changes nothing.
+    pub(super) fn on_grant(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        sref: SliceRef,
+        out: &mut Effects<V>,
+    ) {
+        let Some(slice) = self
+            .requests
+            .get_mut(&sref.request)
+            .and_then(|r| r.open.get_mut(&sref.slice))
+        else {
+            return;
+        };
+        if from != slice.server {
+            return out.refuse(from, Refusal::BadAnswer);
+        }
+        if !slice.asking {
+            return;
+        }
+        slice.asking = false;
+        slice.granted = true;
+        slice.attempts = 0;
+        slice.due = now + self.cfg.jittered_rto(sref.request, sref.slice, 0);
+        let allowance = self.transfer_allowance();
+        self.delay_due(sref.request, sref.slice, allowance);
+        self.send_slice(sref.request, sref.slice, out);
         self.arm_retransmit(out);
     }
 

@@ -7,6 +7,7 @@ use crate::ids::{NodeId, Time};
 use crate::selection::KeySelection;
 use crate::sizes;
 use crate::slicing::Part;
+use crate::slots::PushSlots;
 use crate::timing::Timing;
 use crate::value::Value;
 use crate::wire::{RequestId, SliceId};
@@ -54,6 +55,9 @@ pub struct WorkerConfig {
     /// Report the worker's position with every heartbeat, for the coordinator to tell
     /// stragglers ([`crate::StragglerPolicy::detect`]). Default: off.
     pub report_position: bool,
+    /// Ask the slice's server for a slot before sending a large push slice
+    /// ([`crate::PushSlots`]). Default: none, every slice goes at once.
+    pub push_slots: Option<PushSlots>,
 }
 
 impl WorkerConfig {
@@ -69,6 +73,7 @@ impl WorkerConfig {
             max_bytes_in_flight: u64::MAX,
             seed: 0,
             report_position: false,
+            push_slots: None,
         }
     }
 

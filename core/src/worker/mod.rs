@@ -411,6 +411,7 @@ impl<V: Value> Worker<V> {
             Message::Config(config) => self.adopt(now, from, config, out),
             Message::HeartbeatAck { .. } if from == self.cfg.coordinator => {}
             Message::PushAck(sref) => self.on_answer(now, from, sref, None, out),
+            Message::SlotGrant(sref) => self.on_grant(now, from, sref, out),
             // Taken in counts only at the epoch it happened in: a server that took a push in
             // under an earlier configuration may have lost it since (ARCHITECTURE.md §8). A
             // later one counts once this worker is there too.

@@ -28,6 +28,12 @@ pub(super) struct Slice<V: Value> {
     /// it has left the window and is kept (now and then resent) until acknowledged, and it
     /// counts for its iteration while the worker is at that epoch.
     pub(super) taken: Option<Epoch>,
+    /// A large push slice waiting for its server's grant ([`crate::PushSlots`]): what is
+    /// on the network for it (and sent again) is the ask, not the slice. It holds its place
+    /// in the window meanwhile.
+    pub(super) asking: bool,
+    /// Its server granted it a slot: it goes, and goes again, without asking.
+    pub(super) granted: bool,
 }
 
 impl<V: Value> Slice<V> {
@@ -101,6 +107,8 @@ impl<V: Value> Request<V> {
                 due: 0,
                 attempts: 0,
                 taken: None,
+                asking: false,
+                granted: false,
             };
             self.open.insert(sid, slice);
         }
@@ -207,6 +215,10 @@ impl<V: Value> Worker<V> {
             slice: sid,
         };
         let body = match &slice.part {
+            Part::Push(_) if slice.asking => Message::SlotAsk {
+                slice: sref,
+                bytes: u32::try_from(self.cfg.slice_bytes(&slice.part)).unwrap_or(u32::MAX),
+            },
             Part::Push(kvs) => Message::Push(Push {
                 slice: sref,
                 iteration: request.iteration,

@@ -123,6 +123,9 @@ impl<V: Value> Worker<V> {
                 }
                 window.open(size);
                 slice.sent = true;
+                slice.asking = request.kind == Kind::Push
+                    && !slice.granted
+                    && self.cfg.push_slots.is_some_and(|s| s.needs_slot(size));
                 slice.due = now + self.cfg.jittered_rto(id, sid, 0);
                 to_send.push((id, sid));
             }

@@ -338,6 +338,8 @@ fn forward(effects: &mut Effects<i64>, settings: &Settings, o: &mut Out<ClusterA
         TimerId::FailureCheck => settings.failure_detection,
         TimerId::Retransmit | TimerId::Replicate => settings.retransmission,
         TimerId::Register => settings.retransmission,
+        // Set only by servers of a job with push slots, which the models do not run.
+        TimerId::SlotLease => settings.retransmission,
     };
     for env in effects.sends.drain(..) {
         if !settings.failure_detection && matches!(env.body, Message::Heartbeat { .. }) {

@@ -148,6 +148,16 @@
 //!   every key an acknowledged push wrote. Pull completeness, the in-flight bound, completion
 //!   and single ownership hold for every rule.
 //!
+//! # Receive queues
+//!
+//! With [`SimConfig::receive_rate`] every server works through the bytes that reach it at
+//! that rate, one message after another in the order they arrived: a message is handled once
+//! the server has worked through it and everything that arrived before it. What has arrived
+//! and is not handled yet is the server's receive queue, and [`SimReport::peak_receive_queue_bytes`]
+//! is the largest any server's grew. Workers that finish an iteration together push
+//! together, and their pushes queue up at the servers; round-robin push slots
+//! ([`SimConfig::push_slots`]) let the servers take them in turn.
+//!
 //! A run is a pure function of its [`SimConfig`]: a failing seed replays exactly, and the
 //! failure says how ([`SimConfig::replay_command`]).
 
@@ -174,7 +184,7 @@ use pserver_core::Consistency;
 use pserver_core::Updater;
 use pserver_core::node::NodeLayout;
 use pserver_core::ring::RingConfig;
-use pserver_core::{JobSpec, NodeId, StragglerPolicy, Time};
+use pserver_core::{JobSpec, NodeId, PushSlots, StragglerPolicy, Time};
 
 /// One millisecond of virtual time.
 pub const MS: Time = 1_000_000;
@@ -242,6 +252,49 @@ pub struct SimConfig {
     /// messages are delayed and reordered; and a crashed server's messages still on the
     /// network arrive late, after its restart.
     pub membership_stress: bool,
+    /// Round-robin push slots for the job (ARCHITECTURE.md §9); `None`: every push slice
+    /// goes at once.
+    pub push_slots: Option<PushSlots>,
+    /// How fast each server works through the bytes that reach it, in bytes per millisecond
+    /// of virtual time (see "Receive queues" in the module docs); `None`: a message is handled
+    /// the moment it arrives, as in every run before receive queues, and
+    /// [`SimReport::peak_receive_queue_bytes`] stays 0.
+    pub receive_rate: Option<u64>,
+    /// How the keys are laid out; `None` lets the seed pick.
+    pub key_layout: Option<KeyLayout>,
+}
+
+/// Where a run's keys sit in the key space ([`SimConfig::key_layout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyLayout {
+    /// Spread evenly over the key space: every gap between keys takes a long varint.
+    Even,
+    /// At the key space's edges, from 0 up and from the largest legal key down, with gaps
+    /// that cross varint lengths (127, 128, 16383, 16384): short key lists.
+    Edges,
+    /// On both sides of the ring's segment boundaries, the rest spread evenly.
+    Boundaries,
+}
+
+impl fmt::Display for KeyLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KeyLayout::Even => "even",
+            KeyLayout::Edges => "edges",
+            KeyLayout::Boundaries => "boundaries",
+        })
+    }
+}
+
+impl core::str::FromStr for KeyLayout {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [KeyLayout::Even, KeyLayout::Edges, KeyLayout::Boundaries]
+            .into_iter()
+            .find(|l| l.to_string() == s)
+            .ok_or_else(|| format!("unknown key layout `{s}`: expected even, edges or boundaries"))
+    }
 }
 
 impl Default for SimConfig {
@@ -276,11 +329,38 @@ impl Default for SimConfig {
             leave_servers: 0,
             quick_restart: false,
             membership_stress: false,
+            push_slots: None,
+            receive_rate: None,
+            key_layout: None,
         }
     }
 }
 
 impl SimConfig {
+    /// Four workers that push large pushes together, the workload round-robin push slots
+    /// are for (ARCHITECTURE.md §9): sequential consistency, so that every iteration ends
+    /// with every worker pushing at once; 8,000 keys at the key space's edges, so that each
+    /// push carries some 2,000 rows to each of two servers while a pull's key list is a
+    /// fraction of that; servers that take 10 MB a second, so that one worker's push takes
+    /// each server about a fifth of an iteration's compute (20 ms) and four of them queue up;
+    /// and 100 µs between nodes. No slots: set [`SimConfig::push_slots`] to compare.
+    pub fn pushing_together(seed: u64) -> SimConfig {
+        SimConfig {
+            seed,
+            servers: 2,
+            workers: 4,
+            keys: 8_000,
+            iterations: 6,
+            consistency: Consistency::Sequential,
+            compute: 20 * MS,
+            latency: MS / 10,
+            receive_rate: Some(10_000),
+            key_layout: Some(KeyLayout::Edges),
+            ring_change: Some(false),
+            ..SimConfig::default()
+        }
+    }
+
     /// The `pserver sim` command that runs exactly this configuration.
     pub fn replay_command(&self) -> String {
         let mut cmd = format!(
@@ -358,6 +438,21 @@ impl SimConfig {
         }
         if self.membership_stress {
             cmd += " --membership-stress";
+        }
+        if let Some(slots) = self.push_slots {
+            cmd += &format!(" --push-slots {}:{}", slots.min_bytes, slots.at_once);
+        }
+        if let Some(rate) = self.receive_rate {
+            cmd += &format!(" --receive-rate {rate}");
+        }
+        if let Some(layout) = self.key_layout {
+            cmd += &format!(" --key-layout {layout}");
+        }
+        if self.compute != SimConfig::default().compute {
+            cmd += &format!(" --compute-ms {}", self.compute / MS);
+        }
+        if self.latency != SimConfig::default().latency {
+            cmd += &format!(" --latency-us {}", self.latency / (MS / 1000));
         }
         cmd
     }
@@ -483,6 +578,7 @@ impl SimConfig {
         job.max_reply_bytes = slice_bytes;
         job.max_slices_in_flight = window;
         job.stragglers = self.stragglers;
+        job.push_slots = self.push_slots;
         if self.stragglers.detect.is_some() {
             job.timing.heartbeat_interval = self.compute.max(MS);
         }
@@ -499,19 +595,28 @@ impl SimConfig {
         self.layout().workers()
     }
 
-    /// The keys of a run, `keys` of them in increasing order, laid out by the seed in one of
-    /// three ways: spread evenly over the key space; at its edges (from 0 up and from the
-    /// largest legal key down, with gaps that cross varint lengths: 127, 128, 16383, 16384); or
-    /// on both sides of the ring's segment boundaries.
+    /// How this run lays out its keys: [`SimConfig::key_layout`], or one picked by the seed.
+    pub fn resolved_key_layout(&self) -> KeyLayout {
+        self.key_layout.unwrap_or_else(|| {
+            match pserver_core::testing::hash_words(self.seed, &[0x4b45_5953]) % 3 {
+                0 => KeyLayout::Even,
+                1 => KeyLayout::Edges,
+                _ => KeyLayout::Boundaries,
+            }
+        })
+    }
+
+    /// The keys of a run, `keys` of them in increasing order, laid out as
+    /// [`SimConfig::resolved_key_layout`] says (see [`KeyLayout`]).
     pub fn key_layout(&self, ring: &pserver_core::ring::Ring) -> Vec<u64> {
         use std::collections::BTreeSet;
         let n = self.keys as usize;
         let stride = (u64::MAX - 1) / self.keys.max(1);
         let even = (0..self.keys).map(|i| i * stride);
         let mut keys: BTreeSet<u64> = BTreeSet::new();
-        match pserver_core::testing::hash_words(self.seed, &[0x4b45_5953]) % 3 {
-            0 => {}
-            1 => {
+        match self.resolved_key_layout() {
+            KeyLayout::Even => {}
+            KeyLayout::Edges => {
                 const GAPS: [u64; 5] = [127, 128, 16_383, 16_384, 1];
                 let (mut low, mut high) = (0u64, pserver_core::MAX_KEY);
                 for i in 0..n {
@@ -525,7 +630,7 @@ impl SimConfig {
                     }
                 }
             }
-            _ => {
+            KeyLayout::Boundaries => {
                 for (range, _) in ring.segments() {
                     if keys.len() >= n {
                         break;
@@ -678,6 +783,11 @@ pub struct SimReport {
     pub aggregate_values: u64,
     /// What the coordinator found and decided about stragglers (ARCHITECTURE.md §9).
     pub pace: PaceReport,
+    /// The most bytes any server held at once that had reached it and that it had not
+    /// worked through yet ([`SimConfig::receive_rate`]; 0 without receive queues).
+    pub peak_receive_queue_bytes: u64,
+    /// Push slots servers granted (resent grants included; ARCHITECTURE.md §9).
+    pub slot_grants: u64,
     /// A digest of the final state of every node, to compare replays.
     pub fingerprint: u64,
 }

@@ -1,21 +1,23 @@
 //! `pserver sim`: many seeded runs of the deterministic simulator, and the tau sweep.
 
 mod seeds;
+mod slots;
 mod sweep;
 
-use pserver_core::{Balance, Consistency, Detection, StragglerPolicy, TauRange};
+use pserver_core::{Balance, Consistency, Detection, PushSlots, StragglerPolicy, TauRange};
 
 // The simulator is named in this one place; the submodules go through this module too.
 use pserver_models::sim as simulator;
 use simulator::{
-    Faults, MS, PaceReport, ServerFaults, SimConfig, SimFailure, SimReport, SimUpdater,
+    Faults, KeyLayout, MS, PaceReport, ServerFaults, SimConfig, SimFailure, SimReport, SimUpdater,
 };
 
 pub use seeds::{Batch, run_seeds};
+pub use slots::{SlotsComparison, slots_sweep};
 pub use sweep::{Pacing, SweepRow, sweep_models, sweep_pacings, tau_label, tau_sweep};
 
 use super::CliError;
-use super::parse::{at_least_one, factor, probability, tau_range};
+use super::parse::{at_least_one, factor, probability, push_slots, tau_range};
 
 /// Run whole clusters in the deterministic simulator, with faults, checking the protocol's
 /// invariants after every step.
@@ -29,7 +31,9 @@ use super::parse::{at_least_one, factor, probability, tau_range};
 /// idle, for tau in 0, 1, 2, 4, 8 and infinity, for tau moving between 1 and 8 as stragglers
 /// come and go (adaptive:1-8), for tau 1 with stragglers skipped ahead (skip-ahead:1), and
 /// the same with four shares per worker moved from slow workers to fast ones
-/// (skip-ahead+shares:1).
+/// (skip-ahead+shares:1). With --slots-sweep, prints instead the servers' peak receive queue
+/// and the finish time of four workers pushing together, with and without round-robin push
+/// slots.
 #[derive(clap::Args, Debug)]
 pub struct SimArgs {
     /// Number of seeds to run.
@@ -157,6 +161,29 @@ pub struct SimArgs {
     /// --features mutations).
     #[arg(long)]
     mutation: Option<String>,
+    /// Round-robin push slots: push slices of at least MIN_BYTES bytes wait for one of
+    /// AT_ONCE slots per server, which the workers take in turn (MIN_BYTES:AT_ONCE).
+    #[arg(long, value_parser = push_slots)]
+    push_slots: Option<PushSlots>,
+    /// Servers work through the bytes that reach them at this many bytes per virtual
+    /// millisecond, and the summary prints their peak receive queue (default: every message
+    /// is handled as it arrives).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    receive_rate: Option<u64>,
+    /// Where the keys sit: even, edges or boundaries (default: picked by each seed).
+    #[arg(long)]
+    key_layout: Option<KeyLayout>,
+    /// Virtual milliseconds of compute per iteration on a worker that is not straggling.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    compute_ms: u64,
+    /// One-way network latency in virtual microseconds.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    latency_us: u64,
+    /// Print the servers' peak receive queue and the finish time of four workers pushing
+    /// together, with and without push slots (those of --push-slots, default 8192:1), as
+    /// `name value unit` lines, instead.
+    #[arg(long, conflicts_with = "tau_sweep")]
+    slots_sweep: bool,
 }
 
 /// Runs `pserver sim`: the seeds, or with `--tau-sweep` the sweep. A failed seed or a broken
@@ -167,6 +194,9 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
     base.validate().map_err(CliError::input)?;
     if args.tau_sweep {
         return sweep(&args, &base, protocol);
+    }
+    if args.slots_sweep {
+        return slots::print(&args, protocol);
     }
     let threads = super::threads_or_cores(args.threads);
     eprintln!(
@@ -183,6 +213,9 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
     }
     if base.stragglers.detect.is_some() {
         println!("{}", batch.pace_summary());
+    }
+    if base.receive_rate.is_some() || base.push_slots.is_some() {
+        println!("{}", batch.slots_summary());
     }
     println!("{}", batch.summary());
     if batch.failures.is_empty() {
@@ -225,6 +258,11 @@ fn config(args: &SimArgs) -> SimConfig {
         leave_servers: args.leave_servers as usize,
         quick_restart: args.quick_restart,
         membership_stress: args.membership_stress,
+        push_slots: args.push_slots,
+        receive_rate: args.receive_rate,
+        key_layout: args.key_layout,
+        compute: args.compute_ms * MS,
+        latency: args.latency_us * (MS / 1000),
         ..SimConfig::default()
     };
     cfg.ring.replicas = args.replicas;

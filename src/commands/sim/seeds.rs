@@ -32,6 +32,10 @@ pub struct Batch {
     pub aggregate_values: u64,
     /// Stragglers found and what was decided about them, over all successful runs.
     pub pace: PaceReport,
+    /// The largest peak receive queue of any server, over all successful runs, in bytes.
+    pub peak_receive_queue_bytes: u64,
+    /// Push slots granted, over all successful runs.
+    pub slot_grants: u64,
 }
 
 impl Batch {
@@ -97,6 +101,14 @@ impl Batch {
         )
     }
 
+    /// Receive queues and push slots: `slots peak_receive_queue_bytes=B grants=G`.
+    pub fn slots_summary(&self) -> String {
+        format!(
+            "slots peak_receive_queue_bytes={} grants={}",
+            self.peak_receive_queue_bytes, self.slot_grants
+        )
+    }
+
     /// The server faults injected, by kind: `server_faults crashes=C restarts=R
     /// crashes_during_copy=D crashes_after_copy=A cut_offs=X flaps=F joins=J leaves=L`.
     pub fn server_fault_summary(&self) -> String {
@@ -135,6 +147,8 @@ pub fn run_seeds(
     let pushed = AtomicU64::new(0);
     let replicated = AtomicU64::new(0);
     let aggregate = AtomicU64::new(0);
+    let peak = AtomicU64::new(0);
+    let grants = AtomicU64::new(0);
     let failures = Mutex::new(Vec::new());
     let faults = Mutex::new((ServerFaults::default(), Vec::new(), PaceReport::default()));
     let bar = if progress {
@@ -161,6 +175,8 @@ pub fn run_seeds(
                             pushed.fetch_add(report.pushed_values, Ordering::Relaxed);
                             replicated.fetch_add(report.replicated_values, Ordering::Relaxed);
                             aggregate.fetch_add(report.aggregate_values, Ordering::Relaxed);
+                            peak.fetch_max(report.peak_receive_queue_bytes, Ordering::Relaxed);
+                            grants.fetch_add(report.slot_grants, Ordering::Relaxed);
                             if let Ok(mut f) = faults.lock() {
                                 f.0.add(&report.server_faults);
                                 f.1.extend_from_slice(&report.recoveries);
@@ -196,6 +212,8 @@ pub fn run_seeds(
         replicated_values: replicated.into_inner(),
         aggregate_values: aggregate.into_inner(),
         pace,
+        peak_receive_queue_bytes: peak.into_inner(),
+        slot_grants: grants.into_inner(),
         secs: start.elapsed().as_secs_f64(),
     }
 }

@@ -5,7 +5,7 @@ mod faults;
 
 use core::cmp::Ordering;
 use core::hash::{Hash, Hasher};
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use super::ledger::Ledger;
 use super::network::Network;
@@ -50,6 +50,9 @@ enum Action {
         packet: Packet,
         /// The epoch a `Redirect` names, to count the redirects workers follow.
         redirect: Option<Epoch>,
+        /// A server has worked through it in its receive queue (see "Receive queues" in the
+        /// module docs): it is handled now.
+        received: bool,
     },
     /// A node's earliest timer deadline.
     Wake(NodeId),
@@ -179,6 +182,39 @@ struct World<'a> {
     reply_epochs: BTreeMap<(NodeId, RequestId), BTreeSet<Epoch>>,
     /// What the coordinator found and decided about stragglers.
     pace: PaceReport,
+    /// Per server, its receive queue ([`SimConfig::receive_rate`]).
+    receiving: BTreeMap<NodeId, ReceiveQueue>,
+    /// Push slots granted.
+    slot_grants: u64,
+}
+
+/// What has reached one server and is not handled yet: each message's bytes and when the
+/// server will have worked through it, in arrival order.
+#[derive(Clone, Debug, Default)]
+struct ReceiveQueue {
+    queued: VecDeque<(Time, u64)>,
+    /// When the server will have worked through everything queued.
+    busy_until: Time,
+    /// The most bytes queued at once.
+    peak: u64,
+}
+
+impl ReceiveQueue {
+    /// `bytes` arrived at `now`, for a server working through `rate` bytes a millisecond.
+    /// Returns when the server will have worked through them.
+    fn arrive(&mut self, now: Time, bytes: u64, rate: u64) -> Time {
+        // What was worked through by now left the queue, whether or not its handling still
+        // runs (a crash may have dropped it).
+        while self.queued.front().is_some_and(|&(done, _)| done <= now) {
+            self.queued.pop_front();
+        }
+        let work = (u128::from(bytes) * u128::from(MS) / u128::from(rate.max(1))) as Time;
+        self.busy_until = self.busy_until.max(now) + work;
+        self.queued.push_back((self.busy_until, bytes));
+        let queued = self.queued.iter().map(|&(_, b)| b).sum();
+        self.peak = self.peak.max(queued);
+        self.busy_until
+    }
 }
 
 /// The position of `key` among `keys` (a key of the run).
@@ -360,6 +396,8 @@ impl<'a> World<'a> {
             paces: BTreeMap::new(),
             reply_epochs: BTreeMap::new(),
             pace: PaceReport::default(),
+            receiving: BTreeMap::new(),
+            slot_grants: 0,
         })
     }
 
@@ -513,7 +551,32 @@ impl<'a> World<'a> {
                 sent_at,
                 packet,
                 redirect,
+                received,
             } => {
+                if let Some(rate) = self.cfg.receive_rate.filter(|_| !received)
+                    && !self.is_down(to)
+                    && self.server(to).is_some()
+                {
+                    let bytes = match &packet {
+                        Packet::Frame(frame) => frame.len(),
+                        Packet::Envelope(env) => self.codec.encode(env).map_or(0, |f| f.len()),
+                    } as u64;
+                    let done = self
+                        .receiving
+                        .entry(to)
+                        .or_default()
+                        .arrive(now, bytes, rate);
+                    let action = Action::Deliver {
+                        from,
+                        to,
+                        sent_at,
+                        packet,
+                        redirect,
+                        received: true,
+                    };
+                    self.schedule(done, action);
+                    return Ok(());
+                }
                 if !self.is_down(to) {
                     self.count_late(from, to, sent_at);
                     if let Some(d) = self.nodes.get_mut(&to) {
@@ -648,6 +711,7 @@ impl<'a> World<'a> {
                             sent_at: self.now,
                             packet,
                             redirect,
+                            received: false,
                         },
                     );
                 }
@@ -736,6 +800,7 @@ impl<'a> World<'a> {
                     .insert(env.epoch);
             }
             Message::Transfer(_) => self.copy_sent(to),
+            Message::SlotGrant(_) => self.slot_grants += 1,
             Message::TransferAck { range, .. } => self.copy_installed(from, to, *range),
             _ => {}
         }
@@ -1033,6 +1098,8 @@ impl<'a> World<'a> {
                     .max(self.cfg.consistency.tau().unwrap_or(0)),
                 ..self.pace
             },
+            peak_receive_queue_bytes: self.receiving.values().map(|q| q.peak).max().unwrap_or(0),
+            slot_grants: self.slot_grants,
             fingerprint: h.finish(),
         }
     }
