@@ -90,9 +90,10 @@ pub struct StragglerPolicy {
     /// Under bounded delay: tell a straggler to skip to the iteration the others are in,
     /// instead of holding everybody at the bound ([`Pace::skipped_below`]).
     pub skip_ahead: bool,
-    /// Under bounded delay: the staleness bound rises by one at each check that finds a
-    /// straggler, and falls by one at each check that finds none, within this range
-    /// ([`Pace::tau`]).
+    /// Under bounded delay: the staleness bound doubles (rising by one at least) at each
+    /// check that finds a straggler, and falls by one at each check that finds none, within
+    /// this range ([`Pace::tau`]): quick to give stragglers room, slow to take it back while
+    /// they come and go.
     pub adaptive_tau: Option<TauRange>,
     /// Cut the job's work into several shares per worker, and move shares from slow workers
     /// to fast ones by the speed they report, one at a time, within bounds
@@ -512,8 +513,8 @@ fn lower_median(values: impl Iterator<Item = u64>) -> u64 {
 }
 
 /// The next pace after a check found `lagging`: stragglers skipped ahead to the others'
-/// iteration where skip-ahead is on; tau one up while anybody lags and one down once nobody
-/// does.
+/// iteration where skip-ahead is on; tau doubled (one up at least) while anybody lags and one
+/// down once nobody does.
 pub(crate) fn decide(
     policy: &StragglerPolicy,
     consistency: Consistency,
@@ -536,7 +537,7 @@ pub(crate) fn decide(
         let tau = if lagging.is_empty() {
             tau.saturating_sub(1).max(range.min)
         } else {
-            (tau + 1).min(range.max)
+            (tau + 1).max(tau.saturating_mul(2)).min(range.max)
         };
         next.tau = Some(tau);
     }

@@ -1190,6 +1190,12 @@ pub async fn train_local_until(
     // take a coordinator whose loop is as busy for a silent one.
     spec.job.timing.heartbeat_timeout = Duration::from_secs(60).as_nanos() as u64;
     spec.job.timing.coordinator_timeout = spec.job.timing.heartbeat_timeout;
+    // Stragglers are told and dealt with at failure checks: a run of seconds needs them a few
+    // times a second, not every tenth of one.
+    if spec.job.stragglers.detect.is_some() {
+        let often = Duration::from_millis(20).as_nanos() as u64;
+        spec.job.timing.heartbeat_interval = spec.job.timing.heartbeat_interval.min(often);
+    }
     let network = MemNetwork::reliable();
     let tcp = match cfg.transport {
         Wire::Mem => None,
