@@ -44,6 +44,7 @@ pub(super) async fn run_stragglers_bench(
     let Some(first) = all.first() else {
         return Ok(());
     };
+    let mut medians = Vec::new();
     for (i, m) in first.iter().enumerate() {
         let mut values: Vec<f64> = all
             .iter()
@@ -51,14 +52,42 @@ pub(super) async fn run_stragglers_bench(
             .map(|m| m.value)
             .collect();
         values.sort_by(f64::total_cmp);
-        emit(Measure {
+        let median = Measure {
             name: m.name.clone(),
             value: values[values.len() / 2],
             unit: m.unit,
-        });
+        };
+        medians.push(median.clone());
+        emit(median);
     }
+    // The best fixed tau is the one a user would pick: the quickest over the repetitions,
+    // not the quickest of each repetition (the least of five noisy times is a lucky one).
+    let median_of = |name: &str| {
+        let name = format!("stragglers.transient.{name}.secs_to_target");
+        medians
+            .iter()
+            .find(|m| m.name == name)
+            .map_or(f64::INFINITY, |m| m.value)
+    };
+    let (best, tau) = FIXED_TAUS
+        .iter()
+        .map(|t| (median_of(&format!("tau{t}")), *t))
+        .fold((f64::INFINITY, 0), |a, b| if b.0 < a.0 { b } else { a });
+    emit(Measure {
+        name: "stragglers.transient.best_fixed_tau".into(),
+        value: f64::from(tau),
+        unit: "tau",
+    });
+    emit(Measure {
+        name: "stragglers.transient.adaptive1-8.vs_best_fixed".into(),
+        value: median_of("adaptive1-8") / best,
+        unit: "x",
+    });
     Ok(())
 }
+
+/// The fixed bounds adaptive tau is measured against (0: sequential).
+const FIXED_TAUS: [u32; 5] = [0, 1, 2, 4, 8];
 
 /// Both measures once.
 async fn measure_once(quick: bool, emit: &mut impl FnMut(Measure)) -> Result<(), BenchError> {
@@ -155,7 +184,7 @@ async fn measure_once(quick: bool, emit: &mut impl FnMut(Measure)) -> Result<(),
         cfg
     };
     let mut fixed = Vec::new();
-    for tau in [0, 1, 2, 4, 8] {
+    for tau in FIXED_TAUS {
         let consistency = match tau {
             0 => Consistency::Sequential,
             t => Consistency::BoundedDelay(t),
@@ -172,15 +201,15 @@ async fn measure_once(quick: bool, emit: &mut impl FnMut(Measure)) -> Result<(),
         .fold(f64::INFINITY, f64::min);
     let target = lowest + REACHED;
     figure("transient.target_test_logloss", target, "logloss");
-    let mut best = f64::INFINITY;
     for (tau, reports) in &fixed {
         let t = time_to(reports, target);
-        best = best.min(t);
         figure(&format!("transient.tau{tau}.secs_to_target"), t, "s");
     }
-    let t = time_to(&adaptive, target);
-    figure("transient.adaptive1-8.secs_to_target", t, "s");
-    figure("transient.adaptive1-8.vs_best_fixed", t / best, "x");
+    figure(
+        "transient.adaptive1-8.secs_to_target",
+        time_to(&adaptive, target),
+        "s",
+    );
     Ok(())
 }
 
