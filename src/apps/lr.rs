@@ -1193,7 +1193,7 @@ pub async fn train_local_until(
     // Stragglers are told and dealt with at failure checks: a run of seconds needs them a few
     // times a second, not every tenth of one.
     if spec.job.stragglers.detect.is_some() {
-        let often = Duration::from_millis(20).as_nanos() as u64;
+        let often = Duration::from_millis(10).as_nanos() as u64;
         spec.job.timing.heartbeat_interval = spec.job.timing.heartbeat_interval.min(often);
     }
     let network = MemNetwork::reliable();
