@@ -1816,6 +1816,29 @@ mod tests {
     }
 
     #[test]
+    fn transient_stragglers_slow_exactly_one_worker_a_step_and_each_in_turn() {
+        let workers = 4;
+        let of = |worker| Transient {
+            factor: 4.0,
+            worker,
+            workers,
+            seed: 7,
+        };
+        let mut slowed = [0; 4];
+        for step in 0..1000 {
+            let slow: Vec<usize> = (0..workers)
+                .filter(|&w| of(w).factor_at(step) > 1.0)
+                .collect();
+            assert_eq!(slow.len(), 1, "step {step}: {slow:?}");
+            slowed[slow[0]] += 1;
+        }
+        assert!(
+            slowed.iter().all(|&n| (200..300).contains(&n)),
+            "{slowed:?}"
+        );
+    }
+
+    #[test]
     fn an_epoch_reports_the_rows_no_worker_trained_and_the_rows_two_did() {
         let cfg = LrConfig {
             epochs: 1,
