@@ -253,6 +253,9 @@ pub struct RoundShare {
     /// ([`crate::ClusterConfig::handed_over_in`]): it does the share's work of the round from
     /// the beginning, wherever it is in the round when it learns.
     pub from_start: bool,
+    /// Last moved by speed ([`Pace::moves`]), rather than dealt at the start or handed on
+    /// from a worker that died.
+    pub moved: bool,
 }
 
 /// A share moved by speed from one worker to another ([`Pace::moves`]): the giver was in

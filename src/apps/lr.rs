@@ -36,7 +36,7 @@ use pserver_transport::runtime::{
 };
 use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
 use tokio::sync::{mpsc, watch};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::data::libsvm::{Examples, IndexBase};
 
@@ -975,8 +975,19 @@ impl<F: FnMut(usize) -> Result<ShareRows, RuntimeError>> Shares<'_, F> {
             .shares_in_round(self.first, self.steps, u64::from(epoch))
             .await?;
         for r in shares.iter().filter(|r| !self.held.contains(&r.share)) {
-            if !self.held.is_empty() {
-                info!(share = r.share, epoch, step, "took over share {}", r.share);
+            if self.held.is_empty() {
+                continue;
+            }
+            if r.moved {
+                info!(
+                    share = r.share,
+                    epoch, step, "took share {} for its speed", r.share
+                );
+            } else {
+                warn!(
+                    share = r.share,
+                    epoch, step, "took over the share of a worker that is gone"
+                );
             }
         }
         self.held = shares.iter().map(|r| r.share).collect();

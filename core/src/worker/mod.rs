@@ -169,6 +169,7 @@ impl<V: Value> Worker<V> {
             .map(|share| crate::RoundShare {
                 share,
                 from_start: c.config.handed_over_in(share, first, length) == Some(round),
+                moved: c.config.pace.moved(share).is_some(),
             })
             .collect()
     }
