@@ -226,10 +226,16 @@ fn message(body: Body) -> Message<i64> {
                 left: Vec::new(),
                 lost: vec![],
                 incarnations,
-                // The worker under test may be told to skip ahead, and the bound may move.
+                // The worker under test may be told to skip ahead, the bound may move, and a
+                // share may have moved from it for its speed.
                 pace: Pace {
                     tau: pace.0.map(|t| u32::from(t % 8)),
                     skipped_below: vec![(WORKER, u32::from(pace.1 % 16))],
+                    moves: vec![ShareMove {
+                        share: u32::from(pace.1 % 8),
+                        from: WORKER,
+                        at: u32::from(pace.1 % 16),
+                    }],
                 },
                 consistency: match consistency % 3 {
                     0 => Consistency::Sequential,
