@@ -392,7 +392,11 @@ impl PaceWatch {
         balance: &Balance,
     ) -> Option<(usize, NodeId)> {
         let speeds = self.speeds(workers)?;
-        let held = |i: usize| shares.iter().filter(|&&s| s == workers[i]).count() as u128;
+        let counts: Vec<u128> = workers
+            .iter()
+            .map(|w| shares.iter().filter(|&s| s == w).count() as u128)
+            .collect();
+        let held = |i: usize| counts[i];
         // a/b < c/d, exactly, for positive speeds.
         let quicker = |a: u128, b: u32, c: u128, d: u32| a * u128::from(d) < c * u128::from(b);
         let giver = (0..workers.len()).reduce(|slowest, i| {

@@ -12,13 +12,6 @@ use pserver_core::*;
 const S1: NodeId = NodeId(1);
 const W: [NodeId; 3] = [NodeId(2), NodeId(3), NodeId(4)];
 
-fn at(iteration: Iteration) -> Option<Position> {
-    Some(Position {
-        iteration,
-        ..Position::default()
-    })
-}
-
 /// A coordinator of one server and three workers with `policy`, epoch 1 in force.
 fn coordinator(consistency: Consistency, policy: StragglerPolicy) -> Coordinator {
     let mut cfg = CoordinatorConfig::new(COORD, 1, 3);
@@ -28,13 +21,13 @@ fn coordinator(consistency: Consistency, policy: StragglerPolicy) -> Coordinator
     Coordinator::bootstrapped(cfg, &[S1], &W).unwrap()
 }
 
-/// Every worker reports `positions`, the server beats, and a failure check runs.
-fn check(c: &mut Coordinator, positions: [Iteration; 3], out: &mut Effects<i64>) {
+/// Every worker reports its position of `ats`, the server beats, and a failure check runs.
+fn check_at(c: &mut Coordinator, ats: [Position; 3], out: &mut Effects<i64>) {
     let epoch = c.epoch();
-    for (w, i) in W.iter().zip(positions) {
+    for (w, at) in W.iter().zip(ats) {
         let beat = Message::Heartbeat {
             sent_at: 0,
-            at: at(i),
+            at: Some(at),
         };
         c.on_message(0, Envelope::new(*w, COORD, epoch, beat), out);
     }
@@ -44,6 +37,15 @@ fn check(c: &mut Coordinator, positions: [Iteration; 3], out: &mut Effects<i64>)
     };
     c.on_message(0, Envelope::new(S1, COORD, epoch, beat), out);
     c.on_timer(0, TimerId::FailureCheck, out);
+}
+
+/// Every worker reports `positions`, the server beats, and a failure check runs.
+fn check(c: &mut Coordinator, positions: [Iteration; 3], out: &mut Effects<i64>) {
+    let ats = positions.map(|iteration| Position {
+        iteration,
+        ..Position::default()
+    });
+    check_at(c, ats, out);
 }
 
 fn detection(lag: Iteration) -> StragglerPolicy {
@@ -452,25 +454,12 @@ fn check_speeds(
     speeds: [u32; 3],
     out: &mut Effects<i64>,
 ) {
-    let epoch = c.epoch();
-    for (w, speed) in W.iter().zip(speeds) {
-        let at = Position {
-            iteration,
-            covered: Coverage(0),
-            speed,
-        };
-        let beat = Message::Heartbeat {
-            sent_at: 0,
-            at: Some(at),
-        };
-        c.on_message(0, Envelope::new(*w, COORD, epoch, beat), out);
-    }
-    let beat = Message::Heartbeat {
-        sent_at: 0,
-        at: None,
-    };
-    c.on_message(0, Envelope::new(S1, COORD, epoch, beat), out);
-    c.on_timer(0, TimerId::FailureCheck, out);
+    let ats = speeds.map(|speed| Position {
+        iteration,
+        covered: Coverage(0),
+        speed,
+    });
+    check_at(c, ats, out);
 }
 
 fn held(c: &Coordinator) -> Vec<usize> {

@@ -124,11 +124,7 @@ impl<V: Value> Worker<V> {
         }
         slice.asking = false;
         slice.granted = true;
-        slice.attempts = 0;
-        slice.due = now + self.cfg.jittered_rto(sref.request, sref.slice, 0);
-        let allowance = self.transfer_allowance();
-        self.delay_due(sref.request, sref.slice, allowance);
-        self.send_slice(sref.request, sref.slice, out);
+        self.send_afresh(now, sref, out);
         self.arm_retransmit(out);
     }
 
@@ -175,11 +171,7 @@ impl<V: Value> Worker<V> {
         } else {
             slice.part = Part::Pull(KeySelection::Ranges(rest));
             self.windows.pull.open(self.cfg.slice_bytes(&slice.part));
-            slice.attempts = 0;
-            slice.due = now + self.cfg.jittered_rto(sref.request, sref.slice, 0);
-            let allowance = self.transfer_allowance();
-            self.delay_due(sref.request, sref.slice, allowance);
-            self.send_slice(sref.request, sref.slice, out);
+            self.send_afresh(now, sref, out);
         }
         self.arm_retransmit(out);
     }

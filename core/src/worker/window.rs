@@ -7,7 +7,7 @@ use core::ops::{Index, IndexMut};
 use crate::effects::{Effects, TimerId};
 use crate::ids::Time;
 use crate::value::Value;
-use crate::wire::{RequestId, SliceId};
+use crate::wire::{RequestId, SliceId, SliceRef};
 
 use super::Worker;
 
@@ -157,6 +157,22 @@ impl<V: Value> Worker<V> {
             .bytes()
             .saturating_add(self.windows.pull.bytes());
         (bytes >> 20).saturating_mul(self.cfg.timing.rto_per_mib)
+    }
+
+    /// Sends slice `sref` as if for the first time: a fresh retransmission timeout, lengthened
+    /// by the time what is on the network takes to move.
+    pub(super) fn send_afresh(&mut self, now: Time, sref: SliceRef, out: &mut Effects<V>) {
+        if let Some(slice) = self
+            .requests
+            .get_mut(&sref.request)
+            .and_then(|r| r.open.get_mut(&sref.slice))
+        {
+            slice.attempts = 0;
+            slice.due = now + self.cfg.jittered_rto(sref.request, sref.slice, 0);
+        }
+        let allowance = self.transfer_allowance();
+        self.delay_due(sref.request, sref.slice, allowance);
+        self.send_slice(sref.request, sref.slice, out);
     }
 
     pub(super) fn delay_due(&mut self, id: RequestId, sid: SliceId, by: Time) {
