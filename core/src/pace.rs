@@ -90,10 +90,10 @@ pub struct StragglerPolicy {
     /// Under bounded delay: tell a straggler to skip to the iteration the others are in,
     /// instead of holding everybody at the bound ([`Pace::skipped_below`]).
     pub skip_ahead: bool,
-    /// Under bounded delay: the staleness bound doubles (rising by one at least) at each
-    /// check that finds a straggler, and falls by one at each check that finds none, within
-    /// this range ([`Pace::tau`]): quick to give stragglers room, slow to take it back while
-    /// they come and go.
+    /// Under bounded delay: the staleness bound goes to the top of this range at a check
+    /// that finds a straggler, and falls by one at each check that finds none, down to its
+    /// bottom ([`Pace::tau`]): quick to give stragglers room, slow to take it back while they
+    /// come and go.
     pub adaptive_tau: Option<TauRange>,
     /// Cut the job's work into several shares per worker, and move shares from slow workers
     /// to fast ones by the speed they report, one at a time, within bounds
@@ -520,8 +520,10 @@ fn lower_median(values: impl Iterator<Item = u64>) -> u64 {
 }
 
 /// The next pace after a check found `lagging`: stragglers skipped ahead to the others'
-/// iteration where skip-ahead is on; tau doubled (one up at least) while anybody lags and one
-/// down once nobody does.
+/// iteration where skip-ahead is on; tau to the top of its range while anybody lags and one
+/// down once nobody does. Stepping up instead (by one, or doubling) lost a run of seconds
+/// most of its gain: transient stragglers want the top of the range at once, and each calm
+/// check between them took back part of the climb.
 pub(crate) fn decide(
     policy: &StragglerPolicy,
     consistency: Consistency,
@@ -544,7 +546,7 @@ pub(crate) fn decide(
         let tau = if lagging.is_empty() {
             tau.saturating_sub(1).max(range.min)
         } else {
-            (tau + 1).max(tau.saturating_mul(2)).min(range.max)
+            range.max
         };
         next.tau = Some(tau);
     }
@@ -699,7 +701,7 @@ mod tests {
             pace = decide(&policy, job, &pace, &found);
             taus.push(pace.tau.unwrap_or(0));
         }
-        assert_eq!(taus, [2, 3, 3, 3, 2, 1, 1]);
+        assert_eq!(taus, [3, 3, 3, 3, 2, 1, 1]);
         assert_eq!(pace.consistency(job), Consistency::BoundedDelay(1));
         assert_eq!(
             pace.consistency(Consistency::Sequential),

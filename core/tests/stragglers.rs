@@ -251,7 +251,7 @@ fn an_advance_waiting_when_the_skip_arrives_is_answered_with_the_iteration_enter
 #[test]
 fn adaptive_tau_rises_with_stragglers_and_is_the_bound_servers_and_workers_hold_to() {
     let job = Consistency::BoundedDelay(1);
-    let mut c = coordinator(job, StragglerPolicy::adaptive(TauRange { min: 1, max: 3 }));
+    let mut c = coordinator(job, StragglerPolicy::adaptive(TauRange { min: 1, max: 2 }));
     let mut out = Effects::new();
     check(&mut c, [6, 6, 4], &mut out);
     assert!(out.events.contains(&Event::TauChanged { from: 1, to: 2 }));

@@ -103,8 +103,8 @@ pub struct CheckArgs {
     #[arg(long)]
     skip_ahead: bool,
     /// Adaptive tau (bounded delay): once, at a point the checker chooses, the coordinator's
-    /// check finds a worker lagging and raises the bound (doubling it, by one at least), or
-    /// finds none and lowers it.
+    /// check finds a worker lagging and raises the bound to the top of its range, or finds
+    /// none and lowers it by one.
     /// Without other shape options: 1 server, 1 iteration, bounded:1, ordered network.
     #[arg(long)]
     adaptive_tau: bool,
