@@ -328,7 +328,7 @@ async fn loopback(
 }
 
 /// What one epoch reached.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct EpochReport {
     /// Epochs done, from 1.
     pub epoch: u32,
