@@ -5,15 +5,16 @@
 //! first time) and the worker's in-flight bound. Server-to-server traffic (replication, copies,
 //! acknowledgements, catching up, leaving) and configurations with replicas and joining servers
 //! are thrown in too; once any of it reached the server, its totals also hold what other
-//! servers sent, so only the absence of panics and the in-flight bound are checked.
+//! servers sent, so only the absence of panics and the in-flight bound are checked. The first
+//! input decides whether both nodes run with round-robin push slots.
 #![no_main]
 
 use std::collections::BTreeMap;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use pserver_core::ring::*;
 use pserver_core::node::*;
+use pserver_core::ring::*;
 use pserver_core::wire::*;
 use pserver_core::*;
 
@@ -71,7 +72,7 @@ enum Body {
         consistency: u8,
         replicas: bool,
         joining: u8,
-        /// Adaptive tau's bound and the worker's skip (see `pace`).
+        /// Adaptive tau's bound, and the share moved from the worker (see `pace`).
         pace: (Option<u8>, u8),
     },
     ConfigRequest,
@@ -144,6 +145,15 @@ enum Body {
         to_key: u16,
     },
     HeartbeatAck,
+    SlotAsk {
+        request: u8,
+        slice: u8,
+        bytes: u16,
+    },
+    SlotGrant {
+        request: u8,
+        slice: u8,
+    },
 }
 
 impl Body {
@@ -227,10 +237,11 @@ fn message(body: Body) -> Message<i64> {
                 lost: vec![],
                 incarnations,
                 // The worker under test may be told to skip ahead, the bound may move, and a
-                // share may have moved from it for its speed.
+                // share may have moved from it for its speed. A coordinator only ever moves a
+                // skip forward, so a later configuration's is never lower.
                 pace: Pace {
                     tau: pace.0.map(|t| u32::from(t % 8)),
-                    skipped_below: vec![(WORKER, u32::from(pace.1 % 16))],
+                    skipped_below: vec![(WORKER, u32::from(epoch / 16))],
                     moves: vec![ShareMove {
                         share: u32::from(pace.1 % 8),
                         from: WORKER,
@@ -320,7 +331,11 @@ fn message(body: Body) -> Message<i64> {
                     iteration: u32::from(kind % 4),
                     kvs: rows,
                 },
-                _ => ShardUpdate::ApplyBelow(if kind > 250 { u32::MAX } else { u32::from(kind % 5) }),
+                _ => ShardUpdate::ApplyBelow(if kind > 250 {
+                    u32::MAX
+                } else {
+                    u32::from(kind % 5)
+                }),
             };
             let dedupe = vec![DedupeRecord {
                 worker: WORKER,
@@ -398,15 +413,27 @@ fn message(body: Body) -> Message<i64> {
         Body::ProgressRequest => Message::ProgressRequest,
         Body::Lost { from_key, to_key } => Message::Lost(vec![range(from_key, to_key)]),
         Body::HeartbeatAck => Message::HeartbeatAck { sent_at: 0 },
+        Body::SlotAsk {
+            request,
+            slice,
+            bytes,
+        } => Message::SlotAsk {
+            slice: sref(request, slice % 2),
+            bytes: u32::from(bytes),
+        },
+        Body::SlotGrant { request, slice } => Message::SlotGrant(sref(request, slice % 2)),
     }
 }
 
 /// A push's content is a function of its slice, so that the mirror knows what an acknowledged
-/// slice carried even when the server acknowledges it later (after buffering it).
+/// slice carried even when the server acknowledges it later (after buffering it). The two
+/// push slices of a request hold disjoint keys, as a worker cuts them: the server remembers
+/// which keys of a request it applied, so a key in two slices of one request is a resend.
 fn content_of(slice: SliceRef) -> KvPairs<i64> {
     let r = slice.request as u16;
+    let base = r % 24 + 32 * slice.slice as u16;
     kvs(
-        &[r, r + 7],
+        &[base, base + 7],
         &[i16::from(r as u8) + 1, slice.slice as i16 + 1],
     )
 }
@@ -434,20 +461,31 @@ struct Mirror {
     settled: BTreeMap<NodeId, u64>,
 }
 
-fuzz_target!(|ops: Vec<Op>| {
+fuzz_target!(|input: (bool, Vec<Op>)| {
+    let (slots, ops) = input;
     let codec = Codec::default();
-    let mut server: Driver<i64> =
-        Driver::new(Server::new(ServerConfig::new(SERVER, COORD), Updater::Sum));
+    // With push slots, a slice of more than a few keys waits for its grant, so that asks,
+    // grants, leases and slices sent on a grant mix with everything else.
+    let slots = slots.then_some(PushSlots {
+        min_bytes: 150,
+        at_once: 1,
+    });
+    let mut sc = ServerConfig::new(SERVER, COORD);
+    sc.push_slots = slots;
+    let mut server: Driver<i64> = Driver::new(Server::new(sc, Updater::Sum));
     // Small slices and a small window, so that splitting and waiting for room are exercised.
     let mut wc = WorkerConfig::new(WORKER, COORD);
     wc.max_slice_bytes = 128 + 3 * 18;
     wc.max_slices_in_flight = 2;
+    wc.push_slots = slots;
     let mut worker: Driver<i64> = Driver::new(Worker::new(wc));
     let mut now: Time = 0;
     let mut mirror = Mirror::default();
     // Set once the server took in traffic only other servers send: its totals then hold more
     // than the worker's pushes.
     let mut between_servers = false;
+    // The highest staleness bound the worker has been under.
+    let mut widest: Option<Iteration> = None;
     server.start(now);
     worker.start(now);
     for op in ops.into_iter().take(256) {
@@ -510,8 +548,11 @@ fuzz_target!(|ops: Vec<Op>| {
                 .fold(0i64, i64::wrapping_add);
             assert_eq!(s.received_total(key)[0], want, "key {key}");
         }
-        // In-flight bound, and the window on slices.
-        if let Some(tau) = w.consistency().and_then(Consistency::tau) {
+        // In-flight bound, and the window on slices. The bound is the one in force (adaptive
+        // tau's where a configuration set one); once it fell, what went out under a higher
+        // one stays out, so the highest it has been holds.
+        if let Some(tau) = w.consistency_in_force().and_then(Consistency::tau) {
+            let tau = *widest.insert(widest.map_or(tau, |t: Iteration| t.max(tau)));
             assert!(
                 w.in_flight() <= tau + 1,
                 "{} in flight, tau {tau}",
