@@ -10,6 +10,7 @@ use crate::codec::{Codec, DEFAULT_MAX_FRAME};
 use crate::consistency::Consistency;
 use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
 use crate::driver::Driver;
+use crate::filter::Filters;
 use crate::ids::{NodeId, NodeLayout};
 use crate::key::KeyRange;
 use crate::pace::StragglerPolicy;
@@ -84,6 +85,8 @@ pub struct JobSpec {
     /// Round-robin push slots: servers let large push slices in a few at a time, the workers
     /// taking turns (ARCHITECTURE.md §9). Default: none, every slice goes at once.
     pub push_slots: Option<PushSlots>,
+    /// Filters every worker runs its pushes through (ARCHITECTURE.md §10). Default: none.
+    pub filters: Filters,
 }
 
 /// Why a job cannot work.
@@ -164,6 +167,7 @@ impl JobSpec {
             store: StoreLayout::Ordered,
             stragglers: StragglerPolicy::default(),
             push_slots: None,
+            filters: Filters::none(),
         }
     }
 
@@ -299,6 +303,7 @@ impl JobSpec {
         cfg.seed = self.seed;
         cfg.report_position = self.stragglers.detect.is_some();
         cfg.push_slots = self.push_slots;
+        cfg.filters = self.filters;
         cfg
     }
 

@@ -243,6 +243,41 @@ fn a_worker_that_leaves_is_taken_out_and_keeps_its_share() {
 }
 
 #[test]
+fn a_worker_that_leaves_pushes_what_its_filters_held_back_first() {
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new(1, 1);
+        spec.job.consistency = Consistency::Eventual;
+        let theta = pserver_core::Threshold::new(10.0).ok_or("threshold")?;
+        spec.job.filters = pserver_core::Filters::significantly_modified(theta);
+        let network = MemNetwork::reliable();
+        let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &network)?;
+        let worker = cluster.workers[0].clone();
+        worker.ready().await?;
+        // Key 1 adds up to 12 and goes on the third push; key 2 to 9, held back.
+        for _ in 0..3 {
+            worker
+                .push(KvPairs::new(vec![1, 2], vec![4, 3], 1)?)
+                .await?;
+            worker.advance().await?;
+        }
+        worker.leave().await?;
+        let report = cluster.shutdown().await?;
+        let server = report.servers[0].node.node().as_server().unwrap();
+        assert_eq!(server.value(1), Some(&[12][..]));
+        assert_eq!(
+            server.value(2),
+            Some(&[9][..]),
+            "the held change went before leaving"
+        );
+        let savings = report.workers[0].node.filter_savings();
+        assert_eq!(savings.len(), 1);
+        assert_eq!((savings[0].1.rows_in, savings[0].1.rows_out), (6, 2));
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })
+    .unwrap();
+}
+
+#[test]
 fn a_worker_counts_the_recovery_from_a_server_death_and_how_long_it_took() {
     rt().block_on(async {
         // Three servers: two are left to hold a range and its replica.

@@ -384,6 +384,20 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         self.on_worker(|w, out| w.advance(now, out))
     }
 
+    /// Pushes what the driven worker's filters hold back (see
+    /// [`crate::node::Worker::flush`]); `None` when they hold nothing.
+    pub fn flush(&mut self, now: Time) -> Result<Option<RequestId>, DriverError> {
+        self.on_worker(|w, out| w.flush(now, out))
+    }
+
+    /// What each of the driven worker's filters saved so far, by name (none for other
+    /// nodes; see [`crate::node::Worker::filter_savings`]).
+    pub fn filter_savings(&self) -> Vec<(&'static str, crate::filter::FilterSaving)> {
+        self.node
+            .as_worker()
+            .map_or_else(Vec::new, |w| w.filter_savings())
+    }
+
     /// Takes the driven server (once its ranges are held elsewhere, see
     /// [`crate::node::Server::leave`]) or worker ([`crate::node::Worker::leave`]) out of the job.
     pub fn leave(&mut self) -> Result<(), DriverError> {

@@ -3,6 +3,7 @@
 
 use thiserror::Error;
 
+use crate::filter::Filters;
 use crate::ids::{NodeId, Time};
 use crate::selection::KeySelection;
 use crate::sizes;
@@ -58,6 +59,8 @@ pub struct WorkerConfig {
     /// Ask the slice's server for a slot before sending a large push slice
     /// ([`crate::PushSlots`]). Default: none, every slice goes at once.
     pub push_slots: Option<PushSlots>,
+    /// Filters this worker runs its pushes through ([`crate::filter`]). Default: none.
+    pub filters: Filters,
 }
 
 impl WorkerConfig {
@@ -74,6 +77,7 @@ impl WorkerConfig {
             seed: 0,
             report_position: false,
             push_slots: None,
+            filters: Filters::none(),
         }
     }
 

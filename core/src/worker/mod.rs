@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, Refusal, TimerId};
+use crate::filter::{FilterChain, FilterSaving};
 use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
 use crate::key::KeyRange;
 use crate::kv::KvPairs;
@@ -68,6 +69,8 @@ pub struct Worker<V: Value> {
     covered: Coverage,
     /// The speed the application last said it works at ([`Worker::report_speed`]).
     speed: u32,
+    /// The job's filters, which every push goes through ([`WorkerConfig::filters`]).
+    filters: FilterChain<V>,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -76,6 +79,7 @@ impl<V: Value> Worker<V> {
     /// A worker that has not yet registered.
     pub fn new(cfg: WorkerConfig) -> Self {
         Worker {
+            filters: FilterChain::new(&cfg.filters, cfg.width),
             cfg,
             cluster: None,
             fenced: false,
@@ -327,9 +331,44 @@ impl<V: Value> Worker<V> {
                 got: kvs.width(),
             });
         }
+        let kvs = self.filters.push(kvs);
+        Ok(self.send_push(now, kvs, covers, out))
+    }
+
+    /// Sends a push the filters passed.
+    fn send_push(
+        &mut self,
+        now: Time,
+        kvs: KvPairs<V>,
+        covers: Coverage,
+        out: &mut Effects<V>,
+    ) -> RequestId {
         self.covered = self.covered.max(covers);
         *self.unfinished.entry(self.iteration).or_default() += 1;
-        Ok(self.submit(now, Part::Push(kvs), covers, out))
+        self.submit(now, Part::Push(kvs), covers, out)
+    }
+
+    /// Pushes, in the current iteration, everything the job's filters held back
+    /// ([`crate::filter`]): before the worker leaves, and whenever the application wants the
+    /// servers to hold every change it pushed. Completes as [`Worker::push`] does; `None` when
+    /// the filters held nothing.
+    pub fn flush(
+        &mut self,
+        now: Time,
+        out: &mut Effects<V>,
+    ) -> Result<Option<RequestId>, WorkerError> {
+        if self.fenced {
+            return Err(WorkerError::Fenced);
+        }
+        let Some(kvs) = self.filters.flush() else {
+            return Ok(None);
+        };
+        Ok(Some(self.send_push(now, kvs, self.covered, out)))
+    }
+
+    /// What each of the job's filters saved so far, by name.
+    pub fn filter_savings(&self) -> Vec<(&'static str, FilterSaving)> {
+        self.filters.savings()
     }
 
     /// Says how fast the application works: the work it does per second of its own compute,

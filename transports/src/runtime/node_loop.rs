@@ -546,6 +546,12 @@ where
                     let _ = reply.send(Err(RuntimeError::NotAWorker(self.driver.id())));
                 } else {
                     debug!(open = self.open_requests(), "leaving the job");
+                    // What the filters hold back goes first: the worker leaves once it is
+                    // acknowledged, like every other push (ARCHITECTURE.md §10).
+                    let now = self.now();
+                    if let Err(e) = self.driver.flush(now) {
+                        warn!(error = %e, "cannot push what the filters hold before leaving");
+                    }
                     self.leave = Some(Leaving {
                         reply,
                         asked: false,

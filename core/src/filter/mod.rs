@@ -1,0 +1,123 @@
+//! Filters on the push path (ARCHITECTURE.md §10): fewer bytes per iteration, nothing lost.
+//!
+//! A job chooses its filters in [`JobSpec::filters`](crate::JobSpec::filters) ([`Filters`]);
+//! every worker then runs each push through them before cutting it into slices. A filter may
+//! hold part of a push back, to send later; it never drops anything for good: what it holds
+//! goes with a later push of the same key or when the worker flushes
+//! ([`crate::node::Worker::flush`]). Each filter counts what it saved ([`FilterSaving`]).
+//!
+//! [`Filter`] is the interface every filter implements; [`SignificantlyModified`] is the
+//! first.
+
+mod sigmod;
+
+pub use sigmod::{SignificantlyModified, Threshold};
+
+use std::fmt::Debug;
+use std::hash::Hash;
+
+use crate::kv::KvPairs;
+use crate::value::Value;
+
+/// What a filter saved so far, on one worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FilterSaving {
+    /// Rows (a key and its values) the filter was given.
+    pub rows_in: u64,
+    /// Rows it passed on to be sent (a row it held back and sent later counts then).
+    pub rows_out: u64,
+    /// Bytes of keys and values not sent: the rows held back, at 8 bytes a key and
+    /// [`Value::SIZE`] a value, less the rows sent later.
+    pub bytes_saved: u64,
+}
+
+impl FilterSaving {
+    /// Counts `rows_in` rows given and `rows_out` sent, of `row_bytes` each.
+    fn count(&mut self, rows_in: usize, rows_out: usize, row_bytes: usize) {
+        self.rows_in += rows_in as u64;
+        self.rows_out += rows_out as u64;
+        let (rows_in, rows_out) = (rows_in as i128, rows_out as i128);
+        let saved = i128::from(self.bytes_saved) + (rows_in - rows_out) * row_bytes as i128;
+        self.bytes_saved = u64::try_from(saved.max(0)).unwrap_or(u64::MAX);
+    }
+}
+
+/// A filter on a worker's pushes. It sees every push before it is cut into slices and
+/// returns what to send now; what it keeps it must hand back, in full, when the worker
+/// flushes. A filter is part of the worker's state, so it is `Clone + Eq + Hash` like the
+/// rest: the model checker and the simulator copy and compare workers.
+pub trait Filter<V: Value>: Clone + Debug + PartialEq + Eq + Hash {
+    /// The name the filter's saving is reported under (`sigmod`, say).
+    fn name(&self) -> &'static str;
+
+    /// Takes a push and returns what to send now. Whatever is not sent now (a row, or part of
+    /// a row's value) the filter keeps, to send later.
+    fn push(&mut self, kvs: KvPairs<V>) -> KvPairs<V>;
+
+    /// Everything the filter keeps, to send now; `None` if it keeps nothing.
+    fn flush(&mut self) -> Option<KvPairs<V>>;
+
+    /// What the filter saved so far.
+    fn saving(&self) -> FilterSaving;
+}
+
+/// The filters a job runs ([`crate::JobSpec::filters`]); the default runs none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Filters {
+    /// Send a key's accumulated change only once it exceeds this threshold
+    /// ([`SignificantlyModified`]).
+    pub significantly_modified: Option<Threshold>,
+}
+
+impl Filters {
+    /// No filters.
+    pub fn none() -> Self {
+        Filters::default()
+    }
+
+    /// The significantly-modified filter at `threshold`.
+    pub fn significantly_modified(threshold: Threshold) -> Self {
+        Filters {
+            significantly_modified: Some(threshold),
+        }
+    }
+}
+
+/// A worker's running filters, in the order they apply.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct FilterChain<V: Value> {
+    sigmod: Option<SignificantlyModified<V>>,
+}
+
+impl<V: Value> FilterChain<V> {
+    /// The filters `spec` asks for, on pushes of `width` values per key.
+    pub(crate) fn new(spec: &Filters, width: usize) -> Self {
+        FilterChain {
+            sigmod: spec
+                .significantly_modified
+                .map(|t| SignificantlyModified::new(t, width)),
+        }
+    }
+
+    /// Runs `kvs` through every filter.
+    pub(crate) fn push(&mut self, kvs: KvPairs<V>) -> KvPairs<V> {
+        match &mut self.sigmod {
+            Some(f) => f.push(kvs),
+            None => kvs,
+        }
+    }
+
+    /// What the filters keep, to send now.
+    pub(crate) fn flush(&mut self) -> Option<KvPairs<V>> {
+        self.sigmod.as_mut().and_then(Filter::flush)
+    }
+
+    /// Each filter's name and saving.
+    pub(crate) fn savings(&self) -> Vec<(&'static str, FilterSaving)> {
+        self.sigmod
+            .iter()
+            .map(|f| (Filter::<V>::name(f), Filter::<V>::saving(f)))
+            .collect()
+    }
+}

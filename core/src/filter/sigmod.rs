@@ -1,0 +1,210 @@
+//! The significantly-modified filter (ARCHITECTURE.md §10): a key's change goes once it adds
+//! up to more than a threshold.
+
+use std::collections::BTreeMap;
+
+use crate::filter::{Filter, FilterSaving};
+use crate::key::Key;
+use crate::kv::KvPairs;
+use crate::value::Value;
+
+/// How large a key's accumulated change must be to be sent: more than this in absolute value,
+/// in any of its values. Finite and not negative; 0 sends every non-zero change.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Threshold(f64);
+
+impl Threshold {
+    /// `theta`, if it is finite and not negative.
+    pub fn new(theta: f64) -> Option<Self> {
+        (theta.is_finite() && theta >= 0.0).then_some(Threshold(theta))
+    }
+
+    /// The threshold's value.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+// Never NaN (see `new`), so equality is an equivalence.
+impl Eq for Threshold {}
+
+impl std::hash::Hash for Threshold {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.to_bits().hash(state);
+    }
+}
+
+/// Sends a key's change only once it adds up to more than the [`Threshold`]; below that it
+/// accumulates on the worker, and goes with a later push of the key or at
+/// [`Filter::flush`]. What is sent, summed, is what was pushed, summed, once the worker
+/// flushes: the filter delays changes, it drops none. (Li et al., OSDI 2014, §4.2: most
+/// changes to most keys are small.)
+#[derive(Clone, Debug)]
+pub struct SignificantlyModified<V: Value> {
+    threshold: Threshold,
+    width: usize,
+    /// Per key, the change not sent yet.
+    held: BTreeMap<Key, Vec<ValueBits<V>>>,
+    saving: FilterSaving,
+}
+
+// By the values' bits, for every value type (floats are not `Eq`).
+impl<V: Value> PartialEq for SignificantlyModified<V> {
+    fn eq(&self, other: &Self) -> bool {
+        self.threshold == other.threshold
+            && self.width == other.width
+            && self.held == other.held
+            && self.saving == other.saving
+    }
+}
+
+impl<V: Value> Eq for SignificantlyModified<V> {}
+
+impl<V: Value> std::hash::Hash for SignificantlyModified<V> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.threshold.hash(state);
+        self.width.hash(state);
+        self.held.hash(state);
+        self.saving.hash(state);
+    }
+}
+
+/// A value kept by its bits, so that the filter's state is `Eq + Hash` for every value type.
+#[derive(Clone, Copy, Debug)]
+struct ValueBits<V>(V);
+
+impl<V: Value> PartialEq for ValueBits<V> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl<V: Value> Eq for ValueBits<V> {}
+
+impl<V: Value> std::hash::Hash for ValueBits<V> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.to_bits().hash(state);
+    }
+}
+
+impl<V: Value> SignificantlyModified<V> {
+    /// The filter at `threshold`, on pushes of `width` values per key.
+    pub fn new(threshold: Threshold, width: usize) -> Self {
+        SignificantlyModified {
+            threshold,
+            width,
+            held: BTreeMap::new(),
+            saving: FilterSaving::default(),
+        }
+    }
+
+    /// Keys whose change is held back.
+    pub fn held_keys(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Bytes of a row on the wire, as [`FilterSaving::bytes_saved`] counts them.
+    fn row_bytes(&self) -> usize {
+        8 + self.width * V::SIZE
+    }
+
+    /// Whether a change is large enough to send. NaN is: a filter must not hide it.
+    fn significant(&self, row: &[ValueBits<V>]) -> bool {
+        let t = self.threshold.get();
+        row.iter().any(|v| {
+            let x = v.0.to_f64().abs();
+            x.is_nan() || x > t
+        })
+    }
+}
+
+impl<V: Value> Filter<V> for SignificantlyModified<V> {
+    fn name(&self) -> &'static str {
+        "sigmod"
+    }
+
+    fn push(&mut self, kvs: KvPairs<V>) -> KvPairs<V> {
+        let mut keys = Vec::with_capacity(kvs.len());
+        let mut values = Vec::with_capacity(kvs.len() * self.width);
+        for (key, row) in kvs.iter() {
+            let mut sum: Vec<ValueBits<V>> = match self.held.remove(&key) {
+                Some(held) => held,
+                None => vec![ValueBits(V::default()); row.len()],
+            };
+            for (s, &v) in sum.iter_mut().zip(row) {
+                s.0 = s.0.add(v);
+            }
+            if self.significant(&sum) {
+                keys.push(key);
+                values.extend(sum.iter().map(|v| v.0));
+            } else {
+                self.held.insert(key, sum);
+            }
+        }
+        let row_bytes = self.row_bytes();
+        self.saving.count(kvs.len(), keys.len(), row_bytes);
+        // The keys come from `kvs` in its order, a subset of a valid key list.
+        KvPairs::from_validated(keys, values, self.width)
+    }
+
+    fn flush(&mut self) -> Option<KvPairs<V>> {
+        if self.held.is_empty() {
+            return None;
+        }
+        let held = std::mem::take(&mut self.held);
+        let mut keys = Vec::with_capacity(held.len());
+        let mut values = Vec::with_capacity(held.len() * self.width);
+        for (key, row) in held {
+            keys.push(key);
+            values.extend(row.iter().map(|v| v.0));
+        }
+        let row_bytes = self.row_bytes();
+        self.saving.count(0, keys.len(), row_bytes);
+        // A map's keys, in order, each once.
+        Some(KvPairs::from_validated(keys, values, self.width))
+    }
+
+    fn saving(&self) -> FilterSaving {
+        self.saving
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kvs(keys: &[Key], values: &[f64]) -> KvPairs<f64> {
+        KvPairs::new(keys.to_vec(), values.to_vec(), 1).unwrap()
+    }
+
+    fn rows(kvs: &KvPairs<f64>) -> Vec<(Key, f64)> {
+        kvs.iter().map(|(k, v)| (k, v[0])).collect()
+    }
+
+    #[test]
+    fn small_changes_wait_until_they_add_up_and_large_ones_go_at_once() {
+        let mut f = SignificantlyModified::new(Threshold::new(1.0).unwrap(), 1);
+        let sent = f.push(kvs(&[1, 2, 3], &[0.5, 2.0, -0.4]));
+        assert_eq!(rows(&sent), [(2, 2.0)]);
+        assert_eq!(f.held_keys(), 2);
+        // Key 1 adds up to 1.1, past the threshold; key 3 to -0.8, not yet.
+        let sent = f.push(kvs(&[1, 3], &[0.6, -0.4]));
+        assert_eq!(rows(&sent), [(1, 1.1)]);
+        assert_eq!(rows(&f.flush().unwrap()), [(3, -0.8)]);
+        assert!(f.flush().is_none());
+        let saving = f.saving();
+        assert_eq!((saving.rows_in, saving.rows_out), (5, 3));
+        assert_eq!(saving.bytes_saved, 2 * 16);
+    }
+
+    #[test]
+    fn a_threshold_is_finite_and_not_negative_and_nan_is_never_held() {
+        assert!(Threshold::new(-0.1).is_none());
+        assert!(Threshold::new(f64::NAN).is_none());
+        assert!(Threshold::new(f64::INFINITY).is_none());
+        let mut f = SignificantlyModified::new(Threshold::new(0.0).unwrap(), 2);
+        let sent = f.push(KvPairs::new(vec![4, 5], vec![0.0, 0.0, f64::NAN, 0.0], 2).unwrap());
+        assert_eq!(sent.keys(), [5]);
+        assert_eq!(f.held_keys(), 1);
+    }
+}
