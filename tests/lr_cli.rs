@@ -433,3 +433,40 @@ fn straggler_options_are_checked_before_training_and_a_run_ends_with_its_pace() 
         assert!(field(pace, key) >= 0.0, "{pace}");
     }
 }
+
+#[test]
+fn the_significantly_modified_filter_sends_fewer_rows_and_says_what_it_saved() {
+    for bad in ["-1", "nan", "inf", "x"] {
+        let out = pserver().args(["train", "--sigmod", bad]).output().unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("finite number of at least 0"), "{bad}: {err}");
+    }
+    let bytes_of = |args: &[&str]| {
+        let (stdout, _) = run_ok(&[&["train", "--epochs", "2"], args].concat());
+        let epochs = epochs_of(&stdout);
+        assert_eq!(epochs.len(), 2, "{stdout}");
+        // Each epoch says what it sent, and the epochs add up to what was sent in all.
+        let each: f64 = epochs.iter().map(|l| field(l, "epoch_bytes")).sum();
+        assert_eq!(each, field(epochs[1], "bytes"), "{stdout}");
+        (stdout.clone(), each)
+    };
+    let (plain, plain_bytes) = bytes_of(&[]);
+    assert!(!plain.contains("filter "), "{plain}");
+    let (filtered, filtered_bytes) = bytes_of(&["--sigmod", "0.05"]);
+    let line = filtered
+        .lines()
+        .find(|l| l.starts_with("filter sigmod "))
+        .unwrap_or_else(|| panic!("no filter line in {filtered}"));
+    let (rows_in, rows_out) = (field(line, "rows_in"), field(line, "rows_out"));
+    assert!(rows_out > 0.0 && rows_out < rows_in / 4.0, "{line}");
+    assert_eq!(
+        field(line, "bytes_saved"),
+        (rows_in - rows_out) * 12.0,
+        "{line}"
+    );
+    assert!(
+        filtered_bytes < plain_bytes,
+        "{filtered_bytes} of {plain_bytes}"
+    );
+}

@@ -25,6 +25,7 @@ use std::collections::btree_map::Entry;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pserver_core::filter::FilterSaving;
 use pserver_core::store::StoreLayout;
 use pserver_core::{
     Consistency, Coverage, JobSpec, Key, KeyList, KeyRange, KeySelection, KvPairs, MAX_KEY,
@@ -787,6 +788,11 @@ pub async fn run_shares(
         // The next iteration, or the one the coordinator moved the worker to: then the worker
         // is in it already, and advancing would skip it too.
         let moved = iteration_of(handle.skipped_to(), first);
+        if moved.max(at + 1) >= total {
+            // The last step: what the job's filters held back goes with it, so that the
+            // model holds every change the worker computed.
+            handle.flush().await?;
+        }
         let to = if moved > at {
             moved
         } else {
@@ -1163,6 +1169,9 @@ pub struct Trained {
     pub stopped_early: Option<u32>,
     /// What was found and done about stragglers.
     pub pace: PaceCounts,
+    /// What each of the job's filters saved, by name, summed over the workers
+    /// ([`pserver_core::JobSpec::filters`]).
+    pub filters: Vec<(&'static str, FilterSaving)>,
 }
 
 /// Trains on `train` in one process over the in-memory transport, measuring on `test` after
@@ -1296,6 +1305,7 @@ pub async fn train_local_until(
             }
             drop(cluster);
             epochs.pace = pace.read();
+            epochs.filters = pace.filter_savings();
             epochs.stopped_early = Some(epochs.reports.len() as u32);
             return epochs.trained();
         }
@@ -1305,6 +1315,7 @@ pub async fn train_local_until(
     }
     cluster.shutdown().await?;
     epochs.pace = pace.read();
+    epochs.filters = pace.filter_savings();
     epochs.trained()
 }
 
@@ -1354,6 +1365,20 @@ impl PaceWatch {
                 .sum(),
         }
     }
+
+    /// Each filter's saving, summed over the workers, in the order the workers name them.
+    fn filter_savings(&self) -> Vec<(&'static str, FilterSaving)> {
+        let mut sums: Vec<(&'static str, FilterSaving)> = Vec::new();
+        for w in &self.workers {
+            for &(name, saving) in &w.borrow().filter_savings {
+                match sums.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, sum)) => sum.add(saving),
+                    None => sums.push((name, saving)),
+                }
+            }
+        }
+        sums
+    }
 }
 
 /// An epoch's measurement: test log loss, test AUC, non-zero weights, and the model.
@@ -1393,6 +1418,7 @@ struct Epochs {
     reports: Vec<EpochReport>,
     stopped_early: Option<u32>,
     pace: PaceCounts,
+    filters: Vec<(&'static str, FilterSaving)>,
 }
 
 impl Epochs {
@@ -1408,6 +1434,7 @@ impl Epochs {
             reports: Vec::new(),
             stopped_early: None,
             pace: PaceCounts::default(),
+            filters: Vec::new(),
         }
     }
 
@@ -1516,6 +1543,7 @@ impl Epochs {
             kept_epoch,
             stopped_early: self.stopped_early,
             pace: self.pace,
+            filters: self.filters.clone(),
         })
     }
 }

@@ -34,6 +34,14 @@ pub(super) fn non_negative_finite(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A filter threshold: a finite number of at least 0.
+pub(super) fn threshold(s: &str) -> Result<pserver_core::Threshold, String> {
+    s.parse::<f64>()
+        .ok()
+        .and_then(pserver_core::Threshold::new)
+        .ok_or_else(|| format!("`{s}` is not a finite number of at least 0"))
+}
+
 /// A number strictly between 0 and 1: an error bound or a failure probability.
 pub(super) fn open_unit(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {

@@ -32,6 +32,13 @@ pub struct FilterSaving {
 }
 
 impl FilterSaving {
+    /// Adds `other`'s counts to these (another worker's, say).
+    pub fn add(&mut self, other: FilterSaving) {
+        self.rows_in += other.rows_in;
+        self.rows_out += other.rows_out;
+        self.bytes_saved += other.bytes_saved;
+    }
+
     /// Counts `rows_in` rows given and `rows_out` sent, of `row_bytes` each.
     fn count(&mut self, rows_in: usize, rows_out: usize, row_bytes: usize) {
         self.rows_in += rows_in as u64;

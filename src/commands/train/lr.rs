@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use pserver_core::{Balance, Consistency, Detection, JobSpec, StragglerPolicy, TauRange, Updater};
+use pserver_core::{
+    Balance, Consistency, Detection, Filters, JobSpec, StragglerPolicy, TauRange, Threshold,
+    Updater,
+};
 use tokio::runtime::Runtime;
 
 use super::NodesArgs;
@@ -17,7 +20,8 @@ use crate::apps::lr::{
 };
 use crate::apps::plot::{Curve, write_svg};
 use crate::commands::parse::{
-    at_least_one, factor, non_negative_finite, output_file, positive_finite, slow_worker, tau_range,
+    at_least_one, factor, non_negative_finite, output_file, positive_finite, slow_worker,
+    tau_range, threshold,
 };
 use crate::commands::signals::{self, Stop};
 use crate::commands::{CliError, runtime};
@@ -28,7 +32,8 @@ use crate::data::libsvm::{Examples, IndexBase, read_streaming};
 /// With no arguments, trains on the shipped UCI Adult data (data/adult). Workers compute
 /// gradients on minibatches of their own share of the rows and push them; servers apply the
 /// update rule (FTRL-Proximal by default). After every epoch prints `iter=E train_logloss=...
-/// test_logloss=... test_auc=... nnz=... rows_per_sec=... secs=... bytes=...`; a bad data file is one line naming
+/// test_logloss=... test_auc=... nnz=... rows_per_sec=... secs=... bytes=... epoch_bytes=...`
+/// (bytes sent by every node so far, and in the epoch); a bad data file is one line naming
 /// file:line:column, exit status 2, and so is an empty one, or an option with a value it
 /// cannot mean (a NaN or negative rate, zero epochs, a rate the chosen update rule does not
 /// use). Ctrl-C or SIGTERM stops it, keeping the epochs finished so far (their plot and
@@ -95,6 +100,12 @@ pub struct LrArgs {
     early_stop: Option<u32>,
     #[command(flatten)]
     stragglers: StragglerArgs,
+    /// Push a feature's gradient only once its change, summed since it was last sent, exceeds
+    /// THETA in absolute value (the significantly-modified filter). The rest waits on the
+    /// worker and goes with a later push of the feature or with the last step of training:
+    /// nothing is dropped. A run ends with a line of what the filter saved.
+    #[arg(long, value_name = "THETA", value_parser = threshold, allow_negative_numbers = true)]
+    sigmod: Option<Threshold>,
     /// Without a terminal, print a progress line (rows trained, rows/s) this often.
     #[arg(long, value_name = "SECS", default_value_t = 5.0, value_parser = positive_finite, allow_negative_numbers = true)]
     progress_every: f64,
@@ -260,6 +271,12 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
                 p.stragglers, p.shares_moved, p.skipped_iterations
             );
         }
+        for (name, f) in &trained.filters {
+            println!(
+                "{prefix}filter {name} rows_in={} rows_out={} bytes_saved={}",
+                f.rows_in, f.rows_out, f.bytes_saved
+            );
+        }
         runs.push((consistency, trained));
         if let Some(stop) = stop {
             eprintln!("{}: keeping the epochs finished so far", stop.word());
@@ -313,6 +330,9 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
     job.updater = args.rule.updater()?;
     job.store = LrConfig::default().job.store;
     job.stragglers = args.stragglers.policy();
+    job.filters = args
+        .sigmod
+        .map_or_else(Filters::none, Filters::significantly_modified);
     // Refused here, naming the model, rather than once the nodes are started.
     job.validate::<f32>()
         .map_err(|e| CliError::input(format!("--consistency {consistency}: {e}")))?;
@@ -370,6 +390,7 @@ fn train_until_stopped(
     let stopped = Cell::new(None);
     let stop = async { stopped.set(Some(signals::stop_requested().await)) };
     let began = Instant::now();
+    let sent_before = Cell::new(0u64);
     let training = train_local_until(
         cfg,
         Arc::clone(train),
@@ -377,8 +398,9 @@ fn train_until_stopped(
         &counter,
         |r| {
             bar.suspend(|| {
+                let epoch_bytes = r.bytes_sent.saturating_sub(sent_before.replace(r.bytes_sent));
                 let mut line = format!(
-                    "{prefix}iter={} train_logloss={:.4} test_logloss={:.4} test_auc={:.4} nnz={} rows_per_sec={:.0} secs={:.2} bytes={}",
+                    "{prefix}iter={} train_logloss={:.4} test_logloss={:.4} test_auc={:.4} nnz={} rows_per_sec={:.0} secs={:.2} bytes={} epoch_bytes={epoch_bytes}",
                     r.epoch, r.train_logloss, r.test_logloss, r.test_auc, r.nnz, r.rows_per_sec(), r.secs, r.bytes_sent
                 );
                 // Never silent: rows no worker or two workers trained.

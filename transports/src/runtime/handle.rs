@@ -102,6 +102,11 @@ pub(crate) enum Command<V: Value> {
         round: u64,
         reply: oneshot::Sender<Result<Vec<pserver_core::RoundShare>, RuntimeError>>,
     },
+    /// Push what the filters hold back; answered as a push.
+    Flush {
+        done: oneshot::Sender<Result<(), RuntimeError>>,
+        durable: oneshot::Sender<Result<(), RuntimeError>>,
+    },
     /// Work per second of the application's own compute; nothing to answer.
     Speed(u32),
     Leave(oneshot::Sender<Result<(), RuntimeError>>),
@@ -112,7 +117,7 @@ impl<V: Value> Command<V> {
     /// Answers the call with `error` without running it.
     pub(crate) fn refuse(self, error: RuntimeError) {
         match self {
-            Command::Push { done, durable, .. } => {
+            Command::Push { done, durable, .. } | Command::Flush { done, durable } => {
                 let _ = durable.send(Err(error.clone()));
                 let _ = done.send(Err(error));
             }
@@ -223,6 +228,22 @@ impl<V: Value> WorkerHandle<V> {
     /// the coordinator removed it.
     pub async fn push_durable(&self, kvs: KvPairs<V>) -> Result<(), RuntimeError> {
         self.start_push(kvs).await?.durable().await
+    }
+
+    /// Pushes, in the current iteration, what the job's filters held back
+    /// ([`pserver_core::node::Worker::flush`]), and returns once that push counts for its
+    /// iteration (at once when they hold nothing). After it, the servers hold every change
+    /// the application pushed; leaving ([`WorkerHandle::leave`]) flushes by itself.
+    pub async fn flush(&self) -> Result<(), RuntimeError> {
+        let (done_tx, done) = oneshot::channel();
+        let (durable_tx, durable) = oneshot::channel();
+        let command = Command::Flush {
+            done: done_tx,
+            durable: durable_tx,
+        };
+        self.commands.send(command).await.map_err(|_| self.gone())?;
+        drop(durable);
+        done.await.map_err(|_| self.gone())?
     }
 
     /// Hands `kvs` to the worker (waiting only while its call queue is full) and returns a
@@ -494,6 +515,8 @@ pub struct NodeMetrics {
     /// Shares moved from slower workers to faster ones (the coordinator;
     /// [`pserver_core::StragglerPolicy::balance`]).
     pub shares_moved: u64,
+    /// What each of a worker's filters saved so far, by name ([`pserver_core::filter`]).
+    pub filter_savings: Vec<(&'static str, pserver_core::filter::FilterSaving)>,
 }
 
 /// Controls one node's event loop: stop it, wait for it.

@@ -266,6 +266,7 @@ where
             held_pulls: node.as_server().map_or(0, |s| s.held_pulls() as u64),
             refusals: self.driver.refusals(),
             retransmissions: self.driver.retransmissions(),
+            filter_savings: self.driver.filter_savings(),
             ..self.counts.clone()
         };
         self.metrics.send_replace(metrics);
@@ -481,21 +482,14 @@ where
                 covers,
                 done,
                 durable,
-            } => match self.driver.push_part(now, kvs, covers) {
-                Ok(id) => {
-                    // Both events come out of the driver only at the next flush, after this:
-                    // however early they come, their waiters are in place.
-                    self.pushes.insert(id, done);
-                    if !durable.is_closed() {
-                        self.durables.insert(id, durable);
-                    }
-                }
-                Err(e) => {
-                    let e = runtime_error(e);
-                    let _ = durable.send(Err(e.clone()));
-                    let _ = done.send(Err(e));
-                }
-            },
+            } => {
+                let pushed = self.driver.push_part(now, kvs, covers).map(Some);
+                self.wait_for_push(pushed, done, durable);
+            }
+            Command::Flush { done, durable } => {
+                let pushed = self.driver.flush(now);
+                self.wait_for_push(pushed, done, durable);
+            }
             Command::Pull(keys, reply) => match self.driver.pull(now, keys) {
                 Ok(id) => {
                     self.pulls.insert(id, reply);
@@ -558,6 +552,35 @@ where
                         by: Instant::now() + self.cfg.drain_timeout,
                     });
                 }
+            }
+        }
+    }
+
+    /// Keeps the waiters of a push the driver took (`None`: there was nothing to push, and
+    /// both are answered at once), or answers them with its error.
+    fn wait_for_push(
+        &mut self,
+        pushed: Result<Option<RequestId>, DriverError>,
+        done: oneshot::Sender<Result<(), RuntimeError>>,
+        durable: oneshot::Sender<Result<(), RuntimeError>>,
+    ) {
+        match pushed {
+            Ok(Some(id)) => {
+                // Both events come out of the driver only at the next flush, after this:
+                // however early they come, their waiters are in place.
+                self.pushes.insert(id, done);
+                if !durable.is_closed() {
+                    self.durables.insert(id, durable);
+                }
+            }
+            Ok(None) => {
+                let _ = durable.send(Ok(()));
+                let _ = done.send(Ok(()));
+            }
+            Err(e) => {
+                let e = runtime_error(e);
+                let _ = durable.send(Err(e.clone()));
+                let _ = done.send(Err(e));
             }
         }
     }
