@@ -158,3 +158,28 @@ fn a_threshold_of_zero_sends_every_change_at_once() {
     // A zero change may wait (it changes nothing); every other change is there at once.
     assert_eq!(totals(&pair.server), sums);
 }
+
+#[test]
+fn a_worker_whose_filters_hold_changes_is_refused_leave_until_it_flushes() {
+    let (pushes, _) = pushes();
+    let mut pair = Pair::new(&job(Filters::significantly_modified(
+        Threshold::new(6.0).unwrap(),
+    )));
+    for kvs in pushes {
+        pair.push(kvs);
+    }
+    let mut out = Effects::new();
+    let refused = pair.worker.leave(&mut out);
+    assert!(
+        matches!(refused, Err(WorkerError::Unflushed { rows }) if rows > 0),
+        "{refused:?}"
+    );
+    assert!(out.sends.is_empty(), "no Leave sent: {:?}", out.sends);
+    pair.flush();
+    pair.worker.leave(&mut out).unwrap();
+    assert!(
+        out.sends
+            .iter()
+            .any(|e| e.to == common::COORD && matches!(e.body, Message::Leave))
+    );
+}

@@ -408,10 +408,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
                 s.leave(&mut out);
                 Ok(())
             }
-            Node::Worker(w) => {
-                w.leave(&mut out);
-                Ok(())
-            }
+            Node::Worker(w) => w.leave(&mut out).map_err(DriverError::from),
             Node::Coordinator(_) => Err(DriverError::CannotLeave(id)),
         };
         self.absorb(out);

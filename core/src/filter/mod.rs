@@ -64,6 +64,9 @@ pub trait Filter<V: Value>: Clone + Debug + PartialEq + Eq + Hash {
     /// Everything the filter keeps, to send now; `None` if it keeps nothing.
     fn flush(&mut self) -> Option<KvPairs<V>>;
 
+    /// Rows the filter keeps now, not sent yet.
+    fn holds(&self) -> usize;
+
     /// What the filter saved so far.
     fn saving(&self) -> FilterSaving;
 }
@@ -118,6 +121,11 @@ impl<V: Value> FilterChain<V> {
     /// What the filters keep, to send now.
     pub(crate) fn flush(&mut self) -> Option<KvPairs<V>> {
         self.sigmod.as_mut().and_then(Filter::flush)
+    }
+
+    /// Rows the filters keep now.
+    pub(crate) fn holds(&self) -> usize {
+        self.sigmod.as_ref().map_or(0, Filter::holds)
     }
 
     /// Each filter's name and saving.

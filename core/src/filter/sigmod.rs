@@ -98,11 +98,6 @@ impl<V: Value> SignificantlyModified<V> {
         }
     }
 
-    /// Keys whose change is held back.
-    pub fn held_keys(&self) -> usize {
-        self.held.len()
-    }
-
     /// Bytes of a row on the wire, as [`FilterSaving::bytes_saved`] counts them.
     fn row_bytes(&self) -> usize {
         8 + self.width * V::SIZE
@@ -164,6 +159,10 @@ impl<V: Value> Filter<V> for SignificantlyModified<V> {
         Some(KvPairs::from_validated(keys, values, self.width))
     }
 
+    fn holds(&self) -> usize {
+        self.held.len()
+    }
+
     fn saving(&self) -> FilterSaving {
         self.saving
     }
@@ -186,7 +185,7 @@ mod tests {
         let mut f = SignificantlyModified::new(Threshold::new(1.0).unwrap(), 1);
         let sent = f.push(kvs(&[1, 2, 3], &[0.5, 2.0, -0.4]));
         assert_eq!(rows(&sent), [(2, 2.0)]);
-        assert_eq!(f.held_keys(), 2);
+        assert_eq!(f.holds(), 2);
         // Key 1 adds up to 1.1, past the threshold; key 3 to -0.8, not yet.
         let sent = f.push(kvs(&[1, 3], &[0.6, -0.4]));
         assert_eq!(rows(&sent), [(1, 1.1)]);
@@ -205,6 +204,6 @@ mod tests {
         let mut f = SignificantlyModified::new(Threshold::new(0.0).unwrap(), 2);
         let sent = f.push(KvPairs::new(vec![4, 5], vec![0.0, 0.0, f64::NAN, 0.0], 2).unwrap());
         assert_eq!(sent.keys(), [5]);
-        assert_eq!(f.held_keys(), 1);
+        assert_eq!(f.holds(), 1);
     }
 }

@@ -139,4 +139,12 @@ pub enum WorkerError {
         /// The pushed width.
         got: usize,
     },
+    /// The worker cannot leave with changes its filters still hold: they would be lost.
+    #[error(
+        "the job's filters hold {rows} rows this worker has not pushed yet: flush them before it leaves"
+    )]
+    Unflushed {
+        /// Rows held.
+        rows: usize,
+    },
 }

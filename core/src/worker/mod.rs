@@ -277,12 +277,19 @@ impl<V: Value> Worker<V> {
     /// Asks the coordinator to take this worker out of the job; nobody waits on its progress
     /// afterwards. Call it once the worker's requests have completed: when the configuration
     /// without it arrives the worker is fenced ([`Event::Fenced`]) and drops what is open. The
-    /// request is repeated with every heartbeat until then.
-    pub fn leave(&mut self, out: &mut Effects<V>) {
+    /// request is repeated with every heartbeat until then. Refused while the job's filters
+    /// hold changes not pushed yet ([`WorkerError::Unflushed`]): [`Worker::flush`] them, and
+    /// leave once that push completed.
+    pub fn leave(&mut self, out: &mut Effects<V>) -> Result<(), WorkerError> {
+        let rows = self.filters.holds();
+        if rows > 0 && !self.fenced {
+            return Err(WorkerError::Unflushed { rows });
+        }
         self.leave_requested = true;
         if !self.fenced {
             self.send(self.cfg.coordinator, Message::Leave, out);
         }
+        Ok(())
     }
 
     fn register(&mut self, now: Time, out: &mut Effects<V>) {

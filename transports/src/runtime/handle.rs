@@ -48,6 +48,15 @@ pub enum RuntimeError {
     /// The node is not a worker.
     #[error("node {0} is not a worker: only workers push, pull and advance")]
     NotAWorker(NodeId),
+    /// The worker was asked to leave with changes its filters hold; the runtime flushes them
+    /// first, so this means a push came between.
+    #[error(
+        "the job's filters hold {rows} rows this worker has not pushed yet: flush them before it leaves"
+    )]
+    Unflushed {
+        /// Rows held.
+        rows: usize,
+    },
     /// The node's configuration cannot work over its transport.
     #[error("{0}")]
     Config(String),
@@ -63,6 +72,7 @@ impl From<WorkerError> for RuntimeError {
             WorkerError::WidthMismatch { expected, got } => {
                 RuntimeError::WidthMismatch { expected, got }
             }
+            WorkerError::Unflushed { rows } => RuntimeError::Unflushed { rows },
         }
     }
 }

@@ -360,6 +360,10 @@ where
             leaving.asked = true;
             if let Err(e) = self.driver.leave() {
                 warn!(error = %e, "cannot leave");
+                // The application hears why instead of waiting for a removal that never comes.
+                if let Some(leaving) = self.leave.take() {
+                    let _ = leaving.reply.send(Err(runtime_error(e)));
+                }
             }
         }
     }
