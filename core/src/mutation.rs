@@ -44,11 +44,14 @@ pub enum Mutation {
     /// Servers hold pulls to one iteration more than the bound adaptive tau set in the
     /// configuration (breaks staleness: a pull misses pushes the bound in force requires).
     TauPastDecision,
+    /// Workers drop what their filters hold when they flush, instead of pushing it (breaks
+    /// exactly-once: what a worker's requests carry falls short of what it pushed).
+    FilterForgets,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 12] = [
+    pub const ALL: [Mutation; 13] = [
         Mutation::NoDedupe,
         Mutation::NoGating,
         Mutation::NoRetransmit,
@@ -61,6 +64,7 @@ impl Mutation {
         Mutation::DropDedupOnTransfer,
         Mutation::SkipPastDecision,
         Mutation::TauPastDecision,
+        Mutation::FilterForgets,
     ];
 }
 
@@ -79,6 +83,7 @@ impl fmt::Display for Mutation {
             Mutation::DropDedupOnTransfer => "drop-dedup-on-transfer",
             Mutation::SkipPastDecision => "skip-past-decision",
             Mutation::TauPastDecision => "tau-past-decision",
+            Mutation::FilterForgets => "filter-forgets",
         })
     }
 }

@@ -238,6 +238,30 @@ impl<V: Value> Worker<V> {
         self.requests.len()
     }
 
+    /// The rows an open push request carries, as its slices hold them: what the job's filters
+    /// passed of what the application pushed (feature `testing`; `None` once the request
+    /// completed, or for a pull).
+    #[cfg(feature = "testing")]
+    pub fn push_rows(&self, id: RequestId) -> Option<KvPairs<V>> {
+        let request = self.requests.get(&id)?;
+        let mut rows: BTreeMap<crate::key::Key, Vec<V>> = BTreeMap::new();
+        let parts = request
+            .whole
+            .iter()
+            .chain(request.open.values().map(|s| &s.part));
+        for part in parts {
+            let Part::Push(kvs) = part else {
+                return None;
+            };
+            for (key, row) in kvs.iter() {
+                rows.insert(key, row.to_vec());
+            }
+        }
+        let keys: Vec<_> = rows.keys().copied().collect();
+        let values = rows.into_values().flatten().collect();
+        KvPairs::new(keys, values, self.cfg.width).ok()
+    }
+
     /// Slices on the network, push and pull together (at most twice
     /// [`WorkerConfig::max_slices_in_flight`]; feature `testing`).
     #[cfg(feature = "testing")]
@@ -370,6 +394,9 @@ impl<V: Value> Worker<V> {
         let Some(kvs) = self.filters.flush() else {
             return Ok(None);
         };
+        if mutated!(self, FilterForgets) {
+            return Ok(None);
+        }
         Ok(Some(self.send_push(now, kvs, self.covered, out)))
     }
 

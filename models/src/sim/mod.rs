@@ -184,7 +184,7 @@ use pserver_core::Consistency;
 use pserver_core::Updater;
 use pserver_core::node::NodeLayout;
 use pserver_core::ring::RingConfig;
-use pserver_core::{JobSpec, NodeId, PushSlots, StragglerPolicy, Time};
+use pserver_core::{Filters, JobSpec, NodeId, PushSlots, StragglerPolicy, Time};
 
 /// One millisecond of virtual time.
 pub const MS: Time = 1_000_000;
@@ -255,6 +255,10 @@ pub struct SimConfig {
     /// Round-robin push slots for the job (ARCHITECTURE.md §9); `None`: every push slice
     /// goes at once.
     pub push_slots: Option<PushSlots>,
+    /// The filters every worker runs its pushes through (ARCHITECTURE.md §10). Each worker
+    /// flushes what they hold with its last iteration, and at the end of a run what each
+    /// surviving worker's requests carried must sum to what its application computed.
+    pub filters: Filters,
     /// How fast each server works through the bytes that reach it, in bytes per millisecond
     /// of virtual time (see "Receive queues" in the module docs); `None`: a message is handled
     /// the moment it arrives, as in every run before receive queues, and
@@ -330,6 +334,7 @@ impl Default for SimConfig {
             quick_restart: false,
             membership_stress: false,
             push_slots: None,
+            filters: Filters::none(),
             receive_rate: None,
             key_layout: None,
         }
@@ -441,6 +446,9 @@ impl SimConfig {
         }
         if let Some(slots) = self.push_slots {
             cmd += &format!(" --push-slots {}:{}", slots.min_bytes, slots.at_once);
+        }
+        if let Some(theta) = self.filters.significantly_modified {
+            cmd += &format!(" --sigmod {}", theta.get());
         }
         if let Some(rate) = self.receive_rate {
             cmd += &format!(" --receive-rate {rate}");
@@ -579,6 +587,7 @@ impl SimConfig {
         job.max_slices_in_flight = window;
         job.stragglers = self.stragglers;
         job.push_slots = self.push_slots;
+        job.filters = self.filters;
         if self.stragglers.detect.is_some() {
             job.timing.heartbeat_interval = self.compute.max(MS);
         }
@@ -788,6 +797,8 @@ pub struct SimReport {
     pub peak_receive_queue_bytes: u64,
     /// Push slots servers granted (resent grants included; ARCHITECTURE.md §9).
     pub slot_grants: u64,
+    /// What the workers' filters saved, summed over every worker.
+    pub filter_saving: pserver_core::filter::FilterSaving,
     /// A digest of the final state of every node, to compare replays.
     pub fingerprint: u64,
 }

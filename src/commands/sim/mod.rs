@@ -4,7 +4,9 @@ mod seeds;
 mod slots;
 mod sweep;
 
-use pserver_core::{Balance, Consistency, Detection, PushSlots, StragglerPolicy, TauRange};
+use pserver_core::{
+    Balance, Consistency, Detection, Filters, PushSlots, StragglerPolicy, TauRange, Threshold,
+};
 
 // The simulator is named in this one place; the submodules go through this module too.
 use pserver_models::sim as simulator;
@@ -17,7 +19,7 @@ pub use slots::{SlotsComparison, slots_sweep};
 pub use sweep::{Pacing, SweepRow, sweep_models, sweep_pacings, tau_label, tau_sweep};
 
 use super::CliError;
-use super::parse::{at_least_one, factor, probability, push_slots, tau_range};
+use super::parse::{at_least_one, factor, probability, push_slots, tau_range, threshold};
 
 /// Run whole clusters in the deterministic simulator, with faults, checking the protocol's
 /// invariants after every step.
@@ -165,6 +167,12 @@ pub struct SimArgs {
     /// AT_ONCE slots per server, which the workers take in turn (MIN_BYTES:AT_ONCE).
     #[arg(long, value_parser = push_slots)]
     push_slots: Option<PushSlots>,
+    /// Workers run their pushes through the significantly-modified filter at THETA (pushed
+    /// values are integers 1 to 100): a key's change goes once it adds up to more. Each
+    /// worker flushes with its last iteration, and every run checks that what its requests
+    /// carried sums to what it pushed.
+    #[arg(long, value_name = "THETA", value_parser = threshold)]
+    sigmod: Option<Threshold>,
     /// Servers work through the bytes that reach them at this many bytes per virtual
     /// millisecond, and the summary prints their peak receive queue (default: every message
     /// is handled as it arrives).
@@ -217,6 +225,9 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
     if base.receive_rate.is_some() || base.push_slots.is_some() {
         println!("{}", batch.slots_summary());
     }
+    if base.filters != Filters::none() {
+        println!("{}", batch.filters_summary());
+    }
     println!("{}", batch.summary());
     if batch.failures.is_empty() {
         Ok(())
@@ -259,6 +270,9 @@ fn config(args: &SimArgs) -> SimConfig {
         quick_restart: args.quick_restart,
         membership_stress: args.membership_stress,
         push_slots: args.push_slots,
+        filters: args
+            .sigmod
+            .map_or_else(Filters::none, Filters::significantly_modified),
         receive_rate: args.receive_rate,
         key_layout: args.key_layout,
         compute: args.compute_ms * MS,

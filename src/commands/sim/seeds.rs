@@ -6,6 +6,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pserver_transport::sync::{AtomicU64, Mutex, Ordering, Tickets};
 
 use super::{MS, PaceReport, Protocol, ServerFaults, SimConfig, SimFailure};
+use pserver_core::filter::FilterSaving;
 
 /// The outcome of running a range of seeds.
 #[derive(Debug, Default)]
@@ -36,6 +37,8 @@ pub struct Batch {
     pub peak_receive_queue_bytes: u64,
     /// Push slots granted, over all successful runs.
     pub slot_grants: u64,
+    /// What the workers' filters saved, over all successful runs.
+    pub filter_saving: FilterSaving,
 }
 
 impl Batch {
@@ -101,6 +104,15 @@ impl Batch {
         )
     }
 
+    /// Filters: `filters rows_in=I rows_out=O bytes_saved=B`.
+    pub fn filters_summary(&self) -> String {
+        let f = &self.filter_saving;
+        format!(
+            "filters rows_in={} rows_out={} bytes_saved={}",
+            f.rows_in, f.rows_out, f.bytes_saved
+        )
+    }
+
     /// Receive queues and push slots: `slots peak_receive_queue_bytes=B grants=G`.
     pub fn slots_summary(&self) -> String {
         format!(
@@ -150,7 +162,12 @@ pub fn run_seeds(
     let peak = AtomicU64::new(0);
     let grants = AtomicU64::new(0);
     let failures = Mutex::new(Vec::new());
-    let faults = Mutex::new((ServerFaults::default(), Vec::new(), PaceReport::default()));
+    let faults = Mutex::new((
+        ServerFaults::default(),
+        Vec::new(),
+        PaceReport::default(),
+        FilterSaving::default(),
+    ));
     let bar = if progress {
         let bar = ProgressBar::new(seeds);
         let style =
@@ -181,6 +198,7 @@ pub fn run_seeds(
                                 f.0.add(&report.server_faults);
                                 f.1.extend_from_slice(&report.recoveries);
                                 f.2.add(&report.pace);
+                                f.3.add(report.filter_saving);
                             }
                         }
                         Err(failure) => {
@@ -200,7 +218,7 @@ pub fn run_seeds(
     bar.finish_and_clear();
     let mut failures = failures.into_inner().unwrap_or_default();
     failures.sort_by_key(|f| f.seed);
-    let (server_faults, recoveries, pace) = faults.into_inner().unwrap_or_default();
+    let (server_faults, recoveries, pace, filter_saving) = faults.into_inner().unwrap_or_default();
     Batch {
         server_faults,
         recoveries,
@@ -214,6 +232,7 @@ pub fn run_seeds(
         pace,
         peak_receive_queue_bytes: peak.into_inner(),
         slot_grants: grants.into_inner(),
+        filter_saving,
         secs: start.elapsed().as_secs_f64(),
     }
 }

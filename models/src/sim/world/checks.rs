@@ -267,6 +267,22 @@ impl World<'_> {
         }
         let (lost, survivors): (Vec<NodeId>, Vec<NodeId>) =
             self.apps.keys().partition(|id| self.apps[*id].crashed);
+        // Filters delay changes and drop none: once a worker flushed, its requests carried
+        // what its application pushed (ARCHITECTURE.md §10).
+        for &id in &survivors {
+            for (i, &key) in self.keys.iter().enumerate() {
+                let (issued, _) = self.ledger.by_workers(key, &[id]);
+                let computed = self.apps[&id].computed.get(&i).copied().unwrap_or(0);
+                if issued != computed {
+                    return Err(self.fail(
+                        Invariant::ExactlyOnce,
+                        format!(
+                            "key {key}: {id} pushed {computed} in all, but its requests carried {issued}: its filters lost the rest"
+                        ),
+                    ));
+                }
+            }
+        }
         for i in 0..self.cfg.keys {
             let key = self.keys[i as usize];
             let total = match self.total(key)? {

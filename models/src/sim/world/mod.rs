@@ -122,6 +122,9 @@ struct App {
     finished_at: Option<Time>,
     crashed: bool,
     done: bool,
+    /// Per key index, the sum of what the application pushed, before any filter: what its
+    /// requests must carry in all once it flushed.
+    computed: BTreeMap<usize, i64>,
 }
 
 struct World<'a> {
@@ -910,6 +913,8 @@ impl<'a> World<'a> {
     /// iteration's work.
     fn enter(&mut self, node: NodeId, iteration: Iteration) {
         if iteration >= self.cfg.iterations {
+            // A worker moved past the end skipped its last iteration's flush.
+            self.flush(node);
             if let Some(app) = self.apps.get_mut(&node) {
                 app.done = true;
                 app.current = None;
@@ -1032,13 +1037,20 @@ impl<'a> World<'a> {
         let covers = Coverage::parts(part + 1, parts);
         let pushed = driver.push_part(now, kvs.clone(), covers);
         if let Ok(id) = pushed {
-            let keys = &self.keys;
-            self.ledger
-                .issue(node, id, iteration, &kvs, |k| index_of(keys, k));
+            self.issue(node, id, iteration);
+            if let Some(app) = self.apps.get_mut(&node) {
+                for (k, v) in kvs.iter() {
+                    *app.computed.entry(index_of(&self.keys, k)).or_default() += v[0] as i64;
+                }
+            }
         }
         if let Some(app) = self.apps.get_mut(&node) {
             app.parts_done = part + 1;
             app.advancing = last;
+        }
+        if last && iteration + 1 >= self.cfg.iterations {
+            // The last iteration: what the filters held back goes with it.
+            self.flush(node);
         }
         if last {
             // The scripted application ignores a refused advance: the worker was fenced.
@@ -1047,6 +1059,35 @@ impl<'a> World<'a> {
             }
         } else {
             self.start_part(node, iteration);
+        }
+    }
+
+    /// Enters push `id` of `node` in the ledger with the rows its request carries: what the
+    /// job's filters passed of the application's push (nothing, if they held it all back).
+    fn issue(&mut self, node: NodeId, id: RequestId, iteration: Iteration) {
+        let Some(rows) = self
+            .nodes
+            .get(&node)
+            .and_then(|d| d.node().as_worker())
+            .and_then(|w| w.push_rows(id))
+            .or_else(|| KvPairs::empty(1).ok())
+        else {
+            return;
+        };
+        let keys = &self.keys;
+        self.ledger
+            .issue(node, id, iteration, &rows, |k| index_of(keys, k));
+    }
+
+    /// Pushes what `node`'s filters hold, in its current iteration.
+    fn flush(&mut self, node: NodeId) {
+        let now = self.now;
+        let Some(driver) = self.nodes.get_mut(&node) else {
+            return;
+        };
+        let iteration = driver.node().as_worker().map_or(0, Worker::iteration);
+        if let Ok(Some(id)) = driver.flush(now) {
+            self.issue(node, id, iteration);
         }
     }
 
@@ -1100,6 +1141,13 @@ impl<'a> World<'a> {
             },
             peak_receive_queue_bytes: self.receiving.values().map(|q| q.peak).max().unwrap_or(0),
             slot_grants: self.slot_grants,
+            filter_saving: self.nodes.values().flat_map(|d| d.filter_savings()).fold(
+                Default::default(),
+                |mut sum, (_, s)| {
+                    sum.add(s);
+                    sum
+                },
+            ),
             fingerprint: h.finish(),
         }
     }
