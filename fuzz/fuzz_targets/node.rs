@@ -6,7 +6,8 @@
 //! acknowledgements, catching up, leaving) and configurations with replicas and joining servers
 //! are thrown in too; once any of it reached the server, its totals also hold what other
 //! servers sent, so only the absence of panics and the in-flight bound are checked. The first
-//! input decides whether both nodes run with round-robin push slots.
+//! input decides whether both nodes run with round-robin push slots, the second whether (and
+//! at which threshold) the worker runs the significantly-modified filter.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -184,6 +185,8 @@ enum Op {
     Push { keys: Vec<u16>, vals: Vec<i16> },
     Pull { keys: Vec<u16>, dense: bool },
     Advance,
+    Flush,
+    Leave,
     Tick(u16),
 }
 
@@ -461,8 +464,8 @@ struct Mirror {
     settled: BTreeMap<NodeId, u64>,
 }
 
-fuzz_target!(|input: (bool, Vec<Op>)| {
-    let (slots, ops) = input;
+fuzz_target!(|input: (bool, Option<u8>, Vec<Op>)| {
+    let (slots, sigmod, ops) = input;
     let codec = Codec::default();
     // With push slots, a slice of more than a few keys waits for its grant, so that asks,
     // grants, leases and slices sent on a grant mix with everything else.
@@ -478,6 +481,10 @@ fuzz_target!(|input: (bool, Vec<Op>)| {
     wc.max_slice_bytes = 128 + 3 * 18;
     wc.max_slices_in_flight = 2;
     wc.push_slots = slots;
+    // With a filter, the worker holds small changes back; flushing and leaving mix in.
+    wc.filters = sigmod
+        .and_then(|t| Threshold::new(f64::from(t)))
+        .map_or_else(Filters::none, Filters::significantly_modified);
     let mut worker: Driver<i64> = Driver::new(Worker::new(wc));
     let mut now: Time = 0;
     let mut mirror = Mirror::default();
@@ -511,6 +518,12 @@ fuzz_target!(|input: (bool, Vec<Op>)| {
             }
             Op::Advance => {
                 let _ = worker.advance(now);
+            }
+            Op::Flush => {
+                let _ = worker.flush(now);
+            }
+            Op::Leave => {
+                let _ = worker.leave();
             }
             Op::Tick(ms) => now += u64::from(ms) * 1_000_000,
         }
