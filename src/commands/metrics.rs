@@ -17,6 +17,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
+use pserver_core::filter::FilterSaving;
 use pserver_core::{NodeId, Role};
 use pserver_transport::runtime::NodeMetrics;
 use tokio::net::TcpListener;
@@ -229,6 +230,33 @@ fn render(sources: &Sources) -> Result<String, std::fmt::Error> {
             .inc_by(n);
     }
     registry.register("refusals", "Messages the node refused, by reason", refusals);
+    if !m.filter_savings.is_empty() {
+        let label = |name: &str| vec![("filter".to_owned(), name.to_owned())];
+        let families: [(&str, &str, Reading); 3] = [
+            (
+                "filter_rows_in",
+                "Rows (a key and its values) the worker's filters were given, by filter",
+                |f| f.rows_in,
+            ),
+            (
+                "filter_rows_out",
+                "Rows the worker's filters passed on to be sent, by filter",
+                |f| f.rows_out,
+            ),
+            (
+                "filter_bytes_saved",
+                "Bytes of keys and values the worker's filters kept from the network, by filter",
+                |f| f.bytes_saved,
+            ),
+        ];
+        for (name, help, value) in families {
+            let family = Family::<Vec<(String, String)>, Counter>::default();
+            for (filter, saving) in &m.filter_savings {
+                family.get_or_create(&label(filter)).inc_by(value(saving));
+            }
+            registry.register(name, help, family);
+        }
+    }
     for (name, help, value) in (sources.transport)() {
         registry.register(name, help, counter(value));
     }
@@ -236,6 +264,9 @@ fn render(sources: &Sources) -> Result<String, std::fmt::Error> {
     encode(&mut text, &registry)?;
     Ok(text)
 }
+
+/// Reads one count of a filter's saving.
+type Reading = fn(&FilterSaving) -> u64;
 
 #[cfg(test)]
 mod tests {
@@ -253,6 +284,14 @@ mod tests {
         m.stragglers = 6;
         m.skipped_iterations = 11;
         m.shares_moved = 13;
+        m.filter_savings = vec![(
+            "sigmod",
+            FilterSaving {
+                rows_in: 20,
+                rows_out: 5,
+                bytes_saved: 180,
+            },
+        )];
         m.last_recovery = std::time::Duration::from_millis(2_500);
         m.longest_recovery = std::time::Duration::from_millis(4_000);
         let (_tx, node) = watch::channel(m);
@@ -276,6 +315,9 @@ mod tests {
             format!("pserver_stragglers_total{{{labels}}} 6"),
             format!("pserver_skipped_iterations_total{{{labels}}} 11"),
             format!("pserver_shares_moved_total{{{labels}}} 13"),
+            format!("pserver_filter_rows_in_total{{{labels},filter=\"sigmod\"}} 20"),
+            format!("pserver_filter_rows_out_total{{{labels},filter=\"sigmod\"}} 5"),
+            format!("pserver_filter_bytes_saved_total{{{labels},filter=\"sigmod\"}} 180"),
             format!("pserver_last_recovery_seconds{{{labels}}} 2.5"),
             format!("pserver_longest_recovery_seconds{{{labels}}} 4.0"),
         ] {
