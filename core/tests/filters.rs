@@ -103,19 +103,29 @@ fn pushes() -> (Vec<KvPairs<i64>>, Vec<i64>) {
     (all, sums)
 }
 
+/// The significantly-modified filter at `theta`.
+fn sigmod(theta: f64) -> Filters {
+    Filters::significantly_modified(Threshold::new(theta).unwrap())
+}
+
+/// A worker and a server of a job with `filters` after every push of [`pushes`], and those
+/// pushes with their sum per key.
+fn pushed_through(filters: Filters) -> (Pair, Vec<KvPairs<i64>>, Vec<i64>) {
+    let (pushes, sums) = pushes();
+    let mut pair = Pair::new(&job(filters));
+    for kvs in pushes.clone() {
+        pair.push(kvs);
+    }
+    (pair, pushes, sums)
+}
+
 fn totals(server: &Server<i64>) -> Vec<i64> {
     (0..40).map(|k| server.received_total(k)[0]).collect()
 }
 
 #[test]
 fn what_the_significantly_modified_filter_holds_back_reaches_the_servers_once_the_worker_flushes() {
-    let (pushes, sums) = pushes();
-    let mut pair = Pair::new(&job(Filters::significantly_modified(
-        Threshold::new(6.0).unwrap(),
-    )));
-    for kvs in pushes.clone() {
-        pair.push(kvs);
-    }
+    let (mut pair, pushes, sums) = pushed_through(sigmod(6.0));
     // Held back: the servers lack some of what was pushed, and the filter says what it saved.
     assert_ne!(totals(&pair.server), sums);
     let [(name, saving)] = pair.worker.filter_savings()[..] else {
@@ -136,11 +146,7 @@ fn what_the_significantly_modified_filter_holds_back_reaches_the_servers_once_th
 
 #[test]
 fn without_filters_every_push_goes_whole_and_nothing_waits_for_a_flush() {
-    let (pushes, sums) = pushes();
-    let mut pair = Pair::new(&job(Filters::none()));
-    for kvs in pushes {
-        pair.push(kvs);
-    }
+    let (mut pair, _, sums) = pushed_through(Filters::none());
     assert_eq!(totals(&pair.server), sums);
     assert!(pair.flush().is_none());
     assert!(pair.worker.filter_savings().is_empty());
@@ -148,26 +154,14 @@ fn without_filters_every_push_goes_whole_and_nothing_waits_for_a_flush() {
 
 #[test]
 fn a_threshold_of_zero_sends_every_change_at_once() {
-    let (pushes, sums) = pushes();
-    let mut pair = Pair::new(&job(Filters::significantly_modified(
-        Threshold::new(0.0).unwrap(),
-    )));
-    for kvs in pushes {
-        pair.push(kvs);
-    }
+    let (pair, _, sums) = pushed_through(sigmod(0.0));
     // A zero change may wait (it changes nothing); every other change is there at once.
     assert_eq!(totals(&pair.server), sums);
 }
 
 #[test]
 fn a_worker_whose_filters_hold_changes_is_refused_leave_until_it_flushes() {
-    let (pushes, _) = pushes();
-    let mut pair = Pair::new(&job(Filters::significantly_modified(
-        Threshold::new(6.0).unwrap(),
-    )));
-    for kvs in pushes {
-        pair.push(kvs);
-    }
+    let (mut pair, _, _) = pushed_through(sigmod(6.0));
     let mut out = Effects::new();
     let refused = pair.worker.leave(&mut out);
     assert!(

@@ -43,9 +43,8 @@ impl FilterSaving {
     fn count(&mut self, rows_in: usize, rows_out: usize, row_bytes: usize) {
         self.rows_in += rows_in as u64;
         self.rows_out += rows_out as u64;
-        let (rows_in, rows_out) = (rows_in as i128, rows_out as i128);
-        let saved = i128::from(self.bytes_saved) + (rows_in - rows_out) * row_bytes as i128;
-        self.bytes_saved = u64::try_from(saved.max(0)).unwrap_or(u64::MAX);
+        // Every row sent was given first, so the difference is what is held or merged away.
+        self.bytes_saved = (self.rows_in - self.rows_out).saturating_mul(row_bytes as u64);
     }
 }
 

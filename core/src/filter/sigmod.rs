@@ -104,10 +104,10 @@ impl<V: Value> SignificantlyModified<V> {
     }
 
     /// Whether a change is large enough to send. NaN is: a filter must not hide it.
-    fn significant(&self, row: &[ValueBits<V>]) -> bool {
+    fn significant(&self, mut row: impl Iterator<Item = V>) -> bool {
         let t = self.threshold.get();
-        row.iter().any(|v| {
-            let x = v.0.to_f64().abs();
+        row.any(|v| {
+            let x = v.to_f64().abs();
             x.is_nan() || x > t
         })
     }
@@ -122,18 +122,27 @@ impl<V: Value> Filter<V> for SignificantlyModified<V> {
         let mut keys = Vec::with_capacity(kvs.len());
         let mut values = Vec::with_capacity(kvs.len() * self.width);
         for (key, row) in kvs.iter() {
-            let mut sum: Vec<ValueBits<V>> = match self.held.remove(&key) {
-                Some(held) => held,
-                None => vec![ValueBits(V::default()); row.len()],
-            };
-            for (s, &v) in sum.iter_mut().zip(row) {
-                s.0 = s.0.add(v);
-            }
-            if self.significant(&sum) {
-                keys.push(key);
-                values.extend(sum.iter().map(|v| v.0));
-            } else {
-                self.held.insert(key, sum);
+            match self.held.remove(&key) {
+                Some(mut sum) => {
+                    for (s, &v) in sum.iter_mut().zip(row) {
+                        s.0 = s.0.add(v);
+                    }
+                    if self.significant(sum.iter().map(|v| v.0)) {
+                        keys.push(key);
+                        values.extend(sum.iter().map(|v| v.0));
+                    } else {
+                        self.held.insert(key, sum);
+                    }
+                }
+                // A key held nothing: its row is the sum, sent as it is or kept.
+                None if self.significant(row.iter().copied()) => {
+                    keys.push(key);
+                    values.extend_from_slice(row);
+                }
+                None => {
+                    self.held
+                        .insert(key, row.iter().copied().map(ValueBits).collect());
+                }
             }
         }
         let row_bytes = self.row_bytes();
