@@ -177,6 +177,8 @@ fn bulk_bytes<V: Value>(body: &Message<V>) -> (usize, usize) {
     match body {
         Message::Push(push) => pairs(&push.kvs),
         Message::PullReply(reply) => pairs(&reply.kvs),
+        Message::PushCached(push) => (0, push.values.wire_bytes()),
+        Message::PullValues(reply) => (0, reply.values.wire_bytes()),
         _ => (0, 0),
     }
 }

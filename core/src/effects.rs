@@ -174,6 +174,9 @@ pub enum Refusal {
     Unexpected,
     /// A pull answer whose keys or width do not match the slice it answers.
     BadAnswer,
+    /// A push naming a key list sent before carries values for another number of rows than
+    /// the list has keys (key caching, ARCHITECTURE.md §10).
+    RowsMismatch,
     /// Messages from the future arrived faster than the configuration they need; beyond a bound
     /// they are refused and retransmission recovers them.
     Overflow,
@@ -207,6 +210,9 @@ impl fmt::Display for Refusal {
             Refusal::ForeignJob => f.write_str("message belongs to another job"),
             Refusal::Unexpected => f.write_str("a message kind this node does not take"),
             Refusal::BadAnswer => f.write_str("answer does not match the slice it answers"),
+            Refusal::RowsMismatch => {
+                f.write_str("values for another number of rows than the named key list has")
+            }
             Refusal::Overflow => f.write_str("too many messages waiting for a configuration"),
             Refusal::Fenced => f.write_str("this node was removed from the cluster"),
             Refusal::OtherIncarnation { known, claimed } => write!(

@@ -289,6 +289,8 @@ impl JobSpec {
         cfg.unregularized = self.unregularized;
         cfg.store = self.store;
         cfg.push_slots = self.push_slots;
+        cfg.key_caching = self.filters.key_caching;
+        cfg.compression = self.filters.compression;
         cfg
     }
 

@@ -47,11 +47,16 @@ pub enum Mutation {
     /// Workers drop what their filters hold when they flush, instead of pushing it (breaks
     /// exactly-once: what a worker's requests carry falls short of what it pushed).
     FilterForgets,
+    /// Workers name every key list they send a server by the list they used last with it, as
+    /// a cache that keeps one entry per peer and checks only that it holds one would (breaks
+    /// exactly-once, where the server puts values on the keys of that stale entry, or
+    /// completion, where it refuses them or answers a pull with another list's values).
+    StaleKeyCache,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 13] = [
+    pub const ALL: [Mutation; 14] = [
         Mutation::NoDedupe,
         Mutation::NoGating,
         Mutation::NoRetransmit,
@@ -65,6 +70,7 @@ impl Mutation {
         Mutation::SkipPastDecision,
         Mutation::TauPastDecision,
         Mutation::FilterForgets,
+        Mutation::StaleKeyCache,
     ];
 }
 
@@ -84,6 +90,7 @@ impl fmt::Display for Mutation {
             Mutation::SkipPastDecision => "skip-past-decision",
             Mutation::TauPastDecision => "tau-past-decision",
             Mutation::FilterForgets => "filter-forgets",
+            Mutation::StaleKeyCache => "stale-key-cache",
         })
     }
 }

@@ -25,6 +25,11 @@ impl KeyList {
         KeyList(Arc::new(keys))
     }
 
+    /// A list over keys already validated, shared.
+    pub(crate) fn from_shared(keys: Arc<Vec<Key>>) -> Self {
+        KeyList(keys)
+    }
+
     /// The keys.
     pub fn keys(&self) -> &[Key] {
         &self.0

@@ -608,13 +608,17 @@ fn unknown_message_kinds_are_refused() {
         Codec::default().decode::<f32>(&frame),
         Err(DecodeError::UnknownKind(100))
     );
-    // The last kind is KINDS - 1: KINDS stays in step with the enum.
-    // (A zero slice is two one-byte varints after the kind.)
-    let body = Message::SlotGrant(SliceRef {
-        request: 0,
-        slice: 0,
-    });
-    let last = Envelope::<f32>::new(NodeId(1), NodeId(2), 0, body);
-    let frame = Codec::default().encode(&last).unwrap();
-    assert_eq!(u32::from(frame[frame.len() - 3]), Message::<f32>::KINDS - 1);
+    // The last kind is KINDS - 1: KINDS stays in step with the enum. A bodiless kind's tag is
+    // the frame's last byte; every tag up to KINDS - 1 is known, KINDS is not.
+    let kinds = Message::<f32>::KINDS;
+    *frame.last_mut().unwrap() = u8::try_from(kinds).unwrap();
+    assert_eq!(
+        Codec::default().decode::<f32>(&frame),
+        Err(DecodeError::UnknownKind(kinds))
+    );
+    *frame.last_mut().unwrap() = u8::try_from(kinds - 1).unwrap();
+    assert_ne!(
+        Codec::default().decode::<f32>(&frame),
+        Err(DecodeError::UnknownKind(kinds - 1))
+    );
 }

@@ -23,32 +23,64 @@ fn job(filters: Filters) -> JobSpec {
 struct Pair {
     worker: Worker<i64>,
     server: Server<i64>,
+    server_cfg: ServerConfig,
     now: Time,
+    /// The kind of every message delivered, in order.
+    kinds: Vec<String>,
+    /// What pulls returned.
+    pulled: Vec<KvPairs<i64>>,
 }
 
 impl Pair {
     fn new(job: &JobSpec) -> Self {
-        let cfg = config(1, &[1], &[W1], Consistency::Sequential);
-        let mut worker = Worker::new(job.worker_config(W1));
-        let mut server = Server::new(job.server_config(S1), Updater::Sum);
-        worker.start_configured(0, cfg.clone(), &mut Effects::new());
-        server.start_configured(0, cfg, &mut Effects::new());
-        Pair {
+        Self::of(job.worker_config(W1), job.server_config(S1))
+    }
+
+    fn of(worker: WorkerConfig, server: ServerConfig) -> Self {
+        let mut worker = Worker::new(worker);
+        worker.start_configured(0, Self::cluster(), &mut Effects::new());
+        let mut pair = Pair {
             worker,
-            server,
+            server: Server::new(server, Updater::Sum),
+            server_cfg: server,
             now: 0,
-        }
+            kinds: Vec::new(),
+            pulled: Vec::new(),
+        };
+        pair.restart_server();
+        pair
+    }
+
+    fn cluster() -> ClusterConfig {
+        config(1, &[1], &[W1], Consistency::Sequential)
+    }
+
+    /// The server process starts again, holding nothing.
+    fn restart_server(&mut self) {
+        self.server = Server::new(self.server_cfg, Updater::Sum);
+        self.server
+            .start_configured(self.now, Self::cluster(), &mut Effects::new());
     }
 
     /// Delivers `out`'s messages, and those they cause, until nothing is sent.
     fn settle(&mut self, mut out: Effects<i64>) {
         for _ in 0..1000 {
+            for event in out.events.drain(..) {
+                if let Event::PullDone(_, kvs) = event {
+                    self.pulled.push(kvs);
+                }
+            }
             let sends = std::mem::take(&mut out.sends);
             if sends.is_empty() {
                 return;
             }
             self.now += 1;
             for env in sends {
+                let kind = format!("{:?}", env.body);
+                let end = kind
+                    .find(|c: char| !c.is_alphanumeric())
+                    .unwrap_or(kind.len());
+                self.kinds.push(kind[..end].to_string());
                 match env.to {
                     S1 => self.server.on_message(self.now, env, &mut out),
                     W1 => self.worker.on_message(self.now, env, &mut out),
@@ -57,6 +89,21 @@ impl Pair {
             }
         }
         panic!("the messages between worker and server never settled");
+    }
+
+    fn pull(&mut self, keys: &[Key]) -> KvPairs<i64> {
+        let mut out = Effects::new();
+        let list = KeyList::new(keys.to_vec()).unwrap();
+        self.worker
+            .pull(self.now, KeySelection::Keys(list), &mut out)
+            .unwrap();
+        self.settle(out);
+        self.pulled.pop().expect("the pull completed")
+    }
+
+    /// How many messages of `kind` were delivered.
+    fn count(&self, kind: &str) -> usize {
+        self.kinds.iter().filter(|k| *k == kind).count()
     }
 
     fn push(&mut self, kvs: KvPairs<i64>) {
@@ -176,4 +223,129 @@ fn a_worker_whose_filters_hold_changes_is_refused_leave_until_it_flushes() {
             .iter()
             .any(|e| e.to == common::COORD && matches!(e.body, Message::Leave))
     );
+}
+
+/// Key caching keeping `lists` lists per peer.
+fn caching(lists: u32) -> Filters {
+    Filters::key_caching(KeyCaching::new(lists).unwrap())
+}
+
+/// Pushes of [`pushes`]' first three key lists, in an order that comes back to each, and
+/// their sum per key.
+fn returning_pushes() -> (Vec<KvPairs<i64>>, Vec<i64>) {
+    let (pushes, _) = pushes();
+    let order = [0, 1, 0, 1, 2, 0, 2, 1, 1, 0, 2, 2];
+    let mut sums = vec![0i64; 40];
+    let mut all = Vec::new();
+    for (round, &i) in order.iter().enumerate() {
+        let p: &KvPairs<i64> = &pushes[i];
+        let values: Vec<i64> = p.values().iter().map(|v| v * (round as i64 + 1)).collect();
+        for (&k, &v) in p.keys().iter().zip(&values) {
+            sums[k as usize] += v;
+        }
+        all.push(KvPairs::new(p.keys().to_vec(), values, 1).unwrap());
+    }
+    (all, sums)
+}
+
+#[test]
+fn key_caching_names_a_list_sent_before_and_a_pull_is_answered_without_its_keys() {
+    let mut pair = Pair::new(&job(caching(8)));
+    let keys: Vec<Key> = vec![3, 9, 12, 30];
+    pair.push(KvPairs::new(keys.clone(), vec![1, 2, 3, 4], 1).unwrap());
+    assert_eq!((pair.count("Push"), pair.count("PushCached")), (1, 0));
+    pair.push(KvPairs::new(keys.clone(), vec![10, 20, 30, 40], 1).unwrap());
+    assert_eq!((pair.count("Push"), pair.count("PushCached")), (1, 1));
+    // The pull asks for the list the pushes went over: by name, answered without keys.
+    let pulled = pair.pull(&keys);
+    assert_eq!((pair.count("PullCached"), pair.count("PullValues")), (1, 1));
+    assert_eq!((pair.count("Pull"), pair.count("PullReply")), (0, 0));
+    assert_eq!(pulled.keys(), &keys[..]);
+    assert_eq!(pulled.values(), &[11, 22, 33, 44]);
+    // A list the server was never sent goes whole; its answer still comes without keys.
+    let other = pair.pull(&[3, 4]);
+    assert_eq!((other.keys(), other.values()), (&[3, 4][..], &[11, 0][..]));
+    assert_eq!((pair.count("Pull"), pair.count("PullValues")), (1, 2));
+    let [(name, saving)] = pair.worker.filter_savings()[..] else {
+        panic!("one filter: {:?}", pair.worker.filter_savings());
+    };
+    assert_eq!(name, "keycache");
+    // Four pushes and pulls of 4, 4, 4 and 2 keys; the first and last went whole.
+    assert_eq!((saving.rows_in, saving.rows_out), (14, 6));
+    assert!(saving.bytes_saved > 0, "{saving:?}");
+}
+
+#[test]
+fn key_caching_delivers_every_push_exactly_when_the_server_evicted_the_list_named() {
+    // The worker counts on the server holding four lists; the server keeps one.
+    let job = job(caching(4));
+    let mut server = job.server_config(S1);
+    server.key_caching = KeyCaching::new(1);
+    let mut pair = Pair::of(job.worker_config(W1), server);
+    let (pushes, sums) = returning_pushes();
+    for kvs in pushes {
+        pair.push(kvs);
+    }
+    assert!(pair.count("KeysUnknown") > 0, "{:?}", pair.kinds);
+    assert!(pair.count("PushCached") > pair.count("KeysUnknown"));
+    assert_eq!(totals(&pair.server), sums);
+}
+
+#[test]
+fn key_caching_delivers_every_push_exactly_to_a_server_that_restarted() {
+    let mut pair = Pair::new(&job(caching(8)));
+    let (pushes, _) = returning_pushes();
+    let (before, after) = pushes.split_at(4);
+    for kvs in before {
+        pair.push(kvs.clone());
+    }
+    let named = pair.count("PushCached");
+    assert!(named > 0);
+    pair.restart_server();
+    let mut sums = vec![0i64; 40];
+    for kvs in after {
+        for (k, v) in kvs.iter() {
+            sums[k as usize] += v[0];
+        }
+        pair.push(kvs.clone());
+    }
+    // The new process holds no list: each the worker named once misses, and goes whole.
+    assert!(pair.count("KeysUnknown") >= 1, "{:?}", pair.kinds);
+    assert!(pair.count("PushCached") > named);
+    assert_eq!(totals(&pair.server), sums);
+}
+
+#[test]
+fn a_server_refuses_values_for_another_number_of_rows_than_the_list_named() {
+    let mut pair = Pair::new(&job(caching(8)));
+    let keys: Vec<Key> = vec![1, 5, 7];
+    pair.push(KvPairs::new(keys.clone(), vec![1, 1, 1], 1).unwrap());
+    let short = KvPairs::new(vec![0, 1], vec![5, 5], 1).unwrap();
+    let push = PushCached {
+        slice: SliceRef {
+            request: 99,
+            slice: 0,
+        },
+        iteration: 1,
+        covers: Coverage::WHOLE,
+        settled_below: 0,
+        keys: KeysDigest::of(&keys),
+        values: RowValues::of(&short),
+    };
+    let mut out = Effects::new();
+    let env = Envelope::new(W1, S1, 1, Message::PushCached(push));
+    pair.server.on_message(pair.now, env, &mut out);
+    assert!(
+        out.events.iter().any(|e| matches!(
+            e,
+            Event::Refused {
+                reason: Refusal::RowsMismatch,
+                ..
+            }
+        )),
+        "{:?}",
+        out.events
+    );
+    assert!(out.sends.is_empty());
+    assert_eq!(totals(&pair.server)[1], 1);
 }

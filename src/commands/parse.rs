@@ -42,6 +42,14 @@ pub(super) fn threshold(s: &str) -> Result<pserver_core::Threshold, String> {
         .ok_or_else(|| format!("`{s}` is not a finite number of at least 0"))
 }
 
+/// Key caching's lists per peer: a whole number of at least 1.
+pub(super) fn key_caching(s: &str) -> Result<pserver_core::KeyCaching, String> {
+    s.parse::<u32>()
+        .ok()
+        .and_then(pserver_core::KeyCaching::new)
+        .ok_or_else(|| format!("`{s}` is not a whole number of lists of at least 1"))
+}
+
 /// A number strictly between 0 and 1: an error bound or a failure probability.
 pub(super) fn open_unit(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {

@@ -9,8 +9,10 @@
 //! [`Filter`] is the interface every filter implements; [`SignificantlyModified`] is the
 //! first.
 
+pub(crate) mod keycache;
 mod sigmod;
 
+pub use keycache::{KeyCaching, KeysDigest};
 pub use sigmod::{SignificantlyModified, Threshold};
 
 use std::fmt::Debug;
@@ -70,6 +72,25 @@ pub trait Filter<V: Value>: Clone + Debug + PartialEq + Eq + Hash {
     fn saving(&self) -> FilterSaving;
 }
 
+/// A saving counted as it happens, which says what a node did, not what it will do: two
+/// nodes that differ only in it behave alike, so it is left out of their equality and hash.
+/// Counted into node state, it would make every retransmission a new state for the model
+/// checker, and its search endless.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Tally(pub(crate) FilterSaving);
+
+impl PartialEq for Tally {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Tally {}
+
+impl Hash for Tally {
+    fn hash<H: std::hash::Hasher>(&self, _: &mut H) {}
+}
+
 /// The filters a job runs ([`crate::JobSpec::filters`]); the default runs none.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -77,6 +98,13 @@ pub struct Filters {
     /// Send a key's accumulated change only once it exceeds this threshold
     /// ([`SignificantlyModified`]).
     pub significantly_modified: Option<Threshold>,
+    /// Send a key list a server was sent before as its digest, and answer a pull without the
+    /// keys the worker asked for ([`KeyCaching`]).
+    pub key_caching: Option<KeyCaching>,
+    /// Pack the values key caching sends without keys in the smallest exact form: without
+    /// their zero rows, or as an LZ4 block, where either saves bytes
+    /// ([`crate::wire::RowValues`]).
+    pub compression: bool,
 }
 
 impl Filters {
@@ -89,6 +117,24 @@ impl Filters {
     pub fn significantly_modified(threshold: Threshold) -> Self {
         Filters {
             significantly_modified: Some(threshold),
+            ..Filters::default()
+        }
+    }
+
+    /// Key caching, keeping as many lists as `caching` says, with values compressed.
+    pub fn key_caching_compressed(caching: KeyCaching) -> Self {
+        Filters {
+            key_caching: Some(caching),
+            compression: true,
+            ..Filters::default()
+        }
+    }
+
+    /// Key caching, keeping as many lists as `caching` says.
+    pub fn key_caching(caching: KeyCaching) -> Self {
+        Filters {
+            key_caching: Some(caching),
+            ..Filters::default()
         }
     }
 }

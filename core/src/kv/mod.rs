@@ -238,6 +238,59 @@ impl<V: Value> KvPairs<V> {
         }
     }
 
+    /// The same values over the keys `0..len`: what [`crate::wire::RowValues`] sends when
+    /// the receiver knows the keys. Shares the value storage.
+    pub(crate) fn without_keys(&self) -> Self {
+        KvPairs {
+            keys: KeyStorage::Run {
+                first: 0,
+                list: Arc::new(OnceLock::new()),
+            },
+            values: self.values.clone(),
+            width: self.width,
+            lo: self.lo,
+            hi: self.hi,
+        }
+        .rebased()
+    }
+
+    /// The same values under `keys` (strictly increasing, as a key list the receiver was sent
+    /// is), if there are as many keys as rows. Shares the value storage.
+    pub(crate) fn rekeyed(&self, keys: &Arc<Vec<Key>>) -> Option<Self> {
+        if keys.len() != self.len() {
+            return None;
+        }
+        let rebased = self.clone().rebased();
+        let consecutive = match (keys.first(), keys.last()) {
+            (Some(&first), Some(&last)) => last - first == keys.len() as Key - 1,
+            _ => false,
+        };
+        Some(if consecutive {
+            Self::run_of(keys[0], rebased.values, self.width)
+        } else {
+            KvPairs {
+                keys: KeyStorage::List(Arc::clone(keys)),
+                ..rebased
+            }
+        })
+    }
+
+    /// This vector with its window at the start of its value storage: a copy of the values
+    /// when the window does not start there.
+    fn rebased(self) -> Self {
+        if self.lo == 0 && self.hi * self.width == self.values.as_slice().len() {
+            return self;
+        }
+        let values = ValueStorage::Owned(Arc::new(self.values().to_vec()));
+        let hi = self.hi - self.lo;
+        KvPairs {
+            values,
+            lo: 0,
+            hi,
+            ..self
+        }
+    }
+
     /// An empty vector of the given width (at least 1).
     pub fn empty(width: usize) -> Result<Self, KvError> {
         Self::new(Vec::new(), Vec::new(), width)

@@ -1,6 +1,7 @@
 //! The server: holds shards of the parameters, applies pushes through its update rule,
 //! replicates them, and answers pulls once the job's consistency model allows.
 
+mod cached;
 mod membership;
 mod progress;
 mod pull;
@@ -11,13 +12,17 @@ mod slots;
 
 use core::hash::{Hash, Hasher};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::clock::RangeClock;
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Refusal, TimerId};
+use crate::filter::KeyCaching;
+use crate::filter::keycache::HeldLists;
 use crate::ids::{Epoch, NodeId, Role, Time};
 use crate::key::{Key, KeyRange};
+use crate::selection::KeySelection;
 use crate::slots::{PushSlots, SlotQueue};
 use crate::store::{ParamStore, Store, StoreLayout};
 use crate::timing::Timing;
@@ -61,6 +66,11 @@ pub struct ServerConfig {
     /// Let large push slices in a few at a time, the workers taking turns
     /// ([`crate::PushSlots`]). Default: none, every slice is let in as it comes.
     pub push_slots: Option<PushSlots>,
+    /// Keep the key lists workers send, so that they may name them the next time, and answer
+    /// key-list pulls without the keys ([`crate::Filters::key_caching`]). Default: none.
+    pub key_caching: Option<KeyCaching>,
+    /// Pack the values of answers sent without keys ([`crate::Filters::compression`]).
+    pub compression: bool,
 }
 
 impl ServerConfig {
@@ -76,6 +86,8 @@ impl ServerConfig {
             unregularized: None,
             store: StoreLayout::Ordered,
             push_slots: None,
+            key_caching: None,
+            compression: false,
         }
     }
 
@@ -156,6 +168,8 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store
     late_start: bool,
     /// Push slots granted and asked for ([`ServerConfig::push_slots`]); empty without.
     slots: SlotQueue,
+    /// Key caching: the lists each worker sent whole ([`ServerConfig::key_caching`]).
+    held_lists: Option<HeldLists>,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -188,6 +202,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> PartialEq for Server<V, U, S>
             && self.coordinator == other.coordinator
             && self.late_start == other.late_start
             && self.slots == other.slots
+            && self.held_lists == other.held_lists
     }
 }
 
@@ -216,6 +231,7 @@ impl<V: Value + Hash, U: UpdateRule<V>, S: ParamStore<V>> Hash for Server<V, U, 
         self.coordinator.hash(state);
         self.late_start.hash(state);
         self.slots.hash(state);
+        self.held_lists.hash(state);
         #[cfg(feature = "mutations")]
         self.mutation.hash(state);
     }
@@ -234,7 +250,6 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// are the starting values of the keys this server holds in the job's first configuration.
     pub fn with_store(cfg: ServerConfig, updater: U, store: S) -> Self {
         Server {
-            cfg,
             updater,
             cluster: None,
             template: store,
@@ -255,6 +270,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             progress_unheard: BTreeSet::new(),
             late_start: false,
             slots: SlotQueue::default(),
+            held_lists: cfg.key_caching.map(HeldLists::new),
+            cfg,
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -492,6 +509,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         match env.body {
             Message::Push(_)
             | Message::Pull(_)
+            | Message::PushCached(_)
+            | Message::PullCached(_)
             | Message::Progress { .. }
             | Message::SlotAsk { .. }
                 if !cluster.is_worker(from) =>
@@ -502,10 +521,21 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 // Any push of the slice frees its slot, even one this server redirects: its
                 // bytes are in.
                 self.slot_arrived(now, from, push.slice, push.settled_below, out);
+                self.keep_list(from, || push.kvs.keys().to_vec().into());
                 self.on_push(now, from, push, out)
             }
+            Message::PushCached(push) => {
+                self.slot_arrived(now, from, push.slice, push.settled_below, out);
+                self.on_push_cached(now, from, push, out)
+            }
+            Message::PullCached(pull) => self.on_pull_cached(from, pull, out),
             Message::SlotAsk { slice, bytes } => self.on_slot_ask(now, from, slice, bytes, out),
-            Message::Pull(pull) => self.on_pull(from, pull, out),
+            Message::Pull(pull) => {
+                if let KeySelection::Keys(list) = &pull.keys {
+                    self.keep_list(from, || Arc::clone(list.shared()));
+                }
+                self.on_pull(from, pull, out)
+            }
             Message::Progress {
                 finished_below,
                 taken_below,

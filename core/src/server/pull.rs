@@ -12,7 +12,7 @@ use crate::selection::{KeyList, KeySelection, RangeList};
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
-use crate::wire::{Message, Pull, PullReply, SliceRef};
+use crate::wire::{Message, Pull, PullReply, PullValues, RowValues, SliceRef};
 
 use super::Server;
 
@@ -133,16 +133,31 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             KeySelection::Keys(list) => (self.values_of(list), None),
             KeySelection::Ranges(ranges) => self.rows_in(ranges),
         };
-        let body = Message::PullReply(PullReply {
-            slice,
-            // The bound this answer was held to: adaptive tau's where it moves.
-            complete_below: self
-                .cluster
-                .as_ref()
-                .map_or(0, |c| c.consistency().required_below(pull.iteration)),
-            kvs,
-            resume,
-        });
+        // The bound this answer was held to: adaptive tau's where it moves.
+        let complete_below = self
+            .cluster
+            .as_ref()
+            .map_or(0, |c| c.consistency().required_below(pull.iteration));
+        let body = match &pull.keys {
+            // With key caching the worker has the keys it asked for (ARCHITECTURE.md §10).
+            KeySelection::Keys(_) if self.cfg.key_caching.is_some() => {
+                Message::PullValues(PullValues {
+                    slice,
+                    complete_below,
+                    values: if self.cfg.compression {
+                        RowValues::packed(&kvs)
+                    } else {
+                        RowValues::of(&kvs)
+                    },
+                })
+            }
+            _ => Message::PullReply(PullReply {
+                slice,
+                complete_below,
+                kvs,
+                resume,
+            }),
+        };
         self.send(to, body, out);
     }
 

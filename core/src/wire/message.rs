@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::consistency::Consistency;
+use crate::filter::KeysDigest;
 use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
 use crate::key::{Key, KeyRange};
 use crate::kv::KvPairs;
@@ -11,9 +12,10 @@ use crate::ring::{Ring, RingConfig, RingError};
 use crate::selection::KeySelection;
 use crate::value::Value;
 use crate::wire::forms::seq;
+use crate::wire::rows::RowValues;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 11;
+pub const PROTOCOL_VERSION: u16 = 12;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;
@@ -438,6 +440,52 @@ pub struct PullReply<V: Value> {
     pub resume: Option<Key>,
 }
 
+/// A [`Pull`] of a key list the server was sent before, by name (key caching,
+/// ARCHITECTURE.md §10). A server that does not hold the list answers
+/// [`Message::KeysUnknown`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PullCached {
+    /// Which slice this is.
+    pub slice: SliceRef,
+    /// The worker's iteration.
+    pub iteration: Iteration,
+    /// The name of the keys wanted.
+    pub keys: KeysDigest,
+}
+
+/// A [`Push`] over a key list the server was sent before, by name (key caching,
+/// ARCHITECTURE.md §10). A server that does not hold the list answers
+/// [`Message::KeysUnknown`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(bound = "V: Value")]
+pub struct PushCached<V: Value> {
+    /// Which slice this is.
+    pub slice: SliceRef,
+    /// The worker's iteration the update belongs to.
+    pub iteration: Iteration,
+    /// As [`Push::covers`].
+    pub covers: Coverage,
+    /// As [`Push::settled_below`].
+    pub settled_below: RequestId,
+    /// The name of the update's keys.
+    pub keys: KeysDigest,
+    /// The update's values, in the keys' order.
+    pub values: RowValues<V>,
+}
+
+/// A server's answer to a [`Pull`] of a key list, without the keys: they are those the slice
+/// asked for, in order (key caching, ARCHITECTURE.md §10).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(bound = "V: Value")]
+pub struct PullValues<V: Value> {
+    /// The slice answered.
+    pub slice: SliceRef,
+    /// As [`PullReply::complete_below`].
+    pub complete_below: Iteration,
+    /// The values of every key asked for.
+    pub values: RowValues<V>,
+}
+
 /// The rows of one worker request that a shard applied: the request, and the first and last
 /// key of the rows. A request's rows in one key range travel together in one slice, so the span
 /// names them exactly, however the worker sliced the request (ARCHITECTURE.md §4).
@@ -684,9 +732,18 @@ pub enum Message<V: Value> {
     /// and at once for a slice that arrived already; a grant the worker does not wait for is
     /// ignored.
     SlotGrant(SliceRef),
+    /// A worker's pull slice naming a key list sent before (key caching).
+    PullCached(PullCached),
+    /// A worker's push slice naming a key list sent before (key caching).
+    PushCached(PushCached<V>),
+    /// A server does not hold the key list a slice named: the worker sends the slice again
+    /// with its whole list.
+    KeysUnknown(SliceRef),
+    /// A server's answer to a key-list pull slice, without the keys (key caching).
+    PullValues(PullValues<V>),
 }
 
 impl<V: Value> Message<V> {
     /// Number of message kinds this version knows; the wire tags are `0..KINDS`.
-    pub const KINDS: u32 = 23;
+    pub const KINDS: u32 = 27;
 }

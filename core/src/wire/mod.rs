@@ -20,12 +20,15 @@
 
 pub(crate) mod forms;
 mod message;
+mod rows;
 pub(crate) mod trailer;
 
 pub use message::{
     AppliedSpan, BufferedPush, ClockRecord, DedupeRecord, Envelope, Message, PROTOCOL_VERSION,
-    Pull, PullReply, Push, Replicate, ShardAck, ShardUpdate, SliceId, SliceRef, Transfer,
+    Pull, PullCached, PullReply, PullValues, Push, PushCached, Replicate, ShardAck, ShardUpdate,
+    SliceId, SliceRef, Transfer,
 };
 pub use message::{ClusterConfig, RequestId};
+pub use rows::RowValues;
 
 pub use trailer::TRAILER_ALIGN;

@@ -13,6 +13,16 @@ use crate::wire::{RequestId, SliceRef};
 use super::Worker;
 
 impl<V: Value> Worker<V> {
+    /// The key list an open pull slice asked for: what a [`crate::wire::PullValues`]
+    /// answering it holds the values of.
+    pub(super) fn asked_keys(&self, sref: SliceRef) -> Option<std::sync::Arc<Vec<Key>>> {
+        let slice = self.requests.get(&sref.request)?.open.get(&sref.slice)?;
+        match &slice.part {
+            Part::Pull(KeySelection::Keys(list)) => Some(std::sync::Arc::clone(list.shared())),
+            _ => None,
+        }
+    }
+
     /// A slice is answered: a push acknowledged (`reply` is `None`), or a pull answered whole.
     pub(super) fn on_answer(
         &mut self,

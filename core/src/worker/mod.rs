@@ -13,7 +13,8 @@ use std::collections::BTreeMap;
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, Refusal, TimerId};
-use crate::filter::{FilterChain, FilterSaving};
+use crate::filter::keycache::SentLists;
+use crate::filter::{FilterChain, FilterSaving, Tally};
 use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
 use crate::key::KeyRange;
 use crate::kv::KvPairs;
@@ -22,7 +23,7 @@ use crate::selection::KeySelection;
 use crate::slicing::Part;
 use crate::value::Value;
 use crate::watch::CoordinatorWatch;
-use crate::wire::{ClusterConfig, Envelope, Message, PullReply, RequestId};
+use crate::wire::{ClusterConfig, Envelope, Message, PullReply, PullValues, RequestId, RowValues};
 
 pub use config::{DEFAULT_MAX_SLICE_BYTES, WorkerConfig, WorkerError};
 use progress::Reached;
@@ -71,6 +72,11 @@ pub struct Worker<V: Value> {
     speed: u32,
     /// The job's filters, which every push goes through ([`WorkerConfig::filters`]).
     filters: FilterChain<V>,
+    /// Key caching: the lists each server was sent ([`crate::Filters::key_caching`]).
+    sent_lists: Option<SentLists>,
+    /// Value compression: what it saved, on the values this worker sent and was answered
+    /// ([`crate::Filters::compression`]).
+    compressed: Option<Tally>,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -80,6 +86,8 @@ impl<V: Value> Worker<V> {
     pub fn new(cfg: WorkerConfig) -> Self {
         Worker {
             filters: FilterChain::new(&cfg.filters, cfg.width),
+            sent_lists: cfg.filters.key_caching.map(SentLists::new),
+            compressed: cfg.filters.compression.then(Tally::default),
             cfg,
             cluster: None,
             fenced: false,
@@ -402,7 +410,21 @@ impl<V: Value> Worker<V> {
 
     /// What each of the job's filters saved so far, by name.
     pub fn filter_savings(&self) -> Vec<(&'static str, FilterSaving)> {
-        self.filters.savings()
+        let mut savings = self.filters.savings();
+        savings.extend(self.sent_lists.as_ref().map(|s| ("keycache", s.saving())));
+        savings.extend(self.compressed.map(|s| ("compress", s.0)));
+        savings
+    }
+
+    /// Counts what compression saved on `values`, sent or received.
+    fn count_compressed(&mut self, values: &RowValues<V>) {
+        if let Some(Tally(saving)) = self.compressed.as_mut() {
+            let rows = values.rows() as u64;
+            let plain = values.rows() * self.cfg.width * V::SIZE;
+            saving.rows_in += rows;
+            saving.rows_out += rows;
+            saving.bytes_saved += plain.saturating_sub(values.wire_bytes()) as u64;
+        }
     }
 
     /// Says how fast the application works: the work it does per second of its own compute,
@@ -505,6 +527,22 @@ impl<V: Value> Worker<V> {
                 None => self.on_answer(now, from, slice, Some(kvs), out),
                 Some(next) => self.on_partial_answer(now, from, slice, kvs, next, out),
             },
+            Message::PullValues(PullValues { slice, values, .. }) => {
+                match self
+                    .asked_keys(slice)
+                    .and_then(|keys| values.with_keys(&keys, self.cfg.width))
+                {
+                    Some(kvs) => {
+                        if let Some(sent) = self.sent_lists.as_mut() {
+                            sent.answered_without(kvs.keys());
+                        }
+                        self.count_compressed(&values);
+                        self.on_answer(now, from, slice, Some(kvs), out)
+                    }
+                    None => out.refuse(from, Refusal::BadAnswer),
+                }
+            }
+            Message::KeysUnknown(slice) => self.on_keys_unknown(now, from, slice, out),
             Message::ProgressRequest => self.on_progress_request(now, from, out),
             Message::ProgressAck {
                 finished_below,

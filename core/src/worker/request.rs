@@ -4,12 +4,17 @@
 use std::collections::BTreeMap;
 
 use crate::effects::Effects;
+use crate::effects::Refusal;
+use crate::filter::KeysDigest;
 use crate::ids::{Epoch, Iteration, NodeId, Time};
 use crate::kv::KvPairs;
 use crate::pace::Coverage;
+use crate::selection::KeySelection;
 use crate::slicing::{Part, merge_parts, primary_of_all, split_by_primary};
 use crate::value::Value;
-use crate::wire::{Message, Pull, Push, RequestId, SliceId, SliceRef};
+use crate::wire::{
+    Message, Pull, PullCached, Push, PushCached, RequestId, RowValues, SliceId, SliceRef,
+};
 
 use super::Worker;
 use super::window::Kind;
@@ -203,7 +208,8 @@ impl<V: Value> Worker<V> {
         request.whole = merge_parts(parts, self.cfg.width);
     }
 
-    pub(super) fn send_slice(&self, id: RequestId, sid: SliceId, out: &mut Effects<V>) {
+    pub(super) fn send_slice(&mut self, id: RequestId, sid: SliceId, out: &mut Effects<V>) {
+        let settled_below = self.settled_below();
         let Some(request) = self.requests.get(&id) else {
             return;
         };
@@ -214,25 +220,89 @@ impl<V: Value> Worker<V> {
             request: id,
             slice: sid,
         };
+        // Key caching names a list the server was sent before (ARCHITECTURE.md §10).
+        let stale = mutated!(self, StaleKeyCache);
+        let mut named = |keys: &[crate::key::Key]| {
+            self.sent_lists
+                .as_mut()
+                .and_then(|sent| sent.name_for(slice.server, keys, stale))
+        };
+        let compress = self.cfg.filters.compression;
         let body = match &slice.part {
             Part::Push(_) if slice.asking => Message::SlotAsk {
                 slice: sref,
                 bytes: u32::try_from(self.cfg.slice_bytes(&slice.part)).unwrap_or(u32::MAX),
             },
-            Part::Push(kvs) => Message::Push(Push {
-                slice: sref,
-                iteration: request.iteration,
-                covers: request.covers,
-                settled_below: self.settled_below(),
-                kvs: kvs.clone(),
-            }),
+            Part::Push(kvs) => match named(kvs.keys()) {
+                Some(keys) => Message::PushCached(PushCached {
+                    slice: sref,
+                    iteration: request.iteration,
+                    covers: request.covers,
+                    settled_below,
+                    keys,
+                    values: if compress {
+                        RowValues::packed(kvs)
+                    } else {
+                        RowValues::of(kvs)
+                    },
+                }),
+                None => Message::Push(Push {
+                    slice: sref,
+                    iteration: request.iteration,
+                    covers: request.covers,
+                    settled_below,
+                    kvs: kvs.clone(),
+                }),
+            },
+            Part::Pull(KeySelection::Keys(list)) => match named(list.keys()) {
+                Some(keys) => Message::PullCached(PullCached {
+                    slice: sref,
+                    iteration: request.iteration,
+                    keys,
+                }),
+                None => Message::Pull(Pull {
+                    slice: sref,
+                    iteration: request.iteration,
+                    keys: KeySelection::Keys(list.clone()),
+                }),
+            },
             Part::Pull(keys) => Message::Pull(Pull {
                 slice: sref,
                 iteration: request.iteration,
                 keys: keys.clone(),
             }),
         };
-        self.send(slice.server, body, out);
+        let server = slice.server;
+        if let Message::PushCached(push) = &body {
+            self.count_compressed(&push.values);
+        }
+        self.send(server, body, out);
+    }
+
+    /// A server does not hold the key list slice `sref` named: the slice goes again, whole,
+    /// and the worker no longer counts on the server holding the list.
+    pub(super) fn on_keys_unknown(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        sref: SliceRef,
+        out: &mut Effects<V>,
+    ) {
+        let keys = self
+            .requests
+            .get(&sref.request)
+            .and_then(|r| r.open.get(&sref.slice))
+            .filter(|s| s.sent && !s.asking && s.server == from)
+            .and_then(|s| match &s.part {
+                Part::Push(kvs) => Some(KeysDigest::of(kvs.keys())),
+                Part::Pull(KeySelection::Keys(list)) => Some(KeysDigest::of(list.keys())),
+                Part::Pull(KeySelection::Ranges(_)) => None,
+            });
+        let (Some(name), Some(sent)) = (keys, self.sent_lists.as_mut()) else {
+            return out.refuse(from, Refusal::BadAnswer);
+        };
+        sent.forget(from, name);
+        self.send_afresh(now, sref, out);
     }
 
     /// Every push request below this id is complete.

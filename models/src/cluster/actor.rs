@@ -116,6 +116,8 @@ pub struct Script {
     pub width: usize,
     /// This worker's column of iteration 0 ([`ClusterModelConfig::column`]).
     pub first_column: usize,
+    /// The model, for the keys each iteration pushes ([`ClusterModelConfig::pushes`]).
+    pub model: ClusterModelConfig,
 }
 
 /// A worker and where its script is.
@@ -150,6 +152,10 @@ pub struct WorkerActorState {
     pub retransmissions: u8,
     /// Some retransmission was followed by a doubled timeout.
     pub backed_off: bool,
+    /// Key caching: it named a key list instead of sending it.
+    pub named_list: bool,
+    /// Key caching: a server asked it for a list it named.
+    pub list_asked: bool,
     /// The script has run every iteration.
     pub finished: bool,
     /// The worker was removed from the cluster.
@@ -443,6 +449,7 @@ impl ClusterActor {
                 iterations: cfg.iterations,
                 width: job.width,
                 first_column: cfg.column(index, 0),
+                model: cfg.clone(),
             };
             ClusterActor::Worker(wc, settings.clone(), script)
         }));
@@ -578,13 +585,17 @@ impl Script {
     fn push_and_advance(&self, w: &mut WorkerActorState, out: &mut Effects<i64>) {
         let it = w.node.iteration();
         debug_assert!(!w.issued(it), "one push per iteration");
-        let mut values = vec![0i64; self.keys.len() * self.width];
+        let keys: Vec<u64> = (0..self.keys.len())
+            .filter(|&i| self.model.pushes(it, i))
+            .map(|i| self.keys[i])
+            .collect();
+        let mut values = vec![0i64; keys.len() * self.width];
         for row in values.chunks_mut(self.width) {
             if let Some(v) = row.get_mut(self.first_column + it as usize) {
                 *v = 1;
             }
         }
-        if let Ok(kvs) = KvPairs::new(self.keys.clone(), values, self.width) {
+        if let Ok(kvs) = KvPairs::new(keys, values, self.width) {
             if let Ok(id) = w.node.push(w.clock, kvs, out) {
                 w.pushes.push((it, id));
             }
@@ -657,6 +668,10 @@ impl Script {
                 }
             }
             track_retransmission(w, out, settings);
+            w.named_list |= out
+                .sends
+                .iter()
+                .any(|e| matches!(e.body, Message::PushCached(_) | Message::PullCached(_)));
             forward(out, settings, o);
         }
         track_retransmission(w, out, settings);
@@ -748,6 +763,8 @@ impl Actor for ClusterActor {
                     retransmit_at: None,
                     retransmissions: 0,
                     backed_off: false,
+                    named_list: false,
+                    list_asked: false,
                     finished: false,
                     fenced: false,
                     followed_redirect: false,
@@ -812,14 +829,20 @@ impl Actor for ClusterActor {
                         w.redirected.push(slice.request);
                     }
                 }
-                if let Message::PullReply(reply) = &msg.body {
-                    let open = w.pulling.is_some_and(|(id, _)| id == reply.slice.request);
+                let answered = match &msg.body {
+                    Message::PullReply(reply) => Some(reply.slice),
+                    Message::PullValues(reply) => Some(reply.slice),
+                    _ => None,
+                };
+                if let Some(slice) = answered {
+                    let open = w.pulling.is_some_and(|(id, _)| id == slice.request);
                     if settings.pace && open {
                         if let Err(at) = w.answered_at.binary_search(&msg.epoch) {
                             w.answered_at.insert(at, msg.epoch);
                         }
                     }
                 }
+                w.list_asked |= matches!(msg.body, Message::KeysUnknown(_));
                 w.node.on_message(w.clock, msg, &mut out);
                 script.react(w, &mut out, settings, o);
             }

@@ -6,7 +6,8 @@ use core::str::FromStr;
 use pserver_core::node::NodeLayout;
 use pserver_core::ring::{Ring, RingConfig};
 use pserver_core::{
-    Consistency, Detection, Iteration, JobSpec, Key, NodeId, StragglerPolicy, TauRange, Timing,
+    Consistency, Detection, Filters, Iteration, JobSpec, Key, KeyCaching, NodeId, StragglerPolicy,
+    TauRange, Timing,
 };
 
 /// How the model's network behaves.
@@ -122,6 +123,10 @@ pub struct ClusterModelConfig {
     /// [`STRAGGLER_OTHERS_IN`]), or with adaptive tau possibly nobody. It decides only under
     /// bounded delay.
     pub pace: Option<PaceModel>,
+    /// Key caching ([`pserver_core::KeyCaching`], two lists per peer): workers name the key
+    /// lists they sent a server before, servers answer pulls without keys. So that lists
+    /// differ, each iteration's push leaves out one key ([`ClusterModelConfig::pushes`]).
+    pub key_caching: bool,
 }
 
 /// The iteration the other workers report when one is found straggling in iteration 0
@@ -149,6 +154,7 @@ impl Default for ClusterModelConfig {
             backoff: false,
             joins: 0,
             pace: None,
+            key_caching: false,
         }
     }
 }
@@ -211,6 +217,25 @@ impl ClusterModelConfig {
             consistency: Consistency::BoundedDelay(0),
             network: NetworkKind::Ordered,
             pace: Some(PaceModel::SKIP_AHEAD),
+            ..ClusterModelConfig::default()
+        }
+    }
+
+    /// Key caching ([`ClusterModelConfig::key_caching`]): one server, one worker, two keys
+    /// over two iterations under sequential consistency, on `network`. The worker pushes
+    /// each key alone in turn and pulls both, so it sends the server three lists of keys, two
+    /// of the same length, and names each the second time it sends it; on the lossy network
+    /// a named slice may overtake the one that carried its list, and the server asks for the
+    /// list again.
+    pub fn key_caching(network: NetworkKind) -> Self {
+        ClusterModelConfig {
+            servers: 1,
+            workers: 1,
+            keys: 2,
+            iterations: 2,
+            consistency: Consistency::Sequential,
+            network,
+            key_caching: true,
             ..ClusterModelConfig::default()
         }
     }
@@ -306,7 +331,18 @@ impl ClusterModelConfig {
         if let Some(pace) = self.pace {
             job.stragglers = self.stragglers(pace);
         }
+        if self.key_caching {
+            job.filters = Filters::key_caching(KeyCaching::new(2).unwrap_or_default());
+        }
         job
+    }
+
+    /// Whether the push of `iteration` goes to the key at `index` of
+    /// [`ClusterModelConfig::key_list`]: every key, but with key caching and two keys or more
+    /// every iteration leaves out the key at `iteration` modulo the keys, so that a worker
+    /// sends each server different lists.
+    pub fn pushes(&self, iteration: Iteration, index: usize) -> bool {
+        !(self.key_caching && self.keys >= 2 && index as u64 == u64::from(iteration) % self.keys)
     }
 
     /// The job's straggler policy for `pace`. Detection flags any worker behind the others at

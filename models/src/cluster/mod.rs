@@ -109,6 +109,7 @@ pub fn cluster_model(cfg: ClusterModelConfig) -> Result<ClusterModel, Coordinato
     let joins = cfg.joins;
     let replicated = cfg.copies_ranges();
     let pace = cfg.pace;
+    let key_caching = cfg.key_caching;
     let mut model = ActorModel::new(cfg, ())
         .within_boundary(within_boundary)
         .actors(actors)
@@ -147,6 +148,11 @@ pub fn cluster_model(cfg: ClusterModelConfig) -> Result<ClusterModel, Coordinato
             "retransmission backed off",
             backed_off,
         );
+    if key_caching {
+        model = model
+            .property(Expectation::Sometimes, "list named", list_named)
+            .property(Expectation::Sometimes, "list asked for", list_asked);
+    }
     if replicated && crashes > 0 {
         model = model.property(
             Expectation::Sometimes,
@@ -303,13 +309,15 @@ fn exactly_once(model: &ClusterModel, state: &ClusterState) -> bool {
     if model.cfg.copies_ranges() {
         return exactly_once_per_holder(model, state, &ws);
     }
-    model.cfg.key_list().iter().all(|&k| {
+    let cfg = &model.cfg;
+    cfg.key_list().iter().enumerate().all(|(i, &k)| {
         let total = server_values(model, state, k, true);
         ws.iter().enumerate().all(|(index, w)| {
-            (0..model.cfg.iterations).all(|it| {
-                let v = total[model.cfg.column(index, it)];
-                let issued = w.issued(it);
-                (0..=1).contains(&v) && (!w.is_acked(it) || v == 1) && (issued || v == 0)
+            (0..cfg.iterations).all(|it| {
+                let v = total[cfg.column(index, it)];
+                let pushed = cfg.pushes(it, i);
+                let issued = w.issued(it) && pushed;
+                (0..=1).contains(&v) && (!w.is_acked(it) || !pushed || v == 1) && (issued || v == 0)
             })
         })
     })
@@ -322,7 +330,7 @@ fn exactly_once_per_holder(
 ) -> bool {
     let cfg = &model.cfg;
     let current = current_ring(state);
-    cfg.key_list().iter().all(|&k| {
+    cfg.key_list().iter().enumerate().all(|(i, &k)| {
         let primary = current
             .as_ref()
             .and_then(|(epoch, ring)| serving_primary(state, *epoch, ring, k));
@@ -332,12 +340,14 @@ fn exactly_once_per_holder(
             ws.iter().enumerate().all(|(index, w)| {
                 (0..cfg.iterations).all(|it| {
                     let v = row[cfg.column(index, it)];
-                    (0..=1).contains(&v) && (w.issued(it) || v == 0)
+                    (0..=1).contains(&v) && ((w.issued(it) && cfg.pushes(it, i)) || v == 0)
                 })
             })
         }) && primary_row.is_none_or(|row| {
             ws.iter().enumerate().all(|(index, w)| {
-                (0..cfg.iterations).all(|it| !w.is_acked(it) || row[cfg.column(index, it)] == 1)
+                (0..cfg.iterations).all(|it| {
+                    !w.is_acked(it) || !cfg.pushes(it, i) || row[cfg.column(index, it)] == 1
+                })
             })
         })
     })
@@ -449,7 +459,7 @@ fn durability(model: &ClusterModel, state: &ClusterState) -> bool {
     }
     let current = current_ring(state);
     let ws = worker_states(state);
-    cfg.key_list().iter().all(|&k| {
+    cfg.key_list().iter().enumerate().all(|(i, &k)| {
         let primary = current
             .as_ref()
             .and_then(|(epoch, ring)| serving_primary(state, *epoch, ring, k))
@@ -459,11 +469,13 @@ fn durability(model: &ClusterModel, state: &ClusterState) -> bool {
             .map(|s| s.node.received_total(k))
             .collect();
         ws.iter().enumerate().all(|(index, w)| {
-            (0..cfg.iterations).filter(|&it| w.is_acked(it)).all(|it| {
-                let col = cfg.column(index, it);
-                rows.iter().any(|row| row[col] == 1)
-                    && primary.as_ref().is_none_or(|row| row[col] == 1)
-            })
+            (0..cfg.iterations)
+                .filter(|&it| w.is_acked(it) && cfg.pushes(it, i))
+                .all(|it| {
+                    let col = cfg.column(index, it);
+                    rows.iter().any(|row| row[col] == 1)
+                        && primary.as_ref().is_none_or(|row| row[col] == 1)
+                })
         })
     })
 }
@@ -536,9 +548,11 @@ fn staleness(model: &ClusterModel, state: &ClusterState) -> bool {
             let required = consistency
                 .required_below(pull.iteration)
                 .min(cfg.iterations);
-            pull.values.chunks(width).all(|row| {
+            pull.values.chunks(width).enumerate().all(|(i, row)| {
                 live.iter().all(|&index| {
-                    (skipped[index]..required).all(|it| row.get(cfg.column(index, it)) == Some(&1))
+                    (skipped[index]..required)
+                        .filter(|&it| cfg.pushes(it, i))
+                        .all(|it| row.get(cfg.column(index, it)) == Some(&1))
                 })
             })
         })
@@ -570,17 +584,19 @@ fn pull_complete(model: &ClusterModel, state: &ClusterState) -> bool {
         !w.bad_pull
             && w.pulled.iter().all(|pull| {
                 pull.values.len() == keys.len() * width
-                    && pull.values.chunks(width).zip(&applied).all(|(row, held)| {
-                        ws.iter().enumerate().all(|(index, other)| {
-                            (0..cfg.iterations).all(|it| {
-                                let col = cfg.column(index, it);
-                                let v = row[col];
-                                (0..=1).contains(&v)
-                                    && v <= held[col]
-                                    && (other.issued(it) || v == 0)
+                    && pull.values.chunks(width).zip(&applied).enumerate().all(
+                        |(i, (row, held))| {
+                            ws.iter().enumerate().all(|(index, other)| {
+                                (0..cfg.iterations).all(|it| {
+                                    let col = cfg.column(index, it);
+                                    let v = row[col];
+                                    (0..=1).contains(&v)
+                                        && v <= held[col]
+                                        && ((other.issued(it) && cfg.pushes(it, i)) || v == 0)
+                                })
                             })
-                        })
-                    })
+                        },
+                    )
             })
     })
 }
@@ -677,6 +693,14 @@ fn duplicate_suppressed(_: &ClusterModel, state: &ClusterState) -> bool {
 
 fn redirect_followed(_: &ClusterModel, state: &ClusterState) -> bool {
     workers(state).any(|(_, w)| w.followed_redirect)
+}
+
+fn list_named(_: &ClusterModel, state: &ClusterState) -> bool {
+    workers(state).any(|(_, w)| w.named_list)
+}
+
+fn list_asked(_: &ClusterModel, state: &ClusterState) -> bool {
+    workers(state).any(|(_, w)| w.list_asked)
 }
 
 fn backed_off(_: &ClusterModel, state: &ClusterState) -> bool {

@@ -450,6 +450,12 @@ impl SimConfig {
         if let Some(theta) = self.filters.significantly_modified {
             cmd += &format!(" --sigmod {}", theta.get());
         }
+        if let Some(caching) = self.filters.key_caching {
+            cmd += &format!(" --key-cache {}", caching.lists());
+        }
+        if self.filters.compression {
+            cmd += " --compress";
+        }
         if let Some(rate) = self.receive_rate {
             cmd += &format!(" --receive-rate {rate}");
         }
@@ -797,8 +803,9 @@ pub struct SimReport {
     pub peak_receive_queue_bytes: u64,
     /// Push slots servers granted (resent grants included; ARCHITECTURE.md §9).
     pub slot_grants: u64,
-    /// What the workers' filters saved, summed over every worker.
-    pub filter_saving: pserver_core::filter::FilterSaving,
+    /// What each of the workers' filters saved, by name, summed over every worker.
+    pub filter_savings:
+        std::collections::BTreeMap<&'static str, pserver_core::filter::FilterSaving>,
     /// A digest of the final state of every node, to compare replays.
     pub fingerprint: u64,
 }

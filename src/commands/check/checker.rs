@@ -83,6 +83,7 @@ pub fn describe_config(cfg: &ClusterModelConfig) -> String {
         (cfg.backoff, " backoff"),
         (pace.skip_ahead, " skip-ahead"),
         (pace.adaptive_tau, " adaptive-tau"),
+        (cfg.key_caching, " key-cache"),
     ] {
         if on {
             line += flag;

@@ -17,6 +17,11 @@ pub(super) fn from_args(
         ));
     }
     let pace = pace(args);
+    if replication && args.key_cache {
+        return Err(CliError::input(
+            "--key-cache shapes the cluster model, not the replication model",
+        ));
+    }
     if replication && pace.is_some() {
         return Err(CliError::input(
             "--skip-ahead and --adaptive-tau shape the cluster model, not the replication model",
@@ -42,11 +47,14 @@ pub(super) fn from_args(
         (true, false, _) => ClusterModelConfig::replication_suite(),
         (true, true, _) => vec![ClusterModelConfig::replication()],
         (false, _, Some(pace)) => vec![paced(pace)],
+        (false, _, None) if args.key_cache => {
+            vec![ClusterModelConfig::key_caching(NetworkKind::Lossy)]
+        }
         (false, _, None) => vec![ClusterModelConfig::default()],
     };
     // Like the replication model's, the shapes of straggler decisions have defaults of their
     // own, which the options given change.
-    let own_defaults = replication || pace.is_some();
+    let own_defaults = replication || pace.is_some() || args.key_cache;
     let bases: Vec<ClusterModelConfig> = bases
         .into_iter()
         .map(|defaults| shaped(args, defaults, own_defaults))
@@ -98,6 +106,7 @@ fn shape_given(args: &CheckArgs) -> bool {
         || args.backoff
         || args.skip_ahead
         || args.adaptive_tau
+        || args.key_cache
 }
 
 /// The straggler decisions the arguments turn on.
@@ -152,6 +161,7 @@ fn shaped(
         backoff: args.backoff,
         joins: args.joins.unwrap_or(defaults.joins),
         pace: defaults.pace,
+        key_caching: args.key_cache,
     }
 }
 
@@ -169,7 +179,10 @@ fn shaped(
 /// - skip-ahead ([`ClusterModelConfig::skip_ahead`]): a straggler skipped ahead, and pulls
 ///   that no longer wait for what it skipped;
 /// - adaptive tau ([`ClusterModelConfig::adaptive_tau`]): the staleness bound raised or
-///   lowered while workers run.
+///   lowered while workers run;
+/// - key caching ([`ClusterModelConfig::key_caching`]) on the lossy network, one iteration:
+///   a push sent again by name that overtakes the push carrying its list, and the server
+///   asking for the list.
 pub fn default_suite() -> Vec<ClusterModelConfig> {
     let base = ClusterModelConfig {
         keys: 1,
@@ -201,6 +214,10 @@ pub fn default_suite() -> Vec<ClusterModelConfig> {
         },
         ClusterModelConfig::skip_ahead(),
         ClusterModelConfig::adaptive_tau(),
+        ClusterModelConfig {
+            iterations: 1,
+            ..ClusterModelConfig::key_caching(NetworkKind::Lossy)
+        },
     ]
 }
 

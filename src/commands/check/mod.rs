@@ -108,6 +108,13 @@ pub struct CheckArgs {
     /// Without other shape options: 1 server, 1 iteration, bounded:1, ordered network.
     #[arg(long)]
     adaptive_tau: bool,
+    /// Key caching: the worker names a key list it sent the server before by its digest, the
+    /// server asks for a list it does not hold and answers pulls without keys; each
+    /// iteration's push leaves out one key, so that the lists differ. Without other shape
+    /// options: 1 server, 1 worker, 2 keys, 2 iterations, sequential, lossy network (about
+    /// 240,000 states). `--mutation stale-key-cache` names lists by a stale entry.
+    #[arg(long)]
+    key_cache: bool,
     /// Check a deliberately broken protocol, e.g. no-dedupe or no-gating (needs a
     /// build with --features mutations).
     #[arg(long)]

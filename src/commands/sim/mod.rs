@@ -5,7 +5,8 @@ mod slots;
 mod sweep;
 
 use pserver_core::{
-    Balance, Consistency, Detection, Filters, PushSlots, StragglerPolicy, TauRange, Threshold,
+    Balance, Consistency, Detection, Filters, KeyCaching, PushSlots, StragglerPolicy, TauRange,
+    Threshold,
 };
 
 // The simulator is named in this one place; the submodules go through this module too.
@@ -19,7 +20,9 @@ pub use slots::{SlotsComparison, slots_sweep};
 pub use sweep::{Pacing, SweepRow, sweep_models, sweep_pacings, tau_label, tau_sweep};
 
 use super::CliError;
-use super::parse::{at_least_one, factor, probability, push_slots, tau_range, threshold};
+use super::parse::{
+    at_least_one, factor, key_caching, probability, push_slots, tau_range, threshold,
+};
 
 /// Run whole clusters in the deterministic simulator, with faults, checking the protocol's
 /// invariants after every step.
@@ -173,6 +176,15 @@ pub struct SimArgs {
     /// carried sums to what it pushed.
     #[arg(long, value_name = "THETA", value_parser = threshold)]
     sigmod: Option<Threshold>,
+    /// Key caching: workers name the key lists they sent a server before by digest, servers
+    /// keep LISTS lists per worker (256 if none is given) and ask for one they do not hold,
+    /// and answer pulls without keys. The oracle sees each named push as the keys it names.
+    #[arg(long, value_name = "LISTS", num_args = 0..=1, default_missing_value = "256", value_parser = key_caching)]
+    key_cache: Option<KeyCaching>,
+    /// With --key-cache: pack the values sent without keys in the smallest exact form (zero
+    /// rows left out, or LZ4), where it saves bytes.
+    #[arg(long, requires = "key_cache")]
+    compress: bool,
     /// Servers work through the bytes that reach them at this many bytes per virtual
     /// millisecond, and the summary prints their peak receive queue (default: every message
     /// is handled as it arrives).
@@ -238,6 +250,11 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
 
 /// The simulation the arguments describe, before the seed.
 fn config(args: &SimArgs) -> SimConfig {
+    let mut filters = args
+        .sigmod
+        .map_or_else(Filters::none, Filters::significantly_modified);
+    filters.key_caching = args.key_cache;
+    filters.compression = args.compress;
     let mut cfg = SimConfig {
         servers: args.servers as usize,
         workers: args.workers as usize,
@@ -270,9 +287,7 @@ fn config(args: &SimArgs) -> SimConfig {
         quick_restart: args.quick_restart,
         membership_stress: args.membership_stress,
         push_slots: args.push_slots,
-        filters: args
-            .sigmod
-            .map_or_else(Filters::none, Filters::significantly_modified),
+        filters,
         receive_rate: args.receive_rate,
         key_layout: args.key_layout,
         compute: args.compute_ms * MS,

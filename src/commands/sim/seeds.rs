@@ -37,8 +37,8 @@ pub struct Batch {
     pub peak_receive_queue_bytes: u64,
     /// Push slots granted, over all successful runs.
     pub slot_grants: u64,
-    /// What the workers' filters saved, over all successful runs.
-    pub filter_saving: FilterSaving,
+    /// What each of the workers' filters saved, by name, over all successful runs.
+    pub filter_savings: std::collections::BTreeMap<&'static str, FilterSaving>,
 }
 
 impl Batch {
@@ -104,13 +104,19 @@ impl Batch {
         )
     }
 
-    /// Filters: `filters rows_in=I rows_out=O bytes_saved=B`.
+    /// Filters, a line each: `filter NAME rows_in=I rows_out=O bytes_saved=B`.
     pub fn filters_summary(&self) -> String {
-        let f = &self.filter_saving;
-        format!(
-            "filters rows_in={} rows_out={} bytes_saved={}",
-            f.rows_in, f.rows_out, f.bytes_saved
-        )
+        let lines: Vec<String> = self
+            .filter_savings
+            .iter()
+            .map(|(name, f)| {
+                format!(
+                    "filter {name} rows_in={} rows_out={} bytes_saved={}",
+                    f.rows_in, f.rows_out, f.bytes_saved
+                )
+            })
+            .collect();
+        lines.join("\n")
     }
 
     /// Receive queues and push slots: `slots peak_receive_queue_bytes=B grants=G`.
@@ -166,7 +172,7 @@ pub fn run_seeds(
         ServerFaults::default(),
         Vec::new(),
         PaceReport::default(),
-        FilterSaving::default(),
+        std::collections::BTreeMap::<&'static str, FilterSaving>::new(),
     ));
     let bar = if progress {
         let bar = ProgressBar::new(seeds);
@@ -198,7 +204,9 @@ pub fn run_seeds(
                                 f.0.add(&report.server_faults);
                                 f.1.extend_from_slice(&report.recoveries);
                                 f.2.add(&report.pace);
-                                f.3.add(report.filter_saving);
+                                for (name, saving) in &report.filter_savings {
+                                    f.3.entry(*name).or_default().add(*saving);
+                                }
                             }
                         }
                         Err(failure) => {
@@ -218,7 +226,7 @@ pub fn run_seeds(
     bar.finish_and_clear();
     let mut failures = failures.into_inner().unwrap_or_default();
     failures.sort_by_key(|f| f.seed);
-    let (server_faults, recoveries, pace, filter_saving) = faults.into_inner().unwrap_or_default();
+    let (server_faults, recoveries, pace, filter_savings) = faults.into_inner().unwrap_or_default();
     Batch {
         server_faults,
         recoveries,
@@ -232,7 +240,7 @@ pub fn run_seeds(
         pace,
         peak_receive_queue_bytes: peak.into_inner(),
         slot_grants: grants.into_inner(),
-        filter_saving,
+        filter_savings,
         secs: start.elapsed().as_secs_f64(),
     }
 }

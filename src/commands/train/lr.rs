@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pserver_core::{
-    Balance, Consistency, Detection, Filters, JobSpec, StragglerPolicy, TauRange, Threshold,
-    Updater,
+    Balance, Consistency, Detection, Filters, JobSpec, KeyCaching, StragglerPolicy, TauRange,
+    Threshold, Updater,
 };
 use tokio::runtime::Runtime;
 
@@ -20,8 +20,8 @@ use crate::apps::lr::{
 };
 use crate::apps::plot::{Curve, write_svg};
 use crate::commands::parse::{
-    at_least_one, factor, non_negative_finite, output_file, positive_finite, slow_worker,
-    tau_range, threshold,
+    at_least_one, factor, key_caching, non_negative_finite, output_file, positive_finite,
+    slow_worker, tau_range, threshold,
 };
 use crate::commands::signals::{self, Stop};
 use crate::commands::{CliError, runtime};
@@ -106,6 +106,17 @@ pub struct LrArgs {
     /// nothing is dropped. A run ends with a line of what the filter saved.
     #[arg(long, value_name = "THETA", value_parser = threshold, allow_negative_numbers = true)]
     sigmod: Option<Threshold>,
+    /// Key caching: a key list a worker sent a server before goes as its 128-bit digest, and
+    /// a pull is answered without the keys it asked for. Each side keeps LISTS lists per
+    /// peer (256 if none is given); a list the server no longer holds is asked for and sent
+    /// again, so nothing is lost. A run ends with a line of what caching saved.
+    #[arg(long, value_name = "LISTS", num_args = 0..=1, default_missing_value = "256", value_parser = key_caching)]
+    key_cache: Option<KeyCaching>,
+    /// With --key-cache: send the values that go without keys in the smallest exact form,
+    /// without their zero rows (most of a pull's weights under L1) or as an LZ4 block, where
+    /// either saves bytes.
+    #[arg(long, requires = "key_cache")]
+    compress: bool,
     /// Without a terminal, print a progress line (rows trained, rows/s) this often.
     #[arg(long, value_name = "SECS", default_value_t = 5.0, value_parser = positive_finite, allow_negative_numbers = true)]
     progress_every: f64,
@@ -333,6 +344,8 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
     job.filters = args
         .sigmod
         .map_or_else(Filters::none, Filters::significantly_modified);
+    job.filters.key_caching = args.key_cache;
+    job.filters.compression = args.compress;
     // Refused here, naming the model, rather than once the nodes are started.
     job.validate::<f32>()
         .map_err(|e| CliError::input(format!("--consistency {consistency}: {e}")))?;

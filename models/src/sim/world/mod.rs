@@ -18,16 +18,18 @@ use pserver_core::Bytes;
 use pserver_core::Codec;
 use pserver_core::Consistency;
 use pserver_core::Driver;
+use pserver_core::KeysDigest;
 use pserver_core::KvPairs;
 use pserver_core::node::Coordinator;
 use pserver_core::node::Worker;
 use pserver_core::node::{Server, ServerConfig};
 use pserver_core::ring::Ring;
-use pserver_core::wire::{Envelope, Message, ShardUpdate};
+use pserver_core::wire::{Envelope, Message, Pull, PullReply, PullValues, Push, ShardUpdate};
 use pserver_core::{ClusterConfig, KeyList, KeySelection, Pace, RangeList, RequestId};
 use pserver_core::{Coverage, Event, Refusal};
 use pserver_core::{Epoch, Iteration, NodeId, Time};
 use pserver_core::{Key, KeyRange};
+use std::sync::Arc;
 
 /// How much later than others a membership message may arrive under membership stress.
 const MEMBERSHIP_LATE: Time = 800 * MS;
@@ -189,6 +191,11 @@ struct World<'a> {
     receiving: BTreeMap<NodeId, ReceiveQueue>,
     /// Push slots granted.
     slot_grants: u64,
+    /// Every key list a worker sent whole, by name: what a push naming one carried (key
+    /// caching).
+    lists_sent: BTreeMap<KeysDigest, Arc<Vec<Key>>>,
+    /// Values per key.
+    job_width: usize,
 }
 
 /// What has reached one server and is not handled yet: each message's bytes and when the
@@ -401,6 +408,8 @@ impl<'a> World<'a> {
             pace: PaceReport::default(),
             receiving: BTreeMap::new(),
             slot_grants: 0,
+            lists_sent: BTreeMap::new(),
+            job_width: job.width,
         })
     }
 
@@ -765,7 +774,48 @@ impl<'a> World<'a> {
                 }
             },
         };
-        match &env.body {
+        // A push naming a key list is the push of the list's keys: the oracle sees it so.
+        let named;
+        let body = match &env.body {
+            Message::Push(push) => {
+                let keys = push.kvs.keys();
+                self.lists_sent
+                    .entry(KeysDigest::of(keys))
+                    .or_insert_with(|| Arc::new(keys.to_vec()));
+                &env.body
+            }
+            Message::Pull(Pull {
+                keys: KeySelection::Keys(list),
+                ..
+            }) => {
+                self.lists_sent
+                    .entry(KeysDigest::of(list.keys()))
+                    .or_insert_with(|| Arc::new(list.keys().to_vec()));
+                &env.body
+            }
+            Message::PushCached(push) => {
+                let kvs = self
+                    .lists_sent
+                    .get(&push.keys)
+                    .and_then(|keys| push.values.with_keys(keys, self.job_width));
+                let Some(kvs) = kvs else {
+                    let detail = format!(
+                        "{from} sent {to} a push naming a key list it never sent whole, or values for another number of keys"
+                    );
+                    return Err(self.fail(Invariant::Oracle, detail));
+                };
+                named = Message::Push(Push {
+                    slice: push.slice,
+                    iteration: push.iteration,
+                    covers: push.covers,
+                    settled_below: push.settled_below,
+                    kvs,
+                });
+                &named
+            }
+            body => body,
+        };
+        match body {
             Message::Push(push) => {
                 self.pushed_values += push.kvs.values().len() as u64;
                 self.width = push.kvs.width() as u64;
@@ -786,7 +836,7 @@ impl<'a> World<'a> {
             }
             _ => {}
         }
-        match &env.body {
+        match body {
             Message::Push(push) if !self.replicated => self.oracle.sent(from, to, push),
             Message::PushAck(slice) if !self.replicated && self.server(from).is_some() => self
                 .oracle
@@ -796,9 +846,10 @@ impl<'a> World<'a> {
             Message::Config(config) if from == self.cfg.coordinator_id() => {
                 self.paces.insert(config.epoch, config.pace.clone());
             }
-            Message::PullReply(reply) => {
+            Message::PullReply(PullReply { slice, .. })
+            | Message::PullValues(PullValues { slice, .. }) => {
                 self.reply_epochs
-                    .entry((to, reply.slice.request))
+                    .entry((to, slice.request))
                     .or_default()
                     .insert(env.epoch);
             }
@@ -1141,11 +1192,11 @@ impl<'a> World<'a> {
             },
             peak_receive_queue_bytes: self.receiving.values().map(|q| q.peak).max().unwrap_or(0),
             slot_grants: self.slot_grants,
-            filter_saving: self.nodes.values().flat_map(|d| d.filter_savings()).fold(
-                Default::default(),
-                |mut sum, (_, s)| {
-                    sum.add(s);
-                    sum
+            filter_savings: self.nodes.values().flat_map(|d| d.filter_savings()).fold(
+                BTreeMap::new(),
+                |mut sums, (name, s)| {
+                    sums.entry(name).or_default().add(s);
+                    sums
                 },
             ),
             fingerprint: h.finish(),

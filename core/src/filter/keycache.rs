@@ -1,0 +1,289 @@
+//! Key caching (ARCHITECTURE.md §10): a key list a worker sent a server before goes as its
+//! digest, and a pull's answer comes without the keys the worker asked for.
+//!
+//! A list is named by a 128-bit digest of its keys, not by a number either side hands out:
+//! the name of a list is the same on every node, before and after any restart, so an entry a
+//! server kept can only ever be the list the worker means. What can go wrong is that the
+//! server does not hold the list (it evicted it, it restarted, the worker's first send of the
+//! list is still on its way): it answers [`crate::wire::Message::KeysUnknown`], and the worker
+//! sends that slice again with the whole list, and forgets that the server held it.
+//!
+//! Both sides keep at most [`KeyCaching::lists`] lists per peer, the least recently used
+//! leaving first. The worker counts the saving: the bytes of the key lists it named instead of
+//! sending them, and those of the answers that came without keys.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::filter::{FilterSaving, Tally};
+use crate::hash::hash_words;
+use crate::ids::NodeId;
+use crate::key::Key;
+
+/// How many key lists each side of key caching keeps per peer: a worker the names of the
+/// lists it sent each server, a server the lists each worker sent it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KeyCaching {
+    lists: u32,
+}
+
+impl KeyCaching {
+    /// Keeps `lists` lists per peer; `None` for zero.
+    pub fn new(lists: u32) -> Option<Self> {
+        (lists > 0).then_some(KeyCaching { lists })
+    }
+
+    /// Lists kept per peer.
+    pub fn lists(self) -> u32 {
+        self.lists
+    }
+}
+
+impl Default for KeyCaching {
+    /// 256 lists per peer: a worker's minibatches of about a hundred rows over a few servers
+    /// make about that many lists per server and epoch on the shipped data.
+    fn default() -> Self {
+        KeyCaching { lists: 256 }
+    }
+}
+
+/// The name of a key list: two independent 64-bit digests of its length and keys. Two
+/// different lists share a name with a probability of about 2^-128 per pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct KeysDigest(u128);
+
+impl KeysDigest {
+    /// The name of `keys`.
+    pub fn of(keys: &[Key]) -> Self {
+        let len = [keys.len() as u64];
+        let low = hash_words(hash_words(0x6b65_7973, &len), keys);
+        let high = hash_words(hash_words(0x6361_6368, &len), keys);
+        KeysDigest((u128::from(high) << 64) | u128::from(low))
+    }
+}
+
+/// Bytes an LEB128 varint of `x` takes.
+fn varint_len(x: u128) -> usize {
+    (128 - x.leading_zeros() as usize).div_ceil(7).max(1)
+}
+
+/// Bytes `keys` take on the wire, delta-encoded (`crate::wire::forms`).
+pub(crate) fn list_bytes(keys: &[Key]) -> usize {
+    let Some((&first, rest)) = keys.split_first() else {
+        return 0;
+    };
+    let mut prev = first;
+    let mut bytes = varint_len(u128::from(first));
+    for &k in rest {
+        bytes += varint_len(u128::from(k - prev - 1));
+        prev = k;
+    }
+    bytes
+}
+
+/// A bounded map from list names to `T`, the least recently used leaving first. The names
+/// are kept in the order of their last use rather than stamped with a counter, so that two
+/// caches holding the same lists in the same order are equal: a counter would make every use a
+/// new state for the model checker.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Recent<T> {
+    /// Least recently used first.
+    order: Vec<KeysDigest>,
+    by_name: BTreeMap<KeysDigest, T>,
+}
+
+impl<T> Default for Recent<T> {
+    fn default() -> Self {
+        Recent {
+            order: Vec::new(),
+            by_name: BTreeMap::new(),
+        }
+    }
+}
+
+impl<T> Recent<T> {
+    fn touch(&mut self, name: KeysDigest) -> Option<&T> {
+        let at = self.order.iter().rposition(|&n| n == name)?;
+        self.order.remove(at);
+        self.order.push(name);
+        self.by_name.get(&name)
+    }
+
+    fn insert(&mut self, name: KeysDigest, value: T, most: usize) {
+        self.remove(name);
+        self.order.push(name);
+        self.by_name.insert(name, value);
+        while self.order.len() > most {
+            let oldest = self.order.remove(0);
+            self.by_name.remove(&oldest);
+        }
+    }
+
+    fn remove(&mut self, name: KeysDigest) {
+        if self.by_name.remove(&name).is_some() {
+            self.order.retain(|&n| n != name);
+        }
+    }
+
+    /// The name used last.
+    #[cfg(feature = "mutations")]
+    fn newest(&self) -> Option<KeysDigest> {
+        self.order.last().copied()
+    }
+}
+
+/// A worker's side: the names of the lists it sent each server in full, and what naming them
+/// saved.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct SentLists {
+    spec: KeyCaching,
+    peers: BTreeMap<NodeId, Recent<()>>,
+    saving: Tally,
+}
+
+impl SentLists {
+    pub(crate) fn new(spec: KeyCaching) -> Self {
+        SentLists {
+            spec,
+            peers: BTreeMap::new(),
+            saving: Tally::default(),
+        }
+    }
+
+    /// How to send `keys` to `server`: `Some(name)` when the server was sent the list before
+    /// (and has not said it lost it since); `None` to send it whole, which this records.
+    ///
+    /// `stale` is the `stale-key-cache` mutation: any list goes by the name of the one used
+    /// last, as a cache that keeps one entry per peer and checks only that it holds one would.
+    pub(crate) fn name_for(
+        &mut self,
+        server: NodeId,
+        keys: &[Key],
+        stale: bool,
+    ) -> Option<KeysDigest> {
+        let name = KeysDigest::of(keys);
+        let peer = self.peers.entry(server).or_default();
+        #[cfg(feature = "mutations")]
+        if stale && let Some(last) = peer.newest() {
+            return Some(last);
+        }
+        #[cfg(not(feature = "mutations"))]
+        let _ = stale;
+        let rows = keys.len() as u64;
+        self.saving.0.rows_in += rows;
+        if peer.touch(name).is_some() {
+            let bytes = list_bytes(keys).saturating_sub(varint_len(name.0));
+            self.saving.0.bytes_saved += bytes as u64;
+            Some(name)
+        } else {
+            peer.insert(name, (), self.spec.lists as usize);
+            self.saving.0.rows_out += rows;
+            None
+        }
+    }
+
+    /// `server` does not hold the list named `name`: it goes whole the next time.
+    pub(crate) fn forget(&mut self, server: NodeId, name: KeysDigest) {
+        if let Some(peer) = self.peers.get_mut(&server) {
+            peer.remove(name);
+        }
+    }
+
+    /// An answer came without the `keys` it answers.
+    pub(crate) fn answered_without(&mut self, keys: &[Key]) {
+        self.saving.0.bytes_saved += list_bytes(keys) as u64;
+    }
+
+    pub(crate) fn saving(&self) -> FilterSaving {
+        self.saving.0
+    }
+}
+
+/// A server's side: the lists each worker sent it whole, by name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct HeldLists {
+    spec: KeyCaching,
+    peers: BTreeMap<NodeId, Recent<Arc<Vec<Key>>>>,
+}
+
+impl HeldLists {
+    pub(crate) fn new(spec: KeyCaching) -> Self {
+        HeldLists {
+            spec,
+            peers: BTreeMap::new(),
+        }
+    }
+
+    /// Keeps `keys`, as `worker` sent them whole.
+    pub(crate) fn keep(&mut self, worker: NodeId, keys: Arc<Vec<Key>>) {
+        let name = KeysDigest::of(&keys);
+        self.peers
+            .entry(worker)
+            .or_default()
+            .insert(name, keys, self.spec.lists as usize);
+    }
+
+    /// The list `worker` named `name`, if this server holds it.
+    pub(crate) fn get(&mut self, worker: NodeId, name: KeysDigest) -> Option<Arc<Vec<Key>>> {
+        self.peers.get_mut(&worker)?.touch(name).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_is_named_by_its_keys_alone() {
+        assert_eq!(KeysDigest::of(&[1, 5, 9]), KeysDigest::of(&[1, 5, 9]));
+        assert_ne!(KeysDigest::of(&[1, 5, 9]), KeysDigest::of(&[1, 5, 10]));
+        assert_ne!(KeysDigest::of(&[]), KeysDigest::of(&[0]));
+        assert_ne!(KeysDigest::of(&[0, 1]), KeysDigest::of(&[1, 0]));
+    }
+
+    #[test]
+    fn list_bytes_counts_the_delta_varints() {
+        assert_eq!(list_bytes(&[]), 0);
+        assert_eq!(list_bytes(&[5]), 1);
+        // 200 takes two bytes; the gaps 0 and 126 one each.
+        assert_eq!(list_bytes(&[200, 201, 328]), 4);
+    }
+
+    #[test]
+    fn a_worker_names_a_list_it_sent_and_sends_whole_what_the_server_lost() {
+        let s = NodeId(1);
+        let mut sent = SentLists::new(KeyCaching::new(2).unwrap());
+        assert_eq!(sent.name_for(s, &[1, 2], false), None);
+        let name = sent.name_for(s, &[1, 2], false);
+        assert_eq!(name, Some(KeysDigest::of(&[1, 2])));
+        // Another server was never sent it.
+        assert_eq!(sent.name_for(NodeId(2), &[1, 2], false), None);
+        sent.forget(s, KeysDigest::of(&[1, 2]));
+        assert_eq!(sent.name_for(s, &[1, 2], false), None);
+        let saving = sent.saving();
+        assert_eq!((saving.rows_in, saving.rows_out), (8, 6));
+    }
+
+    #[test]
+    fn each_side_keeps_the_lists_used_last() {
+        let (w, s) = (NodeId(3), NodeId(1));
+        let spec = KeyCaching::new(2).unwrap();
+        let mut sent = SentLists::new(spec);
+        let mut held = HeldLists::new(spec);
+        for keys in [vec![1], vec![2], vec![1], vec![3]] {
+            if sent.name_for(s, &keys, false).is_none() {
+                held.keep(w, Arc::new(keys.clone()));
+            } else {
+                assert!(held.get(w, KeysDigest::of(&keys)).is_some());
+            }
+        }
+        // [2] was used least recently: both sides let it go, [1] and [3] stay.
+        assert!(held.get(w, KeysDigest::of(&[2])).is_none());
+        assert_eq!(sent.name_for(s, &[2], false), None);
+        assert_eq!(held.get(w, KeysDigest::of(&[3])).as_deref(), Some(&vec![3]));
+        // Another worker's lists are its own.
+        assert!(held.get(NodeId(4), KeysDigest::of(&[3])).is_none());
+    }
+}

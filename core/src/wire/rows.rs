@@ -1,0 +1,299 @@
+//! Values sent without their keys, and value compression (ARCHITECTURE.md §10).
+//!
+//! A [`RowValues`] carries the values of rows whose keys the receiver knows already. Where
+//! the job compresses values ([`crate::Filters::compression`]) the sender packs them in the
+//! smallest of three forms: as they are; without the rows that are all zero, with a bitmap of
+//! those that are not (a pull's answer under L1 regularization is mostly zero weights); or as
+//! an LZ4 block (dense values that repeat). Both packed forms are exact, bit for bit, and are
+//! chosen only when they save bytes.
+//!
+//! A packed form is unpacked only against the keys it belongs to ([`RowValues::with_keys`]),
+//! which the receiver already holds: the rows a frame claims cannot make the decoder allocate
+//! more than the frame's own size, and the unpacked values never exceed the keys held.
+
+use core::fmt;
+use std::sync::Arc;
+
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::key::Key;
+use crate::kv::KvPairs;
+use crate::value::Value;
+use crate::wire::forms::seq;
+
+/// Below this many bytes of values an LZ4 block is not tried: its framing eats the saving,
+/// and trying costs time on every small slice.
+const LZ4_MIN_BYTES: usize = 512;
+
+/// The values of rows whose keys the receiver knows already: the key list named by a
+/// [`crate::wire::PushCached`], or the keys a [`crate::wire::PullValues`] answers. Plain, it
+/// is a [`KvPairs`] over the keys `0..rows` (one varint), so that its values travel in the
+/// frame's trailer like every other, and are read where they arrived (ARCHITECTURE.md §5).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(bound = "V: Value")]
+pub struct RowValues<V: Value>(Packed<V>);
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(bound = "V: Value")]
+enum Packed<V: Value> {
+    /// Every value.
+    Plain(KvPairs<V>),
+    /// The rows not all zero, and one bit per row saying which those are.
+    ZeroRows {
+        rows: u32,
+        #[serde(with = "seq")]
+        nonzero: Vec<u8>,
+        values: KvPairs<V>,
+    },
+    /// Every value, little-endian, as one LZ4 block.
+    Lz4 {
+        rows: u32,
+        #[serde(with = "raw")]
+        block: Vec<u8>,
+    },
+}
+
+impl<V: Value> RowValues<V> {
+    /// The values of `kvs`, without its keys, as they are; shares their storage.
+    pub fn of(kvs: &KvPairs<V>) -> Self {
+        RowValues(Packed::Plain(kvs.without_keys()))
+    }
+
+    /// The values of `kvs`, without its keys, in the smallest exact form.
+    pub fn packed(kvs: &KvPairs<V>) -> Self {
+        let width = kvs.width();
+        let values = kvs.values();
+        let rows = kvs.len();
+        let Ok(rows32) = u32::try_from(rows) else {
+            return Self::of(kvs);
+        };
+        let zero_row = |row: &[V]| row.iter().all(|v| v.to_bits() == 0);
+        let zero_rows = values.chunks(width).filter(|r| zero_row(r)).count();
+        let bitmap = rows.div_ceil(8);
+        if zero_rows * width * V::SIZE > bitmap + 2 {
+            let mut nonzero = vec![0u8; bitmap];
+            let mut kept = Vec::with_capacity((rows - zero_rows) * width);
+            for (i, row) in values.chunks(width).enumerate() {
+                if !zero_row(row) {
+                    nonzero[i / 8] |= 1 << (i % 8);
+                    kept.extend_from_slice(row);
+                }
+            }
+            let kept = KvPairs::from_run(0, kept, width);
+            return RowValues(Packed::ZeroRows {
+                rows: rows32,
+                nonzero,
+                values: kept,
+            });
+        }
+        let raw: usize = values.len() * V::SIZE;
+        if raw >= LZ4_MIN_BYTES {
+            let block = lz4_flex::block::compress(&kvs.le_values());
+            // Only where it pays: a tenth off at least, its length varint included.
+            if block.len() + 4 < raw - raw / 10 {
+                return RowValues(Packed::Lz4 {
+                    rows: rows32,
+                    block,
+                });
+            }
+        }
+        Self::of(kvs)
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        match &self.0 {
+            Packed::Plain(kvs) => kvs.len(),
+            Packed::ZeroRows { rows, .. } | Packed::Lz4 { rows, .. } => *rows as usize,
+        }
+    }
+
+    /// About how many bytes the values take on the wire.
+    pub fn wire_bytes(&self) -> usize {
+        match &self.0 {
+            Packed::Plain(kvs) => kvs.values().len() * V::SIZE,
+            Packed::ZeroRows {
+                nonzero, values, ..
+            } => nonzero.len() + values.values().len() * V::SIZE,
+            Packed::Lz4 { block, .. } => block.len(),
+        }
+    }
+
+    /// Whether the values are packed (not plain).
+    pub fn is_packed(&self) -> bool {
+        !matches!(self.0, Packed::Plain(_))
+    }
+
+    /// The rows under `keys`, `width` values each, if there are as many keys as rows and
+    /// the packed form is whole; plain values share their storage.
+    pub fn with_keys(&self, keys: &Arc<Vec<Key>>, width: usize) -> Option<KvPairs<V>> {
+        if self.rows() != keys.len() {
+            return None;
+        }
+        let rows = keys.len();
+        let unpacked = match &self.0 {
+            Packed::Plain(kvs) => return kvs.rekeyed(keys).filter(|k| k.width() == width),
+            Packed::ZeroRows {
+                nonzero, values, ..
+            } => {
+                let ones: usize = nonzero.iter().map(|b| b.count_ones() as usize).sum();
+                // One bit per row and none past the last, one row kept per bit set.
+                let tail_clear =
+                    rows % 8 == 0 || nonzero.last().is_some_and(|b| b >> (rows % 8) == 0);
+                let whole = nonzero.len() == rows.div_ceil(8) && tail_clear;
+                if !whole || ones != values.len() || values.width() != width {
+                    return None;
+                }
+                let mut out = vec![V::default(); rows * width];
+                let mut kept = values.values().chunks(width);
+                for (i, row) in out.chunks_mut(width).enumerate() {
+                    if nonzero[i / 8] >> (i % 8) & 1 == 1 {
+                        row.copy_from_slice(kept.next()?);
+                    }
+                }
+                out
+            }
+            Packed::Lz4 { block, .. } => {
+                let mut bytes = vec![0u8; rows.checked_mul(width)?.checked_mul(V::SIZE)?];
+                if lz4_flex::block::decompress_into(block, &mut bytes).ok() != Some(bytes.len()) {
+                    return None;
+                }
+                bytes.chunks_exact(V::SIZE).map(V::from_le_slice).collect()
+            }
+        };
+        KvPairs::from_run(0, unpacked, width).rekeyed(keys)
+    }
+}
+
+/// A byte string, as postcard's bytes: a length and the bytes, read in one piece.
+mod raw {
+    use super::*;
+
+    pub(super) fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct Raw;
+        impl Visitor<'_> for Raw {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+        }
+        d.deserialize_bytes(Raw)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn bits(kvs: &KvPairs<f32>) -> Vec<u32> {
+        kvs.values().iter().map(|v| v.to_bits()).collect()
+    }
+
+    fn keys(n: usize) -> Arc<Vec<Key>> {
+        Arc::new((0..n as Key).map(|k| k * 3 + 1).collect())
+    }
+
+    proptest! {
+        /// Whatever form the values are packed in, the receiver gets them back bit for bit,
+        /// under the keys it holds, through the codec.
+        #[test]
+        fn packed_values_come_back_exactly(
+            width in 1usize..4,
+            raw in proptest::collection::vec(
+                prop_oneof![
+                    3 => Just(0u32),
+                    1 => Just(0x8000_0000u32),
+                    2 => Just(0x3f80_0000u32),
+                    2 => any::<u32>(),
+                ],
+                0..400,
+            ),
+        ) {
+            let rows = raw.len() / width;
+            let values: Vec<f32> = raw[..rows * width].iter().map(|&b| f32::from_bits(b)).collect();
+            let list = keys(rows);
+            let kvs = KvPairs::new(list.to_vec(), values, width).unwrap();
+            let packed = RowValues::packed(&kvs);
+            prop_assert!(packed.wire_bytes() <= rows * width * 4);
+            let env = crate::wire::Envelope::new(
+                crate::NodeId(1),
+                crate::NodeId(2),
+                1,
+                crate::wire::Message::PullValues(crate::wire::PullValues {
+                    slice: crate::wire::SliceRef { request: 1, slice: 0 },
+                    complete_below: 0,
+                    values: packed,
+                }),
+            );
+            let codec = crate::Codec::default();
+            let got = codec.decode::<f32>(&codec.encode(&env).unwrap()).unwrap();
+            let crate::wire::Message::PullValues(reply) = got.body else {
+                panic!("a PullValues");
+            };
+            let back = reply.values.with_keys(&list, width).unwrap();
+            prop_assert_eq!(back.keys(), kvs.keys());
+            prop_assert_eq!(bits(&back), bits(&kvs));
+            // Another number of keys, or another width, is refused.
+            prop_assert!(reply.values.with_keys(&keys(rows + 1), width).is_none());
+            if rows > 0 {
+                prop_assert!(reply.values.with_keys(&list, width + 1).is_none());
+            }
+        }
+    }
+
+    #[test]
+    fn each_packed_form_is_chosen_where_it_saves_bytes() {
+        let list = keys(200);
+        let sparse: Vec<f32> = (0..200)
+            .map(|i| if i % 5 == 0 { i as f32 + 1.0 } else { 0.0 })
+            .collect();
+        let kvs = KvPairs::new(list.to_vec(), sparse, 1).unwrap();
+        let packed = RowValues::packed(&kvs);
+        assert!(matches!(packed.0, Packed::ZeroRows { .. }));
+        // A bit a row and the 40 rows kept.
+        assert_eq!(packed.wire_bytes(), 25 + 40 * 4);
+        let repeating: Vec<f32> = (0..200).map(|i| (i % 4) as f32 + 0.5).collect();
+        let kvs = KvPairs::new(list.to_vec(), repeating, 1).unwrap();
+        let packed = RowValues::packed(&kvs);
+        assert!(matches!(packed.0, Packed::Lz4 { .. }), "{packed:?}");
+        assert!(packed.wire_bytes() < 200);
+        // Values that do not repeat stay plain: packing them would not pay.
+        let mut x = 0x1234_5678u32;
+        let noise: Vec<f32> = (0..200)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                f32::from_bits((x & 0x3fff_ffff) | 0x0080_0000)
+            })
+            .collect();
+        let kvs = KvPairs::new(list.to_vec(), noise, 1).unwrap();
+        assert!(!RowValues::packed(&kvs).is_packed());
+    }
+
+    #[test]
+    fn a_bitmap_that_does_not_match_its_rows_is_refused() {
+        let list = keys(10);
+        let form = |nonzero: Vec<u8>, kept: usize| {
+            RowValues::<f32>(Packed::ZeroRows {
+                rows: 10,
+                nonzero,
+                values: KvPairs::from_run(0, vec![1.0; kept], 1),
+            })
+        };
+        assert!(form(vec![0b11, 0], 2).with_keys(&list, 1).is_some());
+        // A bit past the tenth row, a byte too many, a row kept too many.
+        assert!(form(vec![0b11, 0b100], 3).with_keys(&list, 1).is_none());
+        assert!(form(vec![0b11, 0, 0], 2).with_keys(&list, 1).is_none());
+        assert!(form(vec![0b11, 0], 3).with_keys(&list, 1).is_none());
+    }
+}
