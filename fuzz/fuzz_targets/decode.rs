@@ -85,7 +85,7 @@ fn slice(u: &mut Unstructured) -> Result<SliceRef> {
 }
 
 fn message<V: Value>(u: &mut Unstructured) -> Result<Message<V>> {
-    Ok(match u.int_in_range(0..=8)? {
+    Ok(match u.int_in_range(0..=11)? {
         0 => Message::Push(Push {
             slice: slice(u)?,
             iteration: u.arbitrary()?,
@@ -122,6 +122,35 @@ fn message<V: Value>(u: &mut Unstructured) -> Result<Message<V>> {
             bytes: u.arbitrary()?,
         },
         7 => Message::SlotGrant(slice(u)?),
+        // Key caching's: values without keys, plain or packed, and names of lists.
+        8 => {
+            let rows = kvs(u)?;
+            Message::PushCached(PushCached {
+                slice: slice(u)?,
+                iteration: u.arbitrary()?,
+                covers: pserver_core::Coverage(u.arbitrary()?),
+                settled_below: u.arbitrary()?,
+                keys: KeysDigest::of(rows.keys()),
+                values: if u.arbitrary()? {
+                    RowValues::packed(&rows)
+                } else {
+                    RowValues::of(&rows)
+                },
+            })
+        }
+        9 => {
+            let rows = kvs(u)?;
+            Message::PullValues(PullValues {
+                slice: slice(u)?,
+                complete_below: u.arbitrary()?,
+                values: RowValues::packed(&rows),
+            })
+        }
+        10 => Message::PullCached(PullCached {
+            slice: slice(u)?,
+            iteration: u.arbitrary()?,
+            keys: KeysDigest::of(&keys(u)?),
+        }),
         _ => Message::Heartbeat {
             sent_at: u.arbitrary()?,
             at: if u.arbitrary()? {

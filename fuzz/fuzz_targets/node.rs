@@ -7,7 +7,9 @@
 //! are thrown in too; once any of it reached the server, its totals also hold what other
 //! servers sent, so only the absence of panics and the in-flight bound are checked. The first
 //! input decides whether both nodes run with round-robin push slots, the second whether (and
-//! at which threshold) the worker runs the significantly-modified filter.
+//! at which threshold) the worker runs the significantly-modified filter, the third whether
+//! both run key caching (and with how many lists, and with value compression): slices that
+//! name key lists, requests for lists, and answers without keys mix in.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -154,6 +156,30 @@ enum Body {
     SlotGrant {
         request: u8,
         slice: u8,
+    },
+    PushCached {
+        request: u8,
+        slice: u8,
+        iteration: u8,
+        /// Name a list nobody sent instead of the slice's own.
+        unknown: bool,
+        packed: bool,
+    },
+    PullCached {
+        request: u8,
+        slice: u8,
+        iteration: u8,
+        keys: Vec<u16>,
+    },
+    KeysUnknown {
+        request: u8,
+        slice: u8,
+    },
+    PullValues {
+        request: u8,
+        slice: u8,
+        vals: Vec<i16>,
+        packed: bool,
     },
 }
 
@@ -425,6 +451,63 @@ fn message(body: Body) -> Message<i64> {
             bytes: u32::from(bytes),
         },
         Body::SlotGrant { request, slice } => Message::SlotGrant(sref(request, slice % 2)),
+        Body::PushCached {
+            request,
+            slice,
+            iteration,
+            unknown,
+            packed,
+        } => {
+            let slice = sref(request, slice % 2);
+            let content = content_of(slice);
+            // A list no worker sends: its keys are not in the fuzzed key space.
+            let keys = if unknown {
+                KeysDigest::of(&[1, 2, 3])
+            } else {
+                KeysDigest::of(content.keys())
+            };
+            Message::PushCached(PushCached {
+                slice,
+                iteration: u32::from(iteration % 8),
+                covers: pserver_core::Coverage::WHOLE,
+                settled_below: settled_of(slice),
+                keys,
+                values: if packed {
+                    RowValues::packed(&content)
+                } else {
+                    RowValues::of(&content)
+                },
+            })
+        }
+        Body::PullCached {
+            request,
+            slice,
+            iteration,
+            keys: ks,
+        } => Message::PullCached(PullCached {
+            slice: sref(request, 2 + slice % 2),
+            iteration: u32::from(iteration % 8),
+            keys: KeysDigest::of(&keys(&ks)),
+        }),
+        Body::KeysUnknown { request, slice } => Message::KeysUnknown(sref(request, slice)),
+        Body::PullValues {
+            request,
+            slice,
+            vals,
+            packed,
+        } => {
+            let ks: Vec<u16> = (0..vals.len() as u16).collect();
+            let rows = kvs(&ks, &vals);
+            Message::PullValues(PullValues {
+                slice: sref(request, slice),
+                complete_below: 0,
+                values: if packed {
+                    RowValues::packed(&rows)
+                } else {
+                    RowValues::of(&rows)
+                },
+            })
+        }
     }
 }
 
@@ -464,8 +547,11 @@ struct Mirror {
     settled: BTreeMap<NodeId, u64>,
 }
 
-fuzz_target!(|input: (bool, Option<u8>, Vec<Op>)| {
-    let (slots, sigmod, ops) = input;
+fuzz_target!(|input: (bool, Option<u8>, Option<(u8, bool)>, Vec<Op>)| {
+    let (slots, sigmod, caching, ops) = input;
+    // Few lists, so that both sides evict often.
+    let key_caching = caching.and_then(|(lists, _)| KeyCaching::new(u32::from(lists % 4) + 1));
+    let compression = caching.is_some_and(|(_, on)| on);
     let codec = Codec::default();
     // With push slots, a slice of more than a few keys waits for its grant, so that asks,
     // grants, leases and slices sent on a grant mix with everything else.
@@ -475,6 +561,8 @@ fuzz_target!(|input: (bool, Option<u8>, Vec<Op>)| {
     });
     let mut sc = ServerConfig::new(SERVER, COORD);
     sc.push_slots = slots;
+    sc.key_caching = key_caching;
+    sc.compression = compression;
     let mut server: Driver<i64> = Driver::new(Server::new(sc, Updater::Sum));
     // Small slices and a small window, so that splitting and waiting for room are exercised.
     let mut wc = WorkerConfig::new(WORKER, COORD);
@@ -485,6 +573,8 @@ fuzz_target!(|input: (bool, Option<u8>, Vec<Op>)| {
     wc.filters = sigmod
         .and_then(|t| Threshold::new(f64::from(t)))
         .map_or_else(Filters::none, Filters::significantly_modified);
+    wc.filters.key_caching = key_caching;
+    wc.filters.compression = compression;
     let mut worker: Driver<i64> = Driver::new(Worker::new(wc));
     let mut now: Time = 0;
     let mut mirror = Mirror::default();
