@@ -89,7 +89,11 @@ impl<V: Value> RowValues<V> {
         }
         let raw: usize = values.len() * V::SIZE;
         if raw >= LZ4_MIN_BYTES {
-            let block = lz4_flex::block::compress(&kvs.le_values());
+            let bytes = kvs.le_values();
+            if !repeats(&bytes) {
+                return Self::of(kvs);
+            }
+            let block = lz4_flex::block::compress(&bytes);
             // Only where it pays: a tenth off at least, its length varint included.
             if block.len() + 4 < raw - raw / 10 {
                 return RowValues(Packed::Lz4 {
@@ -164,6 +168,33 @@ impl<V: Value> RowValues<V> {
         };
         KvPairs::from_run(0, unpacked, width).rekeyed(keys)
     }
+}
+
+/// Whether `bytes` look like they hold repeated 4-byte words, which is what an LZ4 block
+/// is made of: among 64 words spread over them, an eighth or more are repeats. Gradients, all
+/// different floats, have none, and trying to compress every one of them cost a twentieth of
+/// a training step on the shipped data; small integers (their zero high words) and repeated
+/// values have many.
+fn repeats(bytes: &[u8]) -> bool {
+    const SAMPLE: usize = 64;
+    let words = bytes.len() / 4;
+    let step = (words / SAMPLE).max(1);
+    let mut sample: Vec<u32> = (0..words)
+        .step_by(step)
+        .take(SAMPLE)
+        .map(|i| {
+            u32::from_le_bytes([
+                bytes[4 * i],
+                bytes[4 * i + 1],
+                bytes[4 * i + 2],
+                bytes[4 * i + 3],
+            ])
+        })
+        .collect();
+    let taken = sample.len();
+    sample.sort_unstable();
+    sample.dedup();
+    (taken - sample.len()) * 8 >= taken
 }
 
 /// A byte string, as postcard's bytes: a length and the bytes, read in one piece.
