@@ -771,6 +771,53 @@ fn bench_train_measures_pserver_against_a_floor_on_the_same_rows() {
     assert!(floor_row.contains(" 1.000 "), "{floor_row}");
 }
 
+/// `bench --filters --quick` measures each filter configuration next to unfiltered training
+/// on the shipped and the generated problems: key caching and compression send fewer bytes
+/// at the same test AUC.
+#[test]
+fn bench_filters_measures_the_bytes_each_configuration_saves_next_to_unfiltered_training() {
+    let out = pserver()
+        .args(["bench", "--filters", "--quick"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let value = |name: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.split(' ').next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} missing: {text}"));
+        line.split(' ').nth(1).unwrap().parse().unwrap()
+    };
+    for problem in ["adult.mem", "generated.mem"] {
+        let none = value(&format!("filters.{problem}.none.epoch_bytes"));
+        assert!(none > 0.0, "{text}");
+        for config in ["keycache", "keycache_compress", "keycache_compress_sigmod"] {
+            let cut = value(&format!("filters.{problem}.{config}.bytes_cut"));
+            let bytes = value(&format!("filters.{problem}.{config}.epoch_bytes"));
+            assert!(cut > 1.0, "{problem} {config}: {text}");
+            assert!(
+                (none / bytes - cut).abs() < 1e-3,
+                "{problem} {config}: {text}"
+            );
+            let delta = value(&format!("filters.{problem}.{config}.auc_delta"));
+            assert!(delta.abs() < 0.01, "{problem} {config}: {text}");
+        }
+        // Compression adds to key caching.
+        assert!(
+            value(&format!("filters.{problem}.keycache_compress.bytes_cut"))
+                > value(&format!("filters.{problem}.keycache.bytes_cut")),
+            "{text}"
+        );
+    }
+    assert!(value("filters.generated.tcp.keycache_compress.bytes_cut") > 1.0);
+    assert!(value("filters.generated.tcp.keycache_compress.rows_per_sec_ratio") > 0.0);
+}
+
 #[test]
 fn bench_measures_only_the_kinds_and_shapes_asked_for() {
     let out = pserver()

@@ -110,7 +110,7 @@ pub(super) fn peak_rss_mb_of(pid: impl std::fmt::Display) -> Option<f64> {
 }
 
 /// Generates and parses the training and test sets; emits the parse time.
-fn data(
+pub(super) fn data(
     size: TrainSize,
     emit: &mut impl FnMut(Measure),
 ) -> Result<(Examples, Examples), BenchError> {
