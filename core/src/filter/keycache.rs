@@ -13,6 +13,7 @@
 //! sending them, and those of the answers that came without keys.
 
 use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -91,54 +92,86 @@ pub(crate) fn list_bytes(keys: &[Key]) -> usize {
     bytes
 }
 
-/// A bounded map from list names to `T`, the least recently used leaving first. The names
-/// are kept in the order of their last use rather than stamped with a counter, so that two
-/// caches holding the same lists in the same order are equal: a counter would make every use a
-/// new state for the model checker.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// A bounded map from list names to `T`, the least recently used leaving first: each entry is
+/// stamped with a use counter, in ordered maps, so that a use costs a logarithm of the size.
+/// Two caches holding the same lists in the same order of use are equal whatever their
+/// stamps (the equality and hash below go by that order): stamps compared as they are would
+/// make every use a new state for the model checker, and its search endless.
+#[derive(Clone, Debug)]
 struct Recent<T> {
-    /// Least recently used first.
-    order: Vec<KeysDigest>,
-    by_name: BTreeMap<KeysDigest, T>,
+    uses: u64,
+    by_name: BTreeMap<KeysDigest, (u64, T)>,
+    by_use: BTreeMap<u64, KeysDigest>,
+}
+
+impl<T: PartialEq> PartialEq for Recent<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.by_use.len() == other.by_use.len()
+            && self.in_order().zip(other.in_order()).all(|(a, b)| a == b)
+    }
+}
+
+impl<T: Eq> Eq for Recent<T> {}
+
+impl<T: Hash> Hash for Recent<T> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.by_use.len().hash(state);
+        for entry in self.in_order() {
+            entry.hash(state);
+        }
+    }
 }
 
 impl<T> Default for Recent<T> {
     fn default() -> Self {
         Recent {
-            order: Vec::new(),
+            uses: 0,
             by_name: BTreeMap::new(),
+            by_use: BTreeMap::new(),
         }
     }
 }
 
 impl<T> Recent<T> {
+    /// The entries, least recently used first.
+    fn in_order(&self) -> impl Iterator<Item = (&KeysDigest, Option<&T>)> {
+        self.by_use
+            .values()
+            .map(|name| (name, self.by_name.get(name).map(|(_, v)| v)))
+    }
+
     fn touch(&mut self, name: KeysDigest) -> Option<&T> {
-        let at = self.order.iter().rposition(|&n| n == name)?;
-        self.order.remove(at);
-        self.order.push(name);
-        self.by_name.get(&name)
+        self.uses += 1;
+        let entry = self.by_name.get_mut(&name)?;
+        self.by_use.remove(&entry.0);
+        entry.0 = self.uses;
+        self.by_use.insert(self.uses, name);
+        Some(&entry.1)
     }
 
     fn insert(&mut self, name: KeysDigest, value: T, most: usize) {
         self.remove(name);
-        self.order.push(name);
-        self.by_name.insert(name, value);
-        while self.order.len() > most {
-            let oldest = self.order.remove(0);
+        self.uses += 1;
+        self.by_use.insert(self.uses, name);
+        self.by_name.insert(name, (self.uses, value));
+        while self.by_name.len() > most {
+            let Some((_, oldest)) = self.by_use.pop_first() else {
+                break;
+            };
             self.by_name.remove(&oldest);
         }
     }
 
     fn remove(&mut self, name: KeysDigest) {
-        if self.by_name.remove(&name).is_some() {
-            self.order.retain(|&n| n != name);
+        if let Some((used, _)) = self.by_name.remove(&name) {
+            self.by_use.remove(&used);
         }
     }
 
     /// The name used last.
     #[cfg(feature = "mutations")]
     fn newest(&self) -> Option<KeysDigest> {
-        self.order.last().copied()
+        self.by_use.last_key_value().map(|(_, &name)| name)
     }
 }
 
@@ -293,5 +326,28 @@ mod tests {
         assert_eq!(held.get(w, KeysDigest::of(&[3])).as_deref(), Some(&vec![3]));
         // Another worker's lists are its own.
         assert!(held.get(NodeId(4), KeysDigest::of(&[3])).is_none());
+    }
+
+    #[test]
+    fn caches_with_the_same_lists_in_the_same_order_are_equal_whatever_their_use_counts() {
+        let (a, b) = (KeysDigest::of(&[1]), KeysDigest::of(&[2]));
+        let mut one = Recent::default();
+        one.insert(a, (), 2);
+        one.insert(b, (), 2);
+        let mut other = one.clone();
+        // Used again and again, in the end in the same order.
+        for _ in 0..3 {
+            other.touch(a);
+            other.touch(b);
+        }
+        assert_eq!(one, other);
+        let hash = |r: &Recent<()>| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            r.hash(&mut h);
+            h.finish()
+        };
+        assert_eq!(hash(&one), hash(&other));
+        other.touch(a);
+        assert_ne!(one, other);
     }
 }
