@@ -707,6 +707,15 @@ fn bench_quick_prints_one_machine_readable_line_per_measure() {
     assert_eq!(table.lines().count(), names.len() + 1, "{table}");
 }
 
+/// The value of the `name value unit` line named `name` of a benchmark's output.
+fn measure(text: &str, name: &str) -> f64 {
+    let line = text
+        .lines()
+        .find(|l| l.split(' ').next() == Some(name))
+        .unwrap_or_else(|| panic!("{name} missing: {text}"));
+    line.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
 /// `bench --train --quick` measures the floor and three ways of running pserver train on the
 /// same generated rows, one `name value unit` line each.
 #[test]
@@ -721,13 +730,7 @@ fn bench_train_measures_pserver_against_a_floor_on_the_same_rows() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    let value = |name: &str| -> f64 {
-        let line = text
-            .lines()
-            .find(|l| l.split(' ').next() == Some(name))
-            .unwrap_or_else(|| panic!("{name} missing: {text}"));
-        line.split(' ').nth(1).unwrap().parse().unwrap()
-    };
+    let value = |name: &str| measure(&text, name);
     for way in ["floor", "mem.1s1w", "mem.2s2w", "tcp.1s1w"] {
         assert!(value(&format!("train.{way}.rows_per_sec")) > 0.0);
         let auc = value(&format!("train.{way}.test_auc"));
@@ -786,13 +789,7 @@ fn bench_filters_measures_the_bytes_each_configuration_saves_next_to_unfiltered_
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    let value = |name: &str| -> f64 {
-        let line = text
-            .lines()
-            .find(|l| l.split(' ').next() == Some(name))
-            .unwrap_or_else(|| panic!("{name} missing: {text}"));
-        line.split(' ').nth(1).unwrap().parse().unwrap()
-    };
+    let value = |name: &str| measure(&text, name);
     for problem in ["adult.mem", "generated.mem"] {
         let none = value(&format!("filters.{problem}.none.epoch_bytes"));
         assert!(none > 0.0, "{text}");

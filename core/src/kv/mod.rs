@@ -48,6 +48,13 @@ pub enum KvError {
     ReservedKey(Key),
 }
 
+/// The first of `keys` when they are consecutive: strictly increasing keys spanning exactly
+/// their count are. `None` for gaps, or no key.
+fn run_start(keys: &[Key]) -> Option<Key> {
+    let (&first, &last) = (keys.first()?, keys.last()?);
+    (last - first == keys.len() as Key - 1).then_some(first)
+}
+
 /// Checks that `keys` are strictly increasing and below the reserved key.
 pub(crate) fn check_keys(keys: &[Key]) -> Result<(), KvError> {
     for (index, pair) in keys.windows(2).enumerate() {
@@ -199,12 +206,9 @@ impl<V: Value> KvPairs<V> {
 
     /// As [`KvPairs::from_validated`], over values stored already.
     pub(crate) fn from_stored(keys: Vec<Key>, values: ValueStorage<V>, width: usize) -> Self {
-        match (keys.first(), keys.last()) {
-            // Strictly increasing keys spanning exactly their count are consecutive.
-            (Some(&first), Some(&last)) if last - first == keys.len() as Key - 1 => {
-                Self::run_of(first, values, width)
-            }
-            _ => {
+        match run_start(&keys) {
+            Some(first) => Self::run_of(first, values, width),
+            None => {
                 let hi = keys.len();
                 KvPairs {
                     keys: KeyStorage::List(Arc::new(keys)),
@@ -261,17 +265,12 @@ impl<V: Value> KvPairs<V> {
             return None;
         }
         let rebased = self.clone().rebased();
-        let consecutive = match (keys.first(), keys.last()) {
-            (Some(&first), Some(&last)) => last - first == keys.len() as Key - 1,
-            _ => false,
-        };
-        Some(if consecutive {
-            Self::run_of(keys[0], rebased.values, self.width)
-        } else {
-            KvPairs {
+        Some(match run_start(keys) {
+            Some(first) => Self::run_of(first, rebased.values, self.width),
+            None => KvPairs {
                 keys: KeyStorage::List(Arc::clone(keys)),
                 ..rebased
-            }
+            },
         })
     }
 

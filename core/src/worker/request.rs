@@ -209,9 +209,14 @@ impl<V: Value> Worker<V> {
     }
 
     pub(super) fn send_slice(&mut self, id: RequestId, sid: SliceId, out: &mut Effects<V>) {
-        let settled_below = self.settled_below();
         let Some(request) = self.requests.get(&id) else {
             return;
+        };
+        // Read before the key cache is borrowed, and only for a push: it walks the requests.
+        let settled_below = if request.is_push() {
+            self.settled_below()
+        } else {
+            0
         };
         let Some(slice) = request.open.get(&sid) else {
             return;
