@@ -4,6 +4,30 @@
 //! use `std`'s `DefaultHasher` (whose algorithm is unspecified). SplitMix64's finalizer is a
 //! well-studied 64-bit mixer with full avalanche, which is all consistent hashing needs.
 
+use std::hash::Hasher;
+
+/// Hashes a key with SplitMix64's mixer: keys are integers already, often consecutive or
+/// strided, and need only spreading, not a keyed hash. Deterministic, so that a store behaves
+/// the same in every run (ARCHITECTURE.md §2).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = mix64(self.0 ^ u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = mix64(self.0 ^ key);
+    }
+}
+
 /// SplitMix64's output function: a bijective mix of `x`.
 pub(crate) fn mix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);

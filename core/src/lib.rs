@@ -186,7 +186,7 @@ pub use consistency::{Consistency, ParseConsistencyError};
 pub use coordinator::CoordinatorError;
 pub use driver::{Driver, DriverError, Refusals, Transmit};
 pub use effects::{Event, Refusal};
-pub use filter::{Filters, KeyCaching, KeysDigest, Threshold};
+pub use filter::{Filters, KeyCaching, KeysDigest, Kkt, KktFilter, Threshold};
 pub use ids::{Epoch, Iteration, NodeId, Role, Time};
 pub use job::{JobError, JobSpec};
 pub use key::{InvalidRange, Key, KeyRange, MAX_KEY};

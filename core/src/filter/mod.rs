@@ -10,9 +10,11 @@
 //! first.
 
 pub(crate) mod keycache;
+mod kkt;
 mod sigmod;
 
 pub use keycache::{KeyCaching, KeysDigest};
+pub use kkt::{Kkt, KktFilter};
 pub use sigmod::{SignificantlyModified, Threshold};
 
 use std::fmt::Debug;
@@ -58,6 +60,10 @@ pub trait Filter<V: Value>: Clone + Debug + PartialEq + Eq + Hash {
     /// The name the filter's saving is reported under (`sigmod`, say).
     fn name(&self) -> &'static str;
 
+    /// Sees what a pull of the worker's returned, before the application does. Most filters
+    /// judge a push by its own values and need not look.
+    fn pulled(&mut self, _kvs: &KvPairs<V>) {}
+
     /// Takes a push and returns what to send now. Whatever is not sent now (a row, or part of
     /// a row's value) the filter keeps, to send later.
     fn push(&mut self, kvs: KvPairs<V>) -> KvPairs<V>;
@@ -70,6 +76,24 @@ pub trait Filter<V: Value>: Clone + Debug + PartialEq + Eq + Hash {
 
     /// What the filter saved so far.
     fn saving(&self) -> FilterSaving;
+}
+
+/// A value kept by its bits, so that the filter's state is `Eq + Hash` for every value type.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ValueBits<V>(pub(crate) V);
+
+impl<V: Value> PartialEq for ValueBits<V> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl<V: Value> Eq for ValueBits<V> {}
+
+impl<V: Value> std::hash::Hash for ValueBits<V> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.to_bits().hash(state);
+    }
 }
 
 /// A saving counted as it happens, which says what a node did, not what it will do: two
@@ -105,6 +129,8 @@ pub struct Filters {
     /// their zero rows, or as an LZ4 block, where either saves bytes
     /// ([`crate::wire::RowValues`]).
     pub compression: bool,
+    /// Hold the change to a zero weight while L1 regularisation keeps it zero ([`KktFilter`]).
+    pub kkt: Option<Kkt>,
 }
 
 impl Filters {
@@ -117,6 +143,14 @@ impl Filters {
     pub fn significantly_modified(threshold: Threshold) -> Self {
         Filters {
             significantly_modified: Some(threshold),
+            ..Filters::default()
+        }
+    }
+
+    /// The KKT filter as `kkt` says.
+    pub fn kkt(kkt: Kkt) -> Self {
+        Filters {
+            kkt: Some(kkt),
             ..Filters::default()
         }
     }
@@ -139,9 +173,11 @@ impl Filters {
     }
 }
 
-/// A worker's running filters, in the order they apply.
+/// A worker's running filters, in the order they apply: the KKT filter first, as it judges a
+/// push by the pull of the same keys.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct FilterChain<V: Value> {
+    kkt: Option<KktFilter<V>>,
     sigmod: Option<SignificantlyModified<V>>,
 }
 
@@ -149,35 +185,103 @@ impl<V: Value> FilterChain<V> {
     /// The filters `spec` asks for, on pushes of `width` values per key.
     pub(crate) fn new(spec: &Filters, width: usize) -> Self {
         FilterChain {
+            kkt: spec.kkt.map(|k| {
+                let f = KktFilter::new(k, width);
+                // A list the server holds costs its digest, and a zero row a bit.
+                if spec.key_caching.is_some() && spec.compression {
+                    f.keeping_lists()
+                } else {
+                    f
+                }
+            }),
             sigmod: spec
                 .significantly_modified
                 .map(|t| SignificantlyModified::new(t, width)),
         }
     }
 
+    /// Shows every filter a pull's answer.
+    pub(crate) fn pulled(&mut self, kvs: &KvPairs<V>) {
+        if let Some(f) = &mut self.kkt {
+            f.pulled(kvs);
+        }
+        if let Some(f) = &mut self.sigmod {
+            f.pulled(kvs);
+        }
+    }
+
     /// Runs `kvs` through every filter.
-    pub(crate) fn push(&mut self, kvs: KvPairs<V>) -> KvPairs<V> {
+    pub(crate) fn push(&mut self, mut kvs: KvPairs<V>) -> KvPairs<V> {
+        if let Some(f) = &mut self.kkt {
+            kvs = f.push(kvs);
+        }
         match &mut self.sigmod {
             Some(f) => f.push(kvs),
             None => kvs,
         }
     }
 
-    /// What the filters keep, to send now.
+    /// What the filters keep, to send now: each filter's rows, summed where they share a key.
     pub(crate) fn flush(&mut self) -> Option<KvPairs<V>> {
-        self.sigmod.as_mut().and_then(Filter::flush)
+        let kkt = self.kkt.as_mut().and_then(Filter::flush);
+        let sigmod = self.sigmod.as_mut().and_then(Filter::flush);
+        match (kkt, sigmod) {
+            (Some(a), Some(b)) => Some(sum_rows(&a, &b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Rows the filters keep now.
     pub(crate) fn holds(&self) -> usize {
-        self.sigmod.as_ref().map_or(0, Filter::holds)
+        self.kkt.as_ref().map_or(0, Filter::holds) + self.sigmod.as_ref().map_or(0, Filter::holds)
     }
 
     /// Each filter's name and saving.
     pub(crate) fn savings(&self) -> Vec<(&'static str, FilterSaving)> {
-        self.sigmod
+        let kkt = self
+            .kkt
             .iter()
-            .map(|f| (Filter::<V>::name(f), Filter::<V>::saving(f)))
-            .collect()
+            .map(|f| (Filter::<V>::name(f), Filter::<V>::saving(f)));
+        let sigmod = self
+            .sigmod
+            .iter()
+            .map(|f| (Filter::<V>::name(f), Filter::<V>::saving(f)));
+        kkt.chain(sigmod).collect()
     }
+}
+
+/// The rows of `a` and `b`, of one width, in key order; a key both hold gets their sum.
+fn sum_rows<V: Value>(a: &KvPairs<V>, b: &KvPairs<V>) -> KvPairs<V> {
+    let width = a.width();
+    let mut keys = Vec::with_capacity(a.len() + b.len());
+    let mut values = Vec::with_capacity(keys.capacity() * width);
+    let (mut a, mut b) = (a.iter().peekable(), b.iter().peekable());
+    loop {
+        match (a.peek(), b.peek()) {
+            (Some(&(ka, ra)), Some(&(kb, rb))) if ka == kb => {
+                keys.push(ka);
+                values.extend(ra.iter().zip(rb).map(|(&x, &y)| x.add(y)));
+                a.next();
+                b.next();
+            }
+            (Some(&(ka, ra)), Some(&(kb, _))) if ka < kb => {
+                keys.push(ka);
+                values.extend_from_slice(ra);
+                a.next();
+            }
+            (_, Some(&(kb, rb))) => {
+                keys.push(kb);
+                values.extend_from_slice(rb);
+                b.next();
+            }
+            (Some(&(ka, ra)), None) => {
+                keys.push(ka);
+                values.extend_from_slice(ra);
+                a.next();
+            }
+            (None, None) => break,
+        }
+    }
+    // Two valid key lists merged: in order, each key once.
+    KvPairs::from_validated(keys, values, width)
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::filter::{Filter, FilterSaving};
+use crate::filter::{Filter, FilterSaving, ValueBits};
 use crate::key::Key;
 use crate::kv::KvPairs;
 use crate::value::Value;
@@ -66,24 +66,6 @@ impl<V: Value> std::hash::Hash for SignificantlyModified<V> {
         self.width.hash(state);
         self.held.hash(state);
         self.saving.hash(state);
-    }
-}
-
-/// A value kept by its bits, so that the filter's state is `Eq + Hash` for every value type.
-#[derive(Clone, Copy, Debug)]
-struct ValueBits<V>(V);
-
-impl<V: Value> PartialEq for ValueBits<V> {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.to_bits() == other.0.to_bits()
-    }
-}
-
-impl<V: Value> Eq for ValueBits<V> {}
-
-impl<V: Value> std::hash::Hash for ValueBits<V> {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.to_bits().hash(state);
     }
 }
 

@@ -6,31 +6,9 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use super::{ParamStore, RowVisitor, RowsUpdate, RunVisitor};
-use crate::hash::mix64;
+use crate::hash::KeyHasher;
 use crate::key::{Key, KeyRange};
 use crate::value::Value;
-
-/// Hashes a key with SplitMix64's mixer: keys are integers already, often consecutive or
-/// strided, and need only spreading, not a keyed hash. Deterministic, so that a store behaves
-/// the same in every run (ARCHITECTURE.md §2).
-#[derive(Clone, Copy, Debug, Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = mix64(self.0 ^ u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, key: u64) {
-        self.0 = mix64(self.0 ^ key);
-    }
-}
 
 type Slots = HashMap<Key, usize, BuildHasherDefault<KeyHasher>>;
 

@@ -243,6 +243,7 @@ impl<V: Value> Worker<V> {
             if mutated!(self, ShortPull) && !kvs.is_empty() {
                 kvs = kvs.rows(0, kvs.len() - 1);
             }
+            self.filters.pulled(&kvs);
             out.emit(Event::PullDone(id, kvs));
         }
     }

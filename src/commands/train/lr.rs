@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pserver_core::{
-    Balance, Consistency, Detection, Filters, JobSpec, KeyCaching, StragglerPolicy, TauRange,
+    Balance, Consistency, Detection, Filters, JobSpec, KeyCaching, Kkt, StragglerPolicy, TauRange,
     Threshold, Updater,
 };
 use tokio::runtime::Runtime;
@@ -117,6 +117,14 @@ pub struct LrArgs {
     /// either saves bytes.
     #[arg(long, requires = "key_cache")]
     compress: bool,
+    /// The KKT filter: a feature whose pulled weight is zero keeps its gradient on the worker
+    /// while the gradient, summed since it was last sent, stays within the L1 bound (--l1)
+    /// under which FTRL keeps the weight at zero. It goes once it passes the bound, once the
+    /// weight is no longer zero, and with every EVERY-th push of a worker (500 if none is
+    /// given), the full check that lets a feature come back; nothing is dropped. Needs
+    /// --updater ftrl with --l1 above 0.
+    #[arg(long, value_name = "EVERY", num_args = 0..=1, default_missing_value = "500", value_parser = clap::value_parser!(u32).range(1..))]
+    kkt: Option<u32>,
     /// Without a terminal, print a progress line (rows trained, rows/s) this often.
     #[arg(long, value_name = "SECS", default_value_t = 5.0, value_parser = positive_finite, allow_negative_numbers = true)]
     progress_every: f64,
@@ -334,6 +342,19 @@ fn load(args: &LrArgs) -> Result<(Examples, Examples, IndexBase), CliError> {
     Ok((train, test, base))
 }
 
+/// The KKT filter of a job updated by `updater`, with a full check every `every` pushes.
+fn kkt(updater: Updater, every: u32) -> Result<Kkt, CliError> {
+    let Updater::FtrlProximal { l1, .. } = updater else {
+        return Err(CliError::input(
+            "--kkt: the KKT filter needs an L1-regularised model: --updater ftrl",
+        ));
+    };
+    Threshold::new(l1)
+        .filter(|b| b.get() > 0.0)
+        .and_then(|bound| Kkt::new(bound, every))
+        .ok_or_else(|| CliError::input(format!("--kkt: needs --l1 above 0, not {l1}")))
+}
+
 /// The training configuration the arguments give for one consistency model.
 fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError> {
     let mut job = JobSpec::new(args.nodes.servers as usize, args.nodes.workers as usize);
@@ -346,6 +367,9 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
         .map_or_else(Filters::none, Filters::significantly_modified);
     job.filters.key_caching = args.key_cache;
     job.filters.compression = args.compress;
+    if let Some(every) = args.kkt {
+        job.filters.kkt = Some(kkt(job.updater, every)?);
+    }
     // Refused here, naming the model, rather than once the nodes are started.
     job.validate::<f32>()
         .map_err(|e| CliError::input(format!("--consistency {consistency}: {e}")))?;
