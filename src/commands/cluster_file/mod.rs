@@ -17,6 +17,12 @@
 //! keys = 1000
 //! iterations = 20
 //!
+//! [filters]                    # none by default
+//! key_cache = 256              # lists kept per peer
+//! compress = true              # with key_cache
+//! sigmod = 0.05                # the significantly-modified filter's threshold
+//! kkt = 500                    # an lr job with updater "ftrl" and l1 above 0: full check period
+//!
 //! [[node]]
 //! id = 0
 //! role = "coordinator"
@@ -33,7 +39,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pserver_core::{Consistency, NodeId, Role, Updater};
+use pserver_core::{Consistency, Filters, KeyCaching, Kkt, NodeId, Role, Threshold, Updater};
 use pserver_transport::runtime::ClusterSpec;
 use pserver_transport::tcp::{Secret, TcpConfig};
 use pserver_transport::udp::UdpConfig;
@@ -43,7 +49,7 @@ use thiserror::Error;
 use super::script::Script;
 use crate::apps::lr::{Keep, LrConfig, Rates, Wire};
 use crate::data::libsvm::IndexBase;
-use raw::{App, Choice, Raw, RawBase, RawJob, RawNode, RawRing};
+use raw::{App, Choice, Raw, RawBase, RawFilters, RawJob, RawNode, RawRing};
 
 /// The environment variable that may carry the secret instead of a file.
 pub const SECRET_ENV: &str = "PSERVER_SECRET";
@@ -213,7 +219,12 @@ impl ClusterFile {
         if let Some(limit) = spec.runtime.stall_limit {
             spec.runtime.stall_warning = spec.runtime.stall_warning.min(limit / 2);
         }
-        let job = job(raw.job, &mut spec, &origin)?;
+        let mut job = job(raw.job, &mut spec, &origin)?;
+        spec.job.filters = filters(&raw.filters, &job, &origin)?;
+        if let Job::Lr(lr) = &mut job {
+            // The application's copy of the job says what the nodes run.
+            lr.cfg.job.filters = spec.job.filters;
+        }
         spec.job
             .validate::<i64>()
             .map_err(|e| origin.invalid("ring", e.to_string()))?;
@@ -479,6 +490,61 @@ fn updater(job: &RawJob, origin: &Origin<'_>) -> Result<Updater, ClusterFileErro
             ),
         )
     })
+}
+
+/// The `[filters]` table, for `job`: each filter's setting must be one it can mean.
+fn filters(raw: &RawFilters, job: &Job, origin: &Origin<'_>) -> Result<Filters, ClusterFileError> {
+    let mut filters = Filters::none();
+    if let Some(theta) = raw.sigmod {
+        filters.significantly_modified = Some(Threshold::new(theta).ok_or_else(|| {
+            origin.invalid(
+                "filters.sigmod",
+                format!("{theta} is not a finite number of at least 0"),
+            )
+        })?);
+    }
+    if let Some(lists) = raw.key_cache {
+        filters.key_caching = Some(
+            KeyCaching::new(lists)
+                .ok_or_else(|| origin.invalid("filters.key_cache", "must be at least 1 list"))?,
+        );
+    }
+    if raw.compress && filters.key_caching.is_none() {
+        return Err(origin.invalid(
+            "filters.compress",
+            "compresses what key caching sends without keys: give filters.key_cache too",
+        ));
+    }
+    filters.compression = raw.compress;
+    if let Some(every) = raw.kkt {
+        let l1 = match job {
+            Job::Lr(lr) => match lr.cfg.job.updater {
+                Updater::FtrlProximal { l1, .. } => l1,
+                _ => {
+                    return Err(origin.invalid(
+                        "filters.kkt",
+                        "needs an L1-regularised model: job.updater \"ftrl\"",
+                    ));
+                }
+            },
+            Job::Script => {
+                return Err(origin.invalid(
+                    "filters.kkt",
+                    "needs an L1-regularised model: an lr job (job.app = \"lr\")",
+                ));
+            }
+        };
+        let bound = Threshold::new(l1)
+            .filter(|b| b.get() > 0.0)
+            .ok_or_else(|| {
+                origin.invalid("filters.kkt", format!("needs job.l1 above 0, not {l1}"))
+            })?;
+        filters.kkt = Some(
+            Kkt::new(bound, every)
+                .ok_or_else(|| origin.invalid("filters.kkt", "must be at least 1 push"))?,
+        );
+    }
+    Ok(filters)
 }
 
 /// What the workers do. A logistic-regression job also sets the servers' update rule in

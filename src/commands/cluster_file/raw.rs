@@ -23,6 +23,8 @@ pub(super) struct Raw {
     pub(super) ring: RawRing,
     #[serde(default)]
     pub(super) job: RawJob,
+    #[serde(default)]
+    pub(super) filters: RawFilters,
     #[serde(rename = "node", default)]
     pub(super) nodes: Vec<RawNode>,
 }
@@ -56,6 +58,17 @@ impl Default for RawRing {
             key_space: None,
         }
     }
+}
+
+/// The `[filters]` table: what every worker's pushes and pulls go through; none by default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFilters {
+    pub(super) sigmod: Option<f64>,
+    pub(super) key_cache: Option<u32>,
+    #[serde(default)]
+    pub(super) compress: bool,
+    pub(super) kkt: Option<u32>,
 }
 
 /// The `[job]` table.

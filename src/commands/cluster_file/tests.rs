@@ -285,3 +285,75 @@ fn a_worker_gives_up_after_the_stall_limit_the_job_sets() {
     let never = GOOD.replace("keys = 10", "keys = 10\nstall_limit_secs = 0");
     assert_eq!(limit(&never), None);
 }
+
+/// `text` with a `[filters]` table of `lines`.
+fn with_filters(text: &str, lines: &str) -> String {
+    text.replace(
+        "[[node]]\nid = 0",
+        &format!("[filters]\n{lines}\n[[node]]\nid = 0"),
+    )
+}
+
+#[test]
+fn a_job_runs_no_filters_unless_its_filters_table_names_them() {
+    let f = parse(GOOD).unwrap();
+    assert_eq!(f.spec.job.filters, Filters::none());
+    let text = with_filters(
+        &lr_job_with("l1", "0.25"),
+        "key_cache = 64\ncompress = true\nsigmod = 0.05\nkkt = 300",
+    );
+    let f = parse(&text).unwrap();
+    let filters = f.spec.job.filters;
+    assert_eq!(filters.key_caching, KeyCaching::new(64));
+    assert!(filters.compression);
+    assert_eq!(filters.significantly_modified, Threshold::new(0.05));
+    let kkt = filters.kkt.unwrap();
+    assert_eq!((kkt.bound().get(), kkt.every()), (0.25, 300));
+    let Job::Lr(job) = f.job else {
+        panic!("not an lr job");
+    };
+    assert_eq!(job.cfg.job.filters, filters);
+}
+
+#[test]
+fn a_filter_setting_it_cannot_mean_is_refused_naming_the_field() {
+    let refused = |text: &str| parse(text).unwrap_err().to_string();
+    let cases = [
+        (
+            with_filters(GOOD, "sigmod = -1.0"),
+            "filters.sigmod: -1 is not a finite number of at least 0",
+        ),
+        (
+            with_filters(GOOD, "key_cache = 0"),
+            "filters.key_cache: must be at least 1 list",
+        ),
+        (
+            with_filters(GOOD, "compress = true"),
+            "filters.compress: compresses what key caching sends without keys: give filters.key_cache too",
+        ),
+        (
+            with_filters(GOOD, "kkt = 10"),
+            "filters.kkt: needs an L1-regularised model: an lr job (job.app = \"lr\")",
+        ),
+        (
+            with_filters(&lr_job_with("l1", "0.0"), "kkt = 10"),
+            "filters.kkt: needs job.l1 above 0, not 0",
+        ),
+        (
+            with_filters(&lr_job_with("l1", "0.1"), "kkt = 0"),
+            "filters.kkt: must be at least 1 push",
+        ),
+    ];
+    for (text, said) in cases {
+        let e = refused(&text);
+        assert!(e.starts_with("/etc/pserver/c.toml: "), "{e}");
+        assert!(e.ends_with(said), "{e}");
+    }
+    let unknown = refused(&with_filters(GOOD, "zip = true"));
+    assert!(unknown.contains("unknown field `zip`"), "{unknown}");
+    let sgd = lr_job_with("updater", "\"sgd\"").replace("keys = 10", "lr = 0.5\nkeys = 10");
+    assert!(
+        refused(&with_filters(&sgd, "kkt = 10"))
+            .ends_with("needs an L1-regularised model: job.updater \"ftrl\""),
+    );
+}
