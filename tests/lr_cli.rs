@@ -470,3 +470,40 @@ fn the_significantly_modified_filter_sends_fewer_rows_and_says_what_it_saved() {
         "{filtered_bytes} of {plain_bytes}"
     );
 }
+
+#[test]
+fn the_kkt_filter_needs_an_l1_model_holds_zero_weights_changes_and_says_what_it_saved() {
+    for (args, said) in [
+        (&["--kkt", "0"][..], "0 is not in 1.."),
+        (
+            &["--kkt", "--updater", "sgd"][..],
+            "--kkt: the KKT filter needs an L1-regularised model",
+        ),
+        (
+            &["--kkt", "--l1", "0"][..],
+            "--kkt: needs --l1 above 0, not 0",
+        ),
+    ] {
+        let out = pserver()
+            .args([&["train"], args].concat())
+            .output()
+            .unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(said), "{args:?}: {err}");
+    }
+    let (stdout, _) = run_ok(&["train", "--epochs", "2", "--kkt", "50"]);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("filter kkt "))
+        .unwrap_or_else(|| panic!("no filter line in {stdout}"));
+    let (rows_in, rows_out) = (field(line, "rows_in"), field(line, "rows_out"));
+    // The shipped data's model is sparse under the default l1: a good part of every push
+    // is the change to a zero weight.
+    assert!(rows_out > 0.0 && rows_out < rows_in * 0.9, "{line}");
+    assert_eq!(
+        field(line, "bytes_saved"),
+        (rows_in - rows_out) * 12.0,
+        "{line}"
+    );
+}

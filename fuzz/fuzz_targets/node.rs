@@ -9,7 +9,9 @@
 //! input decides whether both nodes run with round-robin push slots, the second whether (and
 //! at which threshold) the worker runs the significantly-modified filter, the third whether
 //! both run key caching (and with how many lists, and with value compression): slices that
-//! name key lists, requests for lists, and answers without keys mix in.
+//! name key lists, requests for lists, and answers without keys mix in; the fourth whether
+//! the worker runs the KKT filter (at which bound, and how often its full check comes), which
+//! judges a push of the keys of the last pull by that pull's answer.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -204,12 +206,31 @@ fn range(a: u16, b: u16) -> KeyRange {
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    ToServer { from: u8, epoch: u8, body: Body },
-    ToWorker { from: u8, epoch: u8, body: Body },
+    ToServer {
+        from: u8,
+        epoch: u8,
+        body: Body,
+    },
+    ToWorker {
+        from: u8,
+        epoch: u8,
+        body: Body,
+    },
     ServerTimeout,
     WorkerTimeout,
-    Push { keys: Vec<u16>, vals: Vec<i16> },
-    Pull { keys: Vec<u16>, dense: bool },
+    Push {
+        keys: Vec<u16>,
+        vals: Vec<i16>,
+    },
+    /// A push of the keys of the application's last pull, as a trainer pushes its gradient:
+    /// the KKT filter judges such a push by that pull's answer.
+    PushPulled {
+        vals: Vec<i16>,
+    },
+    Pull {
+        keys: Vec<u16>,
+        dense: bool,
+    },
     Advance,
     Flush,
     Leave,
@@ -547,8 +568,14 @@ struct Mirror {
     settled: BTreeMap<NodeId, u64>,
 }
 
-fuzz_target!(|input: (bool, Option<u8>, Option<(u8, bool)>, Vec<Op>)| {
-    let (slots, sigmod, caching, ops) = input;
+fuzz_target!(|input: (
+    bool,
+    Option<u8>,
+    Option<(u8, bool)>,
+    Option<(u8, u8)>,
+    Vec<Op>
+)| {
+    let (slots, sigmod, caching, kkt, ops) = input;
     // Few lists, so that both sides evict often.
     let key_caching = caching.and_then(|(lists, _)| KeyCaching::new(u32::from(lists % 4) + 1));
     let compression = caching.is_some_and(|(_, on)| on);
@@ -575,9 +602,15 @@ fuzz_target!(|input: (bool, Option<u8>, Option<(u8, bool)>, Vec<Op>)| {
         .map_or_else(Filters::none, Filters::significantly_modified);
     wc.filters.key_caching = key_caching;
     wc.filters.compression = compression;
+    // The KKT filter holds pushes of keys its pulls answered zero for; a short full-check
+    // period sends them with a later push of the key.
+    wc.filters.kkt = kkt.and_then(|(bound, every)| {
+        Kkt::new(Threshold::new(f64::from(bound))?, u32::from(every % 8) + 1)
+    });
     let mut worker: Driver<i64> = Driver::new(Worker::new(wc));
     let mut now: Time = 0;
     let mut mirror = Mirror::default();
+    let mut last_pulled: Vec<u16> = Vec::new();
     // Set once the server took in traffic only other servers send: its totals then hold more
     // than the worker's pushes.
     let mut between_servers = false;
@@ -603,8 +636,12 @@ fuzz_target!(|input: (bool, Option<u8>, Option<(u8, bool)>, Vec<Op>)| {
             Op::Push { keys: ks, vals } => {
                 let _ = worker.push(now, kvs(&ks, &vals));
             }
+            Op::PushPulled { vals } => {
+                let _ = worker.push(now, kvs(&last_pulled, &vals));
+            }
             Op::Pull { keys: ks, dense } => {
                 let _ = worker.pull(now, selection(&ks, dense));
+                last_pulled = ks;
             }
             Op::Advance => {
                 let _ = worker.advance(now);

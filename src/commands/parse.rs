@@ -42,6 +42,20 @@ pub(super) fn threshold(s: &str) -> Result<pserver_core::Threshold, String> {
         .ok_or_else(|| format!("`{s}` is not a finite number of at least 0"))
 }
 
+/// The KKT filter as BOUND:EVERY: a bound of at least 0, and a full check every EVERY (at
+/// least 1) pushes.
+pub(super) fn kkt(s: &str) -> Result<pserver_core::Kkt, String> {
+    let bad = || {
+        format!(
+            "`{s}` is not BOUND:EVERY, a number of at least 0 and a whole number of pushes of at least 1"
+        )
+    };
+    let (bound, every) = s.split_once(':').ok_or_else(bad)?;
+    let bound = threshold(bound).map_err(|_| bad())?;
+    let every = every.parse::<u32>().map_err(|_| bad())?;
+    pserver_core::Kkt::new(bound, every).ok_or_else(bad)
+}
+
 /// Key caching's lists per peer: a whole number of at least 1.
 pub(super) fn key_caching(s: &str) -> Result<pserver_core::KeyCaching, String> {
     s.parse::<u32>()

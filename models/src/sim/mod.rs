@@ -456,6 +456,9 @@ impl SimConfig {
         if self.filters.compression {
             cmd += " --compress";
         }
+        if let Some(kkt) = self.filters.kkt {
+            cmd += &format!(" --kkt {}:{}", kkt.bound().get(), kkt.every());
+        }
         if let Some(rate) = self.receive_rate {
             cmd += &format!(" --receive-rate {rate}");
         }

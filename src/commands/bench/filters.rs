@@ -12,11 +12,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use pserver_core::{Filters, KeyCaching, Threshold};
+use pserver_core::{Filters, KeyCaching, Kkt, Threshold};
 
 use super::train::{self, TrainSize};
 use super::{BenchError, Measure, runtime_err};
-use crate::apps::lr::{LrConfig, Trained, Wire, train_local};
+use crate::apps::lr::{DEFAULT_L1, LrConfig, Trained, Wire, train_local};
 use crate::data::libsvm::{Examples, IndexBase, read};
 
 /// Every configuration: its name in the measures, and its filters; key caching keeps
@@ -25,6 +25,8 @@ fn configurations(lists: u32) -> Vec<(&'static str, Filters)> {
     let caching = KeyCaching::new(lists).unwrap_or_default();
     let mut sigmod = Filters::key_caching_compressed(caching);
     sigmod.significantly_modified = Threshold::new(0.05);
+    let mut kkt = Filters::key_caching_compressed(caching);
+    kkt.kkt = Threshold::new(DEFAULT_L1).and_then(|l1| Kkt::new(l1, KKT_EVERY));
     vec![
         ("none", Filters::none()),
         ("keycache", Filters::key_caching(caching)),
@@ -33,12 +35,21 @@ fn configurations(lists: u32) -> Vec<(&'static str, Filters)> {
             Filters::key_caching_compressed(caching),
         ),
         ("keycache_compress_sigmod", sigmod),
+        ("keycache_compress_kkt", kkt),
     ]
 }
+
+/// The KKT filter's full-check period in the benchmark: `train --kkt`'s default.
+const KKT_EVERY: u32 = 500;
 
 /// What one run measured.
 struct Run {
     last_epoch_bytes: f64,
+    /// The epoch before the last: late in training, without what the filters flush at the
+    /// end.
+    late_epoch_bytes: f64,
+    /// Every epoch's, on average, the final flush included.
+    mean_epoch_bytes: f64,
     auc: f64,
     rows_per_sec: f64,
 }
@@ -51,10 +62,18 @@ fn measured(trained: &Trained) -> Run {
         [only] => *only,
         [] => 0,
     } as f64;
+    let late_epoch_bytes = match sent.as_slice() {
+        [.., before, late, _] => late.saturating_sub(*before),
+        [late, _] => *late,
+        _ => last_epoch_bytes as u64,
+    } as f64;
+    let mean_epoch_bytes = sent.last().map_or(0.0, |&b| b as f64 / sent.len() as f64);
     let rows: usize = reports.iter().map(|r| r.rows).sum();
     let secs: f64 = reports.iter().map(|r| r.train_secs).sum();
     Run {
         last_epoch_bytes,
+        late_epoch_bytes,
+        mean_epoch_bytes,
         auc: reports.last().map_or(0.5, |r| r.test_auc),
         rows_per_sec: rows as f64 / secs.max(1e-9),
     }
@@ -91,6 +110,8 @@ async fn compare(
             });
         };
         put("epoch_bytes", run.last_epoch_bytes, "bytes");
+        put("late_epoch_bytes", run.late_epoch_bytes, "bytes");
+        put("mean_epoch_bytes", run.mean_epoch_bytes, "bytes");
         put("test_auc", run.auc, "auc");
         put("rows_per_sec", run.rows_per_sec, "rows/s");
         for (filter, saving) in &trained.filters {
@@ -108,6 +129,16 @@ async fn compare(
                     none.last_epoch_bytes / run.last_epoch_bytes.max(1.0),
                     "x",
                 );
+                put(
+                    "late_bytes_cut",
+                    none.late_epoch_bytes / run.late_epoch_bytes.max(1.0),
+                    "x",
+                );
+                put(
+                    "mean_bytes_cut",
+                    none.mean_epoch_bytes / run.mean_epoch_bytes.max(1.0),
+                    "x",
+                );
                 put("auc_delta", run.auc - none.auc, "auc");
                 put(
                     "rows_per_sec_ratio",
@@ -121,10 +152,11 @@ async fn compare(
 }
 
 /// Runs the filters measures: the shipped data over mem, the generated problem of `size`
-/// over mem and over tcp; `quick`, two epochs of the shipped data (a smoke test of the
-/// benchmark itself). Runs from the repository's root.
+/// over mem and over tcp (`tcp_only`: over tcp only); `quick`, two epochs of the shipped
+/// data (a smoke test of the benchmark itself). Runs from the repository's root.
 pub(super) async fn run_filters_bench(
     quick: bool,
+    tcp_only: bool,
     size: TrainSize,
     emit: &mut impl FnMut(Measure),
 ) -> Result<(), BenchError> {
@@ -133,6 +165,7 @@ pub(super) async fn run_filters_bench(
         "keycache",
         "keycache_compress",
         "keycache_compress_sigmod",
+        "keycache_compress_kkt",
     ];
     let adult = |name: &str| -> Result<Arc<Examples>, BenchError> {
         let path = Path::new("data/adult").join(name);
@@ -145,15 +178,17 @@ pub(super) async fn run_filters_bench(
     };
     // Rows shuffled every epoch make new lists: a pull's list comes back with its push only.
     let shipped_data = (&train, &test);
-    compare(
-        "adult",
-        &shipped,
-        Wire::Mem,
-        shipped_data,
-        (256, &all),
-        emit,
-    )
-    .await?;
+    if !tcp_only {
+        compare(
+            "adult",
+            &shipped,
+            Wire::Mem,
+            shipped_data,
+            (256, &all),
+            emit,
+        )
+        .await?;
+    }
     let (train, test) = train::data(size, emit)?;
     let (train, test) = (Arc::new(train), Arc::new(test));
     let mut generated = LrConfig {
@@ -168,16 +203,18 @@ pub(super) async fn run_filters_bench(
     // make 5,000 minibatches per worker.
     let lists = u32::try_from(size.rows / 400).unwrap_or(u32::MAX).max(256);
     let data = (&train, &test);
-    compare(
-        "generated",
-        &generated,
-        Wire::Mem,
-        data,
-        (lists, &all),
-        emit,
-    )
-    .await?;
-    let over_tcp = ["none", "keycache_compress"];
+    if !tcp_only {
+        compare(
+            "generated",
+            &generated,
+            Wire::Mem,
+            data,
+            (lists, &all),
+            emit,
+        )
+        .await?;
+    }
+    let over_tcp = ["none", "keycache_compress", "keycache_compress_kkt"];
     compare(
         "generated",
         &generated,

@@ -89,6 +89,10 @@ pub struct BenchArgs {
     /// repository's root.
     #[arg(long, conflicts_with_all = ["sizes", "kinds", "topologies", "train", "stragglers"])]
     filters: bool,
+    /// With --filters, measure only over TCP: the generated problem's TCP runs, for a link
+    /// shaped outside the process (`scripts/filters-1gbit` runs them over a 1 Gbit/s link).
+    #[arg(long, requires = "filters")]
+    tcp_only: bool,
     /// Training rows of the --train and --filters problems (and a tenth as many test rows).
     #[arg(long, value_parser = clap::value_parser!(u64).range(10..))]
     train_rows: Option<u64>,
@@ -121,6 +125,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         let size = train::TrainSize::new(args.quick, rows);
         rt.block_on(filters::run_filters_bench(
             args.quick,
+            args.tcp_only,
             size,
             &mut |m: Measure| println!("{}", m.line()),
         ))

@@ -5,8 +5,8 @@ mod slots;
 mod sweep;
 
 use pserver_core::{
-    Balance, Consistency, Detection, Filters, KeyCaching, PushSlots, StragglerPolicy, TauRange,
-    Threshold,
+    Balance, Consistency, Detection, Filters, KeyCaching, Kkt, PushSlots, StragglerPolicy,
+    TauRange, Threshold,
 };
 
 // The simulator is named in this one place; the submodules go through this module too.
@@ -21,7 +21,7 @@ pub use sweep::{Pacing, SweepRow, sweep_models, sweep_pacings, tau_label, tau_sw
 
 use super::CliError;
 use super::parse::{
-    at_least_one, factor, key_caching, probability, push_slots, tau_range, threshold,
+    at_least_one, factor, key_caching, kkt, probability, push_slots, tau_range, threshold,
 };
 
 /// Run whole clusters in the deterministic simulator, with faults, checking the protocol's
@@ -185,6 +185,12 @@ pub struct SimArgs {
     /// rows left out, or LZ4), where it saves bytes.
     #[arg(long, requires = "key_cache")]
     compress: bool,
+    /// Workers run their pushes through the KKT filter: a push of the keys of a pull holds
+    /// back the change to each key the pull answered zero for while the change adds up to at
+    /// most BOUND, for at most EVERY pushes. Every run checks that what the requests carried
+    /// sums to what was pushed.
+    #[arg(long, value_name = "BOUND:EVERY", value_parser = kkt)]
+    kkt: Option<Kkt>,
     /// Servers work through the bytes that reach them at this many bytes per virtual
     /// millisecond, and the summary prints their peak receive queue (default: every message
     /// is handled as it arrives).
@@ -255,6 +261,7 @@ fn config(args: &SimArgs) -> SimConfig {
         .map_or_else(Filters::none, Filters::significantly_modified);
     filters.key_caching = args.key_cache;
     filters.compression = args.compress;
+    filters.kkt = args.kkt;
     let mut cfg = SimConfig {
         servers: args.servers as usize,
         workers: args.workers as usize,
