@@ -349,3 +349,135 @@ fn a_server_refuses_values_for_another_number_of_rows_than_the_list_named() {
     assert!(out.sends.is_empty());
     assert_eq!(totals(&pair.server)[1], 1);
 }
+
+/// The KKT filter, holding a change to a zero weight while it adds up to at most `bound`.
+fn kkt(bound: f64, every: u32) -> Kkt {
+    Kkt::new(Threshold::new(bound).unwrap(), every).unwrap()
+}
+
+/// Each of [`pushes`] after a pull of its keys, as a trainer pushes its gradient: the pulls
+/// answer zero for a key until a push of it reached the server.
+fn pulled_and_pushed(pair: &mut Pair) -> Vec<i64> {
+    let (pushes, sums) = pushes();
+    for kvs in pushes {
+        pair.pull(kvs.keys());
+        pair.push(kvs);
+    }
+    sums
+}
+
+#[test]
+fn what_the_kkt_filter_holds_back_reaches_the_servers_once_the_worker_flushes() {
+    let mut cached = caching_compressed(16);
+    cached.kkt = Some(kkt(20.0, 100));
+    for filters in [Filters::kkt(kkt(20.0, 100)), cached] {
+        let mut pair = Pair::new(&job(filters));
+        let sums = pulled_and_pushed(&mut pair);
+        // Every change to a key held within the bound since its first push: none reached the
+        // server, whose weights stay zero, and so it goes on.
+        assert_ne!(totals(&pair.server), sums, "{filters:?}");
+        let saving = pair
+            .worker
+            .filter_savings()
+            .into_iter()
+            .find(|(name, _)| *name == "kkt")
+            .expect("the kkt filter's saving")
+            .1;
+        assert!(saving.rows_out < saving.rows_in, "{saving:?}");
+        assert!(pair.flush().is_some());
+        assert_eq!(totals(&pair.server), sums, "{filters:?}");
+        if filters.key_caching.is_some() {
+            // A held row goes as zeros in the pulled list, which key caching names.
+            assert!(pair.count("PushCached") > 0, "{:?}", pair.kinds);
+        }
+    }
+}
+
+/// Key caching with compression, keeping `lists` lists per peer.
+fn caching_compressed(lists: u32) -> Filters {
+    Filters::key_caching_compressed(KeyCaching::new(lists).unwrap())
+}
+
+/// An embedder's filter: it holds every other push, and sends it summed with the next.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+struct EveryOther {
+    held: Option<Vec<(Key, i64)>>,
+    saving: filter::FilterSaving,
+}
+
+impl filter::Filter<i64> for EveryOther {
+    fn name(&self) -> &'static str {
+        "every_other"
+    }
+
+    fn push(&mut self, kvs: KvPairs<i64>) -> KvPairs<i64> {
+        self.saving.rows_in += kvs.len() as u64;
+        let rows: Vec<(Key, i64)> = kvs.iter().map(|(k, v)| (k, v[0])).collect();
+        match self.held.take() {
+            None => {
+                self.held = Some(rows);
+                KvPairs::empty(1).unwrap()
+            }
+            Some(held) => self.merged(held.into_iter().chain(rows)),
+        }
+    }
+
+    fn flush(&mut self) -> Option<KvPairs<i64>> {
+        let held = self.held.take()?;
+        Some(self.merged(held.into_iter()))
+    }
+
+    fn holds(&self) -> usize {
+        self.held.as_ref().map_or(0, Vec::len)
+    }
+
+    fn saving(&self) -> filter::FilterSaving {
+        self.saving
+    }
+}
+
+impl EveryOther {
+    fn merged(&mut self, rows: impl Iterator<Item = (Key, i64)>) -> KvPairs<i64> {
+        let mut sums = std::collections::BTreeMap::new();
+        for (k, v) in rows {
+            *sums.entry(k).or_insert(0) += v;
+        }
+        self.saving.rows_out += sums.len() as u64;
+        let (keys, values) = sums.into_iter().unzip();
+        KvPairs::new(keys, values, 1).unwrap()
+    }
+}
+
+#[test]
+fn a_worker_runs_an_embedders_filter_after_the_jobs_and_reports_its_saving() {
+    let (pushes, sums) = pushes();
+    let mut pair = Pair::new(&job(sigmod(0.0)));
+    let before = pair.worker.clone();
+    pair.worker = pair.worker.clone().with_filter(EveryOther::default());
+    // A worker is compared by its filter's state too: the model checker and the simulator
+    // tell states apart by it.
+    assert_ne!(pair.worker, before);
+    assert_eq!(pair.worker, pair.worker.clone());
+    for kvs in pushes.iter().take(3).cloned() {
+        pair.push(kvs);
+    }
+    // The third push waits; another worker with the same filter holding nothing differs.
+    let mut emptied = pair.worker.clone();
+    assert_eq!(emptied, pair.worker);
+    emptied.flush(pair.now, &mut Effects::new()).unwrap();
+    assert_ne!(emptied, pair.worker);
+    let mut out = Effects::new();
+    assert!(matches!(
+        pair.worker.leave(&mut out),
+        Err(WorkerError::Unflushed { .. })
+    ));
+    for kvs in pushes.iter().skip(3).cloned() {
+        pair.push(kvs);
+    }
+    pair.flush();
+    assert_eq!(totals(&pair.server), sums);
+    let names: Vec<&str> = pair.worker.filter_savings().iter().map(|s| s.0).collect();
+    assert_eq!(names, ["sigmod", "every_other"]);
+    let saving = pair.worker.filter_savings()[1].1;
+    assert!(saving.rows_out < saving.rows_in, "{saving:?}");
+}

@@ -6,8 +6,10 @@
 //! goes with a later push of the same key or when the worker flushes
 //! ([`crate::node::Worker::flush`]). Each filter counts what it saved ([`FilterSaving`]).
 //!
-//! [`Filter`] is the interface every filter implements; [`SignificantlyModified`] is the
-//! first.
+//! [`Filter`] is the interface every filter on a push's content implements: the built-in
+//! [`SignificantlyModified`] and [`KktFilter`], and any an embedder writes and gives a worker
+//! ([`crate::node::Worker::with_filter`]). Key caching and value compression work on messages
+//! instead, as they need to know what a peer holds: they are chosen in [`Filters`] only.
 
 pub(crate) mod keycache;
 mod kkt;
@@ -17,8 +19,9 @@ pub use keycache::{KeyCaching, KeysDigest};
 pub use kkt::{Kkt, KktFilter};
 pub use sigmod::{SignificantlyModified, Threshold};
 
+use std::any::Any;
 use std::fmt::Debug;
-use std::hash::Hash;
+use std::hash::{Hash, Hasher};
 
 use crate::kv::KvPairs;
 use crate::value::Value;
@@ -93,6 +96,80 @@ impl<V: Value> Eq for ValueBits<V> {}
 impl<V: Value> std::hash::Hash for ValueBits<V> {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.0.to_bits().hash(state);
+    }
+}
+
+/// [`Filter`] made object-safe, so that a worker can run a filter whose type it does not
+/// know: an embedder's own ([`crate::node::Worker::with_filter`]). Comparing and hashing go
+/// through `Any` and `&mut dyn Hasher`, so that a worker holding one stays `Eq + Hash`.
+trait DynFilter<V: Value>: Debug + Send + Sync {
+    fn name(&self) -> &'static str;
+    fn pulled(&mut self, kvs: &KvPairs<V>);
+    fn push(&mut self, kvs: KvPairs<V>) -> KvPairs<V>;
+    fn flush(&mut self) -> Option<KvPairs<V>>;
+    fn holds(&self) -> usize;
+    fn saving(&self) -> FilterSaving;
+    fn clone_box(&self) -> Box<dyn DynFilter<V>>;
+    fn as_any(&self) -> &dyn Any;
+    fn eq_dyn(&self, other: &dyn Any) -> bool;
+    fn hash_dyn(&self, state: &mut dyn Hasher);
+}
+
+impl<V: Value, F: Filter<V> + Send + Sync + 'static> DynFilter<V> for F {
+    fn name(&self) -> &'static str {
+        Filter::name(self)
+    }
+    fn pulled(&mut self, kvs: &KvPairs<V>) {
+        Filter::pulled(self, kvs);
+    }
+    fn push(&mut self, kvs: KvPairs<V>) -> KvPairs<V> {
+        Filter::push(self, kvs)
+    }
+    fn flush(&mut self) -> Option<KvPairs<V>> {
+        Filter::flush(self)
+    }
+    fn holds(&self) -> usize {
+        Filter::holds(self)
+    }
+    fn saving(&self) -> FilterSaving {
+        Filter::saving(self)
+    }
+    fn clone_box(&self) -> Box<dyn DynFilter<V>> {
+        Box::new(self.clone())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn eq_dyn(&self, other: &dyn Any) -> bool {
+        other.downcast_ref::<F>() == Some(self)
+    }
+    fn hash_dyn(&self, mut state: &mut dyn Hasher) {
+        Hash::hash(self, &mut state);
+    }
+}
+
+/// An embedder's filter, behind a box.
+#[derive(Debug)]
+struct Custom<V: Value>(Box<dyn DynFilter<V>>);
+
+impl<V: Value> Clone for Custom<V> {
+    fn clone(&self) -> Self {
+        Custom(self.0.clone_box())
+    }
+}
+
+impl<V: Value> PartialEq for Custom<V> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.eq_dyn(other.0.as_any())
+    }
+}
+
+impl<V: Value> Eq for Custom<V> {}
+
+impl<V: Value> Hash for Custom<V> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.name().hash(state);
+        self.0.hash_dyn(state);
     }
 }
 
@@ -179,6 +256,8 @@ impl Filters {
 pub(crate) struct FilterChain<V: Value> {
     kkt: Option<KktFilter<V>>,
     sigmod: Option<SignificantlyModified<V>>,
+    /// The embedder's filters, after the built-in ones, in the order they were added.
+    custom: Vec<Custom<V>>,
 }
 
 impl<V: Value> FilterChain<V> {
@@ -197,43 +276,59 @@ impl<V: Value> FilterChain<V> {
             sigmod: spec
                 .significantly_modified
                 .map(|t| SignificantlyModified::new(t, width)),
+            custom: Vec::new(),
         }
+    }
+
+    /// Adds `filter` after the others.
+    pub(crate) fn add<F: Filter<V> + Send + Sync + 'static>(&mut self, filter: F) {
+        self.custom.push(Custom(Box::new(filter)));
     }
 
     /// Shows every filter a pull's answer.
     pub(crate) fn pulled(&mut self, kvs: &KvPairs<V>) {
         if let Some(f) = &mut self.kkt {
-            f.pulled(kvs);
+            Filter::pulled(f, kvs);
         }
         if let Some(f) = &mut self.sigmod {
-            f.pulled(kvs);
+            Filter::pulled(f, kvs);
+        }
+        for f in &mut self.custom {
+            f.0.pulled(kvs);
         }
     }
 
     /// Runs `kvs` through every filter.
     pub(crate) fn push(&mut self, mut kvs: KvPairs<V>) -> KvPairs<V> {
         if let Some(f) = &mut self.kkt {
-            kvs = f.push(kvs);
+            kvs = Filter::push(f, kvs);
         }
-        match &mut self.sigmod {
-            Some(f) => f.push(kvs),
-            None => kvs,
+        if let Some(f) = &mut self.sigmod {
+            kvs = Filter::push(f, kvs);
         }
+        for f in &mut self.custom {
+            kvs = f.0.push(kvs);
+        }
+        kvs
     }
 
     /// What the filters keep, to send now: each filter's rows, summed where they share a key.
     pub(crate) fn flush(&mut self) -> Option<KvPairs<V>> {
         let kkt = self.kkt.as_mut().and_then(Filter::flush);
         let sigmod = self.sigmod.as_mut().and_then(Filter::flush);
-        match (kkt, sigmod) {
-            (Some(a), Some(b)) => Some(sum_rows(&a, &b)),
-            (a, b) => a.or(b),
-        }
+        let custom: Vec<_> = self.custom.iter_mut().map(|f| f.0.flush()).collect();
+        [kkt, sigmod]
+            .into_iter()
+            .chain(custom)
+            .flatten()
+            .reduce(|a, b| sum_rows(&a, &b))
     }
 
     /// Rows the filters keep now.
     pub(crate) fn holds(&self) -> usize {
-        self.kkt.as_ref().map_or(0, Filter::holds) + self.sigmod.as_ref().map_or(0, Filter::holds)
+        self.kkt.as_ref().map_or(0, Filter::holds)
+            + self.sigmod.as_ref().map_or(0, Filter::holds)
+            + self.custom.iter().map(|f| f.0.holds()).sum::<usize>()
     }
 
     /// Each filter's name and saving.
@@ -246,7 +341,8 @@ impl<V: Value> FilterChain<V> {
             .sigmod
             .iter()
             .map(|f| (Filter::<V>::name(f), Filter::<V>::saving(f)));
-        kkt.chain(sigmod).collect()
+        let custom = self.custom.iter().map(|f| (f.0.name(), f.0.saving()));
+        kkt.chain(sigmod).chain(custom).collect()
     }
 }
 

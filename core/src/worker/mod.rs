@@ -82,6 +82,20 @@ pub struct Worker<V: Value> {
 }
 
 impl<V: Value> Worker<V> {
+    /// The worker, running its pushes through `filter` too, after the job's filters
+    /// ([`crate::filter::Filter`]): an embedder's own filter. Its saving is reported under its
+    /// name with the others ([`Worker::filter_savings`]), and what it holds goes at
+    /// [`Worker::flush`] and keeps the worker from leaving until then, as the built-in
+    /// filters' does.
+    #[must_use]
+    pub fn with_filter<F: crate::filter::Filter<V> + Send + Sync + 'static>(
+        mut self,
+        filter: F,
+    ) -> Self {
+        self.filters.add(filter);
+        self
+    }
+
     /// A worker that has not yet registered.
     pub fn new(cfg: WorkerConfig) -> Self {
         Worker {
