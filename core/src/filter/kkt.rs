@@ -72,15 +72,15 @@ pub struct KktFilter<V: Value> {
     width: usize,
     /// The last pulls, newest last.
     pulls: VecDeque<Pulled>,
-    /// The changes not sent yet: per key, its slot in `sums` and `since`. Hashed rather than
-    /// ordered: every row of every push looks its key up, in a table that holds the model's
-    /// zero features a worker has seen (ARCHITECTURE.md §10). Nothing depends on its order.
-    held: HashMap<Key, u32, BuildHasherDefault<KeyHasher>>,
-    /// Per slot, `width` values: the change held.
-    sums: Vec<V>,
-    /// Per slot, the push that began holding it.
-    since: Vec<u64>,
-    /// Slots free for reuse.
+    /// The changes not sent yet, per key. Hashed rather than ordered: every row of every push
+    /// looks its key up, in a table that holds the model's zero features a worker has seen
+    /// (ARCHITECTURE.md §10). Nothing depends on its order. A row's first value and the
+    /// push that began holding it lie in the table itself, so that a row of one value, a
+    /// linear model's, costs one lookup and no other memory.
+    held: HashMap<Key, Held<V>, BuildHasherDefault<KeyHasher>>,
+    /// Per slot, a held row's values after its first (`width - 1` of them).
+    rest: Vec<V>,
+    /// Slots of `rest` free for reuse.
     free: Vec<u32>,
     /// A bit per hash of a key held since the last flush, set before the key is held: a key
     /// whose bit is clear is not held, and a push of a non-zero weight's row, most of a late
@@ -94,6 +94,17 @@ pub struct KktFilter<V: Value> {
     saving: FilterSaving,
 }
 
+/// A key's change not sent yet.
+#[derive(Clone, Copy, Debug)]
+struct Held<V> {
+    /// The push that began holding it.
+    since: u64,
+    /// Its first value.
+    first: V,
+    /// Where `rest` keeps the others.
+    slot: u32,
+}
+
 // By what is held, key by key, and the values' bits (floats are not `Eq`); not by slots.
 impl<V: Value> PartialEq for KktFilter<V> {
     fn eq(&self, other: &Self) -> bool {
@@ -104,10 +115,9 @@ impl<V: Value> PartialEq for KktFilter<V> {
             && self.keep_lists == other.keep_lists
             && self.saving == other.saving
             && self.held.len() == other.held.len()
-            && self.held.iter().all(|(key, &slot)| {
-                other.held.get(key).is_some_and(|&theirs| {
-                    self.since[slot as usize] == other.since[theirs as usize]
-                        && bits(self.sum(slot)).eq(bits(other.sum(theirs)))
+            && self.held.iter().all(|(key, mine)| {
+                other.held.get(key).is_some_and(|theirs| {
+                    mine.since == theirs.since && bits(self.row(mine)).eq(bits(other.row(theirs)))
                 })
             })
     }
@@ -124,17 +134,16 @@ impl<V: Value> Hash for KktFilter<V> {
         self.keep_lists.hash(state);
         self.saving.hash(state);
         // Summed, so that the table's order does not count.
-        let held = self.held.iter().fold(0u64, |acc, (&key, &slot)| {
-            let row = bits(self.sum(slot))
-                .fold(mix64(key ^ self.since[slot as usize]), |h, b| mix64(h ^ b));
+        let held = self.held.iter().fold(0u64, |acc, (&key, held)| {
+            let row = bits(self.row(held)).fold(mix64(key ^ held.since), |h, b| mix64(h ^ b));
             acc.wrapping_add(row)
         });
         (self.held.len(), held).hash(state);
     }
 }
 
-fn bits<V: Value>(row: &[V]) -> impl Iterator<Item = u64> + '_ {
-    row.iter().map(|v| v.to_bits())
+fn bits<V: Value>(row: impl Iterator<Item = V>) -> impl Iterator<Item = u64> {
+    row.map(|v| v.to_bits())
 }
 
 impl<V: Value> KktFilter<V> {
@@ -145,8 +154,7 @@ impl<V: Value> KktFilter<V> {
             width,
             pulls: VecDeque::new(),
             held: HashMap::default(),
-            sums: Vec::new(),
-            since: Vec::new(),
+            rest: Vec::new(),
             free: Vec::new(),
             maybe_held: Vec::new(),
             pushes: 0,
@@ -169,10 +177,15 @@ impl<V: Value> KktFilter<V> {
         8 + self.width * V::SIZE
     }
 
-    /// The change held in `slot`.
-    fn sum(&self, slot: u32) -> &[V] {
-        let at = slot as usize * self.width;
-        &self.sums[at..at + self.width]
+    /// The range of `rest` that `slot` holds.
+    fn rest_of(&self, slot: u32) -> std::ops::Range<usize> {
+        let stride = self.width - 1;
+        slot as usize * stride..(slot as usize + 1) * stride
+    }
+
+    /// The change `held` holds, value by value.
+    fn row<'a>(&'a self, held: &'a Held<V>) -> impl Iterator<Item = V> + 'a {
+        std::iter::once(held.first).chain(self.rest[self.rest_of(held.slot)].iter().copied())
     }
 
     /// The word and bit of `maybe_held` for `key`.
@@ -194,21 +207,23 @@ impl<V: Value> KktFilter<V> {
         }
         let (word, bit) = Self::maybe_bit(key);
         self.maybe_held[word] |= bit;
-        let slot = match self.free.pop() {
-            Some(slot) => {
-                let at = slot as usize * self.width;
-                self.sums[at..at + self.width].copy_from_slice(row);
-                self.since[slot as usize] = self.pushes;
-                slot
-            }
-            None => {
-                self.sums.extend_from_slice(row);
-                self.since.push(self.pushes);
-                // Slots number the rows a worker holds at once: far fewer than 2^32.
-                u32::try_from(self.since.len() - 1).unwrap_or(u32::MAX)
-            }
+        let slot = if self.width == 1 {
+            0
+        } else if let Some(slot) = self.free.pop() {
+            let range = self.rest_of(slot);
+            self.rest[range].copy_from_slice(&row[1..]);
+            slot
+        } else {
+            self.rest.extend_from_slice(&row[1..]);
+            // Slots number the rows a worker holds at once: far fewer than 2^32.
+            u32::try_from(self.rest.len() / (self.width - 1) - 1).unwrap_or(u32::MAX)
         };
-        self.held.insert(key, slot);
+        let held = Held {
+            since: self.pushes,
+            first: row[0],
+            slot,
+        };
+        self.held.insert(key, held);
     }
 }
 
@@ -234,38 +249,44 @@ impl<V: Value> Filter<V> for KktFilter<V> {
     fn push(&mut self, kvs: KvPairs<V>) -> KvPairs<V> {
         self.pushes += 1;
         let (width, bound, every) = (self.width, self.kkt.bound.get(), u64::from(self.kkt.every));
+        let stride = width - 1;
         // NaN is never within the bound: a filter must not hide it.
-        let within = |row: &[V]| row.iter().all(|v| v.to_f64().abs() <= bound);
+        let within = |v: V| v.to_f64().abs() <= bound;
         let pulled = self.pulls.iter().rposition(|p| p.keys == kvs.keys());
         let mut keys = Vec::with_capacity(kvs.len());
         let mut values = Vec::with_capacity(kvs.len() * width);
         let mut held_in_list = 0;
         for (i, (key, row)) in kvs.iter().enumerate() {
             let zero = pulled.is_some_and(|p| self.pulls[p].zero[i]);
-            let slot = if zero || self.may_hold(key) {
-                self.held.get(&key).copied()
+            let entry = if zero || self.may_hold(key) {
+                self.held.get_mut(&key)
             } else {
                 None
             };
-            let hold = match slot {
-                Some(slot) => {
-                    let at = slot as usize * width;
-                    let sum = &mut self.sums[at..at + width];
-                    for (s, &v) in sum.iter_mut().zip(row) {
+            let hold = match entry {
+                Some(held) => {
+                    held.first = held.first.add(row[0]);
+                    let at = held.slot as usize * stride;
+                    let rest = &mut self.rest[at..at + stride];
+                    for (s, &v) in rest.iter_mut().zip(&row[1..]) {
                         *s = s.add(v);
                     }
-                    let due = self.pushes - self.since[slot as usize] >= every;
-                    if zero && !due && within(sum) {
+                    let due = self.pushes - held.since >= every;
+                    if zero && !due && within(held.first) && rest.iter().all(|&v| within(v)) {
                         true
                     } else {
                         keys.push(key);
-                        values.extend_from_slice(sum);
+                        values.push(held.first);
+                        values.extend_from_slice(rest);
+                        let slot = held.slot;
                         self.held.remove(&key);
-                        self.free.push(slot);
+                        if stride > 0 {
+                            self.free.push(slot);
+                        }
                         false
                     }
                 }
-                None if zero && within(row) => {
+                None if zero && row.iter().all(|&v| within(v)) => {
                     self.hold(key, row);
                     true
                 }
@@ -292,16 +313,15 @@ impl<V: Value> Filter<V> for KktFilter<V> {
         if self.held.is_empty() {
             return None;
         }
-        let mut held: Vec<(Key, u32)> = self.held.drain().collect();
+        let mut held: Vec<(Key, Held<V>)> = self.held.drain().collect();
         held.sort_unstable_by_key(|&(key, _)| key);
         let mut keys = Vec::with_capacity(held.len());
         let mut values = Vec::with_capacity(held.len() * self.width);
-        for (key, slot) in held {
-            keys.push(key);
-            values.extend_from_slice(self.sum(slot));
+        for (key, row) in &held {
+            keys.push(*key);
+            values.extend(self.row(row));
         }
-        self.sums.clear();
-        self.since.clear();
+        self.rest.clear();
         self.free.clear();
         self.maybe_held.clear();
         let row_bytes = self.row_bytes();
@@ -420,23 +440,57 @@ mod tests {
             f.hash(&mut h);
             h.finish()
         };
-        // `x` holds 2 in slot 0 and 3 in slot 1; `y` the other way round.
-        let mut x = filter(1.0, 100);
-        let mut y = filter(1.0, 100);
-        x.pulled(&kvs(&[2, 3], &[0.0, 0.0]));
-        y.pulled(&kvs(&[2, 3], &[0.0, 0.0]));
-        x.push(kvs(&[2, 3], &[0.5, 0.75]));
+        // Rows of two values: `x` keeps 2's second value in slot 0 and 3's in slot 1, `y`
+        // the other way round.
+        let wide =
+            |keys: &[Key], values: &[f64]| KvPairs::new(keys.to_vec(), values.to_vec(), 2).unwrap();
+        let kkt = Kkt::new(Threshold::new(1.0).unwrap(), 100).unwrap();
+        let (mut x, mut y) = (KktFilter::new(kkt, 2), KktFilter::new(kkt, 2));
+        x.pulled(&wide(&[2, 3], &[0.0; 4]));
+        y.pulled(&wide(&[2, 3], &[0.0; 4]));
+        assert!(x.push(wide(&[2, 3], &[0.5, 0.25, 0.75, 0.125])).is_empty());
         y.pushes = 1;
-        y.hold(3, &[0.75]);
-        y.hold(2, &[0.5]);
+        y.hold(3, &[0.75, 0.125]);
+        y.hold(2, &[0.5, 0.25]);
         y.saving = x.saving;
+        assert_ne!(x.held[&2].slot, y.held[&2].slot, "held in different slots");
         assert_eq!(x, y);
         assert_eq!(hash(&x), hash(&y));
-        assert_eq!(x.sum(x.held[&2]), [0.5]);
-        assert_eq!(y.sum(y.held[&2]), [0.5]);
-        assert_ne!(x.held[&2], y.held[&2], "held in different slots");
-        y.sums[0] = 0.7;
+        let slot = y.held[&2].slot as usize;
+        y.rest[slot] = 0.3;
         assert_ne!(x, y);
+        // And what they flush is the same rows.
+        y.rest[slot] = 0.25;
+        let rows = |f: &mut KktFilter<f64>| f.flush().unwrap().values().to_vec();
+        assert_eq!(rows(&mut x), [0.5, 0.25, 0.75, 0.125]);
+        assert_eq!(rows(&mut y), [0.5, 0.25, 0.75, 0.125]);
+    }
+
+    #[test]
+    fn a_row_of_several_values_is_held_and_sent_whole() {
+        let wide =
+            |keys: &[Key], values: &[f64]| KvPairs::new(keys.to_vec(), values.to_vec(), 3).unwrap();
+        let kkt = Kkt::new(Threshold::new(1.0).unwrap(), 100).unwrap();
+        let mut f = KktFilter::new(kkt, 3);
+        f.pulled(&wide(&[1, 2], &[0.0; 6]));
+        // Key 2 has a value past the bound: its row goes whole.
+        let sent = f.push(wide(&[1, 2], &[0.5, -0.5, 0.25, 0.5, 2.0, 0.0]));
+        assert_eq!(sent.keys(), [2]);
+        f.pulled(&wide(&[1, 4], &[0.0, 0.0, 0.0, 0.0, 0.0, 0.0]));
+        assert!(
+            f.push(wide(&[1, 4], &[0.25, 0.25, 0.25, 0.5, 0.5, 0.5]))
+                .is_empty()
+        );
+        // Key 1's weight is no longer zero: its sum goes, every value of it.
+        f.pulled(&wide(&[1], &[0.1, 0.0, 0.0]));
+        let sent = f.push(wide(&[1], &[0.125, 0.125, 0.125]));
+        assert_eq!(sent.values(), [0.875, -0.125, 0.625]);
+        // Key 4 goes at the flush, in a slot key 1's row freed or its own.
+        f.pulled(&wide(&[6], &[0.0; 3]));
+        assert!(f.push(wide(&[6], &[0.0, 0.0, 0.75])).is_empty());
+        let flushed = f.flush().unwrap();
+        assert_eq!(flushed.keys(), [4, 6]);
+        assert_eq!(flushed.values(), [0.5, 0.5, 0.5, 0.0, 0.0, 0.75]);
     }
 
     /// What goes, summed per key, is what was pushed once the filter flushes.
