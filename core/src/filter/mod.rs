@@ -381,3 +381,39 @@ fn sum_rows<V: Value>(a: &KvPairs<V>, b: &KvPairs<V>) -> KvPairs<V> {
     // Two valid key lists merged: in order, each key once.
     KvPairs::from_validated(keys, values, width)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn savings_add_up_count_by_count() {
+        let mut total = FilterSaving {
+            rows_in: 10,
+            rows_out: 4,
+            bytes_saved: 72,
+        };
+        total.add(FilterSaving {
+            rows_in: 3,
+            rows_out: 2,
+            bytes_saved: 12,
+        });
+        assert_eq!(
+            total,
+            FilterSaving {
+                rows_in: 13,
+                rows_out: 6,
+                bytes_saved: 84,
+            }
+        );
+    }
+
+    #[test]
+    fn flushed_rows_of_two_filters_are_summed_where_they_share_a_key() {
+        let a = KvPairs::new(vec![1, 4, 9], vec![1i64, 2, 3], 1).unwrap();
+        let b = KvPairs::new(vec![0, 4, 12], vec![10i64, 20, 30], 1).unwrap();
+        let sum = sum_rows(&a, &b);
+        assert_eq!(sum.keys(), [0, 1, 4, 9, 12]);
+        assert_eq!(sum.values(), [10, 1, 22, 3, 30]);
+    }
+}
