@@ -179,6 +179,7 @@ fn bulk_bytes<V: Value>(body: &Message<V>) -> (usize, usize) {
         Message::PullReply(reply) => pairs(&reply.kvs),
         Message::PushCached(push) => (0, push.values.wire_bytes()),
         Message::PullValues(reply) => (0, reply.values.wire_bytes()),
+        Message::PullRows(reply) => (4 * reply.keys.keys().len(), reply.values.wire_bytes()),
         _ => (0, 0),
     }
 }

@@ -85,7 +85,7 @@ fn slice(u: &mut Unstructured) -> Result<SliceRef> {
 }
 
 fn message<V: Value>(u: &mut Unstructured) -> Result<Message<V>> {
-    Ok(match u.int_in_range(0..=11)? {
+    Ok(match u.int_in_range(0..=12)? {
         0 => Message::Push(Push {
             slice: slice(u)?,
             iteration: u.arbitrary()?,
@@ -144,6 +144,17 @@ fn message<V: Value>(u: &mut Unstructured) -> Result<Message<V>> {
                 slice: slice(u)?,
                 complete_below: u.arbitrary()?,
                 values: RowValues::packed(&rows),
+            })
+        }
+        11 => {
+            let rows = kvs(u)?;
+            Message::PullRows(PullRows {
+                slice: slice(u)?,
+                complete_below: u.arbitrary()?,
+                keys: KeyList::new(rows.keys().to_vec())
+                    .map_err(|_| arbitrary::Error::IncorrectFormat)?,
+                values: RowValues::packed(&rows),
+                resume: if u.arbitrary()? { Some(key(u)?) } else { None },
             })
         }
         10 => Message::PullCached(PullCached {

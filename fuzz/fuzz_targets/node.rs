@@ -183,6 +183,13 @@ enum Body {
         vals: Vec<i16>,
         packed: bool,
     },
+    PullRows {
+        request: u8,
+        slice: u8,
+        keys: Vec<u16>,
+        vals: Vec<i16>,
+        resume: Option<u16>,
+    },
 }
 
 impl Body {
@@ -511,6 +518,22 @@ fn message(body: Body) -> Message<i64> {
             keys: KeysDigest::of(&keys(&ks)),
         }),
         Body::KeysUnknown { request, slice } => Message::KeysUnknown(sref(request, slice)),
+        Body::PullRows {
+            request,
+            slice,
+            keys: ks,
+            vals,
+            resume,
+        } => {
+            let rows = kvs(&ks, &vals);
+            Message::PullRows(PullRows {
+                slice: sref(request, slice),
+                complete_below: 0,
+                keys: KeyList::new(rows.keys().to_vec()).unwrap_or_default(),
+                values: RowValues::packed(&rows),
+                resume: resume.map(key),
+            })
+        }
         Body::PullValues {
             request,
             slice,

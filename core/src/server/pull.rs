@@ -12,7 +12,7 @@ use crate::selection::{KeyList, KeySelection, RangeList};
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
-use crate::wire::{Message, Pull, PullReply, PullValues, RowValues, SliceRef};
+use crate::wire::{Message, Pull, PullReply, PullRows, PullValues, RowValues, SliceRef};
 
 use super::Server;
 
@@ -151,6 +151,14 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     },
                 })
             }
+            // With compression, a range's values are packed too; its keys go as a list.
+            KeySelection::Ranges(_) if self.cfg.compression => Message::PullRows(PullRows {
+                slice,
+                complete_below,
+                keys: KeyList::from_validated(kvs.keys().to_vec()),
+                values: RowValues::packed(&kvs),
+                resume,
+            }),
             _ => Message::PullReply(PullReply {
                 slice,
                 complete_below,

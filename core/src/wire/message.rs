@@ -9,13 +9,13 @@ use crate::key::{Key, KeyRange};
 use crate::kv::KvPairs;
 use crate::pace::{Coverage, Pace, Position};
 use crate::ring::{Ring, RingConfig, RingError};
-use crate::selection::KeySelection;
+use crate::selection::{KeyList, KeySelection};
 use crate::value::Value;
 use crate::wire::forms::seq;
 use crate::wire::rows::RowValues;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 12;
+pub const PROTOCOL_VERSION: u16 = 13;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;
@@ -486,6 +486,25 @@ pub struct PullValues<V: Value> {
     pub values: RowValues<V>,
 }
 
+/// A server's answer to a [`Pull`] of key ranges where the job compresses values
+/// (ARCHITECTURE.md §10): a [`PullReply`] whose values are packed. A model's rows are mostly
+/// zero under L1 regularization, and a pull of the whole model (a worker measuring it, an
+/// export) took more bytes an epoch than all the minibatches' pull answers together.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(bound = "V: Value")]
+pub struct PullRows<V: Value> {
+    /// The slice answered.
+    pub slice: SliceRef,
+    /// As [`PullReply::complete_below`].
+    pub complete_below: Iteration,
+    /// The keys answered: those the server holds in the ranges asked for (below `resume`).
+    pub keys: KeyList,
+    /// Their values, in the keys' order.
+    pub values: RowValues<V>,
+    /// As [`PullReply::resume`].
+    pub resume: Option<Key>,
+}
+
 /// The rows of one worker request that a shard applied: the request, and the first and last
 /// key of the rows. A request's rows in one key range travel together in one slice, so the span
 /// names them exactly, however the worker sliced the request (ARCHITECTURE.md §4).
@@ -741,9 +760,11 @@ pub enum Message<V: Value> {
     KeysUnknown(SliceRef),
     /// A server's answer to a key-list pull slice, without the keys (key caching).
     PullValues(PullValues<V>),
+    /// A server's answer to a range pull slice, its values packed (value compression).
+    PullRows(PullRows<V>),
 }
 
 impl<V: Value> Message<V> {
     /// Number of message kinds this version knows; the wire tags are `0..KINDS`.
-    pub const KINDS: u32 = 27;
+    pub const KINDS: u32 = 28;
 }

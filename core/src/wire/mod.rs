@@ -20,13 +20,14 @@
 
 pub(crate) mod forms;
 mod message;
+mod palette;
 mod rows;
 pub(crate) mod trailer;
 
 pub use message::{
     AppliedSpan, BufferedPush, ClockRecord, DedupeRecord, Envelope, Message, PROTOCOL_VERSION,
-    Pull, PullCached, PullReply, PullValues, Push, PushCached, Replicate, ShardAck, ShardUpdate,
-    SliceId, SliceRef, Transfer,
+    Pull, PullCached, PullReply, PullRows, PullValues, Push, PushCached, Replicate, ShardAck,
+    ShardUpdate, SliceId, SliceRef, Transfer,
 };
 pub use message::{ClusterConfig, RequestId};
 pub use rows::RowValues;

@@ -1,11 +1,14 @@
 //! Values sent without their keys, and value compression (ARCHITECTURE.md §10).
 //!
 //! A [`RowValues`] carries the values of rows whose keys the receiver knows already. Where
-//! the job compresses values ([`crate::Filters::compression`]) the sender packs them in the
-//! smallest of three forms: as they are; without the rows that are all zero, with a bitmap of
-//! those that are not (a pull's answer under L1 regularization is mostly zero weights); or as
-//! an LZ4 block (dense values that repeat). Both packed forms are exact, bit for bit, and are
-//! chosen only when they save bytes.
+//! the job compresses values ([`crate::Filters::compression`]) the sender packs them in an
+//! exact form, bit for bit, that saves bytes, trying in turn:
+//! - leaving out the rows that are all zero, with a bitmap of those that are not (a pull's
+//!   answer under L1 regularization is mostly zero weights);
+//! - of the rows left, a table of their distinct values and a short code per value
+//!   ([`crate::wire::palette`]: a minibatch's gradient has about as many distinct values as
+//!   the batch has rows);
+//! - where neither saves, an LZ4 block (dense values that repeat in longer runs).
 //!
 //! A packed form is unpacked only against the keys it belongs to ([`RowValues::with_keys`]),
 //! which the receiver already holds: the rows a frame claims cannot make the decoder allocate
@@ -21,6 +24,7 @@ use crate::key::Key;
 use crate::kv::KvPairs;
 use crate::value::Value;
 use crate::wire::forms::seq;
+use crate::wire::palette;
 
 /// Below this many bytes of values an LZ4 block is not tried: its framing eats the saving,
 /// and trying costs time on every small slice.
@@ -52,6 +56,20 @@ enum Packed<V: Value> {
         #[serde(with = "raw")]
         block: Vec<u8>,
     },
+    /// The values of the rows not all zero (of every row, if `nonzero` is empty) as codes
+    /// into a table of their distinct values.
+    Palette {
+        rows: u32,
+        /// One bit per row, set for the rows coded; empty when every row is.
+        #[serde(with = "seq")]
+        nonzero: Vec<u8>,
+        /// The distinct values, in order of first use, one a row.
+        table: KvPairs<V>,
+        /// Bits per code.
+        bits: u8,
+        #[serde(with = "raw")]
+        codes: Vec<u8>,
+    },
 }
 
 impl<V: Value> RowValues<V> {
@@ -60,7 +78,7 @@ impl<V: Value> RowValues<V> {
         RowValues(Packed::Plain(kvs.without_keys()))
     }
 
-    /// The values of `kvs`, without its keys, in the smallest exact form.
+    /// The values of `kvs`, without its keys, in a smaller exact form where one pays.
     pub fn packed(kvs: &KvPairs<V>) -> Self {
         let width = kvs.width();
         let values = kvs.values();
@@ -71,7 +89,7 @@ impl<V: Value> RowValues<V> {
         let zero_row = |row: &[V]| row.iter().all(|v| v.to_bits() == 0);
         let zero_rows = values.chunks(width).filter(|r| zero_row(r)).count();
         let bitmap = rows.div_ceil(8);
-        if zero_rows * width * V::SIZE > bitmap + 2 {
+        let (nonzero, kept) = if zero_rows * width * V::SIZE > bitmap + 2 {
             let mut nonzero = vec![0u8; bitmap];
             let mut kept = Vec::with_capacity((rows - zero_rows) * width);
             for (i, row) in values.chunks(width).enumerate() {
@@ -80,17 +98,41 @@ impl<V: Value> RowValues<V> {
                     kept.extend_from_slice(row);
                 }
             }
-            let kept = KvPairs::from_run(0, kept, width);
+            (nonzero, std::borrow::Cow::Owned(kept))
+        } else {
+            (Vec::new(), std::borrow::Cow::Borrowed(values))
+        };
+        if repeats(kept.len(), |i| kept[i].to_bits())
+            && let Some(coded) = palette::encode(&kept)
+        {
+            return RowValues(Packed::Palette {
+                rows: rows32,
+                nonzero,
+                table: KvPairs::from_run(0, coded.table, 1),
+                bits: coded.bits,
+                codes: coded.codes,
+            });
+        }
+        if !nonzero.is_empty() {
             return RowValues(Packed::ZeroRows {
                 rows: rows32,
                 nonzero,
-                values: kept,
+                values: KvPairs::from_run(0, kept.into_owned(), width),
             });
         }
         let raw: usize = values.len() * V::SIZE;
         if raw >= LZ4_MIN_BYTES {
             let bytes = kvs.le_values();
-            if !repeats(&bytes) {
+            let word = |i: usize| {
+                let at = 4 * i;
+                u64::from(u32::from_le_bytes([
+                    bytes[at],
+                    bytes[at + 1],
+                    bytes[at + 2],
+                    bytes[at + 3],
+                ]))
+            };
+            if !repeats(bytes.len() / 4, word) {
                 return Self::of(kvs);
             }
             let block = lz4_flex::block::compress(&bytes);
@@ -109,7 +151,9 @@ impl<V: Value> RowValues<V> {
     pub fn rows(&self) -> usize {
         match &self.0 {
             Packed::Plain(kvs) => kvs.len(),
-            Packed::ZeroRows { rows, .. } | Packed::Lz4 { rows, .. } => *rows as usize,
+            Packed::ZeroRows { rows, .. }
+            | Packed::Lz4 { rows, .. }
+            | Packed::Palette { rows, .. } => *rows as usize,
         }
     }
 
@@ -121,6 +165,12 @@ impl<V: Value> RowValues<V> {
                 nonzero, values, ..
             } => nonzero.len() + values.values().len() * V::SIZE,
             Packed::Lz4 { block, .. } => block.len(),
+            Packed::Palette {
+                nonzero,
+                table,
+                codes,
+                ..
+            } => nonzero.len() + table.len() * V::SIZE + 1 + codes.len(),
         }
     }
 
@@ -141,22 +191,29 @@ impl<V: Value> RowValues<V> {
             Packed::ZeroRows {
                 nonzero, values, ..
             } => {
-                let ones: usize = nonzero.iter().map(|b| b.count_ones() as usize).sum();
-                // One bit per row and none past the last, one row kept per bit set.
-                let tail_clear =
-                    rows % 8 == 0 || nonzero.last().is_some_and(|b| b >> (rows % 8) == 0);
-                let whole = nonzero.len() == rows.div_ceil(8) && tail_clear;
-                if !whole || ones != values.len() || values.width() != width {
+                if values.width() != width {
                     return None;
                 }
-                let mut out = vec![V::default(); rows * width];
-                let mut kept = values.values().chunks(width);
-                for (i, row) in out.chunks_mut(width).enumerate() {
-                    if nonzero[i / 8] >> (i % 8) & 1 == 1 {
-                        row.copy_from_slice(kept.next()?);
-                    }
+                spread(nonzero, values.values(), rows, width)?
+            }
+            Packed::Palette {
+                nonzero,
+                table,
+                bits,
+                codes,
+                ..
+            } => {
+                if nonzero.is_empty() {
+                    palette::decode(table.values(), *bits, codes, rows.checked_mul(width)?)?
+                } else {
+                    let kept = nonzero
+                        .iter()
+                        .map(|b| b.count_ones() as usize)
+                        .sum::<usize>();
+                    let kept =
+                        palette::decode(table.values(), *bits, codes, kept.checked_mul(width)?)?;
+                    spread(nonzero, &kept, rows, width)?
                 }
-                out
             }
             Packed::Lz4 { block, .. } => {
                 let mut bytes = vec![0u8; rows.checked_mul(width)?.checked_mul(V::SIZE)?];
@@ -170,27 +227,36 @@ impl<V: Value> RowValues<V> {
     }
 }
 
-/// Whether `bytes` look like they hold repeated 4-byte words, which is what an LZ4 block
-/// is made of: among 64 words spread over them, an eighth or more are repeats. Gradients, all
+/// The `rows` rows of `width` values each, `kept` holding those of the rows whose bit is set
+/// in `nonzero` and the rest zero; `None` unless there is one bit per row (none set past the
+/// last) and one row kept per bit set.
+fn spread<V: Value>(nonzero: &[u8], kept: &[V], rows: usize, width: usize) -> Option<Vec<V>> {
+    let ones: usize = nonzero.iter().map(|b| b.count_ones() as usize).sum();
+    let tail_clear = rows % 8 == 0 || nonzero.last().is_some_and(|b| b >> (rows % 8) == 0);
+    let whole = nonzero.len() == rows.div_ceil(8) && tail_clear;
+    if !whole || ones.checked_mul(width)? != kept.len() {
+        return None;
+    }
+    let mut out = vec![V::default(); rows * width];
+    let mut kept = kept.chunks(width);
+    for (i, row) in out.chunks_mut(width).enumerate() {
+        if nonzero[i / 8] >> (i % 8) & 1 == 1 {
+            row.copy_from_slice(kept.next()?);
+        }
+    }
+    Some(out)
+}
+
+/// Whether `words` words, the `i`th read by `word`, look like they repeat, which is what
+/// both a table of distinct values and an LZ4 block live on: among 64 words spread over them,
+/// an eighth or more are repeats. Gradients of real-valued features and weights, all
 /// different floats, have none, and trying to compress every one of them cost a twentieth of
-/// a training step on the shipped data; small integers (their zero high words) and repeated
-/// values have many.
-fn repeats(bytes: &[u8]) -> bool {
+/// a training step on the shipped data; a minibatch's gradient of binary features, small
+/// integers (their zero high words) and repeated values have many.
+fn repeats(words: usize, word: impl Fn(usize) -> u64) -> bool {
     const SAMPLE: usize = 64;
-    let words = bytes.len() / 4;
     let step = (words / SAMPLE).max(1);
-    let mut sample: Vec<u32> = (0..words)
-        .step_by(step)
-        .take(SAMPLE)
-        .map(|i| {
-            u32::from_le_bytes([
-                bytes[4 * i],
-                bytes[4 * i + 1],
-                bytes[4 * i + 2],
-                bytes[4 * i + 3],
-            ])
-        })
-        .collect();
+    let mut sample: Vec<u64> = (0..words).step_by(step).take(SAMPLE).map(word).collect();
     let taken = sample.len();
     sample.sort_unstable();
     sample.dedup();
@@ -292,11 +358,33 @@ mod tests {
         assert!(matches!(packed.0, Packed::ZeroRows { .. }));
         // A bit a row and the 40 rows kept.
         assert_eq!(packed.wire_bytes(), 25 + 40 * 4);
+        // Few distinct values: a table of 4 and two bits a row.
         let repeating: Vec<f32> = (0..200).map(|i| (i % 4) as f32 + 0.5).collect();
         let kvs = KvPairs::new(list.to_vec(), repeating, 1).unwrap();
         let packed = RowValues::packed(&kvs);
+        assert!(
+            matches!(packed.0, Packed::Palette { bits: 2, .. }),
+            "{packed:?}"
+        );
+        assert_eq!(packed.wire_bytes(), 4 * 4 + 1 + 50);
+        // Few distinct values among rows mostly zero: the bitmap, then the table.
+        let held: Vec<f32> = (0..200)
+            .map(|i| if i % 3 == 0 { 0.0 } else { (i % 4) as f32 })
+            .collect();
+        let kvs = KvPairs::new(list.to_vec(), held, 1).unwrap();
+        let packed = RowValues::packed(&kvs);
+        let Packed::Palette { nonzero, bits, .. } = &packed.0 else {
+            panic!("{packed:?}");
+        };
+        assert_eq!((nonzero.len(), *bits), (25, 2));
+        // Too many distinct values for a table, repeated in a long run: an LZ4 block.
+        let list = keys(384);
+        let twice: Vec<f32> = (0..384).map(|i| (i % 192) as f32 + 0.5).collect();
+        let kvs = KvPairs::new(list.to_vec(), twice, 1).unwrap();
+        let packed = RowValues::packed(&kvs);
         assert!(matches!(packed.0, Packed::Lz4 { .. }), "{packed:?}");
-        assert!(packed.wire_bytes() < 200);
+        assert!(packed.wire_bytes() < 384 * 4 * 3 / 5);
+        let list = keys(200);
         // Values that do not repeat stay plain: packing them would not pay.
         let mut x = 0x1234_5678u32;
         let noise: Vec<f32> = (0..200)

@@ -23,7 +23,9 @@ use crate::selection::KeySelection;
 use crate::slicing::Part;
 use crate::value::Value;
 use crate::watch::CoordinatorWatch;
-use crate::wire::{ClusterConfig, Envelope, Message, PullReply, PullValues, RequestId, RowValues};
+use crate::wire::{
+    ClusterConfig, Envelope, Message, PullReply, PullRows, PullValues, RequestId, RowValues,
+};
 
 pub use config::{DEFAULT_MAX_SLICE_BYTES, WorkerConfig, WorkerError};
 use progress::Reached;
@@ -556,6 +558,22 @@ impl<V: Value> Worker<V> {
                     None => out.refuse(from, Refusal::BadAnswer),
                 }
             }
+            Message::PullRows(PullRows {
+                slice,
+                keys,
+                values,
+                resume,
+                ..
+            }) => match values.with_keys(keys.shared(), self.cfg.width) {
+                Some(kvs) => {
+                    self.count_compressed(&values);
+                    match resume {
+                        None => self.on_answer(now, from, slice, Some(kvs), out),
+                        Some(next) => self.on_partial_answer(now, from, slice, kvs, next, out),
+                    }
+                }
+                None => out.refuse(from, Refusal::BadAnswer),
+            },
             Message::KeysUnknown(slice) => self.on_keys_unknown(now, from, slice, out),
             Message::ProgressRequest => self.on_progress_request(now, from, out),
             Message::ProgressAck {

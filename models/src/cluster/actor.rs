@@ -832,6 +832,7 @@ impl Actor for ClusterActor {
                 let answered = match &msg.body {
                     Message::PullReply(reply) => Some(reply.slice),
                     Message::PullValues(reply) => Some(reply.slice),
+                    Message::PullRows(reply) => Some(reply.slice),
                     _ => None,
                 };
                 if let Some(slice) = answered {

@@ -24,7 +24,9 @@ use pserver_core::node::Coordinator;
 use pserver_core::node::Worker;
 use pserver_core::node::{Server, ServerConfig};
 use pserver_core::ring::Ring;
-use pserver_core::wire::{Envelope, Message, Pull, PullReply, PullValues, Push, ShardUpdate};
+use pserver_core::wire::{
+    Envelope, Message, Pull, PullReply, PullRows, PullValues, Push, ShardUpdate,
+};
 use pserver_core::{ClusterConfig, KeyList, KeySelection, Pace, RangeList, RequestId};
 use pserver_core::{Coverage, Event, Refusal};
 use pserver_core::{Epoch, Iteration, NodeId, Time};
@@ -847,7 +849,8 @@ impl<'a> World<'a> {
                 self.paces.insert(config.epoch, config.pace.clone());
             }
             Message::PullReply(PullReply { slice, .. })
-            | Message::PullValues(PullValues { slice, .. }) => {
+            | Message::PullValues(PullValues { slice, .. })
+            | Message::PullRows(PullRows { slice, .. }) => {
                 self.reply_epochs
                     .entry((to, slice.request))
                     .or_default()
