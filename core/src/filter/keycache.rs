@@ -78,15 +78,20 @@ fn varint_len(x: u128) -> usize {
     (128 - x.leading_zeros() as usize).div_ceil(7).max(1)
 }
 
+/// Bytes an LEB128 varint of a key or a gap between keys takes.
+fn varint_len64(x: u64) -> usize {
+    ((64 - x.leading_zeros() as usize).div_ceil(7)).max(1)
+}
+
 /// Bytes `keys` take on the wire, delta-encoded (`crate::wire::forms`).
 pub(crate) fn list_bytes(keys: &[Key]) -> usize {
     let Some((&first, rest)) = keys.split_first() else {
         return 0;
     };
     let mut prev = first;
-    let mut bytes = varint_len(u128::from(first));
+    let mut bytes = varint_len64(first);
     for &k in rest {
-        bytes += varint_len(u128::from(k - prev - 1));
+        bytes += varint_len64(k - prev - 1);
         prev = k;
     }
     bytes
@@ -149,6 +154,11 @@ impl<T> Recent<T> {
         Some(&entry.1)
     }
 
+    /// The entry named `name`, its use not recorded.
+    fn get(&self, name: KeysDigest) -> Option<&T> {
+        self.by_name.get(&name).map(|(_, v)| v)
+    }
+
     fn insert(&mut self, name: KeysDigest, value: T, most: usize) {
         self.remove(name);
         self.uses += 1;
@@ -175,12 +185,15 @@ impl<T> Recent<T> {
     }
 }
 
-/// A worker's side: the names of the lists it sent each server in full, and what naming them
-/// saved.
+/// A worker's side: the names of the lists it sent each server in full, with the bytes each
+/// took, and what naming them saved.
+///
+/// The bytes are kept rather than counted again at every use: counting them walks the list,
+/// and took a third of key caching's time.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct SentLists {
     spec: KeyCaching,
-    peers: BTreeMap<NodeId, Recent<()>>,
+    peers: BTreeMap<NodeId, Recent<u32>>,
     saving: Tally,
 }
 
@@ -214,12 +227,13 @@ impl SentLists {
         let _ = stale;
         let rows = keys.len() as u64;
         self.saving.0.rows_in += rows;
-        if peer.touch(name).is_some() {
-            let bytes = list_bytes(keys).saturating_sub(varint_len(name.0));
+        if let Some(&bytes) = peer.touch(name) {
+            let bytes = (bytes as usize).saturating_sub(varint_len(name.0));
             self.saving.0.bytes_saved += bytes as u64;
             Some(name)
         } else {
-            peer.insert(name, (), self.spec.lists as usize);
+            let bytes = u32::try_from(list_bytes(keys)).unwrap_or(u32::MAX);
+            peer.insert(name, bytes, self.spec.lists as usize);
             self.saving.0.rows_out += rows;
             None
         }
@@ -232,9 +246,19 @@ impl SentLists {
         }
     }
 
-    /// An answer came without the `keys` it answers.
-    pub(crate) fn answered_without(&mut self, keys: &[Key]) {
-        self.saving.0.bytes_saved += list_bytes(keys) as u64;
+    /// An answer from `server` came without the `keys` it answers.
+    pub(crate) fn answered_without(&mut self, server: NodeId, keys: &[Key]) {
+        // The pull just named the list or sent it whole, so the list's bytes are kept,
+        // unless the server said since that it lost the list.
+        let kept = self
+            .peers
+            .get(&server)
+            .and_then(|peer| peer.get(KeysDigest::of(keys)));
+        let bytes = match kept {
+            Some(&bytes) => bytes as usize,
+            None => list_bytes(keys),
+        };
+        self.saving.0.bytes_saved += bytes as u64;
     }
 
     pub(crate) fn saving(&self) -> FilterSaving {

@@ -46,35 +46,48 @@ pub(crate) fn encode<V: Value>(values: &[V]) -> Option<Coded<V>> {
     if n < MIN_VALUES || most < 2 {
         return None;
     }
-    // Open addressing, at most half full: a slot holds an entry's code, or `EMPTY`.
+    // Open addressing, at most half full: a slot holds an entry's value bits and its code,
+    // or `EMPTY` for its code. Beside each other rather than looked up in the table, so that
+    // a probe reads one small array.
     const EMPTY: u32 = u32::MAX;
     let slots = (2 * most).next_power_of_two();
     let shift = u64::BITS - slots.trailing_zeros();
-    let mut index = vec![EMPTY; slots];
+    let mut index: Vec<(u64, u32)> = vec![(0, EMPTY); slots];
     let mut table: Vec<V> = Vec::new();
     let mut codes: Vec<u16> = Vec::with_capacity(n);
+    // The value before, whose code a run of equal values takes without a probe.
+    let mut last: Option<(u64, u16)> = None;
     for &v in values {
         let bits = v.to_bits();
+        if let Some((b, code)) = last
+            && b == bits
+        {
+            codes.push(code);
+            continue;
+        }
         // Fibonacci hashing: the high bits of the product spread values that differ only
         // in their low bits, as nearby floats do.
         let mut slot = (bits.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> shift) as usize;
         let code = loop {
-            let at = index[slot];
+            let (at_bits, at) = index[slot];
             if at == EMPTY {
                 if table.len() == most {
                     return None;
                 }
-                let code = table.len();
-                index[slot] = code as u32;
+                let code = table.len() as u32;
+                index[slot] = (bits, code);
                 table.push(v);
                 break code;
             }
-            if table[at as usize].to_bits() == bits {
-                break at as usize;
+            if at_bits == bits {
+                break at;
             }
             slot = (slot + 1) & (slots - 1);
         };
-        codes.push(code as u16);
+        // At most `MOST_ENTRIES` entries: every code fits.
+        let code = code as u16;
+        last = Some((bits, code));
+        codes.push(code);
     }
     let bits = code_bits(table.len());
     let packed = (n * bits as usize).div_ceil(8);

@@ -87,7 +87,12 @@ impl<V: Value> RowValues<V> {
             return Self::of(kvs);
         };
         let zero_row = |row: &[V]| row.iter().all(|v| v.to_bits() == 0);
-        let zero_rows = values.chunks(width).filter(|r| zero_row(r)).count();
+        let zero_rows = if width == 1 {
+            // A linear model's rows, counted in a loop the compiler unrolls.
+            values.iter().filter(|v| v.to_bits() == 0).count()
+        } else {
+            values.chunks(width).filter(|r| zero_row(r)).count()
+        };
         let bitmap = rows.div_ceil(8);
         let (nonzero, kept) = if zero_rows * width * V::SIZE > bitmap + 2 {
             let mut nonzero = vec![0u8; bitmap];
@@ -238,10 +243,15 @@ fn spread<V: Value>(nonzero: &[u8], kept: &[V], rows: usize, width: usize) -> Op
         return None;
     }
     let mut out = vec![V::default(); rows * width];
-    let mut kept = kept.chunks(width);
-    for (i, row) in out.chunks_mut(width).enumerate() {
-        if nonzero[i / 8] >> (i % 8) & 1 == 1 {
-            row.copy_from_slice(kept.next()?);
+    let mut next = 0;
+    for (byte_at, &byte) in nonzero.iter().enumerate() {
+        // Only the set bits: most rows of a model's answer are zero.
+        let mut bits = byte;
+        while bits != 0 {
+            let row = byte_at * 8 + bits.trailing_zeros() as usize;
+            out[row * width..(row + 1) * width].copy_from_slice(kept.get(next..next + width)?);
+            next += width;
+            bits &= bits - 1;
         }
     }
     Some(out)

@@ -550,7 +550,7 @@ impl<V: Value> Worker<V> {
                 {
                     Some(kvs) => {
                         if let Some(sent) = self.sent_lists.as_mut() {
-                            sent.answered_without(kvs.keys());
+                            sent.answered_without(from, kvs.keys());
                         }
                         self.count_compressed(&values);
                         self.on_answer(now, from, slice, Some(kvs), out)
