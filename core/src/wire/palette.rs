@@ -40,9 +40,9 @@ pub(crate) fn code_bits(entries: usize) -> u8 {
 /// soon as the table grows past what could pay.
 pub(crate) fn encode<V: Value>(values: &[V]) -> Option<Coded<V>> {
     let n = values.len();
-    // With more distinct values than a quarter of all, table and codes together no longer
-    // save a tenth (a quarter in the table, and codes of 8 bits or more for 4-byte values).
-    let most = (n / 4).min(MOST_ENTRIES);
+    // A table of d entries and codes of at most 16 bits save a tenth of n values of S bytes
+    // only while d * S < n * (0.9 * S - 2): past that many entries, give up.
+    let most = (n * (9 * V::SIZE).saturating_sub(20) / (10 * V::SIZE)).min(MOST_ENTRIES);
     if n < MIN_VALUES || most < 2 {
         return None;
     }
