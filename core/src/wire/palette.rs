@@ -42,8 +42,9 @@ pub(crate) fn encode<V: Value>(values: &[V]) -> Option<Coded<V>> {
     let n = values.len();
     // A table of d entries and codes of at most 16 bits save a tenth of n values of S bytes
     // only while d * S < n * (0.9 * S - 2): past that many entries, give up.
+    // At least 16 values of 4 bytes or more: at least 6 entries.
     let most = (n * (9 * V::SIZE).saturating_sub(20) / (10 * V::SIZE)).min(MOST_ENTRIES);
-    if n < MIN_VALUES || most < 2 {
+    if n < MIN_VALUES {
         return None;
     }
     // Open addressing, at most half full: a slot holds an entry's value bits and its code,
@@ -189,8 +190,24 @@ mod tests {
     fn values_that_seldom_repeat_are_not_coded() {
         let distinct: Vec<f32> = (0..400).map(|i| i as f32).collect();
         assert_eq!(encode(&distinct), None);
-        // Too few to pay for a table.
+        // Too few to pay for a table; as many as pay, a table of one and no codes.
         assert_eq!(encode(&[1.0f32; MIN_VALUES - 1]), None);
+        let one = encode(&[1.0f32; MIN_VALUES]).expect("pays");
+        assert_eq!((one.table, one.bits, one.codes), (vec![1.0], 0, vec![]));
+    }
+
+    #[test]
+    fn a_table_goes_only_where_it_saves_a_tenth() {
+        // 163,840 values of 4 bytes (655,360), of which a tenth off is 589,824 bytes. A table
+        // of 65,535 entries and 16-bit codes take 262,140 + 327,680 + 6: just too many.
+        let n = 163_840u32;
+        let spread =
+            |distinct: u32| -> Vec<f32> { (0..n).map(|i| f32::from_bits(i % distinct)).collect() };
+        assert_eq!(encode(&spread(65_535)), None);
+        // Half the entries, 15-bit codes: 131,072 + 307,200 + 6 bytes.
+        let coded = encode(&spread(32_768)).expect("pays");
+        assert_eq!((coded.table.len(), coded.bits), (32_768, 15));
+        assert_eq!(coded.codes.len(), 307_200);
     }
 
     #[test]
@@ -209,6 +226,12 @@ mod tests {
         assert_eq!(decode(&table, 2, &[0b01_10_01_00], 3), None);
         assert_eq!(decode::<f32>(&[], 0, &[], 0), None);
         assert_eq!(decode(&[7.0f32], 0, &[], 4), Some(vec![7.0; 4]));
+        // The largest table codes in 16 bits; one entry more is refused, codes of 17 bits
+        // and all.
+        let most = vec![0.5f32; MOST_ENTRIES];
+        assert_eq!(decode(&most, 16, &[0, 0], 1), Some(vec![0.5]));
+        let past = vec![0.5f32; MOST_ENTRIES + 1];
+        assert_eq!(decode(&past, 17, &[0, 0, 0], 1), None);
     }
 
     proptest! {
