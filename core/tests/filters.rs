@@ -112,6 +112,16 @@ impl Pair {
         self.pulled.pop().expect("the pull completed")
     }
 
+    /// What the worker's filter `name` saved.
+    fn saving(&self, name: &str) -> filter::FilterSaving {
+        self.worker
+            .filter_savings()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .unwrap_or_else(|| panic!("no saving of {name}"))
+            .1
+    }
+
     /// How many messages of `kind` were delivered.
     fn count(&self, kind: &str) -> usize {
         self.kinds.iter().filter(|k| *k == kind).count()
@@ -387,13 +397,7 @@ fn what_the_kkt_filter_holds_back_reaches_the_servers_once_the_worker_flushes() 
         // Every change to a key held within the bound since its first push: none reached the
         // server, whose weights stay zero, and so it goes on.
         assert_ne!(totals(&pair.server), sums, "{filters:?}");
-        let saving = pair
-            .worker
-            .filter_savings()
-            .into_iter()
-            .find(|(name, _)| *name == "kkt")
-            .expect("the kkt filter's saving")
-            .1;
+        let saving = pair.saving("kkt");
         assert!(saving.rows_out < saving.rows_in, "{saving:?}");
         assert!(pair.flush().is_some());
         assert_eq!(totals(&pair.server), sums, "{filters:?}");
@@ -518,13 +522,7 @@ fn a_range_pull_is_answered_with_its_values_packed_and_comes_back_exactly() {
         (0, 1)
     );
     assert_eq!(got, expected);
-    let compress = packed
-        .worker
-        .filter_savings()
-        .into_iter()
-        .find(|(name, _)| *name == "compress")
-        .expect("compression counts its saving")
-        .1;
+    let compress = packed.saving("compress");
     // 300 values of 8 bytes, of which 27 are not zero, of 4 distinct values: a bitmap of
     // 38 bytes, a table of 4 and two bits a row kept.
     assert!(

@@ -78,20 +78,15 @@ fn varint_len(x: u128) -> usize {
     (128 - x.leading_zeros() as usize).div_ceil(7).max(1)
 }
 
-/// Bytes an LEB128 varint of a key or a gap between keys takes.
-fn varint_len64(x: u64) -> usize {
-    ((64 - x.leading_zeros() as usize).div_ceil(7)).max(1)
-}
-
 /// Bytes `keys` take on the wire, delta-encoded (`crate::wire::forms`).
 pub(crate) fn list_bytes(keys: &[Key]) -> usize {
     let Some((&first, rest)) = keys.split_first() else {
         return 0;
     };
     let mut prev = first;
-    let mut bytes = varint_len64(first);
+    let mut bytes = varint_len(u128::from(first));
     for &k in rest {
-        bytes += varint_len64(k - prev - 1);
+        bytes += varint_len(u128::from(k - prev - 1));
         prev = k;
     }
     bytes
