@@ -1,7 +1,7 @@
 //! Filters on the push path, driven by hand (ARCHITECTURE.md §10): what a worker's filters
 //! hold back reaches the servers later, and nothing is lost once the worker flushes.
 
-mod common;
+use crate::common;
 
 use common::config;
 use pserver_core::node::*;

@@ -1,6 +1,6 @@
 //! The node state machines driven by hand, message by message (ARCHITECTURE.md §2-4).
 
-mod common;
+use crate::common;
 
 use common::{COORD, config, deliver_config, ring};
 use pserver_core::node::*;

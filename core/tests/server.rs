@@ -1,7 +1,7 @@
 //! The server state machine driven by hand, message by message: registration and timers,
 //! which messages it takes, keeps or refuses, and the exact shape of what it answers.
 
-mod common;
+use crate::common;
 
 use common::{COORD, config, deliver_config};
 use pserver_core::node::*;

@@ -2,7 +2,7 @@
 //! a large push slice and sends it once granted; a server grants a few slots at a time, to
 //! the workers in turn, and takes a slot back when its slice arrives or its lease runs out.
 
-mod common;
+use crate::common;
 
 use common::config;
 use pserver_core::node::*;

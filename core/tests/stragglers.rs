@@ -2,7 +2,7 @@
 //! positions workers report, and what it decides (skip-ahead, adaptive tau) is what servers
 //! and workers hold to.
 
-mod common;
+use crate::common;
 
 use common::{COORD, config, deliver_config, ring};
 use pserver_core::node::*;

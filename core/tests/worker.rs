@@ -2,7 +2,7 @@
 //! requests are cut and windowed, retransmission and progress deadlines, which answers it takes
 //! or refuses, and what it reports about itself.
 
-mod common;
+use crate::common;
 
 use common::COORD;
 use pserver_core::node::*;

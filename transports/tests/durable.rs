@@ -10,7 +10,7 @@ use pserver_transport::mem::MemNetwork;
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, NodeReport, RuntimeError};
 use tokio::time::timeout;
 
-mod common;
+use crate::common;
 use common::rt;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;

@@ -7,7 +7,7 @@ use pserver_core::{Consistency, Key, KeyList, KeySelection, KvPairs};
 use pserver_transport::mem::{MemFaults, MemNetwork};
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError};
 
-mod common;
+use crate::common;
 use common::rt;
 
 /// One push of `keys` keys through a cluster whose frames hold at most `max_frame` bytes, over

@@ -11,7 +11,7 @@ use pserver_transport::Transport;
 use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError};
 use pserver_transport::udp::{UdpConfig, UdpTransport};
 
-mod common;
+use crate::common;
 use common::rt;
 
 const KEYS: u64 = 1_000;

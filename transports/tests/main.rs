@@ -1,0 +1,6 @@
+//! The transports' integration tests, one module per file, in one binary.
+
+mod common;
+mod durable;
+mod runtime;
+mod udp;
