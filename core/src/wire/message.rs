@@ -15,7 +15,7 @@ use crate::wire::forms::seq;
 use crate::wire::rows::RowValues;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 13;
+pub const PROTOCOL_VERSION: u16 = 14;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;

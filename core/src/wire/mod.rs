@@ -18,6 +18,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod exponents;
 pub(crate) mod forms;
 mod message;
 mod palette;

@@ -119,9 +119,10 @@ pub(crate) fn encode<V: Value>(values: &[V]) -> Option<Coded<V>> {
     })
 }
 
-/// The `count` values `codes` stand for in `table`; `None` unless `bits` is what the table
-/// needs, the codes are exactly `count` of them (the last byte's unused bits clear) and
-/// every code names an entry.
+/// The `count` values `codes` stand for in `table`; `None` unless the table is the one the
+/// encoder would have built (distinct values, bit for bit, in order of first use, each
+/// used), `bits` is what it needs, and the codes are exactly `count` of them (the last byte's
+/// unused bits clear): one coding per values.
 pub(crate) fn decode<V: Value>(
     table: &[V],
     bits: u8,
@@ -135,11 +136,18 @@ pub(crate) fn decode<V: Value>(
     if codes.len() != count.checked_mul(bits as usize)?.div_ceil(8) {
         return None;
     }
+    let mut distinct: Vec<u64> = table.iter().map(|v| v.to_bits()).collect();
+    distinct.sort_unstable();
+    if distinct.windows(2).any(|w| w[0] == w[1]) {
+        return None;
+    }
     if bits == 0 {
-        return Some(vec![table[0]; count]);
+        return (count > 0).then(|| vec![table[0]; count]);
     }
     let mask = (1u32 << bits) - 1;
     let mut out = Vec::with_capacity(count);
+    // Entries first used so far: the next new entry must take the next code.
+    let mut used = 0usize;
     let mut acc: u32 = 0;
     let mut filled: u32 = 0;
     let mut bytes = codes.iter();
@@ -148,12 +156,18 @@ pub(crate) fn decode<V: Value>(
             acc |= u32::from(*bytes.next()?) << filled;
             filled += 8;
         }
-        out.push(*table.get((acc & mask) as usize)?);
+        let code = (acc & mask) as usize;
+        if code == used {
+            used += 1;
+        } else if code > used {
+            return None;
+        }
+        out.push(*table.get(code)?);
         acc >>= bits;
         filled -= bits;
     }
-    // What is left of the last byte is padding, and padding is zero: one coding per values.
-    (acc == 0).then_some(out)
+    // What is left of the last byte is padding, and padding is zero.
+    (used == table.len() && acc == 0).then_some(out)
 }
 
 #[cfg(test)]
@@ -226,12 +240,23 @@ mod tests {
         assert_eq!(decode(&table, 2, &[0b01_10_01_00], 3), None);
         assert_eq!(decode::<f32>(&[], 0, &[], 0), None);
         assert_eq!(decode(&[7.0f32], 0, &[], 4), Some(vec![7.0; 4]));
+        // The same value twice, an entry never used, entries out of first use's order.
+        assert_eq!(decode(&[1.0f32, 1.0], 1, &[0b10], 2), None);
+        assert_eq!(decode(&[1.0f32, 2.0], 1, &[0b00], 2), None);
+        assert_eq!(decode(&[1.0f32, 2.0], 1, &[0b01], 2), None);
+        assert_eq!(decode(&[1.0f32, 2.0], 1, &[0b10], 2), Some(vec![1.0, 2.0]));
+        assert_eq!(decode(&[7.0f32], 0, &[], 0), None);
         // The largest table codes in 16 bits; one entry more is refused, codes of 17 bits
         // and all.
-        let most = vec![0.5f32; MOST_ENTRIES];
-        assert_eq!(decode(&most, 16, &[0, 0], 1), Some(vec![0.5]));
-        let past = vec![0.5f32; MOST_ENTRIES + 1];
-        assert_eq!(decode(&past, 17, &[0, 0, 0], 1), None);
+        let most: Vec<f32> = (0..MOST_ENTRIES).map(|i| i as f32).collect();
+        let codes: Vec<u8> = (0..MOST_ENTRIES as u32)
+            .flat_map(|i| (i as u16).to_le_bytes())
+            .collect();
+        assert_eq!(decode(&most, 16, &codes, MOST_ENTRIES), Some(most.clone()));
+        let mut past = most.clone();
+        past.push(-1.0);
+        let codes17 = vec![0u8; ((MOST_ENTRIES + 1) * 17).div_ceil(8)];
+        assert_eq!(decode(&past, 17, &codes17, MOST_ENTRIES + 1), None);
     }
 
     proptest! {

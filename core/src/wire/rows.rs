@@ -8,7 +8,11 @@
 //! - of the rows left, a table of their distinct values and a short code per value
 //!   ([`crate::wire::palette`]: a minibatch's gradient has about as many distinct values as
 //!   the batch has rows);
-//! - where neither saves, an LZ4 block (dense values that repeat in longer runs).
+//! - of the rows left, each value's sign and exponent as a code into a table of those that
+//!   occur, and its mantissa as it is ([`crate::wire::exponents`]: weights and gradients of
+//!   real sums are all different floats, but of a few powers of two);
+//! - where none of those saves, an LZ4 block (dense values that repeat in longer runs), or
+//!   where it saves more than the exponents' table.
 //!
 //! A packed form is unpacked only against the keys it belongs to ([`RowValues::with_keys`]),
 //! which the receiver already holds: the rows a frame claims cannot make the decoder allocate
@@ -24,7 +28,7 @@ use crate::key::Key;
 use crate::kv::KvPairs;
 use crate::value::Value;
 use crate::wire::forms::seq;
-use crate::wire::palette;
+use crate::wire::{exponents, palette};
 
 /// Below this many bytes of values an LZ4 block is not tried: its framing eats the saving,
 /// and trying costs time on every small slice.
@@ -69,6 +73,23 @@ enum Packed<V: Value> {
         bits: u8,
         #[serde(with = "raw")]
         codes: Vec<u8>,
+    },
+    /// The values of the rows not all zero (of every row, if `nonzero` is empty), each as a
+    /// code for its head (sign and exponent) into a table of the heads that occur, and the
+    /// rest of its bits.
+    Exponents {
+        rows: u32,
+        /// One bit per row, set for the rows coded; empty when every row is.
+        #[serde(with = "seq")]
+        nonzero: Vec<u8>,
+        /// The distinct heads, in order of first use.
+        #[serde(with = "seq")]
+        heads: Vec<u16>,
+        /// Bits per code.
+        bits: u8,
+        /// Each value's tail and code ([`exponents::Coded::stream`]).
+        #[serde(with = "raw")]
+        stream: Vec<u8>,
     },
 }
 
@@ -118,36 +139,35 @@ impl<V: Value> RowValues<V> {
                 codes: coded.codes,
             });
         }
+        let coded = exponents::encode(&kept);
+        let raw: usize = values.len() * V::SIZE;
+        // Dense values that repeat in runs a table of values could not hold: an LZ4 block,
+        // where it beats the exponents' table.
+        if nonzero.is_empty()
+            && raw >= LZ4_MIN_BYTES
+            && let Some(block) = lz4_block(kvs)
+            && coded.as_ref().is_none_or(|c| block.len() < c.stream.len())
+        {
+            return RowValues(Packed::Lz4 {
+                rows: rows32,
+                block,
+            });
+        }
+        if let Some(coded) = coded {
+            return RowValues(Packed::Exponents {
+                rows: rows32,
+                nonzero,
+                heads: coded.heads,
+                bits: coded.bits,
+                stream: coded.stream,
+            });
+        }
         if !nonzero.is_empty() {
             return RowValues(Packed::ZeroRows {
                 rows: rows32,
                 nonzero,
                 values: KvPairs::from_run(0, kept.into_owned(), width),
             });
-        }
-        let raw: usize = values.len() * V::SIZE;
-        if raw >= LZ4_MIN_BYTES {
-            let bytes = kvs.le_values();
-            let word = |i: usize| {
-                let at = 4 * i;
-                u64::from(u32::from_le_bytes([
-                    bytes[at],
-                    bytes[at + 1],
-                    bytes[at + 2],
-                    bytes[at + 3],
-                ]))
-            };
-            if !repeats(bytes.len() / 4, word) {
-                return Self::of(kvs);
-            }
-            let block = lz4_flex::block::compress(&bytes);
-            // Only where it pays: a tenth off at least, its length varint included.
-            if block.len() + 4 < raw - raw / 10 {
-                return RowValues(Packed::Lz4 {
-                    rows: rows32,
-                    block,
-                });
-            }
         }
         Self::of(kvs)
     }
@@ -158,7 +178,8 @@ impl<V: Value> RowValues<V> {
             Packed::Plain(kvs) => kvs.len(),
             Packed::ZeroRows { rows, .. }
             | Packed::Lz4 { rows, .. }
-            | Packed::Palette { rows, .. } => *rows as usize,
+            | Packed::Palette { rows, .. }
+            | Packed::Exponents { rows, .. } => *rows as usize,
         }
     }
 
@@ -176,6 +197,12 @@ impl<V: Value> RowValues<V> {
                 codes,
                 ..
             } => nonzero.len() + table.len() * V::SIZE + 1 + codes.len(),
+            Packed::Exponents {
+                nonzero,
+                heads,
+                stream,
+                ..
+            } => nonzero.len() + heads.len() * 2 + 1 + stream.len(),
         }
     }
 
@@ -208,17 +235,20 @@ impl<V: Value> RowValues<V> {
                 codes,
                 ..
             } => {
-                if nonzero.is_empty() {
-                    palette::decode(table.values(), *bits, codes, rows.checked_mul(width)?)?
-                } else {
-                    let kept = nonzero
-                        .iter()
-                        .map(|b| b.count_ones() as usize)
-                        .sum::<usize>();
-                    let kept =
-                        palette::decode(table.values(), *bits, codes, kept.checked_mul(width)?)?;
-                    spread(nonzero, &kept, rows, width)?
-                }
+                let count = coded_rows(nonzero, rows).checked_mul(width)?;
+                let kept = palette::decode(table.values(), *bits, codes, count)?;
+                with_zero_rows(nonzero, kept, rows, width)?
+            }
+            Packed::Exponents {
+                nonzero,
+                heads,
+                bits,
+                stream,
+                ..
+            } => {
+                let count = coded_rows(nonzero, rows).checked_mul(width)?;
+                let kept = exponents::decode(heads, *bits, stream, count)?;
+                with_zero_rows(nonzero, kept, rows, width)?
             }
             Packed::Lz4 { block, .. } => {
                 let mut bytes = vec![0u8; rows.checked_mul(width)?.checked_mul(V::SIZE)?];
@@ -230,6 +260,52 @@ impl<V: Value> RowValues<V> {
         };
         KvPairs::from_run(0, unpacked, width).rekeyed(keys)
     }
+}
+
+/// Rows a table form codes: those whose bit is set in `nonzero`, or all `rows` if it is
+/// empty.
+fn coded_rows(nonzero: &[u8], rows: usize) -> usize {
+    if nonzero.is_empty() {
+        rows
+    } else {
+        nonzero.iter().map(|b| b.count_ones() as usize).sum()
+    }
+}
+
+/// The `rows` rows a table form's `kept` values stand for: as they are if `nonzero` is empty,
+/// otherwise spread over the rows whose bit is set ([`spread`]).
+fn with_zero_rows<V: Value>(
+    nonzero: &[u8],
+    kept: Vec<V>,
+    rows: usize,
+    width: usize,
+) -> Option<Vec<V>> {
+    if nonzero.is_empty() {
+        Some(kept)
+    } else {
+        spread(nonzero, &kept, rows, width)
+    }
+}
+
+/// The values of `kvs` as an LZ4 block, if they look like they repeat and the block saves a
+/// tenth of them at least, its length varint included.
+fn lz4_block<V: Value>(kvs: &KvPairs<V>) -> Option<Vec<u8>> {
+    let raw = kvs.values().len() * V::SIZE;
+    let bytes = kvs.le_values();
+    let word = |i: usize| {
+        let at = 4 * i;
+        u64::from(u32::from_le_bytes([
+            bytes[at],
+            bytes[at + 1],
+            bytes[at + 2],
+            bytes[at + 3],
+        ]))
+    };
+    if !repeats(bytes.len() / 4, word) {
+        return None;
+    }
+    let block = lz4_flex::block::compress(&bytes);
+    (block.len() + 4 < raw - raw / 10).then_some(block)
 }
 
 /// The `rows` rows of `width` values each, `kept` holding those of the rows whose bit is set
@@ -395,7 +471,29 @@ mod tests {
         assert!(matches!(packed.0, Packed::Lz4 { .. }), "{packed:?}");
         assert!(packed.wire_bytes() < 384 * 4 * 3 / 5);
         let list = keys(200);
-        // Values that do not repeat stay plain: packing them would not pay.
+        // Weights, all different, of 2 signs and 1 exponent, among rows mostly zero: the
+        // bitmap, then a 1-bit code for the head and the 23 bits below it, 3 bytes a value.
+        let weights: Vec<f32> = (0..200)
+            .map(|i| match i % 3 {
+                0 => 0.0,
+                1 => 0.25 + i as f32 / 1000.0,
+                _ => -0.25 - i as f32 / 1000.0,
+            })
+            .collect();
+        let kvs = KvPairs::new(list.to_vec(), weights, 1).unwrap();
+        let packed = RowValues::packed(&kvs);
+        let Packed::Exponents {
+            nonzero,
+            heads,
+            bits,
+            ..
+        } = &packed.0
+        else {
+            panic!("{packed:?}");
+        };
+        assert_eq!((nonzero.len(), heads.len(), *bits), (25, 2, 1));
+        assert_eq!(packed.wire_bytes(), 25 + 2 * 2 + 1 + 133 * 3);
+        // Values of every exponent that do not repeat stay plain: packing them would not pay.
         let mut x = 0x1234_5678u32;
         let noise: Vec<f32> = (0..200)
             .map(|_| {
