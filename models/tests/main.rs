@@ -1,5 +1,6 @@
 //! The checkers' integration tests, one module per file, in one binary.
 
+mod bounded;
 mod cluster;
 mod filters;
 mod replication;

@@ -3,55 +3,22 @@
 //! Every property holds on both, whose state spaces are pinned, and each replication mutation
 //! is caught, by the invariant each test names.
 //!
-//! The suite checks both configurations breadth first up to [`BOUND`] generated states, which reaches
-//! every interesting state of either in seconds. `PSERVER_EXHAUSTIVE=1` checks them
-//! exhaustively instead (a few minutes for fail-over, as `scripts/check-exhaustive` does): it
-//! also pins their state spaces and judges `livelock-free` (README, "Model checking").
+//! The suite checks both configurations within a bound ([`crate::bounded`]), which reaches
+//! every interesting state of either in seconds; `scripts/check-exhaustive` checks every
+//! state, in a few minutes for fail-over.
 
 use pserver_core::Consistency;
 use pserver_models::cluster::{
-    CheckReport, ClusterModelConfig, Strategy, Verdict, check_cluster_model, cluster_model,
+    ClusterModelConfig, Strategy, Verdict, check_cluster_model, cluster_model,
 };
+
+use crate::bounded;
 
 /// The fail-over configuration's distinct states (breadth first; the same depth first).
 const FAIL_OVER_UNIQUE: usize = 930_471;
 
 /// The join configuration's distinct states (breadth first; the same depth first).
 const JOIN_UNIQUE: usize = 572_060;
-
-/// States (with repeats) the suite's bounded checks generate, breadth first.
-const BOUND: usize = 1_000_000;
-
-/// Checks `cfg` breadth first: up to [`BOUND`] states, or every state with
-/// `PSERVER_EXHAUSTIVE` set. Gives the report and whether it was exhaustive.
-fn check_replication(cfg: ClusterModelConfig) -> (CheckReport, bool) {
-    let exhaustive = std::env::var_os("PSERVER_EXHAUSTIVE").is_some();
-    let bound = (!exhaustive).then_some(BOUND);
-    let report = check_cluster_model(cluster_model(cfg).unwrap(), Strategy::Bfs, 2, bound);
-    (report, exhaustive)
-}
-
-/// Asserts what every check of a replication configuration must show: the `always`
-/// properties hold (`livelock-free` only where the search was exhaustive, and then the
-/// state space is `unique` states), and the `found` states were reached.
-fn assert_holds(report: &CheckReport, exhaustive: bool, unique: usize, found: &[&str]) {
-    for name in ALWAYS {
-        let expected = if name == "livelock-free" && !exhaustive {
-            Verdict::NotChecked
-        } else {
-            Verdict::Holds
-        };
-        assert_eq!(report.verdict(name), Some(&expected), "{name}\n{report}");
-    }
-    for name in found {
-        assert_eq!(report.verdict(name), Some(&Verdict::Found), "{name}");
-    }
-    if exhaustive {
-        assert_eq!(report.unique, unique);
-    } else {
-        assert!(report.states >= BOUND, "{report}");
-    }
-}
 
 const ALWAYS: [&str; 9] = [
     "exactly-once",
@@ -67,12 +34,13 @@ const ALWAYS: [&str; 9] = [
 
 #[test]
 fn every_property_holds_across_fail_over_and_the_state_space_is_pinned() {
-    let (report, exhaustive) = check_replication(ClusterModelConfig::replication());
-    assert_holds(
+    let (report, exhaustive) = bounded::check(ClusterModelConfig::replication());
+    bounded::assert_holds(
         &report,
         exhaustive,
-        FAIL_OVER_UNIQUE,
+        &ALWAYS,
         &["primary failed over", "replica refilled", "job finished"],
+        FAIL_OVER_UNIQUE,
     );
     assert_eq!(report.verdict("server joined"), None);
 }
@@ -81,11 +49,11 @@ fn every_property_holds_across_fail_over_and_the_state_space_is_pinned() {
 /// the worker's resend of a push the copy already holds is recognised there.
 #[test]
 fn every_property_holds_across_a_join_and_the_state_space_is_pinned() {
-    let (report, exhaustive) = check_replication(ClusterModelConfig::replication_join());
-    assert_holds(
+    let (report, exhaustive) = bounded::check(ClusterModelConfig::replication_join());
+    bounded::assert_holds(
         &report,
         exhaustive,
-        JOIN_UNIQUE,
+        &ALWAYS,
         &[
             "server joined",
             "replica refilled",
@@ -93,6 +61,7 @@ fn every_property_holds_across_a_join_and_the_state_space_is_pinned() {
             "redirect followed",
             "job finished",
         ],
+        JOIN_UNIQUE,
     );
     assert_eq!(report.verdict("primary failed over"), None);
 }
@@ -156,7 +125,7 @@ fn the_replication_properties_are_only_in_models_that_copy_ranges() {
 mod mutations {
     use super::*;
     use pserver_core::mutation::Mutation;
-    use pserver_models::cluster::check;
+    use pserver_models::cluster::{CheckReport, check};
 
     /// Checks `cfg` with every node running `mutation`, and returns the report with the steps
     /// of the counterexample to `property`; fails the test if `property` was not violated.

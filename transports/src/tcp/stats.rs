@@ -137,9 +137,15 @@ mod loom_tests {
     use super::*;
     use crate::sync::{Arc, thread};
 
+    /// Every interleaving of two connection threads with up to 5 preemptions, in seconds
+    /// (`LOOM_MAX_PREEMPTIONS` sets another bound; without one, the search takes a minute
+    /// and a half of release build): each thread touches a dozen atomics, and a lost update
+    /// among them needs one preemption to show.
     #[test]
     fn counters_lose_no_event_and_the_open_gauge_never_underflows() {
-        loom::model(|| {
+        let mut model = loom::model::Builder::new();
+        model.preemption_bound.get_or_insert(5);
+        model.check(|| {
             let c = Arc::new(Counters::default());
             let handles: Vec<_> = (0..2)
                 .map(|_| {
