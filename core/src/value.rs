@@ -37,26 +37,33 @@ macro_rules! float_value {
             const SIZE: usize = core::mem::size_of::<$t>();
             const NAME: &'static str = $name;
 
+            #[inline]
             fn to_bits(self) -> u64 {
                 u64::from(<$t>::to_bits(self))
             }
+            #[inline]
             fn from_le_slice(bytes: &[u8]) -> Self {
                 let mut raw = [0u8; core::mem::size_of::<$t>()];
                 raw.copy_from_slice(bytes);
                 <$t>::from_le_bytes(raw)
             }
+            #[inline]
             fn extend_le(self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_le_bytes());
             }
+            #[inline]
             fn add(self, other: Self) -> Self {
                 self + other
             }
+            #[inline]
             fn sub(self, other: Self) -> Self {
                 self - other
             }
+            #[inline]
             fn from_f64(x: f64) -> Self {
                 x as $t
             }
+            #[inline]
             fn to_f64(self) -> f64 {
                 f64::from(self)
             }
@@ -71,26 +78,33 @@ impl Value for i64 {
     const SIZE: usize = 8;
     const NAME: &'static str = "i64";
 
+    #[inline]
     fn to_bits(self) -> u64 {
         self as u64
     }
+    #[inline]
     fn from_le_slice(bytes: &[u8]) -> Self {
         let mut raw = [0u8; 8];
         raw.copy_from_slice(bytes);
         i64::from_le_bytes(raw)
     }
+    #[inline]
     fn extend_le(self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.to_le_bytes());
     }
+    #[inline]
     fn add(self, other: Self) -> Self {
         self.wrapping_add(other)
     }
+    #[inline]
     fn sub(self, other: Self) -> Self {
         self.wrapping_sub(other)
     }
+    #[inline]
     fn from_f64(x: f64) -> Self {
         x as i64
     }
+    #[inline]
     fn to_f64(self) -> f64 {
         self as f64
     }
