@@ -2,11 +2,10 @@
 //! whose weight is zero waits on the worker while the optimality conditions say the weight
 //! stays zero.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::collections::VecDeque;
 
+use crate::filter::held::HeldRows;
 use crate::filter::{Filter, FilterSaving, Threshold};
-use crate::hash::{KeyHasher, mix64};
 use crate::key::Key;
 use crate::kv::KvPairs;
 use crate::value::Value;
@@ -42,10 +41,6 @@ impl Kkt {
 /// it computes this one pushes for the pull before the last.
 const PULLS_KEPT: usize = 4;
 
-/// Bits of [`KktFilter`]'s `maybe_held`: 2 MiB, so that a few million held keys leave most
-/// bits clear.
-const MAYBE_BITS: u64 = 1 << 24;
-
 /// A pull's keys, and which of its rows were all zero.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Pulled {
@@ -72,21 +67,8 @@ pub struct KktFilter<V: Value> {
     width: usize,
     /// The last pulls, newest last.
     pulls: VecDeque<Pulled>,
-    /// The changes not sent yet, per key. Hashed rather than ordered: every row of every push
-    /// looks its key up, in a table that holds the model's zero features a worker has seen
-    /// (ARCHITECTURE.md §10). Nothing depends on its order. A row's first value and the
-    /// push that began holding it lie in the table itself, so that a row of one value, a
-    /// linear model's, costs one lookup and no other memory.
-    held: HashMap<Key, Held<V>, BuildHasherDefault<KeyHasher>>,
-    /// Per slot, a held row's values after its first (`width - 1` of them).
-    rest: Vec<V>,
-    /// Slots of `rest` free for reuse.
-    free: Vec<u32>,
-    /// A bit per hash of a key held since the last flush, set before the key is held: a key
-    /// whose bit is clear is not held, and a push of a non-zero weight's row, most of a late
-    /// model's rows, skips the table. It says nothing the table does not, so equality and
-    /// hashing leave it out.
-    maybe_held: Vec<u64>,
+    /// The changes not sent yet, per key, each with the push that began holding it.
+    held: HeldRows<V>,
     /// Pushes so far.
     pushes: u64,
     /// Whether a held row stays in the push, as zeros ([`KktFilter::keeping_lists`]).
@@ -94,56 +76,32 @@ pub struct KktFilter<V: Value> {
     saving: FilterSaving,
 }
 
-/// A key's change not sent yet.
-#[derive(Clone, Copy, Debug)]
-struct Held<V> {
-    /// The push that began holding it.
-    since: u64,
-    /// Its first value.
-    first: V,
-    /// Where `rest` keeps the others.
-    slot: u32,
-}
-
-// By what is held, key by key, and the values' bits (floats are not `Eq`); not by slots.
+// By hand: a derive would ask `V: Eq + Hash`, which floats are not; the table compares
+// values by their bits.
 impl<V: Value> PartialEq for KktFilter<V> {
     fn eq(&self, other: &Self) -> bool {
         self.kkt == other.kkt
             && self.width == other.width
             && self.pulls == other.pulls
+            && self.held == other.held
             && self.pushes == other.pushes
             && self.keep_lists == other.keep_lists
             && self.saving == other.saving
-            && self.held.len() == other.held.len()
-            && self.held.iter().all(|(key, mine)| {
-                other.held.get(key).is_some_and(|theirs| {
-                    mine.since == theirs.since && bits(self.row(mine)).eq(bits(other.row(theirs)))
-                })
-            })
     }
 }
 
 impl<V: Value> Eq for KktFilter<V> {}
 
-impl<V: Value> Hash for KktFilter<V> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
+impl<V: Value> std::hash::Hash for KktFilter<V> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.kkt.hash(state);
         self.width.hash(state);
         self.pulls.hash(state);
+        self.held.hash(state);
         self.pushes.hash(state);
         self.keep_lists.hash(state);
         self.saving.hash(state);
-        // Summed, so that the table's order does not count.
-        let held = self.held.iter().fold(0u64, |acc, (&key, held)| {
-            let row = bits(self.row(held)).fold(mix64(key ^ held.since), |h, b| mix64(h ^ b));
-            acc.wrapping_add(row)
-        });
-        (self.held.len(), held).hash(state);
     }
-}
-
-fn bits<V: Value>(row: impl Iterator<Item = V>) -> impl Iterator<Item = u64> {
-    row.map(|v| v.to_bits())
 }
 
 impl<V: Value> KktFilter<V> {
@@ -153,10 +111,7 @@ impl<V: Value> KktFilter<V> {
             kkt,
             width,
             pulls: VecDeque::new(),
-            held: HashMap::default(),
-            rest: Vec::new(),
-            free: Vec::new(),
-            maybe_held: Vec::new(),
+            held: HeldRows::new(width),
             pushes: 0,
             keep_lists: false,
             saving: FilterSaving::default(),
@@ -175,55 +130,6 @@ impl<V: Value> KktFilter<V> {
     /// Bytes of a row on the wire, as [`FilterSaving::bytes_saved`] counts them.
     fn row_bytes(&self) -> usize {
         8 + self.width * V::SIZE
-    }
-
-    /// The range of `rest` that `slot` holds.
-    fn rest_of(&self, slot: u32) -> std::ops::Range<usize> {
-        let stride = self.width - 1;
-        slot as usize * stride..(slot as usize + 1) * stride
-    }
-
-    /// The change `held` holds, value by value.
-    fn row<'a>(&'a self, held: &'a Held<V>) -> impl Iterator<Item = V> + 'a {
-        std::iter::once(held.first).chain(self.rest[self.rest_of(held.slot)].iter().copied())
-    }
-
-    /// The word and bit of `maybe_held` for `key`.
-    fn maybe_bit(key: Key) -> (usize, u64) {
-        let h = mix64(key) & (MAYBE_BITS - 1);
-        ((h / 64) as usize, 1 << (h % 64))
-    }
-
-    /// Whether `key` may be held: certainly not if its bit is clear.
-    fn may_hold(&self, key: Key) -> bool {
-        let (word, bit) = Self::maybe_bit(key);
-        self.maybe_held.get(word).is_some_and(|w| w & bit != 0)
-    }
-
-    /// Holds `row` for `key` from this push on.
-    fn hold(&mut self, key: Key, row: &[V]) {
-        if self.maybe_held.is_empty() {
-            self.maybe_held = vec![0; (MAYBE_BITS / 64) as usize];
-        }
-        let (word, bit) = Self::maybe_bit(key);
-        self.maybe_held[word] |= bit;
-        let slot = if self.width == 1 {
-            0
-        } else if let Some(slot) = self.free.pop() {
-            let range = self.rest_of(slot);
-            self.rest[range].copy_from_slice(&row[1..]);
-            slot
-        } else {
-            self.rest.extend_from_slice(&row[1..]);
-            // Slots number the rows a worker holds at once: far fewer than 2^32.
-            u32::try_from(self.rest.len() / (self.width - 1) - 1).unwrap_or(u32::MAX)
-        };
-        let held = Held {
-            since: self.pushes,
-            first: row[0],
-            slot,
-        };
-        self.held.insert(key, held);
     }
 }
 
@@ -249,7 +155,6 @@ impl<V: Value> Filter<V> for KktFilter<V> {
     fn push(&mut self, kvs: KvPairs<V>) -> KvPairs<V> {
         self.pushes += 1;
         let (width, bound, every) = (self.width, self.kkt.bound.get(), u64::from(self.kkt.every));
-        let stride = width - 1;
         // NaN is never within the bound: a filter must not hide it.
         let within = |v: V| v.to_f64().abs() <= bound;
         let pulled = self.pulls.iter().rposition(|p| p.keys == kvs.keys());
@@ -258,36 +163,19 @@ impl<V: Value> Filter<V> for KktFilter<V> {
         let mut held_in_list = 0;
         for (i, (key, row)) in kvs.iter().enumerate() {
             let zero = pulled.is_some_and(|p| self.pulls[p].zero[i]);
-            let entry = if zero || self.may_hold(key) {
-                self.held.get_mut(&key)
-            } else {
-                None
-            };
-            let hold = match entry {
-                Some(held) => {
-                    held.first = held.first.add(row[0]);
-                    let at = held.slot as usize * stride;
-                    let rest = &mut self.rest[at..at + stride];
-                    for (s, &v) in rest.iter_mut().zip(&row[1..]) {
-                        *s = s.add(v);
-                    }
-                    let due = self.pushes - held.since >= every;
-                    if zero && !due && within(held.first) && rest.iter().all(|&v| within(v)) {
-                        true
-                    } else {
-                        keys.push(key);
-                        values.push(held.first);
-                        values.extend_from_slice(rest);
-                        let slot = held.slot;
-                        self.held.remove(&key);
-                        if stride > 0 {
-                            self.free.push(slot);
-                        }
-                        false
-                    }
+            let keep = self
+                .held
+                .add(key, row)
+                .map(|sum| zero && self.pushes - sum.since < every && sum.values().all(within));
+            let hold = match keep {
+                Some(true) => true,
+                Some(false) => {
+                    keys.push(key);
+                    self.held.release(key, &mut values);
+                    false
                 }
                 None if zero && row.iter().all(|&v| within(v)) => {
-                    self.hold(key, row);
+                    self.held.hold(key, row, self.pushes);
                     true
                 }
                 None => {
@@ -313,17 +201,7 @@ impl<V: Value> Filter<V> for KktFilter<V> {
         if self.held.is_empty() {
             return None;
         }
-        let mut held: Vec<(Key, Held<V>)> = self.held.drain().collect();
-        held.sort_unstable_by_key(|&(key, _)| key);
-        let mut keys = Vec::with_capacity(held.len());
-        let mut values = Vec::with_capacity(held.len() * self.width);
-        for (key, row) in &held {
-            keys.push(*key);
-            values.extend(self.row(row));
-        }
-        self.rest.clear();
-        self.free.clear();
-        self.maybe_held.clear();
+        let (keys, values) = self.held.drain();
         let row_bytes = self.row_bytes();
         self.saving.count(0, keys.len(), row_bytes);
         // Sorted keys of a map, each once.
@@ -342,6 +220,7 @@ impl<V: Value> Filter<V> for KktFilter<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::hash::{Hash, Hasher};
 
     fn kvs(keys: &[Key], values: &[f64]) -> KvPairs<f64> {
         KvPairs::new(keys.to_vec(), values.to_vec(), 1).unwrap()
@@ -434,14 +313,14 @@ mod tests {
     /// Two filters holding the same changes are equal and hash alike, whatever slots hold
     /// them: the model checker and the simulator compare workers by their state.
     #[test]
-    fn filters_holding_the_same_changes_are_equal_whatever_their_slots() {
+    fn filters_holding_the_same_changes_are_equal_whatever_their_order() {
         let hash = |f: &KktFilter<f64>| {
             let mut h = std::collections::hash_map::DefaultHasher::new();
             f.hash(&mut h);
             h.finish()
         };
-        // Rows of two values: `x` keeps 2's second value in slot 0 and 3's in slot 1, `y`
-        // the other way round.
+        // Rows of two values: `x` holds 2 before 3, `y` the other way round (the table's own
+        // test shows their slots do not count either).
         let wide =
             |keys: &[Key], values: &[f64]| KvPairs::new(keys.to_vec(), values.to_vec(), 2).unwrap();
         let kkt = Kkt::new(Threshold::new(1.0).unwrap(), 100).unwrap();
@@ -450,17 +329,15 @@ mod tests {
         y.pulled(&wide(&[2, 3], &[0.0; 4]));
         assert!(x.push(wide(&[2, 3], &[0.5, 0.25, 0.75, 0.125])).is_empty());
         y.pushes = 1;
-        y.hold(3, &[0.75, 0.125]);
-        y.hold(2, &[0.5, 0.25]);
+        y.held.hold(3, &[0.75, 0.125], 1);
+        y.held.hold(2, &[0.5, 0.25], 1);
         y.saving = x.saving;
-        assert_ne!(x.held[&2].slot, y.held[&2].slot, "held in different slots");
         assert_eq!(x, y);
         assert_eq!(hash(&x), hash(&y));
-        let slot = y.held[&2].slot as usize;
-        y.rest[slot] = 0.3;
-        assert_ne!(x, y);
+        let mut z = y.clone();
+        z.held.add(2, &[0.0, 0.05]);
+        assert_ne!(x, z);
         // And what they flush is the same rows.
-        y.rest[slot] = 0.25;
         let rows = |f: &mut KktFilter<f64>| f.flush().unwrap().values().to_vec();
         assert_eq!(rows(&mut x), [0.5, 0.25, 0.75, 0.125]);
         assert_eq!(rows(&mut y), [0.5, 0.25, 0.75, 0.125]);

@@ -11,6 +11,7 @@
 //! ([`crate::node::Worker::with_filter`]). Key caching and value compression work on messages
 //! instead, as they need to know what a peer holds: they are chosen in [`Filters`] only.
 
+mod held;
 pub(crate) mod keycache;
 mod kkt;
 mod sigmod;
@@ -79,24 +80,6 @@ pub trait Filter<V: Value>: Clone + Debug + PartialEq + Eq + Hash {
 
     /// What the filter saved so far.
     fn saving(&self) -> FilterSaving;
-}
-
-/// A value kept by its bits, so that the filter's state is `Eq + Hash` for every value type.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ValueBits<V>(pub(crate) V);
-
-impl<V: Value> PartialEq for ValueBits<V> {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.to_bits() == other.0.to_bits()
-    }
-}
-
-impl<V: Value> Eq for ValueBits<V> {}
-
-impl<V: Value> std::hash::Hash for ValueBits<V> {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.to_bits().hash(state);
-    }
 }
 
 /// [`Filter`] made object-safe, so that a worker can run a filter whose type it does not

@@ -1,10 +1,8 @@
 //! The significantly-modified filter (ARCHITECTURE.md §10): a key's change goes once it adds
 //! up to more than a threshold.
 
-use std::collections::BTreeMap;
-
-use crate::filter::{Filter, FilterSaving, ValueBits};
-use crate::key::Key;
+use crate::filter::held::HeldRows;
+use crate::filter::{Filter, FilterSaving};
 use crate::kv::KvPairs;
 use crate::value::Value;
 
@@ -43,12 +41,15 @@ impl std::hash::Hash for Threshold {
 pub struct SignificantlyModified<V: Value> {
     threshold: Threshold,
     width: usize,
-    /// Per key, the change not sent yet.
-    held: BTreeMap<Key, Vec<ValueBits<V>>>,
+    /// Per key, the change not sent yet: a hash table, as the KKT filter's, since every row
+    /// of every push looks its key up (in an ordered map, with a vector per row, the filter
+    /// trained at a fifth of unfiltered training's rows/s on 4 million features).
+    held: HeldRows<V>,
     saving: FilterSaving,
 }
 
-// By the values' bits, for every value type (floats are not `Eq`).
+// By hand: a derive would ask `V: Eq + Hash`, which floats are not; the table compares
+// values by their bits.
 impl<V: Value> PartialEq for SignificantlyModified<V> {
     fn eq(&self, other: &Self) -> bool {
         self.threshold == other.threshold
@@ -75,7 +76,7 @@ impl<V: Value> SignificantlyModified<V> {
         SignificantlyModified {
             threshold,
             width,
-            held: BTreeMap::new(),
+            held: HeldRows::new(width),
             saving: FilterSaving::default(),
         }
     }
@@ -84,15 +85,16 @@ impl<V: Value> SignificantlyModified<V> {
     fn row_bytes(&self) -> usize {
         8 + self.width * V::SIZE
     }
+}
 
-    /// Whether a change is large enough to send. NaN is: a filter must not hide it.
-    fn significant(&self, mut row: impl Iterator<Item = V>) -> bool {
-        let t = self.threshold.get();
-        row.any(|v| {
-            let x = v.to_f64().abs();
-            x.is_nan() || x > t
-        })
-    }
+/// Whether a change is large enough to send at `threshold`. NaN is: a filter must not hide
+/// it.
+fn significant<V: Value>(threshold: Threshold, mut row: impl Iterator<Item = V>) -> bool {
+    let t = threshold.get();
+    row.any(|v| {
+        let x = v.to_f64().abs();
+        x.is_nan() || x > t
+    })
 }
 
 impl<V: Value> Filter<V> for SignificantlyModified<V> {
@@ -103,28 +105,24 @@ impl<V: Value> Filter<V> for SignificantlyModified<V> {
     fn push(&mut self, kvs: KvPairs<V>) -> KvPairs<V> {
         let mut keys = Vec::with_capacity(kvs.len());
         let mut values = Vec::with_capacity(kvs.len() * self.width);
+        let threshold = self.threshold;
         for (key, row) in kvs.iter() {
-            match self.held.remove(&key) {
-                Some(mut sum) => {
-                    for (s, &v) in sum.iter_mut().zip(row) {
-                        s.0 = s.0.add(v);
-                    }
-                    if self.significant(sum.iter().map(|v| v.0)) {
-                        keys.push(key);
-                        values.extend(sum.iter().map(|v| v.0));
-                    } else {
-                        self.held.insert(key, sum);
-                    }
-                }
+            let send = match self.held.add(key, row) {
+                Some(sum) => significant(threshold, sum.values()),
                 // A key held nothing: its row is the sum, sent as it is or kept.
-                None if self.significant(row.iter().copied()) => {
+                None if significant(threshold, row.iter().copied()) => {
                     keys.push(key);
                     values.extend_from_slice(row);
+                    continue;
                 }
                 None => {
-                    self.held
-                        .insert(key, row.iter().copied().map(ValueBits).collect());
+                    self.held.hold(key, row, 0);
+                    continue;
                 }
+            };
+            if send {
+                keys.push(key);
+                self.held.release(key, &mut values);
             }
         }
         let row_bytes = self.row_bytes();
@@ -137,16 +135,10 @@ impl<V: Value> Filter<V> for SignificantlyModified<V> {
         if self.held.is_empty() {
             return None;
         }
-        let held = std::mem::take(&mut self.held);
-        let mut keys = Vec::with_capacity(held.len());
-        let mut values = Vec::with_capacity(held.len() * self.width);
-        for (key, row) in held {
-            keys.push(key);
-            values.extend(row.iter().map(|v| v.0));
-        }
+        let (keys, values) = self.held.drain();
         let row_bytes = self.row_bytes();
         self.saving.count(0, keys.len(), row_bytes);
-        // A map's keys, in order, each once.
+        // Sorted keys of a map, each once.
         Some(KvPairs::from_validated(keys, values, self.width))
     }
 
@@ -162,6 +154,7 @@ impl<V: Value> Filter<V> for SignificantlyModified<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::Key;
 
     fn kvs(keys: &[Key], values: &[f64]) -> KvPairs<f64> {
         KvPairs::new(keys.to_vec(), values.to_vec(), 1).unwrap()
