@@ -565,8 +565,8 @@ mod tests {
 
     #[test]
     fn rows_coded_by_exponents_come_back_in_their_places_among_zero_rows() {
-        // 300 rows of two distinct weights of a few exponents each, every third row zero:
-        // packed as a bitmap and exponent codes, and spread back row by row.
+        // 300 rows of two values, all different floats of two exponents, every third row
+        // zero: packed as a bitmap and exponent codes, and spread back row by row.
         let rows = 300;
         let values: Vec<f32> = (0..rows * 2)
             .map(|i| {
