@@ -107,22 +107,19 @@ impl<V: Value> Filter<V> for SignificantlyModified<V> {
         let mut values = Vec::with_capacity(kvs.len() * self.width);
         let threshold = self.threshold;
         for (key, row) in kvs.iter() {
-            let send = match self.held.add(key, row) {
-                Some(sum) => significant(threshold, sum.values()),
+            match self.held.add(key, row) {
+                Some(sum) => {
+                    if significant(threshold, sum.values()) {
+                        keys.push(key);
+                        self.held.release(key, &mut values);
+                    }
+                }
                 // A key held nothing: its row is the sum, sent as it is or kept.
                 None if significant(threshold, row.iter().copied()) => {
                     keys.push(key);
                     values.extend_from_slice(row);
-                    continue;
                 }
-                None => {
-                    self.held.hold(key, row, 0);
-                    continue;
-                }
-            };
-            if send {
-                keys.push(key);
-                self.held.release(key, &mut values);
+                None => self.held.hold(key, row, 0),
             }
         }
         let row_bytes = self.row_bytes();

@@ -226,7 +226,7 @@ impl<V: Value> RowValues<V> {
                 if values.width() != width {
                     return None;
                 }
-                spread(nonzero, values.values(), rows, width)?
+                spread(nonzero, values.values().to_vec(), rows, width)?
             }
             Packed::Palette {
                 nonzero,
@@ -273,25 +273,37 @@ fn coded_rows(nonzero: &[u8], rows: usize) -> usize {
 }
 
 /// The `rows` rows a table form's `kept` values stand for: as they are if `nonzero` is empty,
-/// otherwise spread over the rows whose bit is set, in `kept`'s own storage (a row only ever
-/// moves to a later place, so going from the last row back overwrites nothing unread).
+/// otherwise spread over the rows whose bit is set ([`spread`]).
 fn with_zero_rows<V: Value>(
     nonzero: &[u8],
-    mut kept: Vec<V>,
+    kept: Vec<V>,
     rows: usize,
     width: usize,
 ) -> Option<Vec<V>> {
     if nonzero.is_empty() {
-        return Some(kept);
+        Some(kept)
+    } else {
+        spread(nonzero, kept, rows, width)
     }
+}
+
+/// The `rows` rows of `width` values each, `kept` holding those of the rows whose bit is set
+/// in `nonzero` and the rest zero; `None` unless there is one bit per row (none set past the
+/// last) and one row kept per bit set. In `kept`'s own storage: a row only ever moves to a
+/// later place, so going from the last row back overwrites nothing unread.
+fn spread<V: Value>(nonzero: &[u8], mut kept: Vec<V>, rows: usize, width: usize) -> Option<Vec<V>> {
     if !bitmap_fits(nonzero, rows, kept.len(), width)? {
         return None;
     }
     let mut next = kept.len();
     kept.resize(rows * width, V::default());
-    for row in (0..rows).rev() {
-        let at = row * width;
-        if nonzero[row / 8] >> (row % 8) & 1 == 1 {
+    // Only the set bits, last first: most rows of a model's answer are zero.
+    for (byte_at, &byte) in nonzero.iter().enumerate().rev() {
+        let mut bits = byte;
+        while bits != 0 {
+            let bit = 7 - bits.leading_zeros() as usize;
+            bits &= !(1 << bit);
+            let at = (byte_at * 8 + bit) * width;
             next -= width;
             if next != at {
                 kept.copy_within(next..next + width, at);
@@ -330,28 +342,6 @@ fn lz4_block<V: Value>(kvs: &KvPairs<V>) -> Option<Vec<u8>> {
     }
     let block = lz4_flex::block::compress(&bytes);
     (block.len() + 4 < raw - raw / 10).then_some(block)
-}
-
-/// The `rows` rows of `width` values each, `kept` holding those of the rows whose bit is set
-/// in `nonzero` and the rest zero; `None` unless there is one bit per row (none set past the
-/// last) and one row kept per bit set.
-fn spread<V: Value>(nonzero: &[u8], kept: &[V], rows: usize, width: usize) -> Option<Vec<V>> {
-    if !bitmap_fits(nonzero, rows, kept.len(), width)? {
-        return None;
-    }
-    let mut out = vec![V::default(); rows * width];
-    let mut next = 0;
-    for (byte_at, &byte) in nonzero.iter().enumerate() {
-        // Only the set bits: most rows of a model's answer are zero.
-        let mut bits = byte;
-        while bits != 0 {
-            let row = byte_at * 8 + bits.trailing_zeros() as usize;
-            out[row * width..(row + 1) * width].copy_from_slice(kept.get(next..next + width)?);
-            next += width;
-            bits &= bits - 1;
-        }
-    }
-    Some(out)
 }
 
 /// Whether `words` words, the `i`th read by `word`, look like they repeat, which is what
