@@ -107,27 +107,41 @@ pub(crate) fn decode<V: Value>(
     }
     let mask = (1u128 << per) - 1;
     let tail_mask = (1u64 << tail) - 1;
+    let last = heads.len() - 1;
     let mut out = Vec::with_capacity(count);
-    // Codes of heads first used so far: the next new head must take the next code.
+    // Codes of heads first used so far: the next new head must take the next code. A code
+    // past it is noted and the decoding refused at the end, rather than a branch out of the
+    // loop per value.
     let mut used = 0usize;
+    let mut past = false;
     let mut acc: u128 = 0;
     let mut filled: u32 = 0;
-    let mut bytes = stream.iter();
+    let mut at = 0usize;
     for _ in 0..count {
-        while filled < per {
-            acc |= u128::from(*bytes.next()?) << filled;
-            filled += 8;
+        if filled < per {
+            // Eight bytes at a time while eight are left (fewer than 64 bits are waiting, so
+            // they fit); every byte read holds values, as there are no more bytes than values.
+            if let Some(eight) = stream.get(at..at + 8) {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(eight);
+                acc |= u128::from(u64::from_le_bytes(word)) << filled;
+                filled += 64;
+                at += 8;
+            } else {
+                while filled < per {
+                    acc |= u128::from(*stream.get(at)?) << filled;
+                    filled += 8;
+                    at += 1;
+                }
+            }
         }
         let word = (acc & mask) as u64;
         acc >>= per;
         filled -= per;
         let code = (word >> tail) as usize;
-        if code == used {
-            used += 1;
-        } else if code > used {
-            return None;
-        }
-        let head = u64::from(*heads.get(code)?);
+        past |= code > used;
+        used += usize::from(code == used);
+        let head = u64::from(heads[code.min(last)]);
         let value = head << tail | (word & tail_mask);
         out.push(V::from_le_slice(&value.to_le_bytes()[..V::SIZE]));
     }
@@ -140,7 +154,7 @@ pub(crate) fn decode<V: Value>(
         }
         *slot = true;
     }
-    (used == heads.len() && acc == 0).then_some(out)
+    (!past && used == heads.len() && acc == 0 && at == stream.len()).then_some(out)
 }
 
 #[cfg(test)]

@@ -117,13 +117,18 @@ impl<V: Value> RowValues<V> {
         let bitmap = rows.div_ceil(8);
         let (nonzero, kept) = if zero_rows * width * V::SIZE > bitmap + 2 {
             let mut nonzero = vec![0u8; bitmap];
-            let mut kept = Vec::with_capacity((rows - zero_rows) * width);
-            for (i, row) in values.chunks(width).enumerate() {
-                if !zero_row(row) {
-                    nonzero[i / 8] |= 1 << (i % 8);
-                    kept.extend_from_slice(row);
+            let kept = if width == 1 {
+                kept_values(values, values.len() - zero_rows, &mut nonzero)
+            } else {
+                let mut kept = Vec::with_capacity((rows - zero_rows) * width);
+                for (i, row) in values.chunks(width).enumerate() {
+                    if !zero_row(row) {
+                        nonzero[i / 8] |= 1 << (i % 8);
+                        kept.extend_from_slice(row);
+                    }
                 }
-            }
+                kept
+            };
             (nonzero, std::borrow::Cow::Owned(kept))
         } else {
             (Vec::new(), std::borrow::Cow::Borrowed(values))
@@ -260,6 +265,29 @@ impl<V: Value> RowValues<V> {
         };
         KvPairs::from_run(0, unpacked, width).rekeyed(keys)
     }
+}
+
+/// The `kept` values of `values` that are not zero, a row each, in order, with their bits
+/// set in `nonzero`. Without a branch on each value: in a pull's answer zero and non-zero
+/// weights come in no order a predictor learns, and the branch cost more than the rest of
+/// packing the rows.
+fn kept_values<V: Value>(values: &[V], kept: usize, nonzero: &mut [u8]) -> Vec<V> {
+    // One value of room past the last kept, which every value is written to before it is
+    // known whether it stays.
+    let mut out = vec![V::default(); kept + 1];
+    let mut at = 0;
+    for (byte, eight) in nonzero.iter_mut().zip(values.chunks(8)) {
+        let mut bits = 0u8;
+        for (i, &v) in eight.iter().enumerate() {
+            let set = v.to_bits() != 0;
+            bits |= u8::from(set) << i;
+            out[at.min(kept)] = v;
+            at += usize::from(set);
+        }
+        *byte = bits;
+    }
+    out.truncate(kept);
+    out
 }
 
 /// Rows a table form codes: those whose bit is set in `nonzero`, or all `rows` if it is
