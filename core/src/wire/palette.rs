@@ -275,6 +275,12 @@ mod tests {
         assert_eq!(decode(&[1.0f32, 2.0], 1, &[0b00], 2), None);
         assert_eq!(decode(&[1.0f32, 2.0], 1, &[0b01], 2), None);
         assert_eq!(decode(&[1.0f32, 2.0], 1, &[0b10], 2), Some(vec![1.0, 2.0]));
+        // Every entry used, but the third before the second: codes 0, 2, 1, 2.
+        assert_eq!(decode(&table, 2, &[0b10_01_10_00], 4), None);
+        assert_eq!(
+            decode(&table, 2, &[0b10_10_01_00], 4),
+            Some(vec![1.0, 2.0, 3.0, 3.0])
+        );
         assert_eq!(decode(&[7.0f32], 0, &[], 0), None);
         // The largest table codes in 16 bits; one entry more is refused, codes of 17 bits
         // and all.
