@@ -803,6 +803,16 @@ fn bench_filters_measures_the_bytes_each_configuration_saves_next_to_unfiltered_
             );
             let delta = value(&format!("filters.{problem}.{config}.auc_delta"));
             assert!(delta.abs() < 0.01, "{problem} {config}: {text}");
+            // CPU per row, next to unfiltered training's: the cost on a machine whose cores
+            // are all busy, where rows/s moves with whatever else runs.
+            let cpu = value(&format!("filters.{problem}.{config}.cpu_secs_per_mrow"));
+            let none_cpu = value(&format!("filters.{problem}.none.cpu_secs_per_mrow"));
+            let ratio = value(&format!("filters.{problem}.{config}.cpu_ratio"));
+            assert!(cpu > 0.0 && none_cpu > 0.0, "{problem} {config}: {text}");
+            assert!(
+                (cpu / none_cpu - ratio).abs() < 1e-3,
+                "{problem} {config}: {text}"
+            );
         }
         // Compression saves bytes on top of key caching. Not asked of the epochs' totals: they
         // count every message sent, retransmissions included, and on a loaded machine two

@@ -5,9 +5,11 @@
 //! every epoch, as `pserver train` runs by default), and a generated one (the training
 //! benchmark's generator; 2 servers, 4 workers, 3 epochs in file order, so that each worker's
 //! minibatches, and their key lists, come back every epoch). Every configuration reports the
-//! bytes every node sent in its last epoch (the first fills the caches), its test AUC and its
-//! training rows/s, and each the ratio to unfiltered training: `bytes_cut` (unfiltered bytes
-//! over filtered), `auc_delta` and `rows_per_sec_ratio`.
+//! bytes every node sent in its last epoch (the first fills the caches), its test AUC, its
+//! training rows/s and the CPU seconds the process used per million rows, and each the ratio
+//! to unfiltered training: `bytes_cut` (unfiltered bytes over filtered), `auc_delta`,
+//! `rows_per_sec_ratio` and `cpu_ratio`. Each figure is the median of a few runs, taken in
+//! rounds of every configuration once.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -52,9 +54,39 @@ struct Run {
     mean_epoch_bytes: f64,
     auc: f64,
     rows_per_sec: f64,
+    /// CPU seconds the process used per million rows trained, where `/proc` tells.
+    cpu_secs_per_mrow: Option<f64>,
 }
 
-fn measured(trained: &Trained) -> Run {
+impl Run {
+    /// Each figure's median over `runs` of one configuration: rows/s and CPU on two shared
+    /// cores move by tens of percent from one run to the next, the bytes by retransmissions.
+    fn median(runs: &[Run]) -> Run {
+        let of = |f: &dyn Fn(&Run) -> f64| median(runs.iter().map(f).collect());
+        let cpu: Vec<f64> = runs.iter().filter_map(|r| r.cpu_secs_per_mrow).collect();
+        Run {
+            last_epoch_bytes: of(&|r| r.last_epoch_bytes),
+            late_epoch_bytes: of(&|r| r.late_epoch_bytes),
+            mean_epoch_bytes: of(&|r| r.mean_epoch_bytes),
+            auc: of(&|r| r.auc),
+            rows_per_sec: of(&|r| r.rows_per_sec),
+            cpu_secs_per_mrow: (cpu.len() == runs.len()).then(|| median(cpu)),
+        }
+    }
+}
+
+/// The middle value (the mean of the two middle ones of an even count); 0 of none.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+fn measured(trained: &Trained, cpu_secs: Option<f64>) -> Run {
     let reports = &trained.reports;
     let sent: Vec<u64> = reports.iter().map(|r| r.bytes_sent).collect();
     let last_epoch_bytes = match sent.as_slice() {
@@ -76,32 +108,46 @@ fn measured(trained: &Trained) -> Run {
         mean_epoch_bytes,
         auc: reports.last().map_or(0.5, |r| r.test_auc),
         rows_per_sec: rows as f64 / secs.max(1e-9),
+        cpu_secs_per_mrow: cpu_secs.map(|cpu| cpu * 1e6 / (rows.max(1) as f64)),
     }
 }
 
-/// Runs every configuration on `problem` over `wire` and emits its figures and ratios.
+/// Runs every configuration on `problem` over `wire`, `rounds` times each, and emits the
+/// median of its figures and their ratios to unfiltered training's. A round runs every
+/// configuration once, so that what slows the machine for a while slows them alike.
 async fn compare(
     problem: &str,
     base: &LrConfig,
     wire: Wire,
     (train, test): (&Arc<Examples>, &Arc<Examples>),
-    (lists, only): (u32, &[&str]),
+    (lists, only, rounds): (u32, &[&str], usize),
     emit: &mut impl FnMut(Measure),
 ) -> Result<(), BenchError> {
     let wire_name = match wire {
         Wire::Mem => "mem",
         Wire::Tcp => "tcp",
     };
-    let mut unfiltered: Option<Run> = None;
-    for (name, filters) in configurations(lists) {
-        if !only.contains(&name) {
-            continue;
+    let configurations: Vec<(&str, Filters)> = configurations(lists)
+        .into_iter()
+        .filter(|(name, _)| only.contains(name))
+        .collect();
+    let mut runs: Vec<Vec<Run>> = configurations.iter().map(|_| Vec::new()).collect();
+    let mut savings = vec![Vec::new(); configurations.len()];
+    for _ in 0..rounds.max(1) {
+        for (at, (_, filters)) in configurations.iter().enumerate() {
+            let mut cfg = base.clone();
+            cfg.transport = wire;
+            cfg.job.filters = *filters;
+            let cpu_before = train::cpu_secs();
+            let trained = train_local(&cfg, Arc::clone(train), Arc::clone(test), |_| {}).await?;
+            let cpu = cpu_before.zip(train::cpu_secs()).map(|(a, b)| b - a);
+            runs[at].push(measured(&trained, cpu));
+            savings[at] = trained.filters;
         }
-        let mut cfg = base.clone();
-        cfg.transport = wire;
-        cfg.job.filters = filters;
-        let trained = train_local(&cfg, Arc::clone(train), Arc::clone(test), |_| {}).await?;
-        let run = measured(&trained);
+    }
+    let mut unfiltered: Option<Run> = None;
+    for (((name, _), runs), savings) in configurations.iter().zip(runs).zip(savings) {
+        let run = Run::median(&runs);
         let mut put = |what: &str, value: f64, unit: &'static str| {
             emit(Measure {
                 name: format!("filters.{problem}.{wire_name}.{name}.{what}"),
@@ -114,7 +160,10 @@ async fn compare(
         put("mean_epoch_bytes", run.mean_epoch_bytes, "bytes");
         put("test_auc", run.auc, "auc");
         put("rows_per_sec", run.rows_per_sec, "rows/s");
-        for (filter, saving) in &trained.filters {
+        if let Some(cpu) = run.cpu_secs_per_mrow {
+            put("cpu_secs_per_mrow", cpu, "s");
+        }
+        for (filter, saving) in &savings {
             put(
                 &format!("{filter}_bytes_saved"),
                 saving.bytes_saved as f64,
@@ -145,6 +194,11 @@ async fn compare(
                     run.rows_per_sec / none.rows_per_sec.max(1e-9),
                     "x",
                 );
+                if let Some((cpu, unfiltered_cpu)) =
+                    run.cpu_secs_per_mrow.zip(none.cpu_secs_per_mrow)
+                {
+                    put("cpu_ratio", cpu / unfiltered_cpu.max(1e-9), "x");
+                }
             }
         }
     }
@@ -152,12 +206,14 @@ async fn compare(
 }
 
 /// Runs the filters measures: the shipped data over mem, the generated problem of `size`
-/// over mem and over tcp (`tcp_only`: over tcp only); `quick`, two epochs of the shipped
-/// data (a smoke test of the benchmark itself). Runs from the repository's root.
+/// over mem and over tcp (`tcp_only`: over tcp only), every configuration `rounds` times;
+/// `quick`, two epochs of the shipped data (a smoke test of the benchmark itself). Runs from
+/// the repository's root.
 pub(super) async fn run_filters_bench(
     quick: bool,
     tcp_only: bool,
     size: TrainSize,
+    rounds: usize,
     emit: &mut impl FnMut(Measure),
 ) -> Result<(), BenchError> {
     let all = [
@@ -184,7 +240,7 @@ pub(super) async fn run_filters_bench(
             &shipped,
             Wire::Mem,
             shipped_data,
-            (256, &all),
+            (256, &all, rounds),
             emit,
         )
         .await?;
@@ -209,7 +265,7 @@ pub(super) async fn run_filters_bench(
             &generated,
             Wire::Mem,
             data,
-            (lists, &all),
+            (lists, &all, rounds),
             emit,
         )
         .await?;
@@ -220,7 +276,7 @@ pub(super) async fn run_filters_bench(
         &generated,
         Wire::Tcp,
         data,
-        (lists, &over_tcp),
+        (lists, &over_tcp, rounds),
         emit,
     )
     .await

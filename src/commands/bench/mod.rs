@@ -85,14 +85,19 @@ pub struct BenchArgs {
     /// shipped UCI Adult data (2 servers, 4 workers, 10 epochs, over mem) and on a generated
     /// problem (the --train generator, --train-rows rows, 2 million by default; 2 servers, 4
     /// workers, 3 epochs, over mem and tcp): the bytes every node sent in the last epoch,
-    /// test AUC and rows/s, each with its ratio to unfiltered training. Runs from the
-    /// repository's root.
+    /// test AUC, rows/s and CPU seconds per million rows, each with its ratio to unfiltered
+    /// training, medians of --rounds runs. Runs from the repository's root.
     #[arg(long, conflicts_with_all = ["sizes", "kinds", "topologies", "train", "stragglers"])]
     filters: bool,
     /// With --filters, measure only over TCP: the generated problem's TCP runs, for a link
     /// shaped outside the process (`scripts/filters-1gbit` runs them over a 1 Gbit/s link).
     #[arg(long, requires = "filters")]
     tcp_only: bool,
+    /// With --filters, run every configuration this many times, in rounds of one run each,
+    /// and report the median of each figure: rows/s on a shared machine moves by tens of
+    /// percent from run to run [default: 3, 1 with --quick]
+    #[arg(long, requires = "filters", value_parser = clap::value_parser!(u32).range(1..=99))]
+    rounds: Option<u32>,
     /// Training rows of the --train and --filters problems (and a tenth as many test rows).
     #[arg(long, value_parser = clap::value_parser!(u64).range(10..))]
     train_rows: Option<u64>,
@@ -127,6 +132,8 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             args.quick,
             args.tcp_only,
             size,
+            args.rounds
+                .map_or(if args.quick { 1 } else { 3 }, |r| r as usize),
             &mut |m: Measure| println!("{}", m.line()),
         ))
         .map_err(CliError::failed)?;

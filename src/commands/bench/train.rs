@@ -78,7 +78,7 @@ fn stat_secs(at: usize) -> Option<f64> {
 }
 
 /// CPU seconds this process has used (user and system); `None` where there is no `/proc`.
-fn cpu_secs() -> Option<f64> {
+pub(super) fn cpu_secs() -> Option<f64> {
     // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
     stat_secs(11)
 }
