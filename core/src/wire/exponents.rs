@@ -8,6 +8,7 @@
 //! sixth off every value, exactly.
 
 use crate::value::Value;
+use crate::wire::first_use::FirstUse;
 use crate::wire::palette::code_bits;
 
 /// Below this many values no table is tried: what it saves is a few bytes.
@@ -109,11 +110,7 @@ pub(crate) fn decode<V: Value>(
     let tail_mask = (1u64 << tail) - 1;
     let last = heads.len() - 1;
     let mut out = Vec::with_capacity(count);
-    // Codes of heads first used so far: the next new head must take the next code. A code
-    // past it is noted and the decoding refused at the end, rather than a branch out of the
-    // loop per value.
-    let mut used = 0usize;
-    let mut past = false;
+    let mut order = FirstUse::default();
     let mut acc: u128 = 0;
     let mut filled: u32 = 0;
     let mut at = 0usize;
@@ -139,8 +136,7 @@ pub(crate) fn decode<V: Value>(
         acc >>= per;
         filled -= per;
         let code = (word >> tail) as usize;
-        past |= code > used;
-        used += usize::from(code == used);
+        order.see(code);
         let head = u64::from(heads[code.min(last)]);
         let value = head << tail | (word & tail_mask);
         out.push(V::from_le_slice(&value.to_le_bytes()[..V::SIZE]));
@@ -154,7 +150,7 @@ pub(crate) fn decode<V: Value>(
         }
         *slot = true;
     }
-    (!past && used == heads.len() && acc == 0 && at == stream.len()).then_some(out)
+    (order.all_used(heads.len()) && acc == 0 && at == stream.len()).then_some(out)
 }
 
 #[cfg(test)]

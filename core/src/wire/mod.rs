@@ -19,6 +19,7 @@
 //! ```
 
 mod exponents;
+mod first_use;
 pub(crate) mod forms;
 mod message;
 mod palette;

@@ -8,6 +8,7 @@
 //! block, which pays 3 bytes for every 4-byte repeat it finds, took about three quarters.
 
 use crate::value::Value;
+use crate::wire::first_use::FirstUse;
 
 /// Most entries a table may have: codes fit 16 bits.
 pub(crate) const MOST_ENTRIES: usize = 1 << 16;
@@ -142,11 +143,7 @@ pub(crate) fn decode<V: Value>(
     let mask = (1u64 << bits) - 1;
     let last = table.len() - 1;
     let mut out = Vec::with_capacity(count);
-    // Entries first used so far: the next new entry must take the next code. A code past
-    // it is noted and the decoding refused at the end, rather than a branch out of the loop
-    // per value.
-    let mut used = 0usize;
-    let mut past = false;
+    let mut order = FirstUse::default();
     let mut acc: u64 = 0;
     let mut filled: u32 = 0;
     let mut at = 0usize;
@@ -167,14 +164,13 @@ pub(crate) fn decode<V: Value>(
             }
         }
         let code = (acc & mask) as usize;
-        past |= code > used;
-        used += usize::from(code == used);
+        order.see(code);
         out.push(table[code.min(last)]);
         acc >>= bits;
         filled -= bits;
     }
     // What is left of the last byte is padding, and padding is zero.
-    (!past && used == table.len() && acc == 0 && at == codes.len()).then_some(out)
+    (order.all_used(table.len()) && acc == 0 && at == codes.len()).then_some(out)
 }
 
 /// Whether no two of `table`'s values have the same bits: a set at most half full, where

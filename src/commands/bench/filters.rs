@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use pserver_core::{Filters, KeyCaching, Kkt, Threshold};
 
+use super::stragglers::median;
 use super::train::{self, TrainSize};
 use super::{BenchError, Measure, runtime_err};
 use crate::apps::lr::{DEFAULT_L1, LrConfig, Trained, Wire, train_local};
@@ -72,17 +73,6 @@ impl Run {
             rows_per_sec: of(&|r| r.rows_per_sec),
             cpu_secs_per_mrow: (cpu.len() == runs.len()).then(|| median(cpu)),
         }
-    }
-}
-
-/// The middle value (the mean of the two middle ones of an even count); 0 of none.
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => values[n / 2],
-        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
     }
 }
 

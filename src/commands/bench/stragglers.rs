@@ -89,7 +89,7 @@ pub(super) async fn run_stragglers_bench(
 }
 
 /// The middle value (the upper of the two middle ones of an even count; NaN if none).
-fn median(mut values: Vec<f64>) -> f64 {
+pub(super) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
