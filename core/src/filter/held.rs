@@ -267,4 +267,28 @@ mod tests {
         assert_ne!(a, d);
         assert_ne!(hash_of(&a), hash_of(&d));
     }
+
+    #[test]
+    fn the_arena_stays_as_large_as_the_most_rows_held_at_once() {
+        // A worker holds and releases rare features for the whole of a run: what a released
+        // row took serves the next, for rows of any width.
+        for width in [1, 2, 3] {
+            let mut rows = HeldRows::<f64>::new(width);
+            let row = vec![1.0; width];
+            let mut out = Vec::new();
+            for key in 0..1000 {
+                rows.hold(key, &row, key);
+                rows.hold(key + 5000, &row, key);
+                assert!(rows.release(key, &mut out));
+                assert!(rows.release(key + 5000, &mut out));
+            }
+            assert_eq!(rows.rest.len(), 2 * (width - 1), "width {width}");
+            assert!(
+                rows.free.len() <= 2,
+                "width {width}: {} free",
+                rows.free.len()
+            );
+            assert_eq!(out.len(), 2000 * width);
+        }
+    }
 }
