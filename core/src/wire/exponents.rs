@@ -234,6 +234,23 @@ mod tests {
         assert!(ok(&heads, 1, &good, MIN_VALUES));
         // The wrong code width; a value too many or too few.
         assert!(!ok(&heads, 2, &good, MIN_VALUES));
+        // Codes wider than the table needs, in a stream of that width: every value decodes,
+        // but the encoder would have used 1-bit codes.
+        let mut wide = Vec::new();
+        let (mut acc, mut filled) = (0u64, 0u32);
+        for (i, &code) in codes.iter().enumerate() {
+            acc |= u64::from((code << 23) | i as u32) << filled;
+            filled += 25;
+            while filled >= 8 {
+                wide.push(acc as u8);
+                acc >>= 8;
+                filled -= 8;
+            }
+        }
+        if filled > 0 {
+            wide.push(acc as u8);
+        }
+        assert!(!ok(&heads, 2, &wide, MIN_VALUES));
         assert!(!ok(&heads, 1, &good, MIN_VALUES - 1));
         assert!(!ok(&heads, 1, &good[..good.len() - 1], MIN_VALUES));
         let mut longer = good.clone();
