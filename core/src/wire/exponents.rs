@@ -234,28 +234,39 @@ mod tests {
         assert!(ok(&heads, 1, &good, MIN_VALUES));
         // The wrong code width; a value too many or too few.
         assert!(!ok(&heads, 2, &good, MIN_VALUES));
-        // Codes wider than the table needs, in a stream of that width: every value decodes,
-        // but the encoder would have used 1-bit codes.
-        let mut wide = Vec::new();
-        let (mut acc, mut filled) = (0u64, 0u32);
-        for (i, &code) in codes.iter().enumerate() {
-            acc |= u64::from((code << 23) | i as u32) << filled;
-            filled += 25;
-            while filled >= 8 {
-                wide.push(acc as u8);
-                acc >>= 8;
-                filled -= 8;
-            }
-        }
-        if filled > 0 {
-            wide.push(acc as u8);
-        }
-        assert!(!ok(&heads, 2, &wide, MIN_VALUES));
         assert!(!ok(&heads, 1, &good, MIN_VALUES - 1));
         assert!(!ok(&heads, 1, &good[..good.len() - 1], MIN_VALUES));
         let mut longer = good.clone();
         longer.push(0);
         assert!(!ok(&heads, 1, &longer, MIN_VALUES));
+        // A code past a table of three: 2-bit codes name a fourth entry that is not there.
+        let coded = |codes: &[u32]| {
+            let mut stream = Vec::new();
+            let (mut acc, mut filled) = (0u64, 0u32);
+            for (i, &code) in codes.iter().enumerate() {
+                acc |= u64::from((code << 23) | i as u32) << filled;
+                filled += 25;
+                while filled >= 8 {
+                    stream.push(acc as u8);
+                    acc >>= 8;
+                    filled -= 8;
+                }
+            }
+            if filled > 0 {
+                stream.push(acc as u8);
+            }
+            stream
+        };
+        let three = [250u16, 251, 252];
+        let mut in_table = [2u32; MIN_VALUES];
+        (in_table[0], in_table[1]) = (0, 1);
+        assert!(ok(&three, 2, &coded(&in_table), MIN_VALUES));
+        let mut past = in_table;
+        past[5] = 3;
+        assert!(!ok(&three, 2, &coded(&past), MIN_VALUES));
+        // Codes wider than the table needs, in a stream of that width: every value decodes,
+        // but the encoder would have used 1-bit codes.
+        assert!(!ok(&heads, 2, &coded(&codes), MIN_VALUES));
         // No table; a head that does not fit 9 bits; the same head twice.
         assert!(!ok(&[], 0, &[], 0));
         assert!(!ok(&[250, 512], 1, &good, MIN_VALUES));
