@@ -261,6 +261,9 @@ mod tests {
         // A code past the table, the wrong width, a byte too many or too few, padding set.
         assert_eq!(decode(&table, 2, &[0b11_01_00], 3), None);
         assert_eq!(decode(&table, 3, &[0b10_01_00, 0], 3), None);
+        // Codes wider than the table needs, in a stream of that width: codes 0, 1, 2 in 3
+        // bits each decode, but the encoder would have used 2.
+        assert_eq!(decode(&table, 3, &[0b10_001_000, 0], 3), None);
         assert_eq!(decode(&table, 2, &[0b10_01_00, 0], 3), None);
         assert_eq!(decode(&table, 2, &[], 3), None);
         assert_eq!(decode(&table, 2, &[0b01_10_01_00], 3), None);
