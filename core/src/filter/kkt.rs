@@ -408,4 +408,67 @@ mod tests {
             assert!((sent[&k] - v).abs() < 1e-9, "key {k}");
         }
     }
+
+    /// The setting reads back as given: the simulator and the CLI report it.
+    #[test]
+    fn kkt_says_its_bound_and_period() {
+        let kkt = Kkt::new(Threshold::new(0.25).unwrap(), 3).unwrap();
+        assert_eq!((kkt.bound().get(), kkt.every()), (0.25, 3));
+        assert!(Kkt::new(Threshold::new(0.25).unwrap(), 0).is_none());
+    }
+
+    /// Filters with another bound, or other pulls remembered, judge pushes differently: unequal,
+    /// and hashed apart, for the model checker.
+    #[test]
+    fn filters_with_another_bound_or_other_pulls_are_not_equal_and_hash_apart() {
+        let hash = |f: &KktFilter<f64>| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            f.hash(&mut h);
+            h.finish()
+        };
+        let a = filter(1.0, 100);
+        let other_bound = filter(2.0, 100);
+        assert_ne!(a, other_bound);
+        assert_ne!(hash(&a), hash(&other_bound));
+        let mut pulled = a.clone();
+        pulled.pulled(&kvs(&[1], &[0.0]));
+        assert_ne!(a, pulled);
+        assert_ne!(hash(&a), hash(&pulled));
+    }
+
+    /// The full check counts the pushes since a change began to be held: one held at push 2
+    /// waited 3 pushes at push 5.
+    #[test]
+    fn the_full_check_counts_pushes_since_the_change_was_first_held() {
+        let mut f = filter(1.0, 3);
+        // Push 1: keys never pulled go whole.
+        assert_eq!(rows(&f.push(kvs(&[9], &[0.1]))), [(9, 0.1)]);
+        // Push 2: key 5 begins to be held.
+        f.pulled(&kvs(&[5], &[0.0]));
+        assert!(f.push(kvs(&[5], &[0.1])).is_empty());
+        // Pushes 3 and 4.
+        for _ in 0..2 {
+            assert_eq!(f.push(kvs(&[9], &[0.1])).keys(), [9]);
+        }
+        // Push 5: key 5 was held three pushes ago, and goes.
+        f.pulled(&kvs(&[5], &[0.0]));
+        assert_eq!(rows(&f.push(kvs(&[5], &[0.1]))), [(5, 0.2)]);
+        assert_eq!(f.holds(), 0);
+    }
+
+    /// With lists kept, a push's rows out are its rows less those held, one held or none (the
+    /// other test holds 2 of 3, too few to tell a difference from a ratio).
+    #[test]
+    fn keeping_lists_counts_the_rows_sent_less_those_held() {
+        let mut f = filter(1.0, 100).keeping_lists();
+        f.pulled(&kvs(&[1, 2, 3, 4], &[0.0, 0.7, 0.7, 0.7]));
+        let sent = f.push(kvs(&[1, 2, 3, 4], &[0.5; 4]));
+        assert_eq!(rows(&sent), [(1, 0.0), (2, 0.5), (3, 0.5), (4, 0.5)]);
+        let saving = f.saving();
+        assert_eq!((saving.rows_in, saving.rows_out), (4, 3));
+        f.pulled(&kvs(&[2], &[0.7]));
+        assert_eq!(rows(&f.push(kvs(&[2], &[0.5]))), [(2, 0.5)]);
+        let saving = f.saving();
+        assert_eq!((saving.rows_in, saving.rows_out), (5, 4));
+    }
 }

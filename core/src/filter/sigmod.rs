@@ -187,4 +187,40 @@ mod tests {
         assert_eq!(sent.keys(), [5]);
         assert_eq!(f.holds(), 1);
     }
+
+    /// Filters holding the same changes at the same threshold are one state; another threshold
+    /// or another held change is another state, and hashes apart.
+    #[test]
+    fn filters_holding_the_same_changes_are_equal_and_any_difference_tells_them_apart() {
+        use std::hash::{Hash, Hasher};
+        let hash = |f: &SignificantlyModified<f64>| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            f.hash(&mut h);
+            h.finish()
+        };
+        let theta = |t: f64| Threshold::new(t).unwrap();
+        let mut x = SignificantlyModified::new(theta(1.0), 1);
+        let mut y = SignificantlyModified::new(theta(1.0), 1);
+        assert!(x.push(kvs(&[1, 2], &[0.5, 0.25])).is_empty());
+        assert!(y.push(kvs(&[2], &[0.25])).is_empty());
+        assert!(y.push(kvs(&[1], &[0.5])).is_empty());
+        assert_eq!(x, y);
+        assert_eq!(hash(&x), hash(&y));
+        // Another threshold, holding the same.
+        let mut z = SignificantlyModified::new(theta(2.0), 1);
+        assert!(z.push(kvs(&[1, 2], &[0.5, 0.25])).is_empty());
+        assert_eq!(z.saving(), x.saving());
+        assert_ne!(x, z);
+        assert_ne!(hash(&x), hash(&z));
+        // Another width, holding nothing.
+        assert_ne!(
+            SignificantlyModified::<f64>::new(theta(1.0), 1),
+            SignificantlyModified::<f64>::new(theta(1.0), 2)
+        );
+        // Another held change, the same saving.
+        let mut w = x.clone();
+        w.held.add(2, &[0.125]);
+        assert_ne!(x, w);
+        assert_ne!(hash(&x), hash(&w));
+    }
 }
