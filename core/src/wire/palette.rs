@@ -268,6 +268,8 @@ mod tests {
         assert_eq!(decode(&table, 2, &[], 3), None);
         assert_eq!(decode(&table, 2, &[0b01_10_01_00], 3), None);
         assert_eq!(decode::<f32>(&[], 0, &[], 0), None);
+        // No table for values that need none of its bits: still no table.
+        assert_eq!(decode::<f32>(&[], 0, &[], 3), None);
         assert_eq!(decode(&[7.0f32], 0, &[], 4), Some(vec![7.0; 4]));
         // The same value twice, an entry never used, entries out of first use's order.
         assert_eq!(decode(&[1.0f32, 1.0], 1, &[0b10], 2), None);
