@@ -9,14 +9,14 @@ use bytes::{Bytes, BytesMut};
 use pserver_core::{FrameParts, NodeId};
 use thiserror::Error;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Mutex as TokioMutex, mpsc, oneshot};
 use tokio::time::timeout;
 use tracing::{debug, warn};
 
+use super::handshake::Established;
+use super::shared::Shared;
 use super::stats::Count;
-use super::transport::Shared;
 
 /// Read buffer per connection: many small frames are cut out of one read.
 const READ_BUF: usize = 64 << 10;
@@ -31,19 +31,6 @@ const COPY_MAX: usize = 16 << 10;
 const BATCH_BYTES: usize = 1 << 20;
 /// Buffers per vectored write.
 const MAX_IOV: usize = 64;
-
-/// A connection whose handshake succeeded.
-#[derive(Debug)]
-pub(super) struct Established {
-    /// The socket, right after the handshake.
-    pub(super) stream: TcpStream,
-    /// The authenticated peer.
-    pub(super) peer: NodeId,
-    /// Which end dialed: the tie-break between two connections to one peer looks at it.
-    pub(super) dialer: NodeId,
-    /// The peer's address.
-    pub(super) addr: SocketAddr,
-}
 
 /// Why a frame could not be read.
 #[derive(Debug, Error)]

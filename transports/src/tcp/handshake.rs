@@ -4,15 +4,30 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::net::SocketAddr;
 
 use hmac::{Hmac, Mac};
 use pserver_core::NodeId;
 use sha2::Sha256;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout_at};
 
 use super::Secret;
+
+/// A connection whose handshake succeeded.
+#[derive(Debug)]
+pub(super) struct Established {
+    /// The socket, right after the handshake.
+    pub(super) stream: TcpStream,
+    /// The authenticated peer.
+    pub(super) peer: NodeId,
+    /// Which end dialed: the tie-break between two connections to one peer looks at it.
+    pub(super) dialer: NodeId,
+    /// The peer's address.
+    pub(super) addr: SocketAddr,
+}
 
 /// The first bytes of every hello: "pserver TCP transport, handshake revision 1".
 pub(super) const MAGIC: [u8; 8] = *b"PSRVTCP1";

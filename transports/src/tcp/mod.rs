@@ -71,6 +71,8 @@ mod conn;
 mod handshake;
 #[cfg(not(loom))]
 mod peer;
+#[cfg(not(loom))]
+mod shared;
 mod stats;
 #[cfg(all(test, not(loom)))]
 mod tests;

@@ -10,10 +10,10 @@ use tokio::sync::{Mutex as TokioMutex, mpsc, oneshot};
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::debug;
 
-use super::conn::{self, Established};
-use super::handshake;
+use super::conn;
+use super::handshake::{self, Established};
+use super::shared::{Shared, Tasks};
 use super::stats::Count;
-use super::transport::{Shared, Tasks};
 use crate::sync::Arc;
 
 /// Whether a new connection to a peer replaces the current one. Both ends reach the same
