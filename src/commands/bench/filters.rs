@@ -18,6 +18,7 @@ use pserver_core::{Filters, KeyCaching, Kkt, Threshold};
 
 use super::stragglers::median;
 use super::train::{self, TrainSize};
+use super::usage;
 use super::{BenchError, Measure, runtime_err};
 use crate::apps::lr::{DEFAULT_L1, LrConfig, Trained, Wire, train_local};
 use crate::data::libsvm::{Examples, IndexBase, read};
@@ -128,9 +129,9 @@ async fn compare(
             let mut cfg = base.clone();
             cfg.transport = wire;
             cfg.job.filters = *filters;
-            let cpu_before = train::cpu_secs();
+            let cpu_before = usage::cpu_secs();
             let trained = train_local(&cfg, Arc::clone(train), Arc::clone(test), |_| {}).await?;
-            let cpu = cpu_before.zip(train::cpu_secs()).map(|(a, b)| b - a);
+            let cpu = cpu_before.zip(usage::cpu_secs()).map(|(a, b)| b - a);
             runs[at].push(measured(&trained, cpu));
             savings[at] = trained.filters;
         }

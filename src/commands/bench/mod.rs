@@ -8,9 +8,11 @@ mod filters;
 mod loopback;
 mod options;
 mod raw_tcp;
+mod reached;
 mod requests;
 mod stragglers;
 mod train;
+mod usage;
 mod vw;
 
 use pserver_core::Consistency;

@@ -9,7 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::BenchError;
-use super::train::{Reached, cpu_secs_of_children, peak_rss_mb_of};
+use super::reached::Reached;
+use super::usage::{cpu_secs_of_children, peak_rss_mb_of};
 use crate::apps::lr::auc;
 use crate::data::libsvm::Examples;
 
