@@ -7,7 +7,13 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use pserver::data::libsvm::{IndexBase, parse};
+// The reader is a module of the `pserver` binary, not of a library: the benchmark compiles the
+// file itself. Only the parser is measured, so the rest of the module goes unused here.
+#[allow(dead_code, unreachable_pub)]
+#[path = "../src/data/libsvm.rs"]
+mod libsvm;
+
+use libsvm::{IndexBase, parse};
 
 /// About `bytes` of LIBSVM text from a fixed seed.
 fn generate(bytes: usize) -> Vec<u8> {

@@ -1,11 +1,16 @@
 //! The `pserver` command-line tool: parses the command line and hands each subcommand to its
-//! module under `pserver::commands`, whose name is the subcommand's.
+//! module under `commands`, whose name is the subcommand's.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use pserver::commands::{self, bench, check, r#gen, local, node, predict, ring, sim, train};
-use pserver::core::Role;
+mod apps;
+mod commands;
+mod data;
+mod seeded;
+
+use commands::{bench, check, r#gen, local, node, predict, ring, sim, train};
+use pserver_core::Role;
 use tracing_subscriber::EnvFilter;
 
 /// Frames of megabytes are allocated and freed many times a second. The system allocator hands

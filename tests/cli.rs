@@ -567,7 +567,14 @@ fn a_saved_model_predicts_what_training_measured() {
 
 /// Starts a long training run that plots and saves, sends `signal` once two epochs have
 /// finished, and returns the exit code with the plot (empty if none) and the model written.
-fn train_then_signal(signal: &str) -> (Option<i32>, String, Result<usize, String>) {
+/// The `auc=` field of a `predict` line.
+fn auc_of(text: &str) -> Option<f64> {
+    text.split_whitespace()
+        .find_map(|f| f.strip_prefix("auc="))
+        .and_then(|v| v.parse().ok())
+}
+
+fn train_then_signal(signal: &str) -> (Option<i32>, String, Result<f64, String>) {
     use std::io::{BufRead, BufReader};
     use std::process::{Command as Process, Stdio};
     use std::time::{Duration, Instant};
@@ -609,7 +616,23 @@ fn train_then_signal(signal: &str) -> (Option<i32>, String, Result<usize, String
         std::thread::sleep(Duration::from_millis(20));
     };
     let svg = std::fs::read_to_string(&plot).unwrap_or_default();
-    let weights = pserver::apps::lr::load_model(&model).map(|m| m.weights.len());
+    // The saved model must load and score the test set.
+    let predicted = Process::new(assert_cmd::cargo::cargo_bin("pserver"))
+        .args([
+            "predict",
+            "--data",
+            "data/adult/adult.test.svm.gz",
+            "--model",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let weights = if predicted.status.success() {
+        let text = String::from_utf8_lossy(&predicted.stdout).into_owned();
+        auc_of(&text).ok_or(text)
+    } else {
+        Err(String::from_utf8_lossy(&predicted.stderr).into_owned())
+    };
     let written = (code, svg, weights);
     let _ = std::fs::remove_dir_all(&dir);
     written
@@ -624,7 +647,10 @@ fn keeps_finished_epochs_on(signal: &str, code: i32) -> Result<(), String> {
         svg.starts_with("<svg") && svg.contains("<polyline"),
         "a partial plot"
     );
-    assert!(weights? > 0, "the model of the finished epochs");
+    assert!(
+        weights? > 0.8,
+        "the model of the finished epochs scores the test set"
+    );
     Ok(())
 }
 

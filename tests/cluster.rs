@@ -11,9 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use pserver::commands::cluster::{LocalOptions, run_local};
-use pserver::commands::script::Script;
-use pserver::core::{Consistency, NodeId};
+use pserver_core::{Consistency, NodeId};
 
 mod common;
 
@@ -70,19 +68,20 @@ fn summed_dumps(dumps: &[PathBuf]) -> BTreeMap<u64, i64> {
     totals
 }
 
-/// Per key index, what `workers` running the script for `iterations` push in all.
+/// Per key index, what `workers` running the script job for `iterations` push in all: the
+/// script's documented workload pushes `1 + (7 w + 13 i + k) mod 10` to key index `k` from
+/// worker `nw` in iteration `i`, so the test states the totals on its own.
 fn expected_totals(iterations: u32, workers: impl Iterator<Item = NodeId>) -> BTreeMap<u64, i64> {
-    let script = Script {
-        keys: KEYS,
-        iterations,
-        compute: Duration::ZERO,
-    };
-    script
-        .expected_totals(workers)
-        .into_iter()
-        .enumerate()
-        .map(|(k, t)| (k as u64, t))
-        .collect()
+    let mut totals = BTreeMap::new();
+    for w in workers {
+        for i in 0..iterations {
+            for k in 0..KEYS {
+                let value = 1 + ((u64::from(w.0) * 7 + u64::from(i) * 13 + k) % 10) as i64;
+                *totals.entry(k).or_default() += value;
+            }
+        }
+    }
+    totals
 }
 
 fn wait_for(child: &mut Child, deadline: Instant, what: &str) {
@@ -800,34 +799,43 @@ fn one_process_over_a_lossy_duplicating_network_ends_with_the_same_exact_totals(
 }
 
 fn lossy_local_run(consistency: Consistency) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let opts = LocalOptions {
-        servers: SERVERS as usize,
-        workers: WORKERS as usize,
-        consistency,
-        script: Script {
-            keys: KEYS,
-            iterations: ITERATIONS,
-            compute: Duration::ZERO,
-        },
-        drop: 0.1,
-        dup: 0.05,
-        seed: 7,
-        max_frame: pserver::core::DEFAULT_MAX_FRAME,
-        max_slice_bytes: pserver::core::DEFAULT_MAX_SLICE_BYTES,
-    };
-    let outcome = rt
-        .block_on(async { tokio::time::timeout(Duration::from_secs(120), run_local(&opts)).await })
-        .expect("the run finishes")
-        .expect("the run succeeds");
-    assert_eq!(outcome.workers.len(), WORKERS as usize);
-    assert!(outcome.workers.iter().all(|w| w.iterations == ITERATIONS));
-    assert_eq!(outcome.totals, outcome.expected);
-    assert!(outcome.expected.iter().all(|&t| t > 0));
+    let consistency = consistency.to_string();
+    let (servers, workers, keys, iterations) = (
+        SERVERS.to_string(),
+        WORKERS.to_string(),
+        KEYS.to_string(),
+        ITERATIONS.to_string(),
+    );
+    let out = pserver(&[
+        "local",
+        "--servers",
+        &servers,
+        "--workers",
+        &workers,
+        "--keys",
+        &keys,
+        "--iterations",
+        &iterations,
+        "--consistency",
+        &consistency,
+        "--drop",
+        "0.1",
+        "--dup",
+        "0.05",
+        "--seed",
+        "7",
+    ])
+    .output()
+    .expect("run pserver local");
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let finished: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("worker ") && l.contains(&format!("iterations={ITERATIONS} ")))
+        .collect();
+    assert_eq!(finished.len(), WORKERS as usize, "{stdout}");
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.contains(" totals=exact "), "{stdout}");
 }
 
 #[test]
@@ -1128,19 +1136,21 @@ fn the_cluster_job_trains_every_row_of_a_skewed_share_and_saves_the_best_epoch()
         assert!(out.status.success(), "{name}: {}", text_of(&out.stderr));
         outputs.push(text_of(&out.stdout));
     }
-    let text = std::fs::read(dir.join("train.svm")).unwrap();
+    // Every row of the file is trained once an epoch, by the one worker whose share holds it.
+    let text = std::fs::read_to_string(dir.join("train.svm")).unwrap();
+    let file_rows = text.lines().filter(|l| !l.trim().is_empty()).count() as f64;
+    let mut per_epoch = vec![0.0; EPOCHS as usize];
     for (w, out) in outputs.iter().enumerate() {
-        let share = pserver::data::libsvm::shard(&text, w, 2);
-        let share_rows = pserver::data::libsvm::count_rows(&text[share]);
         let rows = fields(out, "rows=");
-        assert_eq!(
-            rows,
-            vec![share_rows as f64; EPOCHS as usize],
-            "worker {w}: {out}"
-        );
+        assert_eq!(rows.len(), EPOCHS as usize, "worker {w}: {out}");
+        assert!(rows.iter().all(|&r| r == rows[0]), "worker {w}: {out}");
+        for (sum, r) in per_epoch.iter_mut().zip(&rows) {
+            *sum += r;
+        }
         assert_eq!(fields(out, "rows_per_sec=").len(), EPOCHS as usize, "{out}");
         assert_eq!(fields(out, "secs=").len(), EPOCHS as usize, "{out}");
     }
+    assert_eq!(per_epoch, vec![file_rows; EPOCHS as usize], "{outputs:?}");
     let (big, small) = (
         fields(&outputs[0], "rows=")[0],
         fields(&outputs[1], "rows=")[0],

@@ -314,8 +314,10 @@ fn early_stop_ends_the_run_n_epochs_after_the_best_one() {
 fn a_file_sorted_by_label_trains_within_0_003_of_the_same_file_shuffled() {
     let dir = scratch("sorted");
     let adult = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/adult");
-    let text = pserver::data::libsvm::read_bytes(&adult.join("adult.train.svm.gz")).unwrap();
-    let text = String::from_utf8(text).unwrap();
+    let gz = std::fs::read(adult.join("adult.train.svm.gz")).unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(&gz[..]), &mut text)
+        .unwrap();
     let mut sorted: Vec<&str> = text.lines().collect();
     sorted.sort_by_key(|l| l.split_whitespace().next().map(str::to_owned));
     let (original, by_label) = (dir.join("original.svm"), dir.join("sorted.svm"));

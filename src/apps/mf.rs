@@ -19,23 +19,23 @@ use std::time::Instant;
 
 use pserver_core::store::StoreLayout;
 use pserver_core::{Consistency, Key, KeyList, KeySelection, KvPairs, Updater};
+use pserver_runtime::{ClusterSpec, LocalCluster, RuntimeError};
 use pserver_transport::mem::MemNetwork;
-use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError};
 
 /// The key of user number `user`: users and items take turns, so that the keys of a problem
 /// are the dense range `[0, 2 * max(users, items))`, which the ring spreads over every server.
-pub fn user_key(user: u32) -> Key {
+pub(crate) fn user_key(user: u32) -> Key {
     2 * Key::from(user)
 }
 
 /// The key of item number `item`.
-pub fn item_key(item: u32) -> Key {
+pub(crate) fn item_key(item: u32) -> Key {
     2 * Key::from(item) + 1
 }
 
 /// How to train.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct MfConfig {
+pub(crate) struct MfConfig {
     /// Servers.
     pub servers: usize,
     /// Workers.
@@ -75,7 +75,7 @@ impl Default for MfConfig {
 /// Training and test ratings, users and items numbered as [`crate::data::ratings::Ids`]
 /// numbers them.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct MfData {
+pub(crate) struct MfData {
     /// What the workers train on.
     pub train: Vec<Rating>,
     /// What the model is measured on after every epoch.
@@ -85,14 +85,14 @@ pub struct MfData {
 impl MfData {
     /// The mean of the training ratings (0 without any): what the model predicts before it
     /// learns anything.
-    pub fn mean(&self) -> f64 {
+    pub(crate) fn mean(&self) -> f64 {
         let sum: f64 = self.train.iter().map(|r| f64::from(r.value)).sum();
         sum / self.train.len().max(1) as f64
     }
 
     /// The test RMSE of predicting the training mean for every rating: what training must
     /// beat.
-    pub fn baseline_rmse(&self) -> f64 {
+    pub(crate) fn baseline_rmse(&self) -> f64 {
         let mean = self.mean();
         rms(
             self.test.iter().map(|r| f64::from(r.value) - mean),
@@ -101,18 +101,18 @@ impl MfData {
     }
 
     /// Distinct users in the training and test ratings.
-    pub fn users(&self) -> usize {
+    pub(crate) fn users(&self) -> usize {
         distinct(self.all().map(|r| r.user))
     }
 
     /// Distinct items in the training and test ratings.
-    pub fn items(&self) -> usize {
+    pub(crate) fn items(&self) -> usize {
         distinct(self.all().map(|r| r.item))
     }
 
     /// Test ratings whose user or item has no training rating: the model predicts them from
     /// factors that kept their seeded starting point.
-    pub fn unseen(&self) -> usize {
+    pub(crate) fn unseen(&self) -> usize {
         let seen = |numbers: &mut dyn Iterator<Item = u32>| {
             let mut seen = Vec::new();
             for n in numbers {
@@ -147,7 +147,7 @@ fn distinct(numbers: impl Iterator<Item = u32>) -> usize {
 
 /// A generated problem: a low-rank matrix plus Gaussian noise, sampled uniformly.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Generated {
+pub(crate) struct Generated {
     /// Users.
     pub users: u32,
     /// Items.
@@ -178,7 +178,7 @@ impl Default for Generated {
 impl Generated {
     /// `n` ratings from the true low-rank matrix plus noise; another `stream` draws other
     /// ratings of the same matrix.
-    pub fn generate(&self, n: usize, stream: u64) -> Vec<Rating> {
+    pub(crate) fn generate(&self, n: usize, stream: u64) -> Vec<Rating> {
         (0..n as u64)
             .map(|t| {
                 let r = mix(self.seed ^ stream.wrapping_mul(0x51ed) ^ t);
@@ -198,7 +198,7 @@ impl Generated {
     }
 
     /// The training ratings and a tenth as many test ratings, drawn apart.
-    pub fn data(&self) -> MfData {
+    pub(crate) fn data(&self) -> MfData {
         MfData {
             train: self.generate(self.ratings, 1),
             test: self.generate(self.ratings / 10, 2),
@@ -213,7 +213,7 @@ impl Generated {
 
 /// One epoch's result.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct MfReport {
+pub(crate) struct MfReport {
     /// Epochs done, from 1.
     pub epoch: u32,
     /// Root mean squared error on the training ratings, after the epoch.
@@ -311,7 +311,7 @@ fn config(e: impl std::fmt::Display) -> RuntimeError {
 /// Every epoch, each worker trains on every rating of its share of the training ratings (a
 /// contiguous `1/workers` of them) in a seeded order, in `ceil(share / batch)` steps; all
 /// workers take as many steps, the ones with a smaller share advancing without a batch.
-pub async fn train(
+pub(crate) async fn train(
     cfg: &MfConfig,
     data: MfData,
     mut on_epoch: impl FnMut(&MfReport),
@@ -447,5 +447,26 @@ mod tests {
         assert_ne!(order, sorted);
         assert_eq!(order, visit_order(3, 1, 1, 500));
         assert_ne!(order, visit_order(3, 1, 2, 500));
+    }
+
+    // Matrix factorization on generated low-rank ratings reaches the noise floor.
+    #[test]
+    fn test_rmse_comes_within_ten_percent_of_the_noise_floor() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (cfg, problem) = (MfConfig::default(), Generated::default());
+        let reports = rt
+            .block_on(train(&cfg, problem.data(), |_| {}))
+            .expect("training runs");
+        let rmse: Vec<f64> = reports.iter().map(|r| r.test_rmse).collect();
+        eprintln!("noise {} test rmse by epoch {rmse:?}", problem.noise);
+        let last = *rmse.last().unwrap();
+        assert!(last <= 1.1 * problem.noise, "{rmse:?}");
+        // It learned: far below the error of predicting the mean.
+        assert!(rmse[0] > 1.2 * last, "{rmse:?}");
+        assert!(last < 0.5 * reports[0].baseline_rmse, "{reports:?}");
     }
 }

@@ -1,6 +1,6 @@
 //! The applications: models trained on the parameter server.
 
-pub mod lr;
-pub mod mf;
-pub mod plot;
-pub mod sketch;
+pub(crate) mod lr;
+pub(crate) mod mf;
+pub(crate) mod plot;
+pub(crate) mod sketch;

@@ -7,7 +7,7 @@ use plotters::prelude::*;
 use super::lr::EpochReport;
 
 /// One training run to draw: its name (the consistency model) and its reports.
-pub struct Curve<'a> {
+pub(crate) struct Curve<'a> {
     /// The legend entry.
     pub name: String,
     /// Its measurements, in time order.
@@ -24,7 +24,7 @@ const COLORS: [RGBColor; 6] = [
 ];
 
 /// Writes an SVG with two panels, test log loss and test AUC against seconds, to `path`.
-pub fn write_svg(path: &Path, curves: &[Curve<'_>]) -> Result<(), String> {
+pub(crate) fn write_svg(path: &Path, curves: &[Curve<'_>]) -> Result<(), String> {
     let fail = |e: &dyn std::fmt::Display| format!("{}: cannot draw the plot: {e}", path.display());
     let all = || curves.iter().flat_map(|c| c.reports.iter());
     let secs = all().map(|r| r.secs).fold(0.0f64, f64::max).max(1e-3);

@@ -8,12 +8,12 @@ use crate::seeded::mix;
 use std::collections::BTreeMap;
 
 use pserver_core::{Consistency, Key, KeyList, KeySelection, KvPairs, Updater};
+use pserver_runtime::{ClusterSpec, LocalCluster, RuntimeError};
 use pserver_transport::mem::MemNetwork;
-use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError};
 
 /// What to count and how precisely.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SketchConfig {
+pub(crate) struct SketchConfig {
     /// Servers.
     pub servers: usize,
     /// Workers; each counts an equal share of the stream.
@@ -46,7 +46,7 @@ impl Default for SketchConfig {
 
 /// How the sketch did against exact counts.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SketchReport {
+pub(crate) struct SketchReport {
     /// Counters per row.
     pub width: u64,
     /// Rows.
@@ -84,7 +84,7 @@ fn counter(cfg: &SketchConfig, width: u64, r: u64, item: u64) -> Key {
 }
 
 /// Counts the stream on a cluster in this process and checks every item's estimate.
-pub async fn run(cfg: &SketchConfig) -> Result<SketchReport, RuntimeError> {
+pub(crate) async fn run(cfg: &SketchConfig) -> Result<SketchReport, RuntimeError> {
     let width = (std::f64::consts::E / cfg.eps).ceil() as u64;
     let depth = (1.0 / cfg.delta).ln().ceil().max(1.0) as u64;
     let mut spec = ClusterSpec::new(cfg.servers, cfg.workers);
@@ -156,4 +156,46 @@ pub async fn run(cfg: &SketchConfig) -> Result<SketchReport, RuntimeError> {
     }
     cluster.shutdown().await?;
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    // The count-min sketch on the parameter server keeps its promise: never under-counts, and
+    // over-counts by more than eps * N for at most a delta fraction of queries.
+
+    use super::{SketchConfig, run};
+
+    #[test]
+    fn over_counts_stay_within_eps_n_with_probability_one_minus_delta() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (mut queried, mut over, mut largest) = (0, 0, 0);
+        for seed in 0..8 {
+            let cfg = SketchConfig {
+                items: 20_000,
+                distinct: 5_000,
+                eps: 0.01,
+                delta: 0.05,
+                seed,
+                ..SketchConfig::default()
+            };
+            let report = rt.block_on(run(&cfg)).expect("the sketch runs");
+            assert_eq!(report.under_counted, 0, "seed {seed}: {report:?}");
+            assert_eq!((report.width, report.depth), (272, 3));
+            queried += report.queried;
+            over += report.over_bound;
+            largest = largest.max(report.max_overcount);
+        }
+        let fraction = over as f64 / queried as f64;
+        eprintln!("{over} of {queried} queries over eps * N; largest over-count {largest}");
+        assert!(
+            fraction <= 0.05,
+            "{over} of {queried} queries over the bound"
+        );
+        // The bound is not vacuous: collisions do inflate some counts.
+        assert!(largest > 0);
+    }
 }

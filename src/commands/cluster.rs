@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use pserver_core::store::Store;
 use pserver_core::{Consistency, Driver, KeyRange, NodeId, Role, Updater, Value};
-use pserver_transport::Transport;
-use pserver_transport::TransportError;
-use pserver_transport::mem::{MemFaults, MemNetwork};
-use pserver_transport::runtime::{
+use pserver_runtime::{
     ClusterSpec, LocalCluster, NodeHandle, NodeReport, RuntimeError, Spawned, WorkerHandle,
     spawn_node,
 };
+use pserver_transport::Transport;
+use pserver_transport::TransportError;
+use pserver_transport::mem::{MemFaults, MemNetwork};
 use pserver_transport::tcp::TcpTransport;
 use pserver_transport::udp::UdpTransport;
 
@@ -38,7 +38,7 @@ use std::collections::BTreeMap;
 /// Why a node or a local cluster could not run. Each is one line a user can act on; the CLI
 /// exits with status 2 for them.
 #[derive(Debug, Error)]
-pub enum RunError {
+pub(crate) enum RunError {
     /// The cluster file is missing, malformed or incomplete.
     #[error(transparent)]
     ClusterFile(#[from] ClusterFileError),
@@ -101,7 +101,7 @@ fn lost_list(ranges: &[KeyRange]) -> String {
 
 /// What a process-mode node did, for its last line of output.
 #[derive(Debug)]
-pub enum NodeOutcome {
+pub(crate) enum NodeOutcome {
     /// The coordinator stopped.
     Coordinator,
     /// A server stopped; per key index of the script, the total it holds.
@@ -323,7 +323,7 @@ async fn start<V: Value + Send + Sync>(
 
 /// How a node process runs, besides what its cluster file says.
 #[derive(Clone, Debug)]
-pub struct NodeOptions {
+pub(crate) struct NodeOptions {
     /// Servers and workers give up if the job has not started after this long.
     pub join_timeout: Duration,
     /// Serve `/healthz` and `/metrics` here.
@@ -332,7 +332,7 @@ pub struct NodeOptions {
 
 /// Runs node `id` of the cluster file until it is done (a worker) or told to stop by SIGINT or
 /// SIGTERM (the coordinator and servers).
-pub async fn run_node(
+pub(crate) async fn run_node(
     file: &ClusterFile,
     id: NodeId,
     options: &NodeOptions,
@@ -634,7 +634,7 @@ fn lr_server_summary(report: &NodeReport<Driver<f32>>) -> (usize, usize) {
 /// primary of (zeros for other keys, its replicas' copies included, so that the servers'
 /// totals add up to the job's). Pushes received but still waiting for their iteration to close
 /// (in sequential mode) do not count: a finished job has none.
-pub fn server_totals(report: &NodeReport<Driver<i64>>, script: &Script) -> Vec<i64> {
+pub(crate) fn server_totals(report: &NodeReport<Driver<i64>>, script: &Script) -> Vec<i64> {
     let Some(server) = report.node.node().as_server() else {
         return Vec::new();
     };
@@ -713,7 +713,7 @@ async fn until_signal<V: Value>(
 
 /// A whole cluster in one process.
 #[derive(Clone, Debug)]
-pub struct LocalOptions {
+pub(crate) struct LocalOptions {
     /// Servers.
     pub servers: usize,
     /// Workers.
@@ -736,9 +736,9 @@ pub struct LocalOptions {
 
 /// What a local run ended with.
 #[derive(Debug)]
-pub struct LocalOutcome {
-    /// Each worker's summary, in node order.
-    pub workers: Vec<WorkerSummary>,
+pub(crate) struct LocalOutcome {
+    /// Each worker and its summary, in node order.
+    pub workers: Vec<(NodeId, WorkerSummary)>,
     /// Per key index, the total over all servers.
     pub totals: Vec<i64>,
     /// Per key index, what the workers pushed.
@@ -751,13 +751,13 @@ pub struct LocalOutcome {
 
 impl LocalOutcome {
     /// True when every server total is exactly what the workers pushed.
-    pub fn exact(&self) -> bool {
+    pub(crate) fn exact(&self) -> bool {
         self.totals == self.expected
     }
 }
 
 /// Runs the script on a whole cluster in this process and collects the servers' totals.
-pub async fn run_local(opts: &LocalOptions) -> Result<LocalOutcome, RunError> {
+pub(crate) async fn run_local(opts: &LocalOptions) -> Result<LocalOutcome, RunError> {
     let start = Instant::now();
     let mut spec = ClusterSpec::new(opts.servers, opts.workers);
     spec.job.consistency = opts.consistency;
@@ -787,9 +787,9 @@ pub async fn run_local(opts: &LocalOptions) -> Result<LocalOutcome, RunError> {
     });
     let runs: Vec<_> = runs.collect();
     let mut workers = Vec::new();
-    for run in runs {
+    for (&id, run) in ids.iter().zip(runs) {
         let summary = run.await.map_err(|_| RuntimeError::ShutDown)??;
-        workers.push(summary);
+        workers.push((id, summary));
     }
     bar.finish_and_clear();
     let report = cluster.shutdown().await?;
@@ -816,7 +816,7 @@ pub async fn run_local(opts: &LocalOptions) -> Result<LocalOutcome, RunError> {
 }
 
 /// Where a server writes its totals on exit, one `key_index total` line per key it holds.
-pub fn dump_totals(path: &PathBuf, totals: &[i64]) -> std::io::Result<()> {
+pub(crate) fn dump_totals(path: &PathBuf, totals: &[i64]) -> std::io::Result<()> {
     let text: String = totals
         .iter()
         .enumerate()

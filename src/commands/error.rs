@@ -9,7 +9,7 @@ use thiserror::Error;
 /// Why a command did not succeed. The variant fixes the exit status, so that a script can tell
 /// a command that could not run from a run that went wrong.
 #[derive(Debug, Error)]
-pub enum CliError {
+pub(crate) enum CliError {
     /// The command cannot run as asked: arguments that do not fit together, a file that cannot
     /// be read, parsed or written, a node that cannot start or join its cluster. Exit status 2.
     #[error("{0}")]
@@ -37,17 +37,17 @@ pub enum CliError {
 
 impl CliError {
     /// A [`CliError::Input`] saying `e`.
-    pub fn input(e: impl Display) -> Self {
+    pub(crate) fn input(e: impl Display) -> Self {
         CliError::Input(e.to_string())
     }
 
     /// A [`CliError::Failed`] saying `e`.
-    pub fn failed(e: impl Display) -> Self {
+    pub(crate) fn failed(e: impl Display) -> Self {
         CliError::Failed(e.to_string())
     }
 
     /// The process's exit status for this error.
-    pub fn exit_status(&self) -> u8 {
+    pub(crate) fn exit_status(&self) -> u8 {
         match self {
             CliError::Input(_) => 2,
             CliError::Failed(_) | CliError::Found => 1,
@@ -60,7 +60,7 @@ impl CliError {
 
 /// The exit status of a command's `result`; an error with something to say is printed to
 /// stderr first, as `error: ...`.
-pub fn exit(result: Result<(), CliError>) -> ExitCode {
+pub(crate) fn exit(result: Result<(), CliError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

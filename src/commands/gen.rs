@@ -13,7 +13,7 @@ use crate::data::synthetic::{GenConfig, write};
 ///
 /// The same arguments always give the same file; a name ending in .gz is compressed.
 #[derive(clap::Args, Debug)]
-pub struct GenArgs {
+pub(crate) struct GenArgs {
     /// Rows to write.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     rows: u64,
@@ -48,7 +48,7 @@ enum Base {
 }
 
 /// Runs `pserver gen`: writes the rows to the output file.
-pub fn run(args: GenArgs) -> Result<(), CliError> {
+pub(crate) fn run(args: GenArgs) -> Result<(), CliError> {
     let cfg = GenConfig {
         rows: args.rows,
         features: args.features,

@@ -13,10 +13,11 @@ use super::script::Script;
 /// Run a whole cluster in this process over the in-memory transport, run the script on
 /// every worker, and check that the servers end with exactly what the workers pushed.
 ///
-/// The last line is `local servers=S workers=W keys=K iterations=N totals=exact|WRONG
+/// Prints `worker nN iterations=I pushes=P pushed_sum=S` for each worker, and last
+/// `local servers=S workers=W keys=K iterations=N totals=exact|WRONG
 /// refused=R secs=T`; the exit status is 1 if the totals are wrong.
 #[derive(clap::Args, Debug)]
-pub struct LocalArgs {
+pub(crate) struct LocalArgs {
     /// Servers.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     servers: u32,
@@ -51,7 +52,7 @@ pub struct LocalArgs {
 
 /// Runs `pserver local` and prints its summary line; totals other than exactly what the
 /// workers pushed are a [`CliError::Found`].
-pub fn run(args: LocalArgs) -> Result<(), CliError> {
+pub(crate) fn run(args: LocalArgs) -> Result<(), CliError> {
     let opts = LocalOptions {
         servers: args.servers as usize,
         workers: args.workers as usize,
@@ -70,6 +71,12 @@ pub fn run(args: LocalArgs) -> Result<(), CliError> {
     let outcome = super::runtime()?
         .block_on(run_local(&opts))
         .map_err(CliError::input)?;
+    for (id, s) in &outcome.workers {
+        println!(
+            "worker {id} iterations={} pushes={} pushed_sum={}",
+            s.iterations, s.pushes, s.pushed_sum
+        );
+    }
     println!(
         "local servers={} workers={} keys={} iterations={} totals={} refused={} secs={:.2}",
         opts.servers,

@@ -19,17 +19,18 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 use pserver_core::filter::FilterSaving;
 use pserver_core::{NodeId, Role};
-use pserver_transport::runtime::NodeMetrics;
+use pserver_runtime::NodeMetrics;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// A transport's counters as `(name, help, value)`, read at each scrape.
-pub type TransportCounters = Arc<dyn Fn() -> Vec<(&'static str, &'static str, u64)> + Send + Sync>;
+pub(crate) type TransportCounters =
+    Arc<dyn Fn() -> Vec<(&'static str, &'static str, u64)> + Send + Sync>;
 
 /// What a scrape reads.
 #[derive(Clone)]
-pub struct Sources {
+pub(crate) struct Sources {
     /// The node.
     pub id: NodeId,
     /// Its role.
@@ -41,7 +42,7 @@ pub struct Sources {
 }
 
 /// Serves `/healthz` and `/metrics` on `addr` until the returned task is aborted.
-pub async fn serve(addr: SocketAddr, sources: Sources) -> std::io::Result<JoinHandle<()>> {
+pub(crate) async fn serve(addr: SocketAddr, sources: Sources) -> std::io::Result<JoinHandle<()>> {
     let listener = TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving /healthz and /metrics");
     Ok(tokio::spawn(async move {

@@ -2,24 +2,24 @@
 //! arguments (a clap `Args` struct) and its `run`. The modules also hold the commands' logic as
 //! library functions, so that it can be tested directly.
 
-pub mod bench;
-pub mod check;
-pub mod cluster;
-pub mod cluster_file;
-pub mod error;
-pub mod r#gen;
-pub mod local;
-pub mod metrics;
-pub mod node;
+pub(crate) mod bench;
+pub(crate) mod check;
+pub(crate) mod cluster;
+pub(crate) mod cluster_file;
+pub(crate) mod error;
+pub(crate) mod r#gen;
+pub(crate) mod local;
+pub(crate) mod metrics;
+pub(crate) mod node;
 mod parse;
-pub mod predict;
-pub mod ring;
-pub mod script;
-pub mod signals;
-pub mod sim;
-pub mod train;
+pub(crate) mod predict;
+pub(crate) mod ring;
+pub(crate) mod script;
+pub(crate) mod signals;
+pub(crate) mod sim;
+pub(crate) mod train;
 
-pub use error::{CliError, exit};
+pub(crate) use error::{CliError, exit};
 
 /// The async runtime the commands that run nodes drive them on.
 fn runtime() -> Result<tokio::runtime::Runtime, CliError> {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pserver_core::{NodeId, Role};
-use pserver_transport::runtime::RuntimeError;
+use pserver_runtime::RuntimeError;
 
 use super::CliError;
 use super::cluster::{self, NodeOutcome, RunError};
@@ -14,7 +14,7 @@ use super::signals::Stop;
 
 /// The arguments of `pserver coordinator`, `pserver server` and `pserver worker`.
 #[derive(clap::Args, Debug)]
-pub struct NodeArgs {
+pub(crate) struct NodeArgs {
     /// The cluster file: every node's address, the consistency model, the ring and the job
     /// (TOML). The secret comes from its secret_file or the PSERVER_SECRET environment
     /// variable, never from the command line.
@@ -39,7 +39,7 @@ pub struct NodeArgs {
 }
 
 /// Runs node `--id` of the cluster file, which must be a `role`, and prints its last line.
-pub fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
+pub(crate) fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
     let file = ClusterFile::load(&args.config).map_err(CliError::input)?;
     let id = NodeId(args.id);
     let named = file.role(id).map_err(CliError::input)?;

@@ -13,7 +13,7 @@ use crate::data::libsvm::{IndexBase, read};
 /// file), and scored with the model's intercept. Prints `predict rows=N logloss=L auc=A`, or
 /// with --scores one probability per row.
 #[derive(clap::Args, Debug)]
-pub struct PredictArgs {
+pub(crate) struct PredictArgs {
     /// The model file.
     #[arg(long, value_name = "FILE")]
     model: PathBuf,
@@ -31,7 +31,7 @@ pub struct PredictArgs {
 }
 
 /// Runs `pserver predict`.
-pub fn run(args: PredictArgs) -> Result<(), CliError> {
+pub(crate) fn run(args: PredictArgs) -> Result<(), CliError> {
     let model = load_model(&args.model).map_err(CliError::input)?;
     let base = match (model.base, args.index_base) {
         (IndexBase::Auto, asked) => {

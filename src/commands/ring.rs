@@ -15,7 +15,7 @@ use super::CliError;
 /// share over the mean), and with --add or --remove the share of keys that would change
 /// primary.
 #[derive(clap::Args, Debug)]
-pub struct RingArgs {
+pub(crate) struct RingArgs {
     /// Number of servers (ids 0..N).
     #[arg(long, default_value_t = 8)]
     servers: u32,
@@ -41,7 +41,7 @@ pub struct RingArgs {
 }
 
 /// Runs `pserver ring`: prints the [`report`] of the ring the arguments describe.
-pub fn run(args: RingArgs) -> Result<(), CliError> {
+pub(crate) fn run(args: RingArgs) -> Result<(), CliError> {
     let config = RingConfig {
         vnodes: args.vnodes,
         replicas: args.replicas,
@@ -60,7 +60,7 @@ pub fn run(args: RingArgs) -> Result<(), CliError> {
 
 /// A membership change to preview.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Change {
+pub(crate) enum Change {
     /// A server joins.
     Add(NodeId),
     /// A server leaves.
@@ -70,7 +70,7 @@ pub enum Change {
 /// Builds the ring of servers `0..servers` and reports each server's primary share, the
 /// imbalance, and (for a `change`) the share of keys that would move. Lines are
 /// `name value unit`, so that scripts can read them.
-pub fn report(
+pub(crate) fn report(
     servers: u32,
     config: RingConfig,
     change: Option<Change>,

@@ -6,11 +6,11 @@
 use std::time::Duration;
 
 use pserver_core::{Key, KeyList, KeySelection, KvPairs, NodeId};
-use pserver_transport::runtime::{RuntimeError, WorkerHandle};
+use pserver_runtime::{RuntimeError, WorkerHandle};
 
 /// The workload every worker of a job runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Script {
+pub(crate) struct Script {
     /// Keys pushed and pulled each iteration, spread over the whole key space.
     pub keys: u64,
     /// Iterations per worker.
@@ -21,7 +21,7 @@ pub struct Script {
 
 /// What one worker did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WorkerSummary {
+pub(crate) struct WorkerSummary {
     /// Iterations completed.
     pub iterations: u32,
     /// Pushes acknowledged.
@@ -33,22 +33,22 @@ pub struct WorkerSummary {
 impl Script {
     /// Key `i` of the script: indices spread evenly over the key space, so that every server's
     /// ranges get some.
-    pub fn key(&self, i: u64) -> Key {
+    pub(crate) fn key(&self, i: u64) -> Key {
         i * ((u64::MAX - 1) / self.keys.max(1))
     }
 
     /// Every key of the script, in order.
-    pub fn key_list(&self) -> Vec<Key> {
+    pub(crate) fn key_list(&self) -> Vec<Key> {
         (0..self.keys).map(|i| self.key(i)).collect()
     }
 
     /// What `worker` pushes to key index `k` in `iteration`.
-    pub fn value(worker: NodeId, iteration: u32, k: u64) -> i64 {
+    pub(crate) fn value(worker: NodeId, iteration: u32, k: u64) -> i64 {
         1 + ((u64::from(worker.0) * 7 + u64::from(iteration) * 13 + k) % 10) as i64
     }
 
     /// Per key index, the total the servers must hold once `workers` have run every iteration.
-    pub fn expected_totals(&self, workers: impl IntoIterator<Item = NodeId>) -> Vec<i64> {
+    pub(crate) fn expected_totals(&self, workers: impl IntoIterator<Item = NodeId>) -> Vec<i64> {
         let mut totals = vec![0i64; self.keys as usize];
         for w in workers {
             for it in 0..self.iterations {
@@ -64,16 +64,8 @@ impl Script {
     /// every key, computes, pushes and advances without waiting for the push's
     /// acknowledgement (the consistency model decides how far ahead it may run). Returns once
     /// every push is acknowledged.
-    pub async fn run(
-        &self,
-        id: NodeId,
-        worker: &WorkerHandle<i64>,
-    ) -> Result<WorkerSummary, RuntimeError> {
-        self.run_reporting(id, worker, |_| {}).await
-    }
-
-    /// [`Script::run`], calling `done(iteration)` as each iteration is entered past.
-    pub async fn run_reporting(
+    /// Calls `done(iteration)` as each iteration is entered past.
+    pub(crate) async fn run_reporting(
         &self,
         id: NodeId,
         worker: &WorkerHandle<i64>,

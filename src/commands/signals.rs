@@ -4,7 +4,7 @@
 
 /// Which signal asked the process to stop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stop {
+pub(crate) enum Stop {
     /// SIGINT: Ctrl-C at a terminal.
     Interrupt,
     /// SIGTERM: a supervisor or `kill`.
@@ -13,7 +13,7 @@ pub enum Stop {
 
 impl Stop {
     /// How the stop reads on a terminal.
-    pub fn word(self) -> &'static str {
+    pub(crate) fn word(self) -> &'static str {
         match self {
             Stop::Interrupt => "interrupted",
             Stop::Terminate => "terminated",

@@ -8,14 +8,12 @@
 //! naming its line. Bad input is a [`DataError`] naming the file, the line, the column, what
 //! was expected and what was found.
 //!
-//! ```
-//! use pserver::data::libsvm::{parse, IndexBase};
+//! ```text
 //! let text = b"+1 1:0.5 7:2 # a comment\n-1 qid:3 2:1\n";
 //! let examples = parse("inline.svm", text, IndexBase::Auto)?;
 //! assert_eq!(examples.len(), 2);
 //! assert_eq!(examples.labels(), &[1.0, 0.0]);
 //! assert!(examples.row(0).ids().eq([0, 6])); // one-based, detected
-//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use std::fmt;
@@ -26,7 +24,7 @@ use pserver_core::MAX_KEY;
 
 /// Whether feature indices count from 0 or from 1.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum IndexBase {
+pub(crate) enum IndexBase {
     /// Zero-based if any index of any file of the job is 0, one-based otherwise (the LIBSVM
     /// convention).
     #[default]
@@ -40,14 +38,14 @@ pub enum IndexBase {
 }
 
 /// Where an index 0 was found: the file, line and column.
-pub type ZeroAt = (String, usize, usize);
+pub(crate) type ZeroAt = (String, usize, usize);
 
 impl IndexBase {
     /// The base a job reading `files` (name and text) uses: `self` unless it is `Auto`, which
     /// becomes `Zero` if any file holds an index 0, `One` otherwise. Also returns the first
     /// index 0 found, which explains the choice. Asked for `One`, a file holding an index 0
     /// is an error naming its line.
-    pub fn resolve<'a>(
+    pub(crate) fn resolve<'a>(
         self,
         files: impl IntoIterator<Item = (&'a str, &'a [u8])>,
     ) -> Result<(IndexBase, Option<ZeroAt>), DataError> {
@@ -67,7 +65,7 @@ impl IndexBase {
 
     /// As [`IndexBase::resolve`], over files read a few megabytes at a time instead of
     /// texts held whole.
-    pub fn resolve_files<'a>(
+    pub(crate) fn resolve_files<'a>(
         self,
         paths: impl IntoIterator<Item = &'a Path>,
     ) -> Result<(IndexBase, Option<ZeroAt>), DataError> {
@@ -97,7 +95,7 @@ impl IndexBase {
     }
 
     /// The number this base counts from, as a saved model records it.
-    pub fn first(self) -> Option<u8> {
+    pub(crate) fn first(self) -> Option<u8> {
         match self {
             IndexBase::Auto => None,
             IndexBase::Zero => Some(0),
@@ -130,7 +128,7 @@ fn zero_in_one_based(name: &str, line: usize, column: usize) -> DataError {
 
 /// The line and column (from 1) of the first index 0 in `text`, comments and `qid:` tokens
 /// aside: the same tokens the parser reads as indices.
-pub fn first_index_zero(text: &[u8]) -> Option<(usize, usize)> {
+pub(crate) fn first_index_zero(text: &[u8]) -> Option<(usize, usize)> {
     for (n, line) in text.split(|&b| b == b'\n').enumerate() {
         let line = match line.iter().position(|&b| b == b'#') {
             Some(p) => &line[..p],
@@ -212,6 +210,7 @@ impl Ids {
         }
     }
 
+    #[cfg(test)]
     /// The same kind of list, empty.
     fn empty_like(&self) -> Ids {
         match self {
@@ -220,6 +219,7 @@ impl Ids {
         }
     }
 
+    #[cfg(test)]
     fn extend_from(&mut self, ids: IdSlice<'_>) {
         match (self, ids) {
             (Ids::Narrow(v), IdSlice::Narrow(s)) => v.extend_from_slice(s),
@@ -264,34 +264,35 @@ impl<'a> IdSlice<'a> {
 /// every value of the set is 1, as in click data). Rows are equal when their features are,
 /// however they are stored.
 #[derive(Clone, Copy, Debug)]
-pub struct Row<'a> {
+pub(crate) struct Row<'a> {
     ids: IdSlice<'a>,
     values: Option<&'a [f32]>,
 }
 
 impl<'a> Row<'a> {
     /// Number of features.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.ids.len()
     }
 
+    #[cfg(test)]
     /// True for an example without features.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// The feature ids, increasing.
-    pub fn ids(self) -> impl Iterator<Item = u64> + 'a {
+    pub(crate) fn ids(self) -> impl Iterator<Item = u64> + 'a {
         self.ids.iter()
     }
 
     /// The features' values; `None` when every value is 1.
-    pub fn values(&self) -> Option<&'a [f32]> {
+    pub(crate) fn values(&self) -> Option<&'a [f32]> {
         self.values
     }
 
     /// The features' (id, value) pairs.
-    pub fn iter(self) -> impl Iterator<Item = (u64, f32)> + 'a {
+    pub(crate) fn iter(self) -> impl Iterator<Item = (u64, f32)> + 'a {
         let values = self.values;
         self.ids()
             .enumerate()
@@ -304,7 +305,7 @@ impl<'a> Row<'a> {
 /// at all while every value is 1, so that click-like data costs four bytes a feature. Sets
 /// are equal when their labels and rows are, however they are stored.
 #[derive(Clone, Debug, Default)]
-pub struct Examples {
+pub(crate) struct Examples {
     labels: Vec<f32>,
     /// Start of each example's features in `ids`/`values`, plus the end.
     offsets: Vec<usize>,
@@ -327,7 +328,7 @@ impl PartialEq for Examples {
 
 impl Examples {
     /// No examples.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Examples {
             offsets: vec![0],
             ..Examples::default()
@@ -335,22 +336,22 @@ impl Examples {
     }
 
     /// Number of examples.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.labels.len()
     }
 
     /// True when there are no examples.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }
 
     /// Every label: 1 for a positive example (label > 0), 0 otherwise.
-    pub fn labels(&self) -> &[f32] {
+    pub(crate) fn labels(&self) -> &[f32] {
         &self.labels
     }
 
     /// Example `i`.
-    pub fn row(&self, i: usize) -> Row<'_> {
+    pub(crate) fn row(&self, i: usize) -> Row<'_> {
         let r = self.offsets[i]..self.offsets[i + 1];
         Row {
             ids: self.ids.slice(r.clone()),
@@ -358,8 +359,9 @@ impl Examples {
         }
     }
 
+    #[cfg(test)]
     /// Number of (index, value) pairs over all examples.
-    pub fn nonzeros(&self) -> usize {
+    pub(crate) fn nonzeros(&self) -> usize {
         self.ids.len()
     }
 
@@ -393,13 +395,15 @@ impl Examples {
         self.offsets.push(self.ids.len());
     }
 
+    #[cfg(test)]
     /// The first `n` examples (all of them if there are fewer).
-    pub fn head(&self, n: usize) -> Examples {
+    pub(crate) fn head(&self, n: usize) -> Examples {
         self.select(&(0..n.min(self.len())).collect::<Vec<_>>())
     }
 
+    #[cfg(test)]
     /// The rows `order` names, in that order.
-    pub fn select(&self, order: &[usize]) -> Examples {
+    pub(crate) fn select(&self, order: &[usize]) -> Examples {
         let mut out = Examples::new();
         out.ids = self.ids.empty_like();
         out.values = self.values.as_ref().map(|_| Vec::new());
@@ -418,7 +422,7 @@ impl Examples {
     }
 
     /// The largest feature index plus one (0 without features).
-    pub fn dimensions(&self) -> u64 {
+    pub(crate) fn dimensions(&self) -> u64 {
         let max = match &self.ids {
             Ids::Narrow(v) => v.iter().max().map(|&m| u64::from(m)),
             Ids::Wide(v) => v.iter().max().copied(),
@@ -429,7 +433,7 @@ impl Examples {
 
 /// Why a data file could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DataError {
+pub(crate) struct DataError {
     /// The file.
     pub path: String,
     /// Line, from 1 (0 when the error is about the whole file).
@@ -458,7 +462,7 @@ impl std::error::Error for DataError {}
 
 /// The byte range of shard `shard` of `shards` of `text`, moved to line boundaries so that every
 /// line belongs to exactly one shard (the paper's workers each read their own part).
-pub fn shard(text: &[u8], shard: usize, shards: usize) -> Range<usize> {
+pub(crate) fn shard(text: &[u8], shard: usize, shards: usize) -> Range<usize> {
     let shards = shards.max(1);
     let cut = |i: usize| -> usize {
         if i == 0 {
@@ -492,7 +496,7 @@ fn file_error(path: &Path, message: String) -> DataError {
 }
 
 /// Reads the bytes of the file at `path`, decompressed if its name ends in `.gz`.
-pub fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
+pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
     let fail = |message: String| file_error(path, message);
     let raw = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
     if path.extension().is_none_or(|e| e != "gz") {
@@ -507,14 +511,14 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
 /// Reads and parses the whole file at `path` (gzip-compressed if its name ends in `.gz`).
 /// `Auto` decides the base over this file alone: a job of several files decides once over
 /// all of them ([`IndexBase::resolve`]) and passes the result.
-pub fn read(path: &Path, base: IndexBase) -> Result<Examples, DataError> {
+pub(crate) fn read(path: &Path, base: IndexBase) -> Result<Examples, DataError> {
     let name = path.display().to_string();
     let text = read_bytes(path)?;
     parse_whole(&name, &text, base)
 }
 
 /// Parses the whole file `name` (text `text`), which must hold at least one example.
-pub fn parse_whole(name: &str, text: &[u8], base: IndexBase) -> Result<Examples, DataError> {
+pub(crate) fn parse_whole(name: &str, text: &[u8], base: IndexBase) -> Result<Examples, DataError> {
     let examples = parse(name, text, base)?;
     if examples.is_empty() {
         return Err(no_examples(name.to_owned()));
@@ -524,13 +528,13 @@ pub fn parse_whole(name: &str, text: &[u8], base: IndexBase) -> Result<Examples,
 
 /// Whether `text` holds at least one row, without parsing it: a process that parses only its
 /// share of a file still needs to know that the whole file is not empty.
-pub fn holds_rows(text: &[u8]) -> bool {
+pub(crate) fn holds_rows(text: &[u8]) -> bool {
     count_rows(text) > 0
 }
 
 /// The rows `text` holds: its lines with anything besides blanks and a comment, which the
 /// parser turns into one example each.
-pub fn count_rows(text: &[u8]) -> usize {
+pub(crate) fn count_rows(text: &[u8]) -> usize {
     text.split(|&b| b == b'\n')
         .filter(|line| {
             line.iter()
@@ -541,7 +545,7 @@ pub fn count_rows(text: &[u8]) -> usize {
 }
 
 /// The error for a file named `name` that holds no rows.
-pub fn no_examples(name: String) -> DataError {
+pub(crate) fn no_examples(name: String) -> DataError {
     DataError {
         path: name,
         line: 0,
@@ -551,13 +555,13 @@ pub fn no_examples(name: String) -> DataError {
 }
 
 /// Parses `text` (named `name` in errors); `Auto` decides the base over `text` alone.
-pub fn parse(name: &str, text: &[u8], base: IndexBase) -> Result<Examples, DataError> {
+pub(crate) fn parse(name: &str, text: &[u8], base: IndexBase) -> Result<Examples, DataError> {
     parse_lines(name, text, base, 0)
 }
 
 /// Parses `text`, a part of the file `name` that starts after its first `lines_before`
 /// lines, so that errors name the line of the whole file.
-pub fn parse_lines(
+pub(crate) fn parse_lines(
     name: &str,
     text: &[u8],
     base: IndexBase,
@@ -675,7 +679,7 @@ fn chunks_of(
 /// text is never held whole, so a run's memory is its parsed rows. `base` must be decided
 /// already (`Auto` is read as one-based unless the file holds an index 0, which this reader
 /// cannot know before it ends: decide it first with [`IndexBase::resolve_files`]).
-pub fn read_streaming(path: &Path, base: IndexBase) -> Result<Examples, DataError> {
+pub(crate) fn read_streaming(path: &Path, base: IndexBase) -> Result<Examples, DataError> {
     read_in_chunks(path, base, CHUNK)
 }
 
@@ -706,7 +710,7 @@ fn read_in_chunks(path: &Path, base: IndexBase, chunk: usize) -> Result<Examples
 }
 
 /// The lines of `text` before byte `at`.
-pub fn lines_before(text: &[u8], at: usize) -> usize {
+pub(crate) fn lines_before(text: &[u8], at: usize) -> usize {
     text[..at.min(text.len())]
         .iter()
         .filter(|&&b| b == b'\n')
@@ -864,6 +868,18 @@ fn parse_f32(token: &[u8]) -> Option<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The example in the module's documentation, which rustdoc does not run in a binary.
+    #[test]
+    fn the_module_example_reads_comments_qids_and_one_based_indices()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let text = b"+1 1:0.5 7:2 # a comment\n-1 qid:3 2:1\n";
+        let examples = parse("inline.svm", text, IndexBase::Auto)?;
+        assert_eq!(examples.len(), 2);
+        assert_eq!(examples.labels(), &[1.0, 0.0]);
+        assert!(examples.row(0).ids().eq([0, 6])); // one-based, detected
+        Ok(())
+    }
 
     fn pairs(row: Row<'_>) -> Vec<(u64, f32)> {
         row.iter().collect()

@@ -1,5 +1,5 @@
 //! Reading training data.
 
-pub mod libsvm;
-pub mod ratings;
-pub mod synthetic;
+pub(crate) mod libsvm;
+pub(crate) mod ratings;
+pub(crate) mod synthetic;

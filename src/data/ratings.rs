@@ -22,15 +22,13 @@
 //! (`u.data:17: rating: expected a number, found 'x'`); blank lines are allowed only at the
 //! end of the file, and a file without ratings is an error.
 //!
-//! ```
-//! use pserver::data::ratings::{parse, Ids};
+//! ```text
 //! let mut ids = Ids::new();
 //! let train = parse("train.csv", b"userId,movieId,rating\n7,10,4.5\n8,10,3\n", &mut ids)?;
 //! let test = parse("u.test", b"8\t11\t5\t881250949\n", &mut ids)?;
 //! assert_eq!((train[1].user, train[1].item), (1, 0));
 //! assert_eq!((test[0].user, test[0].item), (1, 1)); // user 8 again; item 11 is new
 //! assert_eq!((ids.users(), ids.items()), (2, 2));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use std::collections::HashMap;
@@ -43,7 +41,7 @@ use crate::seeded::{mix, unit};
 
 /// One rating: dense user and item numbers from an [`Ids`], and the rating.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Rating {
+pub(crate) struct Rating {
     /// The user's number, from 0 in order of first appearance.
     pub user: u32,
     /// The item's number, from 0 in order of first appearance.
@@ -55,24 +53,26 @@ pub struct Rating {
 /// The dense numbers given to user and item ids so far. Keep one across the files of a job so
 /// that they agree on who is who.
 #[derive(Clone, Debug, Default)]
-pub struct Ids {
+pub(crate) struct Ids {
     users: HashMap<Box<str>, u32>,
     items: HashMap<Box<str>, u32>,
 }
 
 impl Ids {
     /// No ids yet.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Ids::default()
     }
 
+    #[cfg(test)]
     /// Distinct users seen: they are numbered `0..users()`.
-    pub fn users(&self) -> usize {
+    pub(crate) fn users(&self) -> usize {
         self.users.len()
     }
 
+    #[cfg(test)]
     /// Distinct items seen: they are numbered `0..items()`.
-    pub fn items(&self) -> usize {
+    pub(crate) fn items(&self) -> usize {
         self.items.len()
     }
 }
@@ -90,7 +90,7 @@ fn number(map: &mut HashMap<Box<str>, u32>, id: &str) -> Option<u32> {
 
 /// Why a ratings file could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum RatingsError {
+pub(crate) enum RatingsError {
     /// The file could not be read or decompressed.
     #[error(transparent)]
     Read(#[from] DataError),
@@ -259,7 +259,7 @@ fn present(field: Option<&str>) -> Result<&str, String> {
 
 /// Parses the ratings in `text`, numbering new ids in `ids`; `name` names the file in errors.
 /// A name ending in `.csv` (or `.csv.gz`) makes the file comma-separated.
-pub fn parse(name: &str, text: &[u8], ids: &mut Ids) -> Result<Vec<Rating>, RatingsError> {
+pub(crate) fn parse(name: &str, text: &[u8], ids: &mut Ids) -> Result<Vec<Rating>, RatingsError> {
     let csv_name = name.ends_with(".csv") || name.ends_with(".csv.gz");
     let field_error = |line: usize, field: &'static str, message: String| RatingsError::Field {
         path: name.to_owned(),
@@ -359,7 +359,7 @@ pub fn parse(name: &str, text: &[u8], ids: &mut Ids) -> Result<Vec<Rating>, Rati
 
 /// Reads and parses the ratings file at `path` (gzip-compressed if its name ends in `.gz`),
 /// numbering new ids in `ids`.
-pub fn read(path: &Path, ids: &mut Ids) -> Result<Vec<Rating>, RatingsError> {
+pub(crate) fn read(path: &Path, ids: &mut Ids) -> Result<Vec<Rating>, RatingsError> {
     let text = read_bytes(path)?;
     parse(&path.display().to_string(), &text, ids)
 }
@@ -367,7 +367,11 @@ pub fn read(path: &Path, ids: &mut Ids) -> Result<Vec<Rating>, RatingsError> {
 /// Splits `ratings` into a training and a test set: each rating goes to the test set with
 /// probability `test_fraction`, decided by a hash of `seed` and its position, so the same
 /// seed always holds out the same ratings. Both sets keep the file's order.
-pub fn split(ratings: &[Rating], test_fraction: f64, seed: u64) -> (Vec<Rating>, Vec<Rating>) {
+pub(crate) fn split(
+    ratings: &[Rating],
+    test_fraction: f64,
+    seed: u64,
+) -> (Vec<Rating>, Vec<Rating>) {
     let mut train = Vec::with_capacity(ratings.len());
     let mut test = Vec::new();
     for (t, &rating) in ratings.iter().enumerate() {
@@ -383,6 +387,22 @@ pub fn split(ratings: &[Rating], test_fraction: f64, seed: u64) -> (Vec<Rating>,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The example in the module's documentation, which rustdoc does not run in a binary.
+    #[test]
+    fn the_module_example_numbers_ids_across_files() -> Result<(), Box<dyn std::error::Error>> {
+        let mut ids = Ids::new();
+        let train = parse(
+            "train.csv",
+            b"userId,movieId,rating\n7,10,4.5\n8,10,3\n",
+            &mut ids,
+        )?;
+        let test = parse("u.test", b"8\t11\t5\t881250949\n", &mut ids)?;
+        assert_eq!((train[1].user, train[1].item), (1, 0));
+        assert_eq!((test[0].user, test[0].item), (1, 1)); // user 8 again; item 11 is new
+        assert_eq!((ids.users(), ids.items()), (2, 2));
+        Ok(())
+    }
 
     fn ok(name: &str, text: &str, ids: &mut Ids) -> Vec<(u32, u32, f32)> {
         parse(name, text.as_bytes(), ids)

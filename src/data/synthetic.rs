@@ -10,7 +10,7 @@ use std::io::Write;
 
 /// What to generate.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct GenConfig {
+pub(crate) struct GenConfig {
     /// Rows.
     pub rows: u64,
     /// Features (the dimension).
@@ -41,7 +41,7 @@ impl Default for GenConfig {
 }
 
 /// The true weight of feature `j`: most features carry no signal, one in eight a normal one.
-pub fn true_weight(cfg: &GenConfig, j: u64) -> f64 {
+pub(crate) fn true_weight(cfg: &GenConfig, j: u64) -> f64 {
     let h = mix(cfg.seed ^ 0x7777 ^ mix(j));
     if h % 8 != 0 {
         return 0.0;
@@ -51,7 +51,7 @@ pub fn true_weight(cfg: &GenConfig, j: u64) -> f64 {
 }
 
 /// Row `r`: its label (0 or 1) and its sorted, distinct features (zero-based).
-pub fn row(cfg: &GenConfig, r: u64, features: &mut Vec<u64>) -> u8 {
+pub(crate) fn row(cfg: &GenConfig, r: u64, features: &mut Vec<u64>) -> u8 {
     features.clear();
     let harmonic = (cfg.features as f64).ln();
     let mut draw = 0u64;
@@ -74,7 +74,7 @@ pub fn row(cfg: &GenConfig, r: u64, features: &mut Vec<u64>) -> u8 {
 
 /// Writes `cfg.rows` rows in LIBSVM form to `out`, indices from 0 or, with
 /// [`GenConfig::one_based`], from 1.
-pub fn write(cfg: &GenConfig, out: &mut impl Write) -> std::io::Result<()> {
+pub(crate) fn write(cfg: &GenConfig, out: &mut impl Write) -> std::io::Result<()> {
     let mut features = Vec::with_capacity(cfg.per_row);
     let mut line = String::with_capacity(cfg.per_row * 10 + 4);
     for r in cfg.first_row..cfg.first_row.saturating_add(cfg.rows) {

@@ -94,13 +94,11 @@ pub(crate) fn lr_cluster_of(
     std::fs::write(dir.join("secret.key"), "lr-secret\n").unwrap();
     let adult = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/adult");
     let lines = |name: &str, n: usize| -> Vec<String> {
-        let bytes = pserver::data::libsvm::read_bytes(&adult.join(name)).unwrap();
-        String::from_utf8(bytes)
-            .unwrap()
-            .lines()
-            .take(n)
-            .map(|l| format!("{l}\n"))
-            .collect()
+        let gz = std::fs::read(adult.join(name)).unwrap();
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(&gz[..]), &mut text)
+            .unwrap();
+        text.lines().take(n).map(|l| format!("{l}\n")).collect()
     };
     let mut train = lines("adult.train.svm.gz", LR_ROWS);
     arrange(&mut train);

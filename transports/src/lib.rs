@@ -6,16 +6,15 @@
 //!
 //! - [`mem`]: tokio channels inside one process, with seeded faults;
 //! - [`tcp`]: authenticated TCP connections between processes;
-//! - [`udp`]: datagrams below the MTU, reassembled, optionally authenticated;
-//! - [`runtime`]: one event loop per node over any transport, and the application's handles.
+//! - [`udp`]: datagrams below the MTU, reassembled, optionally authenticated.
 //!
-//! ARCHITECTURE.md §6 describes how they fit together.
+//! The event loop that drives nodes over a transport, and the handles an application pushes and
+//! pulls through, are the `pserver-runtime` crate's. ARCHITECTURE.md §6 describes how they fit
+//! together.
 
 pub mod mem;
 #[cfg(not(loom))]
-mod refusal_log;
-#[cfg(not(loom))]
-pub mod runtime;
+pub mod refusal_log;
 pub mod sync;
 pub mod tcp;
 pub mod udp;

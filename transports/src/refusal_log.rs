@@ -1,4 +1,5 @@
-//! Refused input and dropped frames, logged so that whoever causes them cannot fill the log:
+//! Refused input and dropped frames, logged so that whoever causes them cannot fill the log
+//! (the transports here and the runtime's node loop share it):
 //! the first of a window is logged in full, the others are counted by reason and summed up in
 //! one line once the window is over. Every one is also counted in the transport's stats.
 
@@ -10,11 +11,11 @@ use tracing::{debug, warn};
 use crate::sync::Mutex;
 
 /// How long a window lasts: under a steady attack, two lines per window.
-pub(crate) const WINDOW: Duration = Duration::from_secs(10);
+pub const WINDOW: Duration = Duration::from_secs(10);
 
 /// The refusals of one kind of input (`"connection"`, `"datagram"`), logged at a bounded rate.
 #[derive(Debug)]
-pub(crate) struct RefusalLog {
+pub struct RefusalLog {
     what: &'static str,
     /// What happened to each: "refused", "dropped".
     verb: &'static str,
@@ -32,13 +33,13 @@ struct Window {
 
 impl RefusalLog {
     /// A log for refused `what`s with windows of `window`.
-    pub(crate) fn new(what: &'static str, window: Duration) -> Self {
+    pub fn new(what: &'static str, window: Duration) -> Self {
         Self::with_verb(what, "refused", window)
     }
 
     /// A log for `what`s dropped (not refused: nothing was wrong with them, but they could not
     /// be kept), with windows of `window`.
-    pub(crate) fn drops(what: &'static str, window: Duration) -> Self {
+    pub fn drops(what: &'static str, window: Duration) -> Self {
         Self::with_verb(what, "dropped", window)
     }
 
@@ -53,22 +54,17 @@ impl RefusalLog {
 
     /// Records one refusal: logged with `detail` when it opens a window, counted under
     /// `reason` otherwise.
-    pub(crate) fn refused(&self, reason: &'static str, detail: impl FnOnce() -> String) {
+    pub fn refused(&self, reason: &'static str, detail: impl FnOnce() -> String) {
         self.refused_at(Instant::now(), reason, detail);
     }
 
     /// Records one drop, as [`RefusalLog::refused`] records a refusal.
-    pub(crate) fn dropped(&self, reason: &'static str, detail: impl FnOnce() -> String) {
+    pub fn dropped(&self, reason: &'static str, detail: impl FnOnce() -> String) {
         self.dropped_many(reason, 1, detail);
     }
 
     /// Records `n` drops of one reason and detail at once, under one lock.
-    pub(crate) fn dropped_many(
-        &self,
-        reason: &'static str,
-        n: u64,
-        detail: impl FnOnce() -> String,
-    ) {
+    pub fn dropped_many(&self, reason: &'static str, n: u64, detail: impl FnOnce() -> String) {
         if n > 0 {
             self.record(Instant::now(), reason, n, detail);
         }
@@ -111,7 +107,7 @@ impl RefusalLog {
 
     /// Sums up the window if it is over; call it now and then, so that the last refusals of
     /// an attack that stopped are reported too.
-    pub(crate) fn tick(&self) {
+    pub fn tick(&self) {
         self.tick_at(Instant::now());
     }
 

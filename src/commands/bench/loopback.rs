@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use pserver_core::NodeId;
+use pserver_runtime::{ClusterSpec, LocalCluster, RuntimeError};
 use pserver_transport::mem::MemNetwork;
-use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError};
 use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
 use pserver_transport::udp::{UdpConfig, UdpTransport};
 use pserver_transport::{Transport, TransportError};

@@ -16,7 +16,7 @@ mod usage;
 mod vw;
 
 use pserver_core::Consistency;
-use pserver_transport::runtime::{ClusterSpec, RuntimeError};
+use pserver_runtime::{ClusterSpec, RuntimeError};
 
 use super::CliError;
 use clap::ValueEnum;
@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use pserver_core::ring::Ring;
 use pserver_core::{Key, NodeId};
 
-pub use options::{BenchOptions, DenseSize, Kind, Topology, Wire};
+pub(crate) use options::{BenchOptions, DenseSize, Kind, Topology, Wire};
 
 /// Measure push and pull throughput and small-request latency over each transport (mem,
 /// tcp, udp; one server and one worker, then two of each, on loopback), with a raw TCP
@@ -42,7 +42,7 @@ pub use options::{BenchOptions, DenseSize, Kind, Topology, Wire};
 /// unit` line per measure (GB/s of values, million keys per second, microseconds); --table
 /// adds each figure's ratio to the raw TCP baseline.
 #[derive(clap::Args, Debug)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Seconds instead of minutes: requests of 1K and 64K values, few repetitions (a smoke
     /// test of the benchmark itself).
     #[arg(long)]
@@ -107,7 +107,7 @@ pub struct BenchArgs {
 
 /// Runs `pserver bench`: prints every measure as it is known, then with `--table` the table of
 /// ratios to the raw TCP baselines.
-pub fn run(args: BenchArgs) -> Result<(), CliError> {
+pub(crate) fn run(args: BenchArgs) -> Result<(), CliError> {
     if cfg!(debug_assertions) {
         eprintln!(
             "warning: a debug build; benchmark figures come from `cargo run --release -- bench`"
@@ -200,7 +200,7 @@ fn print_table(measures: &[Measure]) {
 
 /// One measured figure.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Measure {
+pub(crate) struct Measure {
     /// Dotted name, e.g. `tcp.1s1w.dense_push.1M`.
     pub name: String,
     /// The figure.
@@ -211,14 +211,14 @@ pub struct Measure {
 
 impl Measure {
     /// The machine-readable line: `name value unit`.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         format!("{} {:.4} {}", self.name, self.value, self.unit)
     }
 }
 
 /// Why a benchmark could not run.
 #[derive(Debug, thiserror::Error)]
-pub enum BenchError {
+pub(crate) enum BenchError {
     /// The cluster or a request failed.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
@@ -238,7 +238,7 @@ fn runtime_err(e: impl std::fmt::Display) -> RuntimeError {
 }
 
 /// Runs every measure, calling `report` with each as soon as it is known.
-pub async fn run_bench(
+pub(crate) async fn run_bench(
     opts: &BenchOptions,
     mut report: impl FnMut(&Measure),
 ) -> Result<Vec<Measure>, BenchError> {
@@ -305,7 +305,7 @@ fn server_shares(
 async fn started(
     spec: &ClusterSpec,
     wire: Wire,
-) -> Result<pserver_transport::runtime::LocalCluster<f32>, BenchError> {
+) -> Result<pserver_runtime::LocalCluster<f32>, BenchError> {
     let cluster = start(spec, wire, 0.0).await?;
     for w in &cluster.workers {
         w.ready().await?;

@@ -8,7 +8,7 @@ use clap::ValueEnum;
 
 /// A transport `pserver bench` measures.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wire {
+pub(crate) enum Wire {
     /// Channels inside the process.
     #[value(help = None)]
     Mem,
@@ -22,7 +22,7 @@ pub enum Wire {
 
 /// The size of the requests of a dense measure.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DenseSize {
+pub(crate) enum DenseSize {
     /// 1K values per request.
     #[value(name = "1K", help = None)]
     K1,
@@ -39,7 +39,7 @@ pub enum DenseSize {
 
 impl DenseSize {
     /// Values per request.
-    pub fn values(self) -> usize {
+    pub(crate) fn values(self) -> usize {
         match self {
             DenseSize::K1 => 1 << 10,
             DenseSize::K64 => 64 << 10,
@@ -51,7 +51,7 @@ impl DenseSize {
 
 /// A kind of measure.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// Dense push and pull: contiguous keys.
     #[value(help = None)]
     Dense,
@@ -65,7 +65,7 @@ pub enum Kind {
 
 /// The shape of a measured cluster.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Topology {
+pub(crate) enum Topology {
     /// One server and one worker.
     #[value(name = "1s1w", help = None)]
     OneEach,
@@ -94,7 +94,7 @@ pub(super) fn spelled<T: ValueEnum>(choice: T) -> String {
 
 /// What to measure.
 #[derive(Clone, Debug, PartialEq)]
-pub struct BenchOptions {
+pub(crate) struct BenchOptions {
     /// Seconds rather than minutes: small requests only, few repetitions.
     pub quick: bool,
     /// The transports to measure, in this order.

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use pserver_core::{Key, KeyList, KeyRange, KeySelection, KvPairs, RangeList};
-use pserver_transport::runtime::{RuntimeError, WorkerHandle};
+use pserver_runtime::{RuntimeError, WorkerHandle};
 
 use super::{BenchError, runtime_err};
 

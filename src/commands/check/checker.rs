@@ -14,7 +14,7 @@ use super::{ModelName, Protocol};
 
 /// The result of a whole `pserver check` run.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// Everything to print, ending with the summary line.
     pub text: String,
     /// True when an `always` property was violated.
@@ -30,7 +30,7 @@ fn summary(reports: &[CheckReport]) -> String {
 }
 
 /// Checks the cluster model once per configuration in `configs`.
-pub fn check_cluster(
+pub(crate) fn check_cluster(
     configs: &[ClusterModelConfig],
     protocol: Protocol,
     strategy: Strategy,
@@ -59,7 +59,7 @@ pub fn check_cluster(
 }
 
 /// The `model cluster ...` line that heads a configuration's verdicts.
-pub fn describe_config(cfg: &ClusterModelConfig) -> String {
+pub(crate) fn describe_config(cfg: &ClusterModelConfig) -> String {
     let mut line = format!(
         "model cluster consistency={} network={} servers={} workers={} keys={} iterations={} crashes={}",
         cfg.consistency,
@@ -105,7 +105,7 @@ fn model_of(cfg: ClusterModelConfig, protocol: Protocol) -> Result<ClusterModel,
 }
 
 /// Checks the range clock model on `keys` keys and timestamps up to `max_time`.
-pub fn check_clock(keys: u64, max_time: u8, strategy: Strategy, threads: usize) -> Outcome {
+pub(crate) fn check_clock(keys: u64, max_time: u8, strategy: Strategy, threads: usize) -> Outcome {
     let model = ClockModel { keys, max_time };
     let report = check_with(model, strategy, threads, None, |a| format!("{a:?}"));
     let mut out = Outcome {
@@ -120,7 +120,7 @@ pub fn check_clock(keys: u64, max_time: u8, strategy: Strategy, threads: usize) 
 }
 
 /// Serves stateright's Explorer for the chosen model on `address` until the process ends.
-pub fn explore(
+pub(crate) fn explore(
     name: ModelName,
     cfg: ClusterModelConfig,
     protocol: Protocol,
@@ -159,7 +159,7 @@ where
 mod tests {
     use pserver_models::cluster::NetworkKind;
 
-    use super::super::default_models;
+    use super::super::configs::default_models;
     use super::*;
 
     #[test]

@@ -183,7 +183,7 @@ fn shaped(
 /// - key caching ([`ClusterModelConfig::key_caching`]) on the lossy network, one iteration:
 ///   a push sent again by name that overtakes the push carrying its list, and the server
 ///   asking for the list.
-pub fn default_suite() -> Vec<ClusterModelConfig> {
+pub(crate) fn default_suite() -> Vec<ClusterModelConfig> {
     let base = ClusterModelConfig {
         keys: 1,
         iterations: 1,
@@ -222,7 +222,7 @@ pub fn default_suite() -> Vec<ClusterModelConfig> {
 }
 
 /// The default consistency models `pserver check` runs: sequential and bounded:1.
-pub fn default_models() -> Vec<Consistency> {
+pub(crate) fn default_models() -> Vec<Consistency> {
     vec![Consistency::Sequential, Consistency::BoundedDelay(1)]
 }
 

@@ -12,8 +12,7 @@ use super::CliError;
 use super::parse::at_least_one;
 use super::sim::Protocol;
 
-pub use checker::{Outcome, check_clock, check_cluster, describe_config, explore};
-pub use configs::{default_models, default_suite};
+pub(crate) use checker::{check_clock, check_cluster, explore};
 
 /// Model-check the protocol: explore every state of a small cluster and check its
 /// properties.
@@ -25,7 +24,7 @@ pub use configs::{default_models, default_suite};
 /// `always` property is violated. Keep models tiny: every actor and iteration multiplies
 /// the states.
 #[derive(clap::Args, Debug)]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// Model: cluster (the whole protocol), replication (key ranges copied between servers,
     /// in two configurations checked one after the other: a primary and a replica per range on
     /// 3 servers, one of which may crash; and 1 server holding every range while a second
@@ -134,7 +133,7 @@ pub struct CheckArgs {
 
 /// Which model to check.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ModelName {
+pub(crate) enum ModelName {
     /// The whole protocol: coordinator, servers, workers.
     Cluster,
     /// The whole protocol with key ranges copied between servers: fail-over after a server
@@ -146,7 +145,7 @@ pub enum ModelName {
 
 /// Runs `pserver check` and prints its verdicts; a violated `always` property is a
 /// [`CliError::Found`].
-pub fn run(args: CheckArgs) -> Result<(), CliError> {
+pub(crate) fn run(args: CheckArgs) -> Result<(), CliError> {
     let threads = super::threads_or_cores(args.threads);
     let (configs, base) = configs::from_args(&args)?;
     let protocol = Protocol::from_mutation(args.mutation.as_deref()).map_err(CliError::Input)?;

@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pserver_core::{Consistency, Filters, KeyCaching, Kkt, NodeId, Role, Threshold, Updater};
-use pserver_transport::runtime::ClusterSpec;
+use pserver_runtime::ClusterSpec;
 use pserver_transport::tcp::{Secret, TcpConfig};
 use pserver_transport::udp::UdpConfig;
 use serde::Deserialize;
@@ -52,12 +52,12 @@ use crate::data::libsvm::IndexBase;
 use raw::{App, Choice, Raw, RawBase, RawFilters, RawJob, RawNode, RawRing};
 
 /// The environment variable that may carry the secret instead of a file.
-pub const SECRET_ENV: &str = "PSERVER_SECRET";
+pub(crate) const SECRET_ENV: &str = "PSERVER_SECRET";
 
 /// Why a cluster file cannot be used. Every message names the file and, where there is one,
 /// the field.
 #[derive(Debug, Error)]
-pub enum ClusterFileError {
+pub(crate) enum ClusterFileError {
     /// The file could not be read.
     #[error("{path}: cannot read: {source}")]
     Read {
@@ -106,7 +106,7 @@ pub enum ClusterFileError {
 
 /// What the workers of a cluster do.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Job {
+pub(crate) enum Job {
     /// The scripted workload, checked exactly (i64 values, summed).
     Script,
     /// Sparse logistic regression (f32 values, FTRL-Proximal on the servers).
@@ -115,7 +115,7 @@ pub enum Job {
 
 /// A logistic-regression job: where the data is and how to train.
 #[derive(Clone, Debug, PartialEq)]
-pub struct LrJob {
+pub(crate) struct LrJob {
     /// Training data (LIBSVM); every worker reads its own byte range of it.
     pub data: PathBuf,
     /// Test data, measured after every epoch by the worker holding the first share.
@@ -131,7 +131,7 @@ pub struct LrJob {
 
 /// A validated cluster file.
 #[derive(Clone, Debug)]
-pub struct ClusterFile {
+pub(crate) struct ClusterFile {
     /// Where it was read from.
     pub path: PathBuf,
     /// The cluster's name; nodes of another cluster are refused.
@@ -158,7 +158,7 @@ pub struct ClusterFile {
 /// The transport a cluster file names (`transport = "tcp"` or `"udp"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum ProcessWire {
+pub(crate) enum ProcessWire {
     /// Authenticated TCP connections.
     #[default]
     Tcp,
@@ -168,7 +168,7 @@ pub enum ProcessWire {
 
 impl ClusterFile {
     /// Reads and validates `path`.
-    pub fn load(path: &Path) -> Result<Self, ClusterFileError> {
+    pub(crate) fn load(path: &Path) -> Result<Self, ClusterFileError> {
         let text = std::fs::read_to_string(path).map_err(|source| ClusterFileError::Read {
             path: path.to_owned(),
             source,
@@ -177,7 +177,7 @@ impl ClusterFile {
     }
 
     /// Validates the text of a cluster file read from `path`.
-    pub fn parse(path: &Path, text: &str) -> Result<Self, ClusterFileError> {
+    pub(crate) fn parse(path: &Path, text: &str) -> Result<Self, ClusterFileError> {
         let raw: Raw = toml::from_str(text).map_err(|e| ClusterFileError::Parse {
             path: path.to_owned(),
             message: e.to_string().trim_end().replace('\n', " "),
@@ -243,7 +243,7 @@ impl ClusterFile {
     }
 
     /// The shared secret: the environment variable if set, else the secret file.
-    pub fn secret(&self) -> Result<Secret, ClusterFileError> {
+    pub(crate) fn secret(&self) -> Result<Secret, ClusterFileError> {
         if let Some(s) = std::env::var_os(SECRET_ENV).filter(|s| !s.is_empty()) {
             return Ok(Secret::new(s.into_encoded_bytes()));
         }
@@ -269,7 +269,7 @@ impl ClusterFile {
     }
 
     /// The TCP transport's configuration for node `id`.
-    pub fn tcp(&self, id: NodeId) -> Result<TcpConfig, ClusterFileError> {
+    pub(crate) fn tcp(&self, id: NodeId) -> Result<TcpConfig, ClusterFileError> {
         let listen = *self
             .addresses
             .get(&id)
@@ -291,7 +291,7 @@ impl ClusterFile {
 
     /// The UDP transport's configuration for node `id`: the same addresses (as UDP ports) and
     /// the shared secret, which keys every datagram's MAC.
-    pub fn udp(&self, id: NodeId) -> Result<UdpConfig, ClusterFileError> {
+    pub(crate) fn udp(&self, id: NodeId) -> Result<UdpConfig, ClusterFileError> {
         let tcp = self.tcp(id)?;
         let mut cfg = UdpConfig::new(id, tcp.listen, tcp.peers);
         cfg.secret = Some(tcp.secret);
@@ -300,7 +300,7 @@ impl ClusterFile {
     }
 
     /// The role of node `id`, or an error naming the file.
-    pub fn role(&self, id: NodeId) -> Result<Role, ClusterFileError> {
+    pub(crate) fn role(&self, id: NodeId) -> Result<Role, ClusterFileError> {
         self.roles
             .get(&id)
             .copied()

@@ -15,9 +15,8 @@ use simulator::{
     Faults, KeyLayout, MS, PaceReport, ServerFaults, SimConfig, SimFailure, SimReport, SimUpdater,
 };
 
-pub use seeds::{Batch, run_seeds};
-pub use slots::{SlotsComparison, slots_sweep};
-pub use sweep::{Pacing, SweepRow, sweep_models, sweep_pacings, tau_label, tau_sweep};
+pub(crate) use seeds::run_seeds;
+pub(crate) use sweep::tau_sweep;
 
 use super::CliError;
 use super::parse::{
@@ -40,7 +39,7 @@ use super::parse::{
 /// and the finish time of four workers pushing together, with and without round-robin push
 /// slots.
 #[derive(clap::Args, Debug)]
-pub struct SimArgs {
+pub(crate) struct SimArgs {
     /// Number of seeds to run.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     seeds: u64,
@@ -214,7 +213,7 @@ pub struct SimArgs {
 
 /// Runs `pserver sim`: the seeds, or with `--tau-sweep` the sweep. A failed seed or a broken
 /// invariant in the sweep is a [`CliError::Found`], once reported.
-pub fn run(args: SimArgs) -> Result<(), CliError> {
+pub(crate) fn run(args: SimArgs) -> Result<(), CliError> {
     let protocol = Protocol::from_mutation(args.mutation.as_deref()).map_err(CliError::Input)?;
     let base = config(&args);
     base.validate().map_err(CliError::input)?;
@@ -357,7 +356,7 @@ fn sweep(args: &SimArgs, base: &SimConfig, protocol: Protocol) -> Result<(), Cli
 /// Which protocol the simulated nodes run: the real one, or (in a build with the `mutations`
 /// feature) a deliberately broken one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Protocol {
+pub(crate) struct Protocol {
     /// The mechanism switched off, if any.
     #[cfg(feature = "mutations")]
     pub mutation: Option<simulator::SimMutation>,
@@ -367,7 +366,7 @@ impl Protocol {
     /// The protocol `--mutation NAME` asks for: the real one without a name; the named
     /// mutation with one, or in a build without the `mutations` feature an error that says how
     /// to make one.
-    pub fn from_mutation(name: Option<&str>) -> Result<Self, String> {
+    pub(crate) fn from_mutation(name: Option<&str>) -> Result<Self, String> {
         let Some(name) = name else {
             return Ok(Protocol::default());
         };
@@ -384,7 +383,7 @@ impl Protocol {
     }
 
     /// Runs one simulation of `cfg` under this protocol.
-    pub fn run(&self, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
+    pub(crate) fn run(&self, cfg: &SimConfig) -> Result<SimReport, SimFailure> {
         #[cfg(feature = "mutations")]
         if let Some(m) = self.mutation {
             return simulator::run_mutated(cfg, m);

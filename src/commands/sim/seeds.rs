@@ -10,7 +10,7 @@ use pserver_core::filter::FilterSaving;
 
 /// The outcome of running a range of seeds.
 #[derive(Debug, Default)]
-pub struct Batch {
+pub(crate) struct Batch {
     /// Seeds run.
     pub seeds: u64,
     /// Failed runs, by seed.
@@ -43,7 +43,7 @@ pub struct Batch {
 
 impl Batch {
     /// The summary line: `sim seeds=N failed=F steps=X redirects=R secs=Y`.
-    pub fn summary(&self) -> String {
+    pub(crate) fn summary(&self) -> String {
         format!(
             "sim seeds={} failed={} steps={} redirects={} secs={:.2}",
             self.seeds,
@@ -56,7 +56,7 @@ impl Batch {
 
     /// How long the cluster took to serve every range again after a server crash, in virtual
     /// milliseconds: `recovery_ms mean=M max=X crashes=N` (N the crashes recovered from).
-    pub fn recovery_summary(&self) -> String {
+    pub(crate) fn recovery_summary(&self) -> String {
         let n = self.recoveries.len();
         let ms = |t: pserver_core::Time| t as f64 / MS as f64;
         let mean = if n == 0 {
@@ -71,7 +71,7 @@ impl Batch {
     /// Replication traffic against push traffic, in values sent (resends included), and the
     /// floor one replicated sum per key and iteration would reach: `replication
     /// pushed_values=P replicated_values=R ratio=R/P aggregate_ratio=A/P`.
-    pub fn replication_summary(&self) -> String {
+    pub(crate) fn replication_summary(&self) -> String {
         let of_pushed = |v: u64| {
             if self.pushed_values == 0 {
                 0.0
@@ -90,7 +90,7 @@ impl Batch {
 
     /// What the coordinators found and decided about stragglers: `pace flagged=F skips=S
     /// skipped_iterations=I parts_kept=P tau_changes=T max_tau=M shares_moved=H`.
-    pub fn pace_summary(&self) -> String {
+    pub(crate) fn pace_summary(&self) -> String {
         let p = &self.pace;
         format!(
             "pace flagged={} skips={} skipped_iterations={} parts_kept={} tau_changes={} max_tau={} shares_moved={}",
@@ -105,7 +105,7 @@ impl Batch {
     }
 
     /// Filters, a line each: `filter NAME rows_in=I rows_out=O bytes_saved=B`.
-    pub fn filters_summary(&self) -> String {
+    pub(crate) fn filters_summary(&self) -> String {
         let lines: Vec<String> = self
             .filter_savings
             .iter()
@@ -120,7 +120,7 @@ impl Batch {
     }
 
     /// Receive queues and push slots: `slots peak_receive_queue_bytes=B grants=G`.
-    pub fn slots_summary(&self) -> String {
+    pub(crate) fn slots_summary(&self) -> String {
         format!(
             "slots peak_receive_queue_bytes={} grants={}",
             self.peak_receive_queue_bytes, self.slot_grants
@@ -129,7 +129,7 @@ impl Batch {
 
     /// The server faults injected, by kind: `server_faults crashes=C restarts=R
     /// crashes_during_copy=D crashes_after_copy=A cut_offs=X flaps=F joins=J leaves=L`.
-    pub fn server_fault_summary(&self) -> String {
+    pub(crate) fn server_fault_summary(&self) -> String {
         let f = &self.server_faults;
         format!(
             "server_faults crashes={} restarts={} crashes_during_copy={} crashes_after_copy={} cut_offs={} flaps={} joins={} leaves={} overlapping={} late_from_earlier_process={} late_to_later_process={}",
@@ -150,7 +150,7 @@ impl Batch {
 
 /// Runs seeds `first..first + seeds` of `base` on `threads` threads, showing progress on stderr
 /// when `progress` is set. Failures come back sorted by seed.
-pub fn run_seeds(
+pub(crate) fn run_seeds(
     base: &SimConfig,
     protocol: Protocol,
     first: u64,

@@ -16,7 +16,7 @@ pub(super) const DEFAULT_SLOTS: PushSlots = PushSlots {
 /// The workload of [`SimConfig::pushing_together`] with and without push slots, averaged
 /// over seeds.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SlotsComparison {
+pub(crate) struct SlotsComparison {
     /// Mean over seeds of the largest receive queue of any server without slots, in bytes.
     pub peak_without: f64,
     /// The same with slots.
@@ -29,7 +29,7 @@ pub struct SlotsComparison {
 
 /// Runs [`SimConfig::pushing_together`] for seeds `first..first + seeds`, without slots and
 /// with `slots`. Fails on the first broken invariant.
-pub fn slots_sweep(
+pub(crate) fn slots_sweep(
     slots: PushSlots,
     protocol: Protocol,
     first: u64,

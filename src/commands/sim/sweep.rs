@@ -8,7 +8,7 @@ use super::{Consistency, MS, PaceReport, Protocol, SimConfig, SimFailure};
 /// One way of running the workload: a consistency model, and what the coordinator does about
 /// stragglers.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Pacing {
+pub(crate) struct Pacing {
     /// How the row is named: the tau (0 is sequential, inf is eventual), or what deals with
     /// stragglers.
     pub label: String,
@@ -22,7 +22,7 @@ pub struct Pacing {
 
 /// One row of the tau sweep.
 #[derive(Clone, Debug, PartialEq)]
-pub struct SweepRow {
+pub(crate) struct SweepRow {
     /// How the workload ran.
     pub pacing: Pacing,
     /// Mean virtual time to finish the workload, in milliseconds.
@@ -34,7 +34,7 @@ pub struct SweepRow {
 }
 
 /// The staleness bounds the sweep tries: 0 (sequential), 1, 2, 4, 8 and infinity (eventual).
-pub fn sweep_models() -> Vec<Consistency> {
+pub(crate) fn sweep_models() -> Vec<Consistency> {
     let mut models = vec![Consistency::Sequential];
     models.extend([1, 2, 4, 8].map(Consistency::BoundedDelay));
     models.push(Consistency::Eventual);
@@ -45,7 +45,7 @@ pub fn sweep_models() -> Vec<Consistency> {
 /// (`adaptive:1-8`); bounded delay 1 with stragglers skipped ahead, each iteration pushed in
 /// four parts (`skip-ahead:1`); and the same with four shares per worker moved by speed
 /// (`skip-ahead+shares:1`).
-pub fn sweep_pacings() -> Vec<Pacing> {
+pub(crate) fn sweep_pacings() -> Vec<Pacing> {
     let mut rows: Vec<Pacing> = sweep_models()
         .into_iter()
         .map(|consistency| Pacing {
@@ -81,7 +81,7 @@ pub fn sweep_pacings() -> Vec<Pacing> {
 
 /// Runs `base` in every way of [`sweep_pacings`] for seeds `first..first + seeds` and averages
 /// finish time and idle fraction. Fails on the first broken invariant.
-pub fn tau_sweep(
+pub(crate) fn tau_sweep(
     base: &SimConfig,
     protocol: Protocol,
     first: u64,
@@ -114,7 +114,7 @@ pub fn tau_sweep(
 }
 
 /// How a sweep row names its tau.
-pub fn tau_label(c: Consistency) -> String {
+pub(crate) fn tau_label(c: Consistency) -> String {
     match c.tau() {
         Some(t) => t.to_string(),
         None => "inf".to_string(),

@@ -39,7 +39,7 @@ use crate::data::libsvm::{Examples, IndexBase, read_streaming};
 /// use). Ctrl-C or SIGTERM stops it, keeping the epochs finished so far (their plot and
 /// model), with exit status 130 or 143.
 #[derive(clap::Args, Debug)]
-pub struct LrArgs {
+pub(crate) struct LrArgs {
     /// Training data (LIBSVM, optionally .gz).
     #[arg(long, default_value = "data/adult/adult.train.svm.gz")]
     data: PathBuf,

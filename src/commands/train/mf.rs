@@ -22,7 +22,7 @@ use crate::data::ratings::{Ids, read, split};
 /// rows_per_sec=...` after every epoch, where baseline_rmse is the test RMSE of predicting
 /// the training mean. A bad line is one error naming file:line and the field, exit status 2.
 #[derive(clap::Args, Debug)]
-pub struct MfArgs {
+pub(crate) struct MfArgs {
     /// Ratings to train on; without it, a generated problem.
     #[arg(long, value_name = "FILE")]
     data: Option<PathBuf>,

@@ -8,9 +8,9 @@ mod sketch;
 
 use super::CliError;
 
-pub use lr::LrArgs;
-pub use mf::MfArgs;
-pub use sketch::SketchArgs;
+pub(crate) use lr::LrArgs;
+pub(crate) use mf::MfArgs;
+pub(crate) use sketch::SketchArgs;
 
 /// Train a model in one process: sparse logistic regression (lr, the default), matrix
 /// factorization (mf) or a count-min sketch (sketch).
@@ -23,7 +23,7 @@ pub use sketch::SketchArgs;
     args_conflicts_with_subcommands = true,
     subcommand_precedence_over_arg = true
 )]
-pub struct TrainArgs {
+pub(crate) struct TrainArgs {
     /// What to train.
     #[command(subcommand)]
     app: Option<App>,
@@ -43,7 +43,7 @@ enum App {
 
 /// The nodes every application runs on, in this process.
 #[derive(clap::Args, Debug, Clone)]
-pub struct NodesArgs {
+pub(crate) struct NodesArgs {
     /// Servers.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub servers: u32,
@@ -53,7 +53,7 @@ pub struct NodesArgs {
 }
 
 /// Runs `pserver train`: trains the chosen application and prints how it went.
-pub fn run(args: TrainArgs) -> Result<(), CliError> {
+pub(crate) fn run(args: TrainArgs) -> Result<(), CliError> {
     match args.app {
         None => lr::run(&args.lr),
         Some(App::Lr(lr)) => lr::run(&lr),

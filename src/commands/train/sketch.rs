@@ -12,7 +12,7 @@ use crate::commands::parse::open_unit;
 /// under_counted=U`: over_bound estimates break the error bound (expected about delta of
 /// them), and under_counted ones are below the true count (never, for a correct sketch).
 #[derive(clap::Args, Debug)]
-pub struct SketchArgs {
+pub(crate) struct SketchArgs {
     #[command(flatten)]
     nodes: NodesArgs,
     /// Items in the stream.

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use pserver_core::{Consistency, Key, KeyList, KeySelection, KvPairs};
+use pserver_runtime::{ClusterSpec, LocalCluster, RuntimeError};
 use pserver_transport::mem::{MemFaults, MemNetwork};
-use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError};
 
 use crate::common;
 use common::rt;

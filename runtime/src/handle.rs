@@ -29,7 +29,7 @@ pub enum RuntimeError {
     #[error("the worker has left the job")]
     Left,
     /// None of the worker's open requests completed within
-    /// [`crate::runtime::RuntimeConfig::stall_limit`].
+    /// [`crate::RuntimeConfig::stall_limit`].
     #[error("no request completed for {secs} s, the stall limit: waiting for {waiting}")]
     Stalled {
         /// How long nothing completed.
@@ -161,7 +161,7 @@ impl<V: Value> Command<V> {
 /// clones drive the same worker.
 ///
 /// Calls wait in a bounded queue in front of the node, and the node takes no more calls while
-/// [`crate::runtime::RuntimeConfig::max_open_requests`] requests are open, so an application
+/// [`crate::RuntimeConfig::max_open_requests`] requests are open, so an application
 /// faster than the network waits instead of growing memory.
 #[derive(Debug)]
 pub struct WorkerHandle<V: Value> {
@@ -234,7 +234,7 @@ impl<V: Value> WorkerHandle<V> {
     ///
     /// Fails with [`RuntimeError::ShutDown`] if the worker stops first (a stopping worker
     /// waits for its pushes to become durable within
-    /// [`crate::runtime::RuntimeConfig::drain_timeout`]), and with [`RuntimeError::Fenced`] if
+    /// [`crate::RuntimeConfig::drain_timeout`]), and with [`RuntimeError::Fenced`] if
     /// the coordinator removed it.
     pub async fn push_durable(&self, kvs: KvPairs<V>) -> Result<(), RuntimeError> {
         self.start_push(kvs).await?.durable().await
@@ -386,7 +386,7 @@ impl<V: Value> WorkerHandle<V> {
     }
 
     /// Leaves the job: done, or stopped by its operator. Once what the application started
-    /// has completed (or [`crate::runtime::RuntimeConfig::drain_timeout`] has passed), the
+    /// has completed (or [`crate::RuntimeConfig::drain_timeout`] has passed), the
     /// worker asks the coordinator to take it out ([`pserver_core::node::Worker::leave`]);
     /// nobody waits on its progress any more, its shares pass to nobody
     /// ([`pserver_core::ClusterConfig::left`]), and it is never declared dead. Returns once the
@@ -411,7 +411,7 @@ impl<V: Value> WorkerHandle<V> {
 /// first, [`RuntimeError::Fenced`] when the coordinator removed it. Dropping the ticket leaves
 /// the push to go on; the worker then keeps nothing for it beyond what the push itself needs.
 /// A push waiting for durability holds none of
-/// [`crate::runtime::RuntimeConfig::max_open_requests`] once it counts for its iteration.
+/// [`crate::RuntimeConfig::max_open_requests`] once it counts for its iteration.
 #[derive(Debug)]
 #[must_use = "the push goes on without its ticket: await it, or drop it not to wait"]
 pub struct PushTicket {
@@ -563,7 +563,7 @@ impl<N> NodeHandle<N> {
     }
 
     /// Asks the node to stop and waits for it. A worker first finishes what the application
-    /// started (within [`crate::runtime::RuntimeConfig::drain_timeout`]), so that acknowledged
+    /// started (within [`crate::RuntimeConfig::drain_timeout`]), so that acknowledged
     /// work is on the servers; every node sends what it has queued.
     pub async fn shutdown(self) -> Result<NodeReport<N>, RuntimeError> {
         let _ = self.stop.send(true);

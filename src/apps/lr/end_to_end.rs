@@ -5,9 +5,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use pserver::apps::lr::{EpochReport, LrConfig, SlowWorker, Trained, train_local};
-use pserver::core::{Balance, Consistency, StragglerPolicy, Updater};
-use pserver::data::libsvm::{Examples, IndexBase, read};
+use super::{EpochReport, LrConfig, SlowWorker, Trained, train_local};
+use crate::data::libsvm::{Examples, IndexBase, read};
+use pserver_core::{Balance, Consistency, StragglerPolicy, Updater};
 
 fn adult(name: &str, rows: usize) -> Examples {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -111,7 +111,7 @@ fn a_larger_l1_makes_a_sparser_model() {
 
 #[test]
 fn training_over_loopback_tcp_reaches_what_training_in_memory_does() {
-    use pserver::apps::lr::Wire;
+    use super::Wire;
     let mem = train(&small(LrConfig::default()));
     let tcp = train(&small(LrConfig {
         transport: Wire::Tcp,

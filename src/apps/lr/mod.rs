@@ -31,10 +31,8 @@ use pserver_core::{
     Consistency, Coverage, JobSpec, Key, KeyList, KeyRange, KeySelection, KvPairs, MAX_KEY,
     RangeList, Updater,
 };
+use pserver_runtime::{ClusterSpec, LocalCluster, NodeMetrics, RuntimeError, WorkerHandle};
 use pserver_transport::mem::MemNetwork;
-use pserver_transport::runtime::{
-    ClusterSpec, LocalCluster, NodeMetrics, RuntimeError, WorkerHandle,
-};
 use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
@@ -43,7 +41,7 @@ use crate::data::libsvm::{Examples, IndexBase};
 
 /// How to train.
 #[derive(Clone, Debug, PartialEq)]
-pub struct LrConfig {
+pub(crate) struct LrConfig {
     /// The job: its servers and workers (each worker gets an equal share of the training
     /// rows), consistency model, and the servers' update rule.
     pub job: JobSpec,
@@ -75,7 +73,7 @@ pub struct LrConfig {
 
 /// A worker made to compute slower than it can ([`WorkerRun::slowdown`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SlowWorker {
+pub(crate) struct SlowWorker {
     /// Which worker, from 0 in node order.
     pub worker: usize,
     /// How many times slower (at least 1).
@@ -84,7 +82,7 @@ pub struct SlowWorker {
 
 /// Which epoch's model a training run ends with.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Keep {
+pub(crate) enum Keep {
     /// The epoch with the lowest test log loss.
     #[default]
     Best,
@@ -95,16 +93,16 @@ pub enum Keep {
 /// FTRL's default learning-rate scale. With [`DEFAULT_L1`] and [`DEFAULT_L2`], on the shipped
 /// data and on a generated set of a million features, the test AUC of liblinear -s 0 -B 1 and
 /// of Vowpal Wabbit or better in 10 epochs (`scripts/compare-baselines`).
-pub const DEFAULT_ALPHA: f64 = 1.0;
+pub(crate) const DEFAULT_ALPHA: f64 = 1.0;
 /// FTRL's default L1 regularization, per push.
-pub const DEFAULT_L1: f64 = 0.1;
+pub(crate) const DEFAULT_L1: f64 = 0.1;
 /// FTRL's default L2 regularization, per push.
-pub const DEFAULT_L2: f64 = 1.0;
+pub(crate) const DEFAULT_L2: f64 = 1.0;
 
 /// The servers' update rule of a logistic-regression job.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Rule {
+pub(crate) enum Rule {
     /// FTRL-Proximal: takes alpha, l1 and l2.
     #[default]
     Ftrl,
@@ -116,7 +114,7 @@ pub enum Rule {
 
 /// The rates a user gave, each `None` when not given.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Rates {
+pub(crate) struct Rates {
     /// Learning rate of adagrad and sgd.
     pub lr: Option<f64>,
     /// FTRL's learning-rate scale.
@@ -130,7 +128,7 @@ pub struct Rates {
 /// A rate given to a rule that does not use it: the rate's name, the rule's, and the names of
 /// the rates the rule takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UnusedRate {
+pub(crate) struct UnusedRate {
     /// The rate given (`lr`, `alpha`, `l1`, `l2`).
     pub rate: &'static str,
     /// The rule chosen.
@@ -142,7 +140,7 @@ pub struct UnusedRate {
 impl Rule {
     /// The update rule with `rates` (defaults for those not given), or the first rate given
     /// that the rule does not use: a rate is never silently ignored.
-    pub fn updater(self, rates: Rates) -> Result<Updater, UnusedRate> {
+    pub(crate) fn updater(self, rates: Rates) -> Result<Updater, UnusedRate> {
         let (name, takes): (&'static str, &'static [&'static str]) = match self {
             Rule::Ftrl => ("ftrl", &["alpha", "l1", "l2"]),
             Rule::Adagrad => ("adagrad", &["lr"]),
@@ -178,7 +176,7 @@ impl Rule {
 }
 
 /// FTRL-Proximal with these rates (and `beta` 1).
-pub fn ftrl(alpha: f64, l1: f64, l2: f64) -> Updater {
+pub(crate) fn ftrl(alpha: f64, l1: f64, l2: f64) -> Updater {
     Updater::FtrlProximal {
         alpha,
         beta: 1.0,
@@ -188,11 +186,11 @@ pub fn ftrl(alpha: f64, l1: f64, l2: f64) -> Updater {
 }
 
 /// The key of the intercept: past every feature index a data file can hold.
-pub const BIAS_KEY: Key = MAX_KEY;
+pub(crate) const BIAS_KEY: Key = MAX_KEY;
 
 /// The transport a single-process training run uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Wire {
+pub(crate) enum Wire {
     /// Channels inside the process.
     #[default]
     Mem,
@@ -229,14 +227,14 @@ impl LrConfig {
     /// Whether workers pull a minibatch ahead: when asked to and the job's bound lets a
     /// batch's weights miss at least one iteration of pushes. Under sequential consistency
     /// each batch needs the push of the one before, so nothing is pulled ahead.
-    pub fn pipelined(&self) -> bool {
+    pub(crate) fn pipelined(&self) -> bool {
         self.pipeline && self.job.consistency.tau() != Some(0)
     }
 
     /// The job the nodes run. A pulled-ahead batch's pull is sent one iteration early, so
     /// under bounded delay `tau` the servers hold it to `tau - 1`: every batch's weights then
     /// miss at most the pushes the job's `tau` allows, as without pipelining.
-    pub fn protocol_job(&self) -> JobSpec {
+    pub(crate) fn protocol_job(&self) -> JobSpec {
         let mut job = self.job.clone();
         if self.pipelined()
             && let Consistency::BoundedDelay(tau) = job.consistency
@@ -253,7 +251,7 @@ impl LrConfig {
 
     /// Rows of one share's minibatch: `batch` over the shares each worker starts with, so that
     /// a worker's step trains `batch` rows until shares move.
-    pub fn share_batch(&self) -> usize {
+    pub(crate) fn share_batch(&self) -> usize {
         self.batch
             .max(1)
             .div_ceil(self.job.stragglers.shares_per_worker())
@@ -272,12 +270,12 @@ impl LrConfig {
 
     /// Rows in each share of `rows` training rows: the job's work is cut into
     /// [`JobSpec::share_count`] shares, the last one shorter.
-    pub fn share_rows(&self, rows: usize) -> usize {
+    pub(crate) fn share_rows(&self, rows: usize) -> usize {
         rows.div_ceil(self.job.share_count().max(1))
     }
 
     /// This configuration with or without an intercept (exempt from regularization).
-    pub fn with_bias(mut self, bias: bool) -> Self {
+    pub(crate) fn with_bias(mut self, bias: bool) -> Self {
         self.bias = bias;
         self.job.unregularized = bias.then(|| KeyRange::single(BIAS_KEY).ok()).flatten();
         self
@@ -330,7 +328,7 @@ async fn loopback(
 
 /// What one epoch reached.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct EpochReport {
+pub(crate) struct EpochReport {
     /// Epochs done, from 1.
     pub epoch: u32,
     /// Mean log loss of the training minibatches during the epoch, before each update.
@@ -379,7 +377,7 @@ fn logloss(p: f64, y: f32) -> f64 {
 
 /// Exact area under the ROC curve: the probability that a random positive scores above a
 /// random negative (ties count half), by sorting.
-pub fn auc(scores: &[f64], labels: &[f32]) -> f64 {
+pub(crate) fn auc(scores: &[f64], labels: &[f32]) -> f64 {
     let mut order: Vec<usize> = (0..scores.len()).collect();
     order.sort_by(|&a, &b| scores[a].total_cmp(&scores[b]));
     let (mut rank_sum, mut positives) = (0.0, 0.0);
@@ -407,7 +405,7 @@ pub fn auc(scores: &[f64], labels: &[f32]) -> f64 {
 }
 
 /// Test log loss and AUC of the model `weights` (sorted keys with their weights).
-pub fn evaluate(weights: &KvPairs<f32>, test: &Examples) -> (f64, f64) {
+pub(crate) fn evaluate(weights: &KvPairs<f32>, test: &Examples) -> (f64, f64) {
     let scores = scores(weights, test);
     let loss: f64 = scores
         .iter()
@@ -577,7 +575,7 @@ enum Note {
 
 /// One minibatch a worker trained: of which share, at which step of the epoch, how many rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Trained1 {
+pub(crate) struct Trained1 {
     /// The share ([`WorkerHandle::shares`]).
     pub share: usize,
     /// The step of the epoch: the share's rows from `step * batch` in the epoch's order.
@@ -588,7 +586,7 @@ pub struct Trained1 {
 
 /// What a worker measured in one epoch.
 #[derive(Clone, Debug)]
-pub struct WorkerEpoch {
+pub(crate) struct WorkerEpoch {
     /// Epochs done, from 1.
     pub epoch: u32,
     /// Summed log loss of its minibatches, before each update.
@@ -611,7 +609,7 @@ pub struct WorkerEpoch {
 
 /// The model as a worker pulled it after an epoch.
 #[derive(Clone, Debug)]
-pub struct Measured {
+pub(crate) struct Measured {
     /// With a test set: its log loss and AUC.
     pub test: Option<(f64, f64)>,
     /// Non-zero weights.
@@ -623,7 +621,7 @@ pub struct Measured {
 /// What the worker holding the first share does after every epoch. The first share, not the
 /// first worker: when a worker dies, whoever takes over its shares measures in its place.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Measure<'a> {
+pub(crate) struct Measure<'a> {
     /// Measure the model on this test set.
     pub test: Option<&'a Examples>,
     /// Pull the model even without a test set (to save it).
@@ -632,7 +630,7 @@ pub struct Measure<'a> {
 
 /// How one worker runs, besides what it trains on.
 #[derive(Clone, Copy, Debug)]
-pub struct WorkerRun<'a> {
+pub(crate) struct WorkerRun<'a> {
     /// What it does after every epoch if it leads.
     pub measure: Measure<'a>,
     /// Counts the rows it trains as it goes.
@@ -659,7 +657,7 @@ impl Default for WorkerRun<'_> {
 /// At each step one worker of the job, drawn from `seed` and the step, computes `factor`
 /// times slower: stragglers that come and go, to measure what adaptive tau does.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Transient {
+pub(crate) struct Transient {
     /// How many times slower the step's straggler computes.
     pub factor: f64,
     /// This worker, from 0 in node order.
@@ -683,7 +681,7 @@ impl Transient {
 }
 
 /// The rows of one share of the training data: the examples that hold them, and which.
-pub type ShareRows = (Arc<Examples>, Vec<usize>);
+pub(crate) type ShareRows = (Arc<Examples>, Vec<usize>);
 
 /// Trains on one worker for `cfg.epochs` epochs of `steps` minibatches each; after every
 /// epoch, the worker holding the first share pulls the whole model and measures it as
@@ -697,7 +695,7 @@ pub type ShareRows = (Arc<Examples>, Vec<usize>);
 /// ahead mid-step, the worker drops the step's minibatches it has not computed (those it
 /// pushed still count: each is pushed as a part of the step); the steps it skipped are rows
 /// it does not train, counted in [`WorkerEpoch::skipped_rows`].
-pub async fn run_shares(
+pub(crate) async fn run_shares(
     cfg: &LrConfig,
     handle: &WorkerHandle<f32>,
     rows_of: impl FnMut(usize) -> Result<ShareRows, RuntimeError>,
@@ -1070,7 +1068,7 @@ impl<F: FnMut(usize) -> Result<ShareRows, RuntimeError>> Shares<'_, F> {
 
 impl EpochReport {
     /// Rows trained per second of the epoch.
-    pub fn rows_per_sec(&self) -> f64 {
+    pub(crate) fn rows_per_sec(&self) -> f64 {
         self.rows as f64 / self.epoch_secs.max(1e-9)
     }
 }
@@ -1078,11 +1076,11 @@ impl EpochReport {
 /// Rows trained so far, over every worker and epoch, for progress lines in the middle of an
 /// epoch.
 #[derive(Clone, Debug, Default)]
-pub struct RowsTrained(Arc<std::sync::atomic::AtomicU64>);
+pub(crate) struct RowsTrained(Arc<std::sync::atomic::AtomicU64>);
 
 impl RowsTrained {
     /// Rows trained so far.
-    pub fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.0.load(std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -1158,7 +1156,7 @@ fn config(e: impl std::fmt::Display) -> RuntimeError {
 
 /// A finished training run.
 #[derive(Clone, Debug)]
-pub struct Trained {
+pub(crate) struct Trained {
     /// One report per epoch.
     pub reports: Vec<EpochReport>,
     /// The model kept ([`LrConfig::keep`]): every weight that is not zero.
@@ -1176,7 +1174,7 @@ pub struct Trained {
 
 /// Trains on `train` in one process over the in-memory transport, measuring on `test` after
 /// every epoch; `on_epoch` sees each report as it is made.
-pub async fn train_local(
+pub(crate) async fn train_local(
     cfg: &LrConfig,
     train: impl Into<Arc<Examples>>,
     test: impl Into<Arc<Examples>>,
@@ -1189,7 +1187,7 @@ pub async fn train_local(
 /// [`train_local`], ending early when `stop` completes (Ctrl-C, say): the result then holds the
 /// epochs finished so far, and the model of the last of them.
 /// `counter` counts the rows trained as training goes.
-pub async fn train_local_until(
+pub(crate) async fn train_local_until(
     cfg: &LrConfig,
     train: impl Into<Arc<Examples>>,
     test: impl Into<Arc<Examples>>,
@@ -1321,7 +1319,7 @@ pub async fn train_local_until(
 
 /// What was found and done about stragglers in a run ([`pserver_core::StragglerPolicy`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PaceCounts {
+pub(crate) struct PaceCounts {
     /// Times the coordinator found a worker lagging.
     pub stragglers: u64,
     /// Shares it moved from slower workers to faster ones.
@@ -1556,7 +1554,7 @@ const MODEL_MAGIC_V1: &[u8; 8] = b"PSLRv1\0\0";
 /// A model as saved: the weights (the intercept at [`BIAS_KEY`]) and how the data it was
 /// trained on counted its feature indices, so that data scored with it is read the same way.
 #[derive(Clone, Debug, PartialEq)]
-pub struct SavedModel {
+pub(crate) struct SavedModel {
     /// Every non-zero weight by key.
     pub weights: KvPairs<f32>,
     /// `Zero` or `One`; `Auto` for a model saved before the base was recorded.
@@ -1566,7 +1564,7 @@ pub struct SavedModel {
 /// Writes `weights` and the index base `base` (`Zero` or `One`) to `path`: magic, base (one
 /// byte and seven of padding), count, then each key and weight in little-endian. Zero
 /// weights are left out.
-pub fn save_model(
+pub(crate) fn save_model(
     path: &std::path::Path,
     weights: &KvPairs<f32>,
     base: IndexBase,
@@ -1589,7 +1587,7 @@ pub fn save_model(
 
 /// Reads a model written by [`save_model`] (or by a version that did not record the index
 /// base), checking its header and length before allocating.
-pub fn load_model(path: &std::path::Path) -> Result<SavedModel, String> {
+pub(crate) fn load_model(path: &std::path::Path) -> Result<SavedModel, String> {
     let name = path.display();
     let bytes = std::fs::read(path).map_err(|e| format!("{name}: cannot read: {e}"))?;
     let bad = |why: &str| format!("{name}: not a pserver model: {why}");
@@ -1629,7 +1627,7 @@ pub fn load_model(path: &std::path::Path) -> Result<SavedModel, String> {
 
 /// The raw score (log-odds) of every example of `data` under `model`, its intercept (the
 /// weight at [`BIAS_KEY`], if any) included.
-pub fn scores(model: &KvPairs<f32>, data: &Examples) -> Vec<f64> {
+pub(crate) fn scores(model: &KvPairs<f32>, data: &Examples) -> Vec<f64> {
     let intercept = model.get(BIAS_KEY).map_or(0.0, |w| f64::from(w[0]));
     (0..data.len())
         .map(|i| {
@@ -1642,6 +1640,9 @@ pub fn scores(model: &KvPairs<f32>, data: &Examples) -> Vec<f64> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod end_to_end;
 
 #[cfg(test)]
 mod tests {

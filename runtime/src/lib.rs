@@ -1,5 +1,11 @@
-//! The runtime: one tokio task per node, driving the core's [`Driver`] over any [`Transport`].
+//! # pserver-runtime
 //!
+//! The API an application of pserver uses: run coordinators, servers and workers on tokio over
+//! any [`Transport`] (in memory, TCP or UDP, from `pserver-transport`, or one of your own), and
+//! push and pull through a worker's [`WorkerHandle`]. [`LocalCluster`] starts a whole cluster in
+//! one process; [`spawn_node`] starts one node of a cluster that spans processes.
+//!
+//! One tokio task per node drives the core's [`Driver`].
 //! Each node's event loop waits on four things at once: a frame from the transport, the
 //! driver's next timer deadline, a call from the application ([`WorkerHandle`]) and a request to
 //! stop. Whatever happens, it feeds the driver, then sends every frame the driver has and hands
@@ -9,7 +15,7 @@
 //! ```
 //! use pserver_core::{KeyList, KeySelection, KvPairs};
 //! use pserver_transport::mem::MemNetwork;
-//! use pserver_transport::runtime::{ClusterSpec, LocalCluster};
+//! use pserver_runtime::{ClusterSpec, LocalCluster};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -30,6 +36,11 @@
 mod cluster;
 mod handle;
 mod node_loop;
+
+/// The protocol core whose types this crate's API takes and gives.
+pub use pserver_core as core;
+/// The transports a node runs over, re-exported so that an application names one version.
+pub use pserver_transport as transport;
 
 pub use cluster::{ClusterSpec, LocalCluster, LocalReport};
 pub use handle::{NodeHandle, NodeMetrics, NodeReport, PushTicket, RuntimeError, WorkerHandle};
@@ -74,4 +85,4 @@ impl Default for RuntimeConfig {
 }
 
 #[allow(unused_imports)] // for the docs' links
-use {crate::Transport, pserver_core::Driver};
+use {pserver_core::Driver, pserver_transport::Transport};

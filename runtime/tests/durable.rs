@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use pserver_core::{Consistency, Driver, Key, KvPairs, NodeId};
+use pserver_runtime::{ClusterSpec, LocalCluster, NodeReport, RuntimeError};
 use pserver_transport::mem::MemNetwork;
-use pserver_transport::runtime::{ClusterSpec, LocalCluster, NodeReport, RuntimeError};
 use tokio::time::timeout;
 
 use crate::common;

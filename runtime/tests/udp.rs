@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pserver_core::{Key, KvPairs, NodeId};
+use pserver_runtime::{ClusterSpec, LocalCluster, RuntimeError};
 use pserver_transport::Transport;
-use pserver_transport::runtime::{ClusterSpec, LocalCluster, RuntimeError};
 use pserver_transport::udp::{UdpConfig, UdpTransport};
 
 use crate::common;

@@ -7,8 +7,8 @@ use tokio::sync::watch;
 
 use super::handle::{NodeHandle, NodeMetrics, NodeReport, RuntimeError, WorkerHandle};
 use super::{RuntimeConfig, spawn_node};
-use crate::mem::MemNetwork;
-use crate::{FlowLimits, Transport};
+use pserver_transport::mem::MemNetwork;
+use pserver_transport::{FlowLimits, Transport};
 
 /// A job ([`JobSpec`]: its shape and everything its nodes agree on) and how this process's
 /// runtime drives its nodes.

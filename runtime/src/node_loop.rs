@@ -39,8 +39,8 @@ fn summary(config: &pserver_core::ClusterConfig, dead: u64) -> String {
 /// How often the loop does its housekeeping (stall watch, metrics, summaries) at most: the
 /// hot path, one iteration per frame, reads the clock once for all of it.
 const HOUSEKEEPING_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
-use crate::refusal_log::{self, RefusalLog};
-use crate::{Transport, TransportError};
+use pserver_transport::refusal_log::{self, RefusalLog};
+use pserver_transport::{Transport, TransportError};
 
 type Reply<T> = oneshot::Sender<Result<T, RuntimeError>>;
 
