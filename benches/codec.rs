@@ -5,8 +5,9 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use pserver_core::wire::Codec;
 use pserver_core::wire::{Envelope, Message, Push, SliceRef};
-use pserver_core::{Codec, KvPairs, NodeId};
+use pserver_core::{KvPairs, NodeId};
 
 /// Runs `f` repeatedly for about `budget`, returning the mean seconds per call.
 fn time_per_call(budget: Duration, mut f: impl FnMut()) -> f64 {
@@ -38,7 +39,7 @@ fn push_frame(keys: u64, stride: u64) -> Envelope<f32> {
         Message::Push(Push {
             slice,
             iteration: 0,
-            covers: pserver_core::Coverage::WHOLE,
+            covers: pserver_core::pace::Coverage::WHOLE,
             settled_below: 0,
             kvs,
         }),

@@ -3,12 +3,12 @@
 
 use core::fmt;
 
-use crate::codec::DecodeError;
 use crate::ids::{Epoch, Iteration, NodeId, Time};
 use crate::key::KeyRange;
 use crate::kv::KvPairs;
 use crate::pace::Coverage;
 use crate::value::Value;
+use crate::wire::DecodeError;
 use crate::wire::{Envelope, RequestId};
 
 /// The timers a node may run. Each node kind uses a few of them; setting a timer that is already
@@ -25,7 +25,7 @@ pub enum TimerId {
     FailureCheck,
     /// A primary resends what replicas behind it miss.
     Replicate,
-    /// A server takes back the push slots whose lease ran out ([`crate::PushSlots`]).
+    /// A server takes back the push slots whose lease ran out ([`crate::slots::PushSlots`]).
     SlotLease,
 }
 
@@ -68,7 +68,7 @@ pub enum Event<V: Value> {
     /// The coordinator declared a node dead (coordinator only).
     NodeDead(NodeId),
     /// A worker left the job on its own (coordinator only): done, or stopped by its operator.
-    /// Its shares pass to nobody ([`crate::ClusterConfig::left`]).
+    /// Its shares pass to nobody ([`crate::wire::ClusterConfig::left`]).
     WorkerLeft(NodeId),
     /// The coordinator: this server is silent past the timeout, restarted, or asked to leave,
     /// but stays in the ring, because the servers left are too few for the ring's replicas. A
@@ -82,7 +82,7 @@ pub enum Event<V: Value> {
     /// servers failed than the ring has replicas, faster than copies were refilled): the range
     /// starts again from zero. Every value pushed to it before is lost. Emitted on that
     /// server, on the coordinator once the server reported it, and on every worker once a
-    /// configuration lists it ([`crate::ClusterConfig::lost`]).
+    /// configuration lists it ([`crate::wire::ClusterConfig::lost`]).
     RangeLost(KeyRange),
     /// A server or worker has heard nothing from the coordinator for
     /// [`crate::Timing::coordinator_timeout`]: no failure, join or leave can be dealt with
@@ -94,7 +94,7 @@ pub enum Event<V: Value> {
     /// The coordinator was heard again after [`Event::CoordinatorSilent`].
     CoordinatorBack,
     /// The coordinator found a worker lagging the others (coordinator only;
-    /// [`crate::Detection`]). Said once, until [`Event::StragglerCleared`].
+    /// [`crate::pace::Detection`]). Said once, until [`Event::StragglerCleared`].
     Straggler {
         /// The worker.
         worker: NodeId,
@@ -103,14 +103,14 @@ pub enum Event<V: Value> {
     },
     /// A worker flagged as a straggler keeps up again (coordinator only).
     StragglerCleared(NodeId),
-    /// The staleness bound in force changed (coordinator only; [`crate::TauRange`]).
+    /// The staleness bound in force changed (coordinator only; [`crate::pace::TauRange`]).
     TauChanged {
         /// The bound before.
         from: Iteration,
         /// The bound now.
         to: Iteration,
     },
-    /// The coordinator told this worker to skip ahead ([`crate::Pace::skipped_below`]): it
+    /// The coordinator told this worker to skip ahead ([`crate::pace::Pace::skipped_below`]): it
     /// left iteration `from` for `to` at once. The iterations in between count as finished;
     /// what it pushed of `from` still counts, what it had not pushed is dropped.
     SkippedAhead {
@@ -122,9 +122,9 @@ pub enum Event<V: Value> {
         covered: Coverage,
     },
     /// The coordinator moved a share of the job's work from a slower worker to a faster one
-    /// ([`crate::StragglerPolicy::balance`]), in the configuration it published.
+    /// ([`crate::pace::StragglerPolicy::balance`]), in the configuration it published.
     ShareMoved {
-        /// Which share ([`crate::ClusterConfig::shares`]).
+        /// Which share ([`crate::wire::ClusterConfig::shares`]).
         share: usize,
         /// The worker that held it.
         from: NodeId,

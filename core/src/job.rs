@@ -6,7 +6,6 @@
 
 use thiserror::Error;
 
-use crate::codec::{Codec, DEFAULT_MAX_FRAME};
 use crate::consistency::Consistency;
 use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
 use crate::driver::Driver;
@@ -21,6 +20,7 @@ use crate::store::StoreLayout;
 use crate::timing::Timing;
 use crate::updater::Updater;
 use crate::value::Value;
+use crate::wire::{Codec, DEFAULT_MAX_FRAME};
 use crate::worker::{DEFAULT_MAX_SLICE_BYTES, Worker, WorkerConfig};
 
 /// The shape of a job and everything its nodes must agree on. Nodes are numbered as
@@ -179,8 +179,8 @@ impl JobSpec {
         }
     }
 
-    /// How many shares the job's work is cut into ([`crate::ClusterConfig::shares`]): one per
-    /// worker, or [`crate::Balance::per_worker`] each where shares are sized by speed.
+    /// How many shares the job's work is cut into ([`crate::wire::ClusterConfig::shares`]): one per
+    /// worker, or [`crate::pace::Balance::per_worker`] each where shares are sized by speed.
     pub fn share_count(&self) -> usize {
         self.workers * self.stragglers.shares_per_worker()
     }

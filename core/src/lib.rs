@@ -8,7 +8,7 @@
 //! Nothing in this crate opens a socket, reads a clock, spawns a thread or draws from a global
 //! random source: bytes and time go in, bytes, deadlines and events come out. The same code
 //! runs in the model checker, the deterministic simulator, the async runtime of
-//! `pserver-transport` and your own network stack, and every run replays from its inputs.
+//! `pserver-runtime` and your own network stack, and every run replays from its inputs.
 //!
 //! ## A cluster
 //!
@@ -122,19 +122,28 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! `core/examples/threads.rs` runs the same loop with a thread per node, and the runtime of
-//! `pserver-transport` runs it over TCP, UDP or in-memory channels.
+//! `core/examples/threads.rs` runs the same loop with a thread per node, and the
+//! `pserver-runtime` crate runs it in an async runtime over TCP, UDP or in-memory channels.
 //!
 //! ## What else is here
 //!
 //! - The front door (this page): the job description, the driver and its events, keys and
 //!   values ([`Key`], [`KeyRange`], [`KvPairs`], [`KeySelection`]),
 //!   the job's settings ([`Consistency`], [`Timing`], [`Updater`], the [`UpdateRule`] trait
-//!   for rules of your own), the [`Codec`] and the errors.
+//!   for rules of your own) and the errors. Policies a job may add have modules of their own:
+//! - [`filter`]: what workers leave out of or compress in their pushes and pulls
+//!   ([`Filters`](filter::Filters): significantly-modified, key caching, KKT);
+//! - [`pace`]: stragglers and the pace of a job
+//!   ([`StragglerPolicy`](pace::StragglerPolicy): detection, skip-ahead, adaptive tau,
+//!   shares moved by speed);
+//! - [`slots`]: round-robin push slots ([`PushSlots`](slots::PushSlots)).
+//!
+//! And below the front door:
 //! - [`ring`]: consistent hashing of key ranges onto servers, with replicas.
 //! - [`store`]: the [`ParamStore`](store::ParamStore) trait servers keep their rows in, and
 //!   the default layout.
-//! - [`wire`]: the messages inside a frame, for tools that look at traffic.
+//! - [`wire`]: the [`Codec`](wire::Codec) and the messages inside a frame, for transports
+//!   and for tools that look at traffic.
 //! - [`node`]: the state machines and their own surface below the driver (`on_message`,
 //!   `on_timer`, [`Effects`](node::Effects)), which the model checker drives; build a node
 //!   here by hand for a store or an update rule of your own.
@@ -149,13 +158,13 @@ mod macros;
 
 mod clock;
 mod cluster;
-mod codec;
 mod consistency;
 mod coordinator;
 mod dedupe;
 mod driver;
 mod effects;
 pub mod filter;
+mod forms;
 mod hash;
 mod ids;
 mod job;
@@ -164,43 +173,37 @@ mod kv;
 #[cfg(feature = "mutations")]
 pub mod mutation;
 pub mod node;
-mod pace;
+pub mod pace;
 pub mod ring;
 mod selection;
 mod server;
 mod sizes;
 mod slicing;
-mod slots;
+pub mod slots;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod timing;
+mod trailer;
 mod updater;
 mod value;
 mod watch;
 pub mod wire;
 mod worker;
 
-pub use codec::{Codec, DEFAULT_MAX_FRAME, DecodeError, EncodeError, FrameParts};
 pub use consistency::{Consistency, ParseConsistencyError};
-pub use coordinator::CoordinatorError;
 pub use driver::{Driver, DriverError, Refusals, Transmit};
 pub use effects::{Event, Refusal};
-pub use filter::{Filters, KeyCaching, KeysDigest, Kkt, KktFilter, Threshold};
 pub use ids::{Epoch, Iteration, NodeId, Role, Time};
 pub use job::{JobError, JobSpec};
 pub use key::{InvalidRange, Key, KeyRange, MAX_KEY};
 pub use kv::{KvError, KvPairs};
-pub use pace::{
-    Balance, Coverage, Detection, Pace, Position, RoundShare, ShareMove, StragglerPolicy, TauRange,
-};
 pub use selection::{BadRangeList, KeyList, KeySelection, RangeList};
-pub use slots::PushSlots;
 pub use timing::Timing;
 pub use updater::{UpdateRule, Updater};
 pub use value::Value;
-pub use wire::{ClusterConfig, RequestId};
-pub use worker::{DEFAULT_MAX_SLICE_BYTES, Wait, WorkerError};
+pub use wire::RequestId;
+pub use worker::WorkerError;
 
 /// The byte buffer frames travel in, re-exported so that embedders use the same version.
-pub use bytes::{self, Bytes};
+pub use bytes::Bytes;

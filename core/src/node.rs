@@ -12,9 +12,9 @@
 //! An embedder that only runs jobs does not need this module.
 
 pub use crate::clock::RangeClock;
-pub use crate::coordinator::{Coordinator, CoordinatorConfig, Phase};
+pub use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError, Phase};
 pub use crate::driver::Node;
 pub use crate::effects::{Effects, TimerCmd, TimerId};
 pub use crate::ids::NodeLayout;
 pub use crate::server::{Server, ServerConfig};
-pub use crate::worker::{Worker, WorkerConfig};
+pub use crate::worker::{DEFAULT_MAX_SLICE_BYTES, Wait, Worker, WorkerConfig};

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::consistency::Consistency;
+use crate::forms::seq;
 use crate::ids::{Iteration, NodeId};
-use crate::wire::forms::seq;
 
 /// How much of an iteration a push covers, in 65,536ths: a worker that pushes an iteration's
 /// work in parts says with each part how far it has come, so that a part pushed before the
@@ -28,7 +28,7 @@ impl Coverage {
     /// `done` of `of` parts (`done` is capped at `of`; `of = 0` is the whole iteration).
     ///
     /// ```
-    /// use pserver_core::Coverage;
+    /// use pserver_core::pace::Coverage;
     /// assert_eq!(Coverage::parts(1, 2), Coverage(32_767));
     /// assert_eq!(Coverage::parts(4, 4), Coverage::WHOLE);
     /// ```
@@ -74,7 +74,8 @@ impl Position {
 /// coordinator decides nothing, and the consistency model alone sets the pace.
 ///
 /// ```
-/// use pserver_core::{Consistency, JobSpec, StragglerPolicy, TauRange};
+/// use pserver_core::{Consistency, JobSpec};
+/// use pserver_core::pace::{StragglerPolicy, TauRange};
 /// let mut job = JobSpec::new(2, 4);
 /// job.consistency = Consistency::BoundedDelay(2);
 /// job.stragglers = StragglerPolicy::skip_ahead();
@@ -97,7 +98,7 @@ pub struct StragglerPolicy {
     pub adaptive_tau: Option<TauRange>,
     /// Cut the job's work into several shares per worker, and move shares from slow workers
     /// to fast ones by the speed they report, one at a time, within bounds
-    /// ([`crate::ClusterConfig::shares`]). Under any consistency model.
+    /// ([`crate::wire::ClusterConfig::shares`]). Under any consistency model.
     pub balance: Option<Balance>,
 }
 
@@ -226,7 +227,7 @@ impl Balance {
 }
 
 /// What the coordinator decided about stragglers, in force with the configuration that
-/// carries it ([`crate::ClusterConfig::pace`]).
+/// carries it ([`crate::wire::ClusterConfig::pace`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Pace {
     /// Under bounded delay with adaptive tau: the bound in force (`None`: the job's own).
@@ -247,10 +248,10 @@ pub struct Pace {
 /// ([`crate::node::Worker::shares_in_round`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RoundShare {
-    /// The share ([`crate::ClusterConfig::shares`]).
+    /// The share ([`crate::wire::ClusterConfig::shares`]).
     pub share: usize,
     /// Moved to the worker by speed for this round
-    /// ([`crate::ClusterConfig::handed_over_in`]): it does the share's work of the round from
+    /// ([`crate::wire::ClusterConfig::handed_over_in`]): it does the share's work of the round from
     /// the beginning, wherever it is in the round when it learns.
     pub from_start: bool,
     /// Last moved by speed ([`Pace::moves`]), rather than dealt at the start or handed on
@@ -261,12 +262,12 @@ pub struct RoundShare {
 /// A share moved by speed from one worker to another ([`Pace::moves`]): the giver was in
 /// iteration `at` when the coordinator decided. An application that works in rounds (an
 /// epoch over the data, say) lets the giver finish the share for the round `at` is in, and
-/// the new holder take it from the next ([`crate::ClusterConfig::shares_in_round`]), so that
+/// the new holder take it from the next ([`crate::wire::ClusterConfig::shares_in_round`]), so that
 /// no part of a round's work is done twice or not at all, wherever each worker is when it
 /// learns of the move.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ShareMove {
-    /// The share ([`crate::ClusterConfig::shares`]).
+    /// The share ([`crate::wire::ClusterConfig::shares`]).
     pub share: u32,
     /// The worker that held it.
     pub from: NodeId,
@@ -278,7 +279,8 @@ impl Pace {
     /// The iterations of `worker` counted as finished whatever it pushed: all below this.
     ///
     /// ```
-    /// use pserver_core::{NodeId, Pace};
+    /// use pserver_core::NodeId;
+    /// use pserver_core::pace::Pace;
     /// let pace = Pace { skipped_below: vec![(NodeId(5), 7)], ..Pace::default() };
     /// assert_eq!(pace.skipped_below(NodeId(5)), 7);
     /// assert_eq!(pace.skipped_below(NodeId(6)), 0);

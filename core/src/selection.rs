@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::forms::{deserialize_keys, seq, serialize_keys};
 use crate::key::{Key, KeyRange};
 use crate::kv::{KvError, check_keys};
-use crate::wire::forms::{deserialize_keys, seq, serialize_keys};
 
 /// Strictly increasing keys (at most [`crate::MAX_KEY`]), delta-encoded on the wire.
 ///

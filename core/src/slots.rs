@@ -1,7 +1,7 @@
 //! Round-robin push slots (ARCHITECTURE.md §9): a server lets a few large push slices in at a
 //! time and the workers take turns, so that pushes that finish together do not all arrive
 //! together. What a job asks for is [`PushSlots`]; what a server keeps to grant slots is a
-//! [`SlotQueue`].
+//! `SlotQueue`, inside the crate.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -18,7 +18,8 @@ use crate::wire::{RequestId, SliceRef};
 /// workers in turn. The same bytes arrive, one turn after another.
 ///
 /// ```
-/// use pserver_core::{JobSpec, PushSlots};
+/// use pserver_core::JobSpec;
+/// use pserver_core::slots::PushSlots;
 /// let mut job = JobSpec::new(2, 4);
 /// job.push_slots = Some(PushSlots { min_bytes: 64 << 10, at_once: 1 });
 /// assert!(job.validate::<f32>().is_ok());

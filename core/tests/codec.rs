@@ -4,6 +4,7 @@
 use proptest::prelude::*;
 use pserver_core::ring::*;
 use pserver_core::wire::*;
+use pserver_core::wire::{ClusterConfig, Codec, DecodeError, EncodeError};
 use pserver_core::*;
 
 fn node() -> impl Strategy<Value = NodeId> {
@@ -135,13 +136,13 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                         .map(|i| KeyRange::new(i * 10, i * 10 + 5).unwrap())
                         .collect(),
                     incarnations: joining.iter().map(|&n| (n, epoch ^ 7)).collect(),
-                    pace: pserver_core::Pace {
+                    pace: pserver_core::pace::Pace {
                         tau: (epoch % 2 == 0).then_some((epoch % 9) as u32),
                         skipped_below: leaving.iter().map(|&n| (n, epoch as u32)).collect(),
                         moves: leaving
                             .iter()
                             .enumerate()
-                            .map(|(i, &from)| pserver_core::ShareMove {
+                            .map(|(i, &from)| pserver_core::pace::ShareMove {
                                 share: i as u32,
                                 from,
                                 at: (epoch as u32).wrapping_mul(3),
@@ -201,9 +202,9 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
         )
             .prop_map(|(sent_at, at)| Message::Heartbeat {
                 sent_at,
-                at: at.map(|(iteration, covered, speed)| pserver_core::Position {
+                at: at.map(|(iteration, covered, speed)| pserver_core::pace::Position {
                     iteration,
-                    covered: pserver_core::Coverage(covered),
+                    covered: pserver_core::pace::Coverage(covered),
                     speed,
                 }),
             }),
@@ -218,7 +219,7 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                 Message::Push(Push {
                     slice,
                     iteration,
-                    covers: pserver_core::Coverage(covers),
+                    covers: pserver_core::pace::Coverage(covers),
                     settled_below,
                     kvs,
                 })
@@ -352,7 +353,7 @@ fn push(keys: Vec<Key>, values: Vec<f32>) -> Envelope<f32> {
         Message::Push(Push {
             slice,
             iteration: 3,
-            covers: pserver_core::Coverage::WHOLE,
+            covers: pserver_core::pace::Coverage::WHOLE,
             settled_below: 1,
             kvs,
         }),

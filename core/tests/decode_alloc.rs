@@ -5,6 +5,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use pserver_core::wire::*;
+use pserver_core::wire::{Codec, DecodeError};
 use pserver_core::*;
 
 /// Counts the bytes this thread allocates, so parallel tests do not disturb the count.
@@ -120,7 +121,7 @@ fn push_of_1000(step: u64) -> Envelope<f32> {
         Message::Push(Push {
             slice,
             iteration: 0,
-            covers: pserver_core::Coverage::WHOLE,
+            covers: pserver_core::pace::Coverage::WHOLE,
             settled_below: 0,
             kvs,
         }),

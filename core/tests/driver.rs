@@ -1,8 +1,10 @@
 //! The driver: frames, timers and refusals, and requests cut to fit the wire.
 
+use pserver_core::node::DEFAULT_MAX_SLICE_BYTES;
 use pserver_core::node::*;
 use pserver_core::ring::*;
 use pserver_core::wire::*;
+use pserver_core::wire::{ClusterConfig, Codec};
 use pserver_core::*;
 
 const COORD: NodeId = NodeId(0);
@@ -180,7 +182,7 @@ fn refused_input_is_counted_and_reported() {
                 slice: 0,
             },
             iteration: 0,
-            covers: pserver_core::Coverage::WHOLE,
+            covers: pserver_core::pace::Coverage::WHOLE,
             settled_below: 0,
             kvs: KvPairs::new(vec![1], vec![1i64], 1).unwrap(),
         });

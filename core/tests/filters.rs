@@ -4,7 +4,10 @@
 use crate::common;
 
 use common::config;
+use pserver_core::filter::{Filters, KeyCaching, KeysDigest, Kkt, Threshold};
 use pserver_core::node::*;
+use pserver_core::pace::Coverage;
+use pserver_core::wire::ClusterConfig;
 use pserver_core::wire::*;
 use pserver_core::*;
 

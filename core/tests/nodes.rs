@@ -3,8 +3,10 @@
 use crate::common;
 
 use common::{COORD, config, deliver_config, ring};
+use pserver_core::node::CoordinatorError;
 use pserver_core::node::*;
 use pserver_core::ring::*;
+use pserver_core::wire::ClusterConfig;
 use pserver_core::wire::*;
 use pserver_core::*;
 
@@ -234,7 +236,7 @@ fn a_duplicate_push_is_acknowledged_again_and_never_applied_again() {
         Message::Push(Push {
             slice,
             iteration: 0,
-            covers: pserver_core::Coverage::WHOLE,
+            covers: pserver_core::pace::Coverage::WHOLE,
             settled_below: 1,
             kvs,
         }),
@@ -261,7 +263,7 @@ fn dedupe_state_stays_bounded_by_the_requests_in_flight() {
         let push = Push {
             slice: SliceRef { request, slice: 0 },
             iteration: 0,
-            covers: pserver_core::Coverage::WHOLE,
+            covers: pserver_core::pace::Coverage::WHOLE,
             settled_below: request.saturating_sub(4),
             kvs: KvPairs::new(vec![1], vec![1i64], 1).unwrap(),
         };
@@ -339,7 +341,7 @@ fn push_env(from: NodeId, request: u64, iteration: Iteration, key: Key, v: i64) 
         Message::Push(Push {
             slice: SliceRef { request, slice: 0 },
             iteration,
-            covers: pserver_core::Coverage::WHOLE,
+            covers: pserver_core::pace::Coverage::WHOLE,
             settled_below: 0,
             kvs: KvPairs::new(vec![key], vec![v], 1).unwrap(),
         }),
@@ -376,7 +378,7 @@ fn sequential_mode_applies_one_aggregated_update_per_iteration() {
                     slice: 0,
                 },
                 iteration: 0,
-                covers: pserver_core::Coverage::WHOLE,
+                covers: pserver_core::pace::Coverage::WHOLE,
                 settled_below: 0,
                 kvs: KvPairs::new(vec![9], vec![g], 1).unwrap(),
             }),

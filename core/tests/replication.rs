@@ -4,9 +4,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use pserver_core::node::DEFAULT_MAX_SLICE_BYTES;
 use pserver_core::node::*;
 use pserver_core::ring::*;
 use pserver_core::wire::*;
+use pserver_core::wire::{ClusterConfig, Codec, DEFAULT_MAX_FRAME};
 use pserver_core::*;
 
 const COORD: NodeId = NodeId(0);

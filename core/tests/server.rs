@@ -6,6 +6,7 @@ use crate::common;
 use common::{COORD, config, deliver_config};
 use pserver_core::node::*;
 use pserver_core::ring::*;
+use pserver_core::wire::ClusterConfig;
 use pserver_core::wire::*;
 use pserver_core::*;
 
@@ -43,7 +44,7 @@ fn push(
         Message::Push(Push {
             slice: SliceRef { request, slice: 0 },
             iteration: 0,
-            covers: pserver_core::Coverage::WHOLE,
+            covers: pserver_core::pace::Coverage::WHOLE,
             settled_below,
             kvs,
         }),
@@ -572,7 +573,7 @@ fn adagrad_keeps_one_accumulator_per_value_of_a_row() {
                     slice: 0,
                 },
                 iteration: 0,
-                covers: pserver_core::Coverage::WHOLE,
+                covers: pserver_core::pace::Coverage::WHOLE,
                 settled_below: 0,
                 kvs: KvPairs::new(vec![4], vec![a, b], 2).unwrap(),
             }),

@@ -6,6 +6,9 @@ use crate::common;
 
 use common::config;
 use pserver_core::node::*;
+use pserver_core::pace::Coverage;
+use pserver_core::slots::PushSlots;
+use pserver_core::wire::ClusterConfig;
 use pserver_core::wire::*;
 use pserver_core::*;
 

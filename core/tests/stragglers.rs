@@ -6,6 +6,10 @@ use crate::common;
 
 use common::{COORD, config, deliver_config, ring};
 use pserver_core::node::*;
+use pserver_core::pace::{
+    Balance, Coverage, Detection, Position, ShareMove, StragglerPolicy, TauRange,
+};
+use pserver_core::wire::ClusterConfig;
 use pserver_core::wire::*;
 use pserver_core::*;
 

@@ -5,8 +5,10 @@
 use crate::common;
 
 use common::COORD;
+use pserver_core::node::DEFAULT_MAX_SLICE_BYTES;
 use pserver_core::node::*;
 use pserver_core::ring::*;
+use pserver_core::wire::ClusterConfig;
 use pserver_core::wire::*;
 use pserver_core::*;
 

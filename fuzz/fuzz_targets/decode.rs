@@ -10,6 +10,7 @@
 
 use arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
+use pserver_core::filter::KeysDigest;
 use pserver_core::wire::*;
 use pserver_core::*;
 
@@ -89,7 +90,7 @@ fn message<V: Value>(u: &mut Unstructured) -> Result<Message<V>> {
         0 => Message::Push(Push {
             slice: slice(u)?,
             iteration: u.arbitrary()?,
-            covers: pserver_core::Coverage(u.arbitrary()?),
+            covers: pserver_core::pace::Coverage(u.arbitrary()?),
             settled_below: u.arbitrary()?,
             kvs: kvs(u)?,
         }),
@@ -128,7 +129,7 @@ fn message<V: Value>(u: &mut Unstructured) -> Result<Message<V>> {
             Message::PushCached(PushCached {
                 slice: slice(u)?,
                 iteration: u.arbitrary()?,
-                covers: pserver_core::Coverage(u.arbitrary()?),
+                covers: pserver_core::pace::Coverage(u.arbitrary()?),
                 settled_below: u.arbitrary()?,
                 keys: KeysDigest::of(rows.keys()),
                 values: if u.arbitrary()? {
@@ -165,9 +166,9 @@ fn message<V: Value>(u: &mut Unstructured) -> Result<Message<V>> {
         _ => Message::Heartbeat {
             sent_at: u.arbitrary()?,
             at: if u.arbitrary()? {
-                Some(pserver_core::Position {
+                Some(pserver_core::pace::Position {
                     iteration: u.arbitrary()?,
-                    covered: pserver_core::Coverage(u.arbitrary()?),
+                    covered: pserver_core::pace::Coverage(u.arbitrary()?),
                     speed: u.arbitrary()?,
                 })
             } else {

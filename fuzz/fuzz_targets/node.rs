@@ -18,6 +18,9 @@ use std::collections::BTreeMap;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
+use pserver_core::filter::{Filters, KeyCaching, KeysDigest, Kkt, Threshold};
+use pserver_core::pace::{Pace, ShareMove};
+use pserver_core::slots::PushSlots;
 use pserver_core::node::*;
 use pserver_core::ring::*;
 use pserver_core::wire::*;
@@ -327,7 +330,7 @@ fn message(body: Body) -> Message<i64> {
             Message::Push(Push {
                 slice,
                 iteration: u32::from(iteration % 8),
-                covers: pserver_core::Coverage::WHOLE,
+                covers: pserver_core::pace::Coverage::WHOLE,
                 settled_below: settled_of(slice),
                 kvs: content_of(slice),
             })
@@ -497,7 +500,7 @@ fn message(body: Body) -> Message<i64> {
             Message::PushCached(PushCached {
                 slice,
                 iteration: u32::from(iteration % 8),
-                covers: pserver_core::Coverage::WHOLE,
+                covers: pserver_core::pace::Coverage::WHOLE,
                 settled_below: settled_of(slice),
                 keys,
                 values: if packed {

@@ -4,7 +4,9 @@
 //! what it pushed; a filter that forgets what it held is caught. The same for the KKT filter,
 //! alone and under key caching with compression, where it holds a row back by pushing zeros.
 
-use pserver_core::{Consistency, Filters, KeyCaching, Kkt, Threshold};
+use pserver_core::Consistency;
+
+use pserver_core::filter::{Filters, KeyCaching, Kkt, Threshold};
 use pserver_models::sim::{Faults, SimConfig, run};
 
 fn config(seed: u64, consistency: Consistency) -> SimConfig {

@@ -3,7 +3,9 @@
 //! with four workers pushing together the servers' peak receive queue falls by half or more
 //! while the job takes as long; and a run with slots replays exactly.
 
-use pserver_core::{Consistency, PushSlots};
+use pserver_core::Consistency;
+
+use pserver_core::slots::PushSlots;
 use pserver_models::sim::{Faults, MS, SimConfig, SimReport, run};
 
 /// Slices of the default run's 16 keys are a few hundred bytes: most need a slot.

@@ -3,7 +3,9 @@
 //! (a worker always slow, transient stragglers, a worker that slows down mid-job), and skip-ahead
 //! does what it is for.
 
-use pserver_core::{Balance, Consistency, StragglerPolicy, TauRange};
+use pserver_core::Consistency;
+
+use pserver_core::pace::{Balance, StragglerPolicy, TauRange};
 use pserver_models::sim::{Faults, PaceReport, SimConfig, SimFailure, SimReport, run};
 
 /// Everything the coordinator may do about stragglers, at once.

@@ -7,9 +7,11 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 
 use pserver_core::{
-    Coverage, Epoch, Iteration, JobError, KeyRange, KeySelection, KvPairs, NodeId, Refusals, Value,
+    Epoch, Iteration, JobError, KeyRange, KeySelection, KvPairs, NodeId, Refusals, Value,
     WorkerError,
 };
+
+use pserver_core::pace::Coverage;
 use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -110,7 +112,7 @@ pub(crate) enum Command<V: Value> {
         first: Iteration,
         length: Iteration,
         round: u64,
-        reply: oneshot::Sender<Result<Vec<pserver_core::RoundShare>, RuntimeError>>,
+        reply: oneshot::Sender<Result<Vec<pserver_core::pace::RoundShare>, RuntimeError>>,
     },
     /// Push what the filters hold back; answered as a push.
     Flush {
@@ -319,7 +321,7 @@ impl<V: Value> WorkerHandle<V> {
     }
 
     /// The shares of the job's work this worker does now
-    /// ([`pserver_core::ClusterConfig::shares`]): its own, and those handed to it when other
+    /// ([`pserver_core::wire::ClusterConfig::shares`]): its own, and those handed to it when other
     /// workers died. Ask again at every step; the answer changes with the membership.
     pub async fn shares(&self) -> Result<Vec<usize>, RuntimeError> {
         self.call(Command::Shares).await
@@ -328,14 +330,14 @@ impl<V: Value> WorkerHandle<V> {
     /// The shares this worker does in round `round` of an application that works in rounds
     /// of `length` iterations, round 1 starting at iteration `first` (an epoch of `length`
     /// steps, say): [`WorkerHandle::shares`], except that a share moved by speed
-    /// ([`pserver_core::StragglerPolicy::balance`]) changes hands where rounds meet
-    /// ([`pserver_core::ClusterConfig::shares_in_round`]). Ask at every step.
+    /// ([`pserver_core::pace::StragglerPolicy::balance`]) changes hands where rounds meet
+    /// ([`pserver_core::wire::ClusterConfig::shares_in_round`]). Ask at every step.
     pub async fn shares_in_round(
         &self,
         first: Iteration,
         length: Iteration,
         round: u64,
-    ) -> Result<Vec<pserver_core::RoundShare>, RuntimeError> {
+    ) -> Result<Vec<pserver_core::pace::RoundShare>, RuntimeError> {
         self.call(|reply| Command::SharesInRound {
             first,
             length,
@@ -354,7 +356,7 @@ impl<V: Value> WorkerHandle<V> {
 
     /// Says how fast the application works: the work it does per second of its own compute,
     /// waiting left out (rows per second, say). Where the job sizes shares by speed
-    /// ([`pserver_core::StragglerPolicy::balance`]) the coordinator moves shares from slow
+    /// ([`pserver_core::pace::StragglerPolicy::balance`]) the coordinator moves shares from slow
     /// workers to fast ones by it; say it again as it changes.
     pub async fn report_speed(&self, per_sec: u32) -> Result<(), RuntimeError> {
         self.commands
@@ -364,21 +366,21 @@ impl<V: Value> WorkerHandle<V> {
     }
 
     /// Whether this worker leads: it holds the lowest-numbered share a live worker holds
-    /// ([`pserver_core::ClusterConfig::lead_worker`]), and so does what one worker does for
+    /// ([`pserver_core::wire::ClusterConfig::lead_worker`]), and so does what one worker does for
     /// all. Ask again when it matters; it passes on when the leader dies or leaves.
     pub async fn leads(&self) -> Result<bool, RuntimeError> {
         self.call(Command::Leads).await
     }
 
     /// The key ranges the job lost so far: every holder of each failed before it was copied,
-    /// and its values started again from zero ([`pserver_core::ClusterConfig::lost`]). A job
+    /// and its values started again from zero ([`pserver_core::wire::ClusterConfig::lost`]). A job
     /// that does not accept loss fails when this is not empty at its end.
     pub fn lost_ranges(&self) -> Vec<KeyRange> {
         self.lost.borrow().clone()
     }
 
     /// The iteration the coordinator last told this worker to skip to (0 before any): a
-    /// straggler under skip-ahead ([`pserver_core::StragglerPolicy::skip_ahead`]) is moved to
+    /// straggler under skip-ahead ([`pserver_core::pace::StragglerPolicy::skip_ahead`]) is moved to
     /// the others' iteration, and its next pushes and pulls belong there. An application that
     /// sees it rise mid-iteration may drop the rest of the iteration's work.
     pub fn skipped_to(&self) -> Iteration {
@@ -389,7 +391,7 @@ impl<V: Value> WorkerHandle<V> {
     /// has completed (or [`crate::RuntimeConfig::drain_timeout`] has passed), the
     /// worker asks the coordinator to take it out ([`pserver_core::node::Worker::leave`]);
     /// nobody waits on its progress any more, its shares pass to nobody
-    /// ([`pserver_core::ClusterConfig::left`]), and it is never declared dead. Returns once the
+    /// ([`pserver_core::wire::ClusterConfig::left`]), and it is never declared dead. Returns once the
     /// coordinator confirmed and the worker's loop has ended; every later call fails with
     /// [`RuntimeError::Left`]. Without a coordinator to confirm it this waits on: bound it
     /// with a timeout.
@@ -520,10 +522,10 @@ pub struct NodeMetrics {
     pub longest_recovery: std::time::Duration,
     /// Workers the coordinator found lagging, each time one started to (the coordinator).
     pub stragglers: u64,
-    /// Iterations a worker was told to skip (a worker; [`pserver_core::Pace`]).
+    /// Iterations a worker was told to skip (a worker; [`pserver_core::pace::Pace`]).
     pub skipped_iterations: u64,
     /// Shares moved from slower workers to faster ones (the coordinator;
-    /// [`pserver_core::StragglerPolicy::balance`]).
+    /// [`pserver_core::pace::StragglerPolicy::balance`]).
     pub shares_moved: u64,
     /// What each of a worker's filters saved so far, by name ([`pserver_core::filter`]).
     pub filter_savings: Vec<(&'static str, pserver_core::filter::FilterSaving)>,

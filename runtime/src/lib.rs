@@ -48,7 +48,7 @@ pub use node_loop::{Spawned, spawn_node};
 
 use std::time::Duration;
 
-use pserver_core::ClusterConfig;
+use pserver_core::wire::ClusterConfig;
 
 /// How a node's event loop runs. [`RuntimeConfig::default`] suits most jobs.
 #[derive(Clone, Debug, PartialEq, Eq)]

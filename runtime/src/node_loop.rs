@@ -3,10 +3,11 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, OnceLock};
 
+use pserver_core::pace::Coverage;
 use pserver_core::store::ParamStore;
 use pserver_core::{
-    Coverage, Driver, DriverError, Epoch, Event, Iteration, KeyRange, KvPairs, NodeId, Refusal,
-    RequestId, Role, Time, UpdateRule, Value,
+    Driver, DriverError, Epoch, Event, Iteration, KeyRange, KvPairs, NodeId, Refusal, RequestId,
+    Role, Time, UpdateRule, Value,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until};
@@ -19,7 +20,7 @@ use super::handle::{Command, NodeHandle, NodeMetrics, NodeReport, RuntimeError, 
 const SUMMARY_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The coordinator's summary of `config`, with the nodes it declared dead so far.
-fn summary(config: &pserver_core::ClusterConfig, dead: u64) -> String {
+fn summary(config: &pserver_core::wire::ClusterConfig, dead: u64) -> String {
     let list = |nodes: &[NodeId]| {
         let names: Vec<String> = nodes.iter().map(ToString::to_string).collect();
         format!("[{}]", names.join(", "))
@@ -180,7 +181,7 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     seen_epoch: Epoch,
     /// The configuration of that epoch: a new epoch that changes only the pace (what the
     /// coordinator decided about stragglers) is no recovery.
-    seen_members: Option<pserver_core::ClusterConfig>,
+    seen_members: Option<pserver_core::wire::ClusterConfig>,
     /// The configuration changed while requests were open: since the last completion before.
     recovering_since: Option<Instant>,
 }
@@ -807,8 +808,9 @@ fn runtime_error(e: DriverError) -> RuntimeError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pserver_core::Consistency;
     use pserver_core::ring::RingConfig;
-    use pserver_core::{ClusterConfig, Consistency};
+    use pserver_core::wire::ClusterConfig;
 
     #[test]
     fn the_coordinators_summary_names_every_member_and_what_went_wrong() {

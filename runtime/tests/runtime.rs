@@ -247,8 +247,8 @@ fn a_worker_that_leaves_pushes_what_its_filters_held_back_first() {
     rt().block_on(async {
         let mut spec = ClusterSpec::new(1, 1);
         spec.job.consistency = Consistency::Eventual;
-        let theta = pserver_core::Threshold::new(10.0).ok_or("threshold")?;
-        spec.job.filters = pserver_core::Filters::significantly_modified(theta);
+        let theta = pserver_core::filter::Threshold::new(10.0).ok_or("threshold")?;
+        spec.job.filters = pserver_core::filter::Filters::significantly_modified(theta);
         let network = MemNetwork::reliable();
         let cluster: LocalCluster<i64> = LocalCluster::start(&spec, &network)?;
         let worker = cluster.workers[0].clone();

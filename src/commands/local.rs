@@ -3,7 +3,11 @@
 
 use std::time::Duration;
 
-use pserver_core::{Consistency, DEFAULT_MAX_FRAME, DEFAULT_MAX_SLICE_BYTES};
+use pserver_core::Consistency;
+
+use pserver_core::node::DEFAULT_MAX_SLICE_BYTES;
+
+use pserver_core::wire::DEFAULT_MAX_FRAME;
 
 use super::CliError;
 use super::cluster::{LocalOptions, run_local};

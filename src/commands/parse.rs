@@ -35,16 +35,16 @@ pub(super) fn non_negative_finite(s: &str) -> Result<f64, String> {
 }
 
 /// A filter threshold: a finite number of at least 0.
-pub(super) fn threshold(s: &str) -> Result<pserver_core::Threshold, String> {
+pub(super) fn threshold(s: &str) -> Result<pserver_core::filter::Threshold, String> {
     s.parse::<f64>()
         .ok()
-        .and_then(pserver_core::Threshold::new)
+        .and_then(pserver_core::filter::Threshold::new)
         .ok_or_else(|| format!("`{s}` is not a finite number of at least 0"))
 }
 
 /// The KKT filter as BOUND:EVERY: a bound of at least 0, and a full check every EVERY (at
 /// least 1) pushes.
-pub(super) fn kkt(s: &str) -> Result<pserver_core::Kkt, String> {
+pub(super) fn kkt(s: &str) -> Result<pserver_core::filter::Kkt, String> {
     let bad = || {
         format!(
             "`{s}` is not BOUND:EVERY, a number of at least 0 and a whole number of pushes of at least 1"
@@ -53,14 +53,14 @@ pub(super) fn kkt(s: &str) -> Result<pserver_core::Kkt, String> {
     let (bound, every) = s.split_once(':').ok_or_else(bad)?;
     let bound = threshold(bound).map_err(|_| bad())?;
     let every = every.parse::<u32>().map_err(|_| bad())?;
-    pserver_core::Kkt::new(bound, every).ok_or_else(bad)
+    pserver_core::filter::Kkt::new(bound, every).ok_or_else(bad)
 }
 
 /// Key caching's lists per peer: a whole number of at least 1.
-pub(super) fn key_caching(s: &str) -> Result<pserver_core::KeyCaching, String> {
+pub(super) fn key_caching(s: &str) -> Result<pserver_core::filter::KeyCaching, String> {
     s.parse::<u32>()
         .ok()
-        .and_then(pserver_core::KeyCaching::new)
+        .and_then(pserver_core::filter::KeyCaching::new)
         .ok_or_else(|| format!("`{s}` is not a whole number of lists of at least 1"))
 }
 
@@ -73,7 +73,7 @@ pub(super) fn open_unit(s: &str) -> Result<f64, String> {
 }
 
 /// A range of staleness bounds, `MIN:MAX` with `MIN <= MAX`: where adaptive tau moves.
-pub(super) fn tau_range(s: &str) -> Result<pserver_core::TauRange, String> {
+pub(super) fn tau_range(s: &str) -> Result<pserver_core::pace::TauRange, String> {
     let bad =
         || format!("`{s}` is not a range of tau MIN:MAX (whole numbers, MIN <= MAX), e.g. 1:8");
     let (min, max) = s.split_once(':').ok_or_else(bad)?;
@@ -84,7 +84,7 @@ pub(super) fn tau_range(s: &str) -> Result<pserver_core::TauRange, String> {
     if min > max {
         return Err(bad());
     }
-    Ok(pserver_core::TauRange { min, max })
+    Ok(pserver_core::pace::TauRange { min, max })
 }
 
 /// `W:F`: worker `W` (from 0) computing `F` times slower (see [`factor`]).
@@ -128,7 +128,7 @@ pub(super) fn output_file(s: &str) -> Result<std::path::PathBuf, String> {
 
 /// `MIN_BYTES:AT_ONCE`: push slices of at least `MIN_BYTES` bytes wait for one of `AT_ONCE`
 /// slots per server (ARCHITECTURE.md §9).
-pub(super) fn push_slots(s: &str) -> Result<pserver_core::PushSlots, String> {
+pub(super) fn push_slots(s: &str) -> Result<pserver_core::slots::PushSlots, String> {
     let bad = || {
         format!(
             "`{s}` is not MIN_BYTES:AT_ONCE, the smallest push slice that waits for a slot and the slots a server grants at once (at least 1), e.g. 65536:1"
@@ -142,7 +142,7 @@ pub(super) fn push_slots(s: &str) -> Result<pserver_core::PushSlots, String> {
     if at_once == 0 {
         return Err(bad());
     }
-    Ok(pserver_core::PushSlots { min_bytes, at_once })
+    Ok(pserver_core::slots::PushSlots { min_bytes, at_once })
 }
 
 #[cfg(test)]

@@ -27,7 +27,8 @@ pub use bytes::{self, Bytes};
 pub use pserver_core;
 
 use async_trait::async_trait;
-use pserver_core::{FrameParts, NodeId};
+use pserver_core::NodeId;
+use pserver_core::wire::FrameParts;
 use thiserror::Error;
 
 /// Why a transport could not send or receive.
@@ -92,7 +93,7 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Sends the frame that is the concatenation of `frame`'s parts, as
     /// [`Transport::send`] does. The runtime sends every frame this way, its values lent
-    /// rather than copied into one buffer ([`pserver_core::Codec::encode_parts`]). The default
+    /// rather than copied into one buffer ([`pserver_core::wire::Codec::encode_parts`]). The default
     /// joins the parts (one copy) and calls `send`; a transport that writes vectored sends them
     /// as they are.
     async fn send_parts(&self, to: NodeId, frame: FrameParts) -> Result<(), TransportError> {

@@ -57,7 +57,6 @@ use std::collections::{BTreeMap, VecDeque};
 use bytes::Bytes;
 use thiserror::Error;
 
-use crate::codec::{Codec, EncodeError, FrameParts};
 use crate::effects::{Effects, Event, Refusal, TimerCmd, TimerId};
 use crate::ids::{NodeId, Time};
 use crate::kv::KvPairs;
@@ -67,6 +66,7 @@ use crate::store::{ParamStore, Store};
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
 use crate::wire::{ClusterConfig, Envelope, RequestId};
+use crate::wire::{Codec, EncodeError, FrameParts};
 use crate::worker::WorkerError;
 
 pub use node::Node;

@@ -78,7 +78,7 @@ fn varint_len(x: u128) -> usize {
     (128 - x.leading_zeros() as usize).div_ceil(7).max(1)
 }
 
-/// Bytes `keys` take on the wire, delta-encoded (`crate::wire::forms`).
+/// Bytes `keys` take on the wire, delta-encoded (`crate::forms`).
 pub(crate) fn list_bytes(keys: &[Key]) -> usize {
     let Some((&first, rest)) = keys.split_first() else {
         return 0;

@@ -10,7 +10,7 @@ use crate::key::Key;
 use crate::kv::KvPairs;
 use crate::value::Value;
 
-/// How the KKT filter runs ([`crate::Filters::kkt`]).
+/// How the KKT filter runs ([`crate::filter::Filters::kkt`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Kkt {
     bound: Threshold,
@@ -121,7 +121,7 @@ impl<V: Value> KktFilter<V> {
     /// The filter, holding a row back by pushing zeros for it rather than leaving its key
     /// out: a zero changes no weight under any [`crate::Updater`], the push's key list stays
     /// the one the worker pulled, so key caching still names it, and compression sends the
-    /// zero row as one bit ([`crate::Filters::compression`]).
+    /// zero row as one bit ([`crate::filter::Filters::compression`]).
     pub fn keeping_lists(mut self) -> Self {
         self.keep_lists = true;
         self

@@ -64,12 +64,12 @@ pub struct ServerConfig {
     /// How the rows are laid out ([`StoreLayout`]). Default: in key order.
     pub store: StoreLayout,
     /// Let large push slices in a few at a time, the workers taking turns
-    /// ([`crate::PushSlots`]). Default: none, every slice is let in as it comes.
+    /// ([`crate::slots::PushSlots`]). Default: none, every slice is let in as it comes.
     pub push_slots: Option<PushSlots>,
     /// Keep the key lists workers send, so that they may name them the next time, and answer
-    /// key-list pulls without the keys ([`crate::Filters::key_caching`]). Default: none.
+    /// key-list pulls without the keys ([`crate::filter::Filters::key_caching`]). Default: none.
     pub key_caching: Option<KeyCaching>,
-    /// Pack the values of answers sent without keys ([`crate::Filters::compression`]).
+    /// Pack the values of answers sent without keys ([`crate::filter::Filters::compression`]).
     pub compression: bool,
 }
 

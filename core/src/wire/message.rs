@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::consistency::Consistency;
 use crate::filter::KeysDigest;
+use crate::forms::seq;
 use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
 use crate::key::{Key, KeyRange};
 use crate::kv::KvPairs;
@@ -11,7 +12,6 @@ use crate::pace::{Coverage, Pace, Position};
 use crate::ring::{Ring, RingConfig, RingError};
 use crate::selection::{KeyList, KeySelection};
 use crate::value::Value;
-use crate::wire::forms::seq;
 use crate::wire::rows::RowValues;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
@@ -122,7 +122,7 @@ impl ClusterConfig {
     /// Whether `other` differs from this configuration in its epoch, its [`Pace`] and its
     /// shares at most: the same members on the same ring, so that a change from one to the
     /// other moves no range and removes nobody. Shares move alone only by speed
-    /// ([`crate::StragglerPolicy::balance`]); those of a worker that died move with the
+    /// ([`crate::pace::StragglerPolicy::balance`]); those of a worker that died move with the
     /// membership.
     pub fn differs_only_in_pace(&self, other: &ClusterConfig) -> bool {
         // Every field named, so that a field added later is compared or left out on purpose.
@@ -159,7 +159,8 @@ impl ClusterConfig {
     /// still on the old epoch are redirected and re-slice their requests.
     ///
     /// ```
-    /// use pserver_core::{ClusterConfig, Consistency, NodeId};
+    /// use pserver_core::{Consistency, NodeId};
+    /// use pserver_core::wire::ClusterConfig;
     /// use pserver_core::ring::RingConfig;
     /// let config = ClusterConfig {
     ///     epoch: 1,
@@ -263,7 +264,8 @@ impl ClusterConfig {
     /// holds shares `i`, `i + W`, `i + 2W`, ... ([`ClusterConfig::shares`]).
     ///
     /// ```
-    /// use pserver_core::{ClusterConfig, NodeId};
+    /// use pserver_core::NodeId;
+    /// use pserver_core::wire::ClusterConfig;
     /// let (a, b) = (NodeId(2), NodeId(3));
     /// assert_eq!(ClusterConfig::deal(&[a, b], 2), [a, b, a, b]);
     /// ```
@@ -275,11 +277,13 @@ impl ClusterConfig {
 
     /// The shares `worker` works on in round `round` of an application that works in rounds
     /// of `length` iterations, round 1 starting at iteration `first`: those it holds, but a
-    /// share moved by speed ([`crate::Pace::moves`]) belongs to the worker it came from up to
+    /// share moved by speed ([`crate::pace::Pace::moves`]) belongs to the worker it came from up to
     /// the end of the round that worker was in, and to its new holder from the next.
     ///
     /// ```
-    /// use pserver_core::{ClusterConfig, Consistency, NodeId, ShareMove};
+    /// use pserver_core::{Consistency, NodeId};
+    /// use pserver_core::pace::ShareMove;
+    /// use pserver_core::wire::ClusterConfig;
     /// let (a, b) = (NodeId(2), NodeId(3));
     /// let mut config = ClusterConfig {
     ///     epoch: 3,
@@ -345,7 +349,8 @@ impl ClusterConfig {
     /// worker left, shares stay where they are until one joins.
     ///
     /// ```
-    /// use pserver_core::{ClusterConfig, Consistency, NodeId};
+    /// use pserver_core::{Consistency, NodeId};
+    /// use pserver_core::wire::ClusterConfig;
     /// use pserver_core::ring::RingConfig;
     /// let w = |i| NodeId(i);
     /// let mut config = ClusterConfig {
@@ -651,7 +656,7 @@ pub enum Message<V: Value> {
         /// nodes).
         sent_at: Time,
         /// A worker's position, where the job detects stragglers
-        /// ([`crate::StragglerPolicy::detect`]); otherwise none.
+        /// ([`crate::pace::StragglerPolicy::detect`]); otherwise none.
         at: Option<Position>,
     },
     /// A worker's update slice.
@@ -738,7 +743,7 @@ pub enum Message<V: Value> {
         sent_at: Time,
     },
     /// A worker asks the server of a large push slice for a slot before it sends the slice
-    /// ([`crate::PushSlots`]), so that workers pushing together take turns. Resent like a
+    /// ([`crate::slots::PushSlots`]), so that workers pushing together take turns. Resent like a
     /// slice until granted.
     SlotAsk {
         /// The slice waiting.

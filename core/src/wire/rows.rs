@@ -1,7 +1,7 @@
 //! Values sent without their keys, and value compression (ARCHITECTURE.md §10).
 //!
 //! A [`RowValues`] carries the values of rows whose keys the receiver knows already. Where
-//! the job compresses values ([`crate::Filters::compression`]) the sender packs them in an
+//! the job compresses values ([`crate::filter::Filters::compression`]) the sender packs them in an
 //! exact form, bit for bit, that saves bytes, trying in turn:
 //! - leaving out the rows that are all zero, with a bitmap of those that are not (a pull's
 //!   answer under L1 regularization is mostly zero weights);
@@ -24,10 +24,10 @@ use std::sync::Arc;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::forms::seq;
 use crate::key::Key;
 use crate::kv::KvPairs;
 use crate::value::Value;
-use crate::wire::forms::seq;
 use crate::wire::{exponents, palette};
 
 /// Below this many bytes of values an LZ4 block is not tried: its framing eats the saving,
@@ -474,7 +474,7 @@ mod tests {
                     values: packed,
                 }),
             );
-            let codec = crate::Codec::default();
+            let codec = crate::wire::Codec::default();
             let got = codec.decode::<f32>(&codec.encode(&env).unwrap()).unwrap();
             let crate::wire::Message::PullValues(reply) = got.body else {
                 panic!("a PullValues");

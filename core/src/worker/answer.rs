@@ -109,7 +109,7 @@ impl<V: Value> Worker<V> {
         self.arm_retransmit(out);
     }
 
-    /// A server granted a push slice a slot ([`crate::PushSlots`]): the slice goes now, on
+    /// A server granted a push slice a slot ([`crate::slots::PushSlots`]): the slice goes now, on
     /// a fresh retransmission timer. A grant for a slice not waiting for one (a duplicate, or
     /// one for a slice acknowledged since) changes nothing.
     pub(super) fn on_grant(

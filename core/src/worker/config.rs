@@ -24,7 +24,7 @@ pub const DEFAULT_MAX_SLICE_BYTES: usize = 4 << 20;
 /// use pserver_core::node::WorkerConfig;
 /// let mut cfg = WorkerConfig::new(NodeId(3), NodeId(0));
 /// cfg.width = 8;
-/// assert!(cfg.max_slice_bytes < pserver_core::DEFAULT_MAX_FRAME);
+/// assert!(cfg.max_slice_bytes < pserver_core::wire::DEFAULT_MAX_FRAME);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -54,10 +54,10 @@ pub struct WorkerConfig {
     /// Seed of the retransmission jitter.
     pub seed: u64,
     /// Report the worker's position with every heartbeat, for the coordinator to tell
-    /// stragglers ([`crate::StragglerPolicy::detect`]). Default: off.
+    /// stragglers ([`crate::pace::StragglerPolicy::detect`]). Default: off.
     pub report_position: bool,
     /// Ask the slice's server for a slot before sending a large push slice
-    /// ([`crate::PushSlots`]). Default: none, every slice goes at once.
+    /// ([`crate::slots::PushSlots`]). Default: none, every slice goes at once.
     pub push_slots: Option<PushSlots>,
     /// Filters this worker runs its pushes through ([`crate::filter`]). Default: none.
     pub filters: Filters,

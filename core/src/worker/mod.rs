@@ -74,10 +74,10 @@ pub struct Worker<V: Value> {
     speed: u32,
     /// The job's filters, which every push goes through ([`WorkerConfig::filters`]).
     filters: FilterChain<V>,
-    /// Key caching: the lists each server was sent ([`crate::Filters::key_caching`]).
+    /// Key caching: the lists each server was sent ([`crate::filter::Filters::key_caching`]).
     sent_lists: Option<SentLists>,
     /// Value compression: what it saved, on the values this worker sent and was answered
-    /// ([`crate::Filters::compression`]).
+    /// ([`crate::filter::Filters::compression`]).
     compressed: Option<Tally>,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
@@ -155,13 +155,13 @@ impl<V: Value> Worker<V> {
     }
 
     /// The consistency model in force: the job's, with the staleness bound adaptive tau set
-    /// ([`crate::Pace::tau`]).
+    /// ([`crate::pace::Pace::tau`]).
     pub fn consistency_in_force(&self) -> Option<Consistency> {
         self.cluster.as_ref().map(Cluster::consistency)
     }
 
     /// Every iteration of this worker below this one counts as finished whatever it pushed:
-    /// the coordinator told it to skip them ([`crate::Pace::skipped_below`]).
+    /// the coordinator told it to skip them ([`crate::pace::Pace::skipped_below`]).
     pub fn skipped_below(&self) -> Iteration {
         self.cluster
             .as_ref()
@@ -187,14 +187,14 @@ impl<V: Value> Worker<V> {
         first: Iteration,
         length: Iteration,
         round: u64,
-    ) -> Vec<crate::RoundShare> {
+    ) -> Vec<crate::pace::RoundShare> {
         let Some(c) = &self.cluster else {
             return Vec::new();
         };
         c.config
             .shares_in_round(self.cfg.id, first, length, round)
             .into_iter()
-            .map(|share| crate::RoundShare {
+            .map(|share| crate::pace::RoundShare {
                 share,
                 from_start: c.config.handed_over_in(share, first, length) == Some(round),
                 moved: c.config.pace.moved(share).is_some(),
@@ -445,7 +445,7 @@ impl<V: Value> Worker<V> {
 
     /// Says how fast the application works: the work it does per second of its own compute,
     /// waiting left out (rows per second, say; any unit the same for every worker of the
-    /// job). Where the job sizes shares by speed ([`crate::StragglerPolicy::balance`]) it
+    /// job). Where the job sizes shares by speed ([`crate::pace::StragglerPolicy::balance`]) it
     /// goes to the coordinator with the next heartbeat, which moves shares from slow workers
     /// to fast ones by it; otherwise it is kept and unused.
     pub fn report_speed(&mut self, per_sec: u32) {

@@ -33,7 +33,7 @@ pub(super) struct Slice<V: Value> {
     /// it has left the window and is kept (now and then resent) until acknowledged, and it
     /// counts for its iteration while the worker is at that epoch.
     pub(super) taken: Option<Epoch>,
-    /// A large push slice waiting for its server's grant ([`crate::PushSlots`]): what is
+    /// A large push slice waiting for its server's grant ([`crate::slots::PushSlots`]): what is
     /// on the network for it (and sent again) is the ask, not the slice. It holds its place
     /// in the window meanwhile.
     pub(super) asking: bool,

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use pserver_core::ring::*;
+use pserver_core::wire::ClusterConfig;
 use pserver_core::wire::*;
 use pserver_core::*;
 

@@ -4,15 +4,17 @@
 
 use std::borrow::Cow;
 
+use pserver_core::node::CoordinatorError;
 use pserver_core::node::{
     Coordinator, CoordinatorConfig, Server, ServerConfig, Worker, WorkerConfig,
 };
 use pserver_core::node::{Effects, TimerCmd, TimerId};
+use pserver_core::pace::{Pace, Position};
 use pserver_core::ring::Ring;
+use pserver_core::wire::ClusterConfig;
 use pserver_core::wire::{Envelope, Message};
 use pserver_core::{
-    ClusterConfig, CoordinatorError, Epoch, Event, Iteration, KeyList, KeySelection, KvPairs,
-    NodeId, Pace, Position, RequestId, Time, Updater,
+    Epoch, Event, Iteration, KeyList, KeySelection, KvPairs, NodeId, RequestId, Time, Updater,
 };
 use stateright::actor::{Actor, Id, Out, model_timeout};
 

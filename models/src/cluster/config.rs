@@ -3,12 +3,11 @@
 use core::fmt;
 use core::str::FromStr;
 
+use pserver_core::filter::{Filters, KeyCaching};
 use pserver_core::node::NodeLayout;
+use pserver_core::pace::{Detection, StragglerPolicy, TauRange};
 use pserver_core::ring::{Ring, RingConfig};
-use pserver_core::{
-    Consistency, Detection, Filters, Iteration, JobSpec, Key, KeyCaching, NodeId, StragglerPolicy,
-    TauRange, Timing,
-};
+use pserver_core::{Consistency, Iteration, JobSpec, Key, NodeId, Timing};
 
 /// How the model's network behaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -94,7 +93,7 @@ pub struct ClusterModelConfig {
     /// ([`pserver_core::node::Coordinator::bootstrapped`]), which keeps the state space small.
     pub registration: bool,
     /// Start with the ring already changed on the coordinator and the servers: the owner of the
-    /// first key was taken off the ring ([`pserver_core::ClusterConfig::without_server`], epoch
+    /// first key was taken off the ring ([`pserver_core::wire::ClusterConfig::without_server`], epoch
     /// 2) before any data was written, while the workers still hold epoch 1. Their first
     /// requests are redirected and re-sliced. Implies starting configured (no registration).
     pub ring_change: bool,
@@ -123,7 +122,7 @@ pub struct ClusterModelConfig {
     /// [`STRAGGLER_OTHERS_IN`]), or with adaptive tau possibly nobody. It decides only under
     /// bounded delay.
     pub pace: Option<PaceModel>,
-    /// Key caching ([`pserver_core::KeyCaching`], two lists per peer): workers name the key
+    /// Key caching ([`pserver_core::filter::KeyCaching`], two lists per peer): workers name the key
     /// lists they sent a server before, servers answer pulls without keys. So that lists
     /// differ, each iteration's push leaves out one key ([`ClusterModelConfig::pushes`]).
     pub key_caching: bool,

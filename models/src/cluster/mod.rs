@@ -77,9 +77,11 @@ pub use config::{
 };
 
 use pserver_core::node::Coordinator;
+use pserver_core::node::CoordinatorError;
 use pserver_core::node::TimerId;
+use pserver_core::pace::Pace;
 use pserver_core::ring::Ring;
-use pserver_core::{Consistency, CoordinatorError, Epoch, Iteration, Key, NodeId, Pace};
+use pserver_core::{Consistency, Epoch, Iteration, Key, NodeId};
 use stateright::actor::{ActorModel, ActorModelState, LossyNetwork, Network};
 use stateright::{Expectation, Model};
 

@@ -60,7 +60,7 @@
 //!
 //! In some runs (or always, with [`SimConfig::ring_change`]) the job starts with its ring
 //! already changed: one server's ranges were moved away with
-//! [`pserver_core::ClusterConfig::without_server`] (epoch 2), the coordinator and every server start
+//! [`pserver_core::wire::ClusterConfig::without_server`] (epoch 2), the coordinator and every server start
 //! on epoch 2, and each worker starts on epoch 1 or 2 (at least one on epoch 1), with no
 //! registration. Workers on epoch 1 send to the old owners, are answered `Redirect`, fetch the
 //! configuration and re-slice; every invariant is judged against the ring of epoch 2, and
@@ -182,9 +182,12 @@ use core::fmt;
 
 use pserver_core::Consistency;
 use pserver_core::Updater;
+use pserver_core::filter::Filters;
 use pserver_core::node::NodeLayout;
+use pserver_core::pace::StragglerPolicy;
 use pserver_core::ring::RingConfig;
-use pserver_core::{Filters, JobSpec, NodeId, PushSlots, StragglerPolicy, Time};
+use pserver_core::slots::PushSlots;
+use pserver_core::{JobSpec, NodeId, Time};
 
 /// One millisecond of virtual time.
 pub const MS: Time = 1_000_000;
@@ -587,7 +590,7 @@ impl SimConfig {
         let rows = |share: u64, least: u64| 128 + 18 * (self.keys / share).max(least) as usize;
         let (slice_bytes, window) =
             match pserver_core::testing::hash_words(self.seed, &[0x51ce]) % 3 {
-                0 => (pserver_core::DEFAULT_MAX_SLICE_BYTES, 64),
+                0 => (pserver_core::node::DEFAULT_MAX_SLICE_BYTES, 64),
                 1 => (rows(8, 2), 1),
                 _ => (rows(3, 5), 3),
             };

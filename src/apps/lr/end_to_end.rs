@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::{EpochReport, LrConfig, SlowWorker, Trained, train_local};
 use crate::data::libsvm::{Examples, IndexBase, read};
-use pserver_core::{Balance, Consistency, StragglerPolicy, Updater};
+use pserver_core::pace::{Balance, StragglerPolicy};
+use pserver_core::{Consistency, Updater};
 
 fn adult(name: &str, rows: usize) -> Examples {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))

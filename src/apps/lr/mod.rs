@@ -26,10 +26,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pserver_core::filter::FilterSaving;
+use pserver_core::pace::Coverage;
 use pserver_core::store::StoreLayout;
 use pserver_core::{
-    Consistency, Coverage, JobSpec, Key, KeyList, KeyRange, KeySelection, KvPairs, MAX_KEY,
-    RangeList, Updater,
+    Consistency, JobSpec, Key, KeyList, KeyRange, KeySelection, KvPairs, MAX_KEY, RangeList,
+    Updater,
 };
 use pserver_runtime::{ClusterSpec, LocalCluster, NodeMetrics, RuntimeError, WorkerHandle};
 use pserver_transport::mem::MemNetwork;
@@ -342,7 +343,7 @@ pub(crate) struct EpochReport {
     /// Rows trained on in the epoch, over every worker.
     pub rows: usize,
     /// Rows of the training data no worker trained in the epoch: steps a straggler was told
-    /// to skip ([`pserver_core::StragglerPolicy::skip_ahead`]), and rows of a share that
+    /// to skip ([`pserver_core::pace::StragglerPolicy::skip_ahead`]), and rows of a share that
     /// changed hands mid-epoch from a worker behind to one ahead.
     pub skipped_rows: usize,
     /// Of the rows skipped, those the workers dropped when told to skip ahead; the others
@@ -594,7 +595,7 @@ pub(crate) struct WorkerEpoch {
     /// Rows it trained on.
     pub rows: usize,
     /// Rows of its shares it did not train because the coordinator told it to skip ahead
-    /// ([`pserver_core::StragglerPolicy::skip_ahead`]).
+    /// ([`pserver_core::pace::StragglerPolicy::skip_ahead`]).
     pub skipped_rows: usize,
     /// Minibatches whose weights it pulled while computing the one before.
     pub pulled_ahead: usize,
@@ -1317,7 +1318,7 @@ pub(crate) async fn train_local_until(
     epochs.trained()
 }
 
-/// What was found and done about stragglers in a run ([`pserver_core::StragglerPolicy`]).
+/// What was found and done about stragglers in a run ([`pserver_core::pace::StragglerPolicy`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct PaceCounts {
     /// Times the coordinator found a worker lagging.

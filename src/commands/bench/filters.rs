@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use pserver_core::{Filters, KeyCaching, Kkt, Threshold};
+use pserver_core::filter::{Filters, KeyCaching, Kkt, Threshold};
 
 use super::stragglers::median;
 use super::train::{self, TrainSize};

@@ -24,7 +24,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use pserver_core::{Balance, Consistency, StragglerPolicy, TauRange};
+use pserver_core::Consistency;
+
+use pserver_core::pace::{Balance, StragglerPolicy, TauRange};
 
 use super::{BenchError, Measure, runtime_err};
 use crate::apps::lr::{

@@ -39,7 +39,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pserver_core::{Consistency, Filters, KeyCaching, Kkt, NodeId, Role, Threshold, Updater};
+use pserver_core::{Consistency, NodeId, Role, Updater};
+
+use pserver_core::filter::{Filters, KeyCaching, Kkt, Threshold};
 use pserver_runtime::ClusterSpec;
 use pserver_transport::tcp::{Secret, TcpConfig};
 use pserver_transport::udp::UdpConfig;

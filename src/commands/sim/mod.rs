@@ -4,10 +4,13 @@ mod seeds;
 mod slots;
 mod sweep;
 
-use pserver_core::{
-    Balance, Consistency, Detection, Filters, KeyCaching, Kkt, PushSlots, StragglerPolicy,
-    TauRange, Threshold,
-};
+use pserver_core::Consistency;
+
+use pserver_core::filter::{Filters, KeyCaching, Kkt, Threshold};
+
+use pserver_core::pace::{Balance, Detection, StragglerPolicy, TauRange};
+
+use pserver_core::slots::PushSlots;
 
 // The simulator is named in this one place; the submodules go through this module too.
 use pserver_models::sim as simulator;

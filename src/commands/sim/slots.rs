@@ -2,7 +2,7 @@
 //! push slots, measured by the servers' peak receive queue and the time the job takes
 //! (ARCHITECTURE.md §9).
 
-use pserver_core::PushSlots;
+use pserver_core::slots::PushSlots;
 
 use super::{CliError, MS, Protocol, SimArgs, SimConfig, SimFailure};
 

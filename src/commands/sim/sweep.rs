@@ -1,7 +1,7 @@
 //! The tau sweep: how long a workload takes, and how much workers idle, as the staleness bound
 //! grows, and with the coordinator dealing with stragglers (ARCHITECTURE.md §9).
 
-use pserver_core::{Balance, StragglerPolicy, TauRange};
+use pserver_core::pace::{Balance, StragglerPolicy, TauRange};
 
 use super::{Consistency, MS, PaceReport, Protocol, SimConfig, SimFailure};
 

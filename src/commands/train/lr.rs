@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use pserver_core::{
-    Balance, Consistency, Detection, Filters, JobSpec, KeyCaching, Kkt, StragglerPolicy, TauRange,
-    Threshold, Updater,
-};
+use pserver_core::filter::{Filters, KeyCaching, Kkt, Threshold};
+use pserver_core::pace::{Balance, Detection, StragglerPolicy, TauRange};
+use pserver_core::{Consistency, JobSpec, Updater};
 use tokio::runtime::Runtime;
 
 use super::NodesArgs;

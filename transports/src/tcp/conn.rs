@@ -6,7 +6,8 @@ use std::io::IoSlice;
 use std::net::SocketAddr;
 
 use bytes::{Bytes, BytesMut};
-use pserver_core::{FrameParts, NodeId};
+use pserver_core::NodeId;
+use pserver_core::wire::FrameParts;
 use thiserror::Error;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};

@@ -84,7 +84,9 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use pserver_core::{DEFAULT_MAX_FRAME, NodeId};
+use pserver_core::NodeId;
+
+use pserver_core::wire::DEFAULT_MAX_FRAME;
 
 pub use stats::TcpStats;
 // tokio has no networking under loom: only the configuration and the counters (whose loom

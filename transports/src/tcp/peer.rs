@@ -4,7 +4,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use pserver_core::{FrameParts, NodeId};
+use pserver_core::NodeId;
+
+use pserver_core::wire::FrameParts;
 use tokio::net::TcpStream;
 use tokio::sync::{Mutex as TokioMutex, mpsc, oneshot};
 use tokio::time::{Instant, sleep_until, timeout_at};

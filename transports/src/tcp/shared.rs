@@ -6,7 +6,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
-use pserver_core::{FrameParts, NodeId};
+use pserver_core::NodeId;
+use pserver_core::wire::FrameParts;
 use tokio::sync::{Notify, mpsc, watch};
 
 use super::handshake::{Auth, Established};

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use pserver_core::NodeId;
+use pserver_core::wire::FrameParts;
 use pserver_core::wire::PROTOCOL_VERSION;
-use pserver_core::{FrameParts, NodeId};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex as TokioMutex, Notify, mpsc, watch};
 use tokio::time::Instant;

@@ -8,7 +8,8 @@ use crate::sim::{Invariant, SimFailure, SimUpdater};
 use pserver_core::KeyRange;
 use pserver_core::KeySelection;
 use pserver_core::KvPairs;
-use pserver_core::{Epoch, Iteration, NodeId, Pace, RequestId};
+use pserver_core::pace::Pace;
+use pserver_core::{Epoch, Iteration, NodeId, RequestId};
 
 /// Above this many keys the oracle compares every key only at the end of a run (and the keys of
 /// each step's server are left alone), and single ownership is checked only at the end, to keep

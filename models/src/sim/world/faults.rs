@@ -302,7 +302,7 @@ impl World<'_> {
         let changing = self
             .coordinator()
             .and_then(|c| c.config())
-            .is_some_and(pserver_core::ClusterConfig::is_changing);
+            .is_some_and(pserver_core::wire::ClusterConfig::is_changing);
         changing || !self.plan.open.is_empty()
     }
 

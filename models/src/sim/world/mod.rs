@@ -15,22 +15,25 @@ use super::rule::ServerRule;
 use super::{Invariant, MS, PaceReport, SimConfig, SimFailure, SimReport, SimUpdater};
 use pserver_core::Bytes;
 
-use pserver_core::Codec;
 use pserver_core::Consistency;
 use pserver_core::Driver;
-use pserver_core::KeysDigest;
 use pserver_core::KvPairs;
+use pserver_core::filter::KeysDigest;
 use pserver_core::node::Coordinator;
 use pserver_core::node::Worker;
 use pserver_core::node::{Server, ServerConfig};
+use pserver_core::pace::Coverage;
+use pserver_core::pace::Pace;
 use pserver_core::ring::Ring;
+use pserver_core::wire::ClusterConfig;
+use pserver_core::wire::Codec;
 use pserver_core::wire::{
     Envelope, Message, Pull, PullReply, PullRows, PullValues, Push, ShardUpdate,
 };
-use pserver_core::{ClusterConfig, KeyList, KeySelection, Pace, RangeList, RequestId};
-use pserver_core::{Coverage, Event, Refusal};
 use pserver_core::{Epoch, Iteration, NodeId, Time};
+use pserver_core::{Event, Refusal};
 use pserver_core::{Key, KeyRange};
+use pserver_core::{KeyList, KeySelection, RangeList, RequestId};
 use std::sync::Arc;
 
 /// How much later than others a membership message may arrive under membership stress.

@@ -13,8 +13,8 @@ use thiserror::Error;
 
 use crate::ids::{Epoch, NodeId};
 use crate::kv::KvPairs;
+use crate::trailer::{self, TRAILER_ALIGN};
 use crate::value::Value;
-use crate::wire::trailer::{self, TRAILER_ALIGN};
 use crate::wire::{Envelope, Message, PROTOCOL_VERSION};
 
 /// The trailer length field's size.
@@ -91,7 +91,8 @@ pub enum EncodeError {
 /// Encodes and decodes envelopes under a frame-size limit.
 ///
 /// ```
-/// use pserver_core::{Codec, NodeId};
+/// use pserver_core::NodeId;
+/// use pserver_core::wire::Codec;
 /// use pserver_core::wire::{Envelope, Message};
 /// let codec = Codec::default();
 /// let env = Envelope::<f32>::new(NodeId(1), NodeId(0), 3, Message::Heartbeat { sent_at: 9, at: None });
@@ -325,12 +326,13 @@ impl Codec {
     /// is what [`Codec::encode`] gives.
     ///
     /// ```
-    /// use pserver_core::{Codec, KeyRange, KvPairs, NodeId};
+    /// use pserver_core::{KeyRange, KvPairs, NodeId};
+    /// use pserver_core::wire::Codec;
     /// use pserver_core::wire::{Envelope, Message, Push, SliceRef};
     /// let kvs = KvPairs::from_range(KeyRange::new(0, 1000)?, vec![0.5f32; 1000], 1)?;
     /// let values = kvs.values().as_ptr();
     /// let slice = SliceRef { request: 1, slice: 0 };
-    /// let push = Push { slice, iteration: 0, covers: pserver_core::Coverage::WHOLE, settled_below: 0, kvs };
+    /// let push = Push { slice, iteration: 0, covers: pserver_core::pace::Coverage::WHOLE, settled_below: 0, kvs };
     /// let env = Envelope::new(NodeId(1), NodeId(0), 1, Message::Push(push));
     /// let codec = Codec::default();
     /// let parts = codec.encode_parts(&env)?;
@@ -368,11 +370,12 @@ impl Codec {
     /// does) and the machine is little-endian. The pairs then keep `frame`'s bytes alive.
     ///
     /// ```
-    /// use pserver_core::{Codec, KeyRange, KvPairs, NodeId};
+    /// use pserver_core::{KeyRange, KvPairs, NodeId};
+    /// use pserver_core::wire::Codec;
     /// use pserver_core::wire::{Envelope, Message, Push, SliceRef};
     /// let kvs = KvPairs::from_range(KeyRange::new(0, 1000)?, vec![0.5f32; 1000], 1)?;
     /// let slice = SliceRef { request: 1, slice: 0 };
-    /// let push = Push { slice, iteration: 0, covers: pserver_core::Coverage::WHOLE, settled_below: 0, kvs };
+    /// let push = Push { slice, iteration: 0, covers: pserver_core::pace::Coverage::WHOLE, settled_below: 0, kvs };
     /// let codec = Codec::default();
     /// let frame = codec.encode(&Envelope::new(NodeId(1), NodeId(0), 1, Message::Push(push)))?;
     /// let Message::Push(got) = codec.decode_bytes::<f32>(&frame)?.body else { panic!() };

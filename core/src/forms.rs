@@ -15,7 +15,7 @@ use crate::key::{Key, MAX_KEY};
 use crate::kv::{KvPairs, ValueStorage};
 use crate::value::Value;
 
-use super::trailer;
+use crate::trailer;
 
 /// Appends `x` as an LEB128 varint.
 fn put_varint(mut x: u64, out: &mut Vec<u8>) {

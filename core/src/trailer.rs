@@ -1,6 +1,6 @@
 //! The values trailer of a frame (ARCHITECTURE.md §5).
 //!
-//! While [`Codec`](crate::Codec) encodes or decodes a frame, the values of every
+//! While [`Codec`](crate::wire::Codec) encodes or decodes a frame, the values of every
 //! [`KvPairs`](crate::KvPairs) in it travel after the message, in the order the pairs appear,
 //! starting at an offset of the frame that is a multiple of 8. A decoder handed the frame as
 //! `Bytes` then lets the pairs read their values where they arrived, without a copy.
