@@ -9,7 +9,8 @@ mod commands;
 mod data;
 mod seeded;
 
-use commands::{bench, check, r#gen, local, node, predict, ring, sim, train};
+use clap::CommandFactory;
+use commands::{bench, check, r#gen, local, manual, node, predict, ring, sim, train};
 use pserver_core::Role;
 use tracing_subscriber::EnvFilter;
 
@@ -45,22 +46,29 @@ enum Command {
     Coordinator(node::NodeArgs),
     /// Run one server of a cluster described by a cluster file, until SIGINT or SIGTERM.
     ///
-    /// On exit it prints `server nN keys=K total=T refused=R`, and with --dump writes one
-    /// `key_index total` line per key it holds. A server the coordinator removed from the
-    /// cluster (fenced, after a silence past the heartbeat timeout) exits at once with status
-    /// 3 and says so, freeing its port: restart it with the same id to rejoin.
+    /// On exit it prints, for a script job, `server nN keys=K total=T refused=R` (and with
+    /// --dump writes one `key_index total` line per key it holds), and for an lr job `server
+    /// nN rows=R nonzero=Z refused=F` (the model rows it holds, those not zero). A server the
+    /// coordinator removed from the cluster (fenced, after a silence past the heartbeat
+    /// timeout) exits at once with status 3 and says so, freeing its port: restart it with the
+    /// same id to rejoin.
     Server(node::NodeArgs),
-    /// Run one worker of a cluster described by a cluster file: the job's script (pull every
-    /// key, compute, push, advance, for each iteration), then exit.
+    /// Run one worker of a cluster described by a cluster file: the file's job, then exit.
     ///
-    /// Prints `worker nN iterations=I pushes=P pushed_sum=S` when done. A worker the
-    /// coordinator removed from the cluster (fenced) exits with status 3 and says so.
+    /// A script job (pull every key, compute, push, advance, for each iteration) ends with
+    /// `worker nN iterations=I pushes=P pushed_sum=S`. An lr job trains the worker's share of
+    /// the data file, prints a line per epoch (`worker nN iter=E rows=R train_logloss=L ...
+    /// rows_per_sec=X secs=S`, with the test log loss and AUC when the file names test data)
+    /// and ends with `worker nN trained epochs=E`. A worker the coordinator removed from the cluster (fenced) exits
+    /// with status 3 and says so.
     Worker(node::NodeArgs),
     Local(local::LocalArgs),
     Bench(bench::BenchArgs),
     Train(Box<train::TrainArgs>),
     Predict(predict::PredictArgs),
     Gen(r#gen::GenArgs),
+    Completions(manual::CompletionsArgs),
+    Man(manual::ManArgs),
 }
 
 fn main() -> ExitCode {
@@ -88,6 +96,103 @@ fn main() -> ExitCode {
         Command::Train(args) => train::run(*args),
         Command::Predict(args) => predict::run(args),
         Command::Gen(args) => r#gen::run(args),
+        Command::Completions(args) => manual::completions(args, Cli::command()),
+        Command::Man(args) => manual::man(args, Cli::command()),
     };
     commands::exit(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use std::collections::BTreeMap;
+
+    /// What a flag takes: the type its value parses to and how its value is named in help.
+    type Takes = (String, Vec<String>);
+
+    /// Every long flag of every command and subcommand, with what it takes, by command path.
+    fn flags() -> Vec<(String, String, Takes)> {
+        fn walk(cmd: &clap::Command, path: String, out: &mut Vec<(String, String, Takes)>) {
+            for arg in cmd.get_arguments() {
+                let Some(long) = arg.get_long() else {
+                    continue;
+                };
+                let names = arg
+                    .get_value_names()
+                    .map(|n| n.iter().map(ToString::to_string).collect())
+                    .unwrap_or_default();
+                let parser = format!("{:?}", arg.get_value_parser().type_id());
+                out.push((long.to_owned(), path.clone(), (parser, names)));
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, format!("{path} {}", sub.get_name()), out);
+            }
+        }
+        let mut out = Vec::new();
+        walk(&Cli::command(), "pserver".into(), &mut out);
+        out
+    }
+
+    /// A flag name two commands share means one thing: the same value type (and so the same
+    /// values accepted and refused), named the same in their help.
+    #[test]
+    fn a_flag_shared_by_commands_takes_one_type_of_value_everywhere() {
+        let mut by_name: BTreeMap<String, BTreeMap<Takes, Vec<String>>> = BTreeMap::new();
+        for (long, path, takes) in flags() {
+            by_name
+                .entry(long)
+                .or_default()
+                .entry(takes)
+                .or_default()
+                .push(path);
+        }
+        let clashes: Vec<String> = by_name
+            .iter()
+            .filter(|(_, meanings)| meanings.len() > 1)
+            .map(|(long, meanings)| format!("--{long}: {meanings:?}"))
+            .collect();
+        assert!(clashes.is_empty(), "{}", clashes.join("\n"));
+        // The walk sees the commands that share flags, down to the modes of sim and bench.
+        let paths: Vec<String> = flags().into_iter().map(|(_, path, _)| path).collect();
+        for expected in [
+            "pserver sim seeds",
+            "pserver bench filters",
+            "pserver train lr",
+            "pserver check",
+        ] {
+            assert!(paths.iter().any(|p| p == expected), "{expected}");
+        }
+    }
+
+    #[test]
+    fn the_check_of_flags_tells_two_value_types_apart() {
+        let takes = |cmd: clap::Command, long: &str| {
+            let mut all = Vec::new();
+            let root = clap::Command::new("t").subcommand(cmd);
+            for sub in root.get_subcommands() {
+                for arg in sub.get_arguments().filter(|a| a.get_long() == Some(long)) {
+                    all.push(format!("{:?}", arg.get_value_parser().type_id()));
+                }
+            }
+            all
+        };
+        // `--slow-worker` once took a factor in sim and W:F in train.
+        let factor = clap::Command::new("a").arg(
+            clap::Arg::new("slow-worker")
+                .long("slow-worker")
+                .value_parser(clap::value_parser!(f64)),
+        );
+        let worker = clap::Command::new("b").arg(
+            clap::Arg::new("slow-worker")
+                .long("slow-worker")
+                .value_parser(clap::value_parser!(commands::values::SlowWorker)),
+        );
+        assert_ne!(takes(factor, "slow-worker"), takes(worker, "slow-worker"));
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
 }

@@ -57,6 +57,7 @@ fn sim_ends_with_exactly_one_summary_line() {
     let out = pserver()
         .args([
             "sim",
+            "seeds",
             "--seeds",
             "20",
             "--drop",
@@ -80,6 +81,7 @@ fn a_failing_sim_exits_1_and_prints_the_replay_command() {
     let out = pserver()
         .args([
             "sim",
+            "seeds",
             "--seeds",
             "2",
             "--first-seed",
@@ -98,7 +100,7 @@ fn a_failing_sim_exits_1_and_prints_the_replay_command() {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("seeds 40..42"), "{stderr}");
     for seed in [40, 41] {
-        let replay = format!("replay: pserver sim --seeds 1 --first-seed {seed} ");
+        let replay = format!("replay: pserver sim seeds --seeds 1 --first-seed {seed} ");
         assert!(stderr.contains(&replay), "{stderr}");
     }
 }
@@ -108,6 +110,7 @@ fn sim_runs_a_chosen_update_rule_on_a_changed_ring_and_counts_redirects() {
     let out = pserver()
         .args([
             "sim",
+            "seeds",
             "--seeds",
             "10",
             "--servers",
@@ -133,6 +136,7 @@ fn sim_runs_a_chosen_update_rule_on_a_changed_ring_and_counts_redirects() {
     let out = pserver()
         .args([
             "sim",
+            "seeds",
             "--seeds",
             "1",
             "--updater",
@@ -150,22 +154,25 @@ fn sim_runs_a_chosen_update_rule_on_a_changed_ring_and_counts_redirects() {
         "{stderr}"
     );
     let out = pserver()
-        .args(["sim", "--updater", "adam"])
+        .args(["sim", "seeds", "--updater", "adam"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.contains("expected sum, sgd, adagrad or ftrl"), "{err}");
+    assert!(err.contains("[possible values: ftrl, adagrad, sgd, sum]"), "{err}");
 }
 
 #[test]
 fn sim_refuses_impossible_arguments_with_a_clear_message() {
-    let out = pserver().args(["sim", "--drop", "1.5"]).output().unwrap();
+    let out = pserver()
+        .args(["sim", "seeds", "--drop", "1.5"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("not a probability"), "{err}");
     let out = pserver()
-        .args(["sim", "--consistency", "bounded"])
+        .args(["sim", "seeds", "--consistency", "bounded"])
         .output()
         .unwrap();
     assert!(
@@ -180,6 +187,7 @@ fn sim_crashes_servers_and_prints_recovery_times_before_the_summary() {
     let out = pserver()
         .args([
             "sim",
+            "seeds",
             "--seeds",
             "12",
             "--servers",
@@ -244,7 +252,11 @@ fn sim_refuses_shapes_and_straggler_policies_it_cannot_run() {
             "is not a range of tau MIN:MAX",
         ),
     ] {
-        let out = pserver().arg("sim").args(args).output().unwrap();
+        let out = pserver()
+            .args(["sim", "seeds"])
+            .args(args)
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8(out.stderr).unwrap();
         assert!(err.contains(says), "{args:?}: {err}");
@@ -255,7 +267,7 @@ fn sim_refuses_shapes_and_straggler_policies_it_cannot_run() {
 fn sim_refuses_push_slots_it_cannot_grant_in_one_line() {
     for bad in ["8192:0", "8192", "big:1", "8192:-1"] {
         let out = pserver()
-            .args(["sim", "--seeds", "1", "--push-slots", bad])
+            .args(["sim", "seeds", "--seeds", "1", "--push-slots", bad])
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(2), "{bad}");
@@ -276,7 +288,7 @@ fn the_tau_sweep_prints_a_row_per_tau() {
     let out = pserver()
         .args([
             "sim",
-            "--tau-sweep",
+            "tau-sweep",
             "--straggler",
             "4",
             "--seeds",
@@ -349,7 +361,7 @@ fn model_heads(text: &str) -> Vec<&str> {
 #[test]
 fn check_model_replication_fails_over_joins_and_checks_the_replication_properties() {
     let out = pserver()
-        .args(["check", "--model", "replication", "--iterations", "0"])
+        .args(["check", "replication", "--iterations", "0"])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -391,7 +403,6 @@ fn check_model_replication_with_joins_checks_that_one_shape() {
     let out = pserver()
         .args([
             "check",
-            "--model",
             "replication",
             "--iterations",
             "0",
@@ -415,20 +426,14 @@ fn check_model_replication_with_joins_checks_that_one_shape() {
     let refused = pserver().args(["check", "--joins", "1"]).output().unwrap();
     assert_eq!(refused.status.code(), Some(2));
     let err = String::from_utf8(refused.stderr).unwrap();
-    assert!(err.contains("--model replication"), "{err}");
+    assert!(err.contains("check replication"), "{err}");
 }
 
 #[cfg(feature = "mutations")]
 #[test]
 fn check_model_replication_catches_acknowledgements_before_replication() {
     let out = pserver()
-        .args([
-            "check",
-            "--model",
-            "replication",
-            "--mutation",
-            "ack-before-replicate",
-        ])
+        .args(["check", "replication", "--mutation", "ack-before-replicate"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -465,7 +470,7 @@ fn check_finds_a_violation_for_every_mutation() {
             &["--consistency", "sequential", "--ring-change"],
         ),
         ("skip-past-decision", "staleness", &["--skip-ahead"]),
-        ("tau-past-decision", "staleness", &["--adaptive-tau"]),
+        ("tau-past-decision", "staleness", &["--adaptive-tau", "0:2"]),
     ] {
         let out = pserver()
             .args(["check", "--mutation", mutation])
@@ -669,7 +674,7 @@ fn sigterm_keeps_finished_epochs() -> Result<(), String> {
 #[test]
 fn bench_quick_prints_one_machine_readable_line_per_measure() {
     let out = pserver()
-        .args(["bench", "--quick", "--table"])
+        .args(["bench", "push", "--quick", "--table"])
         .output()
         .unwrap();
     assert!(
@@ -747,7 +752,7 @@ fn measure(text: &str, name: &str) -> f64 {
 #[test]
 fn bench_train_measures_pserver_against_a_floor_on_the_same_rows() {
     let out = pserver()
-        .args(["bench", "--train", "--quick", "--table"])
+        .args(["bench", "train", "--quick", "--table"])
         .output()
         .unwrap();
     assert!(
@@ -806,7 +811,7 @@ fn bench_train_measures_pserver_against_a_floor_on_the_same_rows() {
 #[test]
 fn bench_filters_measures_the_bytes_each_configuration_saves_next_to_unfiltered_training() {
     let out = pserver()
-        .args(["bench", "--filters", "--quick"])
+        .args(["bench", "filters", "--quick"])
         .output()
         .unwrap();
     assert!(
@@ -860,6 +865,7 @@ fn bench_measures_only_the_kinds_and_shapes_asked_for() {
     let out = pserver()
         .args([
             "bench",
+            "push",
             "--quick",
             "--transports",
             "mem,udp",
@@ -994,8 +1000,8 @@ fn meaningless_counts_and_bounds_of_the_other_commands_are_refused_naming_the_fl
     refused(&["gen", "--rows", "0", "--out", "never.svm"], "--rows");
     refused(&["local", "--iterations", "0"], "--iterations");
     refused(&["local", "--max-slice-bytes", "0"], "--max-slice-bytes");
-    refused(&["sim", "--seeds", "0"], "--seeds");
-    refused(&["sim", "--threads", "0"], "--threads");
+    refused(&["sim", "seeds", "--seeds", "0"], "--seeds");
+    refused(&["sim", "seeds", "--threads", "0"], "--threads");
     refused(&["check", "--threads", "0"], "--threads");
     refused(&["check", "--max-states", "0"], "--max-states");
 }

@@ -484,7 +484,10 @@ fn the_significantly_modified_filter_sends_fewer_rows_and_says_what_it_saved() {
 #[test]
 fn the_kkt_filter_needs_an_l1_model_holds_zero_weights_changes_and_says_what_it_saved() {
     for (args, said) in [
-        (&["--kkt", "0"][..], "0 is not in 1.."),
+        (
+            &["--kkt", "0"][..],
+            "`0` is not a whole number of pushes of at least 1",
+        ),
         (
             &["--kkt", "--updater", "sgd"][..],
             "--kkt: the KKT filter needs an L1-regularised model",

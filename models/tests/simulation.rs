@@ -153,7 +153,7 @@ fn a_failing_run_prints_its_seed_and_the_command_that_replays_it() {
     let text = failure.to_string();
     assert!(text.starts_with("seed 7 broke completion"), "{text}");
     assert!(
-        text.contains("replay: pserver sim --seeds 1 --first-seed 7 --servers 2 --workers 3 --keys 16 --iterations 4 --consistency sequential --drop 0.1 --reorder --time-limit-ms 1"),
+        text.contains("replay: pserver sim seeds --seeds 1 --first-seed 7 --servers 2 --workers 3 --keys 16 --iterations 4 --consistency sequential --drop 0.1 --reorder --time-limit-ms 1"),
         "{text}"
     );
 }
@@ -753,7 +753,7 @@ fn exactly_once_catches_copies_that_leave_the_de_duplication_state_behind() {
 
 /// A server that restarts before the coordinator declared it dead registers as a new
 /// incarnation: it is taken off the ring (its ranges pass to their replicas) and joins again
-/// through copies, so nothing acknowledged is lost (seed 4 of `pserver sim --servers 3
+/// through copies, so nothing acknowledged is lost (seed 4 of `pserver sim seeds --servers 3
 /// --replicas 1 --crash-servers 1 --quick-restart --updater sum` lost pushes when a restarted
 /// server was taken back as the holder of its ranges).
 #[test]

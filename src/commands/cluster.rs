@@ -19,7 +19,7 @@ use pserver_transport::tcp::TcpTransport;
 use pserver_transport::udp::UdpTransport;
 
 use super::cluster_file::ProcessWire;
-use super::parse::output_file;
+use super::values::output_file;
 use thiserror::Error;
 
 use super::cluster_file::{ClusterFile, ClusterFileError, Job, LrJob};

@@ -5,6 +5,7 @@ use std::io::BufWriter;
 use std::path::PathBuf;
 
 use super::CliError;
+use crate::data::libsvm::IndexBase;
 use crate::data::synthetic::{GenConfig, write};
 
 /// Generate synthetic click-like data in LIBSVM form: binary features with power-law
@@ -33,29 +34,25 @@ pub(crate) struct GenArgs {
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
     /// The index of the first feature: 0, or 1 for tools that require one-based files
-    /// (liblinear).
+    /// (liblinear). `auto` is for reading files, not writing them.
     #[arg(long, value_enum, default_value = "0")]
-    index_base: Base,
-}
-
-/// Where feature indices start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum Base {
-    #[value(name = "0")]
-    Zero,
-    #[value(name = "1")]
-    One,
+    index_base: IndexBase,
 }
 
 /// Runs `pserver gen`: writes the rows to the output file.
 pub(crate) fn run(args: GenArgs) -> Result<(), CliError> {
+    if args.index_base == IndexBase::Auto {
+        return Err(CliError::input(
+            "--index-base auto: a written file counts its indices from 0 or from 1; give --index-base 0 or 1",
+        ));
+    }
     let cfg = GenConfig {
         rows: args.rows,
         features: args.features,
         per_row: args.per_row as usize,
         seed: args.seed,
         first_row: args.first_row,
-        one_based: args.index_base == Base::One,
+        one_based: args.index_base == IndexBase::One,
     };
     let out = args.out.display();
     let mut file = File::create(&args.out)

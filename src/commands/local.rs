@@ -11,8 +11,8 @@ use pserver_core::wire::DEFAULT_MAX_FRAME;
 
 use super::CliError;
 use super::cluster::{LocalOptions, run_local};
-use super::parse::{at_least_one, probability};
 use super::script::Script;
+use super::values::{Probability, at_least_one};
 
 /// Run a whole cluster in this process over the in-memory transport, run the script on
 /// every worker, and check that the servers end with exactly what the workers pushed.
@@ -38,11 +38,11 @@ pub(crate) struct LocalArgs {
     #[arg(long, default_value = "bounded:2")]
     consistency: Consistency,
     /// Probability that the in-memory network loses a frame.
-    #[arg(long, default_value_t = 0.0, value_parser = probability)]
-    drop: f64,
+    #[arg(long, default_value_t = Probability::ZERO)]
+    drop: Probability,
     /// Probability that it delivers a frame twice.
-    #[arg(long, default_value_t = 0.0, value_parser = probability)]
-    dup: f64,
+    #[arg(long, default_value_t = Probability::ZERO)]
+    dup: Probability,
     /// Seed of the network's faults.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -66,8 +66,8 @@ pub(crate) fn run(args: LocalArgs) -> Result<(), CliError> {
             iterations: args.iterations,
             compute: Duration::ZERO,
         },
-        drop: args.drop,
-        dup: args.dup,
+        drop: args.drop.get(),
+        dup: args.dup.get(),
         seed: args.seed,
         max_frame: args.max_frame,
         max_slice_bytes: args.max_slice_bytes,

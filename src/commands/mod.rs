@@ -1,6 +1,6 @@
 //! The subcommands of `pserver`, one module each, named after the command: each owns its
-//! arguments (a clap `Args` struct) and its `run`. The modules also hold the commands' logic as
-//! library functions, so that it can be tested directly.
+//! arguments (a clap `Args` struct) and its `run`. The values options take are defined once in
+//! [`values`], and the flags several commands share once in `groups`.
 
 pub(crate) mod bench;
 pub(crate) mod check;
@@ -8,16 +8,18 @@ pub(crate) mod cluster;
 pub(crate) mod cluster_file;
 pub(crate) mod error;
 pub(crate) mod r#gen;
+mod groups;
 pub(crate) mod local;
+pub(crate) mod manual;
 pub(crate) mod metrics;
 pub(crate) mod node;
-mod parse;
 pub(crate) mod predict;
 pub(crate) mod ring;
 pub(crate) mod script;
 pub(crate) mod signals;
 pub(crate) mod sim;
 pub(crate) mod train;
+pub(crate) mod values;
 
 pub(crate) use error::{CliError, exit};
 

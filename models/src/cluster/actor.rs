@@ -476,7 +476,7 @@ impl ClusterActor {
         if let Some(pace) = cfg.pace {
             let settings = actors[0].settings_mut();
             settings.stragglers = cfg.worker_ids().collect();
-            settings.calm = pace.adaptive_tau;
+            settings.calm = pace.adaptive_tau.is_some();
         }
         Ok(actors)
     }

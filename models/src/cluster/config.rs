@@ -53,22 +53,22 @@ pub struct PaceModel {
     /// A straggler is told to skip to the others' iteration ([`StragglerPolicy::skip_ahead`]).
     pub skip_ahead: bool,
     /// The staleness bound rises by one at a check that finds a straggler and falls by one at
-    /// a check that finds none ([`StragglerPolicy::adaptive_tau`]), from the job's `tau` to
-    /// one more or one less.
-    pub adaptive_tau: bool,
+    /// a check that finds none ([`StragglerPolicy::adaptive_tau`]), within this range.
+    pub adaptive_tau: Option<TauRange>,
 }
 
 impl PaceModel {
     /// Skip-ahead alone.
     pub const SKIP_AHEAD: PaceModel = PaceModel {
         skip_ahead: true,
-        adaptive_tau: false,
+        adaptive_tau: None,
     };
 
     /// Adaptive tau alone.
     pub const ADAPTIVE_TAU: PaceModel = PaceModel {
         skip_ahead: false,
-        adaptive_tau: true,
+        // The job's bound is 1 ([`ClusterModelConfig::adaptive_tau`]): one more or one less.
+        adaptive_tau: Some(TauRange { min: 0, max: 2 }),
     };
 }
 
@@ -122,10 +122,10 @@ pub struct ClusterModelConfig {
     /// [`STRAGGLER_OTHERS_IN`]), or with adaptive tau possibly nobody. It decides only under
     /// bounded delay.
     pub pace: Option<PaceModel>,
-    /// Key caching ([`pserver_core::filter::KeyCaching`], two lists per peer): workers name the key
-    /// lists they sent a server before, servers answer pulls without keys. So that lists
-    /// differ, each iteration's push leaves out one key ([`ClusterModelConfig::pushes`]).
-    pub key_caching: bool,
+    /// Key caching ([`pserver_core::filter::KeyCaching`], lists kept per peer): workers name
+    /// the key lists they sent a server before, servers answer pulls without keys. So that
+    /// lists differ, each iteration's push leaves out one key ([`ClusterModelConfig::pushes`]).
+    pub key_caching: Option<KeyCaching>,
 }
 
 /// The iteration the other workers report when one is found straggling in iteration 0
@@ -153,7 +153,7 @@ impl Default for ClusterModelConfig {
             backoff: false,
             joins: 0,
             pace: None,
-            key_caching: false,
+            key_caching: None,
         }
     }
 }
@@ -234,7 +234,7 @@ impl ClusterModelConfig {
             iterations: 2,
             consistency: Consistency::Sequential,
             network,
-            key_caching: true,
+            key_caching: KeyCaching::new(2),
             ..ClusterModelConfig::default()
         }
     }
@@ -257,7 +257,7 @@ impl ClusterModelConfig {
         }
     }
 
-    /// What `pserver check --model replication` checks, each configuration exhaustively:
+    /// What `pserver check replication` checks, each configuration exhaustively:
     /// fail-over ([`ClusterModelConfig::replication`]) and a join
     /// ([`ClusterModelConfig::replication_join`]). Together they would be checked in one
     /// model only at a size far beyond minutes: a join alone multiplies the states of the job
@@ -330,8 +330,8 @@ impl ClusterModelConfig {
         if let Some(pace) = self.pace {
             job.stragglers = self.stragglers(pace);
         }
-        if self.key_caching {
-            job.filters = Filters::key_caching(KeyCaching::new(2).unwrap_or_default());
+        if let Some(caching) = self.key_caching {
+            job.filters = Filters::key_caching(caching);
         }
         job
     }
@@ -341,7 +341,9 @@ impl ClusterModelConfig {
     /// every iteration leaves out the key at `iteration` modulo the keys, so that a worker
     /// sends each server different lists.
     pub fn pushes(&self, iteration: Iteration, index: usize) -> bool {
-        !(self.key_caching && self.keys >= 2 && index as u64 == u64::from(iteration) % self.keys)
+        !(self.key_caching.is_some()
+            && self.keys >= 2
+            && index as u64 == u64::from(iteration) % self.keys)
     }
 
     /// The job's straggler policy for `pace`. Detection flags any worker behind the others at
@@ -350,13 +352,7 @@ impl ClusterModelConfig {
         let mut policy = StragglerPolicy::default();
         policy.detect = Some(Detection::lagging(0));
         policy.skip_ahead = pace.skip_ahead;
-        if pace.adaptive_tau {
-            let tau = self.consistency.tau().unwrap_or(0);
-            policy.adaptive_tau = Some(TauRange {
-                min: tau.saturating_sub(1),
-                max: tau + 1,
-            });
-        }
+        policy.adaptive_tau = pace.adaptive_tau;
         policy
     }
 

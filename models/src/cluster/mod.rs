@@ -150,7 +150,7 @@ pub fn cluster_model(cfg: ClusterModelConfig) -> Result<ClusterModel, Coordinato
             "retransmission backed off",
             backed_off,
         );
-    if key_caching {
+    if key_caching.is_some() {
         model = model
             .property(Expectation::Sometimes, "list named", list_named)
             .property(Expectation::Sometimes, "list asked for", list_asked);
@@ -175,7 +175,7 @@ pub fn cluster_model(cfg: ClusterModelConfig) -> Result<ClusterModel, Coordinato
             skipped_ahead,
         );
     }
-    if pace.is_some_and(|p| p.adaptive_tau) {
+    if pace.is_some_and(|p| p.adaptive_tau.is_some()) {
         model = model
             .property(Expectation::Sometimes, "tau raised", tau_raised)
             .property(Expectation::Sometimes, "tau lowered", tau_lowered);

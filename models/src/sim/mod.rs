@@ -211,11 +211,15 @@ pub struct SimConfig {
     pub faults: Faults,
     /// Each iteration one worker, chosen at random, computes this many times slower (1 = none).
     pub straggler: f64,
-    /// The first worker always computes this many times slower (a slow machine; 1 = none).
+    /// The slow worker ([`SimConfig::slow_index`]) always computes this many times slower (a
+    /// slow machine; 1 = none).
     pub slow_worker: f64,
-    /// The first worker computes this many times slower from the middle of the run on (a
+    /// The slow worker computes this many times slower from the middle of the run on (a
     /// machine that slows down mid-job; 1 = none).
     pub slows_down: f64,
+    /// Which worker is slow ([`SimConfig::slow_worker`], [`SimConfig::slows_down`]), from 0 in
+    /// node order.
+    pub slow_index: usize,
     /// How the job deals with stragglers (ARCHITECTURE.md §9). With detection on, nodes beat
     /// every `compute` (at least 1 ms), so that the coordinator checks at the pace of
     /// iterations.
@@ -316,6 +320,7 @@ impl Default for SimConfig {
             faults: Faults::default(),
             straggler: 1.0,
             slow_worker: 1.0,
+            slow_index: 0,
             slows_down: 1.0,
             stragglers: StragglerPolicy::default(),
             parts: 1,
@@ -372,7 +377,7 @@ impl SimConfig {
     /// The `pserver sim` command that runs exactly this configuration.
     pub fn replay_command(&self) -> String {
         let mut cmd = format!(
-            "pserver sim --seeds 1 --first-seed {} --servers {} --workers {} --keys {} --iterations {} --consistency {}",
+            "pserver sim seeds --seeds 1 --first-seed {} --servers {} --workers {} --keys {} --iterations {} --consistency {}",
             self.seed, self.servers, self.workers, self.keys, self.iterations, self.consistency
         );
         let f = &self.faults;
@@ -395,7 +400,9 @@ impl SimConfig {
             cmd += &format!(" --straggler {}", self.straggler);
         }
         if self.slow_worker != 1.0 {
-            cmd += &format!(" --slow-worker {}", self.slow_worker);
+            cmd += &format!(" --slow-worker {}:{}", self.slow_index, self.slow_worker);
+        } else if self.slow_index != 0 && self.slows_down != 1.0 {
+            cmd += &format!(" --slow-worker {}:1", self.slow_index);
         }
         if self.slows_down != 1.0 {
             cmd += &format!(" --slows-down {}", self.slows_down);
@@ -460,7 +467,7 @@ impl SimConfig {
             cmd += " --compress";
         }
         if let Some(kkt) = self.filters.kkt {
-            cmd += &format!(" --kkt {}:{}", kkt.bound().get(), kkt.every());
+            cmd += &format!(" --kkt {} --kkt-bound {}", kkt.every(), kkt.bound().get());
         }
         if let Some(rate) = self.receive_rate {
             cmd += &format!(" --receive-rate {rate}");
@@ -492,6 +499,12 @@ impl SimConfig {
         let replicas = self.ring.replicas as usize;
         if self.servers == 0 {
             return Err("a run needs at least one server".into());
+        }
+        if self.slow_index >= self.workers {
+            return Err(format!(
+                "--slow-worker {}:F names a worker past the last of --workers {} (they count from 0)",
+                self.slow_index, self.workers
+            ));
         }
         if replicas >= self.servers {
             return Err(format!(

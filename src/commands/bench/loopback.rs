@@ -10,7 +10,8 @@ use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
 use pserver_transport::udp::{UdpConfig, UdpTransport};
 use pserver_transport::{Transport, TransportError};
 
-use super::{BenchError, Wire, runtime_err};
+use super::options::Transport as Wire;
+use super::{BenchError, runtime_err};
 
 /// A cluster over `wire` on loopback.
 pub(super) async fn start(

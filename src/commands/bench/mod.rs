@@ -1,6 +1,6 @@
-//! `pserver bench`: push and pull throughput and small-request latency over each transport,
-//! next to raw TCP baselines measured in the same run, so that every figure reads as a ratio
-//! to what the machine's loopback can do.
+//! `pserver bench push | train | stragglers | filters`: push and pull over each transport next
+//! to raw TCP, training next to a plain loop and Vowpal Wabbit, straggler handling and filters,
+//! each with its baseline measured in the same run, so that every figure reads as a ratio.
 //!
 //! Every measure is one `name value unit` line; [`Measure::line`] gives it.
 
@@ -29,30 +29,79 @@ use std::collections::BTreeMap;
 use pserver_core::ring::Ring;
 use pserver_core::{Key, NodeId};
 
-pub(crate) use options::{BenchOptions, DenseSize, Kind, Topology, Wire};
+pub(crate) use options::{BenchOptions, DenseSize, Kind, Topology, Transport};
 
-/// Measure push and pull throughput and small-request latency over each transport (mem,
-/// tcp, udp; one server and one worker, then two of each, on loopback), with a raw TCP
-/// stream and ping-pong as baselines measured in the same run. Build with --release.
-///
-/// Dense requests carry contiguous keys; sparse ones 1M keys drawn from 2^24 (64K with
-/// --quick); each runs on a cluster whose ring is told the key space of its keys, and with two
-/// servers `...share.nN` says what fraction of the keys each server is the primary of; `udp_lossy` drops 0.1% of the datagrams. Every dense measure checks that the
-/// servers end with exactly the pushes sent, and fails otherwise. Prints one `name value
-/// unit` line per measure (GB/s of values, million keys per second, microseconds); --table
-/// adds each figure's ratio to the raw TCP baseline.
+/// Measure pserver against baselines run in the same process and run, so that every figure
+/// reads as a ratio: push and pull over each transport against raw TCP (`push`), training
+/// against a plain loop and Vowpal Wabbit (`train`), straggler handling (`stragglers`) and
+/// filters (`filters`). Build with --release.
 #[derive(clap::Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// Seconds instead of minutes: requests of 1K and 64K values, few repetitions (a smoke
-    /// test of the benchmark itself).
+    /// What to measure.
+    #[command(subcommand)]
+    mode: BenchMode,
+}
+
+/// What `pserver bench` measures.
+#[derive(clap::Subcommand, Debug)]
+enum BenchMode {
+    /// Push and pull throughput and small-request latency over each transport (mem, tcp,
+    /// udp; one server and one worker, then two of each, on loopback), with a raw TCP stream
+    /// and ping-pong as baselines measured in the same run.
+    ///
+    /// Dense requests carry contiguous keys; sparse ones 1M keys drawn from 2^24 (64K with
+    /// --quick); each runs on a cluster whose ring is told the key space of its keys, and with
+    /// two servers `...share.nN` says what fraction of the keys each server is the primary of;
+    /// `udp_lossy` drops 0.1% of the datagrams. Every dense measure checks that the servers
+    /// end with exactly the pushes sent, and fails otherwise. Prints one `name value unit` line
+    /// per measure (GB/s of values, million keys per second, microseconds); --table adds each
+    /// figure's ratio to the raw TCP baseline.
+    Push(PushArgs),
+    /// Logistic regression on a generated problem (500,000 rows of 4M features, 3 epochs;
+    /// 20,000 rows with --quick), by a floor (the same update rule over a flat array in one
+    /// thread), by Vowpal Wabbit (one pass, when the vw command or the vowpalwabbit Python
+    /// module is installed) and by pserver train with 1 server and 1 worker over mem, 2 and 2
+    /// over mem, and 1 and 1 over tcp: rows/s overall and per epoch (parsing apart),
+    /// CPU-seconds per million rows, peak RSS, test AUC, and each figure's ratio to the floor
+    /// and to VW.
+    Train(TrainBenchArgs),
+    /// Straggler handling, on the shipped UCI Adult data: with worker 0 always 4x slower,
+    /// sequential consistency against bounded delay 1 with skip-ahead and 8 shares per worker
+    /// sized by speed (time and test AUC); with transient stragglers, fixed tau 0, 1, 2, 4, 8
+    /// against adaptive tau 1-8 (FTRL alpha 0.1, 20 epochs; when each median learning curve
+    /// first reaches the lowest test log loss a fixed tau's reaches). Each configuration runs
+    /// 11 times (a few minutes). Runs from the repository's root.
+    Stragglers(QuickArgs),
+    /// Unfiltered training against key caching, key caching with value compression, and both
+    /// with the significantly-modified filter at 0.05, on the shipped UCI Adult data (2
+    /// servers, 4 workers, 10 epochs, over mem) and on a generated problem (that of `bench
+    /// train`, --train-rows rows, 2 million by default; 2 servers, 4 workers, 3 epochs, over
+    /// mem and tcp): the bytes every node sent in the last epoch, test AUC, rows/s and CPU
+    /// seconds per million rows, each with its ratio to unfiltered training, medians of
+    /// --rounds runs. Runs from the repository's root.
+    Filters(FiltersBenchArgs),
+}
+
+/// How long a benchmark runs.
+#[derive(clap::Args, Debug)]
+struct QuickArgs {
+    /// Seconds instead of minutes: small problems, few repetitions (a smoke test of the
+    /// benchmark itself).
     #[arg(long)]
     quick: bool,
+}
+
+/// What `pserver bench push` measures.
+#[derive(clap::Args, Debug)]
+struct PushArgs {
+    #[command(flatten)]
+    run: QuickArgs,
     /// Also print a table with each figure's ratio to the raw TCP baselines.
     #[arg(long)]
     table: bool,
     /// The transports to measure, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "mem,tcp,udp")]
-    transports: Vec<Wire>,
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "mem,tcp,udp")]
+    transports: Vec<Transport>,
     /// Only these dense request sizes, comma-separated (values per request); by default all
     /// of them (1K and 64K with --quick).
     #[arg(long, value_delimiter = ',')]
@@ -64,108 +113,104 @@ pub(crate) struct BenchArgs {
     /// Only these cluster shapes, comma-separated (servers `s`, workers `w`); by default both.
     #[arg(long, value_delimiter = ',')]
     topologies: Vec<Topology>,
-    /// Measure training instead: logistic regression on a generated problem (500,000 rows of
-    /// 4M features, 3 epochs; 20,000 rows with --quick), by a floor (the same update rule over
-    /// a flat array in one thread), by Vowpal Wabbit (one pass, when the vw command or the
-    /// vowpalwabbit Python module is installed) and by pserver train with 1 server and 1
-    /// worker over mem, 2 and 2 over mem, and 1 and 1 over tcp: rows/s overall and per epoch
-    /// (parsing apart), CPU-seconds per million rows, peak RSS, test AUC, and each figure's
-    /// ratio to the floor and to VW.
-    #[arg(long, conflicts_with_all = ["sizes", "kinds", "topologies"])]
-    train: bool,
-    /// Measure straggler handling instead, on the shipped UCI Adult data: with worker 0
-    /// always 4x slower, sequential consistency against bounded delay 1 with skip-ahead and
-    /// 8 shares per worker sized by speed (time and test AUC); with transient stragglers,
-    /// fixed tau 0, 1, 2, 4, 8 against adaptive tau 1-8 (FTRL alpha 0.1, 20 epochs; when
-    /// each median learning curve first reaches the lowest test log loss a fixed tau's
-    /// reaches). Each configuration runs 11 times (a few minutes). Runs from the
-    /// repository's root.
-    #[arg(long, conflicts_with_all = ["sizes", "kinds", "topologies", "train"])]
-    stragglers: bool,
-    /// Measure filters instead: unfiltered training against key caching, key caching with
-    /// value compression, and both with the significantly-modified filter at 0.05, on the
-    /// shipped UCI Adult data (2 servers, 4 workers, 10 epochs, over mem) and on a generated
-    /// problem (the --train generator, --train-rows rows, 2 million by default; 2 servers, 4
-    /// workers, 3 epochs, over mem and tcp): the bytes every node sent in the last epoch,
-    /// test AUC, rows/s and CPU seconds per million rows, each with its ratio to unfiltered
-    /// training, medians of --rounds runs. Runs from the repository's root.
-    #[arg(long, conflicts_with_all = ["sizes", "kinds", "topologies", "train", "stragglers"])]
-    filters: bool,
-    /// With --filters, measure only over TCP: the generated problem's TCP runs, for a link
-    /// shaped outside the process (`scripts/filters-1gbit` runs them over a 1 Gbit/s link).
-    #[arg(long, requires = "filters")]
-    tcp_only: bool,
-    /// With --filters, run every configuration this many times, in rounds of one run each,
-    /// and report the median of each figure: rows/s on a shared machine moves by tens of
-    /// percent from run to run [default: 3, 1 with --quick]
-    #[arg(long, requires = "filters", value_parser = clap::value_parser!(u32).range(1..=99))]
-    rounds: Option<u32>,
-    /// Training rows of the --train and --filters problems (and a tenth as many test rows).
+}
+
+/// The size of a generated training problem.
+#[derive(clap::Args, Debug)]
+struct RowsArgs {
+    /// Training rows of the generated problem (and a tenth as many test rows).
     #[arg(long, value_parser = clap::value_parser!(u64).range(10..))]
     train_rows: Option<u64>,
 }
 
+/// What `pserver bench train` measures.
+#[derive(clap::Args, Debug)]
+struct TrainBenchArgs {
+    #[command(flatten)]
+    run: QuickArgs,
+    /// Also print a table with each figure's ratio to the floor and to VW.
+    #[arg(long)]
+    table: bool,
+    #[command(flatten)]
+    rows: RowsArgs,
+}
+
+/// What `pserver bench filters` measures.
+#[derive(clap::Args, Debug)]
+struct FiltersBenchArgs {
+    #[command(flatten)]
+    run: QuickArgs,
+    #[command(flatten)]
+    rows: RowsArgs,
+    /// Measure only over TCP: the generated problem's TCP runs, for a link shaped outside the
+    /// process (`scripts/filters-1gbit` runs them over a 1 Gbit/s link).
+    #[arg(long)]
+    tcp_only: bool,
+    /// Run every configuration this many times, in rounds of one run each, and report the
+    /// median of each figure: rows/s on a shared machine moves by tens of percent from run to
+    /// run [default: 3, 1 with --quick]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=99))]
+    rounds: Option<u32>,
+}
+
 /// Runs `pserver bench`: prints every measure as it is known, then with `--table` the table of
-/// ratios to the raw TCP baselines.
+/// ratios to the baselines.
 pub(crate) fn run(args: BenchArgs) -> Result<(), CliError> {
     if cfg!(debug_assertions) {
         eprintln!(
             "warning: a debug build; benchmark figures come from `cargo run --release -- bench`"
         );
     }
-    if args.train_rows.is_some() && !args.train && !args.filters {
-        return Err(CliError::input(
-            "--train-rows sizes the --train and --filters problems: give one of them",
-        ));
-    }
     let rt = super::runtime()?;
-    if args.stragglers {
-        rt.block_on(stragglers::run_stragglers_bench(
-            args.quick,
-            &mut |m: Measure| println!("{}", m.line()),
-        ))
-        .map_err(CliError::failed)?;
-        return Ok(());
-    }
-    if args.filters {
-        let rows = args.train_rows.or((!args.quick).then_some(2_000_000));
-        let size = train::TrainSize::new(args.quick, rows);
-        rt.block_on(filters::run_filters_bench(
-            args.quick,
-            args.tcp_only,
-            size,
-            args.rounds
-                .map_or(if args.quick { 1 } else { 3 }, |r| r as usize),
-            &mut |m: Measure| println!("{}", m.line()),
-        ))
-        .map_err(CliError::failed)?;
-        return Ok(());
-    }
-    if args.train {
-        let size = train::TrainSize::new(args.quick, args.train_rows);
-        let mut measures = Vec::new();
-        rt.block_on(train::run_train_bench(size, &mut |m: Measure| {
-            println!("{}", m.line());
-            measures.push(m);
-        }))
-        .map_err(CliError::failed)?;
-        if args.table {
-            train::print_table(&measures);
+    match args.mode {
+        BenchMode::Stragglers(QuickArgs { quick }) => {
+            rt.block_on(stragglers::run_stragglers_bench(
+                quick,
+                &mut |m: Measure| println!("{}", m.line()),
+            ))
+            .map_err(CliError::failed)?;
         }
-        return Ok(());
-    }
-    let opts = BenchOptions {
-        quick: args.quick,
-        transports: args.transports,
-        sizes: args.sizes,
-        kinds: args.kinds,
-        topologies: args.topologies,
-    };
-    let measures = rt
-        .block_on(run_bench(&opts, |m| println!("{}", m.line())))
-        .map_err(CliError::failed)?;
-    if args.table {
-        print_table(&measures);
+        BenchMode::Filters(args) => {
+            let quick = args.run.quick;
+            let rows = args.rows.train_rows.or((!quick).then_some(2_000_000));
+            let size = train::TrainSize::new(quick, rows);
+            rt.block_on(filters::run_filters_bench(
+                quick,
+                args.tcp_only,
+                size,
+                args.rounds
+                    .map_or(if quick { 1 } else { 3 }, |r| r as usize),
+                &mut |m: Measure| println!("{}", m.line()),
+            ))
+            .map_err(CliError::failed)?;
+        }
+        BenchMode::Train(args) => {
+            let size = train::TrainSize::new(args.run.quick, args.rows.train_rows);
+            let mut measures = Vec::new();
+            rt.block_on(train::run_train_bench(size, &mut |m: Measure| {
+                println!("{}", m.line());
+                measures.push(m);
+            }))
+            .map_err(CliError::failed)?;
+            if args.table {
+                train::print_table(&measures);
+            }
+        }
+        BenchMode::Push(args) => {
+            let opts = BenchOptions {
+                quick: args.run.quick,
+                transports: args.transports,
+                sizes: args.sizes,
+                kinds: args.kinds,
+                topologies: args.topologies,
+            };
+            let measures = rt
+                .block_on(run_bench(&opts, |m| println!("{}", m.line())))
+                .map_err(CliError::failed)?;
+            if args.table {
+                print_table(&measures);
+            }
+        }
     }
     Ok(())
 }
@@ -258,7 +303,7 @@ pub(crate) async fn run_bench(
         }
         let lossy_wanted =
             wants(&opts.kinds, Kind::Dense) && wants(&opts.topologies, Topology::OneEach);
-        if wire == Wire::Udp && lossy_wanted {
+        if wire == Transport::Udp && lossy_wanted {
             emit_lossy(opts, &mut emit).await?;
         }
     }
@@ -304,7 +349,7 @@ fn server_shares(
 /// Starts a cluster for `spec` over `wire` and waits until its workers are ready.
 async fn started(
     spec: &ClusterSpec,
-    wire: Wire,
+    wire: Transport,
 ) -> Result<pserver_runtime::LocalCluster<f32>, BenchError> {
     let cluster = start(spec, wire, 0.0).await?;
     for w in &cluster.workers {
@@ -317,7 +362,7 @@ async fn started(
 /// space is that of its keys.
 async fn measure_cluster(
     opts: &BenchOptions,
-    wire: Wire,
+    wire: Transport,
     topology: Topology,
     emit: &mut impl FnMut(Measure),
 ) -> Result<(), BenchError> {
@@ -423,7 +468,7 @@ async fn emit_lossy(opts: &BenchOptions, emit: &mut impl FnMut(Measure)) -> Resu
     };
     let mut spec = ClusterSpec::new(1, 1);
     spec.job.consistency = Consistency::Eventual;
-    let cluster = start(&spec, Wire::Udp, LOSSY_DROP).await?;
+    let cluster = start(&spec, Transport::Udp, LOSSY_DROP).await?;
     cluster.workers[0].ready().await?;
     let prefix = "udp_lossy.1s1w";
     match dense(&cluster.workers, size, opts.quick, prefix).await {

@@ -3,22 +3,10 @@
 
 use clap::ValueEnum;
 
+pub(crate) use crate::commands::values::Transport;
+
 // The choices of the options below have no help of their own (`help = None`), so that
 // `--help` lists their names on one line after the option's own explanation.
-
-/// A transport `pserver bench` measures.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Wire {
-    /// Channels inside the process.
-    #[value(help = None)]
-    Mem,
-    /// Authenticated TCP connections on loopback.
-    #[value(help = None)]
-    Tcp,
-    /// UDP datagrams on loopback.
-    #[value(help = None)]
-    Udp,
-}
 
 /// The size of the requests of a dense measure.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,7 +86,7 @@ pub(crate) struct BenchOptions {
     /// Seconds rather than minutes: small requests only, few repetitions.
     pub quick: bool,
     /// The transports to measure, in this order.
-    pub transports: Vec<Wire>,
+    pub transports: Vec<Transport>,
     /// Only the dense measures of these sizes; all when empty.
     pub sizes: Vec<DenseSize>,
     /// Only these kinds of measure; all when empty.

@@ -82,8 +82,8 @@ pub(crate) fn describe_config(cfg: &ClusterModelConfig) -> String {
         (cfg.ring_change, " ring-change"),
         (cfg.backoff, " backoff"),
         (pace.skip_ahead, " skip-ahead"),
-        (pace.adaptive_tau, " adaptive-tau"),
-        (cfg.key_caching, " key-cache"),
+        (pace.adaptive_tau.is_some(), " adaptive-tau"),
+        (cfg.key_caching.is_some(), " key-cache"),
     ] {
         if on {
             line += flag;

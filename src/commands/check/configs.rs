@@ -13,11 +13,11 @@ pub(super) fn from_args(
     let replication = args.model == ModelName::Replication;
     if !replication && (args.joins.is_some() || args.replicas.is_some()) {
         return Err(CliError::input(
-            "--joins and --replicas shape the replication model: add --model replication",
+            "--joins and --replicas shape the replication model: check replication",
         ));
     }
     let pace = pace(args);
-    if replication && args.key_cache {
+    if replication && args.key_cache.is_some() {
         return Err(CliError::input(
             "--key-cache shapes the cluster model, not the replication model",
         ));
@@ -47,14 +47,14 @@ pub(super) fn from_args(
         (true, false, _) => ClusterModelConfig::replication_suite(),
         (true, true, _) => vec![ClusterModelConfig::replication()],
         (false, _, Some(pace)) => vec![paced(pace)],
-        (false, _, None) if args.key_cache => {
+        (false, _, None) if args.key_cache.is_some() => {
             vec![ClusterModelConfig::key_caching(NetworkKind::Lossy)]
         }
         (false, _, None) => vec![ClusterModelConfig::default()],
     };
     // Like the replication model's, the shapes of straggler decisions have defaults of their
     // own, which the options given change.
-    let own_defaults = replication || pace.is_some() || args.key_cache;
+    let own_defaults = replication || pace.is_some() || args.key_cache.is_some();
     let bases: Vec<ClusterModelConfig> = bases
         .into_iter()
         .map(|defaults| shaped(args, defaults, own_defaults))
@@ -105,13 +105,13 @@ fn shape_given(args: &CheckArgs) -> bool {
         || args.ring_change
         || args.backoff
         || args.skip_ahead
-        || args.adaptive_tau
-        || args.key_cache
+        || args.adaptive_tau.is_some()
+        || args.key_cache.is_some()
 }
 
 /// The straggler decisions the arguments turn on.
 fn pace(args: &CheckArgs) -> Option<PaceModel> {
-    (args.skip_ahead || args.adaptive_tau).then_some(PaceModel {
+    (args.skip_ahead || args.adaptive_tau.is_some()).then_some(PaceModel {
         skip_ahead: args.skip_ahead,
         adaptive_tau: args.adaptive_tau,
     })

@@ -6,11 +6,13 @@ mod configs;
 use std::time::Duration;
 
 use pserver_core::Consistency;
+use pserver_core::filter::KeyCaching;
+use pserver_core::pace::TauRange;
 use pserver_models::cluster::{NetworkKind, Strategy};
 
 use super::CliError;
-use super::parse::at_least_one;
 use super::sim::Protocol;
+use super::values::{at_least_one, key_caching, tau_range};
 
 pub(crate) use checker::{check_clock, check_cluster, explore};
 
@@ -25,19 +27,14 @@ pub(crate) use checker::{check_clock, check_cluster, explore};
 /// the states.
 #[derive(clap::Args, Debug)]
 pub(crate) struct CheckArgs {
-    /// Model: cluster (the whole protocol), replication (key ranges copied between servers,
-    /// in two configurations checked one after the other: a primary and a replica per range on
-    /// 3 servers, one of which may crash; and 1 server holding every range while a second
-    /// joins at any point and takes a range over) or clock (the range vector clock). The shape
-    /// options change the replication model's shape too; giving --servers, --crashes, --joins
-    /// or --replicas checks the one configuration they describe.
+    /// The model: cluster (the whole protocol), replication (key ranges copied between
+    /// servers, in two configurations checked one after the other: a primary and a replica per
+    /// range on 3 servers, one of which may crash; and 1 server holding every range while a
+    /// second joins at any point and takes a range over) or clock (the range vector clock).
+    /// The shape options change the replication model's shape too; giving --servers,
+    /// --crashes, --joins or --replicas checks the one configuration they describe.
     // The help above explains every model; clap's list of them would only repeat it.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "cluster",
-        hide_possible_values = true
-    )]
+    #[arg(value_enum, default_value = "cluster", hide_possible_values = true)]
     model: ModelName,
     /// Explore breadth first (the default; shortest counterexamples, most memory).
     #[arg(long, group = "strategy")]
@@ -60,7 +57,7 @@ pub(crate) struct CheckArgs {
     /// Workers [default: 2].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
     workers: Option<u32>,
-    /// Keys each worker pushes and pulls (for --model clock: keys modelled one by one)
+    /// Keys each worker pushes and pulls (for the clock model: keys modelled one by one)
     /// [default: 1].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=8))]
     keys: Option<u64>,
@@ -101,19 +98,20 @@ pub(crate) struct CheckArgs {
     /// Without other shape options: 1 server, 2 iterations, bounded:0, ordered network.
     #[arg(long)]
     skip_ahead: bool,
-    /// Adaptive tau (bounded delay): once, at a point the checker chooses, the coordinator's
-    /// check finds a worker lagging and raises the bound to the top of its range, or finds
-    /// none and lowers it by one.
-    /// Without other shape options: 1 server, 1 iteration, bounded:1, ordered network.
-    #[arg(long)]
-    adaptive_tau: bool,
-    /// Key caching: the worker names a key list it sent the server before by its digest, the
-    /// server asks for a list it does not hold and answers pulls without keys; each
-    /// iteration's push leaves out one key, so that the lists differ. Without other shape
-    /// options: 1 server, 1 worker, 2 keys, 2 iterations, sequential, lossy network (about
-    /// 240,000 states). `--mutation stale-key-cache` names lists by a stale entry.
-    #[arg(long)]
-    key_cache: bool,
+    /// Adaptive tau (bounded delay) within MIN:MAX: once, at a point the checker chooses, the
+    /// coordinator's check finds a worker lagging and raises the bound, or finds none and
+    /// lowers it. Without other shape options: 1 server, 1 iteration, bounded:1, ordered
+    /// network; --adaptive-tau 0:2 is the range the default suite checks.
+    #[arg(long, value_name = "MIN:MAX", value_parser = tau_range)]
+    adaptive_tau: Option<TauRange>,
+    /// Key caching, each side keeping LISTS lists per peer (2 if none is given, the model's
+    /// own): the worker names a key list it sent the server before by its digest, the server
+    /// asks for a list it does not hold and answers pulls without keys; each iteration's push
+    /// leaves out one key, so that the lists differ. Without other shape options: 1 server, 1
+    /// worker, 2 keys, 2 iterations, sequential, lossy network (about 240,000 states).
+    /// `--mutation stale-key-cache` names lists by a stale entry.
+    #[arg(long, value_name = "LISTS", num_args = 0..=1, default_missing_value = "2", value_parser = key_caching)]
+    key_cache: Option<KeyCaching>,
     /// Check a deliberately broken protocol, e.g. no-dedupe or no-gating (needs a
     /// build with --features mutations).
     #[arg(long)]

@@ -41,14 +41,14 @@ use std::time::Duration;
 
 use pserver_core::{Consistency, NodeId, Role, Updater};
 
-use pserver_core::filter::{Filters, KeyCaching, Kkt, Threshold};
+use pserver_core::filter::{Filters, Kkt, Threshold};
 use pserver_runtime::ClusterSpec;
 use pserver_transport::tcp::{Secret, TcpConfig};
 use pserver_transport::udp::UdpConfig;
-use serde::Deserialize;
 use thiserror::Error;
 
 use super::script::Script;
+use super::values::{KktEvery, Rate, Strength, Transport, key_caching_of, threshold_of};
 use crate::apps::lr::{Keep, LrConfig, Rates, Wire};
 use crate::data::libsvm::IndexBase;
 use raw::{App, Choice, Raw, RawBase, RawFilters, RawJob, RawNode, RawRing};
@@ -157,12 +157,11 @@ pub(crate) struct ClusterFile {
     secret_file: Option<PathBuf>,
 }
 
-/// The transport a cluster file names (`transport = "tcp"` or `"udp"`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// The transport a cluster file names (`transport = "tcp"` or `"udp"`): one that crosses
+/// processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ProcessWire {
     /// Authenticated TCP connections.
-    #[default]
     Tcp,
     /// UDP datagrams, each with a MAC from the shared secret.
     Udp,
@@ -189,14 +188,20 @@ impl ClusterFile {
             .consistency
             .parse()
             .map_err(|e| origin.invalid("consistency", format!("{e}")))?;
-        let transport = raw.transport.known().map_err(|other| {
+        let not_for_processes = |other: &str| {
             origin.invalid(
                 "transport",
                 format!(
                     "`{other}` is not a transport for separate processes: use \"tcp\" or \"udp\" (`pserver local` runs the in-memory one)"
                 ),
             )
-        })?;
+        };
+        let transport = match raw.transport.known() {
+            Ok(Transport::Tcp) => ProcessWire::Tcp,
+            Ok(Transport::Udp) => ProcessWire::Udp,
+            Ok(Transport::Mem) => return Err(not_for_processes("mem")),
+            Err(other) => return Err(not_for_processes(&other)),
+        };
         if raw.cluster_id.is_empty() || raw.cluster_id.len() > 256 {
             return Err(origin.invalid("cluster_id", "must be 1 to 256 bytes long"));
         }
@@ -453,20 +458,22 @@ fn spec(
 /// The update rule of an lr job, and its rates: each must be a number it can mean, and given
 /// only to a rule that uses it.
 fn updater(job: &RawJob, origin: &Origin<'_>) -> Result<Updater, ClusterFileError> {
-    let positive = |field: &str, value: Option<f64>| match value {
-        Some(v) if !(v.is_finite() && v > 0.0) => {
-            Err(origin.invalid(field, format!("{v} is not a finite number above 0")))
-        }
-        v => Ok(v),
+    let rate = |field: &str, value: Option<f64>| {
+        value
+            .map(|v| Rate::new(v).map(Rate::get))
+            .transpose()
+            .map_err(|e| origin.invalid(field, e))
     };
-    let non_negative = |field: &str, value: Option<f64>| match value {
-        Some(v) if !(v.is_finite() && v >= 0.0) => {
-            Err(origin.invalid(field, format!("{v} is not a finite number of at least 0")))
-        }
-        v => Ok(v),
+    let strength = |field: &str, value: Option<f64>| {
+        value
+            .map(|v| Strength::new(v).map(Strength::get))
+            .transpose()
+            .map_err(|e| origin.invalid(field, e))
     };
     let rule = match &job.updater {
-        Choice::Known(rule) => *rule,
+        Choice::Known(rule) => rule
+            .lr_rule()
+            .map_err(|e| origin.invalid("job.updater", e))?,
         Choice::Other(other) => {
             return Err(origin.invalid(
                 "job.updater",
@@ -477,10 +484,10 @@ fn updater(job: &RawJob, origin: &Origin<'_>) -> Result<Updater, ClusterFileErro
         }
     };
     let rates = Rates {
-        lr: positive("job.lr", job.lr)?,
-        alpha: positive("job.alpha", job.alpha)?,
-        l1: non_negative("job.l1", job.l1)?,
-        l2: non_negative("job.l2", job.l2)?,
+        lr: rate("job.lr", job.lr)?,
+        alpha: rate("job.alpha", job.alpha)?,
+        l1: strength("job.l1", job.l1)?,
+        l2: strength("job.l2", job.l2)?,
     };
     rule.updater(rates).map_err(|u| {
         origin.invalid(
@@ -498,18 +505,12 @@ fn updater(job: &RawJob, origin: &Origin<'_>) -> Result<Updater, ClusterFileErro
 fn filters(raw: &RawFilters, job: &Job, origin: &Origin<'_>) -> Result<Filters, ClusterFileError> {
     let mut filters = Filters::none();
     if let Some(theta) = raw.sigmod {
-        filters.significantly_modified = Some(Threshold::new(theta).ok_or_else(|| {
-            origin.invalid(
-                "filters.sigmod",
-                format!("{theta} is not a finite number of at least 0"),
-            )
-        })?);
+        filters.significantly_modified =
+            Some(threshold_of(theta).map_err(|e| origin.invalid("filters.sigmod", e))?);
     }
     if let Some(lists) = raw.key_cache {
-        filters.key_caching = Some(
-            KeyCaching::new(lists)
-                .ok_or_else(|| origin.invalid("filters.key_cache", "must be at least 1 list"))?,
-        );
+        filters.key_caching =
+            Some(key_caching_of(lists).map_err(|e| origin.invalid("filters.key_cache", e))?);
     }
     if raw.compress && filters.key_caching.is_none() {
         return Err(origin.invalid(
@@ -519,6 +520,7 @@ fn filters(raw: &RawFilters, job: &Job, origin: &Origin<'_>) -> Result<Filters, 
     }
     filters.compression = raw.compress;
     if let Some(every) = raw.kkt {
+        let every = KktEvery::new(every).map_err(|e| origin.invalid("filters.kkt", e))?;
         let l1 = match job {
             Job::Lr(lr) => match lr.cfg.job.updater {
                 Updater::FtrlProximal { l1, .. } => l1,
@@ -541,10 +543,7 @@ fn filters(raw: &RawFilters, job: &Job, origin: &Origin<'_>) -> Result<Filters, 
             .ok_or_else(|| {
                 origin.invalid("filters.kkt", format!("needs job.l1 above 0, not {l1}"))
             })?;
-        filters.kkt = Some(
-            Kkt::new(bound, every)
-                .ok_or_else(|| origin.invalid("filters.kkt", "must be at least 1 push"))?,
-        );
+        filters.kkt = Kkt::new(bound, every.get());
     }
     Ok(filters)
 }

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde::de::value::StrDeserializer;
 use serde::de::{DeserializeOwned, Deserializer, IntoDeserializer};
 
-use super::ProcessWire;
+use crate::commands::values::{Transport, UpdateRule};
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
@@ -17,8 +17,8 @@ pub(super) struct Raw {
     #[serde(default = "default_consistency")]
     pub(super) consistency: String,
     pub(super) secret_file: Option<PathBuf>,
-    #[serde(default)]
-    pub(super) transport: Choice<ProcessWire>,
+    #[serde(default = "default_transport")]
+    pub(super) transport: Choice<Transport>,
     #[serde(default)]
     pub(super) ring: RawRing,
     #[serde(default)]
@@ -89,8 +89,8 @@ pub(super) struct RawJob {
     pub(super) epochs: u32,
     #[serde(default = "default_batch")]
     pub(super) batch: usize,
-    #[serde(default)]
-    pub(super) updater: Choice<crate::apps::lr::Rule>,
+    #[serde(default = "default_updater")]
+    pub(super) updater: Choice<UpdateRule>,
     pub(super) lr: Option<f64>,
     pub(super) alpha: Option<f64>,
     pub(super) l1: Option<f64>,
@@ -175,6 +175,14 @@ impl<'de, T: DeserializeOwned> Deserialize<'de> for Choice<T> {
     }
 }
 
+fn default_transport() -> Choice<Transport> {
+    Choice::Known(Transport::Tcp)
+}
+
+fn default_updater() -> Choice<UpdateRule> {
+    Choice::Known(UpdateRule::Ftrl)
+}
+
 fn default_epochs() -> u32 {
     10
 }
@@ -202,7 +210,7 @@ impl Default for RawJob {
             test: None,
             epochs: default_epochs(),
             batch: default_batch(),
-            updater: Choice::default(),
+            updater: default_updater(),
             lr: None,
             alpha: None,
             l1: None,

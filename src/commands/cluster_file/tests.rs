@@ -1,4 +1,5 @@
 use super::*;
+use pserver_core::filter::KeyCaching;
 
 const GOOD: &str = r#"
 cluster_id = "t"
@@ -325,7 +326,7 @@ fn a_filter_setting_it_cannot_mean_is_refused_naming_the_field() {
         ),
         (
             with_filters(GOOD, "key_cache = 0"),
-            "filters.key_cache: must be at least 1 list",
+            "filters.key_cache: 0 is not a whole number of lists of at least 1",
         ),
         (
             with_filters(GOOD, "compress = true"),
@@ -341,7 +342,7 @@ fn a_filter_setting_it_cannot_mean_is_refused_naming_the_field() {
         ),
         (
             with_filters(&lr_job_with("l1", "0.1"), "kkt = 0"),
-            "filters.kkt: must be at least 1 push",
+            "filters.kkt: 0 is not a whole number of pushes of at least 1",
         ),
     ];
     for (text, said) in cases {

@@ -1,15 +1,12 @@
-//! `pserver sim`: many seeded runs of the deterministic simulator, and the tau sweep.
+//! `pserver sim seeds | tau-sweep | slots-sweep`: many seeded runs of the deterministic
+//! simulator, and the sweeps.
 
 mod seeds;
 mod slots;
 mod sweep;
 
 use pserver_core::Consistency;
-
-use pserver_core::filter::{Filters, KeyCaching, Kkt, Threshold};
-
-use pserver_core::pace::{Balance, Detection, StragglerPolicy, TauRange};
-
+use pserver_core::filter::{Filters, Threshold};
 use pserver_core::slots::PushSlots;
 
 // The simulator is named in this one place; the submodules go through this module too.
@@ -22,27 +19,44 @@ pub(crate) use seeds::run_seeds;
 pub(crate) use sweep::tau_sweep;
 
 use super::CliError;
-use super::parse::{
-    at_least_one, factor, key_caching, kkt, probability, push_slots, tau_range, threshold,
-};
+use super::groups::{FilterArgs, StragglerArgs};
+use super::values::{Factor, Probability, UpdateRule, at_least_one, push_slots, threshold};
 
 /// Run whole clusters in the deterministic simulator, with faults, checking the protocol's
-/// invariants after every step.
-///
-/// Each seed runs a coordinator, servers and workers (each worker: pull, compute, push,
-/// advance, for every iteration) on virtual time. A failing seed is printed with the
-/// command that replays it; the last line is always
-/// `sim seeds=N failed=F steps=X redirects=R secs=Y`, and the exit status is 1 if any seed
-/// failed.
-/// With --tau-sweep, prints instead how long the workload takes, and how much workers
-/// idle, for tau in 0, 1, 2, 4, 8 and infinity, for tau moving between 1 and 8 as stragglers
-/// come and go (adaptive:1-8), for tau 1 with stragglers skipped ahead (skip-ahead:1), and
-/// the same with four shares per worker moved from slow workers to fast ones
-/// (skip-ahead+shares:1). With --slots-sweep, prints instead the servers' peak receive queue
-/// and the finish time of four workers pushing together, with and without round-robin push
-/// slots.
+/// invariants after every step: many seeds (`seeds`), or how a workload's finish time moves
+/// with the staleness bound (`tau-sweep`) or with push slots (`slots-sweep`).
 #[derive(clap::Args, Debug)]
 pub(crate) struct SimArgs {
+    /// What to run.
+    #[command(subcommand)]
+    mode: SimMode,
+}
+
+/// What `pserver sim` runs; each takes the same description of a cluster and its faults.
+#[derive(clap::Subcommand, Debug)]
+enum SimMode {
+    /// Run many seeds of one cluster, checking the invariants after every step.
+    ///
+    /// Each seed runs a coordinator, servers and workers (each worker: pull, compute, push,
+    /// advance, for every iteration) on virtual time. A failing seed is printed with the
+    /// command that replays it; the last line is always
+    /// `sim seeds=N failed=F steps=X redirects=R secs=Y`, and the exit status is 1 if any seed
+    /// failed.
+    Seeds(SimOptions),
+    /// Print how long the workload takes, and how much workers idle, for tau in 0, 1, 2, 4, 8
+    /// and infinity, for tau moving between 1 and 8 as stragglers come and go
+    /// (adaptive:1-8), for tau 1 with stragglers skipped ahead (skip-ahead:1), and the same
+    /// with four shares per worker moved from slow workers to fast ones (skip-ahead+shares:1).
+    TauSweep(SimOptions),
+    /// Print the servers' peak receive queue and the finish time of four workers pushing
+    /// together, with and without push slots (those of --push-slots, default 8192:1), as
+    /// `name value unit` lines.
+    SlotsSweep(SimOptions),
+}
+
+/// A simulated cluster, its workload and its faults.
+#[derive(clap::Args, Debug)]
+pub(crate) struct SimOptions {
     /// Number of seeds to run.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     seeds: u64,
@@ -65,42 +79,20 @@ pub(crate) struct SimArgs {
     #[arg(long, default_value = "sequential")]
     consistency: Consistency,
     /// Probability that a message is lost.
-    #[arg(long, default_value_t = 0.0, value_parser = probability)]
-    drop: f64,
+    #[arg(long, default_value_t = Probability::ZERO)]
+    drop: Probability,
     /// Probability that a message is delivered twice.
-    #[arg(long, default_value_t = 0.0, value_parser = probability)]
-    dup: f64,
+    #[arg(long, default_value_t = Probability::ZERO)]
+    dup: Probability,
     /// Deliver messages out of order (otherwise FIFO per pair of nodes, like TCP).
     #[arg(long)]
     reorder: bool,
-    /// Each iteration one worker, chosen at random, computes this many times slower.
-    #[arg(long, default_value_t = 1.0, value_parser = factor)]
-    straggler: f64,
-    /// The first worker always computes this many times slower (a slow machine). Unlike
-    /// transient stragglers, no staleness bound can hide it: everybody waits for it in the end.
-    #[arg(long, default_value_t = 1.0, value_parser = factor)]
-    slow_worker: f64,
-    /// The first worker computes this many times slower from the middle of each run on (a
-    /// machine that slows down mid-job).
-    #[arg(long, default_value_t = 1.0, value_parser = factor)]
-    slows_down: f64,
-    /// Detect stragglers: the coordinator flags a worker more than this many iterations
-    /// behind the median of the others (default 1 with --skip-ahead or --adaptive-tau).
-    #[arg(long, value_parser = clap::value_parser!(u32))]
-    detect_lag: Option<u32>,
-    /// Under bounded delay, let the coordinator move a straggler to the others' iteration
-    /// instead of holding everybody at the bound.
-    #[arg(long)]
-    skip_ahead: bool,
-    /// Under bounded delay, move tau within MIN:MAX: up while stragglers are found, down once
-    /// they clear.
-    #[arg(long, value_parser = tau_range)]
-    adaptive_tau: Option<TauRange>,
-    /// Cut the work into this many shares per worker, and let the coordinator move shares
-    /// from slow workers to fast ones by the speed they report (at least 1 each, at most
-    /// twice this many).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
-    shares: Option<u16>,
+    #[command(flatten)]
+    stragglers: StragglerArgs,
+    /// The slow worker (that of --slow-worker, else the first) computes F times slower from
+    /// the middle of each run on (a machine that slows down mid-job).
+    #[arg(long, value_name = "F", default_value_t = Factor::ONE)]
+    slows_down: Factor,
     /// Cut each iteration's compute into this many parts, each pushed when done, so that a
     /// skip loses only the part not yet pushed.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -149,14 +141,10 @@ pub(crate) struct SimArgs {
     /// Threads to run seeds on (default: one per core).
     #[arg(long, value_parser = at_least_one)]
     threads: Option<usize>,
-    /// Print finish time and idle fraction for tau in 0, 1, 2, 4, 8, inf, adaptive tau and
-    /// skip-ahead instead.
-    #[arg(long)]
-    tau_sweep: bool,
-    /// The servers' update rule: sum, sgd, adagrad or ftrl (default: picked by each seed).
+    /// The servers' update rule: ftrl, adagrad, sgd or sum (default: picked by each seed).
     /// Every run checks the servers' values against a one-node oracle.
-    #[arg(long)]
-    updater: Option<SimUpdater>,
+    #[arg(long, value_enum)]
+    updater: Option<UpdateRule>,
     /// Start every run with the ring already changed: one server's ranges moved away, workers
     /// partly on the old ring, so that they are redirected (default: one run in four).
     #[arg(long, conflicts_with = "no_ring_change")]
@@ -172,27 +160,13 @@ pub(crate) struct SimArgs {
     /// AT_ONCE slots per server, which the workers take in turn (MIN_BYTES:AT_ONCE).
     #[arg(long, value_parser = push_slots)]
     push_slots: Option<PushSlots>,
-    /// Workers run their pushes through the significantly-modified filter at THETA (pushed
-    /// values are integers 1 to 100): a key's change goes once it adds up to more. Each
-    /// worker flushes with its last iteration, and every run checks that what its requests
-    /// carried sums to what it pushed.
-    #[arg(long, value_name = "THETA", value_parser = threshold)]
-    sigmod: Option<Threshold>,
-    /// Key caching: workers name the key lists they sent a server before by digest, servers
-    /// keep LISTS lists per worker (256 if none is given) and ask for one they do not hold,
-    /// and answer pulls without keys. The oracle sees each named push as the keys it names.
-    #[arg(long, value_name = "LISTS", num_args = 0..=1, default_missing_value = "256", value_parser = key_caching)]
-    key_cache: Option<KeyCaching>,
-    /// With --key-cache: pack the values sent without keys in the smallest exact form (zero
-    /// rows left out, or LZ4), where it saves bytes.
-    #[arg(long, requires = "key_cache")]
-    compress: bool,
-    /// Workers run their pushes through the KKT filter: a push of the keys of a pull holds
-    /// back the change to each key the pull answered zero for while the change adds up to at
-    /// most BOUND, for at most EVERY pushes. Every run checks that what the requests carried
-    /// sums to what was pushed.
-    #[arg(long, value_name = "BOUND:EVERY", value_parser = kkt)]
-    kkt: Option<Kkt>,
+    #[command(flatten)]
+    filters: FilterArgs,
+    /// With --kkt: the bound within which a key's held change stays on the worker (pushed
+    /// values are integers 1 to 100). Every run checks that what the requests carried sums to
+    /// what was pushed.
+    #[arg(long, value_name = "BOUND", default_value = "50", value_parser = threshold, requires = "kkt")]
+    kkt_bound: Threshold,
     /// Servers work through the bytes that reach them at this many bytes per virtual
     /// millisecond, and the summary prints their peak receive queue (default: every message
     /// is handled as it arrives).
@@ -207,25 +181,24 @@ pub(crate) struct SimArgs {
     /// One-way network latency in virtual microseconds.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     latency_us: u64,
-    /// Print the servers' peak receive queue and the finish time of four workers pushing
-    /// together, with and without push slots (those of --push-slots, default 8192:1), as
-    /// `name value unit` lines, instead.
-    #[arg(long, conflicts_with = "tau_sweep")]
-    slots_sweep: bool,
 }
 
-/// Runs `pserver sim`: the seeds, or with `--tau-sweep` the sweep. A failed seed or a broken
-/// invariant in the sweep is a [`CliError::Found`], once reported.
+/// Runs `pserver sim`: the seeds or a sweep. A failed seed or a broken invariant in a sweep is
+/// a [`CliError::Found`], once reported.
 pub(crate) fn run(args: SimArgs) -> Result<(), CliError> {
-    let protocol = Protocol::from_mutation(args.mutation.as_deref()).map_err(CliError::Input)?;
-    let base = config(&args);
+    let (SimMode::Seeds(opts) | SimMode::TauSweep(opts) | SimMode::SlotsSweep(opts)) = &args.mode;
+    let protocol = Protocol::from_mutation(opts.mutation.as_deref()).map_err(CliError::Input)?;
+    let base = config(opts);
     base.validate().map_err(CliError::input)?;
-    if args.tau_sweep {
-        return sweep(&args, &base, protocol);
+    match args.mode {
+        SimMode::Seeds(opts) => seeds(&opts, &base, protocol),
+        SimMode::TauSweep(opts) => sweep(&opts, &base, protocol),
+        SimMode::SlotsSweep(opts) => slots::print(&opts, protocol),
     }
-    if args.slots_sweep {
-        return slots::print(&args, protocol);
-    }
+}
+
+/// Runs the seeds on `base` and prints their summaries.
+fn seeds(args: &SimOptions, base: &SimConfig, protocol: Protocol) -> Result<(), CliError> {
     let threads = super::threads_or_cores(args.threads);
     eprintln!(
         "seeds {}..{} ({} threads)",
@@ -233,7 +206,7 @@ pub(crate) fn run(args: SimArgs) -> Result<(), CliError> {
         args.first_seed.saturating_add(args.seeds),
         threads
     );
-    let batch = run_seeds(&base, protocol, args.first_seed, args.seeds, threads, true);
+    let batch = run_seeds(base, protocol, args.first_seed, args.seeds, threads, true);
     if base.crash_servers > 0 || base.ring.replicas > 0 || base.join_servers > 0 {
         println!("{}", batch.server_fault_summary());
         println!("{}", batch.recovery_summary());
@@ -257,13 +230,8 @@ pub(crate) fn run(args: SimArgs) -> Result<(), CliError> {
 }
 
 /// The simulation the arguments describe, before the seed.
-fn config(args: &SimArgs) -> SimConfig {
-    let mut filters = args
-        .sigmod
-        .map_or_else(Filters::none, Filters::significantly_modified);
-    filters.key_caching = args.key_cache;
-    filters.compression = args.compress;
-    filters.kkt = args.kkt;
+fn config(args: &SimOptions) -> SimConfig {
+    let slow = args.stragglers.slow_worker;
     let mut cfg = SimConfig {
         servers: args.servers as usize,
         workers: args.workers as usize,
@@ -271,20 +239,26 @@ fn config(args: &SimArgs) -> SimConfig {
         iterations: args.iterations,
         consistency: args.consistency,
         faults: Faults {
-            drop: args.drop,
-            dup: args.dup,
+            drop: args.drop.get(),
+            dup: args.dup.get(),
             reorder: args.reorder,
             partition: args.partition,
             crash: args.crash,
         },
-        straggler: args.straggler,
-        slow_worker: args.slow_worker,
-        slows_down: args.slows_down,
-        stragglers: policy(args),
+        straggler: args.stragglers.straggler.map_or(1.0, Factor::get),
+        slow_worker: slow.map_or(1.0, |s| s.factor.get()),
+        slow_index: slow.map_or(0, |s| s.worker),
+        slows_down: args.slows_down.get(),
+        stragglers: args.stragglers.policy(),
         parts: args.parts,
         wire: !args.no_wire,
         time_limit: args.time_limit_ms * MS,
-        updater: args.updater,
+        updater: args.updater.map(|u| match u {
+            UpdateRule::Sum => SimUpdater::Sum,
+            UpdateRule::Sgd => SimUpdater::Sgd,
+            UpdateRule::Adagrad => SimUpdater::AdaGrad,
+            UpdateRule::Ftrl => SimUpdater::Ftrl,
+        }),
         ring_change: match (args.ring_change, args.no_ring_change) {
             (true, _) => Some(true),
             (_, true) => Some(false),
@@ -296,7 +270,7 @@ fn config(args: &SimArgs) -> SimConfig {
         quick_restart: args.quick_restart,
         membership_stress: args.membership_stress,
         push_slots: args.push_slots,
-        filters,
+        filters: args.filters.filters(Some(args.kkt_bound)),
         receive_rate: args.receive_rate,
         key_layout: args.key_layout,
         compute: args.compute_ms * MS,
@@ -307,32 +281,16 @@ fn config(args: &SimArgs) -> SimConfig {
     cfg
 }
 
-/// The straggler policy the arguments ask for: detection whenever anything acts on it.
-fn policy(args: &SimArgs) -> StragglerPolicy {
-    let mut policy = StragglerPolicy::default();
-    if args.detect_lag.is_some()
-        || args.skip_ahead
-        || args.adaptive_tau.is_some()
-        || args.shares.is_some()
-    {
-        policy.detect = Some(Detection::lagging(args.detect_lag.unwrap_or(1)));
-    }
-    policy.skip_ahead = args.skip_ahead;
-    policy.adaptive_tau = args.adaptive_tau;
-    policy.balance = args.shares.map(Balance::shares);
-    policy
-}
-
 /// Runs the tau sweep on `base` and prints a row per tau.
-fn sweep(args: &SimArgs, base: &SimConfig, protocol: Protocol) -> Result<(), CliError> {
+fn sweep(args: &SimOptions, base: &SimConfig, protocol: Protocol) -> Result<(), CliError> {
     let seeds = args.seeds.min(20);
     println!(
         "# tau sweep: {} workers, {} iterations, straggler {}x, slow worker {}x, slows down {}x, seeds {}..{}",
         args.workers,
         args.iterations,
-        args.straggler,
-        args.slow_worker,
-        args.slows_down,
+        base.straggler,
+        base.slow_worker,
+        base.slows_down,
         args.first_seed,
         args.first_seed + seeds
     );

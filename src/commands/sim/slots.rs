@@ -4,7 +4,7 @@
 
 use pserver_core::slots::PushSlots;
 
-use super::{CliError, MS, Protocol, SimArgs, SimConfig, SimFailure};
+use super::{CliError, MS, Protocol, SimConfig, SimFailure, SimOptions};
 
 /// The slots a comparison uses unless `--push-slots` says otherwise: a slice of a quarter of
 /// a push to one server or more waits, one slot per server.
@@ -58,7 +58,7 @@ pub(crate) fn slots_sweep(
 }
 
 /// Prints the comparison as `name value unit` lines, after a `#` line saying what ran.
-pub(super) fn print(args: &SimArgs, protocol: Protocol) -> Result<(), CliError> {
+pub(super) fn print(args: &SimOptions, protocol: Protocol) -> Result<(), CliError> {
     let slots = args.push_slots.unwrap_or(DEFAULT_SLOTS);
     let seeds = args.seeds.min(10);
     let shape = SimConfig::pushing_together(args.first_seed);
@@ -108,7 +108,7 @@ mod tests {
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
-        sim: SimArgs,
+        sim: SimOptions,
     }
 
     /// A failing run of the comparison prints a command that runs that very run again.
@@ -119,7 +119,8 @@ mod tests {
             ..SimConfig::pushing_together(3)
         };
         let replay = cfg.replay_command();
-        let words = replay.split_whitespace().skip(2);
+        // `pserver sim seeds` and then the options.
+        let words = replay.split_whitespace().skip(3);
         let args = Cli::try_parse_from(std::iter::once("sim").chain(words))
             .unwrap_or_else(|e| panic!("{replay}: {e}"))
             .sim;

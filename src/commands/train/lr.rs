@@ -7,22 +7,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use pserver_core::filter::{Filters, KeyCaching, Kkt, Threshold};
-use pserver_core::pace::{Balance, Detection, StragglerPolicy, TauRange};
+use pserver_core::filter::Threshold;
 use pserver_core::{Consistency, JobSpec, Updater};
 use tokio::runtime::Runtime;
 
 use super::NodesArgs;
 use crate::apps::lr::{
-    Keep, LrConfig, Rates, RowsTrained, Rule, SlowWorker, Trained, Wire, save_model,
-    train_local_until,
+    Keep, LrConfig, Rates, RowsTrained, SlowWorker, Trained, Wire, save_model, train_local_until,
 };
 use crate::apps::plot::{Curve, write_svg};
-use crate::commands::parse::{
-    at_least_one, factor, key_caching, non_negative_finite, output_file, positive_finite,
-    slow_worker, tau_range, threshold,
-};
+use crate::commands::groups::{FilterArgs, StragglerArgs};
 use crate::commands::signals::{self, Stop};
+use crate::commands::values::{
+    Factor, Rate, Seconds, Strength, Transport, UpdateRule, at_least_one, output_file,
+};
 use crate::commands::{CliError, runtime};
 use crate::data::libsvm::{Examples, IndexBase, read_streaming};
 
@@ -40,10 +38,18 @@ use crate::data::libsvm::{Examples, IndexBase, read_streaming};
 #[derive(clap::Args, Debug)]
 pub(crate) struct LrArgs {
     /// Training data (LIBSVM, optionally .gz).
-    #[arg(long, default_value = "data/adult/adult.train.svm.gz")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "data/adult/adult.train.svm.gz"
+    )]
     data: PathBuf,
     /// Test data (LIBSVM, optionally .gz).
-    #[arg(long, default_value = "data/adult/adult.test.svm.gz")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "data/adult/adult.test.svm.gz"
+    )]
     test: PathBuf,
     #[command(flatten)]
     nodes: NodesArgs,
@@ -65,7 +71,8 @@ pub(crate) struct LrArgs {
     #[arg(long, default_value_t = 100, value_parser = at_least_one, allow_negative_numbers = true)]
     batch: usize,
     /// How the nodes of this process talk: mem (channels) or tcp (authenticated connections
-    /// on 127.0.0.1). For separate processes, see `pserver coordinator | server | worker`.
+    /// on 127.0.0.1); udp is for separate processes, see `pserver coordinator | server |
+    /// worker`.
     #[arg(long, value_enum, default_value = "mem")]
     transport: Transport,
     #[command(flatten)]
@@ -99,80 +106,16 @@ pub(crate) struct LrArgs {
     early_stop: Option<u32>,
     #[command(flatten)]
     stragglers: StragglerArgs,
-    /// Push a feature's gradient only once its change, summed since it was last sent, exceeds
-    /// THETA in absolute value (the significantly-modified filter). The rest waits on the
-    /// worker and goes with a later push of the feature or with the last step of training:
-    /// nothing is dropped. A run ends with a line of what the filter saved.
-    #[arg(long, value_name = "THETA", value_parser = threshold, allow_negative_numbers = true)]
-    sigmod: Option<Threshold>,
-    /// Key caching: a key list a worker sent a server before goes as its 128-bit digest, and
-    /// a pull is answered without the keys it asked for. Each side keeps LISTS lists per
-    /// peer (256 if none is given); a list the server no longer holds is asked for and sent
-    /// again, so nothing is lost. A run ends with a line of what caching saved.
-    #[arg(long, value_name = "LISTS", num_args = 0..=1, default_missing_value = "256", value_parser = key_caching)]
-    key_cache: Option<KeyCaching>,
-    /// With --key-cache: send the values that go without keys in the smallest exact form,
-    /// without their zero rows (most of a pull's weights under L1) or as an LZ4 block, where
-    /// either saves bytes.
-    #[arg(long, requires = "key_cache")]
-    compress: bool,
-    /// The KKT filter: a feature whose pulled weight is zero keeps its gradient on the worker
-    /// while the gradient, summed since it was last sent, stays within the L1 bound (--l1)
-    /// under which FTRL keeps the weight at zero. It goes once it passes the bound, once the
-    /// weight is no longer zero, and with every EVERY-th push of a worker (500 if none is
-    /// given), the full check that lets a feature come back; nothing is dropped. Needs
-    /// --updater ftrl with --l1 above 0.
-    #[arg(long, value_name = "EVERY", num_args = 0..=1, default_missing_value = "500", value_parser = clap::value_parser!(u32).range(1..))]
-    kkt: Option<u32>,
+    #[command(flatten)]
+    filters: FilterArgs,
     /// Without a terminal, print a progress line (rows trained, rows/s) this often.
-    #[arg(long, value_name = "SECS", default_value_t = 5.0, value_parser = positive_finite, allow_negative_numbers = true)]
-    progress_every: f64,
-}
-
-/// What the run does about workers slower than the others; all off by default.
-#[derive(clap::Args, Debug, Clone)]
-struct StragglerArgs {
-    /// Make worker W (from 0) compute F times slower than it can: a slow machine, to see what
-    /// the options below do about it.
-    #[arg(long, value_name = "W:F", value_parser = slow_worker)]
-    slow_worker: Option<SlowWorker>,
-    /// At each step one worker, drawn from --seed, computes F times slower: stragglers that
-    /// come and go.
-    #[arg(long, value_name = "F", value_parser = factor)]
-    straggler: Option<f64>,
-    /// Warn of a worker more than N iterations behind the median of the others (on with any
-    /// option below, at 1 unless given).
-    #[arg(long, value_name = "N")]
-    detect_lag: Option<u32>,
-    /// Under bounded delay, move a straggler on to the others' iteration instead of holding
-    /// everybody at the bound. The rows it skips are not trained, and each epoch's line
-    /// counts them (skipped_rows=).
-    #[arg(long)]
-    skip_ahead: bool,
-    /// Under bounded delay, let tau move within MIN:MAX, starting from the --consistency
-    /// bound: up while stragglers are found, down once they clear.
-    #[arg(long, value_name = "MIN:MAX", value_parser = tau_range)]
-    adaptive_tau: Option<TauRange>,
-    /// Cut the training rows into N shares per worker, and let the coordinator move shares
-    /// from slow workers to fast ones by the rows per second each computes (at least one
-    /// share each, at most 2N).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
-    shares: Option<u16>,
-}
-
-impl StragglerArgs {
-    /// The policy asked for: detection whenever anything acts on it.
-    fn policy(&self) -> StragglerPolicy {
-        let mut policy = StragglerPolicy::default();
-        let acts = self.skip_ahead || self.adaptive_tau.is_some() || self.shares.is_some();
-        if acts || self.detect_lag.is_some() {
-            policy.detect = Some(Detection::lagging(self.detect_lag.unwrap_or(1)));
-        }
-        policy.skip_ahead = self.skip_ahead;
-        policy.adaptive_tau = self.adaptive_tau;
-        policy.balance = self.shares.map(Balance::shares);
-        policy
-    }
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value = "5",
+        allow_negative_numbers = true
+    )]
+    progress_every: Seconds,
 }
 
 /// The servers' update rule and its rates; each rate belongs to some rules only, and giving
@@ -182,21 +125,21 @@ struct RuleArgs {
     /// The servers' update rule: ftrl (FTRL-Proximal, sparse; takes --alpha --l1 --l2),
     /// adagrad or sgd (take --lr).
     #[arg(long, value_enum, default_value = "ftrl")]
-    updater: Rule,
+    updater: UpdateRule,
     /// Learning rate of adagrad and sgd [default: 0.1].
-    #[arg(long, value_parser = positive_finite, allow_negative_numbers = true)]
-    lr: Option<f64>,
+    #[arg(long, allow_negative_numbers = true)]
+    lr: Option<Rate>,
     /// FTRL learning-rate scale [default: 1].
-    #[arg(long, value_parser = positive_finite, allow_negative_numbers = true)]
-    alpha: Option<f64>,
+    #[arg(long, allow_negative_numbers = true)]
+    alpha: Option<Rate>,
     /// FTRL L1 regularization, charged once against the sum of the pushed minibatch mean
     /// gradients: --batch times stronger than the same L1 per row (larger: sparser model)
     /// [default: 0.1].
-    #[arg(long, value_parser = non_negative_finite, allow_negative_numbers = true)]
-    l1: Option<f64>,
+    #[arg(long, allow_negative_numbers = true)]
+    l1: Option<Strength>,
     /// FTRL L2 regularization, charged as L1 is [default: 1].
-    #[arg(long, value_parser = non_negative_finite, allow_negative_numbers = true)]
-    l2: Option<f64>,
+    #[arg(long, allow_negative_numbers = true)]
+    l2: Option<Strength>,
 }
 
 impl RuleArgs {
@@ -204,12 +147,16 @@ impl RuleArgs {
     /// use it.
     fn updater(&self) -> Result<Updater, CliError> {
         let rates = Rates {
-            lr: self.lr,
-            alpha: self.alpha,
-            l1: self.l1,
-            l2: self.l2,
+            lr: self.lr.map(Rate::get),
+            alpha: self.alpha.map(Rate::get),
+            l1: self.l1.map(Strength::get),
+            l2: self.l2.map(Strength::get),
         };
-        self.updater.updater(rates).map_err(|u| {
+        let rule = self
+            .updater
+            .lr_rule()
+            .map_err(|e| CliError::input(format!("--updater {}: {e}", self.updater)))?;
+        rule.updater(rates).map_err(|u| {
             let takes: Vec<String> = u.takes.iter().map(|t| format!("--{t}")).collect();
             CliError::input(format!(
                 "--{} is not used by --updater {}, which takes {}",
@@ -219,16 +166,6 @@ impl RuleArgs {
             ))
         })
     }
-}
-
-// The variants below have no doc comment: clap would print it under the option, whose own
-// help already explains each choice.
-
-/// How the nodes of a training run talk.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum Transport {
-    Mem,
-    Tcp,
 }
 
 /// Trains once per consistency model given, printing a line per epoch, then draws the plot
@@ -267,7 +204,7 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
         } else {
             String::new()
         };
-        let every = Duration::from_secs_f64(args.progress_every);
+        let every = args.progress_every.duration();
         let (trained, stop) = train_until_stopped(&rt, &cfg, (&train, &test), &prefix, every)?;
         if let Some(after) = trained.stopped_early {
             let best = trained
@@ -341,8 +278,9 @@ fn load(args: &LrArgs) -> Result<(Examples, Examples, IndexBase), CliError> {
     Ok((train, test, base))
 }
 
-/// The KKT filter of a job updated by `updater`, with a full check every `every` pushes.
-fn kkt(updater: Updater, every: u32) -> Result<Kkt, CliError> {
+/// The KKT filter's bound in a job updated by `updater`: the L1 bound under which FTRL keeps a
+/// weight at zero.
+fn kkt_bound(updater: Updater) -> Result<Threshold, CliError> {
     let Updater::FtrlProximal { l1, .. } = updater else {
         return Err(CliError::input(
             "--kkt: the KKT filter needs an L1-regularised model: --updater ftrl",
@@ -350,7 +288,6 @@ fn kkt(updater: Updater, every: u32) -> Result<Kkt, CliError> {
     };
     Threshold::new(l1)
         .filter(|b| b.get() > 0.0)
-        .and_then(|bound| Kkt::new(bound, every))
         .ok_or_else(|| CliError::input(format!("--kkt: needs --l1 above 0, not {l1}")))
 }
 
@@ -361,14 +298,11 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
     job.updater = args.rule.updater()?;
     job.store = LrConfig::default().job.store;
     job.stragglers = args.stragglers.policy();
-    job.filters = args
-        .sigmod
-        .map_or_else(Filters::none, Filters::significantly_modified);
-    job.filters.key_caching = args.key_cache;
-    job.filters.compression = args.compress;
-    if let Some(every) = args.kkt {
-        job.filters.kkt = Some(kkt(job.updater, every)?);
-    }
+    let kkt_bound = match args.filters.kkt {
+        Some(_) => Some(kkt_bound(job.updater)?),
+        None => None,
+    };
+    job.filters = args.filters.filters(kkt_bound);
     // Refused here, naming the model, rather than once the nodes are started.
     job.validate::<f32>()
         .map_err(|e| CliError::input(format!("--consistency {consistency}: {e}")))?;
@@ -389,6 +323,11 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
         transport: match args.transport {
             Transport::Mem => Wire::Mem,
             Transport::Tcp => Wire::Tcp,
+            Transport::Udp => {
+                return Err(CliError::input(
+                    "--transport udp: pserver train runs its nodes in one process, over mem or tcp; run udp clusters as separate processes (pserver coordinator | server | worker)",
+                ));
+            }
         },
         bias: !args.no_bias,
         shuffle: !args.no_shuffle,
@@ -396,8 +335,11 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
         keep: args.keep,
         early_stop: args.early_stop,
         pipeline: !args.no_pipeline,
-        slow_worker: args.stragglers.slow_worker,
-        straggler: args.stragglers.straggler,
+        slow_worker: args.stragglers.slow_worker.map(|s| SlowWorker {
+            worker: s.worker,
+            factor: s.factor.get(),
+        }),
+        straggler: args.stragglers.straggler.map(Factor::get),
     };
     Ok(cfg.with_bias(!args.no_bias))
 }

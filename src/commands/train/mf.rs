@@ -7,7 +7,7 @@ use pserver_core::Consistency;
 use super::NodesArgs;
 use crate::apps::mf::{Generated, MfConfig, MfData, train};
 use crate::commands::CliError;
-use crate::commands::parse::{at_least_one, non_negative_finite, open_unit, positive_finite};
+use crate::commands::values::{Fraction, Rate, Strength, at_least_one};
 use crate::data::ratings::{Ids, read, split};
 
 /// Factorize a matrix of ratings into user and item factors.
@@ -32,8 +32,14 @@ pub(crate) struct MfArgs {
     test: Option<PathBuf>,
     /// Fraction of --data held out for testing, chosen by --seed, when no --test is given
     /// [default: 0.1].
-    #[arg(long, value_name = "F", value_parser = open_unit, requires = "data", conflicts_with = "test", allow_negative_numbers = true)]
-    test_fraction: Option<f64>,
+    #[arg(
+        long,
+        value_name = "F",
+        requires = "data",
+        conflicts_with = "test",
+        allow_negative_numbers = true
+    )]
+    test_fraction: Option<Fraction>,
     /// Seed of the test split, the initial factors, the order of each epoch and the
     /// generated problem.
     #[arg(long, default_value_t = 0)]
@@ -48,12 +54,12 @@ pub(crate) struct MfArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000), allow_negative_numbers = true)]
     rank: Option<u32>,
     /// The servers' SGD learning rate.
-    #[arg(long, default_value_t = 0.05, value_parser = positive_finite, allow_negative_numbers = true)]
-    lr: f64,
+    #[arg(long, default_value = "0.05", allow_negative_numbers = true)]
+    lr: Rate,
     /// L2 regularization of the factors, per rating [default: 0.05 with --data, 0.01 on the
     /// generated problem].
-    #[arg(long, value_parser = non_negative_finite, allow_negative_numbers = true)]
-    l2: Option<f64>,
+    #[arg(long, allow_negative_numbers = true)]
+    l2: Option<Strength>,
     /// Passes over the training ratings.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     epochs: u32,
@@ -75,8 +81,10 @@ fn config(args: &MfArgs) -> MfConfig {
         rank: args.rank.map_or(if real { 10 } else { 4 }, |r| r as usize),
         epochs: args.epochs,
         batch: args.batch,
-        lr: args.lr,
-        l2: args.l2.unwrap_or(if real { 0.05 } else { 0.01 }),
+        lr: args.lr.get(),
+        l2: args
+            .l2
+            .map_or(if real { 0.05 } else { 0.01 }, Strength::get),
         seed: args.seed,
     }
 }
@@ -88,7 +96,7 @@ fn load(args: &MfArgs, data: &std::path::Path) -> Result<MfData, CliError> {
     let (train, test) = match &args.test {
         Some(test) => (ratings, read(test, &mut ids).map_err(CliError::input)?),
         None => {
-            let fraction = args.test_fraction.unwrap_or(TEST_FRACTION);
+            let fraction = args.test_fraction.map_or(TEST_FRACTION, Fraction::get);
             let (train, test) = split(&ratings, fraction, args.seed);
             let left_without = if train.is_empty() {
                 Some("train")

@@ -3,7 +3,7 @@
 use super::NodesArgs;
 use crate::apps::sketch::{SketchConfig, run as count};
 use crate::commands::CliError;
-use crate::commands::parse::open_unit;
+use crate::commands::values::Fraction;
 
 /// Count a generated stream in a count-min sketch held by the servers, and check every
 /// estimate against its exact count.
@@ -19,11 +19,11 @@ pub(crate) struct SketchArgs {
     #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..))]
     items: u64,
     /// Additive error bound, as a fraction of the stream's length.
-    #[arg(long, default_value_t = 0.001, value_parser = open_unit, allow_negative_numbers = true)]
-    eps: f64,
+    #[arg(long, default_value = "0.001", allow_negative_numbers = true)]
+    eps: Fraction,
     /// Probability that an estimate breaks the bound.
-    #[arg(long, default_value_t = 0.01, value_parser = open_unit, allow_negative_numbers = true)]
-    delta: f64,
+    #[arg(long, default_value = "0.01", allow_negative_numbers = true)]
+    delta: Fraction,
 }
 
 /// Counts the stream and prints how the estimates compare with the exact counts.
@@ -32,8 +32,8 @@ pub(super) fn run(args: &SketchArgs) -> Result<(), CliError> {
         servers: args.nodes.servers as usize,
         workers: args.nodes.workers as usize,
         items: args.items,
-        eps: args.eps,
-        delta: args.delta,
+        eps: args.eps.get(),
+        delta: args.delta.get(),
         ..SketchConfig::default()
     };
     let r = crate::commands::runtime()?

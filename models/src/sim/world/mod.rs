@@ -1006,7 +1006,7 @@ impl<'a> World<'a> {
         } else {
             1.0
         };
-        if index == 0 {
+        if index == self.cfg.slow_index as u64 {
             factor *= self.cfg.slow_worker;
             if iteration >= self.cfg.iterations / 2 {
                 factor *= self.cfg.slows_down;
