@@ -27,7 +27,7 @@ use super::metrics::{Sources, TransportCounters};
 use super::script::{Script, WorkerSummary};
 use super::signals::Stop;
 use crate::apps::lr::{
-    Measure, ShareRows, WorkerRun, evaluate, load_model, run_shares, save_model,
+    MeasureSpec, ShareRows, WorkerRun, evaluate, load_model, run_shares, save_model,
 };
 use crate::data::libsvm::{
     DataError, Examples, IndexBase, count_rows, holds_rows, lines_before, no_examples, parse_lines,
@@ -531,7 +531,7 @@ async fn train_lr_worker(
         data.share(share)
             .map_err(|e| RuntimeError::Config(e.to_string()))
     };
-    let measure = Measure {
+    let measure = MeasureSpec {
         test: test.as_ref(),
         model: job.save.is_some(),
     };

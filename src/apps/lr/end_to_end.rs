@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::{EpochReport, LrConfig, SlowWorker, Trained, train_local};
+use super::{EpochReport, LrConfig, SlowWorker, Slowdowns, Trained, train_local};
 use crate::data::libsvm::{Examples, IndexBase, read};
 use pserver_core::pace::{Balance, StragglerPolicy};
 use pserver_core::{Consistency, Updater};
@@ -24,6 +24,11 @@ fn train(cfg: &LrConfig) -> Vec<EpochReport> {
 }
 
 fn trained(cfg: &LrConfig) -> Trained {
+    slowed(cfg, Slowdowns::default())
+}
+
+/// Trains `cfg` with its workers slowed as `slowdowns` says.
+fn slowed(cfg: &LrConfig, slowdowns: Slowdowns) -> Trained {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -33,7 +38,7 @@ fn trained(cfg: &LrConfig) -> Trained {
         adult("adult.train.svm.gz", 12_000),
         adult("adult.test.svm.gz", 3_000),
     );
-    rt.block_on(train_local(cfg, train, test, |_| {}))
+    rt.block_on(train_local(cfg, slowdowns, train, test, |_| {}))
         .expect("training runs")
 }
 
@@ -198,11 +203,14 @@ fn watched(mut cfg: LrConfig, policy: StragglerPolicy) -> LrConfig {
 fn a_slow_worker_skipped_ahead_drops_only_the_rows_it_counts_and_the_run_still_learns() {
     let mut cfg = watched(small(LrConfig::default()), StragglerPolicy::skip_ahead());
     cfg.job.consistency = Consistency::BoundedDelay(2);
-    cfg.slow_worker = Some(SlowWorker {
-        worker: 1,
-        factor: 100.0,
-    });
-    let trained = trained(&cfg);
+    let slow = Slowdowns {
+        slow_worker: Some(SlowWorker {
+            worker: 1,
+            factor: 100.0,
+        }),
+        ..Slowdowns::default()
+    };
+    let trained = slowed(&cfg, slow);
     let reports = &trained.reports;
     assert_eq!(reports.len(), 4);
     assert!(trained.pace.stragglers > 0, "{:?}", trained.pace);
@@ -222,15 +230,18 @@ fn a_slow_worker_skipped_ahead_drops_only_the_rows_it_counts_and_the_run_still_l
 /// and the model is as good.
 #[test]
 fn shares_move_from_a_slow_worker_where_epochs_meet_and_every_row_is_trained_once() {
-    let mut cfg = watched(
+    let cfg = watched(
         small(LrConfig::default()),
         StragglerPolicy::balanced(Balance::shares(4)),
     );
-    cfg.slow_worker = Some(SlowWorker {
-        worker: 2,
-        factor: 20.0,
-    });
-    let trained = trained(&cfg);
+    let slow = Slowdowns {
+        slow_worker: Some(SlowWorker {
+            worker: 2,
+            factor: 20.0,
+        }),
+        ..Slowdowns::default()
+    };
+    let trained = slowed(&cfg, slow);
     let reports = &trained.reports;
     assert_eq!(reports.len(), 4);
     assert!(trained.pace.shares_moved > 0, "{:?}", trained.pace);

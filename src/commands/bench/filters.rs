@@ -20,7 +20,7 @@ use super::stragglers::median;
 use super::train::{self, TrainSize};
 use super::usage;
 use super::{BenchError, Measure, runtime_err};
-use crate::apps::lr::{DEFAULT_L1, LrConfig, Trained, Wire, train_local};
+use crate::apps::lr::{DEFAULT_L1, LrConfig, Slowdowns, Trained, Wire, train_local};
 use crate::data::libsvm::{Examples, IndexBase, read};
 
 /// Every configuration: its name in the measures, and its filters; key caching keeps
@@ -130,7 +130,14 @@ async fn compare(
             cfg.transport = wire;
             cfg.job.filters = *filters;
             let cpu_before = usage::cpu_secs();
-            let trained = train_local(&cfg, Arc::clone(train), Arc::clone(test), |_| {}).await?;
+            let trained = train_local(
+                &cfg,
+                Slowdowns::default(),
+                Arc::clone(train),
+                Arc::clone(test),
+                |_| {},
+            )
+            .await?;
             let cpu = cpu_before.zip(usage::cpu_secs()).map(|(a, b)| b - a);
             runs[at].push(measured(&trained, cpu));
             savings[at] = trained.filters;

@@ -30,7 +30,7 @@ use pserver_core::pace::{Balance, StragglerPolicy, TauRange};
 
 use super::{BenchError, Measure, runtime_err};
 use crate::apps::lr::{
-    DEFAULT_L1, DEFAULT_L2, EpochReport, LrConfig, SlowWorker, ftrl, train_local,
+    DEFAULT_L1, DEFAULT_L2, EpochReport, LrConfig, SlowWorker, Slowdowns, ftrl, train_local,
 };
 use crate::data::libsvm::{Examples, IndexBase, read};
 
@@ -96,10 +96,14 @@ pub(super) fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// Trains `cfg` on the shipped data.
-async fn run(cfg: LrConfig, data: &Data) -> Result<crate::apps::lr::Trained, BenchError> {
+/// Trains `cfg` on the shipped data, its workers slowed as `slowdowns` says.
+async fn run(
+    cfg: LrConfig,
+    slowdowns: Slowdowns,
+    data: &Data,
+) -> Result<crate::apps::lr::Trained, BenchError> {
     let (train, test) = (data.0.clone(), data.1.clone());
-    Ok(train_local(&cfg, train, test, |_| {}).await?)
+    Ok(train_local(&cfg, slowdowns, train, test, |_| {}).await?)
 }
 
 /// The transient-straggler measure: every configuration `reps` times, in turn, then the
@@ -116,7 +120,6 @@ async fn transient(
     let config = |consistency, adaptive: Option<TauRange>| {
         let mut cfg = LrConfig {
             epochs,
-            straggler: Some(4.0),
             ..LrConfig::default()
         };
         cfg.job.updater = ftrl(alpha, DEFAULT_L1, DEFAULT_L2);
@@ -141,6 +144,10 @@ async fn transient(
         adaptive.clone(),
         config(Consistency::BoundedDelay(ADAPTIVE.min), Some(ADAPTIVE)),
     ));
+    let stragglers = Slowdowns {
+        transient: Some(4.0),
+        ..Slowdowns::default()
+    };
     let mut runs: Vec<Vec<Vec<EpochReport>>> = vec![Vec::new(); configs.len()];
     for rep in 0..reps {
         for ((_, cfg), runs) in configs.iter().zip(&mut runs) {
@@ -148,7 +155,7 @@ async fn transient(
                 seed: u64::from(rep),
                 ..cfg.clone()
             };
-            runs.push(run(cfg, data).await?.reports);
+            runs.push(run(cfg, stragglers, data).await?.reports);
         }
     }
     let curves: Vec<Vec<(f64, f64)>> = runs.iter().map(|r| median_curve(r)).collect();
@@ -218,7 +225,7 @@ async fn slow_worker_once(
     data: &Data,
     emit: &mut impl FnMut(Measure),
 ) -> Result<(), BenchError> {
-    let run = |cfg: LrConfig| run(cfg, data);
+    let run = |cfg: LrConfig, slowdowns: Slowdowns| run(cfg, slowdowns, data);
     let mut figure = |name: &str, value: f64, unit: &'static str| {
         emit(Measure {
             name: format!("stragglers.{name}"),
@@ -229,10 +236,13 @@ async fn slow_worker_once(
 
     // A worker always four times slower.
     let epochs = if quick { 3 } else { 30 };
-    let slow = Some(SlowWorker {
-        worker: 0,
-        factor: 4.0,
-    });
+    let slow = Slowdowns {
+        slow_worker: Some(SlowWorker {
+            worker: 0,
+            factor: 4.0,
+        }),
+        ..Slowdowns::default()
+    };
     let plain = |consistency| {
         let mut cfg = LrConfig {
             epochs,
@@ -241,19 +251,12 @@ async fn slow_worker_once(
         cfg.job.consistency = consistency;
         cfg
     };
-    let fast = run(plain(Consistency::Sequential)).await?;
-    let baseline = run(LrConfig {
-        slow_worker: slow,
-        ..plain(Consistency::Sequential)
-    })
-    .await?;
-    let mut handled = LrConfig {
-        slow_worker: slow,
-        ..plain(Consistency::BoundedDelay(1))
-    };
+    let fast = run(plain(Consistency::Sequential), Slowdowns::default()).await?;
+    let baseline = run(plain(Consistency::Sequential), slow).await?;
+    let mut handled = plain(Consistency::BoundedDelay(1));
     handled.job.stragglers = StragglerPolicy::skip_ahead();
     handled.job.stragglers.balance = Some(Balance::shares(8));
-    let handled = run(handled).await?;
+    let handled = run(handled, slow).await?;
     let (fast_secs, _) = secs_auc(&fast.reports);
     let (base_secs, base_auc) = secs_auc(&baseline.reports);
     let (handled_secs, handled_auc) = secs_auc(&handled.reports);

@@ -15,7 +15,7 @@ use pserver_core::{Key, KvPairs, UpdateRule};
 use super::reached::Reached;
 use super::usage::{cpu_secs, peak_rss_mb, reset_peak_rss};
 use super::{BenchError, Measure, runtime_err, vw};
-use crate::apps::lr::{BIAS_KEY, LrConfig, Wire, evaluate, train_local};
+use crate::apps::lr::{BIAS_KEY, LrConfig, Slowdowns, Wire, evaluate, train_local};
 use crate::data::libsvm::{Examples, IndexBase, parse};
 use crate::data::synthetic::{GenConfig, write};
 
@@ -208,7 +208,14 @@ async fn pserver(
     cfg.job.workers = workers;
     cfg.transport = wire;
     let cpu0 = cpu_secs();
-    let trained = train_local(&cfg, Arc::clone(train), Arc::clone(test), |_| {}).await?;
+    let trained = train_local(
+        &cfg,
+        Slowdowns::default(),
+        Arc::clone(train),
+        Arc::clone(test),
+        |_| {},
+    )
+    .await?;
     let cpu = cpu_secs().zip(cpu0).map(|(b, a)| b - a);
     let rows: usize = trained.reports.iter().map(|r| r.rows).sum();
     // The steps alone, as the floor's time leaves out its AUC; the measurement of the model

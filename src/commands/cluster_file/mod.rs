@@ -601,8 +601,6 @@ fn job(
         keep: Keep::Best,
         early_stop: None,
         pipeline: true,
-        slow_worker: None,
-        straggler: None,
     }
     .with_bias(job.bias);
     // The servers are built from `spec`: they must know the intercept's key too, and hold

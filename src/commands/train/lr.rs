@@ -13,7 +13,8 @@ use tokio::runtime::Runtime;
 
 use super::NodesArgs;
 use crate::apps::lr::{
-    Keep, LrConfig, Rates, RowsTrained, SlowWorker, Trained, Wire, save_model, train_local_until,
+    Keep, LrConfig, Rates, RowsTrained, SlowWorker, Slowdowns, Trained, Wire, save_model,
+    train_local_until,
 };
 use crate::apps::plot::{Curve, write_svg};
 use crate::commands::groups::{FilterArgs, StragglerArgs};
@@ -181,6 +182,13 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
     let (train, test, base) = load(args)?;
     // One copy of the rows, shared by every run.
     let (train, test) = (Arc::new(train), Arc::new(test));
+    let slowdowns = Slowdowns {
+        slow_worker: args.stragglers.slow_worker.map(|s| SlowWorker {
+            worker: s.worker,
+            factor: s.factor.get(),
+        }),
+        transient: args.stragglers.straggler.map(Factor::get),
+    };
     let rt = runtime()?;
     let mut runs = Vec::new();
     let mut stopped = None;
@@ -205,7 +213,8 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
             String::new()
         };
         let every = args.progress_every.duration();
-        let (trained, stop) = train_until_stopped(&rt, &cfg, (&train, &test), &prefix, every)?;
+        let (trained, stop) =
+            train_until_stopped(&rt, &cfg, slowdowns, (&train, &test), &prefix, every)?;
         if let Some(after) = trained.stopped_early {
             let best = trained
                 .reports
@@ -335,11 +344,6 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
         keep: args.keep,
         early_stop: args.early_stop,
         pipeline: !args.no_pipeline,
-        slow_worker: args.stragglers.slow_worker.map(|s| SlowWorker {
-            worker: s.worker,
-            factor: s.factor.get(),
-        }),
-        straggler: args.stragglers.straggler.map(Factor::get),
     };
     Ok(cfg.with_bias(!args.no_bias))
 }
@@ -350,6 +354,7 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
 fn train_until_stopped(
     rt: &Runtime,
     cfg: &LrConfig,
+    slowdowns: Slowdowns,
     (train, test): (&Arc<Examples>, &Arc<Examples>),
     prefix: &str,
     every: Duration,
@@ -371,6 +376,7 @@ fn train_until_stopped(
     let sent_before = Cell::new(0u64);
     let training = train_local_until(
         cfg,
+        slowdowns,
         Arc::clone(train),
         Arc::clone(test),
         &counter,

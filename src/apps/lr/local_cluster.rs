@@ -1,0 +1,272 @@
+//! A training run in one process: the boot of a local cluster (over the in-memory transport
+//! or TCP on loopback), a task per worker running the worker loop on its shares, and the
+//! epochs they report collected into one [`Trained`]. `pserver train`, the benchmarks and the
+//! end-to-end tests train through [`train_local`] and [`train_local_until`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pserver_runtime::{ClusterSpec, LocalCluster, RuntimeError, WorkerHandle};
+use pserver_transport::mem::MemNetwork;
+use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
+use tokio::sync::mpsc;
+
+use super::config::{LrConfig, Wire, config_error};
+use super::epochs::{EpochReport, Epochs, Trained, WorkerMessage};
+use super::pace::PaceWatch;
+use super::slowdown::{Slowdowns, Transient};
+use super::worker::{MeasureSpec, MeasuredModel, RowsTrained, WorkerRun, run_shares};
+use crate::data::libsvm::Examples;
+
+/// Binds a TCP transport for every node of `spec` on 127.0.0.1, each knowing all the others,
+/// with a secret made for this run.
+async fn loopback(
+    spec: &ClusterSpec,
+) -> Result<
+    std::collections::BTreeMap<pserver_core::NodeId, std::sync::Arc<TcpTransport>>,
+    RuntimeError,
+> {
+    use std::hash::{BuildHasher, Hasher};
+    let mut peers = std::collections::BTreeMap::new();
+    let mut listeners = Vec::new();
+    for id in spec.job.node_ids() {
+        // Each listener is kept and handed to its transport, so no other socket can take the
+        // port in between.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(config_error)?;
+        peers.insert(id, listener.local_addr().map_err(config_error)?);
+        listeners.push((id, listener));
+    }
+    let state = std::collections::hash_map::RandomState::new();
+    let secret: Vec<u8> = (0..4u64)
+        .flat_map(|i| {
+            let mut h = state.build_hasher();
+            h.write_u64(i);
+            h.finish().to_le_bytes()
+        })
+        .collect();
+    let mut transports = std::collections::BTreeMap::new();
+    for (id, listener) in listeners {
+        let mut cfg = TcpConfig::new(
+            id,
+            peers[&id],
+            peers.clone(),
+            "train",
+            Secret::new(secret.clone()),
+        );
+        cfg.max_frame = spec.job.max_frame + 64;
+        let t = TcpTransport::with_listener(cfg, listener)
+            .await
+            .map_err(config_error)?;
+        transports.insert(id, std::sync::Arc::new(t));
+    }
+    Ok(transports)
+}
+
+/// A run's rows, shared by its workers: training rows, the permutation of them dealt into
+/// shares, and test rows.
+#[derive(Clone)]
+struct RunData {
+    train: Arc<Examples>,
+    dealt: Arc<Vec<usize>>,
+    test: Arc<Examples>,
+}
+
+async fn run_worker(
+    cfg: LrConfig,
+    handle: WorkerHandle<f32>,
+    RunData { train, dealt, test }: RunData,
+    messages: mpsc::UnboundedSender<WorkerMessage>,
+    counter: RowsTrained,
+    (slowdown, transient): (f64, Option<Transient>),
+) -> Result<(), RuntimeError> {
+    let per = cfg.share_rows(train.len());
+    let rows_of = |share: usize| {
+        let share = (share * per).min(train.len())..((share + 1) * per).min(train.len());
+        Ok((train.clone(), dealt[share].to_vec()))
+    };
+    let steps = per.div_ceil(cfg.share_batch());
+    let run = WorkerRun {
+        measure: MeasureSpec {
+            test: Some(&*test),
+            model: true,
+        },
+        counter: Some(&counter),
+        slowdown,
+        transient,
+    };
+    run_shares(&cfg, &handle, rows_of, steps, run, |e| {
+        let _ = messages.send(WorkerMessage::Loss {
+            epoch: e.epoch,
+            loss: e.loss,
+            rows: e.rows,
+            pulled_ahead: e.pulled_ahead,
+            train_secs: e.train_secs,
+            skipped_rows: e.skipped_rows,
+            batches: e.batches,
+        });
+        if let Some(MeasuredModel {
+            test: Some((test_logloss, test_auc)),
+            nnz,
+            weights,
+        }) = e.model
+        {
+            let _ = messages.send(WorkerMessage::Model {
+                epoch: e.epoch,
+                test_logloss,
+                test_auc,
+                nnz,
+                weights,
+            });
+        }
+    })
+    .await
+}
+
+/// Trains on `train` in one process over the in-memory transport, measuring on `test` after
+/// every epoch, its workers slowed as `slowdowns` says (not at all by default); `on_epoch`
+/// sees each report as it is made.
+pub(crate) async fn train_local(
+    cfg: &LrConfig,
+    slowdowns: Slowdowns,
+    train: impl Into<Arc<Examples>>,
+    test: impl Into<Arc<Examples>>,
+    on_epoch: impl FnMut(&EpochReport),
+) -> Result<Trained, RuntimeError> {
+    let counter = RowsTrained::default();
+    train_local_until(
+        cfg,
+        slowdowns,
+        train,
+        test,
+        &counter,
+        on_epoch,
+        std::future::pending(),
+    )
+    .await
+}
+
+/// [`train_local`], ending early when `stop` completes (Ctrl-C, say): the result then holds the
+/// epochs finished so far, and the model of the last of them.
+/// `counter` counts the rows trained as training goes.
+pub(crate) async fn train_local_until(
+    cfg: &LrConfig,
+    slowdowns: Slowdowns,
+    train: impl Into<Arc<Examples>>,
+    test: impl Into<Arc<Examples>>,
+    counter: &RowsTrained,
+    mut on_epoch: impl FnMut(&EpochReport),
+    stop: impl Future<Output = ()>,
+) -> Result<Trained, RuntimeError> {
+    let began = Instant::now();
+    // Shared, never copied: a run holds one copy of the rows, however many runs share it.
+    let (train, test): (Arc<Examples>, Arc<Examples>) = (train.into(), test.into());
+    let mut spec = ClusterSpec::of(cfg.protocol_job());
+    // The job's keys are the data's features: the ring spreads them over every server, where
+    // over the whole 64-bit key space they would all fall to one.
+    if spec.job.ring.key_space == u64::MAX {
+        spec.job.ring.key_space = train.dimensions().max(test.dimensions()).max(1);
+    }
+    // Held pulls wait for the slowest worker; never declare a busy worker dead for that, nor
+    // take a coordinator whose loop is as busy for a silent one.
+    spec.job.timing.heartbeat_timeout = Duration::from_secs(60).as_nanos() as u64;
+    spec.job.timing.coordinator_timeout = spec.job.timing.heartbeat_timeout;
+    // Stragglers are told and dealt with at failure checks: a run of seconds needs them a few
+    // times a second, not every tenth of one.
+    if spec.job.stragglers.detect.is_some() {
+        let often = Duration::from_millis(10).as_nanos() as u64;
+        spec.job.timing.heartbeat_interval = spec.job.timing.heartbeat_interval.min(often);
+    }
+    let network = MemNetwork::reliable();
+    let tcp = match cfg.transport {
+        Wire::Mem => None,
+        Wire::Tcp => Some(loopback(&spec).await?),
+    };
+    let cluster: LocalCluster<f32> = match &tcp {
+        None => LocalCluster::start(&spec, &network)?,
+        Some(transports) => LocalCluster::start_over(&spec, |id| {
+            let t = transports
+                .get(&id)
+                .ok_or_else(|| config_error(format!("no transport for {id}")))?;
+            Ok(t.clone() as std::sync::Arc<dyn pserver_transport::Transport>)
+        })?,
+    };
+    let bytes_sent = || match &tcp {
+        None => network.stats().bytes_sent,
+        Some(transports) => transports.values().map(|t| t.stats().bytes_sent).sum(),
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    // Shares are contiguous runs of a seeded permutation of the rows: each holds a fair
+    // sample of a file sorted by label (or by anything else), not one end of it. The
+    // permutation is what is dealt; the rows themselves are not copied.
+    let mut dealt: Vec<usize> = (0..train.len()).collect();
+    if cfg.shuffle {
+        crate::seeded::shuffle(&mut dealt, crate::seeded::mix(cfg.seed ^ 0x5a17));
+    }
+    let data = RunData {
+        train: train.clone(),
+        dealt: Arc::new(dealt),
+        test: test.clone(),
+    };
+    let tasks: Vec<_> = cluster
+        .workers
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let slowdown = slowdowns.factor_of(i);
+            let transient = slowdowns.transient_of(i, cfg.job.workers, cfg.seed);
+            tokio::spawn(run_worker(
+                cfg.clone(),
+                h.clone(),
+                data.clone(),
+                tx.clone(),
+                counter.clone(),
+                (slowdown, transient),
+            ))
+        })
+        .collect();
+    drop(tx);
+    let mut epochs = Epochs::new(cfg, train.len());
+    let pace = PaceWatch::new(&cluster, &spec.job);
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let message = tokio::select! {
+            message = rx.recv() => message,
+            () = &mut stop => {
+                // Workers may be waiting on each other at a consistency bound: end them all at
+                // once rather than one by one.
+                for t in &tasks {
+                    t.abort();
+                }
+                drop(cluster);
+                epochs.pace = pace.read();
+                return epochs.trained();
+            }
+        };
+        let Some(message) = message else {
+            break;
+        };
+        epochs.note(message);
+        while let Some(report) = epochs.next_report(began, bytes_sent()) {
+            on_epoch(report);
+        }
+        if let Some(patience) = cfg.early_stop
+            && epochs.since_best() >= patience
+        {
+            for t in &tasks {
+                t.abort();
+            }
+            drop(cluster);
+            epochs.pace = pace.read();
+            epochs.filters = pace.filter_savings();
+            epochs.stopped_early = Some(epochs.reports.len() as u32);
+            return epochs.trained();
+        }
+    }
+    for t in tasks {
+        t.await.map_err(|_| RuntimeError::ShutDown)??;
+    }
+    cluster.shutdown().await?;
+    epochs.pace = pace.read();
+    epochs.filters = pace.filter_savings();
+    epochs.trained()
+}
