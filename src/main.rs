@@ -191,6 +191,143 @@ mod tests {
         assert_ne!(takes(factor, "slow-worker"), takes(worker, "slow-worker"));
     }
 
+    /// The words of a shell line, quotes removed, up to the first unquoted pipe, redirect,
+    /// list operator or comment.
+    fn shell_words(line: &str) -> Vec<String> {
+        let (mut words, mut word, mut quote, mut started) =
+            (Vec::new(), String::new(), None, false);
+        for ch in line.chars() {
+            match (quote, ch) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), c) => word.push(c),
+                (None, '\'' | '"') => {
+                    quote = Some(ch);
+                    started = true;
+                }
+                (None, '|' | '>' | '<' | ';' | '&' | '#') => break,
+                (None, c) if c.is_whitespace() => {
+                    if started || !word.is_empty() {
+                        words.push(std::mem::take(&mut word));
+                    }
+                    started = false;
+                }
+                (None, c) => word.push(c),
+            }
+        }
+        if started || !word.is_empty() {
+            words.push(word);
+        }
+        words
+    }
+
+    /// The arguments a documented command line gives `pserver`, if it runs pserver: a line
+    /// that starts with `pserver` or with `cargo run --release` (its arguments are those after
+    /// `--`).
+    fn pserver_args(line: &str) -> Option<Vec<String>> {
+        let words = shell_words(line.trim());
+        match words.first().map(String::as_str) {
+            Some("pserver") => Some(words),
+            Some("cargo") if words.get(1..3) == Some(&["run".into(), "--release".into()]) => {
+                let at = words.iter().position(|w| w == "--")?;
+                Some(
+                    std::iter::once("pserver".to_owned())
+                        .chain(words[at + 1..].iter().cloned())
+                        .collect(),
+                )
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the command line accepts `args`; `--help` and `--version` count as accepted.
+    fn accepted(args: &[String]) -> Result<(), String> {
+        match Cli::try_parse_from(args) {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e.to_string().lines().next().unwrap_or_default().to_owned()),
+        }
+    }
+
+    /// Every line of a fenced code block in the front page and the guides that runs
+    /// pserver, with the file and line it is on.
+    fn documented_commands() -> Vec<(String, Vec<String>)> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files = vec![root.join("README.md")];
+        let mut guides: Vec<_> = std::fs::read_dir(root.join("docs"))
+            .expect("the docs folder")
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "md"))
+            .collect();
+        guides.sort();
+        files.extend(guides);
+        let mut found = Vec::new();
+        for file in files {
+            let text = std::fs::read_to_string(&file).expect("a readable guide");
+            let mut in_code = false;
+            for (n, line) in text.lines().enumerate() {
+                if line.trim_start().starts_with("```") {
+                    in_code = !in_code;
+                    continue;
+                }
+                if let Some(args) = in_code.then(|| pserver_args(line)).flatten() {
+                    let at = format!("{}:{}", file.display(), n + 1);
+                    found.push((at, args));
+                }
+            }
+        }
+        found
+    }
+
+    /// A renamed or removed flag, or a command that no longer exists, fails here while the
+    /// guides still show it.
+    #[test]
+    fn every_command_in_the_readme_and_the_guides_is_one_pserver_accepts() {
+        let commands = documented_commands();
+        let refused: Vec<String> = commands
+            .iter()
+            .filter_map(|(at, args)| accepted(args).err().map(|e| format!("{at}: {e}")))
+            .collect();
+        assert!(refused.is_empty(), "{}", refused.join("\n"));
+        // The guides are read: the front page's first command and many more are found.
+        assert!(
+            commands.len() >= 40,
+            "only {} commands found",
+            commands.len()
+        );
+        let first = commands.iter().find(|(at, _)| at.contains("README.md"));
+        assert_eq!(
+            first.map(|(_, args)| args.join(" ")),
+            Some("pserver train".to_owned()),
+            "the quick start's `cargo run --release -- train`"
+        );
+    }
+
+    #[test]
+    fn the_check_of_documented_commands_refuses_what_the_command_line_refuses() {
+        let args = |line: &str| pserver_args(line).expect("a pserver line");
+        assert!(accepted(&args("pserver train --epochs 3")).is_ok());
+        assert!(accepted(&args("cargo run --release -- sim seeds --seeds 5")).is_ok());
+        assert!(accepted(&args("pserver man | man -l -")).is_ok());
+        assert!(accepted(&args("pserver train --help")).is_ok());
+        assert!(accepted(&args("pserver train --epoch 3")).is_err());
+        assert!(accepted(&args("pserver sim --tau-sweep")).is_err());
+        assert!(accepted(&args("pserver sim seeds --kkt 50:4")).is_err());
+        assert_eq!(
+            args("pserver train --data 'my data.svm' # comment"),
+            ["pserver", "train", "--data", "my data.svm"]
+        );
+        assert_eq!(pserver_args("cargo test --workspace"), None);
+        assert_eq!(pserver_args("/usr/bin/time pserver train"), None);
+    }
+
     #[test]
     fn the_command_line_definition_is_consistent() {
         Cli::command().debug_assert();

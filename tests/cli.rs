@@ -159,7 +159,10 @@ fn sim_runs_a_chosen_update_rule_on_a_changed_ring_and_counts_redirects() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.contains("[possible values: ftrl, adagrad, sgd, sum]"), "{err}");
+    assert!(
+        err.contains("[possible values: ftrl, adagrad, sgd, sum]"),
+        "{err}"
+    );
 }
 
 #[test]

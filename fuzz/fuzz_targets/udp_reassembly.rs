@@ -3,7 +3,7 @@
 //! place or count, and raw garbage datagrams, with time moving on. The reassembler must never
 //! panic, never hold more than its bound, and yield only frames that were sent whole.
 //!
-//! Run it with `cargo +nightly fuzz run udp_reassembly` (README, "Fuzzing").
+//! Run it with `cargo +nightly fuzz run udp_reassembly` (docs/verification.md, "Fuzzing").
 
 #![no_main]
 

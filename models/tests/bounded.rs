@@ -1,6 +1,6 @@
 //! The suite's bound on the larger model checks. `PSERVER_EXHAUSTIVE=1` (as
 //! `scripts/check-exhaustive` sets it) checks them over every state instead, where their state
-//! counts are pinned and `livelock-free` is judged (README, "Model checking").
+//! counts are pinned and `livelock-free` is judged (docs/verification.md, "The replication model").
 
 use pserver_models::cluster::{
     CheckReport, ClusterModelConfig, Strategy, Verdict, check_cluster_model, cluster_model,

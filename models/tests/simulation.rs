@@ -810,7 +810,7 @@ fn every_fault_but_partitions() -> Faults {
 /// A server joins while another leaves or while a crash is being recovered from, and the
 /// acknowledgements of one change arrive after the next began: no push is lost or applied
 /// twice, every key has one primary, every request completes, the replicas converge. (`pserver
-/// sim --membership-stress` runs 5,000 seeds of each mix; see the README.)
+/// sim seeds --membership-stress` runs 5,000 seeds of each mix; see docs/verification.md.)
 #[test]
 fn every_invariant_holds_while_membership_changes_overlap() {
     let reports = run_all(&MODELS, 0..30, membership_stress);

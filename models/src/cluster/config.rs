@@ -167,7 +167,7 @@ impl ClusterModelConfig {
     /// acknowledging it, the range fails over to the replica and a new replica is refilled with
     /// a copy, and which is still checked exhaustively in minutes (sequential consistency adds
     /// a `Progress` to every server and an `ApplyBelow` step on every shard, and does not fit
-    /// in 8 GB). README, "Model checking", has the measurements.
+    /// in 8 GB). docs/verification.md, "State spaces", has the measurements.
     pub fn replication() -> Self {
         ClusterModelConfig {
             servers: 3,
@@ -191,7 +191,7 @@ impl ClusterModelConfig {
     /// switches once it caught up, and the worker resends what it has not seen acknowledged to
     /// the new primary: the smallest shape in which a copy is followed by a resend of a push
     /// the copy already holds. No replicas: with one replica per range on two servers, a join
-    /// exceeded 48 million distinct states (README, "Model checking").
+    /// exceeded 48 million distinct states (docs/verification.md, "The replication model").
     pub fn replication_join() -> Self {
         ClusterModelConfig {
             servers: 1,
@@ -206,8 +206,8 @@ impl ClusterModelConfig {
     /// iterations under bounded delay 0 on the ordered network. A worker skipped past
     /// iteration 0 pushes in iteration 1, and the other worker's pull in iteration 2 needs that
     /// push: the fewest iterations in which a server that counts the skip as reaching further
-    /// than the configuration says answers a pull too early. README, "Model checking", has the
-    /// measurements.
+    /// than the configuration says answers a pull too early. docs/verification.md, "State
+    /// spaces", has the measurements.
     pub fn skip_ahead() -> Self {
         ClusterModelConfig {
             servers: 1,

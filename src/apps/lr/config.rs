@@ -53,9 +53,10 @@ pub(crate) const DEFAULT_L1: f64 = 0.1;
 /// FTRL's default L2 regularization, per push.
 pub(crate) const DEFAULT_L2: f64 = 1.0;
 
-/// The servers' update rule of a logistic-regression job.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// The servers' update rule of a logistic-regression job. The command line and the cluster
+/// file name it as an `UpdateRule` (`commands::values`), which refuses the rules that do not
+/// learn.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum Rule {
     /// FTRL-Proximal: takes alpha, l1 and l2.
     #[default]
