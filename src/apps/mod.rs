@@ -1,5 +1,6 @@
 //! The applications: models trained on the parameter server.
 
+pub(crate) mod loopback;
 pub(crate) mod lr;
 pub(crate) mod mf;
 pub(crate) mod plot;

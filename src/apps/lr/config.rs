@@ -151,6 +151,8 @@ pub(crate) enum Wire {
     Mem,
     /// Authenticated TCP connections on 127.0.0.1, one listening port per node.
     Tcp,
+    /// UDP datagrams on 127.0.0.1, one port per node.
+    Udp,
 }
 
 impl Default for LrConfig {

@@ -116,19 +116,22 @@ fn a_larger_l1_makes_a_sparser_model() {
 }
 
 #[test]
-fn training_over_loopback_tcp_reaches_what_training_in_memory_does() {
+fn training_over_loopback_tcp_and_udp_reaches_what_training_in_memory_does() {
     use super::Wire;
     let mem = train(&small(LrConfig::default()));
-    let tcp = train(&small(LrConfig {
-        transport: Wire::Tcp,
-        ..LrConfig::default()
-    }));
-    let (a, b) = (mem.last().unwrap(), tcp.last().unwrap());
-    assert!(
-        (a.test_auc - b.test_auc).abs() < 0.01,
-        "mem {a:?} tcp {b:?}"
-    );
-    assert!(b.bytes_sent > 0);
+    let a = mem.last().unwrap();
+    for wire in [Wire::Tcp, Wire::Udp] {
+        let over = train(&small(LrConfig {
+            transport: wire,
+            ..LrConfig::default()
+        }));
+        let b = over.last().unwrap();
+        assert!(
+            (a.test_auc - b.test_auc).abs() < 0.01,
+            "mem {a:?} {wire:?} {b:?}"
+        );
+        assert!(b.bytes_sent > 0, "{wire:?} {b:?}");
+    }
 }
 
 /// Under sequential consistency each batch needs the push of the one before: a worker asked

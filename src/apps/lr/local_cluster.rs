@@ -1,5 +1,5 @@
-//! A training run in one process: the boot of a local cluster (over the in-memory transport
-//! or TCP on loopback), a task per worker running the worker loop on its shares, and the
+//! A training run in one process: the boot of a local cluster (over the in-memory transport,
+//! or TCP or UDP on loopback), a task per worker running the worker loop on its shares, and the
 //! epochs they report collected into one [`Trained`]. `pserver train`, the benchmarks and the
 //! end-to-end tests train through [`train_local`] and [`train_local_until`].
 
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use pserver_runtime::{ClusterSpec, LocalCluster, RuntimeError, WorkerHandle};
 use pserver_transport::mem::MemNetwork;
-use pserver_transport::tcp::{Secret, TcpConfig, TcpTransport};
+use pserver_transport::tcp::Secret;
 use tokio::sync::mpsc;
 
 use super::config::{LrConfig, Wire, config_error};
@@ -16,26 +16,12 @@ use super::epochs::{EpochReport, Epochs, Trained, WorkerMessage};
 use super::pace::PaceWatch;
 use super::slowdown::{Slowdowns, Transient};
 use super::worker::{MeasureSpec, MeasuredModel, RowsTrained, WorkerRun, run_shares};
+use crate::apps::loopback::{self, Bound, Sockets};
 use crate::data::libsvm::Examples;
 
-/// Binds a TCP transport for every node of `spec` on 127.0.0.1, each knowing all the others,
-/// with a secret made for this run.
-async fn loopback(
-    spec: &ClusterSpec,
-) -> Result<
-    std::collections::BTreeMap<pserver_core::NodeId, std::sync::Arc<TcpTransport>>,
-    RuntimeError,
-> {
+/// A secret made for this run, which no other process knows.
+fn run_secret() -> Secret {
     use std::hash::{BuildHasher, Hasher};
-    let mut peers = std::collections::BTreeMap::new();
-    let mut listeners = Vec::new();
-    for id in spec.job.node_ids() {
-        // Each listener is kept and handed to its transport, so no other socket can take the
-        // port in between.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(config_error)?;
-        peers.insert(id, listener.local_addr().map_err(config_error)?);
-        listeners.push((id, listener));
-    }
     let state = std::collections::hash_map::RandomState::new();
     let secret: Vec<u8> = (0..4u64)
         .flat_map(|i| {
@@ -44,22 +30,7 @@ async fn loopback(
             h.finish().to_le_bytes()
         })
         .collect();
-    let mut transports = std::collections::BTreeMap::new();
-    for (id, listener) in listeners {
-        let mut cfg = TcpConfig::new(
-            id,
-            peers[&id],
-            peers.clone(),
-            "train",
-            Secret::new(secret.clone()),
-        );
-        cfg.max_frame = spec.job.max_frame + 64;
-        let t = TcpTransport::with_listener(cfg, listener)
-            .await
-            .map_err(config_error)?;
-        transports.insert(id, std::sync::Arc::new(t));
-    }
-    Ok(transports)
+    Secret::new(secret)
 }
 
 /// A run's rows, shared by its workers: training rows, the permutation of them dealt into
@@ -177,22 +148,31 @@ pub(crate) async fn train_local_until(
         spec.job.timing.heartbeat_interval = spec.job.timing.heartbeat_interval.min(often);
     }
     let network = MemNetwork::reliable();
-    let tcp = match cfg.transport {
+    let sockets = match cfg.transport {
         Wire::Mem => None,
-        Wire::Tcp => Some(loopback(&spec).await?),
+        Wire::Tcp => Some(Sockets::Tcp),
+        Wire::Udp => Some(Sockets::Udp),
     };
-    let cluster: LocalCluster<f32> = match &tcp {
+    let bound = match sockets {
+        None => None,
+        Some(sockets) => Some(
+            loopback::bind(&spec, sockets, "train", &run_secret(), 0.0)
+                .await
+                .map_err(config_error)?,
+        ),
+    };
+    let cluster: LocalCluster<f32> = match &bound {
         None => LocalCluster::start(&spec, &network)?,
         Some(transports) => LocalCluster::start_over(&spec, |id| {
-            let t = transports
+            transports
                 .get(&id)
-                .ok_or_else(|| config_error(format!("no transport for {id}")))?;
-            Ok(t.clone() as std::sync::Arc<dyn pserver_transport::Transport>)
+                .map(Bound::shared)
+                .ok_or_else(|| config_error(format!("no transport for {id}")))
         })?,
     };
-    let bytes_sent = || match &tcp {
+    let bytes_sent = || match &bound {
         None => network.stats().bytes_sent,
-        Some(transports) => transports.values().map(|t| t.stats().bytes_sent).sum(),
+        Some(transports) => transports.values().map(Bound::bytes_sent).sum(),
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
     // Shares are contiguous runs of a seeded permutation of the rows: each holds a fair

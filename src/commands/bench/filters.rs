@@ -117,6 +117,7 @@ async fn compare(
     let wire_name = match wire {
         Wire::Mem => "mem",
         Wire::Tcp => "tcp",
+        Wire::Udp => "udp",
     };
     let configurations: Vec<(&str, Filters)> = configurations(lists)
         .into_iter()

@@ -71,9 +71,9 @@ pub(crate) struct LrArgs {
     /// Rows per minibatch on each worker.
     #[arg(long, default_value_t = 100, value_parser = at_least_one, allow_negative_numbers = true)]
     batch: usize,
-    /// How the nodes of this process talk: mem (channels) or tcp (authenticated connections
-    /// on 127.0.0.1); udp is for separate processes, see `pserver coordinator | server |
-    /// worker`.
+    /// How the nodes of this process talk: mem (channels), tcp (authenticated connections on
+    /// 127.0.0.1) or udp (datagrams on 127.0.0.1). For separate processes, see `pserver
+    /// coordinator | server | worker`.
     #[arg(long, value_enum, default_value = "mem")]
     transport: Transport,
     #[command(flatten)]
@@ -332,11 +332,7 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
         transport: match args.transport {
             Transport::Mem => Wire::Mem,
             Transport::Tcp => Wire::Tcp,
-            Transport::Udp => {
-                return Err(CliError::input(
-                    "--transport udp: pserver train runs its nodes in one process, over mem or tcp; run udp clusters as separate processes (pserver coordinator | server | worker)",
-                ));
-            }
+            Transport::Udp => Wire::Udp,
         },
         bias: !args.no_bias,
         shuffle: !args.no_shuffle,

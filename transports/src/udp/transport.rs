@@ -95,6 +95,8 @@ impl UdpConfig {
 pub struct UdpStats {
     /// Datagrams handed to the socket.
     pub sent: u64,
+    /// Bytes of those datagrams, fragment headers and MACs included.
+    pub bytes_sent: u64,
     /// Outgoing datagrams the fault injector dropped.
     pub injected_drops: u64,
     /// Datagrams received.
@@ -116,6 +118,7 @@ pub struct UdpStats {
 #[derive(Default)]
 struct Counters {
     sent: AtomicU64,
+    bytes_sent: AtomicU64,
     injected_drops: AtomicU64,
     received: AtomicU64,
     unknown_source: AtomicU64,
@@ -275,6 +278,7 @@ impl UdpTransport {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         UdpStats {
             sent: get(&c.sent),
+            bytes_sent: get(&c.bytes_sent),
             injected_drops: get(&c.injected_drops),
             received: get(&c.received),
             unknown_source: get(&c.unknown_source),
@@ -349,6 +353,10 @@ impl Transport for UdpTransport {
                 .await
                 .map_err(|e| io_error(format!("sending a datagram to {to} at {addr}"), e))?;
             bump(&shared.counters.sent);
+            shared
+                .counters
+                .bytes_sent
+                .fetch_add(datagram.len() as u64, Ordering::Relaxed);
         }
         Ok(())
     }

@@ -40,7 +40,11 @@ async fn small_and_fragmented_frames_arrive_whole_from_their_sender() {
         (A, Bytes::from_static(b"hello"))
     );
     assert_eq!(t[1].recv().await.unwrap(), (A, big));
-    assert_eq!(t[0].stats().sent, 1 + 100_000u64.div_ceil(1400));
+    let datagrams = 1 + 100_000u64.div_ceil(1400);
+    assert_eq!(t[0].stats().sent, datagrams);
+    // Every byte of both frames went out once, each datagram with its header.
+    let header = super::super::fragment::HEADER_LEN as u64;
+    assert_eq!(t[0].stats().bytes_sent, 5 + 100_000 + datagrams * header);
     assert_eq!(t[1].stats().frames, 2);
     assert!(matches!(
         t[0].send(C, Bytes::from_static(b"x")).await,
