@@ -1079,3 +1079,34 @@ fn a_cluster_file_with_a_zero_batch_is_refused_naming_the_field() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Completions and man pages are generated from the definitions that parse the command line:
+/// they name the subcommands and flags it takes today.
+#[test]
+fn completions_and_man_pages_list_the_commands_and_flags_of_the_command_line() {
+    let out = pserver().args(["completions", "bash"]).output().unwrap();
+    assert!(out.status.success());
+    let script = String::from_utf8(out.stdout).unwrap();
+    for word in [
+        "tau-sweep",
+        "slots-sweep",
+        "stragglers",
+        "--slow-worker",
+        "--kkt-bound",
+    ] {
+        assert!(script.contains(word), "{word}");
+    }
+    let out = pserver().args(["completions", "cobol"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = pserver().arg("man").output().unwrap();
+    assert!(out.status.success());
+    let page = String::from_utf8(out.stdout).unwrap();
+    assert!(page.contains(".TH pserver 1"), "{page}");
+    let dir = std::env::temp_dir().join(format!("pserver-man-{}", std::process::id()));
+    let out = pserver().args(["man", "--dir"]).arg(&dir).output().unwrap();
+    assert!(out.status.success());
+    let seeds = std::fs::read_to_string(dir.join("pserver-sim-seeds.1")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    // roff writes a flag's hyphens as `\-`.
+    assert!(seeds.contains(r"kkt\-bound"), "{seeds}");
+}
