@@ -31,8 +31,9 @@ use pserver_core::{Key, NodeId};
 
 pub(crate) use options::{BenchOptions, DenseSize, Kind, Topology, Transport};
 
-/// Measure pserver against baselines run in the same process and run, so that every figure
-/// reads as a ratio: push and pull over each transport against raw TCP (`push`), training
+/// Measure pserver next to baselines run in the same process, each figure read as a ratio.
+///
+/// Four measures: push and pull over each transport against raw TCP (`push`), training
 /// against a plain loop and Vowpal Wabbit (`train`), straggler handling (`stragglers`) and
 /// filters (`filters`). Build with --release.
 #[derive(clap::Args, Debug)]
@@ -45,9 +46,10 @@ pub(crate) struct BenchArgs {
 /// What `pserver bench` measures.
 #[derive(clap::Subcommand, Debug)]
 enum BenchMode {
-    /// Push and pull throughput and small-request latency over each transport (mem, tcp,
-    /// udp; one server and one worker, then two of each, on loopback), with a raw TCP stream
-    /// and ping-pong as baselines measured in the same run.
+    /// Push and pull throughput and latency over each transport, next to raw TCP.
+    ///
+    /// Over mem, tcp and udp, with one server and one worker, then two of each, on loopback; a
+    /// raw TCP stream and ping-pong are the baselines, measured in the same run.
     ///
     /// Dense requests carry contiguous keys; sparse ones 1M keys drawn from 2^24 (64K with
     /// --quick); each runs on a cluster whose ring is told the key space of its keys, and with
@@ -57,6 +59,8 @@ enum BenchMode {
     /// per measure (GB/s of values, million keys per second, microseconds); --table adds each
     /// figure's ratio to the raw TCP baseline.
     Push(PushArgs),
+    /// Training throughput and test AUC next to a plain loop and Vowpal Wabbit.
+    ///
     /// Logistic regression on a generated problem (500,000 rows of 4M features, 3 epochs;
     /// 20,000 rows with --quick), by a floor (the same update rule over a flat array in one
     /// thread), by Vowpal Wabbit (one pass, when the vw command or the vowpalwabbit Python
@@ -65,13 +69,17 @@ enum BenchMode {
     /// CPU-seconds per million rows, peak RSS, test AUC, and each figure's ratio to the floor
     /// and to VW.
     Train(TrainBenchArgs),
-    /// Straggler handling, on the shipped UCI Adult data: with worker 0 always 4x slower,
+    /// Straggler handling: time and test AUC with slow and transient stragglers.
+    ///
+    /// On the shipped UCI Adult data: with worker 0 always 4x slower,
     /// sequential consistency against bounded delay 1 with skip-ahead and 8 shares per worker
     /// sized by speed (time and test AUC); with transient stragglers, fixed tau 0, 1, 2, 4, 8
     /// against adaptive tau 1-8 (FTRL alpha 0.1, 20 epochs; when each median learning curve
     /// first reaches the lowest test log loss a fixed tau's reaches). Each configuration runs
     /// 11 times (a few minutes). Runs from the repository's root.
     Stragglers(QuickArgs),
+    /// What the filters save, and what they cost, next to unfiltered training.
+    ///
     /// Unfiltered training against key caching, key caching with value compression, and both
     /// with the significantly-modified filter at 0.05, on the shipped UCI Adult data (2
     /// servers, 4 workers, 10 epochs, over mem) and on a generated problem (that of `bench

@@ -22,8 +22,9 @@ use super::CliError;
 use super::groups::{FilterArgs, StragglerArgs};
 use super::values::{Factor, Probability, UpdateRule, at_least_one, push_slots, threshold};
 
-/// Run whole clusters in the deterministic simulator, with faults, checking the protocol's
-/// invariants after every step: many seeds (`seeds`), or how a workload's finish time moves
+/// Run whole clusters in the deterministic simulator, checking the invariants at every step.
+///
+/// With faults, on virtual time: many seeds (`seeds`), or how a workload's finish time moves
 /// with the staleness bound (`tau-sweep`) or with push slots (`slots-sweep`).
 #[derive(clap::Args, Debug)]
 pub(crate) struct SimArgs {
@@ -43,14 +44,17 @@ enum SimMode {
     /// `sim seeds=N failed=F steps=X redirects=R secs=Y`, and the exit status is 1 if any seed
     /// failed.
     Seeds(SimOptions),
-    /// Print how long the workload takes, and how much workers idle, for tau in 0, 1, 2, 4, 8
-    /// and infinity, for tau moving between 1 and 8 as stragglers come and go
+    /// How long the workload takes, and how much workers idle, as the staleness bound varies.
+    ///
+    /// Prints a row for tau in 0, 1, 2, 4, 8 and infinity, for tau moving between 1 and 8 as stragglers come and go
     /// (adaptive:1-8), for tau 1 with stragglers skipped ahead (skip-ahead:1), and the same
     /// with four shares per worker moved from slow workers to fast ones (skip-ahead+shares:1).
     TauSweep(SimOptions),
-    /// Print the servers' peak receive queue and the finish time of four workers pushing
-    /// together, with and without push slots (those of --push-slots, default 8192:1), as
-    /// `name value unit` lines.
+    /// The servers' peak receive queue with and without round-robin push slots.
+    ///
+    /// Prints the peak receive queue and the finish time of four workers pushing together, with
+    /// and without push slots (those of --push-slots, default 8192:1), as `name value unit`
+    /// lines.
     SlotsSweep(SimOptions),
 }
 
