@@ -1,7 +1,7 @@
 //! Groups of flags that several commands take, defined once so that a flag means the same
 //! thing wherever it is given: what workers filter out of their traffic, and what a run does
 //! about workers slower than the others. Each command flattens the group into its own
-//! arguments (`#[command(flatten)]`).
+//! arguments (`#[command(flatten)]`; ARCHITECTURE.md §13).
 
 use pserver_core::filter::{Filters, KeyCaching, Kkt, Threshold};
 use pserver_core::pace::{Balance, Detection, StragglerPolicy, TauRange};

@@ -1,7 +1,7 @@
-//! The script job, a workload whose result is known in advance: each worker pulls every key,
-//! computes, pushes one deterministic value per key and advances, for N iterations. What it
-//! pushes is a function of (worker, iteration, key), so the totals every server must end with
-//! are known in advance and a run can be checked exactly.
+//! The script job: each worker pulls every key, computes, pushes one deterministic value per
+//! key and advances, for N iterations. What it pushes is a function of (worker, iteration,
+//! key), so the totals every server must end with are known in advance and a run can be
+//! checked exactly.
 
 use std::time::Duration;
 

@@ -1,7 +1,8 @@
-//! The values options take, each defined once: a type, the one check of what it may mean, and
-//! its spelling on the command line. Clap parses a flag through the type's `FromStr`; the
-//! cluster file reads the number or word and hands it to the same constructor, so a value is
-//! refused alike wherever it is given, with one line that says what it must be.
+//! The values options take, each defined once (ARCHITECTURE.md §13): a type, the one check of
+//! what it may mean, and its spelling on the command line. Clap parses a flag through the
+//! type's `FromStr`; the cluster file reads the number or word and hands it to the same
+//! constructor, so a value is refused alike wherever it is given, with one line that says what
+//! it must be.
 //!
 //! `f64`'s own parser takes `NaN`, `inf` and negative numbers, which no option here can mean.
 
