@@ -1,4 +1,35 @@
-//! The coordinator: the paper's server manager. It owns membership, the ring and the epoch.
+//! The coordinator: the paper's server manager. It owns membership, the ring and the epoch
+//! (ARCHITECTURE.md §2, §8).
+//!
+//! # Failure
+//!
+//! The coordinator declares a server silent past the heartbeat timeout dead and publishes a new
+//! epoch without it (`ClusterConfig::without_server`), in which each of its ranges passes to its
+//! first replica. A server is kept, with `Event::RingDegraded`, when the servers left could not
+//! hold the replicas.
+//!
+//! # Membership changes
+//!
+//! A change of servers takes two epochs (`Phase`). First the coordinator publishes the
+//! configuration with the change listed (`ClusterConfig::joining`, `leaving`): the ring in force is
+//! unchanged, and the servers the next ring gives ranges they do not hold yet copy and follow them.
+//! Once every server of the next ring reported `CaughtUp`, it publishes the next ring. A crash
+//! during a change removes the server from the change; a change the servers left cannot complete is
+//! called off. A `Leave` is taken only at the epoch in force: a crashed server's messages may still
+//! be on the network after it restarted, and an earlier process's `Leave` must not take the new one
+//! out.
+//!
+//! A server registering while the job runs joins this way: a new machine, a server declared dead
+//! that came back, or a process that restarted and lost its state (it registers with a new
+//! `ServerConfig::incarnation`, is taken off the ring and joins again). Every configuration names
+//! the incarnation each server member registered with (`ClusterConfig::incarnations`), and the
+//! coordinator refuses a registration from an earlier incarnation than the last it took (a late
+//! resend).
+//!
+//! Workers have no data to move: a worker registering while the job runs joins in the next epoch
+//! (`crate::worker`'s progress says where it starts). A worker that calls `Worker::leave` is
+//! removed at once, listed in `ClusterConfig::left` (`Event::WorkerLeft` here), and fenced, which
+//! is its confirmation.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,8 +1,70 @@
-//! Stragglers and the pace of a job (ARCHITECTURE.md §9): how the coordinator tells a worker
-//! that lags from the others, and what it may decide about it: let the worker skip ahead, or
-//! raise the staleness bound while stragglers last. What it decides travels in the
-//! configuration ([`Pace`]), so that every server holds pulls to the same bound and counts the
-//! same skipped iterations as finished.
+//! Stragglers and the pace of a job (ARCHITECTURE.md §9): how the coordinator tells a worker that
+//! lags from the others, and what it may decide about it: let the worker skip ahead, raise the
+//! staleness bound while stragglers last, or move shares of the work from slow workers to fast
+//! ones. What it decides travels in the configuration ([`Pace`]), so that every server holds pulls
+//! to the same bound and counts the same skipped iterations as finished. Everything is off by
+//! default ([`StragglerPolicy`]).
+//!
+//! # Detection
+//!
+//! A worker reports its position ([`Position`]: its iteration and how much of it its pushes
+//! covered, [`Coverage`]) with every heartbeat. At every failure check the coordinator finds the
+//! workers more than [`Detection::lag`] iterations behind the lower median of the others, or (with
+//! a rate check) slower than them by a factor over a window of checks, and says once
+//! `Event::Straggler { worker, behind }`, then `Event::StragglerCleared` when it keeps up. The
+//! runtime logs both and counts `pserver_stragglers_total`.
+//!
+//! # Skip-ahead (bounded delay)
+//!
+//! The coordinator publishes, for each straggler, the iteration the others are in as
+//! [`Pace::skipped_below`] in the next configuration. Every server counts the worker as having
+//! finished every iteration below it (`Server::finished_in`), so no pull waits for those iterations
+//! any more; the worker enters that iteration at once (`Event::SkippedAhead`, answering an
+//! `advance` it waited on) and counts the iterations below as finished for its own in-flight bound.
+//! What it pushed of a skipped iteration still goes to the servers, exactly once, like any push;
+//! what it had not pushed is never sent. The skip only rises, and is forgotten with the worker.
+//!
+//! A worker may push an iteration in parts (`Worker::push_part`), each saying how much of the
+//! iteration it covers with those before, so that a skip loses only the part not yet pushed, and
+//! the coordinator sees how far into an iteration a slow worker is.
+//!
+//! # Adaptive tau (bounded delay)
+//!
+//! Within a [`TauRange`] the coordinator raises the bound to the top of the range at a check that
+//! finds a straggler and lowers it by one at each check that finds none: quick to give stragglers
+//! room, slow to take it back while they come and go, publishing it as [`Pace::tau`]
+//! (`Event::TauChanged`). The bound a server holds a pull to and the bound a worker's in-flight
+//! count is held to are those of the configuration in force (`Cluster::consistency`).
+//!
+//! # Shares sized by speed (any consistency model)
+//!
+//! The job's work is cut into [`Balance::per_worker`] shares per worker, dealt in turn
+//! (`ClusterConfig::deal`). A worker's application says how much work it does per second of its own
+//! compute (`Worker::report_speed`; rows per second, waiting left out, since under a bound a fast
+//! worker advances no faster than the slow ones), and the speed travels in its position. At each
+//! check, once every worker said one, the coordinator takes the worker whose step takes longest
+//! (shares held over speed) and gives its highest share to the worker that would be quickest with
+//! one more, if that one would still be quicker by a quarter; one share a check, never below
+//! [`Balance::fewest`] nor above [`Balance::most`] (`PaceWatch::rebalance`, `Event::ShareMoved`,
+//! `pserver_shares_moved_total`). A move always shortens the slowest step, so none moves back; the
+//! giver's own shares go before those it got by a move.
+//!
+//! Each move is recorded with where the giver last said it was ([`Pace::moves`], [`ShareMove`]), so
+//! that an application working in rounds (an epoch over the data) hands the share over where rounds
+//! meet: the giver finishes the share for the round it was in, the new holder does it from the next
+//! round, and if it learns of the move only during that round it does the round's earlier steps of
+//! the share at once (`ClusterConfig::shares_in_round`, [`RoundShare::from_start`]). So a move
+//! leaves no row of a round untrained, and trains one twice only if the giver learns of it after
+//! its round ended. A dead worker's shares still pass at once.
+//!
+//! # When the coordinator decides
+//!
+//! Nothing is decided while servers join or leave: a new epoch would make them report catching up
+//! again. A new epoch that changes only the pace and the shares
+//! (`ClusterConfig::differs_only_in_pace`) moves no range: replication and copies sent under the
+//! epochs before it since the last change of members still hold (`Cluster::members_since`), so a
+//! policy publishing often cannot starve a copy of the epoch it needs, and it is no recovery for
+//! the runtime's metrics.
 
 use std::collections::BTreeMap;
 

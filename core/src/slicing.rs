@@ -1,4 +1,11 @@
 //! Cutting requests along the ring and putting pull answers back together.
+//!
+//! A request is cut into one part per primary server of the epoch's ring, then into parts of at
+//! most `WorkerConfig::max_slice_bytes` worth of rows, as `crate::sizes` reckons them, so that
+//! every slice, and every answer to a slice of keys, fits a frame. How many keys a range holds is
+//! known only to its server, but never more than its width: a range pull up to 4,096 slices wide is
+//! cut into pieces a slice wide, whose answers travel side by side; a wider one goes whole, and its
+//! server answers it a part at a time (`crate::server`'s pulls).
 
 use std::collections::BTreeMap;
 

@@ -1,7 +1,30 @@
-//! Round-robin push slots (ARCHITECTURE.md §9): a server lets a few large push slices in at a
-//! time and the workers take turns, so that pushes that finish together do not all arrive
-//! together. What a job asks for is [`PushSlots`]; what a server keeps to grant slots is a
-//! `SlotQueue`, inside the crate.
+//! Round-robin push slots (ARCHITECTURE.md §9): a server lets a few large push slices in at a time
+//! and the workers take turns, so that pushes that finish together do not all arrive together. What
+//! a job asks for is [`PushSlots`]; what a server keeps to grant slots is a `SlotQueue`, inside the
+//! crate.
+//!
+//! # The exchange
+//!
+//! A worker does not send a push slice of at least [`PushSlots::min_bytes`] (smaller ones are not
+//! worth a round trip): it sends `SlotAsk`, resent on its retransmission timer like a slice,
+//! holding the slice's place in its window, and sends the slice when `SlotGrant` arrives (a grant
+//! it does not wait for is ignored). A server grants [`PushSlots::at_once`] slots at a time, the
+//! next to the waiting worker served longest ago, so workers take turns however many slices each
+//! asked for.
+//!
+//! A slot is freed when any push of its slice arrives, when its lease runs out (four first
+//! retransmission timeouts plus the slice's transfer allowance, on `TimerId::SlotLease`: a dead
+//! worker holds nobody up for long, and a lost grant is asked for again within it), or when a
+//! configuration drops the worker. A repeated ask is granted again; one for a slice that arrived,
+//! or of a settled request, is granted at once without a slot; an ask from a non-member is refused
+//! (`UnknownSender`). Pushes themselves, their acknowledgement and de-duplication do not change.
+//!
+//! # What it saves, and what it costs
+//!
+//! In the simulator, with servers that work through their bytes at a fixed rate
+//! (`SimConfig::receive_rate`), `pserver sim slots-sweep` compares four workers pushing together
+//! with and without slots: one slot per server cuts the servers' peak receive queue about threefold
+//! for some 5% more time, the round trip between one slice's arrival and the next grant.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 

@@ -1,4 +1,5 @@
-//! The values trailer of a frame (ARCHITECTURE.md §5).
+//! The values trailer of a frame: where the values of a frame's key-value pairs travel, and why, is
+//! in the codec's docs (`crate::wire::codec`, ARCHITECTURE.md §5).
 //!
 //! While [`Codec`](crate::wire::Codec) encodes or decodes a frame, the values of every
 //! [`KvPairs`](crate::KvPairs) in it travel after the message, in the order the pairs appear,

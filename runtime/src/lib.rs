@@ -1,16 +1,10 @@
 //! # pserver-runtime
 //!
-//! The API an application of pserver uses: run coordinators, servers and workers on tokio over
-//! any [`Transport`] (in memory, TCP or UDP, from `pserver-transport`, or one of your own), and
-//! push and pull through a worker's [`WorkerHandle`]. [`LocalCluster`] starts a whole cluster in
-//! one process; [`spawn_node`] starts one node of a cluster that spans processes.
-//!
-//! One tokio task per node drives the core's [`Driver`].
-//! Each node's event loop waits on four things at once: a frame from the transport, the
-//! driver's next timer deadline, a call from the application ([`WorkerHandle`]) and a request to
-//! stop. Whatever happens, it feeds the driver, then sends every frame the driver has and hands
-//! every event to whoever waits for it. No protocol logic lives here: dispatch, timers and
-//! refusals are the driver's (ARCHITECTURE.md §1).
+//! The API an application of pserver uses: run coordinators, servers and workers on tokio over any
+//! [`Transport`] (in memory, TCP or UDP, from `pserver-transport`, or one of your own), and push
+//! and pull through a worker's [`WorkerHandle`]. [`LocalCluster`] starts a whole cluster in one
+//! process; [`spawn_node`] starts one node of a cluster that spans processes. A [`ClusterSpec`] is
+//! a job ([`JobSpec`](pserver_core::JobSpec)) and how this process's runtime drives its nodes.
 //!
 //! ```
 //! use pserver_core::{KeyList, KeySelection, KvPairs};
@@ -32,6 +26,55 @@
 //! })
 //! # }
 //! ```
+//!
+//! # The event loop
+//!
+//! One tokio task per node drives the core's [`Driver`]. Each node's event loop waits on four
+//! things at once: a frame from the transport, the driver's next timer deadline, a call from the
+//! application ([`WorkerHandle`]) and a request to stop. Whatever happens, it feeds the driver,
+//! then sends every frame the driver has and hands every event to whoever waits for it. No protocol
+//! logic lives here: dispatch, timers and refusals are the driver's (ARCHITECTURE.md §1).
+//!
+//! A frame arrives through [`Driver::handle_frame`]; the timers are one `sleep_until` on
+//! [`Driver::poll_timeout`]. Frames leave through [`Transport::send_parts`], taken from
+//! [`Driver::poll_transmit_parts`]: the head, then each values trailer lent from where it is kept,
+//! so that a transport that writes vectored (TCP) sends a push's values from the application's
+//! vector.
+//!
+//! [`WorkerHandle`] talks to the loop over a bounded queue ([`RuntimeConfig::command_queue`]), and
+//! the loop takes no more calls while [`RuntimeConfig::max_open_requests`] requests are open, so a
+//! fast application waits instead of growing memory. What a worker puts on the network is bounded
+//! by the tighter of the job's settings and what the transport asks for ([`ClusterSpec::within`]).
+//!
+//! # When a call returns
+//!
+//! A push completes twice: [`WorkerHandle::push`] (or awaiting the [`PushTicket`] from
+//! [`WorkerHandle::start_push`]) returns on [`Event::PushDone`](pserver_core::Event::PushDone),
+//! once the push counts for its iteration, and [`WorkerHandle::push_durable`] (or
+//! [`PushTicket::durable`]) on [`Event::PushDurable`](pserver_core::Event::PushDurable), once every
+//! replica holds it. The two differ only in sequential mode with replicas (ARCHITECTURE.md §8).
+//!
+//! Stopping a worker first finishes the calls it accepted and waits for its pushes to become
+//! durable (within [`RuntimeConfig::drain_timeout`]). A waiter left open fails with
+//! [`RuntimeError::ShutDown`] ([`RuntimeError::Fenced`] if the coordinator removed the worker,
+//! [`RuntimeError::Left`] once it left), never hangs, and so does every later call.
+//! [`WorkerHandle::leave`] waits for what the application started, asks the coordinator to take the
+//! worker out and returns on the confirming fence.
+//!
+//! Every wait has an end: a worker whose open requests see nothing complete for
+//! [`RuntimeConfig::stall_warning`] logs which servers and keys its unanswered slices wait for
+//! ([`Worker::waits`](pserver_core::node::Worker::waits)), at most that often, and past
+//! [`RuntimeConfig::stall_limit`] fails them all with [`RuntimeError::Stalled`], saying the same.
+//!
+//! # What a node reports
+//!
+//! The loop publishes its counters a few times a second ([`NodeHandle::metrics`]), which a process
+//! serves as Prometheus `/metrics`; [`NodeHandle::run_until`] lets a process serving a node end
+//! when the node is fenced, not only on a signal. The loop logs the refusals the driver reports.
+//! Refused connections, datagrams and messages, frames a transport drops (a full TCP send queue, a
+//! partial UDP frame) and sends that fail are counted (the transports' stats, [`NodeMetrics`]) and
+//! logged at a bounded rate ([`refusal_log`](pserver_transport::refusal_log): the first of each
+//! window in full, a summary by reason at its end).
 
 mod cluster;
 mod handle;

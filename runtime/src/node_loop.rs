@@ -1,4 +1,5 @@
-//! One node's event loop.
+//! One node's event loop: the crate docs say what it waits on, in what order it drains the
+//! driver, and how it stops.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, OnceLock};

@@ -1,16 +1,27 @@
-//! Key caching (ARCHITECTURE.md §10): a key list a worker sent a server before goes as its
-//! digest, and a pull's answer comes without the keys the worker asked for.
+//! Key caching (ARCHITECTURE.md §10): a key list a worker sent a server before goes as its digest,
+//! and a pull's answer comes without the keys the worker asked for.
 //!
-//! A list is named by a 128-bit digest of its keys, not by a number either side hands out:
-//! the name of a list is the same on every node, before and after any restart, so an entry a
-//! server kept can only ever be the list the worker means. What can go wrong is that the
-//! server does not hold the list (it evicted it, it restarted, the worker's first send of the
-//! list is still on its way): it answers [`crate::wire::Message::KeysUnknown`], and the worker
-//! sends that slice again with the whole list, and forgets that the server held it.
+//! A slice whose key list the server holds goes as `Message::PushCached` or `Message::PullCached`,
+//! naming the list by its [`KeysDigest`], and the server answers a key-list pull with
+//! `Message::PullValues`, the values alone: the worker has the list it asked for.
 //!
-//! Both sides keep at most [`KeyCaching::lists`] lists per peer, the least recently used
-//! leaving first. The worker counts the saving: the bytes of the key lists it named instead of
-//! sending them, and those of the answers that came without keys.
+//! A list is named by a 128-bit digest of its keys, not by a number either side hands out: the name
+//! of a list is the same on every node, before and after any restart, so an entry a server kept can
+//! only ever be the list the worker means. What can go wrong is that the server does not hold the
+//! list (it evicted it, it restarted, the worker's first send of the list is still on its way): it
+//! answers [`crate::wire::Message::KeysUnknown`], and the worker sends that slice again with the
+//! whole list, and forgets that the server held it.
+//!
+//! Both sides keep at most [`KeyCaching::lists`] lists per peer, the least recently used leaving
+//! first. Caches are equal by their lists and order of use, not by the use stamps that keep a use
+//! cheap, so that the model checker sees one state per cache content. The worker counts the saving:
+//! the bytes of the key lists it named instead of sending them, and those of the answers that came
+//! without keys.
+//!
+//! The cluster model runs key caching (`ClusterModelConfig::key_caching`,
+//! `pserver check --key-cache`), where a worker that names lists by a stale entry
+//! (`Mutation::StaleKeyCache`) is caught; the simulator's oracle reads each named push as the keys
+//! it names.
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};

@@ -1,6 +1,12 @@
-//! The KKT filter (ARCHITECTURE.md §10): for an L1-regularised model, the change to a key
-//! whose weight is zero waits on the worker while the optimality conditions say the weight
-//! stays zero.
+//! The KKT filter (ARCHITECTURE.md §10): for an L1-regularised model, the change to a key whose
+//! weight is zero waits on the worker while the optimality conditions say the weight stays zero.
+//!
+//! The bound a change may add up to is the regularizer's L1 strength (`Kkt::bound`;
+//! `pserver train --kkt` takes FTRL's `l1`). The filter is shown every pull's answer before the
+//! application sees it (`Filter::pulled`) and remembers the last few pulls' keys and zero rows.
+//! With key caching and compression a held row goes as zeros rather than being left out
+//! (`KktFilter::keeping_lists`). Held changes live in the table the significantly-modified filter
+//! uses too (`HeldRows`, `super::held`).
 
 use std::collections::VecDeque;
 

@@ -1,15 +1,31 @@
 //! Filters on the push path (ARCHITECTURE.md §10): fewer bytes per iteration, nothing lost.
 //!
-//! A job chooses its filters in [`JobSpec::filters`](crate::JobSpec::filters) ([`Filters`]);
-//! every worker then runs each push through them before cutting it into slices. A filter may
-//! hold part of a push back, to send later; it never drops anything for good: what it holds
-//! goes with a later push of the same key or when the worker flushes
-//! ([`crate::node::Worker::flush`]). Each filter counts what it saved ([`FilterSaving`]).
+//! A job chooses its filters in [`JobSpec::filters`](crate::JobSpec::filters) ([`Filters`]); every
+//! worker then runs each push through them before cutting it into slices, so that what a filter
+//! passes is sliced, retransmitted and de-duplicated like any push. A filter may hold part of a
+//! push back, to send later; it never drops anything for good: what it holds goes with a later push
+//! of the same key or when the worker flushes ([`crate::node::Worker::flush`], which pushes
+//! everything held, in the current iteration). A worker whose filters hold changes is refused leave
+//! ([`crate::WorkerError::Unflushed`]), and the runtime's leave flushes and waits for that push
+//! first.
 //!
 //! [`Filter`] is the interface every filter on a push's content implements: the built-in
 //! [`SignificantlyModified`] and [`KktFilter`], and any an embedder writes and gives a worker
-//! ([`crate::node::Worker::with_filter`]). Key caching and value compression work on messages
-//! instead, as they need to know what a peer holds: they are chosen in [`Filters`] only.
+//! ([`crate::node::Worker::with_filter`]), which runs after the job's. Such a filter sits behind an
+//! object-safe bridge, so that a worker holding one is still `Clone + Eq + Hash`. Key caching and
+//! value compression work on messages instead: they change how a message names its keys and packs
+//! its values, and need to know what a peer holds, so they live in the worker's and the server's
+//! message handling and are chosen in [`Filters`] only.
+//!
+//! # Savings
+//!
+//! Each filter counts what it saved ([`FilterSaving`]: rows in, rows out, bytes not sent), and
+//! [`Worker::filter_savings`](crate::node::Worker::filter_savings) reports them by name (`sigmod`,
+//! `kkt`, `keycache`, `compress`, and an embedder's filter under its own). With key caching and
+//! compression, the KKT filter's held rows are counted by both: by `kkt` as rows it held, and by
+//! `compress` as the zero rows it packed away. Savings that count every send (`Tally`) are left out
+//! of node equality: they say what a node did, not what it will do, and would make every
+//! retransmission a new state for the checker.
 
 mod held;
 pub(crate) mod keycache;

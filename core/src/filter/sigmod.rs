@@ -1,5 +1,11 @@
-//! The significantly-modified filter (ARCHITECTURE.md §10): a key's change goes once it adds
-//! up to more than a threshold.
+//! The significantly-modified filter (ARCHITECTURE.md §10): a key's change goes once it adds up to
+//! more than a threshold.
+//!
+//! A change counts by its absolute value, and NaN counts as more than any threshold: a filter must
+//! not hide it. The filter delays changes and drops none: summed, what the servers receive is what
+//! the application pushed once the worker flushed (`core/tests/filters.rs`). A held change is
+//! staleness the consistency model does not see, which is the trade the paper makes too. Held
+//! changes live in the table the KKT filter uses (`HeldRows`, `super::held`).
 
 use crate::filter::held::HeldRows;
 use crate::filter::{Filter, FilterSaving};

@@ -1,6 +1,10 @@
-//! Key caching on the server (ARCHITECTURE.md §10): the lists workers send whole are kept, a
-//! slice that names one is served as if it carried it, and one naming a list this server does
-//! not hold is answered [`Message::KeysUnknown`], so that the worker sends it whole.
+//! Key caching on the server (ARCHITECTURE.md §10): the lists workers send whole are kept, a slice
+//! that names one is served as if it carried it, and one naming a list this server does not hold is
+//! answered [`Message::KeysUnknown`], so that the worker sends it whole.
+//!
+//! A push naming a list is resolved into the push of its keys on arrival, and is from there on
+//! sliced, de-duplicated and applied like any push; values for another number of rows than the list
+//! holds are refused (`Refusal::RowsMismatch`).
 
 use std::sync::Arc;
 

@@ -1,6 +1,14 @@
 //! Membership as a server lives it: adopting each configuration the coordinator publishes
-//! (ARCHITECTURE.md §8), and keeping the messages that arrive before the configuration their
-//! sender already knows.
+//! (ARCHITECTURE.md §8), and keeping the messages that arrive before the configuration their sender
+//! already knows.
+//!
+//! A process that hears of a configuration about an earlier start of its node (one broadcast before
+//! its own registration reached the coordinator, naming another incarnation in
+//! `ClusterConfig::incarnations`) refuses it and keeps registering until a configuration lists it.
+//!
+//! A leaving server (`Server::leave`) keeps serving until its ranges are held elsewhere, after
+//! which it drops its shards and emits `Event::Fenced`, as does a live server declared dead: the
+//! process stops, and started again it joins as a new member.
 
 use crate::cluster::Cluster;
 use crate::effects::{Effects, Event, Refusal, TimerId};

@@ -1,6 +1,10 @@
-//! Workers' progress as a server keeps it: how far each worker has come on each key range, and
-//! what that lets the server do: answer held pulls, and in sequential mode apply the
-//! iterations every worker finished (ARCHITECTURE.md §8).
+//! Workers' progress as a server keeps it: how far each worker has come on each key range, and what
+//! that lets the server do: answer held pulls, and in sequential mode apply the iterations every
+//! worker finished (ARCHITECTURE.md §8).
+//!
+//! A server that joined a running job sends `ProgressRequest` to every worker it has not heard
+//! from, on every heartbeat until it has: a worker may still count what the process before it
+//! acknowledged.
 
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;

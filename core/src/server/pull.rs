@@ -1,5 +1,9 @@
-//! Pulls: who serves them, when the consistency model lets them be answered, and the answers,
-//! a range pull's in parts that each fit a message (ARCHITECTURE.md §3).
+//! Pulls: who serves them, when the consistency model lets them be answered, and the answers, a
+//! range pull's in parts that each fit a message (ARCHITECTURE.md §3).
+//!
+//! A range pull is answered in parts of at most `ServerConfig::max_reply_bytes`, each part saying
+//! where the next begins (`PullReply::resume`), and the worker asks again from there under the same
+//! slice: a range's server alone knows how many keys it holds, so only it can cut the answer.
 
 use core::ops::ControlFlow;
 

@@ -1,5 +1,32 @@
-//! Pushes: applied once per key by the primary of their range, replicated, and acknowledged
-//! once every replica holds them (ARCHITECTURE.md §4, §8).
+//! Pushes: applied once per key by the primary of their range, replicated, and acknowledged once
+//! every replica holds them (ARCHITECTURE.md §4, §8).
+//!
+//! # Acknowledgement
+//!
+//! A push is acknowledged only when every replica of every shard it touched has applied its step
+//! (`Server::unreplicated`); a resend whose rows were all applied waits the same way, because a new
+//! replica may not have them yet. A server that no longer leads all of a range a push waits on (it
+//! left the ring, or the range failed over) drops the wait instead of acknowledging: the range's
+//! new primary may lack the push, and the worker resends it there.
+//!
+//! # Two stages in sequential mode
+//!
+//! Sequential mode buffers pushes and aggregates them on an `ApplyBelow` step once every worker
+//! finished the iteration. If a push were acknowledged only once the replicas hold it, the replicas
+//! would need every push before the aggregate could exist. Instead a primary with replicas answers
+//! a buffered push with `PushTaken`: the worker counts the push for its iteration
+//! (`Event::PushDone`), takes it out of its window, and keeps it (resent only at the longest
+//! timeout) until `PushAck` says the replicas hold it (`Event::PushDurable`). Workers report both
+//! kinds of progress (`Progress::finished_below`, acknowledged; `taken_below`, taken in), and the
+//! servers aggregate on either. The replicas get the iteration's pushes as one sum
+//! (`super::replication`).
+//!
+//! Taken in counts at one epoch. What a server took in but has not replicated dies with it, and a
+//! process restarted under the same id may sit at the same place on the ring. So a worker counts a
+//! slice as taken only at the epoch of the `PushTaken` (`Slice::taken`), sends every slice taken at
+//! an earlier epoch again when it adopts a new one, and refuses a `PushTaken` from an earlier
+//! epoch; a server counts taken progress only from a `Progress` of its own epoch. Finished progress
+//! is not scoped: an acknowledged push is durable.
 
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Refusal};

@@ -1,5 +1,58 @@
 //! Shards on the move: how a primary streams its update order to the replicas, how a replica
 //! follows it, and how a server re-cuts its shards when the ring changes (ARCHITECTURE.md §8).
+//!
+//! # The update order
+//!
+//! Every change to a shard is one `Replicate { range, seq, span, update, dedupe }` step
+//! (`ShardUpdate::Apply`, `Buffer` or `ApplyBelow`), carried out by the primary through the same
+//! function (`Shard::apply_update`) that its replicas use. A replica applies a step ending at `seq`
+//! only right after `seq - span`, through the same update rule, so it reproduces the primary's
+//! values and updater state bit for bit. A gap is repaired from the primary's log, or with a whole
+//! copy (`Transfer`) once the log no longer reaches back, never skipped.
+//!
+//! Copies are cut into parts and sent again, so they can arrive out of order: a replica installs a
+//! copy only around the parts it already holds a newer copy of, from the same primary, and
+//! acknowledges it only then (`on_transfer`).
+//!
+//! # One sum per iteration in sequential mode
+//!
+//! A primary with replicas in sequential mode answers pushes before its replicas hold them
+//! (`super::push`). It queues the buffered steps (`Shard::take_step`) and ships each iteration's
+//! queue as one step holding the key-wise sum of its pushes, spanning their steps (`ship_queued`),
+//! when the iteration is applied; it replaces those pushes in its own buffer by the same sum, so
+//! both sides aggregate the same parts. Any other step, a copy (`Transfer`) or a new configuration
+//! ships the queue first, and a queue that did not grow for a whole heartbeat goes out then (the
+//! last iteration, which no worker advances past, is never applied). Replication then carries about
+//! one sum per key and iteration: `pserver sim` prints it against that floor (docs/performance.md,
+//! "Replication traffic").
+//!
+//! # A new primary
+//!
+//! When a range's primary is declared dead, its first replica becomes primary of its shard. Every
+//! replica whose primary changed keeps its copy but stops extending it until the new primary's copy
+//! arrives, and new replicas get a whole copy (`resend_replication`, on `TimerId::Replicate` until
+//! acknowledged), the shard first cut into shards whose copies fit a frame
+//! (`ServerConfig::max_reply_bytes`).
+//!
+//! # A new holder: copy, follow, catch up, switch
+//!
+//! While the coordinator lists a membership change, every server the next ring gives a range it
+//! does not hold yet becomes a follower of that range's primary: it gets a whole copy, then every
+//! update, and counts for acknowledgements like a replica. Pushes go on during the copy: the delta
+//! written meanwhile reaches the new holder through the update stream. Every server of the next
+//! ring reports `CaughtUp` once it holds each range that ring gives it, as primary or with a copy
+//! in step with the primary, and the coordinator then switches to the next ring.
+//!
+//! A server already on the ring may not hold its ranges yet either: a replica chosen when another
+//! server died during the change waits for its copy like a newcomer. While a change waits, each
+//! server tells every primary on each heartbeat which ranges it should follow but holds no copy in
+//! step of (`ask_for_copies`), since a primary that missed an epoch may count it in step. A server
+//! whose first configuration was not the job's first does so always: it created no replica shards
+//! while its primaries count it in step, and without writes to a range they would never learn
+//! otherwise.
+//!
+//! A new shard of a job that declared its key space is laid out over its range up front
+//! (`ParamStore::empty_for`) when the space's rows, laid out flat, take at most 1 GiB.
 
 use std::collections::BTreeMap;
 

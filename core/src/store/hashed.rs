@@ -1,5 +1,10 @@
 //! [`HashedStore`]: rows found in one step, at their offset in a filled span or through a hash
 //! table.
+//!
+//! It is the layout for sparse batches: their scattered keys cost one lookup each here, where
+//! [`OrderedStore`](super::OrderedStore) pays a search in a leaf of thousands and a merge that
+//! shifts the leaf. A span of keys filled at least a quarter (a shard of feature ids) is held as a
+//! one-thread trainer's weight array holds it.
 
 use core::hash::{BuildHasherDefault, Hash, Hasher};
 use std::collections::HashMap;

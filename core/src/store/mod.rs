@@ -1,11 +1,11 @@
 //! Where a server keeps its parameters.
 //!
 //! Storage is not protocol: the trait is small, so that another layout can serve behind the same
-//! server code. Its batch methods have per-row defaults; [`OrderedStore`] overrides them to
-//! work on runs of consecutive rows, which is what makes a dense push one pass over memory,
-//! and [`HashedStore`] to find each of a sparse batch's scattered keys in one lookup
-//! (ARCHITECTURE.md §3). A job picks one of the two ([`StoreLayout`]); [`Store`] is whichever
-//! it picked.
+//! server code. Its batch methods have per-row defaults, so another layout needs only `get`,
+//! `row_mut` and iteration; [`OrderedStore`] overrides them to work on runs of consecutive rows,
+//! which is what makes a dense push one pass over memory, and [`HashedStore`] to find each of a
+//! sparse batch's scattered keys in one lookup (ARCHITECTURE.md §3). A job picks one of the two
+//! ([`StoreLayout`]); [`Store`] is whichever it picked.
 
 use core::fmt::Debug;
 use core::hash::Hasher;

@@ -1,4 +1,10 @@
 //! [`OrderedStore`]: rows in sorted leaves of a few thousand keys each.
+//!
+//! A push merges its keys into a leaf once and hands runs of consecutive rows to
+//! `UpdateRule::apply_all` as slices, so a dense push is one pass over memory; a range pull copies
+//! leaf slices. Equality and hashing look at rows, not at how they are cut into leaves, because
+//! that is what the model checker compares: two servers that hold the same rows are in the same
+//! state however their leaves were split.
 
 use core::hash::{Hash, Hasher};
 use core::ops::ControlFlow;

@@ -1,12 +1,35 @@
 //! Framing of [`Envelope`]s: postcard, a frame-size limit, and typed decode errors.
 //!
-//! A frame is `version (varint u16) | value type (u8) | from | to | epoch | trailer length (u32
-//! LE) | body | padding | trailer`. The header and body are postcard; the trailer holds the
-//! values of every key-value pair set in the body, raw little-endian, and starts at an offset
-//! that is a multiple of [`TRAILER_ALIGN`], after the fewest zero bytes of padding that take it
-//! there (none when the trailer is empty). The version comes first so that a peer of another
-//! version is refused with a clear error before anything else is read. ARCHITECTURE.md §5 says
-//! why the values travel apart.
+//! ```text
+//! version (varint u16) | value type (u8) | from | to | epoch | trailer length (u32 LE)
+//!     | body | padding | trailer
+//! ```
+//!
+//! The header and body are postcard, in the wire forms of `crate::forms`: keys as delta varints
+//! (the pairs of a dense push or pull, whose keys are consecutive, carry their first key alone, and
+//! decode into a [`KvPairs`] that holds no key list), sequences that never pre-allocate on a length
+//! read from the wire. The trailer holds the values of every key-value pair set in the body, raw
+//! little-endian, in the order the pairs appear, and starts at an offset that is a multiple of
+//! [`TRAILER_ALIGN`] (8), after the fewest zero bytes of padding that take it there (none when the
+//! trailer is empty). A decoder refuses any other padding, so every frame has one encoding. The
+//! version comes first so that a peer of another version is refused with a clear error before
+//! anything else is read.
+//!
+//! A frame is checked against the codec's limit ([`DEFAULT_MAX_FRAME`], 64 MiB, by default) before
+//! anything is decoded, and every length in it against the bytes present before anything is
+//! allocated. A frame that cannot be decoded is a typed [`DecodeError`], never a panic.
+//!
+//! # Why the values travel apart
+//!
+//! The trailer is there for the copy from socket to store. A frame that a transport received into a
+//! buffer of its own (TCP reads each frame into one, UDP reassembles each frame of several
+//! datagrams into one, the in-memory transport hands over the sender's buffer) sits at an aligned
+//! address, so the values in its trailer are aligned too, and [`Codec::decode_bytes`] (which
+//! [`Driver::handle_frame`](crate::Driver::handle_frame) uses) gives the decoded pairs a view of
+//! the frame's bytes instead of a copy (`crate::kv::values`). A push's values then go from the
+//! transport's buffer straight into the store. Inline values, as postcard lays out a byte string,
+//! would sit after varints of any length and at any alignment. How the serde form of `KvPairs`
+//! finds the trailer is `crate::trailer`'s.
 
 use bytes::Bytes;
 use thiserror::Error;

@@ -5,7 +5,8 @@
 //! has that row's residual for gradient (times its value, 1 for a binary feature), so a
 //! push of thousands of rows carries about as many distinct values as the batch has rows.
 //! A table of those and a 7-bit code a row take a fifth of the plain values, where an LZ4
-//! block, which pays 3 bytes for every 4-byte repeat it finds, took about three quarters.
+//! block, which pays 3 bytes for every 4-byte repeat it finds, took about three quarters. A code
+//! takes 7 to 10 bits where an `f32` value took 32.
 
 use crate::value::Value;
 use crate::wire::first_use::FirstUse;

@@ -1,22 +1,30 @@
 //! Values sent without their keys, and value compression (ARCHITECTURE.md §10).
 //!
-//! A [`RowValues`] carries the values of rows whose keys the receiver knows already. Where
-//! the job compresses values ([`crate::filter::Filters::compression`]) the sender packs them in an
-//! exact form, bit for bit, that saves bytes, trying in turn:
-//! - leaving out the rows that are all zero, with a bitmap of those that are not (a pull's
-//!   answer under L1 regularization is mostly zero weights);
+//! A [`RowValues`] carries the values of rows whose keys the receiver holds already, or the frame
+//! carries beside them: those key caching sends without keys, and those of a range pull's answer
+//! (`Message::PullRows`, which keeps its keys). Where the job compresses values
+//! ([`crate::filter::Filters::compression`]) the sender packs them in an exact form, bit for bit,
+//! that saves bytes, trying in turn:
+//! - leaving out the rows that are all zero, with a bitmap of those that are not (a pull's answer
+//!   under L1 regularization is mostly zero weights);
 //! - of the rows left, a table of their distinct values and a short code per value
-//!   ([`crate::wire::palette`]: a minibatch's gradient has about as many distinct values as
-//!   the batch has rows);
-//! - of the rows left, each value's sign and exponent as a code into a table of those that
-//!   occur, and its mantissa as it is ([`crate::wire::exponents`]: weights and gradients of
-//!   real sums are all different floats, but of a few powers of two);
-//! - where none of those saves, an LZ4 block (dense values that repeat in longer runs), or
-//!   where it saves more than the exponents' table.
+//!   ([`crate::wire::palette`]: a minibatch's gradient has about as many distinct values as the
+//!   batch has rows);
+//! - of the rows left, each value's sign and exponent as a code into a table of those that occur,
+//!   and its mantissa as it is ([`crate::wire::exponents`]: weights and gradients of real sums are
+//!   all different floats, but of a few powers of two);
+//! - where none of those saves, an LZ4 block (`lz4_flex`: dense values that repeat in longer runs),
+//!   or where it saves more than the exponents' table.
 //!
-//! A packed form is unpacked only against the keys it belongs to ([`RowValues::with_keys`]),
-//! which the receiver already holds: the rows a frame claims cannot make the decoder allocate
-//! more than the frame's own size, and the unpacked values never exceed the keys held.
+//! A sample of 64 words decides whether values repeat at all before a palette or a block is tried,
+//! since gradients and weights of real values never do.
+//!
+//! A packed form is unpacked only against the keys it belongs to ([`RowValues::with_keys`]), which
+//! the receiver already holds or the frame carries: the rows a frame claims cannot make the decoder
+//! allocate more than the frame's own size, and the unpacked values never exceed the keys held. A
+//! table form's codes decode only if they are exactly as many as the rows, each names an entry, the
+//! entries are distinct and in order of first use, and the padding is zero
+//! (`crate::wire::first_use`), so that values have one packed form.
 
 use core::fmt;
 use std::sync::Arc;

@@ -1,6 +1,9 @@
-//! A worker's progress: how far it has come, reported to every server until each acknowledged
-//! it, and, for a worker that joined a running job, which iteration to start in
-//! (ARCHITECTURE.md §8).
+//! A worker's progress: how far it has come, reported to every server until each acknowledged it,
+//! and, for a worker that joined a running job, which iteration to start in (ARCHITECTURE.md §8).
+//!
+//! A worker that joins a running job starts in the furthest iteration the servers name: it asks
+//! them with `Progress` before it reports `Ready`, and they count it as having finished what every
+//! other live worker had, so nobody waits for it to replay finished iterations.
 
 use crate::cluster::Cluster;
 use crate::effects::{Effects, Event, Refusal};

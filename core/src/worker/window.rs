@@ -1,6 +1,19 @@
-//! What a worker has on the network: a window of push slices and one of pull slices, each
-//! bounded in slices and in bytes, and when the slices in them are sent again
-//! (ARCHITECTURE.md §3).
+//! What a worker has on the network: a window of push slices and one of pull slices, each bounded
+//! in slices and in bytes, and when the slices in them are sent again (ARCHITECTURE.md §3).
+//!
+//! At most `WorkerConfig::max_slices_in_flight` push slices, and separately as many pull slices,
+//! are on the network, and at most `WorkerConfig::max_bytes_in_flight` bytes of each (unbounded by
+//! default; one slice of each kind always goes); the rest wait in order. Pushes never wait behind
+//! pulls: a pull may be held by the consistency model, a push never is, so keeping their windows
+//! apart means a full window of held pulls can never stop the pushes those pulls are waiting for.
+//!
+//! An unanswered slice is retransmitted with capped exponential backoff (`crate::timing`), each
+//! timeout stretched by up to a quarter by a hash of (seed, worker, request, slice, attempt), so
+//! that workers that lost messages together do not retransmit in lock-step, and a run still replays
+//! exactly. Every whole MiB of requests the worker has on the network when it sends adds
+//! `Timing::rto_per_mib` to the deadline: a large message, or one queued behind large ones, is not
+//! resent only because it takes long to move. Below a MiB in all nothing is added, so the models
+//! and the simulator see plain backoff.
 
 use core::ops::{Index, IndexMut};
 

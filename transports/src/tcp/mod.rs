@@ -50,7 +50,12 @@
 //! a larger one, a stream that ends mid-frame, or a frame that takes longer than
 //! [`TcpConfig::frame_timeout`] from its first byte closes the connection (logged, counted in
 //! [`TcpStats::bad_framing_closes`]). A zero-length frame is a keepalive and never delivered.
-//! The writer drains every frame queued for a peer into one vectored write.
+//! Each frame is read into a buffer of its own, so that the values trailer of a core frame sits
+//! at an aligned address and the decoder reads the values where they arrived (ARCHITECTURE.md
+//! §5). The writer drains every frame queued for a peer into one vectored write: small parts are
+//! gathered with the length prefixes, large parts (a push's values, lent by the runtime) are
+//! written from where they are. Every socket has `TCP_NODELAY` set, so that a small frame (an
+//! acknowledgement, a heartbeat) does not wait for the peer to acknowledge the one before.
 //!
 //! # Connections
 //!
