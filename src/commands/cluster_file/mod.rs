@@ -383,6 +383,14 @@ fn nodes(nodes: Vec<RawNode>, origin: &Origin<'_>) -> Result<Nodes, ClusterFileE
             ));
         }
         let id = NodeId(node.id);
+        // Two nodes cannot listen on one address: the second would fail to bind, or on
+        // different machines a peer would reach the wrong one.
+        if let Some((other, _)) = addresses.iter().find(|(_, a)| **a == address) {
+            return Err(origin.invalid(
+                &field("address"),
+                format!("{address} is also the address of node {other}"),
+            ));
+        }
         if addresses.insert(id, address).is_some() {
             return Err(origin.invalid(&field("id"), format!("node id {} appears twice", node.id)));
         }

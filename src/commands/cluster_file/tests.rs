@@ -358,3 +358,15 @@ fn a_filter_setting_it_cannot_mean_is_refused_naming_the_field() {
             .ends_with("needs an L1-regularised model: job.updater \"ftrl\""),
     );
 }
+
+#[test]
+fn two_nodes_with_one_address_are_refused_naming_both() {
+    let text = GOOD.replace("127.0.0.1:7402", "127.0.0.1:7401");
+    let e = parse(&text).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "/etc/pserver/c.toml: node[2].address: 127.0.0.1:7401 is also the address of node n1"
+    );
+    // The same port on two hosts is two addresses.
+    assert!(parse(&GOOD.replace("127.0.0.1:7402", "127.0.0.2:7401")).is_ok());
+}
