@@ -12,6 +12,7 @@ use super::values::{Factor, KktEvery, SlowWorker, key_caching, tau_range, thresh
 /// default. Nothing is dropped: what a filter holds back goes later, and a run ends with a
 /// line of what each filter saved.
 #[derive(clap::Args, Debug, Clone, Default)]
+#[command(next_help_heading = "Filters")]
 pub(crate) struct FilterArgs {
     /// Push a key's change only once it, summed since it was last sent, exceeds THETA in
     /// absolute value (the significantly-modified filter). The rest waits on the worker and
@@ -56,6 +57,7 @@ impl FilterArgs {
 /// What a run does about workers slower than the others (ARCHITECTURE.md §9), and slowness
 /// to inject to see it at work; all off by default.
 #[derive(clap::Args, Debug, Clone, Default)]
+#[command(next_help_heading = "Stragglers")]
 pub(crate) struct StragglerArgs {
     /// Make worker W (from 0) compute F times slower than it can: a slow machine, to see what
     /// the options below do about it.

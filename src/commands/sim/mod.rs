@@ -91,16 +91,6 @@ pub(crate) struct SimOptions {
     /// Deliver messages out of order (otherwise FIFO per pair of nodes, like TCP).
     #[arg(long)]
     reorder: bool,
-    #[command(flatten)]
-    stragglers: StragglerArgs,
-    /// The slow worker (that of --slow-worker, else the first) computes F times slower from
-    /// the middle of each run on (a machine that slows down mid-job).
-    #[arg(long, value_name = "F", default_value_t = Factor::ONE)]
-    slows_down: Factor,
-    /// Cut each iteration's compute into this many parts, each pushed when done, so that a
-    /// skip loses only the part not yet pushed.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
-    parts: u32,
     /// Cut nodes off the network for a while, then heal.
     #[arg(long)]
     partition: bool,
@@ -164,13 +154,6 @@ pub(crate) struct SimOptions {
     /// AT_ONCE slots per server, which the workers take in turn (MIN_BYTES:AT_ONCE).
     #[arg(long, value_parser = push_slots)]
     push_slots: Option<PushSlots>,
-    #[command(flatten)]
-    filters: FilterArgs,
-    /// With --kkt: the bound within which a key's held change stays on the worker (pushed
-    /// values are integers 1 to 100). Every run checks that what the requests carried sums to
-    /// what was pushed.
-    #[arg(long, value_name = "BOUND", default_value = "50", value_parser = threshold, requires = "kkt")]
-    kkt_bound: Threshold,
     /// Servers work through the bytes that reach them at this many bytes per virtual
     /// millisecond, and the summary prints their peak receive queue (default: every message
     /// is handled as it arrives).
@@ -185,6 +168,23 @@ pub(crate) struct SimOptions {
     /// One-way network latency in virtual microseconds.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     latency_us: u64,
+    #[command(flatten)]
+    stragglers: StragglerArgs,
+    /// The slow worker (that of --slow-worker, else the first) computes F times slower from
+    /// the middle of each run on (a machine that slows down mid-job).
+    #[arg(long, value_name = "F", default_value_t = Factor::ONE)]
+    slows_down: Factor,
+    /// Cut each iteration's compute into this many parts, each pushed when done, so that a
+    /// skip loses only the part not yet pushed.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    parts: u32,
+    #[command(flatten)]
+    filters: FilterArgs,
+    /// With --kkt: the bound within which a key's held change stays on the worker (pushed
+    /// values are integers 1 to 100). Every run checks that what the requests carried sums to
+    /// what was pushed.
+    #[arg(long, value_name = "BOUND", default_value = "50", value_parser = threshold, requires = "kkt")]
+    kkt_bound: Threshold,
 }
 
 /// Runs `pserver sim`: the seeds or a sweep. A failed seed or a broken invariant in a sweep is

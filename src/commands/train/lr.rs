@@ -105,10 +105,6 @@ pub(crate) struct LrArgs {
     /// Stop after N epochs in a row without a lower test log loss.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     early_stop: Option<u32>,
-    #[command(flatten)]
-    stragglers: StragglerArgs,
-    #[command(flatten)]
-    filters: FilterArgs,
     /// Without a terminal, print a progress line (rows trained, rows/s) this often.
     #[arg(
         long,
@@ -117,6 +113,10 @@ pub(crate) struct LrArgs {
         allow_negative_numbers = true
     )]
     progress_every: Seconds,
+    #[command(flatten)]
+    stragglers: StragglerArgs,
+    #[command(flatten)]
+    filters: FilterArgs,
 }
 
 /// The servers' update rule and its rates; each rate belongs to some rules only, and giving
