@@ -1234,3 +1234,45 @@ fn metrics_survive_the_measurer(stop: impl FnOnce(&mut Child), how: &str) {
     children.interrupt();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An lr job whose cluster file gives the ring no key space still uses every server: each
+/// worker tells the coordinator below which key the data's features lie, and the ring is
+/// spread over them instead of the whole `u64` range, where every feature of a small
+/// dimension fell into one server's segment.
+#[test]
+fn an_lr_cluster_job_without_a_key_space_gives_every_server_a_fair_share_of_rows() {
+    for servers in [2, 3, 4] {
+        let dir = std::env::temp_dir().join(format!(
+            "pserver-lr-spread-{servers}-{}",
+            std::process::id()
+        ));
+        let (config, roles) = lr_cluster_of(&dir, servers, 2, 1, "", |_| {});
+        assert!(
+            !std::fs::read_to_string(&config)
+                .unwrap()
+                .contains("key_space")
+        );
+        let mut children = start_all(&config, &roles);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        for (name, mut child) in children.0.drain(1 + servers..) {
+            wait_for(&mut child, deadline, &name);
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "{name}: {}", text_of(&out.stderr));
+        }
+        let mut rows = Vec::new();
+        for (name, server) in children.0.drain(1..) {
+            signal(&server, "-INT");
+            let out = text_of(&server.wait_with_output().unwrap().stdout);
+            let held = fields(&out, "rows=");
+            assert_eq!(held.len(), 1, "{name}: {out}");
+            rows.push(held[0]);
+        }
+        children.interrupt();
+        let _ = std::fs::remove_dir_all(&dir);
+        let fair = rows.iter().sum::<f64>() / servers as f64;
+        assert!(
+            rows.iter().all(|&r| r >= 0.6 * fair && r <= 1.4 * fair),
+            "{servers} servers hold {rows:?} rows"
+        );
+    }
+}

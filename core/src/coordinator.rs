@@ -39,7 +39,7 @@ use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, Refusal, TimerId};
 use crate::ids::{Epoch, NodeId, Role, Time};
-use crate::key::KeyRange;
+use crate::key::{Key, KeyRange};
 use crate::pace::{self, Pace, PaceWatch, StragglerPolicy};
 use crate::ring::{Ring, RingConfig, RingError};
 use crate::timing::Timing;
@@ -156,6 +156,9 @@ pub struct Coordinator {
     pace_watch: PaceWatch,
     /// Workers found lagging at the last check.
     stragglers: BTreeSet<NodeId>,
+    /// The bounds below which the workers that registered before the job started said their
+    /// keys lie ([`crate::JobSpec::keys_below`]).
+    keys_below: BTreeMap<NodeId, Key>,
 }
 
 impl Coordinator {
@@ -181,6 +184,7 @@ impl Coordinator {
             incarnations: BTreeMap::new(),
             pace_watch: PaceWatch::default(),
             stragglers: BTreeSet::new(),
+            keys_below: BTreeMap::new(),
         })
     }
 
@@ -373,7 +377,11 @@ impl Coordinator {
         self.silent_checks.remove(&from);
         self.kept_silent.remove(&from);
         match env.body {
-            Message::Register { role, incarnation } => {
+            Message::Register {
+                role,
+                incarnation,
+                keys_below,
+            } => {
                 if let Some(&known) = self.incarnations.get(&from).filter(|&&i| incarnation < i) {
                     return out.refuse(
                         from,
@@ -387,6 +395,9 @@ impl Coordinator {
                 if !self.dead.contains(&from) && self.config.is_none() {
                     self.members.entry(from).or_insert(role);
                     self.incarnations.insert(from, incarnation);
+                    if let (Role::Worker, Some(bound)) = (role, keys_below) {
+                        self.keys_below.insert(from, bound);
+                    }
                     self.publish_when_complete(out);
                 } else if role == Role::Server && !(known && self.is_server(from)) {
                     self.incarnations.insert(from, incarnation);
@@ -568,7 +579,7 @@ impl Coordinator {
             coordinator: self.cfg.id,
             servers: of(Role::Server),
             workers,
-            ring: self.cfg.ring,
+            ring: self.first_ring(),
             consistency: self.cfg.consistency,
             joining: Vec::new(),
             leaving: Vec::new(),
@@ -583,6 +594,19 @@ impl Coordinator {
         }
         out.emit(Event::Ready { epoch: 1 });
         self.broadcast(out);
+    }
+
+    /// The ring of the first configuration: the job's, but where the job gave it no key space,
+    /// spread over the keys the workers said they use, so that keys of a small dimension do
+    /// not all fall into the one segment at the start of the `u64` range.
+    fn first_ring(&self) -> RingConfig {
+        let mut ring = self.cfg.ring;
+        if ring.key_space == RingConfig::default().key_space
+            && let Some(&bound) = self.keys_below.values().max()
+        {
+            ring.key_space = bound.max(1);
+        }
+        ring
     }
 
     /// Call when a timer the coordinator set fires. Every `heartbeat_interval` the coordinator

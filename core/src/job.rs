@@ -11,7 +11,7 @@ use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
 use crate::driver::Driver;
 use crate::filter::Filters;
 use crate::ids::{NodeId, NodeLayout};
-use crate::key::KeyRange;
+use crate::key::{Key, KeyRange};
 use crate::pace::StragglerPolicy;
 use crate::ring::RingConfig;
 use crate::server::{Server, ServerConfig};
@@ -87,6 +87,13 @@ pub struct JobSpec {
     pub push_slots: Option<PushSlots>,
     /// Filters every worker runs its pushes through (ARCHITECTURE.md §10). Default: none.
     pub filters: Filters,
+    /// What this process's workers know of the keys they will use: all lie below this
+    /// bound (a training file's dimension, say). A worker tells the coordinator when it
+    /// registers, and a coordinator whose ring was given no key space
+    /// ([`RingConfig::key_space`](crate::ring::RingConfig::key_space) left at the whole `u64`
+    /// range) spreads the ring over the largest bound it hears, so that every server holds a
+    /// fair part of the keys. Default: none, for keys spread over the whole range (hashed).
+    pub keys_below: Option<Key>,
 }
 
 /// Why a job cannot work.
@@ -168,6 +175,7 @@ impl JobSpec {
             stragglers: StragglerPolicy::default(),
             push_slots: None,
             filters: Filters::none(),
+            keys_below: None,
         }
     }
 
@@ -306,6 +314,7 @@ impl JobSpec {
         cfg.report_position = self.stragglers.detect.is_some();
         cfg.push_slots = self.push_slots;
         cfg.filters = self.filters;
+        cfg.keys_below = self.keys_below;
         cfg
     }
 

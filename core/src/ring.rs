@@ -4,7 +4,8 @@
 //! contiguous server ranges and range push/pull stays ranged (the paper's §4.3). Each server
 //! places `vnodes` points at seeded hash positions within the job's key space `[0, K)`
 //! ([`RingConfig::key_space`], the whole `[0, u64::MAX)` by default): a job whose keys are the
-//! features `0..K` of its data says so, and its keys spread over every server instead of all
+//! features `0..K` of its data says so, or its workers say it when they register
+//! ([`crate::JobSpec::keys_below`]), and its keys spread over every server instead of all
 //! falling below the lowest of points strewn over 2^64. A point owns the keys from the previous
 //! point up to itself, wrapping around (keys at or above `K` belong to the first point). A key's primary is the server of the first point above
 //! it, and its `k` replicas are the next `k` distinct servers met walking on from that point, so

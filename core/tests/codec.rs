@@ -192,8 +192,11 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
             dedupe,
         });
     prop_oneof![
-        (role, any::<u64>())
-            .prop_map(|(role, incarnation)| Message::Register { role, incarnation }),
+        (role, any::<u64>()).prop_map(|(role, incarnation)| Message::Register {
+            role,
+            incarnation,
+            keys_below: None,
+        }),
         config,
         Just(Message::ConfigRequest),
         (

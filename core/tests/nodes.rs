@@ -660,6 +660,7 @@ fn register(c: &mut Coordinator, now: Time, from: NodeId, role: Role, out: &mut 
             Message::Register {
                 role,
                 incarnation: 0,
+                keys_below: None,
             },
         ),
         out,
@@ -911,6 +912,7 @@ fn register_as(c: &mut Coordinator, from: NodeId, incarnation: u64, out: &mut Ef
     let body = Message::Register {
         role: Role::Server,
         incarnation,
+        keys_below: None,
     };
     c.on_message(0, Envelope::new(from, COORD, 0, body), out);
 }
@@ -1057,4 +1059,49 @@ fn a_leave_from_before_the_epoch_in_force_is_refused_so_a_late_one_takes_no_new_
     assert_eq!(config.epoch, 3);
     assert!(!config.workers.contains(&W1));
     assert_eq!(config.left, [W1]);
+}
+
+/// The first configuration's ring: spread over the keys the workers said they use when the
+/// job gave it no key space, so that keys of a small dimension reach every server; the job's
+/// own key space when it gave one.
+#[test]
+fn a_ring_without_a_key_space_is_spread_over_the_keys_the_workers_use() {
+    let first_ring = |declared: Option<u64>, bounds: [Option<u64>; 2]| {
+        let mut job = CoordinatorConfig::new(COORD, 2, 2);
+        if let Some(space) = declared {
+            job.ring.key_space = space;
+        }
+        let mut c = Coordinator::new(job).unwrap();
+        let mut out: Effects<i64> = Effects::default();
+        for server in [NodeId(1), NodeId(2)] {
+            register_as(&mut c, server, 0, &mut out);
+        }
+        for (worker, keys_below) in [NodeId(3), NodeId(4)].into_iter().zip(bounds) {
+            let body = Message::Register {
+                role: Role::Worker,
+                incarnation: 0,
+                keys_below,
+            };
+            c.on_message(0, Envelope::new(worker, COORD, 0, body), &mut out);
+        }
+        c.config().unwrap().ring
+    };
+    assert_eq!(first_ring(None, [Some(123), Some(4_000)]).key_space, 4_000);
+    assert_eq!(first_ring(None, [None, Some(77)]).key_space, 77);
+    // Keys hashed over the whole range: nothing said, nothing changed.
+    assert_eq!(first_ring(None, [None, None]).key_space, u64::MAX);
+    // A key space the job gave is kept.
+    assert_eq!(
+        first_ring(Some(1 << 20), [Some(123), None]).key_space,
+        1 << 20
+    );
+    // Spread over 4,000 keys, both servers are the primary of some of them.
+    let ring = Ring::new(
+        [NodeId(1), NodeId(2)],
+        first_ring(None, [Some(4_000), None]),
+    )
+    .unwrap();
+    let primaries: std::collections::BTreeSet<NodeId> =
+        (0..4_000).map(|k| ring.primary(k)).collect();
+    assert_eq!(primaries.len(), 2);
 }

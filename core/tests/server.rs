@@ -100,6 +100,7 @@ fn a_server_registers_and_beats_until_configured_then_only_beats() {
             Message::Register {
                 role: Role::Server,
                 incarnation: 0,
+                keys_below: None,
             }
         )]
     );
@@ -128,6 +129,7 @@ fn a_server_registers_and_beats_until_configured_then_only_beats() {
             Message::Register {
                 role: Role::Server,
                 incarnation: 0,
+                keys_below: None,
             }
         )]
     );
@@ -620,7 +622,8 @@ fn exactly_once_a_restarted_server_refuses_a_configuration_of_its_earlier_proces
     assert!(out.sends.iter().any(|e| e.body
         == Message::Register {
             role: Role::Server,
-            incarnation: 7
+            incarnation: 7,
+            keys_below: None,
         }));
     // The coordinator took the registration: it lists the node as joining, under incarnation 7.
     let mut own = config(3, &[2], &[W1], Consistency::Eventual);

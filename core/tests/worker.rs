@@ -154,6 +154,7 @@ fn a_worker_registers_and_beats_keeps_requests_until_configured_and_reports_its_
         Message::Register {
             role: Role::Worker,
             incarnation: 0,
+            keys_below: None,
         },
     );
     assert_eq!(out.sends, vec![register.clone()]);

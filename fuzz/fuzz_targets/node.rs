@@ -72,6 +72,7 @@ fn members(mask: u8, first: u32) -> Vec<NodeId> {
 enum Body {
     Register {
         incarnation: u8,
+        keys_below: Option<u64>,
     },
     Config {
         epoch: u8,
@@ -253,9 +254,13 @@ fn message(body: Body) -> Message<i64> {
         slice: u32::from(slice % 4),
     };
     match body {
-        Body::Register { incarnation } => Message::Register {
+        Body::Register {
+            incarnation,
+            keys_below,
+        } => Message::Register {
             role: Role::Worker,
             incarnation: u64::from(incarnation),
+            keys_below,
         },
         Body::Config {
             epoch,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pserver_core::store::Store;
-use pserver_core::{Consistency, Driver, KeyRange, NodeId, Role, Updater, Value};
+use pserver_core::{Consistency, Driver, Key, KeyRange, NodeId, Role, Updater, Value};
 use pserver_runtime::{
     ClusterSpec, LocalCluster, NodeHandle, NodeReport, RuntimeError, Spawned, WorkerHandle,
     spawn_node,
@@ -30,8 +30,8 @@ use crate::apps::lr::{
     MeasureSpec, ShareRows, WorkerRun, evaluate, load_model, run_shares, save_model,
 };
 use crate::data::libsvm::{
-    DataError, Examples, IndexBase, count_rows, holds_rows, lines_before, no_examples, parse_lines,
-    parse_whole, read_bytes, shard,
+    DataError, Examples, IndexBase, count_rows, holds_rows, lines_before, max_index, no_examples,
+    parse_lines, parse_whole, read_bytes, shard,
 };
 use std::collections::BTreeMap;
 
@@ -272,14 +272,14 @@ async fn start<V: Value + Send + Sync>(
     file: &ClusterFile,
     id: NodeId,
     options: &NodeOptions,
+    keys_below: Option<Key>,
 ) -> Result<Started<V>, RunError> {
     let join_timeout = options.join_timeout;
     let role = file.role(id)?;
     let transport = NodeTransport::bind(file, id).await?;
-    let driver: Driver<V> = file
-        .spec
-        .within(transport.shared().flow_limits())
-        .driver(id)?;
+    let mut spec = file.spec.within(transport.shared().flow_limits());
+    spec.job.keys_below = keys_below;
+    let driver: Driver<V> = spec.driver(id)?;
     tracing::info!(%id, %role, address = %transport.local_addr(), "listening");
     let spawned = spawn_node(driver, transport.shared(), file.spec.runtime.clone());
     let metrics = match options.metrics {
@@ -353,7 +353,7 @@ async fn run_script_node(
         spawned,
         transport,
         metrics,
-    } = start::<i64>(file, id, options).await?;
+    } = start::<i64>(file, id, options, None).await?;
     let outcome = match (role, spawned.worker) {
         (Role::Worker, Some(worker)) => {
             let script = async {
@@ -385,6 +385,9 @@ async fn run_script_node(
 /// own share of the rows, the steps every worker takes per epoch, and the test set.
 struct LrData {
     name: String,
+    /// Every key of the training and test rows lies below this, which the worker tells the
+    /// coordinator so that a ring given no key space is spread over the data's features.
+    keys_below: Option<Key>,
     workers: usize,
     text: Vec<u8>,
     base: IndexBase,
@@ -421,6 +424,19 @@ impl LrData {
         let files = std::iter::once((name.as_str(), &text[..]))
             .chain(test.iter().map(|(n, t)| (n.as_str(), &t[..])));
         let (base, _) = job.index_base.resolve(files)?;
+        // Keys count from 0: a one-based file's index i is key i - 1.
+        let largest = std::iter::once(&text[..])
+            .chain(test.iter().map(|(_, t)| &t[..]))
+            .filter_map(max_index)
+            .max();
+        let keys_below = largest.map(|i| {
+            let key = if base == IndexBase::One {
+                i.saturating_sub(1)
+            } else {
+                i
+            };
+            key.saturating_add(1)
+        });
         let workers = job.cfg.job.workers.max(1);
         // Every worker counts the rows of every share alike, so all take the same number of
         // steps: enough for the largest share, whatever the lengths of its lines.
@@ -435,6 +451,7 @@ impl LrData {
         };
         let mut data = LrData {
             name,
+            keys_below,
             workers,
             text,
             base,
@@ -486,7 +503,7 @@ async fn run_lr_node(
         spawned,
         transport,
         metrics,
-    } = start::<f32>(file, id, options).await?;
+    } = start::<f32>(file, id, options, data.as_ref().and_then(|d| d.keys_below)).await?;
     let outcome = match (role, spawned.worker, data) {
         (Role::Worker, Some(worker), Some(mut data)) => {
             let training = train_lr_worker(job, id, &worker, &mut data);

@@ -153,6 +153,30 @@ pub(crate) fn first_index_zero(text: &[u8]) -> Option<(usize, usize)> {
     None
 }
 
+/// The largest feature index `text` names, as written (before the index base is applied);
+/// `None` for a text without features. Malformed tokens are passed over: the parser reports
+/// them, naming their line, when the rows are read.
+pub(crate) fn max_index(text: &[u8]) -> Option<u64> {
+    let mut max = None;
+    for line in text.split(|&b| b == b'\n') {
+        let line = match line.iter().position(|&b| b == b'#') {
+            Some(p) => &line[..p],
+            None => line,
+        };
+        for (_, token) in (Tokens { line, at: 0 }).skip(1) {
+            if token.starts_with(b"qid:") {
+                continue;
+            }
+            if let Some(colon) = token.iter().position(|&b| b == b':')
+                && let Some(index) = parse_u64(&token[..colon])
+            {
+                max = max.max(Some(index));
+            }
+        }
+    }
+    max
+}
+
 /// Feature ids: four bytes each while every id fits in four, eight once one does not.
 #[derive(Clone, Debug, PartialEq)]
 enum Ids {
@@ -868,6 +892,13 @@ fn parse_f32(token: &[u8]) -> Option<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_largest_index_is_found_past_comments_and_qids() {
+        let text = b"+1 3:1 17:0.5 # 99:1 in a comment\n-1 qid:500 4:2\n\n+1\n";
+        assert_eq!(max_index(text), Some(17));
+        assert_eq!(max_index(b"+1\n-1 # 5:1\n"), None);
+    }
 
     /// The example in the module's documentation, which rustdoc does not run in a binary.
     #[test]

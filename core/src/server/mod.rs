@@ -439,6 +439,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let body = Message::Register {
             role: Role::Server,
             incarnation: self.cfg.incarnation,
+            keys_below: None,
         };
         out.send(Envelope::new(
             self.cfg.id,

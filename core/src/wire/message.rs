@@ -645,6 +645,9 @@ pub enum Message<V: Value> {
         /// Which start of the node this is: a registration with another incarnation than the
         /// coordinator knows is a node that restarted and lost its state, not a resend.
         incarnation: u64,
+        /// A worker's keys all lie below this bound, if it knows one
+        /// ([`crate::JobSpec::keys_below`]).
+        keys_below: Option<Key>,
     },
     /// The coordinator's configuration for an epoch.
     Config(ClusterConfig),

@@ -5,6 +5,7 @@ use thiserror::Error;
 
 use crate::filter::Filters;
 use crate::ids::{NodeId, Time};
+use crate::key::Key;
 use crate::selection::KeySelection;
 use crate::sizes;
 use crate::slicing::Part;
@@ -61,6 +62,9 @@ pub struct WorkerConfig {
     pub push_slots: Option<PushSlots>,
     /// Filters this worker runs its pushes through ([`crate::filter`]). Default: none.
     pub filters: Filters,
+    /// All the keys this worker will use lie below this bound, which it tells the coordinator
+    /// when it registers ([`crate::JobSpec::keys_below`]). Default: none.
+    pub keys_below: Option<Key>,
 }
 
 impl WorkerConfig {
@@ -78,6 +82,7 @@ impl WorkerConfig {
             report_position: false,
             push_slots: None,
             filters: Filters::none(),
+            keys_below: None,
         }
     }
 

@@ -344,6 +344,7 @@ impl<V: Value> Worker<V> {
         let body = Message::Register {
             role: Role::Worker,
             incarnation: 0,
+            keys_below: self.cfg.keys_below,
         };
         self.send(self.cfg.coordinator, body, out);
         out.set_timer(TimerId::Register, now + self.cfg.timing.register_retry);
