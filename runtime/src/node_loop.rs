@@ -1,11 +1,13 @@
 //! One node's event loop: the crate docs say what it waits on, in what order it drains the
 //! driver, and how it stops.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, OnceLock};
 
 use pserver_core::pace::Coverage;
+use pserver_core::ring::Ring;
 use pserver_core::store::ParamStore;
+use pserver_core::wire::ClusterConfig;
 use pserver_core::{
     Driver, DriverError, Epoch, Event, Iteration, KeyRange, KvPairs, NodeId, Refusal, RequestId,
     Role, Time, UpdateRule, Value,
@@ -629,6 +631,14 @@ where
             // operator (or a test) need not wait for the periodic summary to see where it is.
             if let Some(config) = self.driver.node().as_coordinator().and_then(|c| c.config()) {
                 info!("published {}", summary(config, self.counts.nodes_dead));
+                for server in idle_servers(config) {
+                    warn!(
+                        server = %server,
+                        "server {server} is the primary of no key below {}: the ring's key space \
+                         is too small for its servers (ring.key_space in a cluster file)",
+                        config.ring.key_space
+                    );
+                }
             }
         }
     }
@@ -806,12 +816,59 @@ fn runtime_error(e: DriverError) -> RuntimeError {
     }
 }
 
+/// The servers of `config` that are the primary of no key of the job's key space, and so get
+/// no work: a ring whose key space is smaller than its servers' points can cover.
+fn idle_servers(config: &ClusterConfig) -> Vec<NodeId> {
+    let Ok(ring) = Ring::new(config.servers.iter().copied(), config.ring) else {
+        return Vec::new();
+    };
+    let Ok(space) = KeyRange::new(0, config.ring.key_space) else {
+        return Vec::new();
+    };
+    let busy: BTreeSet<NodeId> = ring
+        .segments_in(space)
+        .filter_map(|(_, owners)| owners.first().copied())
+        .collect();
+    config
+        .servers
+        .iter()
+        .copied()
+        .filter(|s| !busy.contains(s))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use pserver_core::Consistency;
     use pserver_core::ring::RingConfig;
     use pserver_core::wire::ClusterConfig;
+
+    #[test]
+    fn a_ring_whose_key_space_leaves_a_server_without_keys_is_found() {
+        let config = |servers: u32, key_space: u64| ClusterConfig {
+            epoch: 1,
+            coordinator: NodeId(0),
+            servers: (1..=servers).map(NodeId).collect(),
+            workers: vec![NodeId(servers + 1)],
+            ring: RingConfig {
+                key_space,
+                ..RingConfig::default()
+            },
+            consistency: Consistency::Eventual,
+            joining: vec![],
+            leaving: vec![],
+            shares: vec![NodeId(servers + 1)],
+            left: vec![],
+            lost: vec![],
+            incarnations: vec![],
+            pace: Default::default(),
+        };
+        // Four servers, two keys: at most two of them are anybody's primary.
+        assert!(idle_servers(&config(4, 2)).len() >= 2);
+        assert_eq!(idle_servers(&config(4, 1 << 20)), Vec::<NodeId>::new());
+        assert_eq!(idle_servers(&config(3, u64::MAX)), Vec::<NodeId>::new());
+    }
 
     #[test]
     fn the_coordinators_summary_names_every_member_and_what_went_wrong() {
