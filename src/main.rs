@@ -72,10 +72,18 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // Warnings (a refused peer, a node declared dead) show without RUST_LOG.
-    let filter = EnvFilter::builder()
-        .with_default_directive(tracing::level_filters::LevelFilter::WARN.into())
-        .from_env_lossy();
+    let cli = Cli::parse();
+    // Warnings (a refused peer, a node declared dead) show without RUST_LOG. The coordinator
+    // also says what the job does: each configuration it publishes (a membership change) and
+    // a summary of the job now and then, so that an operator sees the job move.
+    let default = match cli.command {
+        Command::Coordinator(_) => "warn,pserver_runtime=info",
+        _ => "warn",
+    };
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(asked) if !asked.trim().is_empty() => EnvFilter::builder().parse_lossy(asked),
+        _ => EnvFilter::new(default),
+    };
     // Colours only for a person at a terminal: a log piped to a file or a collector reads
     // `node=n2`, not escape codes around it.
     let colours = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -84,7 +92,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(colours)
         .init();
-    let result = match Cli::parse().command {
+    let result = match cli.command {
         Command::Ring(args) => ring::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Check(args) => check::run(args),

@@ -1276,3 +1276,40 @@ fn an_lr_cluster_job_without_a_key_space_gives_every_server_a_fair_share_of_rows
         );
     }
 }
+
+/// Without RUST_LOG the coordinator says what the job does: each configuration it publishes,
+/// so an operator sees the job form and its members change. The other nodes only warn.
+#[test]
+fn the_coordinator_reports_each_configuration_at_the_default_log_level() {
+    let (dir, _, config) = script_cluster("coordinator-says", (1, 1), "sequential", 2, 0);
+    let config = config.to_str().unwrap();
+    let mut coordinator = pserver(&["coordinator", "--config", config, "--id", "0"])
+        .env_remove("RUST_LOG")
+        .spawn()
+        .unwrap();
+    let server = pserver(&["server", "--config", config, "--id", "1"])
+        .env_remove("RUST_LOG")
+        .spawn()
+        .unwrap();
+    let mut worker = pserver(&["worker", "--config", config, "--id", "2"])
+        .env_remove("RUST_LOG")
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    wait_for(&mut worker, deadline, "the worker");
+    let worker = worker.wait_with_output().unwrap();
+    assert!(worker.status.success(), "{}", text(&worker.stderr));
+    for node in [&coordinator, &server] {
+        signal(node, "-INT");
+    }
+    wait_for(&mut coordinator, deadline, "the coordinator");
+    let said = text(&coordinator.wait_with_output().unwrap().stderr);
+    let server = text(&server.wait_with_output().unwrap().stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        said.contains("published epoch 1: servers [n1], workers [n2]"),
+        "{said}"
+    );
+    assert!(said.contains("worker left the job"), "{said}");
+    assert!(!server.contains(" INFO "), "{server}");
+}
