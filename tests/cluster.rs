@@ -1313,3 +1313,67 @@ fn the_coordinator_reports_each_configuration_at_the_default_log_level() {
     assert!(said.contains("worker left the job"), "{said}");
     assert!(!server.contains(" INFO "), "{server}");
 }
+
+/// A node may take its place among its role's nodes from the environment, as a Kubernetes
+/// Indexed Job's JOB_COMPLETION_INDEX, a StatefulSet pod's host name or Slurm's SLURM_PROCID
+/// give it; a place past the file's nodes is one line and status 2.
+#[test]
+fn nodes_take_their_ids_from_the_environment() {
+    let (dir, _, config) = script_cluster("id-from-env", (1, 1), "sequential", 2, 0);
+    let config = config.to_str().unwrap();
+    let mut children = Children(Vec::new());
+    children.0.push((
+        "coordinator".into(),
+        pserver(&["coordinator", "--config", config, "--id", "0"])
+            .spawn()
+            .unwrap(),
+    ));
+    children.0.push((
+        "server".into(),
+        pserver(&["server", "--config", config, "--id-from-env", "POD_NAME"])
+            .env("POD_NAME", "pserver-server-0")
+            .spawn()
+            .unwrap(),
+    ));
+    let mut worker = pserver(&[
+        "worker",
+        "--config",
+        config,
+        "--id-from-env",
+        "JOB_COMPLETION_INDEX",
+    ])
+    .env("JOB_COMPLETION_INDEX", "0")
+    .spawn()
+    .unwrap();
+    wait_for(
+        &mut worker,
+        Instant::now() + Duration::from_secs(60),
+        "the worker",
+    );
+    let out = worker.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // The first worker of a file of one server is node 2.
+    assert!(
+        text(&out.stdout).starts_with("worker n2 iterations=2 "),
+        "{}",
+        text(&out.stdout)
+    );
+    children.interrupt();
+    let past = pserver(&[
+        "worker",
+        "--config",
+        config,
+        "--id-from-env",
+        "SLURM_PROCID",
+    ])
+    .env("SLURM_PROCID", "1")
+    .output()
+    .unwrap();
+    let err = text(&past.stderr);
+    assert_eq!(past.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("worker 1 asked, but the cluster file has 1 workers"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -21,8 +21,19 @@ pub(crate) struct NodeArgs {
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
     /// This node's id in the cluster file.
-    #[arg(long)]
-    id: u32,
+    #[arg(
+        long,
+        required_unless_present = "id_from_env",
+        conflicts_with = "id_from_env"
+    )]
+    id: Option<u32>,
+    /// Take this node's place among the nodes of its role from environment variable VAR: a
+    /// number, or a name ending in `-N` (a StatefulSet pod's host name), counted from 0 in the
+    /// order of that role's ids in the cluster file. For instance JOB_COMPLETION_INDEX (a
+    /// Kubernetes Indexed Job), HOSTNAME (a StatefulSet pod), SLURM_PROCID (one Slurm job step
+    /// per role).
+    #[arg(long, value_name = "VAR")]
+    id_from_env: Option<String>,
     /// Servers and workers: give up (exit status 2) if the job has not started after this many
     /// seconds (the coordinator is unreachable, a node is missing, or the secret differs).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
@@ -38,17 +49,52 @@ pub(crate) struct NodeArgs {
     metrics: Option<std::net::SocketAddr>,
 }
 
-/// Runs node `--id` of the cluster file, which must be a `role`, and prints its last line.
+/// The place among the nodes of its role that `value` (of environment variable `var`) gives:
+/// a number, or the number after the last `-` of a name.
+fn place_in(var: &str, value: &str) -> Result<usize, String> {
+    let digits = value.rsplit('-').next().unwrap_or(value).trim();
+    digits.parse().map_err(|_| {
+        format!("--id-from-env {var}: `{value}` is neither a number nor a name ending in -N")
+    })
+}
+
+/// The id of the node at `place` among the `role` nodes of `file`, in the file's order.
+fn id_at(file: &ClusterFile, role: Role, place: usize, var: &str) -> Result<NodeId, String> {
+    let of_role: Vec<NodeId> = file
+        .roles
+        .iter()
+        .filter(|&(_, &r)| r == role)
+        .map(|(&id, _)| id)
+        .collect();
+    of_role.get(place).copied().ok_or_else(|| {
+        format!(
+            "--id-from-env {var}: {role} {place} asked, but the cluster file has {} {role}s (counted from 0)",
+            of_role.len()
+        )
+    })
+}
+
+/// Runs node `--id` of the cluster file (or the one `--id-from-env` names), which must be a
+/// `role`, and prints its last line.
 pub(crate) fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
     let file = ClusterFile::load(&args.config).map_err(CliError::input)?;
-    let id = NodeId(args.id);
+    let id = match (&args.id_from_env, args.id) {
+        (Some(var), _) => {
+            let value = std::env::var(var)
+                .map_err(|_| CliError::Input(format!("--id-from-env {var}: {var} is not set")))?;
+            let place = place_in(var, &value).map_err(CliError::Input)?;
+            id_at(&file, role, place, var).map_err(CliError::Input)?
+        }
+        (None, Some(id)) => NodeId(id),
+        (None, None) => return Err(CliError::input("give --id or --id-from-env")),
+    };
     let named = file.role(id).map_err(CliError::input)?;
     if named != role {
         return Err(CliError::Input(format!(
             "{}: node {} is a {named}, not a {role}: run `pserver {named} --id {}`",
             args.config.display(),
-            args.id,
-            args.id
+            id.0,
+            id.0
         )));
     }
     if let Some(path) = &args.dump {
@@ -102,4 +148,17 @@ pub(crate) fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
         ),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_place_is_a_number_or_the_ordinal_at_the_end_of_a_host_name() {
+        assert_eq!(place_in("JOB_COMPLETION_INDEX", "3"), Ok(3));
+        assert_eq!(place_in("HOSTNAME", "pserver-server-12"), Ok(12));
+        assert!(place_in("HOSTNAME", "pserver-server").is_err());
+        assert!(place_in("SLURM_PROCID", "").is_err());
+    }
 }
