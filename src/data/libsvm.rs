@@ -126,55 +126,50 @@ fn zero_in_one_based(name: &str, line: usize, column: usize) -> DataError {
     }
 }
 
+/// A line without its comment (`#` to the end).
+fn without_comment(line: &[u8]) -> &[u8] {
+    match line.iter().position(|&b| b == b'#') {
+        Some(p) => &line[..p],
+        None => line,
+    }
+}
+
+/// The feature indices a line (its comment removed) names, each with its token's column:
+/// the tokens after the label that hold a `:`, `qid:` aside. Malformed ones are passed over;
+/// the parser reports them, naming their line, when the rows are read.
+fn indices(line: &[u8]) -> impl Iterator<Item = (usize, u64)> + '_ {
+    (Tokens { line, at: 0 })
+        .skip(1)
+        .filter(|(_, token)| !token.starts_with(b"qid:"))
+        .filter_map(|(col, token)| {
+            let colon = token.iter().position(|&b| b == b':')?;
+            Some((col, parse_u64(&token[..colon])?))
+        })
+}
+
 /// The line and column (from 1) of the first index 0 in `text`, comments and `qid:` tokens
 /// aside: the same tokens the parser reads as indices.
 pub(crate) fn first_index_zero(text: &[u8]) -> Option<(usize, usize)> {
     for (n, line) in text.split(|&b| b == b'\n').enumerate() {
-        let line = match line.iter().position(|&b| b == b'#') {
-            Some(p) => &line[..p],
-            None => line,
-        };
+        let line = without_comment(line);
         // A line without `0:` cannot hold an index 0: most lines are passed over at memchr speed.
         if !line.windows(2).any(|w| w == b"0:") {
             continue;
         }
-        let tokens = Tokens { line, at: 0 }.skip(1);
-        for (col, token) in tokens {
-            if token.starts_with(b"qid:") {
-                continue;
-            }
-            if let Some(colon) = token.iter().position(|&b| b == b':')
-                && parse_u64(&token[..colon]) == Some(0)
-            {
-                return Some((n + 1, col + 1));
-            }
+        if let Some((col, _)) = indices(line).find(|&(_, index)| index == 0) {
+            return Some((n + 1, col + 1));
         }
     }
     None
 }
 
 /// The largest feature index `text` names, as written (before the index base is applied);
-/// `None` for a text without features. Malformed tokens are passed over: the parser reports
-/// them, naming their line, when the rows are read.
+/// `None` for a text without features.
 pub(crate) fn max_index(text: &[u8]) -> Option<u64> {
-    let mut max = None;
-    for line in text.split(|&b| b == b'\n') {
-        let line = match line.iter().position(|&b| b == b'#') {
-            Some(p) => &line[..p],
-            None => line,
-        };
-        for (_, token) in (Tokens { line, at: 0 }).skip(1) {
-            if token.starts_with(b"qid:") {
-                continue;
-            }
-            if let Some(colon) = token.iter().position(|&b| b == b':')
-                && let Some(index) = parse_u64(&token[..colon])
-            {
-                max = max.max(Some(index));
-            }
-        }
-    }
-    max
+    text.split(|&b| b == b'\n')
+        .flat_map(|line| indices(without_comment(line)))
+        .map(|(_, index)| index)
+        .max()
 }
 
 /// Feature ids: four bytes each while every id fits in four, eight once one does not.
