@@ -159,6 +159,14 @@ pub struct Coordinator {
     /// The bounds below which the workers that registered before the job started said their
     /// keys lie ([`crate::JobSpec::keys_below`]).
     keys_below: BTreeMap<NodeId, Key>,
+    /// The first epoch of the configurations in a row that say the job finished
+    /// ([`ClusterConfig::job_finished`]), if the one in force does.
+    finished_since: Option<Epoch>,
+    /// The servers heard from at `finished_since` or later: they hold a configuration that
+    /// says so, and stop.
+    finished_heard: BTreeSet<NodeId>,
+    /// Whether [`Event::JobFinished`] was said for `finished_since`.
+    finish_said: bool,
 }
 
 impl Coordinator {
@@ -185,6 +193,9 @@ impl Coordinator {
             pace_watch: PaceWatch::default(),
             stragglers: BTreeSet::new(),
             keys_below: BTreeMap::new(),
+            finished_since: None,
+            finished_heard: BTreeSet::new(),
+            finish_said: false,
         })
     }
 
@@ -445,6 +456,10 @@ impl Coordinator {
                 if let Some(at) = at.filter(|_| self.is_worker(from)) {
                     self.pace_watch.report(from, at);
                 }
+                if self.finished_since.is_some_and(|e| env.epoch >= e) && self.is_server(from) {
+                    self.finished_heard.insert(from);
+                    self.say_when_finished(out);
+                }
                 if env.epoch < self.epoch() {
                     self.send_config(from, out);
                 } else {
@@ -518,7 +533,34 @@ impl Coordinator {
         self.config = Some(next);
         self.caught_up.clear();
         self.broadcast(out);
+        self.say_when_finished(out);
         self.switch_when_caught_up(out);
+    }
+
+    /// Says [`Event::JobFinished`] once the configuration in force says every worker left,
+    /// done, and every server on the ring has been heard from at an epoch that said so: each
+    /// holds it and stops, so the coordinator may stop too. A server that stays silent is
+    /// declared dead in time, which ends the wait for it.
+    fn say_when_finished<V: Value>(&mut self, out: &mut Effects<V>) {
+        let Some(config) = self.config.as_ref() else {
+            return;
+        };
+        if !config.job_finished() {
+            self.finished_since = None;
+            self.finished_heard.clear();
+            self.finish_said = false;
+            return;
+        }
+        let since = *self.finished_since.get_or_insert(config.epoch);
+        let all_heard = config
+            .servers
+            .iter()
+            .chain(&config.joining)
+            .all(|s| self.finished_heard.contains(s));
+        if all_heard && !self.finish_said {
+            self.finish_said = true;
+            out.emit(Event::JobFinished { epoch: since });
+        }
     }
 
     /// Publishes the next ring once every server it gives a range it does not hold yet has
@@ -638,6 +680,18 @@ impl Coordinator {
             if *missed > allowed {
                 silent.push(n);
             }
+        }
+        if self.finished_since.is_some() {
+            // The job is over: a server silent since stopped, whether or not its last word
+            // arrived, and there is nothing left to move its ranges for.
+            let servers: Vec<NodeId> = silent
+                .iter()
+                .copied()
+                .filter(|&n| self.is_server(n))
+                .collect();
+            self.finished_heard.extend(servers);
+            self.say_when_finished(out);
+            silent.retain(|&n| !self.is_server(n));
         }
         self.declare_dead(&silent, out);
         self.check_pace(out);

@@ -93,6 +93,15 @@ pub enum Event<V: Value> {
     },
     /// The coordinator was heard again after [`Event::CoordinatorSilent`].
     CoordinatorBack,
+    /// Every worker left the job, its work done ([`crate::wire::ClusterConfig::job_finished`]),
+    /// as of the configuration of `epoch`. A server says it once it holds that configuration
+    /// (and tells the coordinator it does); the coordinator, once every server of the ring
+    /// told it. Nothing more will be pushed or pulled: a process may write what the job
+    /// asked for and stop. Said again if workers join and leave again.
+    JobFinished {
+        /// The first configuration that said so.
+        epoch: Epoch,
+    },
     /// The coordinator found a worker lagging the others (coordinator only;
     /// [`crate::pace::Detection`]). Said once, until [`Event::StragglerCleared`].
     Straggler {

@@ -1331,3 +1331,116 @@ fn a_replication_step_of_another_width_is_refused() {
     assert_eq!(refusals(&c, pair, &Refusal::ForeignJob), 1);
     assert_eq!(c.server(pair.1).received_total(k), vec![7]);
 }
+
+fn finished_at(said: &[Event<i64>]) -> Vec<u64> {
+    said.iter()
+        .filter_map(|e| match e {
+            Event::JobFinished { epoch } => Some(*epoch),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_job_ends_on_every_server_and_then_on_the_coordinator_once_every_worker_left() {
+    let mut c = Cluster::new(2, 2, 1, Consistency::Sequential);
+    let keys = Cluster::keys(8);
+    let (s1, s2, w1, w2) = (NodeId(1), NodeId(2), NodeId(3), NodeId(4));
+    c.iterate(w1, &keys);
+    c.iterate(w2, &keys);
+    assert!(c.run_until(10_000 * MS, |c| c.iteration(w1) == 1
+        && c.iteration(w2) == 1));
+    c.leave(w1);
+    // One worker still at work: nobody may stop.
+    c.run_until(2_000 * MS, |_| false);
+    for node in [COORD, s1, s2] {
+        assert_eq!(finished_at(&c.events[&node]), [] as [u64; 0], "{node}");
+    }
+    c.leave(w2);
+    let epoch = c.config().epoch;
+    assert!(c.run_until(5_000 * MS, |c| !finished_at(&c.events[&COORD]).is_empty()));
+    assert_eq!(finished_at(&c.events[&s1]), [epoch]);
+    assert_eq!(finished_at(&c.events[&s2]), [epoch]);
+    assert_eq!(finished_at(&c.events[&COORD]), [epoch]);
+    // Said once.
+    c.run_until(5_000 * MS, |_| false);
+    assert_eq!(finished_at(&c.events[&COORD]), [epoch]);
+}
+
+#[test]
+fn the_coordinator_waits_for_every_server_to_hear_that_the_job_ended() {
+    let mut c = Cluster::new(2, 1, 1, Consistency::Eventual);
+    let keys = Cluster::keys(8);
+    let (s1, s2, w) = (NodeId(1), NodeId(2), NodeId(3));
+    c.iterate(w, &keys);
+    assert!(c.run_until(10_000 * MS, |c| c.iteration(w) == 1));
+    // The second server hears nothing from the coordinator, and the coordinator nothing
+    // from it, until the link heals.
+    c.cut.insert((COORD, s2));
+    c.cut.insert((s2, COORD));
+    c.leave(w);
+    c.run_until(300 * MS, |_| false);
+    assert_eq!(finished_at(&c.events[&s1]).len(), 1);
+    assert!(finished_at(&c.events[&s2]).is_empty());
+    assert!(
+        finished_at(&c.events[&COORD]).is_empty(),
+        "a server has not heard"
+    );
+    c.cut.clear();
+    assert!(c.run_until(5_000 * MS, |c| !finished_at(&c.events[&COORD]).is_empty()));
+    assert_eq!(finished_at(&c.events[&s2]).len(), 1);
+}
+
+#[test]
+fn a_job_whose_last_worker_died_has_not_finished() {
+    let mut c = Cluster::new(2, 2, 1, Consistency::Eventual);
+    let keys = Cluster::keys(8);
+    let (w1, w2) = (NodeId(3), NodeId(4));
+    c.iterate(w1, &keys);
+    c.iterate(w2, &keys);
+    assert!(c.run_until(10_000 * MS, |c| c.iteration(w1) == 1
+        && c.iteration(w2) == 1));
+    c.leave(w1);
+    c.crash(w2);
+    assert!(c.run_until(60_000 * MS, |c| c.config().workers.is_empty()));
+    c.run_until(5_000 * MS, |_| false);
+    for node in [COORD, NodeId(1), NodeId(2)] {
+        assert!(finished_at(&c.events[&node]).is_empty(), "{node}");
+    }
+}
+
+#[test]
+fn a_job_a_server_left_ends_on_the_servers_still_in_it() {
+    let mut c = Cluster::new(3, 1, 1, Consistency::Eventual);
+    let keys = Cluster::keys(32);
+    let w = NodeId(4);
+    c.push(w, &keys, 2);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    c.driver(NodeId(1)).leave().unwrap();
+    c.collect();
+    assert!(c.run_until(60_000 * MS, |c| {
+        c.events[&NodeId(1)].contains(&Event::Fenced)
+    }));
+    c.crash(NodeId(1));
+    c.leave(w);
+    assert!(c.run_until(5_000 * MS, |c| !finished_at(&c.events[&COORD]).is_empty()));
+    assert!(finished_at(&c.events[&NodeId(1)]).is_empty());
+}
+
+#[test]
+fn a_server_whose_last_word_is_lost_ends_the_job_at_the_heartbeat_timeout() {
+    let mut c = Cluster::new(2, 1, 1, Consistency::Eventual);
+    let keys = Cluster::keys(8);
+    let (s2, w) = (NodeId(2), NodeId(3));
+    c.iterate(w, &keys);
+    assert!(c.run_until(10_000 * MS, |c| c.iteration(w) == 1));
+    // The second server hears that the job finished and stops, but what it said last never
+    // reaches the coordinator.
+    c.cut.insert((s2, COORD));
+    c.leave(w);
+    assert!(c.run_until(1_000 * MS, |c| !finished_at(&c.events[&s2]).is_empty()));
+    c.crash(s2);
+    assert!(c.run_until(10_000 * MS, |c| !finished_at(&c.events[&COORD]).is_empty()));
+    // Two servers, one replica: it could never have been declared dead.
+    assert!(!c.coordinator().dead().contains(&s2));
+}

@@ -472,7 +472,8 @@ pub struct NodeReport<N> {
     pub send_errors: u64,
     /// Whether the node stopped because the coordinator removed it from the cluster.
     pub fenced: bool,
-    /// Whether the worker stopped because it left the job ([`WorkerHandle::leave`]).
+    /// Whether the node stopped because it left the job ([`WorkerHandle::leave`],
+    /// [`NodeHandle::leave_handle`]).
     pub left: bool,
 }
 
@@ -531,11 +532,24 @@ pub struct NodeMetrics {
     pub filter_savings: Vec<(&'static str, pserver_core::filter::FilterSaving)>,
 }
 
+/// Asks a server to leave its job ([`NodeHandle::leave_handle`]); it outlives the node's handle.
+#[derive(Clone, Debug)]
+pub struct LeaveHandle(std::sync::Arc<tokio::sync::Notify>);
+
+impl LeaveHandle {
+    /// Asks the server to leave; asking again changes nothing.
+    pub fn leave(&self) {
+        self.0.notify_one();
+    }
+}
+
 /// Controls one node's event loop: stop it, wait for it.
 #[derive(Debug)]
 pub struct NodeHandle<N> {
     pub(crate) id: NodeId,
     pub(crate) ready: watch::Receiver<Option<Epoch>>,
+    pub(crate) finished: watch::Receiver<Option<Epoch>>,
+    pub(crate) server_leave: std::sync::Arc<tokio::sync::Notify>,
     pub(crate) metrics: watch::Receiver<NodeMetrics>,
     pub(crate) stop: watch::Sender<bool>,
     pub(crate) task: JoinHandle<Result<NodeReport<N>, RuntimeError>>,
@@ -551,6 +565,30 @@ impl<N> NodeHandle<N> {
     /// one); returns its epoch.
     pub async fn ready(&self) -> Result<Epoch, RuntimeError> {
         wait_ready(&self.ready).await
+    }
+
+    /// Completes with the epoch of the configuration that said the job finished: every worker
+    /// left, its work done ([`pserver_core::Event::JobFinished`]; a server or the coordinator).
+    /// It outlives the handle, so that a process may wait for it in
+    /// [`NodeHandle::run_until`]; it never completes if the node stops first.
+    pub fn job_finished(&self) -> impl Future<Output = Epoch> + Send + 'static {
+        let mut finished = self.finished.clone();
+        async move {
+            let epoch = finished.wait_for(Option::is_some).await.map(|e| *e);
+            match epoch {
+                Ok(epoch) => epoch.unwrap_or_default(),
+                Err(_) => std::future::pending().await,
+            }
+        }
+    }
+
+    /// A handle that asks a server to leave the job: the coordinator moves its ranges to the
+    /// other servers first, and the node stops once it is out ([`NodeReport::left`]), with
+    /// nothing acknowledged lost. A leave the ring cannot take (too few servers would be left
+    /// for its replicas) never completes: bound the wait, as [`NodeHandle::run_until`] does.
+    /// For other nodes it does nothing.
+    pub fn leave_handle(&self) -> LeaveHandle {
+        LeaveHandle(std::sync::Arc::clone(&self.server_leave))
     }
 
     /// What the node has done so far, refreshed a few times a second.

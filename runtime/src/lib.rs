@@ -86,7 +86,9 @@ pub use pserver_core as core;
 pub use pserver_transport as transport;
 
 pub use cluster::{ClusterSpec, LocalCluster, LocalReport};
-pub use handle::{NodeHandle, NodeMetrics, NodeReport, PushTicket, RuntimeError, WorkerHandle};
+pub use handle::{
+    LeaveHandle, NodeHandle, NodeMetrics, NodeReport, PushTicket, RuntimeError, WorkerHandle,
+};
 pub use node_loop::{Spawned, spawn_node};
 
 use std::time::Duration;

@@ -80,6 +80,8 @@ where
     let (stop_tx, stop_rx) = watch::channel(false);
     let (cmd_tx, cmd_rx) = mpsc::channel(cfg.command_queue.max(1));
     let (ready_tx, ready_rx) = watch::channel(None);
+    let (finished_tx, finished_rx) = watch::channel(None);
+    let server_leave = Arc::new(tokio::sync::Notify::new());
     let ended = Arc::new(OnceLock::new());
     let (lost_tx, lost_rx) = watch::channel(Vec::new());
     let (skipped_tx, skipped_rx) = watch::channel(0);
@@ -102,6 +104,9 @@ where
         pulls: BTreeMap::new(),
         advances: VecDeque::new(),
         ready: ready_tx,
+        finished: finished_tx,
+        server_leave: Arc::clone(&server_leave),
+        server_leaving: false,
         fenced: false,
         leave: None,
         left: false,
@@ -126,6 +131,8 @@ where
     let node = NodeHandle {
         id,
         ready: ready_rx,
+        finished: finished_rx,
+        server_leave,
         metrics: metrics_rx,
         stop: stop_tx,
         task,
@@ -148,6 +155,12 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     pulls: BTreeMap<RequestId, Reply<KvPairs<V>>>,
     advances: VecDeque<Reply<Iteration>>,
     ready: watch::Sender<Option<u64>>,
+    /// The epoch of the configuration that said the job finished ([`Event::JobFinished`]).
+    finished: watch::Sender<Option<Epoch>>,
+    /// Asks a server to leave the job ([`NodeHandle::leave_handle`]).
+    server_leave: Arc<tokio::sync::Notify>,
+    /// The server asked the coordinator to take it out: its fence is the confirmation.
+    server_leaving: bool,
     fenced: bool,
     /// The application asked the worker to leave the job.
     leave: Option<Leaving>,
@@ -355,6 +368,21 @@ where
     /// Asks the coordinator to take the worker out once nothing the application started is
     /// open any more (or the drain timeout has passed); the worker's heartbeat wakes the loop
     /// often enough to see either.
+    /// A server leaves the job: it keeps serving until its ranges are held elsewhere, and is
+    /// then fenced, which ends the loop (ARCHITECTURE.md §8). Other nodes have nothing to hand
+    /// over: asked to leave, they go on until stopped.
+    fn leave_as_server(&mut self) {
+        if self.driver.node().as_server().is_none() {
+            debug!("only a server leaves this way");
+            return;
+        }
+        info!("leaving the job: waiting for the ranges held here to be held elsewhere");
+        self.server_leaving = true;
+        if let Err(e) = self.driver.leave() {
+            warn!(error = %e, "cannot leave");
+        }
+    }
+
     fn ask_to_leave_when_done(&mut self) {
         let done = self.open_requests() == 0 && self.driver.is_idle();
         if let Some(leaving) = &mut self.leave
@@ -442,6 +470,7 @@ where
                         tokio::time::sleep(RECV_ERROR_PAUSE).await;
                     }
                 },
+                () = self.server_leave.notified(), if !self.server_leaving => self.leave_as_server(),
                 command = commands.recv(), if accept => match command {
                     Some(command) => self.apply(command),
                     None => commands_open = false,
@@ -719,7 +748,7 @@ where
                 self.counts.ranges_lost += 1;
             }
             Event::Fenced => {
-                if self.leave.as_ref().is_some_and(|l| l.asked) {
+                if self.server_leaving || self.leave.as_ref().is_some_and(|l| l.asked) {
                     info!("left the job");
                     self.left = true;
                 } else {
@@ -728,6 +757,10 @@ where
                 self.fenced = true;
             }
             Event::WorkerLeft(node) => info!(node = %node, "worker left the job"),
+            Event::JobFinished { epoch } => {
+                info!(epoch, "the job finished: every worker left, its work done");
+                self.finished.send_replace(Some(epoch));
+            }
             Event::Straggler { worker, behind } => {
                 self.counts.stragglers += 1;
                 warn!(

@@ -66,6 +66,10 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
         self.progress_unheard.retain(|w| cluster.is_worker(*w));
         let was_member = self.is_member();
+        let was_finished = self
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.config.job_finished());
         self.lost_unlisted
             .retain(|r| cluster.config.lost.binary_search(r).is_err());
         // What is queued goes to the replicas of the ring it was taken in under.
@@ -97,6 +101,28 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.arm_replication(now, out);
         self.answer_held(out);
         self.replay_early(now, out);
+        self.say_when_finished(now, was_finished, out);
+    }
+
+    /// Says that the job is over when the configuration just taken in is the first to say so,
+    /// and tells the coordinator at once, with a heartbeat at that epoch, that this server
+    /// holds it: the coordinator stops only once every server of the ring has
+    /// (ARCHITECTURE.md §8).
+    fn say_when_finished(&self, now: Time, was_finished: bool, out: &mut Effects<V>) {
+        let Some(cluster) = self.cluster.as_ref() else {
+            return;
+        };
+        if was_finished || !self.is_member() || !cluster.config.job_finished() {
+            return;
+        }
+        out.emit(Event::JobFinished {
+            epoch: cluster.epoch(),
+        });
+        let body = Message::Heartbeat {
+            sent_at: now,
+            at: None,
+        };
+        self.send(self.cfg.coordinator, body, out);
     }
 
     /// Tells the coordinator of the ranges this server lost that no configuration lists yet.

@@ -343,6 +343,47 @@ impl ClusterConfig {
             .collect()
     }
 
+    /// Whether the job is over: every worker left it on its own ([`Message::Leave`]), none is
+    /// still a member, and every share of the work is held by one that left (none passed to a
+    /// worker that died before it could be done). A job whose last worker died has not
+    /// finished: its work is undone. Servers and the coordinator may stop once they hear it
+    /// ([`crate::Event::JobFinished`]).
+    ///
+    /// ```
+    /// use pserver_core::{Consistency, NodeId};
+    /// use pserver_core::wire::ClusterConfig;
+    /// use pserver_core::ring::RingConfig;
+    /// let mut config = ClusterConfig {
+    ///     epoch: 1,
+    ///     coordinator: NodeId(0),
+    ///     servers: vec![NodeId(1)],
+    ///     workers: vec![NodeId(2)],
+    ///     ring: RingConfig { replicas: 0, ..RingConfig::default() },
+    ///     consistency: Consistency::Sequential,
+    ///     joining: vec![],
+    ///     leaving: vec![],
+    ///     shares: vec![NodeId(2)],
+    ///     left: vec![],
+    ///     lost: vec![],
+    ///     incarnations: vec![],
+    ///     pace: Default::default(),
+    /// };
+    /// assert!(!config.job_finished());
+    /// config.workers.clear();
+    /// // Silent and declared dead: its share is not done.
+    /// assert!(!config.job_finished());
+    /// config.left.push(NodeId(2));
+    /// assert!(config.job_finished());
+    /// ```
+    pub fn job_finished(&self) -> bool {
+        self.workers.is_empty()
+            && !self.left.is_empty()
+            && self
+                .shares
+                .iter()
+                .all(|w| self.left.binary_search(w).is_ok())
+    }
+
     /// Gives every share whose worker died (is no longer one of `workers`, and not one of
     /// `left`) to the live worker that holds the fewest (the lowest id among equals), one
     /// share at a time, so that the work of the workers lost spreads over those left. With no
