@@ -12,6 +12,7 @@
 //! pulls through, are the `pserver-runtime` crate's. ARCHITECTURE.md §6 describes how they fit
 //! together.
 
+mod address;
 pub mod mem;
 #[cfg(not(loom))]
 pub mod refusal_log;
@@ -22,6 +23,7 @@ pub mod udp;
 #[cfg(all(test, not(loom)))]
 mod test_logs;
 
+pub use address::{Address, AddressError};
 pub use bytes::{self, Bytes};
 /// The protocol core whose types this crate's API takes and gives.
 pub use pserver_core;

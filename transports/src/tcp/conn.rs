@@ -16,7 +16,7 @@ use tokio::time::timeout;
 use tracing::{debug, warn};
 
 use super::handshake::Established;
-use super::shared::Shared;
+use super::shared::{Shared, Writing};
 use super::stats::Count;
 
 /// Read buffer per connection: many small frames are cut out of one read.
@@ -284,6 +284,8 @@ async fn write_loop(
                 f = rx.recv() => f,
             };
             let Some(first) = first else { break };
+            // Counted before the queue looks empty, so that shutdown waits for the write.
+            let _writing = Writing::begin(&shared.writing);
             let mut batch = Batch::default();
             batch.push(first);
             while batch.bytes < BATCH_BYTES {

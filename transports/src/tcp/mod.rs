@@ -93,11 +93,13 @@ use pserver_core::NodeId;
 
 use pserver_core::wire::DEFAULT_MAX_FRAME;
 
+use crate::Address;
+
 pub use stats::TcpStats;
 // tokio has no networking under loom: only the configuration and the counters (whose loom
 // tests run there) are built then.
 #[cfg(not(loom))]
-pub use transport::TcpTransport;
+pub use transport::{SHUTDOWN_FLUSH, TcpTransport};
 
 /// The secret shared by every node of a cluster, from which each connection's proofs are made.
 ///
@@ -140,9 +142,10 @@ pub struct TcpConfig {
     pub id: NodeId,
     /// The address to listen on; port 0 picks a free port (see [`TcpTransport::local_addr`]).
     pub listen: SocketAddr,
-    /// Every node this one may talk to, with the address to dial it at. Connections from
-    /// nodes not listed are refused. An entry for `id` itself is ignored.
-    pub peers: BTreeMap<NodeId, SocketAddr>,
+    /// Every node this one may talk to, with the address to dial it at: an IP address, or a
+    /// host name resolved again on every dial. Connections from nodes not listed are refused.
+    /// An entry for `id` itself is ignored.
+    pub peers: BTreeMap<NodeId, Address>,
     /// The cluster's name, at most 256 bytes; nodes of another cluster are refused.
     pub cluster_id: String,
     /// The shared secret.
@@ -166,17 +169,17 @@ pub struct TcpConfig {
 
 impl TcpConfig {
     /// A configuration with the default limits and timeouts.
-    pub fn new(
+    pub fn new<A: Into<Address>>(
         id: NodeId,
         listen: SocketAddr,
-        peers: BTreeMap<NodeId, SocketAddr>,
+        peers: impl IntoIterator<Item = (NodeId, A)>,
         cluster_id: impl Into<String>,
         secret: Secret,
     ) -> Self {
         TcpConfig {
             id,
             listen,
-            peers,
+            peers: peers.into_iter().map(|(n, a)| (n, a.into())).collect(),
             cluster_id: cluster_id.into(),
             secret,
             max_frame: DEFAULT_MAX_FRAME + 64,

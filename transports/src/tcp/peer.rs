@@ -1,7 +1,6 @@
 //! One task per peer owns everything about the way to that peer: whether it is connected, the
 //! dial in flight, the reconnect backoff, and which of two connections to keep.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use pserver_core::NodeId;
@@ -10,12 +9,13 @@ use pserver_core::wire::FrameParts;
 use tokio::net::TcpStream;
 use tokio::sync::{Mutex as TokioMutex, mpsc, oneshot};
 use tokio::time::{Instant, sleep_until, timeout_at};
-use tracing::debug;
+use tracing::{debug, info, warn};
 
 use super::conn;
 use super::handshake::{self, Established};
 use super::shared::{Shared, Tasks};
 use super::stats::Count;
+use crate::Address;
 use crate::sync::Arc;
 
 /// Whether a new connection to a peer replaces the current one. Both ends reach the same
@@ -33,8 +33,8 @@ pub(super) fn next_backoff(current: Duration, max: Duration) -> Duration {
 
 /// What the peer task hears from the tasks it spawned.
 enum Event {
-    /// A dial ended: the connection, or `None` if it failed.
-    Dialed(Option<Established>),
+    /// A dial ended: the connection, or why it failed.
+    Dialed(Result<Established, DialError>),
     /// The connection with this id ended.
     Closed(u64),
 }
@@ -50,7 +50,9 @@ struct Current {
 /// The state of the way to one peer, owned by its task.
 pub(super) struct PeerTask {
     peer: NodeId,
-    addr: SocketAddr,
+    addr: Address,
+    /// Whether the peer's name failed to resolve at the last dial, said once until it does.
+    unresolved: bool,
     shared: Arc<Shared>,
     tasks: Tasks,
     /// Frames for the peer; the current connection's writer holds the lock.
@@ -70,7 +72,7 @@ impl PeerTask {
     /// The task for `peer`, fed by its queue and by the listener.
     pub(super) fn new(
         peer: NodeId,
-        addr: SocketAddr,
+        addr: Address,
         shared: Arc<Shared>,
         tasks: Tasks,
         queue: mpsc::Receiver<FrameParts>,
@@ -81,6 +83,7 @@ impl PeerTask {
         PeerTask {
             peer,
             addr,
+            unresolved: false,
             shared,
             tasks,
             queue: Arc::new(TokioMutex::new(queue)),
@@ -124,12 +127,25 @@ impl PeerTask {
 
     fn on_event(&mut self, ev: Event) {
         match ev {
-            Event::Dialed(Some(est)) => {
+            Event::Dialed(Ok(est)) => {
                 self.dialing = false;
+                if std::mem::take(&mut self.unresolved) {
+                    info!(peer = %self.peer, "{} resolves now", self.addr);
+                }
+                self.shared.unreachable_now().remove(&self.peer);
                 self.offer(est);
             }
-            Event::Dialed(None) => {
+            Event::Dialed(Err(e)) => {
                 self.dialing = false;
+                if matches!(e, DialError::Unresolved(_))
+                    && !std::mem::replace(&mut self.unresolved, true)
+                {
+                    // Pods come up in any order: said once, then retried with the backoff.
+                    warn!(peer = %self.peer, "{e}; retrying");
+                }
+                self.shared
+                    .unreachable_now()
+                    .insert(self.peer, e.to_string());
                 self.delay_next_dial();
             }
             Event::Closed(id) => {
@@ -199,27 +215,82 @@ impl PeerTask {
             Arc::clone(&self.shared),
             self.events_tx.clone(),
             self.peer,
-            self.addr,
+            self.addr.clone(),
         );
         self.tasks.spawn(async move {
-            let est = dial(&shared, peer, addr).await;
+            let est = dial_address(&shared, peer, &addr).await;
             let _ = events.send(Event::Dialed(est));
         });
     }
 }
 
+/// Why a dial failed, as the transport tells whoever asks why a peer cannot be reached
+/// ([`super::TcpTransport::unreachable`]).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum DialError {
+    /// The peer's host name does not resolve (yet).
+    #[error("{0}")]
+    Unresolved(String),
+    /// Nothing accepted the connection in time.
+    #[error("{0}")]
+    Connect(String),
+    /// The handshake failed: another cluster, secret, version or node.
+    #[error("{0}")]
+    Handshake(String),
+}
+
+/// Resolves `addr` (a host name is looked up again on every dial: a pod that restarted is at
+/// another IP under the same name), then dials the addresses it stands for in turn.
+pub(super) async fn dial_address(
+    shared: &Shared,
+    peer: NodeId,
+    addr: &Address,
+) -> Result<Established, DialError> {
+    let deadline = Instant::now() + shared.handshake_timeout;
+    let found = match timeout_at(deadline, addr.resolve()).await {
+        Ok(Ok(found)) => found,
+        Ok(Err(e)) => {
+            return Err(DialError::Unresolved(format!(
+                "cannot resolve {addr}, the address of {peer}: {e}"
+            )));
+        }
+        Err(_) => {
+            return Err(DialError::Unresolved(format!(
+                "cannot resolve {addr}, the address of {peer}: no answer within {:?}",
+                shared.handshake_timeout
+            )));
+        }
+    };
+    let mut last = None;
+    for at in found {
+        match dial(shared, peer, at).await {
+            Ok(est) => return Ok(est),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| DialError::Connect(format!("{addr} resolves to no address"))))
+}
+
 /// Connects to `peer` at `addr` and authenticates both ends.
-pub(super) async fn dial(shared: &Shared, peer: NodeId, addr: SocketAddr) -> Option<Established> {
+pub(super) async fn dial(
+    shared: &Shared,
+    peer: NodeId,
+    addr: std::net::SocketAddr,
+) -> Result<Established, DialError> {
     let deadline = Instant::now() + shared.handshake_timeout;
     let mut stream = match timeout_at(deadline, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             debug!(%peer, remote = %addr, "cannot connect to {peer} at {addr}: {e}");
-            return None;
+            return Err(DialError::Connect(format!(
+                "cannot connect to {peer} at {addr}: {e}"
+            )));
         }
         Err(_) => {
             debug!(%peer, remote = %addr, "connecting to {peer} at {addr} timed out");
-            return None;
+            return Err(DialError::Connect(format!(
+                "connecting to {peer} at {addr} timed out"
+            )));
         }
     };
     if let Err(e) = stream.set_nodelay(true) {
@@ -229,7 +300,7 @@ pub(super) async fn dial(shared: &Shared, peer: NodeId, addr: SocketAddr) -> Opt
         Ok(()) => {
             shared.counters.bump(Count::Established);
             debug!(%peer, remote = %addr, "connected to {peer}");
-            Some(Established {
+            Ok(Established {
                 stream,
                 peer,
                 dialer: shared.auth.me,
@@ -242,7 +313,9 @@ pub(super) async fn dial(shared: &Shared, peer: NodeId, addr: SocketAddr) -> Opt
             shared
                 .refusals
                 .refused(e.kind(), || format!("to {peer} at {addr} (dialed): {e}"));
-            None
+            Err(DialError::Handshake(format!(
+                "{peer} at {addr} refused: {e}"
+            )))
         }
     }
 }

@@ -50,6 +50,46 @@ pub(super) struct Shared {
     pub(super) inbound: mpsc::Sender<(NodeId, Bytes)>,
     /// Every peer.
     pub(super) peers: BTreeMap<NodeId, PeerHandle>,
+    /// Why each peer could not be reached at its last dial, until a dial succeeds.
+    pub(super) unreachable: std::sync::Mutex<BTreeMap<NodeId, String>>,
+    /// Batches of frames taken from a queue and being written now.
+    pub(super) writing: std::sync::atomic::AtomicUsize,
+}
+
+impl Shared {
+    /// The peers that could not be reached at their last dial, and why.
+    pub(super) fn unreachable_now(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, String>> {
+        // Nothing is left half-done under this lock: a poisoned one is still whole.
+        self.unreachable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether every frame queued so far has been written, or dropped: nothing waits in a
+    /// peer's queue and no batch is being written.
+    pub(super) fn flushed(&self) -> bool {
+        self.writing.load(std::sync::atomic::Ordering::Acquire) == 0
+            && self
+                .peers
+                .values()
+                .all(|p| p.queue.capacity() == p.queue.max_capacity())
+    }
+}
+
+/// Counts a batch as being written for as long as it lives, cancelled or not.
+pub(super) struct Writing<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Writing<'a> {
+    pub(super) fn begin(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Writing(count)
+    }
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// Spawns the transport's tasks so that shutdown (or dropping the transport) ends all of them,

@@ -65,7 +65,7 @@ fn free_addrs(n: usize) -> Vec<SocketAddr> {
 }
 
 fn cfg(id: u32, listen: SocketAddr, peers: &[(u32, SocketAddr)]) -> TcpConfig {
-    let peers = peers.iter().map(|&(p, a)| (NodeId(p), a)).collect();
+    let peers: Vec<(NodeId, SocketAddr)> = peers.iter().map(|&(p, a)| (NodeId(p), a)).collect();
     let mut c = TcpConfig::new(
         NodeId(id),
         listen,
@@ -320,7 +320,7 @@ async fn a_node_claiming_our_id_is_refused_and_logged() {
     bounded(refused("node id n1 claims to be this node", |c| {
         c.id = NodeId(1);
         // A node ignores itself in its peer table, so it knows n1's address as n7's.
-        let addr = c.peers[&NodeId(1)];
+        let addr = c.peers[&NodeId(1)].clone();
         c.peers = [(NodeId(7), addr)].into();
     }))
     .await;
@@ -637,7 +637,7 @@ fn config_defaults_and_a_secret_that_never_prints() {
     let c = TcpConfig::new(
         NodeId(1),
         "127.0.0.1:0".parse().unwrap(),
-        BTreeMap::new(),
+        BTreeMap::<NodeId, SocketAddr>::new(),
         "c",
         s,
     );

@@ -22,12 +22,15 @@ use super::stats::{Count, Counters};
 use super::{TcpConfig, TcpStats};
 use crate::refusal_log::{self, RefusalLog};
 use crate::sync::Arc;
-use crate::{Transport, TransportError};
+use crate::{Address, Transport, TransportError};
 
 /// Frames received but not yet taken by `recv`; readers wait when it is full.
 const INBOUND_QUEUE: usize = 1024;
 /// Pause after a failed `accept` (out of file descriptors, say) so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// How long [`TcpTransport::shutdown`] waits for queued frames to be written.
+pub const SHUTDOWN_FLUSH: Duration = Duration::from_millis(500);
 
 /// A [`Transport`] over TCP with authenticated peers; see the [module documentation](super).
 ///
@@ -130,11 +133,11 @@ impl TcpTransport {
             context: format!("cannot read the address bound for {}", cfg.listen),
             source,
         })?;
-        let peer_addrs: BTreeMap<NodeId, SocketAddr> = cfg
+        let peer_addrs: BTreeMap<NodeId, Address> = cfg
             .peers
             .iter()
             .filter(|(id, _)| **id != cfg.id)
-            .map(|(&id, &addr)| (id, addr))
+            .map(|(&id, addr)| (id, addr.clone()))
             .collect();
         let auth = Auth::new(
             cfg.id,
@@ -147,7 +150,7 @@ impl TcpTransport {
 
         let mut handles = BTreeMap::new();
         let mut receivers = Vec::new();
-        for (&id, &addr) in &peer_addrs {
+        for (&id, addr) in &peer_addrs {
             let (queue, queue_rx) = mpsc::channel(cfg.send_queue.max(1));
             let (accepted, accepted_rx) = mpsc::channel(4);
             handles.insert(
@@ -158,7 +161,7 @@ impl TcpTransport {
                     accepted,
                 },
             );
-            receivers.push((id, addr, queue_rx, accepted_rx));
+            receivers.push((id, addr.clone(), queue_rx, accepted_rx));
         }
         let (inbound, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
         let reconnect_min = cfg.reconnect_min.max(Duration::from_millis(1));
@@ -174,6 +177,8 @@ impl TcpTransport {
             drops: RefusalLog::drops("frame", refusal_log::WINDOW),
             inbound,
             peers: handles,
+            unreachable: std::sync::Mutex::new(BTreeMap::new()),
+            writing: std::sync::atomic::AtomicUsize::new(0),
         });
 
         let (stop, stop_rx) = watch::channel(false);
@@ -209,6 +214,13 @@ impl TcpTransport {
         self.local_addr
     }
 
+    /// Why each peer that could not be reached at its last dial could not: a name that does
+    /// not resolve, a refused or timed-out connection, a refused handshake. A peer leaves the
+    /// list once a dial to it succeeds. For saying why a node could not join its cluster.
+    pub fn unreachable(&self) -> BTreeMap<NodeId, String> {
+        self.shared.unreachable_now().clone()
+    }
+
     /// The transport's counters.
     pub fn stats(&self) -> TcpStats {
         self.shared.counters.snapshot()
@@ -217,7 +229,15 @@ impl TcpTransport {
     /// Closes the listener and every connection and waits until all of the transport's tasks
     /// have ended. Afterwards `send` and `recv` return [`TransportError::Closed`], and the
     /// port is free to bind again.
+    ///
+    /// What was queued before goes out first, for up to [`SHUTDOWN_FLUSH`]: a node's last
+    /// frames (a server telling the coordinator that it heard the job end, say) are not lost
+    /// to its own exit. Frames for a peer that cannot be reached wait no longer than that.
     pub async fn shutdown(&self) {
+        let until = Instant::now() + SHUTDOWN_FLUSH;
+        while !self.shared.flushed() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         self.stop.send_replace(true);
         let mut done = self.tasks_done.lock().await;
         while done.recv().await.is_some() {}

@@ -48,5 +48,6 @@ mod transport;
 
 #[cfg(not(loom))]
 pub use transport::{
-    DEFAULT_MAX_PAYLOAD, MAC_LEN, SLICE_DATAGRAMS, UdpConfig, UdpStats, UdpTransport, WINDOW_SHARE,
+    DEFAULT_MAX_PAYLOAD, MAC_LEN, RESOLVE_EVERY, SLICE_DATAGRAMS, UdpConfig, UdpStats,
+    UdpTransport, WINDOW_SHARE,
 };

@@ -18,12 +18,12 @@ use sha2::Sha256;
 use tokio::net::UdpSocket;
 use tokio::sync::{Mutex as TokioMutex, mpsc};
 use tokio::task::JoinHandle;
-use tracing::debug;
+use tracing::{debug, info, warn};
 
 use super::fragment::{FragmentHeader, Reassembler, ReassemblyLimits, fragment};
 use crate::refusal_log::{self, RefusalLog};
 use crate::tcp::Secret;
-use crate::{FlowLimits, Transport, TransportError};
+use crate::{Address, FlowLimits, Transport, TransportError};
 
 /// Bytes of the MAC each datagram ends with when a secret is configured: HMAC-SHA256,
 /// truncated to 128 bits.
@@ -45,10 +45,12 @@ pub struct UdpConfig {
     pub id: NodeId,
     /// The address to bind; port 0 picks a free port (see [`UdpTransport::local_addr`]).
     pub listen: SocketAddr,
-    /// Every node this one may talk to, at its address. Datagrams from any other address are
-    /// dropped (and counted), as are datagrams whose header names another node than the one at
-    /// their source address. An entry for `id` itself is ignored.
-    pub peers: BTreeMap<NodeId, SocketAddr>,
+    /// Every node this one may talk to, at its address: an IP address, or a host name that
+    /// the transport resolves when it starts and again every [`RESOLVE_EVERY`] (a pod that
+    /// restarts comes back under its name at another IP). Datagrams from any other address
+    /// are dropped (and counted), as are datagrams whose header names another node than the
+    /// one at their source address. An entry for `id` itself is ignored.
+    pub peers: BTreeMap<NodeId, Address>,
     /// With a secret, every datagram carries a MAC that the receiver checks before it
     /// reassembles anything. Default: none.
     pub secret: Option<Secret>,
@@ -73,11 +75,15 @@ pub struct UdpConfig {
 
 impl UdpConfig {
     /// A configuration with the default limits and no secret.
-    pub fn new(id: NodeId, listen: SocketAddr, peers: BTreeMap<NodeId, SocketAddr>) -> Self {
+    pub fn new<A: Into<Address>>(
+        id: NodeId,
+        listen: SocketAddr,
+        peers: impl IntoIterator<Item = (NodeId, A)>,
+    ) -> Self {
         UdpConfig {
             id,
             listen,
-            peers,
+            peers: peers.into_iter().map(|(n, a)| (n, a.into())).collect(),
             secret: None,
             max_payload: DEFAULT_MAX_PAYLOAD,
             limits: ReassemblyLimits::default(),
@@ -132,10 +138,41 @@ fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
+/// How often peers given by name are resolved again.
+pub const RESOLVE_EVERY: Duration = Duration::from_secs(2);
+
+/// Where each peer is now, as last resolved.
+#[derive(Default)]
+struct PeerTable {
+    /// The address each resolved peer is sent to.
+    to: BTreeMap<NodeId, SocketAddr>,
+    /// The peer at each address it may send from.
+    from: HashMap<SocketAddr, NodeId>,
+    /// Why each peer whose name does not resolve does not.
+    unresolved: BTreeMap<NodeId, String>,
+}
+
+impl PeerTable {
+    /// Puts `peer` at `addrs` (it sends to the first), in place of where it was.
+    fn place(&mut self, peer: NodeId, addrs: &[SocketAddr]) {
+        self.from.retain(|_, n| *n != peer);
+        self.unresolved.remove(&peer);
+        for &a in addrs {
+            self.from.insert(a, peer);
+        }
+        if let Some(&first) = addrs.first() {
+            self.to.insert(peer, first);
+        }
+    }
+}
+
 struct Shared {
     id: NodeId,
     socket: UdpSocket,
-    peers: BTreeMap<NodeId, SocketAddr>,
+    /// Every peer, as configured.
+    peers: BTreeMap<NodeId, Address>,
+    /// Where they are now.
+    table: std::sync::RwLock<PeerTable>,
     key: Option<Hmac<Sha256>>,
     max_payload: usize,
     max_frame: usize,
@@ -162,6 +199,8 @@ pub struct UdpTransport {
     local_addr: SocketAddr,
     inbound: TokioMutex<mpsc::Receiver<(NodeId, Bytes)>>,
     task: JoinHandle<()>,
+    /// Resolves the peers given by name, if there are any.
+    resolver: Option<JoinHandle<()>>,
 }
 
 impl fmt::Debug for UdpTransport {
@@ -241,11 +280,20 @@ impl UdpTransport {
             .min(cfg.socket_buffer);
         let mut peers = cfg.peers.clone();
         peers.remove(&cfg.id);
-        let by_addr: HashMap<SocketAddr, NodeId> = peers.iter().map(|(&n, &a)| (a, n)).collect();
+        let mut table = PeerTable::default();
+        for (&n, a) in &peers {
+            if let Some(ip) = a.ip() {
+                table.place(n, &[ip]);
+            } else {
+                table.unresolved.insert(n, format!("{a} not resolved yet"));
+            }
+        }
+        let named = peers.values().any(|a| a.host().is_some());
         let shared = Arc::new(Shared {
             id: cfg.id,
             socket,
             peers,
+            table: std::sync::RwLock::new(table),
             key,
             max_payload: cfg.max_payload,
             max_frame: cfg.limits.max_frame,
@@ -258,12 +306,14 @@ impl UdpTransport {
             drops: RefusalLog::drops("partial frame", refusal_log::WINDOW),
         });
         let (tx, rx) = mpsc::channel(cfg.recv_queue.max(1));
-        let task = tokio::spawn(receive(Arc::clone(&shared), by_addr, cfg.limits, tx));
+        let task = tokio::spawn(receive(Arc::clone(&shared), cfg.limits, tx));
+        let resolver = named.then(|| tokio::spawn(resolve_names(Arc::clone(&shared))));
         Ok(UdpTransport {
             shared,
             local_addr,
             inbound: TokioMutex::new(rx),
             task,
+            resolver,
         })
     }
 
@@ -293,6 +343,15 @@ impl UdpTransport {
     /// reports [`TransportError::Closed`].
     pub fn shutdown(&self) {
         self.task.abort();
+        if let Some(r) = &self.resolver {
+            r.abort();
+        }
+    }
+
+    /// Why each peer given by a name that does not resolve (yet) cannot be sent to. For
+    /// saying why a node could not join its cluster.
+    pub fn unreachable(&self) -> BTreeMap<NodeId, String> {
+        self.shared.table().unresolved.clone()
     }
 
     fn drop_injected(&self) -> bool {
@@ -310,7 +369,58 @@ impl UdpTransport {
 
 impl Drop for UdpTransport {
     fn drop(&mut self) {
-        self.task.abort();
+        self.shutdown();
+    }
+}
+
+impl Shared {
+    /// The peer table, for reading.
+    fn table(&self) -> std::sync::RwLockReadGuard<'_, PeerTable> {
+        // Nothing is left half-done under this lock: a poisoned one is still whole.
+        self.table.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Resolves every peer given by name now and every [`RESOLVE_EVERY`], for as long as the
+/// transport runs. A name that does not resolve is said once (pods come up in any order) and
+/// tried again; one that resolves at another address than before is said too.
+async fn resolve_names(shared: Arc<Shared>) {
+    let named: Vec<(NodeId, Address)> = shared
+        .peers
+        .iter()
+        .filter(|(_, a)| a.host().is_some())
+        .map(|(&n, a)| (n, a.clone()))
+        .collect();
+    let mut warned = std::collections::BTreeSet::new();
+    let mut tick = tokio::time::interval(RESOLVE_EVERY);
+    loop {
+        tick.tick().await;
+        for (peer, addr) in &named {
+            let found = addr.resolve().await;
+            let mut table = shared.table.write().unwrap_or_else(PoisonError::into_inner);
+            match found {
+                Ok(found) => {
+                    if warned.remove(peer) {
+                        info!(%peer, "{addr} resolves now");
+                    }
+                    match table.to.get(peer) {
+                        Some(was) if !found.contains(was) => {
+                            info!(%peer, "{addr} is at {} now, not {was}", found[0]);
+                        }
+                        _ => {}
+                    }
+                    table.place(*peer, &found);
+                }
+                Err(e) => {
+                    let why = format!("cannot resolve {addr}, the address of {peer}: {e}");
+                    if warned.insert(*peer) {
+                        warn!(%peer, "{why}; retrying");
+                    }
+                    // Where it was last is still the best guess for sending.
+                    table.unresolved.insert(*peer, why);
+                }
+            }
+        }
     }
 }
 
@@ -327,10 +437,21 @@ impl Transport for UdpTransport {
                 limit: shared.max_frame,
             });
         }
-        let addr = *shared
-            .peers
-            .get(&to)
-            .ok_or(TransportError::UnknownPeer(to))?;
+        if !shared.peers.contains_key(&to) {
+            return Err(TransportError::UnknownPeer(to));
+        }
+        let Some(addr) = shared.table().to.get(&to).copied() else {
+            let why = shared
+                .table()
+                .unresolved
+                .get(&to)
+                .cloned()
+                .unwrap_or_default();
+            return Err(io_error(
+                format!("cannot send to {to}"),
+                std::io::Error::new(std::io::ErrorKind::NotFound, why),
+            ));
+        };
         let id = shared.next_frame.fetch_add(1, Ordering::Relaxed);
         let datagrams = fragment(shared.id, id, &frame, shared.max_payload).map_err(|_| {
             TransportError::FrameTooLarge {
@@ -458,12 +579,7 @@ fn verified<'a>(key: &Hmac<Sha256>, datagram: &'a [u8]) -> Option<&'a [u8]> {
 
 /// The receive task: reads datagrams, drops those from outside the peer table or with a bad
 /// MAC, reassembles the rest, and expires incomplete frames twice per timeout.
-async fn receive(
-    shared: Arc<Shared>,
-    by_addr: HashMap<SocketAddr, NodeId>,
-    limits: ReassemblyLimits,
-    tx: mpsc::Sender<(NodeId, Bytes)>,
-) {
+async fn receive(shared: Arc<Shared>, limits: ReassemblyLimits, tx: mpsc::Sender<(NodeId, Bytes)>) {
     let mut reassembler = Reassembler::new(limits);
     // What the reassembler had dropped when last counted.
     let mut dropped = (0, 0);
@@ -490,7 +606,8 @@ async fn receive(
             }
         };
         bump(&c.received);
-        let Some(&peer) = by_addr.get(&addr) else {
+        let known = shared.table().from.get(&addr).copied();
+        let Some(peer) = known else {
             bump(&c.unknown_source);
             let detail = || format!("from {addr}: not an address of this cluster");
             shared.refusals.refused("unknown address", detail);

@@ -90,7 +90,7 @@ async fn with_a_secret_a_datagram_without_a_valid_mac_is_dropped_before_reassemb
 
 #[tokio::test]
 async fn the_fault_injector_drops_outgoing_datagrams() {
-    let mut addrs = BTreeMap::new();
+    let mut addrs: BTreeMap<NodeId, SocketAddr> = BTreeMap::new();
     addrs.insert(B, "127.0.0.1:9".parse().unwrap());
     let mut cfg = UdpConfig::new(A, loopback(), addrs);
     cfg.drop_outgoing = 1.0;
@@ -101,15 +101,15 @@ async fn the_fault_injector_drops_outgoing_datagrams() {
 
 #[tokio::test]
 async fn a_bad_configuration_is_an_error_naming_the_field() {
-    let mut cfg = UdpConfig::new(A, loopback(), BTreeMap::new());
+    let mut cfg = UdpConfig::new(A, loopback(), BTreeMap::<NodeId, SocketAddr>::new());
     cfg.drop_outgoing = 1.5;
     let err = UdpTransport::bind(cfg).await.unwrap_err().to_string();
     assert!(err.contains("drop_outgoing"), "{err}");
-    let mut cfg = UdpConfig::new(A, loopback(), BTreeMap::new());
+    let mut cfg = UdpConfig::new(A, loopback(), BTreeMap::<NodeId, SocketAddr>::new());
     cfg.max_payload = 0;
     let err = UdpTransport::bind(cfg).await.unwrap_err().to_string();
     assert!(err.contains("max_payload"), "{err}");
-    let mut cfg = UdpConfig::new(A, loopback(), BTreeMap::new());
+    let mut cfg = UdpConfig::new(A, loopback(), BTreeMap::<NodeId, SocketAddr>::new());
     cfg.max_payload = 0;
     let socket = std::net::UdpSocket::bind(loopback()).unwrap();
     let err = UdpTransport::with_socket(cfg, socket)
