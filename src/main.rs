@@ -10,7 +10,7 @@ mod data;
 mod seeded;
 
 use clap::CommandFactory;
-use commands::{bench, check, r#gen, local, manual, node, predict, ring, sim, train};
+use commands::{bench, check, r#gen, launch, local, manual, node, predict, ring, sim, train};
 use pserver_core::Role;
 use tracing_subscriber::EnvFilter;
 
@@ -62,6 +62,14 @@ enum Command {
     /// and ends with `worker nN trained epochs=E`. A worker the coordinator removed from the cluster (fenced) exits
     /// with status 3 and says so.
     Worker(node::NodeArgs),
+    /// Run a whole cluster on this machine, one process per node: a coordinator, --servers
+    /// servers and --workers workers, started from this binary with a cluster file and a
+    /// secret written for them. Each line a node prints is prefixed with its name, and the
+    /// command ends with the job's exit status once every process has ended by itself.
+    ///
+    /// Without --config it trains logistic regression on --data (the shipped Adult data by
+    /// default); with --config it runs that cluster file's job on the nodes started here.
+    Launch(launch::LaunchArgs),
     Local(local::LocalArgs),
     Bench(bench::BenchArgs),
     Train(Box<train::TrainArgs>),
@@ -99,6 +107,7 @@ fn main() -> ExitCode {
         Command::Coordinator(args) => node::run(args, Role::Coordinator),
         Command::Server(args) => node::run(args, Role::Server),
         Command::Worker(args) => node::run(args, Role::Worker),
+        Command::Launch(args) => launch::run(args),
         Command::Local(args) => local::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Train(args) => train::run(*args),

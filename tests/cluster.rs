@@ -148,7 +148,15 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
     for s in 1..=SERVERS {
         let dump = dumps[s as usize - 1].to_str().unwrap().to_owned();
         if s == 1 {
-            start("server", s, &["--dump", &dump, "--metrics", &metrics_addr]);
+            // Serving forever, so that its metrics can be read after the job.
+            let extra = [
+                "--dump",
+                &dump,
+                "--metrics",
+                &metrics_addr,
+                "--serve-forever",
+            ];
+            start("server", s, &extra);
         } else {
             start("server", s, &["--dump", &dump]);
         }
@@ -396,6 +404,52 @@ fn a_server_killed_mid_job_over_tcp_loses_no_push() {
         summed_dumps(&dumps[1..]),
         expected_totals(LONG, workers),
         "the survivors hold every push exactly once"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_server_sent_sigterm_leaves_the_job_first_and_nothing_acknowledged_is_lost() {
+    const LONG: u32 = 60;
+    let shape = (3, 2);
+    let (dir, _, config) = script_cluster("sigterm", shape, "bounded:1", LONG, 25);
+    let dumps: Vec<PathBuf> = (1..=3)
+        .map(|s| dir.join(format!("server{s}.totals")))
+        .collect();
+    let log = |role: &str| if role == "worker" { "info" } else { "warn" };
+    let mut children = start_nodes(&config, shape, log, |id| match id {
+        1..=3 => vec![
+            "--dump".into(),
+            dumps[id as usize - 1].display().to_string(),
+        ],
+        _ => Vec::new(),
+    });
+    let (progress, worker_log) = watch_log(&mut children.0[4].1, "iteration done");
+    for done in 0..5 {
+        assert!(
+            progress.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "the first worker finished {done} iterations, then none for 60 s"
+        );
+    }
+    signal(&children.0[1].1, "-TERM");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut outputs = BTreeMap::new();
+    for (name, mut child) in children.0.drain(..) {
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().expect("output");
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        outputs.insert(name, out);
+    }
+    let left = text(&outputs["server 1"].stdout);
+    assert!(left.contains("ended=left"), "{left}");
+    // It handed its ranges over: it was never declared dead, and the others hold every push.
+    let coordinator = text(&outputs["coordinator 0"].stderr);
+    assert!(!coordinator.contains("node declared dead"), "{coordinator}");
+    let worker_log = worker_log.join().expect("the worker's log");
+    assert_eq!(
+        summed_dumps(&dumps[1..]),
+        expected_totals(LONG, (4..=5).map(NodeId)),
+        "{worker_log}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -1074,17 +1128,18 @@ fn separate_processes_over_udp_end_with_exactly_what_the_workers_pushed() {
         let out = finish(child);
         assert!(out.status.success(), "{name}: {}", text(&out.stderr));
     }
-    for (_, child) in &children.0 {
-        let status = Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success());
-    }
+    // Every worker left: the servers and the coordinator end by themselves.
     for (name, mut child) in children.0.drain(..) {
         wait_for(&mut child, deadline, &name);
         let out = child.wait_with_output().expect("output");
         assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        if name.starts_with("server") {
+            assert!(
+                text(&out.stdout).contains("ended=job-finished"),
+                "{name}: {}",
+                text(&out.stdout)
+            );
+        }
     }
     let workers = (SERVERS + 1..=SERVERS + WORKERS).map(NodeId);
     assert_eq!(summed_dumps(&dumps), expected_totals(ITERATIONS, workers));
@@ -1376,4 +1431,130 @@ fn nodes_take_their_ids_from_the_environment() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn nodes_named_by_host_name_in_any_case_run_a_job_that_ends_by_itself() {
+    let (dir, ports, _) = script_cluster("names", (2, 2), "bounded:1", ITERATIONS, 0);
+    // Every node by name (in any case), with no ids: they follow the layout.
+    let mut file = format!(
+        "cluster_id = \"names\"\nconsistency = \"bounded:1\"\nsecret_file = \"secret.key\"\n[job]\nkeys = {KEYS}\niterations = {ITERATIONS}\n\n[[node]]\nrole = \"coordinator\"\naddress = \"localhost:{}\"\n",
+        ports[0]
+    );
+    for (i, port) in ports[1..].iter().enumerate() {
+        let role = if i < 2 { "server" } else { "worker" };
+        file += &format!("\n[[node]]\nrole = \"{role}\"\naddress = \"LocalHost:{port}\"\n");
+    }
+    let config = dir.join("names.toml");
+    std::fs::write(&config, file).unwrap();
+    let dumps: Vec<PathBuf> = (1..=2)
+        .map(|s| dir.join(format!("server{s}.totals")))
+        .collect();
+    let log = |_: &str| "warn";
+    let mut children = start_nodes(&config, (2, 2), log, |id| match id {
+        1..=2 => vec![
+            "--dump".into(),
+            dumps[id as usize - 1].display().to_string(),
+        ],
+        _ => Vec::new(),
+    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for (name, mut child) in children.0.drain(..) {
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().expect("output");
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+    }
+    assert_eq!(
+        summed_dumps(&dumps),
+        expected_totals(ITERATIONS, (3..=4).map(NodeId))
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_node_whose_coordinator_name_does_not_resolve_says_so_in_one_line_and_exits_2() {
+    let (dir, ports, _) = script_cluster("unresolved", (1, 1), "sequential", 1, 0);
+    let file = format!(
+        "cluster_id = \"u\"\nsecret_file = \"secret.key\"\n[[node]]\nrole = \"coordinator\"\naddress = \"no-such-host.invalid:{}\"\n[[node]]\nrole = \"server\"\naddress = \"127.0.0.1:{}\"\n[[node]]\nrole = \"worker\"\naddress = \"127.0.0.1:{}\"\n",
+        ports[0], ports[1], ports[2]
+    );
+    let config = dir.join("u.toml");
+    std::fs::write(&config, file).unwrap();
+    let out = pserver(&[
+        "server",
+        "--config",
+        config.to_str().unwrap(),
+        "--id",
+        "1",
+        "--join-timeout-secs",
+        "3",
+    ])
+    .output()
+    .expect("run a server");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: could not join the cluster")
+            && last.contains("cannot resolve no-such-host.invalid"),
+        "{err}"
+    );
+    // Said once while it retried, not on every dial.
+    assert!(err.matches("; retrying").count() <= 1, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn launch_runs_a_cluster_of_processes_to_the_end_and_ends_with_the_jobs_status() {
+    let out = pserver(&[
+        "launch",
+        "--servers",
+        "2",
+        "--workers",
+        "2",
+        "--epochs",
+        "1",
+    ])
+    .output()
+    .expect("run pserver launch");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    for line in [
+        "[worker 3] worker n3 trained epochs=1",
+        "[worker 4] worker n4 trained epochs=1",
+        "[coordinator 0] coordinator n0 job finished",
+    ] {
+        assert!(stdout.contains(line), "{line}\n{stdout}");
+    }
+    for server in 1..=2 {
+        let held = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("[server {server}] server n{server} rows=")))
+            .unwrap_or_else(|| panic!("server {server}:\n{stdout}"));
+        assert!(held.ends_with("ended=job-finished"), "{held}");
+        assert!(fields(held, "rows=")[0] > 0.0, "{held}");
+    }
+    assert!(
+        stderr.contains("launch: the job finished, every process exited 0"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_launch_whose_workers_fail_stops_the_rest_and_ends_with_their_status() {
+    let out = pserver(&[
+        "launch",
+        "--servers",
+        "1",
+        "--workers",
+        "2",
+        "--data",
+        "no/such/train.svm",
+    ])
+    .output()
+    .expect("run pserver launch");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no/such/train.svm"), "{stderr}");
+    assert!(stderr.contains("launch: worker"), "{stderr}");
 }

@@ -47,7 +47,7 @@ pub(crate) enum RunError {
     Transport(#[from] TransportError),
     /// The worker never received a configuration.
     #[error(
-        "could not join the cluster: no configuration from the coordinator at {address} within {secs}s; is it running, are all nodes of {file} started, and is the secret the same?"
+        "could not join the cluster: no configuration from the coordinator at {address} within {secs}s{why}; is it running, are all nodes of {file} started, and is the secret the same?"
     )]
     JoinTimeout {
         /// The coordinator's address.
@@ -56,6 +56,9 @@ pub(crate) enum RunError {
         secs: u64,
         /// The cluster file.
         file: String,
+        /// Why the coordinator could not be reached, if the transport knows: ` (cannot
+        /// resolve ...)`.
+        why: String,
     },
     /// The node stopped with an error.
     #[error("{0}")]
@@ -103,13 +106,15 @@ fn lost_list(ranges: &[KeyRange]) -> String {
 #[derive(Debug)]
 pub(crate) enum NodeOutcome {
     /// The coordinator stopped.
-    Coordinator,
+    Coordinator(Ended),
     /// A server stopped; per key index of the script, the total it holds.
     Server {
         /// Totals per key index (zero for keys it does not own).
         totals: Vec<i64>,
         /// Messages it refused.
         refused: u64,
+        /// Why it stopped.
+        ended: Ended,
     },
     /// A worker finished its script.
     Worker(WorkerSummary),
@@ -121,6 +126,8 @@ pub(crate) enum NodeOutcome {
         nonzero: usize,
         /// Messages it refused.
         refused: u64,
+        /// Why it stopped.
+        ended: Ended,
     },
     /// A worker finished training.
     Trained {
@@ -251,6 +258,14 @@ impl NodeTransport {
         }
     }
 
+    /// Why each peer that cannot be reached now cannot.
+    fn unreachable(&self) -> BTreeMap<NodeId, String> {
+        match self {
+            NodeTransport::Tcp(t) => t.unreachable(),
+            NodeTransport::Udp(t) => t.unreachable(),
+        }
+    }
+
     fn local_addr(&self) -> std::net::SocketAddr {
         match self {
             NodeTransport::Tcp(t) => t.local_addr(),
@@ -304,7 +319,12 @@ async fn start<V: Value + Send + Sync>(
             .is_err()
     {
         let coordinator = file.spec.job.layout().coordinator();
+        let why = transport
+            .unreachable()
+            .remove(&coordinator)
+            .map_or_else(String::new, |why| format!(" ({why})"));
         return Err(RunError::JoinTimeout {
+            why,
             address: file
                 .addresses
                 .get(&coordinator)
@@ -328,6 +348,10 @@ pub(crate) struct NodeOptions {
     pub join_timeout: Duration,
     /// Serve `/healthz` and `/metrics` here.
     pub metrics: Option<std::net::SocketAddr>,
+    /// The coordinator and servers keep serving after the job finished.
+    pub serve_forever: bool,
+    /// How long a server asked to stop by SIGTERM waits to be out of the job.
+    pub leave_timeout: Duration,
 }
 
 /// Runs node `id` of the cluster file until it is done (a worker) or told to stop by SIGINT or
@@ -363,15 +387,16 @@ async fn run_script_node(
             NodeOutcome::Worker(work_then_leave(spawned.node, &worker, file, script).await?)
         }
         (Role::Server, _) => {
-            let report = until_signal(spawned.node).await?;
+            let (report, ended) = serve(spawned.node, role, options).await?;
             NodeOutcome::Server {
                 totals: server_totals(&report, &file.script),
                 refused: report.refusals.total(),
+                ended,
             }
         }
         _ => {
-            until_signal(spawned.node).await?;
-            NodeOutcome::Coordinator
+            let (_, ended) = serve(spawned.node, role, options).await?;
+            NodeOutcome::Coordinator(ended)
         }
     };
     if let Some(task) = metrics {
@@ -511,17 +536,18 @@ async fn run_lr_node(
             NodeOutcome::Trained { epochs }
         }
         (Role::Server, _, _) => {
-            let report = until_signal(spawned.node).await?;
+            let (report, ended) = serve(spawned.node, role, options).await?;
             let (rows, nonzero) = lr_server_summary(&report);
             NodeOutcome::LrServer {
                 rows,
                 nonzero,
                 refused: report.refusals.total(),
+                ended,
             }
         }
         _ => {
-            until_signal(spawned.node).await?;
-            NodeOutcome::Coordinator
+            let (_, ended) = serve(spawned.node, role, options).await?;
+            NodeOutcome::Coordinator(ended)
         }
     };
     if let Some(task) = metrics {
@@ -711,21 +737,57 @@ async fn work_then_leave<V: Value, T>(
     }
 }
 
-/// Serves until SIGINT or SIGTERM, then stops the node.
-async fn until_signal<V: Value>(
+/// Why a server or the coordinator stopped without an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// Every worker left, its work done, and the node was not asked to serve forever.
+    JobFinished,
+    /// A server asked to leave by SIGTERM is out of the job: its ranges are held elsewhere.
+    Left,
+    /// SIGINT, or SIGTERM on the coordinator: stopped where it was.
+    Stopped(Stop),
+}
+
+/// Serves until the job finishes (unless `options.serve_forever`), or until SIGINT or
+/// SIGTERM; then stops the node. SIGTERM makes a server leave the job first, so that its
+/// ranges are held elsewhere and nothing acknowledged is lost, waiting at most
+/// `options.leave_timeout` (ARCHITECTURE.md §8).
+async fn serve<V: Value>(
     node: NodeHandle<Driver<V>>,
-) -> Result<NodeReport<Driver<V>>, RunError> {
+    role: Role,
+    options: &NodeOptions,
+) -> Result<(NodeReport<Driver<V>>, Ended), RunError> {
+    let finished = node.job_finished();
+    let leave = node.leave_handle();
+    let mut ended = Ended::JobFinished;
     let report = node
         .run_until(async {
-            super::signals::stop_requested().await;
+            tokio::select! {
+                stop = super::signals::stop_requested() => {
+                    ended = Ended::Stopped(stop);
+                    if stop == Stop::Terminate && role == Role::Server {
+                        // The node stops by itself once it is out; this bounds the wait.
+                        leave.leave();
+                        tokio::time::sleep(options.leave_timeout).await;
+                        tracing::warn!(
+                            secs = options.leave_timeout.as_secs(),
+                            "could not leave the job in time: stopping anyway"
+                        );
+                    }
+                }
+                _ = finished, if !options.serve_forever => {}
+            }
         })
         .await?;
+    if report.left {
+        return Ok((report, Ended::Left));
+    }
     // A fenced node ends its process: the cluster went on without it, and its id and port
     // must be free for a restart.
     if report.fenced {
         return Err(RunError::Runtime(RuntimeError::Fenced));
     }
-    Ok(report)
+    Ok((report, ended))
 }
 
 /// A whole cluster in one process.

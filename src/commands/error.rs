@@ -33,6 +33,10 @@ pub(crate) enum CliError {
     /// it. Exit status 3: restarting the node with the same id rejoins.
     #[error("{0}")]
     Fenced(String),
+    /// A process this command ran ended with this exit status and said why itself
+    /// (`pserver launch`): the same status, with nothing more printed.
+    #[error("a process ended with exit status {0}")]
+    Exited(u8),
 }
 
 impl CliError {
@@ -54,6 +58,7 @@ impl CliError {
             CliError::Fenced(_) => 3,
             CliError::Interrupted => 130,
             CliError::Terminated => 143,
+            CliError::Exited(status) => *status,
         }
     }
 }

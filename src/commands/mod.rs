@@ -9,6 +9,7 @@ pub(crate) mod cluster_file;
 pub(crate) mod error;
 pub(crate) mod r#gen;
 mod groups;
+pub(crate) mod launch;
 pub(crate) mod local;
 pub(crate) mod manual;
 pub(crate) mod metrics;

@@ -8,7 +8,7 @@ use pserver_core::{NodeId, Role};
 use pserver_runtime::RuntimeError;
 
 use super::CliError;
-use super::cluster::{self, NodeOutcome, RunError};
+use super::cluster::{self, Ended, NodeOutcome, RunError};
 use super::cluster_file::ClusterFile;
 use super::signals::Stop;
 
@@ -41,6 +41,16 @@ pub(crate) struct NodeArgs {
     /// Servers: on exit, write one `key_index total` line per key held to this file.
     #[arg(long, value_name = "FILE")]
     dump: Option<PathBuf>,
+    /// The coordinator and servers: keep serving after every worker has left the job, instead
+    /// of ending (exit status 0) once the job is finished. For servers that outlive a job,
+    /// and under supervisors that restart a process that exits (a Kubernetes Deployment or
+    /// StatefulSet).
+    #[arg(long)]
+    serve_forever: bool,
+    /// Servers: on SIGTERM, leave the job (the other servers take over its ranges first, so
+    /// that nothing acknowledged is lost) and stop, waiting at most this many seconds.
+    #[arg(long, default_value_t = 25, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    leave_timeout_secs: u64,
     /// Serve `/healthz` and Prometheus-format `/metrics` (frames, bytes, pushes, pulls,
     /// iterations, open requests and resends, held pulls, refusals by reason, nodes declared
     /// dead, lost ranges, the transport's counters) over HTTP at this address, e.g.
@@ -109,6 +119,8 @@ pub(crate) fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
     let options = cluster::NodeOptions {
         join_timeout: Duration::from_secs(args.join_timeout_secs),
         metrics: args.metrics,
+        serve_forever: args.serve_forever,
+        leave_timeout: Duration::from_secs(args.leave_timeout_secs),
     };
     let outcome = super::runtime()?
         .block_on(cluster::run_node(&file, id, &options))
@@ -124,30 +136,70 @@ pub(crate) fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
             RunError::Stopped(Stop::Terminate) => CliError::Terminated,
             e => CliError::input(e),
         })?;
-    match outcome {
-        NodeOutcome::Coordinator => {}
-        NodeOutcome::Server { totals, refused } => {
+    let ended = match outcome {
+        NodeOutcome::Coordinator(ended) => {
+            if ended == Ended::JobFinished {
+                println!("coordinator {id} job finished: every worker left, every server stopped");
+            }
+            ended
+        }
+        NodeOutcome::Server {
+            totals,
+            refused,
+            ended,
+        } => {
             let total: i64 = totals.iter().sum();
             let held = totals.iter().filter(|t| **t != 0).count();
-            println!("server {id} keys={held} total={total} refused={refused}");
+            println!(
+                "server {id} keys={held} total={total} refused={refused} ended={}",
+                ended_word(ended)
+            );
             if let Some(path) = &args.dump {
                 cluster::dump_totals(path, &totals).map_err(|e| {
                     CliError::Input(format!("{}: cannot write: {e}", path.display()))
                 })?;
             }
+            ended
         }
         NodeOutcome::LrServer {
             rows,
             nonzero,
             refused,
-        } => println!("server {id} rows={rows} nonzero={nonzero} refused={refused}"),
-        NodeOutcome::Trained { epochs } => println!("worker {id} trained epochs={epochs}"),
-        NodeOutcome::Worker(s) => println!(
-            "worker {id} iterations={} pushes={} pushed_sum={}",
-            s.iterations, s.pushes, s.pushed_sum
-        ),
+            ended,
+        } => {
+            println!(
+                "server {id} rows={rows} nonzero={nonzero} refused={refused} ended={}",
+                ended_word(ended)
+            );
+            ended
+        }
+        NodeOutcome::Trained { epochs } => {
+            println!("worker {id} trained epochs={epochs}");
+            Ended::JobFinished
+        }
+        NodeOutcome::Worker(s) => {
+            println!(
+                "worker {id} iterations={} pushes={} pushed_sum={}",
+                s.iterations, s.pushes, s.pushed_sum
+            );
+            Ended::JobFinished
+        }
+    };
+    match ended {
+        // A server that SIGTERM could not take out of the job in time stopped with its
+        // ranges: the ring's replicas hold them, or the job loses them.
+        Ended::Stopped(Stop::Terminate) if role == Role::Server => Err(CliError::Terminated),
+        _ => Ok(()),
     }
-    Ok(())
+}
+
+/// How a server's last line says why it stopped.
+fn ended_word(ended: Ended) -> &'static str {
+    match ended {
+        Ended::JobFinished => "job-finished",
+        Ended::Left => "left",
+        Ended::Stopped(stop) => stop.word(),
+    }
 }
 
 #[cfg(test)]

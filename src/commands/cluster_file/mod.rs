@@ -35,7 +35,6 @@ mod raw;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -43,6 +42,7 @@ use pserver_core::{Consistency, NodeId, Role, Updater};
 
 use pserver_core::filter::{Filters, Kkt, Threshold};
 use pserver_runtime::ClusterSpec;
+use pserver_transport::Address;
 use pserver_transport::tcp::{Secret, TcpConfig};
 use pserver_transport::udp::UdpConfig;
 use thiserror::Error;
@@ -144,8 +144,8 @@ pub(crate) struct ClusterFile {
     pub script: Script,
     /// What the workers do.
     pub job: Job,
-    /// Every node's address, by id.
-    pub addresses: BTreeMap<NodeId, SocketAddr>,
+    /// Every node's address, by id: an IP address, or a host name resolved on every connect.
+    pub addresses: BTreeMap<NodeId, Address>,
     /// Every node's role, by id.
     pub roles: BTreeMap<NodeId, Role>,
     /// How the nodes talk.
@@ -277,14 +277,16 @@ impl ClusterFile {
 
     /// The TCP transport's configuration for node `id`.
     pub(crate) fn tcp(&self, id: NodeId) -> Result<TcpConfig, ClusterFileError> {
-        let listen = *self
+        // A node given by name listens on every interface at its port.
+        let listen = self
             .addresses
             .get(&id)
             .ok_or_else(|| ClusterFileError::Invalid {
                 path: self.path.clone(),
                 field: "node".into(),
                 message: format!("there is no node with id {}", id.0),
-            })?;
+            })?
+            .listen();
         let mut cfg = TcpConfig::new(
             id,
             listen,
@@ -346,14 +348,29 @@ impl Origin<'_> {
 
 /// Every node's address and role, by id.
 struct Nodes {
-    addresses: BTreeMap<NodeId, SocketAddr>,
+    addresses: BTreeMap<NodeId, Address>,
     roles: BTreeMap<NodeId, Role>,
 }
 
-/// The nodes the file names, each at most once.
+/// What `{i}` stands for in a `[[node]]` address with a `count`.
+const PLACE: &str = "{i}";
+
+/// The nodes the file names, each at most once: one per `[[node]]` with an `id`, or, where no
+/// `[[node]]` has one, `count` per entry (its address with `{i}` counting from 0), numbered as
+/// the layout numbers them (the coordinator 0, then the servers in the file's order, then the
+/// workers).
 fn nodes(nodes: Vec<RawNode>, origin: &Origin<'_>) -> Result<Nodes, ClusterFileError> {
-    let mut addresses = BTreeMap::new();
-    let mut roles = BTreeMap::new();
+    let with_ids = nodes.iter().filter(|n| n.id.is_some()).count();
+    if with_ids != 0 && with_ids != nodes.len() {
+        return Err(origin.invalid(
+            "node",
+            format!(
+                "{with_ids} of {} [[node]] entries have an id: give every node an id, or none (then ids follow the layout: the coordinator 0, the servers from 1, the workers after)",
+                nodes.len()
+            ),
+        ));
+    }
+    let mut listed: Vec<(Option<NodeId>, Role, Address, String)> = Vec::new();
     for (i, node) in nodes.into_iter().enumerate() {
         let field = |name: &str| format!("node[{i}].{name}");
         let role: Role = node
@@ -366,33 +383,87 @@ fn nodes(nodes: Vec<RawNode>, origin: &Origin<'_>) -> Result<Nodes, ClusterFileE
                 )
             })?
             .into();
-        let address: SocketAddr = node.address.parse().map_err(|_| {
-            origin.invalid(
-                &field("address"),
-                format!("`{}` is not an address like 127.0.0.1:7400", node.address),
-            )
-        })?;
-        if address.port() == 0 {
-            // Port 0 asks the system for any free port, which no other node could know.
-            return Err(origin.invalid(
-                &field("address"),
-                format!(
-                    "`{}` has port 0: every node needs a fixed port the others can reach",
-                    node.address
-                ),
-            ));
+        let patterned = node.address.contains(PLACE);
+        let count = match (node.count, node.id, patterned) {
+            (Some(0), ..) => return Err(origin.invalid(&field("count"), "must be at least 1")),
+            (Some(_), Some(_), _) => {
+                return Err(origin.invalid(
+                    &field("count"),
+                    "names several nodes, each with an id of its own: leave out id",
+                ));
+            }
+            (Some(n), None, true) => n,
+            (Some(1) | None, _, false) => 1,
+            (Some(n), None, false) => {
+                return Err(origin.invalid(
+                    &field("address"),
+                    format!(
+                        "`{}` is one address for {n} nodes: put {PLACE} where they differ, as in pserver-server-{PLACE}.pserver-server:7400",
+                        node.address
+                    ),
+                ));
+            }
+            (None, _, true) => {
+                return Err(origin.invalid(
+                    &field("address"),
+                    format!(
+                        "`{}` has {PLACE} but no count says how many nodes",
+                        node.address
+                    ),
+                ));
+            }
+        };
+        for place in 0..count {
+            let written = node.address.replace(PLACE, &place.to_string());
+            let shown = if count > 1 {
+                format!("{} ({PLACE} = {place})", field("address"))
+            } else {
+                field("address")
+            };
+            let address: Address =
+                written
+                    .parse()
+                    .map_err(|e: pserver_transport::AddressError| {
+                        origin.invalid(&shown, e.to_string())
+                    })?;
+            if address.port() == 0 {
+                // Port 0 asks the system for any free port, which no other node could know.
+                return Err(origin.invalid(
+                    &shown,
+                    format!(
+                        "`{written}` has port 0: every node needs a fixed port the others can reach"
+                    ),
+                ));
+            }
+            listed.push((node.id.map(NodeId), role, address, shown));
         }
-        let id = NodeId(node.id);
+    }
+    if with_ids == 0 {
+        // The layout's order: the coordinator, the servers, the workers, each in file order.
+        let rank = |r: &Role| match r {
+            Role::Coordinator => 0,
+            Role::Server => 1,
+            Role::Worker => 2,
+        };
+        listed.sort_by_key(|(_, role, _, _)| rank(role));
+        for (n, entry) in listed.iter_mut().enumerate() {
+            entry.0 = Some(NodeId(n as u32));
+        }
+    }
+    let mut addresses: BTreeMap<NodeId, Address> = BTreeMap::new();
+    let mut roles = BTreeMap::new();
+    for (id, role, address, field) in listed {
+        let id = id.unwrap_or(NodeId(0));
         // Two nodes cannot listen on one address: the second would fail to bind, or on
         // different machines a peer would reach the wrong one.
-        if let Some((other, _)) = addresses.iter().find(|(_, a)| **a == address) {
+        if let Some((other, _)) = addresses.iter().find(|(_, a)| a.same_as(&address)) {
             return Err(origin.invalid(
-                &field("address"),
+                &field,
                 format!("{address} is also the address of node {other}"),
             ));
         }
         if addresses.insert(id, address).is_some() {
-            return Err(origin.invalid(&field("id"), format!("node id {} appears twice", node.id)));
+            return Err(origin.invalid(&field, format!("node id {} appears twice", id.0)));
         }
         roles.insert(id, role);
     }

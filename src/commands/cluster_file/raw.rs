@@ -226,13 +226,14 @@ impl Default for RawJob {
     }
 }
 
-/// One `[[node]]`.
+/// One `[[node]]`: one node, or `count` of them whose addresses differ in `{i}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawNode {
-    pub(super) id: u32,
+    pub(super) id: Option<u32>,
     pub(super) role: Choice<NodeRole>,
     pub(super) address: String,
+    pub(super) count: Option<u32>,
 }
 
 /// A node's `role`; core's [`Role`] is spelled with capitals in serde's formats.

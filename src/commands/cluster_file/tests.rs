@@ -370,3 +370,110 @@ fn two_nodes_with_one_address_are_refused_naming_both() {
     // The same port on two hosts is two addresses.
     assert!(parse(&GOOD.replace("127.0.0.1:7402", "127.0.0.2:7401")).is_ok());
 }
+
+const PATTERNED: &str = r#"
+cluster_id = "t"
+secret_file = "s.key"
+[[node]]
+role = "worker"
+count = 2
+address = "pserver-worker-{i}.pserver-worker:7400"
+[[node]]
+role = "coordinator"
+address = "pserver-coordinator:7400"
+[[node]]
+role = "server"
+count = 3
+address = "pserver-server-{i}.pserver-server:7400"
+"#;
+
+#[test]
+fn nodes_may_be_named_by_role_count_and_pattern_and_are_numbered_as_the_layout_does() {
+    let f = parse(PATTERNED).unwrap();
+    assert_eq!((f.spec.job.servers, f.spec.job.workers), (3, 2));
+    let shown: Vec<String> = f.addresses.values().map(ToString::to_string).collect();
+    assert_eq!(
+        shown,
+        [
+            "pserver-coordinator:7400",
+            "pserver-server-0.pserver-server:7400",
+            "pserver-server-1.pserver-server:7400",
+            "pserver-server-2.pserver-server:7400",
+            "pserver-worker-0.pserver-worker:7400",
+            "pserver-worker-1.pserver-worker:7400",
+        ]
+    );
+    assert_eq!(f.role(NodeId(3)).unwrap(), Role::Server);
+    assert_eq!(f.role(NodeId(4)).unwrap(), Role::Worker);
+    // A node given by name listens on every interface at its port.
+    assert_eq!(f.addresses[&NodeId(2)].listen().to_string(), "0.0.0.0:7400");
+}
+
+#[test]
+fn a_pattern_without_a_count_or_a_count_without_a_pattern_is_refused() {
+    let cases = [
+        (
+            "count = 3\naddress = \"pserver-server-{i}",
+            "address = \"pserver-server-{i}",
+            "has {i} but no count",
+        ),
+        (
+            "count = 3\naddress = \"pserver-server-{i}.pserver-server:7400\"",
+            "count = 3\naddress = \"pserver-server.pserver-server:7400\"",
+            "one address for 3 nodes",
+        ),
+        (
+            "count = 3\n",
+            "count = 0\n",
+            "node[2].count: must be at least 1",
+        ),
+        (
+            "role = \"coordinator\"\n",
+            "role = \"coordinator\"\nid = 0\n",
+            "1 of 3 [[node]] entries have an id",
+        ),
+        (
+            "pserver-server-{i}.pserver-server:7400",
+            "pserver-server-{i}.pserver-server",
+            "node[2].address ({i} = 0): `pserver-server-0.pserver-server` is not an address",
+        ),
+        (
+            "count = 3\naddress = \"pserver-server-{i}.pserver-server:7400\"",
+            "address = \"pserver-coordinator:7400\"",
+            "pserver-coordinator:7400 is also the address of node n0",
+        ),
+    ];
+    for (from, to, said) in cases {
+        let text = PATTERNED.replacen(from, to, 1);
+        assert_ne!(text, PATTERNED, "{from}");
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(e.contains(said), "{to}: {e}");
+    }
+}
+
+#[test]
+fn host_names_are_compared_without_regard_to_case() {
+    let text = PATTERNED.replace(
+        "pserver-coordinator:7400",
+        "PSERVER-WORKER-1.pserver-worker:7400",
+    );
+    let e = parse(&text).unwrap_err().to_string();
+    assert!(e.contains("is also the address of node n0"), "{e}");
+}
+
+/// The cluster file the Kubernetes manifests mount, read as every pod reads it.
+#[test]
+fn the_kubernetes_cluster_file_is_one_pserver_accepts() {
+    let manifest = include_str!("../../../deploy/kubernetes/configmap.yaml");
+    let (_, block) = manifest
+        .split_once("cluster.toml: |\n")
+        .expect("a cluster.toml literal block");
+    let text: String = block
+        .lines()
+        .take_while(|l| l.is_empty() || l.starts_with("    "))
+        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .collect();
+    let f = parse(&text).unwrap();
+    assert!(f.addresses.values().all(|a| a.host().is_some()), "{text}");
+    assert!(matches!(f.job, Job::Lr(_)));
+}
