@@ -257,6 +257,20 @@ impl Coordinator {
         Ok(c)
     }
 
+    /// The iteration each live worker last said it is in, where workers say so
+    /// ([`crate::JobSpec::report_progress`], or a straggler policy); empty otherwise.
+    pub fn progress(&self) -> BTreeMap<NodeId, crate::ids::Iteration> {
+        let Some(config) = &self.config else {
+            return BTreeMap::new();
+        };
+        config
+            .workers
+            .iter()
+            .filter(|w| self.pace_watch.has_reported(**w))
+            .map(|&w| (w, self.pace_watch.iteration_of(w)))
+            .collect()
+    }
+
     /// This coordinator's id.
     pub fn id(&self) -> NodeId {
         self.cfg.id

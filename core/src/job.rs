@@ -94,6 +94,10 @@ pub struct JobSpec {
     /// range) spreads the ring over the largest bound it hears, so that every server holds a
     /// fair part of the keys. Default: none, for keys spread over the whole range (hashed).
     pub keys_below: Option<Key>,
+    /// Workers say how far they are (their iteration) in every heartbeat, so that the
+    /// coordinator can tell how far the job has come ([`crate::node::Coordinator::progress`])
+    /// where no straggler policy needs it already. Default: false.
+    pub report_progress: bool,
 }
 
 /// Why a job cannot work.
@@ -176,6 +180,7 @@ impl JobSpec {
             push_slots: None,
             filters: Filters::none(),
             keys_below: None,
+            report_progress: false,
         }
     }
 
@@ -311,7 +316,7 @@ impl JobSpec {
         cfg.max_slices_in_flight = self.max_slices_in_flight;
         cfg.max_bytes_in_flight = self.max_bytes_in_flight;
         cfg.seed = self.seed;
-        cfg.report_position = self.stragglers.detect.is_some();
+        cfg.report_position = self.stragglers.detect.is_some() || self.report_progress;
         cfg.push_slots = self.push_slots;
         cfg.filters = self.filters;
         cfg.keys_below = self.keys_below;

@@ -435,6 +435,11 @@ impl PaceWatch {
             .collect()
     }
 
+    /// Whether `worker` reported its position at all.
+    pub(crate) fn has_reported(&self, worker: NodeId) -> bool {
+        self.reported.contains_key(&worker)
+    }
+
     /// The iteration `worker` last reported being in (0 before it reported).
     pub(crate) fn iteration_of(&self, worker: NodeId) -> Iteration {
         self.reported.get(&worker).map_or(0, |p| p.iteration)

@@ -103,6 +103,30 @@ fn workers_report_their_position_only_where_the_job_detects_stragglers() {
 }
 
 #[test]
+fn a_job_that_reports_progress_has_its_workers_say_where_they_are_and_the_coordinator_tell_it() {
+    let mut job = JobSpec::new(1, 1);
+    job.report_progress = true;
+    let mut w: Worker<i64> = Worker::new(job.worker_config(NodeId(2)));
+    let mut out = Effects::new();
+    w.start(0, &mut out);
+    out.clear();
+    w.on_timer(1, TimerId::Heartbeat, &mut out);
+    assert!(
+        out.sends
+            .iter()
+            .any(|e| matches!(e.body, Message::Heartbeat { at: Some(_), .. }))
+    );
+    // Without a straggler policy, the coordinator only tells where the workers are.
+    let mut c = coordinator(Consistency::BoundedDelay(1), StragglerPolicy::default());
+    let mut out = Effects::new();
+    assert!(c.progress().is_empty());
+    check(&mut c, [6, 5, 2], &mut out);
+    let told: Vec<(NodeId, Iteration)> = c.progress().into_iter().collect();
+    assert_eq!(told, [(W[0], 6), (W[1], 5), (W[2], 2)]);
+    assert_eq!(c.config().unwrap().epoch, 1, "nothing decided");
+}
+
+#[test]
 fn skip_ahead_is_published_in_the_configuration_and_servers_wait_no_more_for_what_was_skipped() {
     let job = Consistency::BoundedDelay(1);
     let mut c = coordinator(job, StragglerPolicy::skip_ahead());

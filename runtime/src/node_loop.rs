@@ -22,6 +22,18 @@ use super::handle::{Command, NodeHandle, NodeMetrics, NodeReport, RuntimeError, 
 /// How often the coordinator sums up the job.
 const SUMMARY_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How often the coordinator says how far the workers are, when they say it and it changed.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The coordinator's line on how far each worker is.
+fn progress_line(progress: &BTreeMap<NodeId, Iteration>) -> String {
+    let each: Vec<String> = progress.iter().map(|(w, i)| format!("{w} {i}")).collect();
+    format!(
+        "job progress: iteration of each worker: {}",
+        each.join(", ")
+    )
+}
+
 /// The coordinator's summary of `config`, with the nodes it declared dead so far.
 fn summary(config: &pserver_core::wire::ClusterConfig, dead: u64) -> String {
     let list = |nodes: &[NodeId]| {
@@ -120,6 +132,8 @@ where
         metrics: metrics_tx,
         housekeep_at: Instant::now(),
         summarized_at: Instant::now(),
+        progressed_at: Instant::now(),
+        progress_said: BTreeMap::new(),
         refused_messages: RefusalLog::new("message", refusal_log::WINDOW),
         failed_sends: RefusalLog::drops("message", refusal_log::WINDOW),
         coordinator_silent_since: None,
@@ -187,6 +201,9 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     housekeep_at: Instant,
     /// When the coordinator last summed up the job's membership.
     summarized_at: Instant,
+    /// When the coordinator last said how far the workers are, and what it said.
+    progressed_at: Instant,
+    progress_said: BTreeMap<NodeId, Iteration>,
     /// Messages refused as undecodable or spoofed, logged at a bounded rate.
     refused_messages: RefusalLog,
     /// Messages the transport would not send, logged at a bounded rate.
@@ -242,6 +259,7 @@ where
     /// The coordinator sums up the job every [`SUMMARY_EVERY`]: conditions are logged when
     /// they change, and this line says where they stand, at WARN while any is bad.
     fn summarize(&mut self) {
+        self.say_progress();
         if self.summarized_at.elapsed() < SUMMARY_EVERY {
             return;
         }
@@ -254,6 +272,23 @@ where
             warn!("{line}");
         } else {
             info!("{line}");
+        }
+    }
+
+    /// The coordinator says how far each worker is every [`PROGRESS_EVERY`], when the workers
+    /// report it ([`pserver_core::JobSpec::report_progress`]) and it moved.
+    fn say_progress(&mut self) {
+        if self.progressed_at.elapsed() < PROGRESS_EVERY {
+            return;
+        }
+        self.progressed_at = Instant::now();
+        let Some(coordinator) = self.driver.node().as_coordinator() else {
+            return;
+        };
+        let progress = coordinator.progress();
+        if !progress.is_empty() && progress != self.progress_said {
+            info!("{}", progress_line(&progress));
+            self.progress_said = progress;
         }
     }
 

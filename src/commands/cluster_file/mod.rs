@@ -227,6 +227,8 @@ impl ClusterFile {
             spec.runtime.stall_warning = spec.runtime.stall_warning.min(limit / 2);
         }
         let mut job = job(raw.job, &mut spec, &origin)?;
+        // The coordinator says how far the job has come at the default log level.
+        spec.job.report_progress = true;
         spec.job.filters = filters(&raw.filters, &job, &origin)?;
         if let Job::Lr(lr) = &mut job {
             // The application's copy of the job says what the nodes run.
