@@ -15,7 +15,10 @@ use pserver_core::{Consistency, NodeId};
 
 mod common;
 
-use common::{Children, LR_ROWS, fields, free_port, http_get, lr_cluster_of, pserver, signal};
+use common::{
+    Children, LR_ROWS, expected_totals, fields, free_port, http_get, lr_cluster_of, pserver,
+    signal, summed_dumps,
+};
 
 const SERVERS: u32 = 2;
 const WORKERS: u32 = 3;
@@ -51,37 +54,6 @@ fn write_cluster(
     let path = dir.join("cluster.toml");
     std::fs::write(&path, text).expect("write the cluster file");
     path
-}
-
-/// Per key index, the sum of the `key_index total` lines of the servers' dumps.
-fn summed_dumps(dumps: &[PathBuf]) -> BTreeMap<u64, i64> {
-    let mut totals: BTreeMap<u64, i64> = BTreeMap::new();
-    for dump in dumps {
-        for line in std::fs::read_to_string(dump)
-            .expect("a server dump")
-            .lines()
-        {
-            let (k, v) = line.split_once(' ').expect("key total");
-            *totals.entry(k.parse().unwrap()).or_default() += v.parse::<i64>().unwrap();
-        }
-    }
-    totals
-}
-
-/// Per key index, what `workers` running the script job for `iterations` push in all: the
-/// script's documented workload pushes `1 + (7 w + 13 i + k) mod 10` to key index `k` from
-/// worker `nw` in iteration `i`, so the test states the totals on its own.
-fn expected_totals(iterations: u32, workers: impl Iterator<Item = NodeId>) -> BTreeMap<u64, i64> {
-    let mut totals = BTreeMap::new();
-    for w in workers {
-        for i in 0..iterations {
-            for k in 0..KEYS {
-                let value = 1 + ((u64::from(w.0) * 7 + u64::from(i) * 13 + k) % 10) as i64;
-                *totals.entry(k).or_default() += value;
-            }
-        }
-    }
-    totals
 }
 
 fn wait_for(child: &mut Child, deadline: Instant, what: &str) {
@@ -295,7 +267,10 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
     );
 
     let workers = (SERVERS + 1..=SERVERS + WORKERS).map(NodeId);
-    assert_eq!(summed_dumps(&dumps), expected_totals(ITERATIONS, workers));
+    assert_eq!(
+        summed_dumps(&dumps),
+        expected_totals(KEYS, ITERATIONS, workers)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -402,7 +377,7 @@ fn a_server_killed_mid_job_over_tcp_loses_no_push() {
     let workers = (SERVERS3 + 1..=SERVERS3 + WORKERS2).map(NodeId);
     assert_eq!(
         summed_dumps(&dumps[1..]),
-        expected_totals(LONG, workers),
+        expected_totals(KEYS, LONG, workers),
         "the survivors hold every push exactly once"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -448,7 +423,7 @@ fn a_server_sent_sigterm_leaves_the_job_first_and_nothing_acknowledged_is_lost()
     let worker_log = worker_log.join().expect("the worker's log");
     assert_eq!(
         summed_dumps(&dumps[1..]),
-        expected_totals(LONG, (4..=5).map(NodeId)),
+        expected_totals(KEYS, LONG, (4..=5).map(NodeId)),
         "{worker_log}"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -839,7 +814,7 @@ fn a_fenced_server_process_exits_and_frees_its_port() {
     let workers = (SERVERS3 + 1..=SERVERS3 + WORKERS2).map(NodeId);
     assert_eq!(
         summed_dumps(&dumps[1..]),
-        expected_totals(LONG, workers),
+        expected_totals(KEYS, LONG, workers),
         "the survivors hold every push exactly once"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -1142,7 +1117,10 @@ fn separate_processes_over_udp_end_with_exactly_what_the_workers_pushed() {
         }
     }
     let workers = (SERVERS + 1..=SERVERS + WORKERS).map(NodeId);
-    assert_eq!(summed_dumps(&dumps), expected_totals(ITERATIONS, workers));
+    assert_eq!(
+        summed_dumps(&dumps),
+        expected_totals(KEYS, ITERATIONS, workers)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1466,7 +1444,7 @@ fn nodes_named_by_host_name_in_any_case_run_a_job_that_ends_by_itself() {
     }
     assert_eq!(
         summed_dumps(&dumps),
-        expected_totals(ITERATIONS, (3..=4).map(NodeId))
+        expected_totals(KEYS, ITERATIONS, (3..=4).map(NodeId))
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -4,12 +4,16 @@
 // A test crate need not use all of it.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+
+use pserver_core::NodeId;
 
 /// Children killed when the test ends, however it ends.
 pub(crate) struct Children(pub(crate) Vec<(String, Child)>);
@@ -133,4 +137,39 @@ pub(crate) fn fields(out: &str, key: &str) -> Vec<f64> {
         .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix(key)))
         .map(|v| v.parse().unwrap())
         .collect()
+}
+
+/// Per key index, the sum of the `key_index total` lines of the servers' dumps.
+pub(crate) fn summed_dumps(dumps: &[PathBuf]) -> BTreeMap<u64, i64> {
+    let mut totals: BTreeMap<u64, i64> = BTreeMap::new();
+    for dump in dumps {
+        for line in std::fs::read_to_string(dump)
+            .expect("a server dump")
+            .lines()
+        {
+            let (k, v) = line.split_once(' ').expect("key total");
+            *totals.entry(k.parse().unwrap()).or_default() += v.parse::<i64>().unwrap();
+        }
+    }
+    totals
+}
+
+/// Per key index, what `workers` running the script job for `iterations` push in all: the
+/// script's documented workload pushes `1 + (7 w + 13 i + k) mod 10` to key index `k` from
+/// worker `nw` in iteration `i`, so the test states the totals on its own.
+pub(crate) fn expected_totals(
+    keys: u64,
+    iterations: u32,
+    workers: impl Iterator<Item = NodeId>,
+) -> BTreeMap<u64, i64> {
+    let mut totals = BTreeMap::new();
+    for w in workers {
+        for i in 0..iterations {
+            for k in 0..keys {
+                let value = 1 + ((u64::from(w.0) * 7 + u64::from(i) * 13 + k) % 10) as i64;
+                *totals.entry(k).or_default() += value;
+            }
+        }
+    }
+    totals
 }

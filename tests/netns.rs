@@ -1,0 +1,381 @@
+//! Real hosts: each node in a network namespace of its own, with its own address on a bridge and
+//! its own `/etc/hosts`, started as the Kubernetes manifests start it (by name, its id from the
+//! environment, no address in the cluster file). Needs Linux, root and `ip`; elsewhere each test
+//! says why it did not run and passes.
+//!
+//! The namespaces, the bridge's namespace and the hosts files are removed when a test ends,
+//! however it ends; nothing is created in the machine's own network namespace but the veth pairs,
+//! which move out of it at once.
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use pserver_core::NodeId;
+
+mod common;
+
+use common::{Children, expected_totals, fields, summed_dumps};
+
+/// Network namespaces for the nodes of one test, joined by a bridge in a namespace of its own.
+struct Hosts {
+    /// The namespace of each host name.
+    namespaces: BTreeMap<String, String>,
+    bridge: String,
+}
+
+/// Why this machine cannot run the test, if it cannot.
+fn unable() -> Option<String> {
+    if !cfg!(target_os = "linux") {
+        return Some("network namespaces are Linux's".into());
+    }
+    let uid = Command::new("id").arg("-u").output().ok()?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        return Some("creating network namespaces needs root".into());
+    }
+    match Command::new("ip").args(["netns", "list"]).output() {
+        Ok(o) if o.status.success() => None,
+        _ => Some("`ip netns` does not work here".into()),
+    }
+}
+
+/// Runs `ip ARGS`, panicking with its error if it fails.
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Hosts {
+    /// A namespace per name, each at its own address on one bridge, each knowing every other by
+    /// name. `tag` keeps tests of one run apart.
+    fn new(tag: &str, names: &[&str]) -> Hosts {
+        let run = std::process::id() % 100_000;
+        let bridge = format!("psb{tag}{run}");
+        let mut hosts = Hosts {
+            namespaces: BTreeMap::new(),
+            bridge: bridge.clone(),
+        };
+        ip(&["netns", "add", &bridge]);
+        ip(&["-n", &bridge, "link", "add", "br0", "type", "bridge"]);
+        ip(&["-n", &bridge, "link", "set", "br0", "up"]);
+        // 10.213.T.0/24, T from the run, so that two runs at once do not meet: the bridge is
+        // reachable from nowhere else anyway.
+        let subnet = format!("10.213.{}", run % 250);
+        let addresses: Vec<String> = (0..names.len())
+            .map(|k| format!("{subnet}.{}", 10 + k))
+            .collect();
+        let table: String = names
+            .iter()
+            .zip(&addresses)
+            .map(|(n, a)| format!("{a} {n}\n"))
+            .collect();
+        for (k, (name, address)) in names.iter().zip(&addresses).enumerate() {
+            let ns = format!("ps{tag}{k}x{run}");
+            hosts.namespaces.insert((*name).to_owned(), ns.clone());
+            ip(&["netns", "add", &ns]);
+            let (inside, outside) = (format!("pv{tag}{k}x{run}"), format!("pb{tag}{k}x{run}"));
+            ip(&[
+                "link", "add", &inside, "type", "veth", "peer", "name", &outside,
+            ]);
+            ip(&["link", "set", &inside, "netns", &ns]);
+            ip(&["link", "set", &outside, "netns", &bridge]);
+            ip(&["-n", &ns, "link", "set", &inside, "name", "eth0"]);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{address}/24"),
+                "dev",
+                "eth0",
+            ]);
+            ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+            ip(&["-n", &ns, "link", "set", "lo", "up"]);
+            ip(&["-n", &bridge, "link", "set", &outside, "master", "br0"]);
+            ip(&["-n", &bridge, "link", "set", &outside, "up"]);
+            // What `ip netns exec` mounts over /etc/hosts for the processes it starts.
+            let etc = Path::new("/etc/netns").join(&ns);
+            std::fs::create_dir_all(&etc).expect("create /etc/netns/NAME");
+            std::fs::write(etc.join("hosts"), format!("127.0.0.1 localhost\n{table}"))
+                .expect("write the namespace's hosts file");
+        }
+        hosts
+    }
+
+    /// `pserver ARGS` on host `name`, with `env` set.
+    fn pserver(&self, name: &str, args: &[&str], env: &[(&str, &str)]) -> Child {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.namespaces[name]])
+            .arg(assert_cmd::cargo::cargo_bin("pserver"))
+            .args(args)
+            .env("PSERVER_SECRET", "the-cluster-secret")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.spawn().expect("start a node in its namespace")
+    }
+
+    /// Takes host `name`'s only link down (`up = false`) or up again.
+    fn link(&self, name: &str, up: bool) {
+        let state = if up { "up" } else { "down" };
+        ip(&["-n", &self.namespaces[name], "link", "set", "eth0", state]);
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for ns in self.namespaces.values().chain([&self.bridge]) {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+            let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(ns));
+        }
+    }
+}
+
+/// A cluster file naming every node by host name and pattern, as the manifests' does.
+fn named_cluster(dir: &Path, servers: usize, workers: usize, job: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let text = format!(
+        "cluster_id = \"netns\"\n{job}\n\n[[node]]\nrole = \"coordinator\"\naddress = \"coordinator:7400\"\n\n[[node]]\nrole = \"server\"\ncount = {servers}\naddress = \"server-{{i}}:7400\"\n\n[[node]]\nrole = \"worker\"\ncount = {workers}\naddress = \"worker-{{i}}:7400\"\n"
+    );
+    let path = dir.join("cluster.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The host names of a cluster of `servers` servers and `workers` workers.
+fn names(servers: usize, workers: usize) -> Vec<String> {
+    std::iter::once("coordinator".to_owned())
+        .chain((0..servers).map(|i| format!("server-{i}")))
+        .chain((0..workers).map(|i| format!("worker-{i}")))
+        .collect()
+}
+
+/// Starts every node on its host: the coordinator by id, servers by the ordinal in a
+/// StatefulSet pod's host name, workers by an Indexed Job's completion index.
+fn start(
+    hosts: &Hosts,
+    config: &Path,
+    names: &[String],
+    extra: impl Fn(&str) -> Vec<String>,
+) -> Children {
+    let config = config.to_str().unwrap();
+    let mut children = Children(Vec::new());
+    for name in names {
+        let more = extra(name);
+        let more: Vec<&str> = more.iter().map(String::as_str).collect();
+        let child = if name == "coordinator" {
+            let mut args = vec!["coordinator", "--config", config, "--id", "0"];
+            args.extend(&more);
+            hosts.pserver(name, &args, &[])
+        } else if let Some(i) = name.strip_prefix("server-") {
+            let pod = format!("pserver-server-{i}");
+            let mut args = vec!["server", "--config", config, "--id-from-env", "HOSTNAME"];
+            args.extend(&more);
+            hosts.pserver(name, &args, &[("HOSTNAME", &pod)])
+        } else {
+            let i = name.trim_start_matches("worker-");
+            let mut args = vec!["worker", "--config", config];
+            args.extend(["--id-from-env", "JOB_COMPLETION_INDEX"]);
+            args.extend(&more);
+            hosts.pserver(name, &args, &[("JOB_COMPLETION_INDEX", i)])
+        };
+        children.0.push((name.clone(), child));
+    }
+    children
+}
+
+/// Waits for every child to end by itself, by `deadline`; their outputs by name.
+fn wait_all(children: &mut Children, deadline: Instant) -> BTreeMap<String, Output> {
+    let mut outputs = BTreeMap::new();
+    for (name, mut child) in children.0.drain(..) {
+        while child.try_wait().expect("poll a child").is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("output");
+                panic!(
+                    "{name} did not end by itself:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        outputs.insert(name, child.wait_with_output().expect("output"));
+    }
+    outputs
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn an_lr_job_on_named_hosts_ends_by_itself_every_server_used_as_well_as_one_process() {
+    if let Some(why) = unable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    const EPOCHS: u32 = 3;
+    let dir = std::env::temp_dir().join(format!("pserver-netns-lr-{}", std::process::id()));
+    let adult = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/adult");
+    let job = format!(
+        "consistency = \"sequential\"\n\n[job]\napp = \"lr\"\ndata = \"{}\"\ntest = \"{}\"\nepochs = {EPOCHS}",
+        adult.join("adult.train.svm.gz").display(),
+        adult.join("adult.test.svm.gz").display()
+    );
+    let config = named_cluster(&dir, 2, 2, &job);
+    let names = names(2, 2);
+    let hosts = Hosts::new("l", &names.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut children = start(&hosts, &config, &names, |_| Vec::new());
+    let outputs = wait_all(&mut children, Instant::now() + Duration::from_secs(300));
+    for (name, out) in &outputs {
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
+    }
+    for server in ["server-0", "server-1"] {
+        let last = text(&outputs[server].stdout);
+        let rows = fields(&last, "rows=");
+        assert!(rows.len() == 1 && rows[0] > 0.0, "{server}: {last}");
+        assert!(last.contains("ended=job-finished"), "{server}: {last}");
+    }
+    let measured: Vec<f64> = ["worker-0", "worker-1"]
+        .iter()
+        .flat_map(|w| fields(&text(&outputs[*w].stdout), "test_auc="))
+        .collect();
+    assert_eq!(measured.len(), EPOCHS as usize, "{measured:?}");
+    let cluster_auc = measured[EPOCHS as usize - 1];
+    let alone = Command::new(assert_cmd::cargo::cargo_bin("pserver"))
+        .args(["train", "--servers", "2", "--workers", "2"])
+        .args([
+            "--epochs",
+            &EPOCHS.to_string(),
+            "--consistency",
+            "sequential",
+        ])
+        .arg("--data")
+        .arg(adult.join("adult.train.svm.gz"))
+        .arg("--test")
+        .arg(adult.join("adult.test.svm.gz"))
+        .output()
+        .expect("run pserver train");
+    let alone_auc = *fields(&text(&alone.stdout), "test_auc=")
+        .last()
+        .expect("pserver train's AUC");
+    assert!(
+        (cluster_auc - alone_auc).abs() <= 0.005,
+        "the cluster reached {cluster_auc:.4}, one process {alone_auc:.4}"
+    );
+    drop(hosts);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A thread reading `child`'s stderr: one `()` per line containing `needle`; the whole log once
+/// the stream closes.
+fn watch(
+    child: &mut Child,
+    needle: &'static str,
+) -> (mpsc::Receiver<()>, std::thread::JoinHandle<String>) {
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (seen, lines) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut log = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains(needle) {
+                let _ = seen.send(());
+            }
+            log += &line;
+            log.push('\n');
+        }
+        log
+    });
+    (lines, reader)
+}
+
+#[test]
+fn a_server_whose_link_is_cut_is_replaced_nothing_is_lost_and_it_exits_3_once_it_hears() {
+    if let Some(why) = unable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    const KEYS: u64 = 1000;
+    const ITERATIONS: u32 = 400;
+    let dir = std::env::temp_dir().join(format!("pserver-netns-cut-{}", std::process::id()));
+    let job = format!(
+        "consistency = \"bounded:1\"\n\n[job]\nkeys = {KEYS}\niterations = {ITERATIONS}\ncompute_ms = 20"
+    );
+    let config = named_cluster(&dir, 3, 2, &job);
+    let names = names(3, 2);
+    let hosts = Hosts::new("c", &names.iter().map(String::as_str).collect::<Vec<_>>());
+    let dump = |name: &str| dir.join(format!("{name}.totals"));
+    let mut children = start(&hosts, &config, &names, |name| {
+        if name.starts_with("server-") {
+            vec!["--dump".into(), dump(name).display().to_string()]
+        } else {
+            Vec::new()
+        }
+    });
+    let coordinator = children
+        .0
+        .iter()
+        .position(|(n, _)| n == "coordinator")
+        .unwrap();
+    let (declared, coordinator_log) = watch(&mut children.0[coordinator].1, "node declared dead");
+    let first_worker = children
+        .0
+        .iter()
+        .position(|(n, _)| n == "worker-0")
+        .unwrap();
+    let (progress, worker_log) = watch(&mut children.0[first_worker].1, "iteration done");
+    for done in 0..5 {
+        assert!(
+            progress.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "worker-0 did {done} iterations, then none for 60 s"
+        );
+    }
+    hosts.link("server-0", false);
+    assert!(
+        declared.recv_timeout(Duration::from_secs(30)).is_ok(),
+        "the coordinator did not declare the cut server dead"
+    );
+    hosts.link("server-0", true);
+    let outputs = wait_all(&mut children, Instant::now() + Duration::from_secs(300));
+    let (coordinator_log, worker_log) = (
+        coordinator_log.join().unwrap_or_default(),
+        worker_log.join().unwrap_or_default(),
+    );
+    let cut = &outputs["server-0"];
+    assert_eq!(cut.status.code(), Some(3), "{}", text(&cut.stderr));
+    assert!(
+        text(&cut.stderr).contains("removed from the cluster"),
+        "{}",
+        text(&cut.stderr)
+    );
+    for (name, out) in outputs.iter().filter(|(n, _)| *n != "server-0") {
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
+    }
+    assert!(
+        coordinator_log.contains("the job finished"),
+        "{coordinator_log}"
+    );
+    let survivors = [dump("server-1"), dump("server-2")];
+    assert_eq!(
+        summed_dumps(&survivors),
+        expected_totals(KEYS, ITERATIONS, (4..=5).map(NodeId)),
+        "{worker_log}"
+    );
+    drop(hosts);
+    let _ = std::fs::remove_dir_all(&dir);
+}
