@@ -194,6 +194,13 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
         "{}",
         text(&intruder.stderr)
     );
+    // Said at its first refused handshake, before the join timeout, and again in its last
+    // line.
+    let said = text(&intruder.stderr);
+    let first = said.find("closed the connection during the handshake");
+    let last = said.find("error: could not join");
+    assert!(first.is_some() && first < last, "{said}");
+    assert!(said.lines().last().unwrap_or_default().contains("refused"), "{said}");
     let first_worker = 1 + SERVERS as usize;
     for (name, child) in &mut children.0[first_worker..] {
         wait_for(child, deadline, name);
