@@ -200,7 +200,10 @@ fn separate_processes_over_tcp_end_with_exactly_what_the_workers_pushed() {
     let first = said.find("closed the connection during the handshake");
     let last = said.find("error: could not join");
     assert!(first.is_some() && first < last, "{said}");
-    assert!(said.lines().last().unwrap_or_default().contains("refused"), "{said}");
+    assert!(
+        said.lines().last().unwrap_or_default().contains("refused"),
+        "{said}"
+    );
     let first_worker = 1 + SERVERS as usize;
     for (name, child) in &mut children.0[first_worker..] {
         wait_for(child, deadline, name);
@@ -1351,6 +1354,10 @@ fn the_coordinator_reports_each_configuration_at_the_default_log_level() {
         "{said}"
     );
     assert!(said.contains("worker left the job"), "{said}");
+    assert!(said.contains("the job finished"), "{said}");
+    // A script job's keys are spread over the whole key space, and the coordinator says
+    // that is what it takes them to be.
+    assert!(said.contains("over the whole 64-bit key space"), "{said}");
     assert!(!server.contains(" INFO "), "{server}");
 }
 

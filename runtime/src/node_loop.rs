@@ -695,6 +695,24 @@ where
             // operator (or a test) need not wait for the periodic summary to see where it is.
             if let Some(config) = self.driver.node().as_coordinator().and_then(|c| c.config()) {
                 info!("published {}", summary(config, self.counts.nodes_dead));
+                if epoch == 1 {
+                    // Where the keys are taken to lie, so that a job whose keys are not
+                    // spread that way can tell why one server does all the work.
+                    let ring = &config.ring;
+                    if ring.key_space == u64::MAX {
+                        info!(
+                            "ring: {} points per server over the whole 64-bit key space: the \
+                             job's keys are taken to be hashed (spread over it)",
+                            ring.vnodes
+                        );
+                    } else {
+                        info!(
+                            "ring: {} points per server over keys 0..{} (the data's \
+                             dimension the workers gave, or ring.key_space)",
+                            ring.vnodes, ring.key_space
+                        );
+                    }
+                }
                 for server in idle_servers(config) {
                     warn!(
                         server = %server,
