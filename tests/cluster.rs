@@ -1427,10 +1427,17 @@ fn nodes_take_their_ids_from_the_environment() {
 
 #[test]
 fn nodes_named_by_host_name_in_any_case_run_a_job_that_ends_by_itself() {
-    let (dir, ports, _) = script_cluster("names", (2, 2), "bounded:1", ITERATIONS, 0);
+    for transport in ["tcp", "udp"] {
+        named_nodes_run_a_job_that_ends_by_itself(transport);
+    }
+}
+
+fn named_nodes_run_a_job_that_ends_by_itself(transport: &str) {
+    let name = format!("names-{transport}");
+    let (dir, ports, _) = script_cluster(&name, (2, 2), "bounded:1", ITERATIONS, 0);
     // Every node by name (in any case), with no ids: they follow the layout.
     let mut file = format!(
-        "cluster_id = \"names\"\nconsistency = \"bounded:1\"\nsecret_file = \"secret.key\"\n[job]\nkeys = {KEYS}\niterations = {ITERATIONS}\n\n[[node]]\nrole = \"coordinator\"\naddress = \"localhost:{}\"\n",
+        "cluster_id = \"names\"\nconsistency = \"bounded:1\"\ntransport = \"{transport}\"\nsecret_file = \"secret.key\"\n[job]\nkeys = {KEYS}\niterations = {ITERATIONS}\n\n[[node]]\nrole = \"coordinator\"\naddress = \"localhost:{}\"\n",
         ports[0]
     );
     for (i, port) in ports[1..].iter().enumerate() {
@@ -1454,11 +1461,16 @@ fn nodes_named_by_host_name_in_any_case_run_a_job_that_ends_by_itself() {
     for (name, mut child) in children.0.drain(..) {
         wait_for(&mut child, deadline, &name);
         let out = child.wait_with_output().expect("output");
-        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{transport} {name}: {}",
+            text(&out.stderr)
+        );
     }
     assert_eq!(
         summed_dumps(&dumps),
-        expected_totals(KEYS, ITERATIONS, (3..=4).map(NodeId))
+        expected_totals(KEYS, ITERATIONS, (3..=4).map(NodeId)),
+        "{transport}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

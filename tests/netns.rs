@@ -24,6 +24,10 @@ use common::{Children, expected_totals, fields, summed_dumps};
 struct Hosts {
     /// The namespace of each host name.
     namespaces: BTreeMap<String, String>,
+    /// The address of each host name.
+    addresses: BTreeMap<String, String>,
+    /// The first three octets of every address.
+    subnet: String,
     bridge: String,
 }
 
@@ -59,8 +63,11 @@ impl Hosts {
     fn new(tag: &str, names: &[&str]) -> Hosts {
         let run = std::process::id() % 100_000;
         let bridge = format!("psb{tag}{run}");
+        let subnet = format!("10.213.{}", run % 250);
         let mut hosts = Hosts {
             namespaces: BTreeMap::new(),
+            addresses: BTreeMap::new(),
+            subnet: subnet.clone(),
             bridge: bridge.clone(),
         };
         ip(&["netns", "add", &bridge]);
@@ -68,18 +75,13 @@ impl Hosts {
         ip(&["-n", &bridge, "link", "set", "br0", "up"]);
         // 10.213.T.0/24, T from the run, so that two runs at once do not meet: the bridge is
         // reachable from nowhere else anyway.
-        let subnet = format!("10.213.{}", run % 250);
         let addresses: Vec<String> = (0..names.len())
             .map(|k| format!("{subnet}.{}", 10 + k))
-            .collect();
-        let table: String = names
-            .iter()
-            .zip(&addresses)
-            .map(|(n, a)| format!("{a} {n}\n"))
             .collect();
         for (k, (name, address)) in names.iter().zip(&addresses).enumerate() {
             let ns = format!("ps{tag}{k}x{run}");
             hosts.namespaces.insert((*name).to_owned(), ns.clone());
+            hosts.addresses.insert((*name).to_owned(), address.clone());
             ip(&["netns", "add", &ns]);
             let (inside, outside) = (format!("pv{tag}{k}x{run}"), format!("pb{tag}{k}x{run}"));
             ip(&[
@@ -101,13 +103,45 @@ impl Hosts {
             ip(&["-n", &ns, "link", "set", "lo", "up"]);
             ip(&["-n", &bridge, "link", "set", &outside, "master", "br0"]);
             ip(&["-n", &bridge, "link", "set", &outside, "up"]);
-            // What `ip netns exec` mounts over /etc/hosts for the processes it starts.
-            let etc = Path::new("/etc/netns").join(&ns);
+        }
+        hosts.write_hosts_files();
+        hosts
+    }
+
+    /// Every namespace's /etc/hosts, naming every host at its address now: what `ip netns
+    /// exec` mounts over /etc/hosts for the processes it starts. Written in place, so that
+    /// running processes read the change at their next lookup.
+    fn write_hosts_files(&self) {
+        let table: String = self
+            .addresses
+            .iter()
+            .map(|(n, a)| format!("{a} {n}\n"))
+            .collect();
+        for ns in self.namespaces.values() {
+            let etc = Path::new("/etc/netns").join(ns);
             std::fs::create_dir_all(&etc).expect("create /etc/netns/NAME");
             std::fs::write(etc.join("hosts"), format!("127.0.0.1 localhost\n{table}"))
                 .expect("write the namespace's hosts file");
         }
-        hosts
+    }
+
+    /// Moves host `name` to another address, as a pod that comes back is given another IP, and
+    /// tells every host's /etc/hosts.
+    fn readdress(&mut self, name: &str, last_octet: u8) {
+        let ns = &self.namespaces[name];
+        let address = format!("{}.{last_octet}", self.subnet);
+        ip(&["-n", ns, "addr", "flush", "dev", "eth0"]);
+        ip(&[
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("{address}/24"),
+            "dev",
+            "eth0",
+        ]);
+        self.addresses.insert(name.to_owned(), address);
+        self.write_hosts_files();
     }
 
     /// `pserver ARGS` on host `name`, with `env` set.
@@ -373,6 +407,102 @@ fn a_server_whose_link_is_cut_is_replaced_nothing_is_lost_and_it_exits_3_once_it
     let survivors = [dump("server-1"), dump("server-2")];
     assert_eq!(
         summed_dumps(&survivors),
+        expected_totals(KEYS, ITERATIONS, (4..=5).map(NodeId)),
+        "{worker_log}"
+    );
+    drop(hosts);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_server_that_comes_back_under_its_name_at_another_address_rejoins_and_nothing_is_lost() {
+    if let Some(why) = unable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    const KEYS: u64 = 1000;
+    const ITERATIONS: u32 = 400;
+    let dir = std::env::temp_dir().join(format!("pserver-netns-move-{}", std::process::id()));
+    let job = format!(
+        "consistency = \"bounded:1\"\n\n[job]\nkeys = {KEYS}\niterations = {ITERATIONS}\ncompute_ms = 20"
+    );
+    let config = named_cluster(&dir, 3, 2, &job);
+    let names = names(3, 2);
+    let mut hosts = Hosts::new("m", &names.iter().map(String::as_str).collect::<Vec<_>>());
+    let dump = |name: &str, run: u32| dir.join(format!("{name}.{run}.totals"));
+    let mut children = start(&hosts, &config, &names, |name| {
+        if name.starts_with("server-") {
+            vec!["--dump".into(), dump(name, 0).display().to_string()]
+        } else {
+            Vec::new()
+        }
+    });
+    let coordinator = children
+        .0
+        .iter()
+        .position(|(n, _)| n == "coordinator")
+        .unwrap();
+    let (declared, coordinator_log) = watch(&mut children.0[coordinator].1, "node declared dead");
+    let first_worker = children
+        .0
+        .iter()
+        .position(|(n, _)| n == "worker-0")
+        .unwrap();
+    let (progress, worker_log) = watch(&mut children.0[first_worker].1, "iteration done");
+    for done in 0..5 {
+        assert!(
+            progress.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "worker-0 did {done} iterations, then none for 60 s"
+        );
+    }
+    let killed = children
+        .0
+        .iter()
+        .position(|(n, _)| n == "server-0")
+        .unwrap();
+    let (_, mut victim) = children.0.remove(killed);
+    victim.kill().expect("kill server-0");
+    let _ = victim.wait();
+    assert!(
+        declared.recv_timeout(Duration::from_secs(30)).is_ok(),
+        "the coordinator did not declare the killed server dead"
+    );
+    // It comes back as a pod would: the same name, another address.
+    hosts.readdress("server-0", 200);
+    let config_arg = config.to_str().unwrap();
+    let dump_again = dump("server-0", 1).display().to_string();
+    let args = [
+        "server",
+        "--config",
+        config_arg,
+        "--id-from-env",
+        "HOSTNAME",
+        "--dump",
+        &dump_again,
+    ];
+    let back = hosts.pserver("server-0", &args, &[("HOSTNAME", "pserver-server-0")]);
+    children.0.push(("server-0 again".into(), back));
+    let outputs = wait_all(&mut children, Instant::now() + Duration::from_secs(300));
+    let (coordinator_log, worker_log) = (
+        coordinator_log.join().unwrap_or_default(),
+        worker_log.join().unwrap_or_default(),
+    );
+    for (name, out) in &outputs {
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
+    }
+    // The ring grew back: the returned server held ranges again by the end.
+    let again = text(&outputs["server-0 again"].stdout);
+    assert!(
+        fields(&again, "keys=").first().is_some_and(|&k| k > 0.0),
+        "{again}\n{coordinator_log}"
+    );
+    let held = [
+        dump("server-0", 1),
+        dump("server-1", 0),
+        dump("server-2", 0),
+    ];
+    assert_eq!(
+        summed_dumps(&held),
         expected_totals(KEYS, ITERATIONS, (4..=5).map(NodeId)),
         "{worker_log}"
     );

@@ -399,7 +399,10 @@ async fn resolve_names(shared: Arc<Shared>) {
             let found = addr.resolve().await;
             let mut table = shared.table.write().unwrap_or_else(PoisonError::into_inner);
             match found {
-                Ok(found) => {
+                Ok(mut found) => {
+                    // Sent to from this socket: an address of its family first.
+                    let v4 = shared.socket.local_addr().is_ok_and(|a| a.is_ipv4());
+                    found.sort_by_key(|a| a.is_ipv4() != v4);
                     if warned.remove(peer) {
                         info!(%peer, "{addr} resolves now");
                     }
