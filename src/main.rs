@@ -39,16 +39,22 @@ enum Command {
     Ring(ring::RingArgs),
     Sim(sim::SimArgs),
     Check(check::CheckArgs),
-    /// Run the coordinator of a cluster described by a cluster file, until SIGINT or SIGTERM.
+    /// Run the coordinator of a cluster described by a cluster file, until the job finishes.
     ///
     /// The coordinator owns membership, the ring and the epoch: it waits until every server and
-    /// worker of the file has registered, then starts the job.
+    /// worker of the file has registered, then starts the job. Once every worker has left, its
+    /// work done, and every server has heard so, it exits 0 (unless --serve-forever); SIGINT
+    /// or SIGTERM stop it sooner.
     Coordinator(node::NodeArgs),
-    /// Run one server of a cluster described by a cluster file, until SIGINT or SIGTERM.
+    /// Run one server of a cluster described by a cluster file, until the job finishes.
     ///
-    /// On exit it prints, for a script job, `server nN keys=K total=T refused=R` (and with
-    /// --dump writes one `key_index total` line per key it holds), and for an lr job `server
-    /// nN rows=R nonzero=Z refused=F` (the model rows it holds, those not zero). A server the
+    /// Once every worker has left, its work done, it exits 0 (unless --serve-forever). SIGTERM
+    /// makes it leave the job first (its ranges move to the other servers, nothing
+    /// acknowledged is lost); SIGINT stops it where it is. On exit it prints, for a script job,
+    /// `server nN keys=K total=T refused=R ended=WHY` (and with --dump writes one `key_index
+    /// total` line per key it holds), and for an lr or mf job `server nN rows=R nonzero=Z
+    /// refused=F ended=WHY` (the model rows it holds, those not zero), WHY being job-finished,
+    /// left, interrupted or terminated. A server the
     /// coordinator removed from the cluster (fenced, after a silence past the heartbeat
     /// timeout) exits at once with status 3 and says so, freeing its port: restart it with the
     /// same id to rejoin.
@@ -59,8 +65,10 @@ enum Command {
     /// `worker nN iterations=I pushes=P pushed_sum=S`. An lr job trains the worker's share of
     /// the data file, prints a line per epoch (`worker nN iter=E rows=R train_logloss=L ...
     /// rows_per_sec=X secs=S`, with the test log loss and AUC when the file names test data)
-    /// and ends with `worker nN trained epochs=E`. A worker the coordinator removed from the cluster (fenced) exits
-    /// with status 3 and says so.
+    /// and ends with `worker nN trained epochs=E`. An mf job trains the worker's shares of the
+    /// ratings and prints `worker nN iter=E rows=R ... rows_per_sec=X secs=S` per epoch, the
+    /// worker holding the first share with train_rmse, test_rmse and baseline_rmse. A worker
+    /// the coordinator removed from the cluster (fenced) exits with status 3 and says so.
     Worker(node::NodeArgs),
     /// Run a whole cluster on this machine, one process per node: a coordinator, --servers
     /// servers and --workers workers, started from this binary with a cluster file and a

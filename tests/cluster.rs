@@ -1562,3 +1562,154 @@ fn a_launch_whose_workers_fail_stops_the_rest_and_ends_with_their_status() {
     assert!(stderr.contains("no/such/train.svm"), "{stderr}");
     assert!(stderr.contains("launch: worker"), "{stderr}");
 }
+
+#[test]
+fn a_launch_runs_the_job_of_a_cluster_file_on_the_nodes_it_starts() {
+    let (dir, ports, _) = script_cluster("launch-config", (1, 1), "bounded:1", 5, 0);
+    // The file's own nodes and secret are replaced; its job and relative paths are kept.
+    let file = format!(
+        "cluster_id = \"mine\"\nconsistency = \"bounded:1\"\nsecret_file = \"secret.key\"\n[job]\nkeys = 100\niterations = 5\n[[node]]\nid = 0\nrole = \"coordinator\"\naddress = \"127.0.0.1:{}\"\n[[node]]\nid = 1\nrole = \"server\"\naddress = \"127.0.0.1:{}\"\n[[node]]\nid = 2\nrole = \"worker\"\naddress = \"127.0.0.1:{}\"\n",
+        ports[0], ports[1], ports[2]
+    );
+    let config = dir.join("mine.toml");
+    std::fs::write(&config, file).unwrap();
+    let run = dir.join("run");
+    let out = pserver(&[
+        "launch",
+        "--servers",
+        "2",
+        "--workers",
+        "2",
+        "--config",
+        config.to_str().unwrap(),
+        "--dir",
+        run.to_str().unwrap(),
+    ])
+    .output()
+    .expect("run pserver launch");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    for worker in [3, 4] {
+        let line = format!("[worker {worker}] worker n{worker} iterations=5 pushes=5");
+        assert!(stdout.contains(&line), "{line}\n{stdout}");
+    }
+    // Kept with --dir: the file it ran, with a secret of its own, readable by its owner only.
+    let written = std::fs::read_to_string(run.join("cluster.toml")).unwrap();
+    assert!(written.contains("iterations = 5"), "{written}");
+    assert_eq!(written.matches("[[node]]").count(), 5, "{written}");
+    let secret = std::fs::metadata(run.join("secret.key")).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&secret.permissions()) & 0o777,
+        0o600
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_launch_sent_sigterm_stops_every_node_and_ends_with_143() {
+    let (dir, ports, _) = script_cluster("launch-term", (1, 1), "bounded:1", 1, 0);
+    let file = format!(
+        "cluster_id = \"long\"\nsecret_file = \"secret.key\"\n[job]\nkeys = 100\niterations = 100000\ncompute_ms = 10\n[[node]]\nid = 0\nrole = \"coordinator\"\naddress = \"127.0.0.1:{}\"\n[[node]]\nid = 1\nrole = \"server\"\naddress = \"127.0.0.1:{}\"\n[[node]]\nid = 2\nrole = \"worker\"\naddress = \"127.0.0.1:{}\"\n",
+        ports[0], ports[1], ports[2]
+    );
+    let config = dir.join("long.toml");
+    std::fs::write(&config, file).unwrap();
+    let run = dir.join("run");
+    let mut launch = pserver(&[
+        "launch",
+        "--config",
+        config.to_str().unwrap(),
+        "--dir",
+        run.to_str().unwrap(),
+    ])
+    .spawn()
+    .expect("start pserver launch");
+    let (started, log) = watch_log(&mut launch, "job progress");
+    // The job runs: the coordinator says how far the workers are.
+    assert!(
+        started.recv_timeout(Duration::from_secs(60)).is_ok(),
+        "the job never made progress"
+    );
+    signal(&launch, "-TERM");
+    wait_for(
+        &mut launch,
+        Instant::now() + Duration::from_secs(60),
+        "the launch",
+    );
+    let status = launch.wait().expect("the launch's status");
+    let log = log.join().unwrap_or_default();
+    assert_eq!(status.code(), Some(143), "{log}");
+    // No node outlives it.
+    let left = Command::new("pgrep")
+        .args(["-f", run.join("cluster.toml").to_str().unwrap()])
+        .output()
+        .expect("run pgrep");
+    assert!(
+        left.stdout.is_empty(),
+        "still running: {}\n{log}",
+        text(&left.stdout)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Ratings in MovieLens's u.data form (user, item, rating, timestamp, tab-separated): each user
+/// rates items by a pattern of rank 5 that factors can learn.
+fn write_ratings(path: &Path, users: u64, items: u64, n: u64) {
+    let mut text = String::new();
+    for k in 0..n {
+        let h = k.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(17);
+        let (user, item) = (1 + h % users, 1 + (h >> 20) % items);
+        let rating = 1 + (user * 7 + item * 3) % 5;
+        text += &format!("{user}\t{item}\t{rating}\t{k}\n");
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn an_mf_cluster_job_without_a_key_space_uses_every_server_and_learns() {
+    for servers in [2u32, 3] {
+        let (dir, ports, _) =
+            script_cluster(&format!("mf-{servers}"), (servers, 2), "bounded:2", 1, 0);
+        write_ratings(&dir.join("u.data"), 300, 200, 30_000);
+        let mut file = "cluster_id = \"mf\"\nconsistency = \"bounded:2\"\nsecret_file = \"secret.key\"\n[job]\napp = \"mf\"\ndata = \"u.data\"\nepochs = 4\nbatch = 200\n".to_owned();
+        for (id, port) in ports.iter().enumerate() {
+            let role = match id as u32 {
+                0 => "coordinator",
+                i if i <= servers => "server",
+                _ => "worker",
+            };
+            file += &format!(
+                "[[node]]\nid = {id}\nrole = \"{role}\"\naddress = \"127.0.0.1:{port}\"\n"
+            );
+        }
+        assert!(!file.contains("key_space"));
+        let config = dir.join("mf.toml");
+        std::fs::write(&config, file).unwrap();
+        let log = |_: &str| "warn";
+        let mut children = start_nodes(&config, (servers, 2), log, |_| Vec::new());
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let mut outputs = BTreeMap::new();
+        for (name, mut child) in children.0.drain(..) {
+            wait_for(&mut child, deadline, &name);
+            let out = child.wait_with_output().expect("output");
+            assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+            outputs.insert(name, text(&out.stdout));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let rows: Vec<f64> = (1..=servers)
+            .map(|s| fields(&outputs[&format!("server {s}")], "rows=")[0])
+            .collect();
+        let fair = rows.iter().sum::<f64>() / f64::from(servers);
+        assert!(
+            rows.iter().all(|&r| r >= 0.6 * fair && r <= 1.4 * fair),
+            "{servers} servers hold {rows:?} rows"
+        );
+        // The worker holding the first share measured every epoch, and the model learned.
+        let lead = &outputs[&format!("worker {}", servers + 1)];
+        let test = fields(lead, "test_rmse=");
+        let baseline = fields(lead, "baseline_rmse=");
+        assert_eq!(test.len(), 4, "{lead}");
+        assert!(test[3] < 0.9 * baseline[3], "{lead}");
+        assert!(lead.contains("trained epochs=4"), "{lead}");
+    }
+}

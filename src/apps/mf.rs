@@ -11,15 +11,15 @@
 //! (`initial`), added to what the servers hold, which start at zero: no node has to write the
 //! initial model before training begins.
 
-use crate::data::ratings::Rating;
+use crate::data::ratings::{Ids, Rating, read, split};
 use crate::seeded::{mix, unit};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
 use pserver_core::store::StoreLayout;
-use pserver_core::{Consistency, Key, KeyList, KeySelection, KvPairs, Updater};
-use pserver_runtime::{ClusterSpec, LocalCluster, RuntimeError};
+use pserver_core::{Consistency, JobSpec, Key, KeyList, KeySelection, KvPairs, Updater};
+use pserver_runtime::{ClusterSpec, LocalCluster, RuntimeError, WorkerHandle};
 use pserver_transport::mem::MemNetwork;
 
 /// The key of user number `user`: users and items take turns, so that the keys of a problem
@@ -305,6 +305,157 @@ fn config(e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Config(e.to_string())
 }
 
+/// The ratings of `data`, and the test ratings of `test` or else `fraction` of `data` held
+/// out by `seed`; users and items numbered alike in both. Errors are one line naming the
+/// file, or `fraction_name` when the split leaves nothing to train or test on.
+pub(crate) fn load(
+    data: &std::path::Path,
+    test: Option<&std::path::Path>,
+    fraction: f64,
+    seed: u64,
+    fraction_name: &str,
+) -> Result<MfData, String> {
+    let mut ids = Ids::new();
+    let ratings = read(data, &mut ids).map_err(|e| e.to_string())?;
+    let (train, test) = match test {
+        Some(test) => (ratings, read(test, &mut ids).map_err(|e| e.to_string())?),
+        None => {
+            let (train, test) = split(&ratings, fraction, seed);
+            let left_without = if train.is_empty() {
+                Some("train")
+            } else if test.is_empty() {
+                Some("test")
+            } else {
+                None
+            };
+            if let Some(what) = left_without {
+                return Err(format!(
+                    "{}: holding out {fraction_name} {fraction} of its {} ratings leaves none to {what} on: give more ratings, another fraction or test ratings",
+                    data.display(),
+                    ratings.len()
+                ));
+            }
+            (train, test)
+        }
+    };
+    Ok(MfData { train, test })
+}
+
+/// The job every node of a factorization runs: factors of width `rank`, scattered over the
+/// key space (a batch's users and items are), plain SGD on the servers.
+pub(crate) fn job_of(cfg: &MfConfig, job: &mut JobSpec) {
+    job.consistency = cfg.consistency;
+    job.width = cfg.rank;
+    job.store = StoreLayout::Hashed;
+    job.updater = Updater::Sgd { lr: cfg.lr };
+}
+
+/// Every key of `data` lies below this: the ring is spread over `0..keys_below(data)`.
+pub(crate) fn keys_below(data: &MfData) -> Key {
+    let top = data.all().map(|r| r.user.max(r.item)).max().unwrap_or(0);
+    item_key(top) + 1
+}
+
+/// How one epoch of training is cut: every worker's share of the training ratings, and the
+/// steps each takes per share.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shares {
+    /// Ratings per share (the last may hold fewer).
+    pub per: usize,
+    /// Steps per share and epoch: `ceil(per / batch)`.
+    pub steps: usize,
+}
+
+impl Shares {
+    /// `workers` shares of `data`'s training ratings, in minibatches of `cfg.batch`.
+    pub(crate) fn of(data: &MfData, workers: usize, cfg: &MfConfig) -> Shares {
+        let per = data.train.len().div_ceil(workers.max(1));
+        Shares {
+            per,
+            steps: per.div_ceil(cfg.batch.max(1)),
+        }
+    }
+
+    /// The training ratings of share `share`.
+    pub(crate) fn ratings<'a>(&self, data: &'a MfData, share: usize) -> &'a [Rating] {
+        let n = data.train.len();
+        &data.train[(share * self.per).min(n)..((share + 1) * self.per).min(n)]
+    }
+}
+
+/// Trains on every rating of share `share` once, in an order drawn from the seed, the share
+/// and the epoch, in `shares.steps` steps (advancing without a batch once the share runs
+/// out, so that every share takes as many steps); returns once every push is acknowledged.
+pub(crate) async fn train_share(
+    handle: &WorkerHandle<f32>,
+    cfg: &MfConfig,
+    data: &MfData,
+    shares: Shares,
+    share: usize,
+    epoch: u32,
+) -> Result<(), RuntimeError> {
+    let mean = data.mean();
+    let ratings = shares.ratings(data, share);
+    let order = visit_order(cfg.seed, share, epoch, ratings.len());
+    let mut pushes = VecDeque::new();
+    for step in 0..shares.steps {
+        let from = (step * cfg.batch).min(order.len());
+        let batch = &order[from..(from + cfg.batch).min(order.len())];
+        if batch.is_empty() {
+            handle.advance().await?;
+            continue;
+        }
+        let keys = sorted_keys(batch.iter().map(|&i| &ratings[i]));
+        let list = KeyList::new(keys.clone()).map_err(config)?;
+        let pulled = handle.pull(KeySelection::Keys(list)).await?;
+        let factors = model(cfg, &keys, pulled.values());
+        let mut grad = vec![0f32; keys.len() * cfg.rank];
+        for &i in batch {
+            let (e, a, b) = error(&keys, &factors, cfg.rank, mean, &ratings[i]);
+            for j in 0..cfg.rank {
+                let (p, q) = (factors[a + j], factors[b + j]);
+                grad[a + j] += (e * q + cfg.l2 * p) as f32;
+                grad[b + j] += (e * p + cfg.l2 * q) as f32;
+            }
+        }
+        let kvs = KvPairs::new(keys, grad, cfg.rank).map_err(config)?;
+        pushes.push_back(handle.start_push(kvs).await?);
+        if pushes.len() > PUSHES_IN_FLIGHT
+            && let Some(oldest) = pushes.pop_front()
+        {
+            oldest.await?;
+        }
+        handle.advance().await?;
+    }
+    // The model may be measured next: it should hold every push of the epoch.
+    for push in pushes {
+        push.await?;
+    }
+    Ok(())
+}
+
+/// The training and test RMSE of the model the servers hold now.
+pub(crate) async fn measure(
+    handle: &WorkerHandle<f32>,
+    cfg: &MfConfig,
+    data: &MfData,
+) -> Result<(f64, f64), RuntimeError> {
+    let mean = data.mean();
+    let all_keys = sorted_keys(data.all());
+    let list = KeyList::new(all_keys.clone()).map_err(config)?;
+    let pulled = handle.pull(KeySelection::Keys(list)).await?;
+    let factors = model(cfg, &all_keys, pulled.values());
+    let rmse = |ratings: &[Rating]| {
+        rms(
+            ratings
+                .iter()
+                .map(|r| error(&all_keys, &factors, cfg.rank, mean, r).0),
+            ratings.len(),
+        )
+    };
+    Ok((rmse(&data.train), rmse(&data.test)))
+}
+
 /// Trains on `data` in one process, calling `on_epoch` with each epoch's result as it ends;
 /// returns every epoch's result.
 ///
@@ -317,27 +468,13 @@ pub(crate) async fn train(
     mut on_epoch: impl FnMut(&MfReport),
 ) -> Result<Vec<MfReport>, RuntimeError> {
     let began = Instant::now();
-    let mean = data.mean();
     let baseline_rmse = data.baseline_rmse();
     let data = Arc::new(data);
     let mut spec = ClusterSpec::new(cfg.servers, cfg.workers);
-    spec.job.consistency = cfg.consistency;
-    spec.job.width = cfg.rank;
-    // A batch's users and items are scattered over the key space.
-    spec.job.store = StoreLayout::Hashed;
-    spec.job.updater = Updater::Sgd { lr: cfg.lr };
-    let top = data
-        .train
-        .iter()
-        .chain(&data.test)
-        .map(|r| r.user.max(r.item))
-        .max()
-        .unwrap_or(0);
-    spec.job.ring.key_space = item_key(top) + 1;
+    job_of(cfg, &mut spec.job);
+    spec.job.ring.key_space = keys_below(&data);
     let cluster: LocalCluster<f32> = LocalCluster::start(&spec, &MemNetwork::reliable())?;
-    let per = data.train.len().div_ceil(cfg.workers.max(1));
-    let steps = per.div_ceil(cfg.batch.max(1));
-    let all_keys = sorted_keys(data.all());
+    let shares = Shares::of(&data, cfg.workers, cfg);
     let mut reports = Vec::new();
     for epoch in 1..=cfg.epochs {
         let epoch_began = Instant::now();
@@ -346,65 +483,18 @@ pub(crate) async fn train(
             let (handle, data, cfg) = (handle.clone(), data.clone(), *cfg);
             tasks.push(tokio::spawn(async move {
                 handle.ready().await?;
-                let share = &data.train
-                    [(w * per).min(data.train.len())..((w + 1) * per).min(data.train.len())];
-                let order = visit_order(cfg.seed, w, epoch, share.len());
-                let mut pushes = VecDeque::new();
-                for step in 0..steps {
-                    let from = (step * cfg.batch).min(order.len());
-                    let batch = &order[from..(from + cfg.batch).min(order.len())];
-                    if batch.is_empty() {
-                        handle.advance().await?;
-                        continue;
-                    }
-                    let keys = sorted_keys(batch.iter().map(|&i| &share[i]));
-                    let list = KeyList::new(keys.clone()).map_err(config)?;
-                    let pulled = handle.pull(KeySelection::Keys(list)).await?;
-                    let factors = model(&cfg, &keys, pulled.values());
-                    let mut grad = vec![0f32; keys.len() * cfg.rank];
-                    for &i in batch {
-                        let (e, a, b) = error(&keys, &factors, cfg.rank, mean, &share[i]);
-                        for j in 0..cfg.rank {
-                            let (p, q) = (factors[a + j], factors[b + j]);
-                            grad[a + j] += (e * q + cfg.l2 * p) as f32;
-                            grad[b + j] += (e * p + cfg.l2 * q) as f32;
-                        }
-                    }
-                    let kvs = KvPairs::new(keys, grad, cfg.rank).map_err(config)?;
-                    pushes.push_back(handle.start_push(kvs).await?);
-                    if pushes.len() > PUSHES_IN_FLIGHT {
-                        if let Some(oldest) = pushes.pop_front() {
-                            oldest.await?;
-                        }
-                    }
-                    handle.advance().await?;
-                }
-                // The model is measured next: it should hold every push of the epoch.
-                for push in pushes {
-                    push.await?;
-                }
-                Ok::<(), RuntimeError>(())
+                train_share(&handle, &cfg, &data, shares, w, epoch).await
             }));
         }
         for t in tasks {
             t.await.map_err(|_| RuntimeError::ShutDown)??;
         }
         let trained_secs = epoch_began.elapsed().as_secs_f64();
-        let list = KeyList::new(all_keys.clone()).map_err(config)?;
-        let pulled = cluster.workers[0].pull(KeySelection::Keys(list)).await?;
-        let factors = model(cfg, &all_keys, pulled.values());
-        let measure = |ratings: &[Rating]| {
-            rms(
-                ratings
-                    .iter()
-                    .map(|r| error(&all_keys, &factors, cfg.rank, mean, r).0),
-                ratings.len(),
-            )
-        };
+        let (train_rmse, test_rmse) = measure(&cluster.workers[0], cfg, &data).await?;
         let report = MfReport {
             epoch,
-            train_rmse: measure(&data.train),
-            test_rmse: measure(&data.test),
+            train_rmse,
+            test_rmse,
             baseline_rmse,
             secs: began.elapsed().as_secs_f64(),
             rows_per_sec: data.train.len() as f64 / trained_secs.max(1e-9),

@@ -22,13 +22,14 @@ use super::cluster_file::ProcessWire;
 use super::values::output_file;
 use thiserror::Error;
 
-use super::cluster_file::{ClusterFile, ClusterFileError, Job, LrJob};
+use super::cluster_file::{ClusterFile, ClusterFileError, Job, LrJob, MfJob};
 use super::metrics::{Sources, TransportCounters};
 use super::script::{Script, WorkerSummary};
 use super::signals::Stop;
 use crate::apps::lr::{
     MeasureSpec, ShareRows, WorkerRun, evaluate, load_model, run_shares, save_model,
 };
+use crate::apps::mf;
 use crate::data::libsvm::{
     DataError, Examples, IndexBase, count_rows, holds_rows, lines_before, max_index, no_examples,
     parse_lines, parse_whole, read_bytes, shard,
@@ -364,6 +365,7 @@ pub(crate) async fn run_node(
     match &file.job {
         Job::Script => run_script_node(file, id, options).await,
         Job::Lr(job) => run_lr_node(file, job, id, options).await,
+        Job::Mf(job) => run_mf_node(file, job, id, options).await,
     }
 }
 
@@ -555,6 +557,98 @@ async fn run_lr_node(
     }
     transport.shutdown().await;
     Ok(outcome)
+}
+
+async fn run_mf_node(
+    file: &ClusterFile,
+    job: &MfJob,
+    id: NodeId,
+    options: &NodeOptions,
+) -> Result<NodeOutcome, RunError> {
+    let is_worker = file.spec.job.layout().workers().any(|w| w == id);
+    // Read before joining, so that a bad file is reported at once; every worker reads every
+    // rating, so that users and items are numbered alike everywhere.
+    let data = if is_worker {
+        let read = mf::load(
+            &job.data,
+            job.test.as_deref(),
+            job.test_fraction,
+            job.cfg.seed,
+            "job.test_fraction",
+        );
+        Some(read.map_err(RunError::Data)?)
+    } else {
+        None
+    };
+    let keys_below = data.as_ref().map(mf::keys_below);
+    let Started {
+        role,
+        spawned,
+        transport,
+        metrics,
+    } = start::<f32>(file, id, options, keys_below).await?;
+    let outcome = match (role, spawned.worker, data) {
+        (Role::Worker, Some(worker), Some(data)) => {
+            let training = train_mf_worker(job, id, &worker, &data);
+            let epochs = work_then_leave(spawned.node, &worker, file, training).await?;
+            NodeOutcome::Trained { epochs }
+        }
+        (Role::Server, _, _) => {
+            let (report, ended) = serve(spawned.node, role, options).await?;
+            let (rows, nonzero) = lr_server_summary(&report);
+            NodeOutcome::LrServer {
+                rows,
+                nonzero,
+                refused: report.refusals.total(),
+                ended,
+            }
+        }
+        _ => {
+            let (_, ended) = serve(spawned.node, role, options).await?;
+            NodeOutcome::Coordinator(ended)
+        }
+    };
+    if let Some(task) = metrics {
+        task.abort();
+    }
+    transport.shutdown().await;
+    Ok(outcome)
+}
+
+/// Trains one worker of an mf job: every epoch, each share it holds then (its own, and those
+/// of workers that died); the worker holding the first share then measures the model. Prints
+/// a line per epoch; returns the epochs done.
+async fn train_mf_worker(
+    job: &MfJob,
+    id: NodeId,
+    worker: &WorkerHandle<f32>,
+    data: &mf::MfData,
+) -> Result<u32, RunError> {
+    let cfg = &job.cfg;
+    let shares = mf::Shares::of(data, cfg.workers, cfg);
+    let baseline = data.baseline_rmse();
+    worker.ready().await?;
+    for epoch in 1..=cfg.epochs {
+        let began = Instant::now();
+        let mut rows = 0;
+        for share in worker.shares().await? {
+            mf::train_share(worker, cfg, data, shares, share, epoch).await?;
+            rows += shares.ratings(data, share).len();
+        }
+        let secs = began.elapsed().as_secs_f64();
+        let mut line = format!("worker {id} iter={epoch} rows={rows}");
+        if worker.leads().await? {
+            let (train, test) = mf::measure(worker, cfg, data).await?;
+            line +=
+                &format!(" train_rmse={train:.4} test_rmse={test:.4} baseline_rmse={baseline:.4}");
+        }
+        line += &format!(
+            " rows_per_sec={:.0} secs={secs:.2}",
+            rows as f64 / secs.max(1e-9)
+        );
+        println!("{line}");
+    }
+    Ok(cfg.epochs)
 }
 
 /// Trains one worker of an lr job, printing a line per epoch with its time and rows/s; returns

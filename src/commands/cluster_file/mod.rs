@@ -48,8 +48,11 @@ use pserver_transport::udp::UdpConfig;
 use thiserror::Error;
 
 use super::script::Script;
-use super::values::{KktEvery, Rate, Strength, Transport, key_caching_of, threshold_of};
+use super::values::{
+    Fraction, KktEvery, Rate, Strength, Transport, UpdateRule, key_caching_of, threshold_of,
+};
 use crate::apps::lr::{Keep, LrConfig, Rates, Wire};
+use crate::apps::mf::{self, MfConfig};
 use crate::data::libsvm::IndexBase;
 use raw::{App, Choice, Raw, RawBase, RawFilters, RawJob, RawNode, RawRing};
 
@@ -113,6 +116,23 @@ pub(crate) enum Job {
     Script,
     /// Sparse logistic regression (f32 values, FTRL-Proximal on the servers).
     Lr(Box<LrJob>),
+    /// Matrix factorization (f32 factors of width `rank`, SGD on the servers).
+    Mf(Box<MfJob>),
+}
+
+/// A matrix-factorization job: where the ratings are and how to train.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct MfJob {
+    /// Training ratings (MovieLens u.data or ratings.dat, or CSV with a header); every worker
+    /// reads them all and trains its share.
+    pub data: PathBuf,
+    /// Test ratings, measured after every epoch by the worker holding the first share; without
+    /// them, `test_fraction` of `data` is held out.
+    pub test: Option<PathBuf>,
+    /// The fraction of `data` held out for testing when there is no `test`.
+    pub test_fraction: f64,
+    /// How to train (`servers` and `workers` are the file's).
+    pub cfg: MfConfig,
 }
 
 /// A logistic-regression job: where the data is and how to train.
@@ -551,7 +571,11 @@ fn updater(job: &RawJob, origin: &Origin<'_>) -> Result<Updater, ClusterFileErro
             .transpose()
             .map_err(|e| origin.invalid(field, e))
     };
-    let rule = match &job.updater {
+    let rule = match job
+        .updater
+        .as_ref()
+        .unwrap_or(&Choice::Known(UpdateRule::Ftrl))
+    {
         Choice::Known(rule) => rule
             .lr_rule()
             .map_err(|e| origin.invalid("job.updater", e))?,
@@ -612,7 +636,7 @@ fn filters(raw: &RawFilters, job: &Job, origin: &Origin<'_>) -> Result<Filters, 
                     ));
                 }
             },
-            Job::Script => {
+            Job::Script | Job::Mf(_) => {
                 return Err(origin.invalid(
                     "filters.kkt",
                     "needs an L1-regularised model: an lr job (job.app = \"lr\")",
@@ -639,7 +663,7 @@ fn job(
     let app = std::mem::take(&mut job.app).known().map_err(|other| {
         origin.invalid(
             "job.app",
-            format!("`{other}` is not a job: expected \"script\" or \"lr\""),
+            format!("`{other}` is not a job: expected \"script\", \"lr\" or \"mf\""),
         )
     })?;
     if app == App::Script {
@@ -649,7 +673,7 @@ fn job(
         .data
         .clone()
         .map(|f| origin.relative(f))
-        .ok_or_else(|| origin.invalid("job.data", "an lr job needs the training data file"))?;
+        .ok_or_else(|| origin.invalid("job.data", "this job needs the training data file"))?;
     // Checked here rather than left to training: a NaN rate trains to NaN, a zero batch
     // never ends an epoch, and the nodes would find out only after joining.
     if job.epochs == 0 {
@@ -657,6 +681,17 @@ fn job(
     }
     if job.batch == 0 {
         return Err(origin.invalid("job.batch", "must be at least 1"));
+    }
+    if app == App::Mf {
+        return mf_job(job, data, spec, origin);
+    }
+    for (field, given) in [
+        ("job.rank", job.rank.is_some()),
+        ("job.test_fraction", job.test_fraction.is_some()),
+    ] {
+        if given {
+            return Err(origin.invalid(field, "only an mf job (job.app = \"mf\") takes it"));
+        }
     }
     spec.job.updater = updater(&job, origin)?;
     // The names `--index-base` takes on the command line: `0`, `1`, `auto`.
@@ -692,6 +727,69 @@ fn job(
         test: job.test.map(|f| origin.relative(f)),
         save: job.save.map(|f| origin.relative(f)),
         index_base,
+        cfg,
+    })))
+}
+
+/// A matrix-factorization job: SGD on the servers, factors of width `rank`.
+fn mf_job(
+    job: RawJob,
+    data: PathBuf,
+    spec: &mut ClusterSpec,
+    origin: &Origin<'_>,
+) -> Result<Job, ClusterFileError> {
+    if job
+        .updater
+        .as_ref()
+        .is_some_and(|u| *u != Choice::Known(UpdateRule::Sgd))
+    {
+        return Err(origin.invalid(
+            "job.updater",
+            "an mf job trains with \"sgd\" (its rate is job.lr)",
+        ));
+    }
+    for (field, given) in [
+        ("job.alpha", job.alpha.is_some()),
+        ("job.l1", job.l1.is_some()),
+        ("job.save", job.save.is_some()),
+    ] {
+        if given {
+            return Err(origin.invalid(field, "not used by an mf job"));
+        }
+    }
+    if job.test.is_some() && job.test_fraction.is_some() {
+        return Err(origin.invalid(
+            "job.test_fraction",
+            "holds out part of job.data when there is no job.test: give one or the other",
+        ));
+    }
+    let rank = match job.rank {
+        Some(r @ 1..=1000) => r as usize,
+        Some(r) => {
+            return Err(origin.invalid("job.rank", format!("{r} is not a rank from 1 to 1000")));
+        }
+        None => 10,
+    };
+    let lr = Rate::new(job.lr.unwrap_or(0.05)).map_err(|e| origin.invalid("job.lr", e))?;
+    let l2 = Strength::new(job.l2.unwrap_or(0.05)).map_err(|e| origin.invalid("job.l2", e))?;
+    let test_fraction = Fraction::new(job.test_fraction.unwrap_or(0.1))
+        .map_err(|e| origin.invalid("job.test_fraction", e))?;
+    let cfg = MfConfig {
+        servers: spec.job.servers,
+        workers: spec.job.workers,
+        consistency: spec.job.consistency,
+        rank,
+        epochs: job.epochs,
+        batch: job.batch,
+        lr: lr.get(),
+        l2: l2.get(),
+        seed: job.seed,
+    };
+    mf::job_of(&cfg, &mut spec.job);
+    Ok(Job::Mf(Box::new(MfJob {
+        data,
+        test: job.test.map(|f| origin.relative(f)),
+        test_fraction: test_fraction.get(),
         cfg,
     })))
 }

@@ -89,8 +89,7 @@ pub(super) struct RawJob {
     pub(super) epochs: u32,
     #[serde(default = "default_batch")]
     pub(super) batch: usize,
-    #[serde(default = "default_updater")]
-    pub(super) updater: Choice<UpdateRule>,
+    pub(super) updater: Option<Choice<UpdateRule>>,
     pub(super) lr: Option<f64>,
     pub(super) alpha: Option<f64>,
     pub(super) l1: Option<f64>,
@@ -108,6 +107,8 @@ pub(super) struct RawJob {
     pub(super) allow_loss: bool,
     #[serde(default = "default_stall_limit_secs")]
     pub(super) stall_limit_secs: u64,
+    pub(super) rank: Option<u32>,
+    pub(super) test_fraction: Option<f64>,
 }
 
 /// A worker that sees nothing complete for five minutes gives up.
@@ -140,6 +141,7 @@ pub(super) enum App {
     #[default]
     Script,
     Lr,
+    Mf,
 }
 
 /// A field whose value is one of a fixed set of names, those of `T`'s variants; or else what
@@ -179,10 +181,6 @@ fn default_transport() -> Choice<Transport> {
     Choice::Known(Transport::Tcp)
 }
 
-fn default_updater() -> Choice<UpdateRule> {
-    Choice::Known(UpdateRule::Ftrl)
-}
-
 fn default_epochs() -> u32 {
     10
 }
@@ -210,7 +208,7 @@ impl Default for RawJob {
             test: None,
             epochs: default_epochs(),
             batch: default_batch(),
-            updater: default_updater(),
+            updater: None,
             lr: None,
             alpha: None,
             l1: None,
@@ -222,6 +220,8 @@ impl Default for RawJob {
             index_base: RawBase::default(),
             allow_loss: false,
             stall_limit_secs: default_stall_limit_secs(),
+            rank: None,
+            test_fraction: None,
         }
     }
 }

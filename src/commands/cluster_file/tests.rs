@@ -477,3 +477,67 @@ fn the_kubernetes_cluster_file_is_one_pserver_accepts() {
     assert!(f.addresses.values().all(|a| a.host().is_some()), "{text}");
     assert!(matches!(f.job, Job::Lr(_)));
 }
+
+#[test]
+fn an_mf_job_takes_its_rank_and_rates_and_refuses_what_it_does_not_use() {
+    let mf = |lines: &str| {
+        GOOD.replace(
+            "[job]\n",
+            &format!("[job]\napp = \"mf\"\ndata = \"u.data\"\n{lines}\n"),
+        )
+    };
+    let f = parse(&mf(
+        "rank = 3\nlr = 0.2\nl2 = 0.5\nepochs = 9\nbatch = 7\nseed = 11",
+    ))
+    .unwrap();
+    let Job::Mf(job) = &f.job else {
+        panic!("{:?}", f.job)
+    };
+    assert_eq!(job.data, PathBuf::from("/etc/pserver/u.data"));
+    assert_eq!(
+        (
+            job.cfg.rank,
+            job.cfg.lr,
+            job.cfg.l2,
+            job.cfg.epochs,
+            job.cfg.batch,
+            job.cfg.seed
+        ),
+        (3, 0.2, 0.5, 9, 7, 11)
+    );
+    assert_eq!(job.test_fraction, 0.1);
+    // The servers hold factors of width rank, updated by SGD at the job's rate.
+    assert_eq!(f.spec.job.width, 3);
+    assert_eq!(f.spec.job.updater, Updater::Sgd { lr: 0.2 });
+    let defaults = parse(&mf("")).unwrap();
+    let Job::Mf(job) = &defaults.job else {
+        panic!()
+    };
+    assert_eq!((job.cfg.rank, job.cfg.lr, job.cfg.l2), (10, 0.05, 0.05));
+    for (lines, said) in [
+        (
+            "updater = \"ftrl\"",
+            "job.updater: an mf job trains with \"sgd\"",
+        ),
+        ("alpha = 1", "job.alpha: not used by an mf job"),
+        ("save = \"m.bin\"", "job.save: not used by an mf job"),
+        ("rank = 0", "job.rank: 0 is not a rank"),
+        ("lr = -1", "job.lr"),
+        ("test_fraction = 1.0", "job.test_fraction"),
+        (
+            "test = \"t.data\"\ntest_fraction = 0.2",
+            "give one or the other",
+        ),
+    ] {
+        let e = parse(&mf(lines)).unwrap_err().to_string();
+        assert!(e.contains(said), "{lines}: {e}");
+    }
+    assert!(parse(&mf("updater = \"sgd\"")).is_ok());
+    // And an lr job refuses what only mf takes.
+    let lr = GOOD.replace(
+        "[job]\n",
+        "[job]\napp = \"lr\"\ndata = \"d.svm\"\nrank = 4\n",
+    );
+    let e = parse(&lr).unwrap_err().to_string();
+    assert!(e.contains("job.rank: only an mf job"), "{e}");
+}

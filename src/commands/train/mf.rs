@@ -8,7 +8,6 @@ use super::NodesArgs;
 use crate::apps::mf::{Generated, MfConfig, MfData, train};
 use crate::commands::CliError;
 use crate::commands::values::{Fraction, Rate, Strength, at_least_one};
-use crate::data::ratings::{Ids, read, split};
 
 /// Factorize a matrix of ratings into user and item factors.
 ///
@@ -91,31 +90,15 @@ fn config(args: &MfArgs) -> MfConfig {
 
 /// The ratings the arguments name, split into training and test ratings.
 fn load(args: &MfArgs, data: &std::path::Path) -> Result<MfData, CliError> {
-    let mut ids = Ids::new();
-    let ratings = read(data, &mut ids).map_err(CliError::input)?;
-    let (train, test) = match &args.test {
-        Some(test) => (ratings, read(test, &mut ids).map_err(CliError::input)?),
-        None => {
-            let fraction = args.test_fraction.map_or(TEST_FRACTION, Fraction::get);
-            let (train, test) = split(&ratings, fraction, args.seed);
-            let left_without = if train.is_empty() {
-                Some("train")
-            } else if test.is_empty() {
-                Some("test")
-            } else {
-                None
-            };
-            if let Some(what) = left_without {
-                return Err(CliError::input(format!(
-                    "{}: holding out --test-fraction {fraction} of its {} ratings leaves none to {what} on: give more ratings, another fraction or --test",
-                    data.display(),
-                    ratings.len()
-                )));
-            }
-            (train, test)
-        }
-    };
-    Ok(MfData { train, test })
+    let fraction = args.test_fraction.map_or(TEST_FRACTION, Fraction::get);
+    crate::apps::mf::load(
+        data,
+        args.test.as_deref(),
+        fraction,
+        args.seed,
+        "--test-fraction",
+    )
+    .map_err(CliError::Input)
 }
 
 /// Trains and prints the errors after every epoch.
