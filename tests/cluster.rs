@@ -1615,21 +1615,26 @@ fn a_launch_sent_sigterm_stops_every_node_and_ends_with_143() {
     let config = dir.join("long.toml");
     std::fs::write(&config, file).unwrap();
     let run = dir.join("run");
-    let mut launch = pserver(&[
+    let launch = pserver(&[
         "launch",
         "--config",
         config.to_str().unwrap(),
         "--dir",
         run.to_str().unwrap(),
     ])
+    // The coordinator's own default: it says how far the job has come.
+    .env_remove("RUST_LOG")
     .spawn()
     .expect("start pserver launch");
-    let (started, log) = watch_log(&mut launch, "job progress");
+    // Killed, with what it started, however the test ends.
+    let mut children = Children(vec![("launch".into(), launch)]);
+    let (started, log) = watch_log(&mut children.0[0].1, "job progress");
     // The job runs: the coordinator says how far the workers are.
     assert!(
         started.recv_timeout(Duration::from_secs(60)).is_ok(),
         "the job never made progress"
     );
+    let (_, mut launch) = children.0.remove(0);
     signal(&launch, "-TERM");
     wait_for(
         &mut launch,

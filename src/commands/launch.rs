@@ -268,14 +268,17 @@ async fn supervise(
             _ => "worker",
         };
         let name = format!("{role} {id}");
-        let mut child = Command::new(exe)
+        let mut command = Command::new(exe);
+        command
             .args([role, "--config"])
             .arg(config)
             .args(["--id", &id.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
+            .kill_on_drop(true);
+        end_with_the_launch(&mut command);
+        let mut child = command
             .spawn()
             .map_err(|e| CliError::Input(format!("cannot start {name}: {e}")))?;
         forwarding.extend(forward(&mut child, &name));
@@ -363,6 +366,24 @@ async fn supervise(
     }
 }
 
+/// Has the node started by `command` get SIGTERM if the launch dies first (killed with
+/// SIGKILL, say), so that no node outlives it by more than its own drain.
+#[cfg(target_os = "linux")]
+fn end_with_the_launch(command: &mut Command) {
+    // SAFETY: the closure runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: it makes one system call (prctl) and allocates
+    // nothing.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)
+        });
+    }
+}
+
+/// Elsewhere the nodes outlive a launch that is killed; one that is asked to stop stops them.
+#[cfg(not(target_os = "linux"))]
+fn end_with_the_launch(_: &mut Command) {}
+
 /// An exit code as a person reads it.
 fn describe(code: Option<i32>) -> String {
     match code {
@@ -371,9 +392,16 @@ fn describe(code: Option<i32>) -> String {
     }
 }
 
-/// Sends `signal` to every node still running (one that ended already ignores it).
+/// Sends `signal` to every node still running (one that ended already ignores it). SIGTERM
+/// goes to the workers only, which leave the job; the coordinator and servers get SIGINT and
+/// stop where they are, since the whole job is ending and no server need hand its ranges
+/// over first.
 fn terminate(nodes: &BTreeMap<usize, Node>, signal: Signal) {
     for node in nodes.values().filter(|n| !n.ended) {
+        let signal = match signal {
+            Signal::SIGTERM if node.role != "worker" => Signal::SIGINT,
+            other => other,
+        };
         if let Some(pid) = node.pid.and_then(|p| i32::try_from(p).ok()) {
             let _ = kill(Pid::from_raw(pid), signal);
         }
