@@ -254,6 +254,21 @@ impl World<'_> {
         if !self.all_done() {
             return Err(self.fail(Invariant::Completion, self.stuck_report()));
         }
+        if self.ending && self.job_finished.is_none() {
+            let left: Vec<String> = self
+                .apps
+                .iter()
+                .filter(|(_, a)| a.left)
+                .map(|(id, _)| id.to_string())
+                .collect();
+            return Err(self.fail(
+                Invariant::Completion,
+                format!(
+                    "every worker asked to leave ({} confirmed), but the coordinator never said the job finished",
+                    left.join(", ")
+                ),
+            ));
+        }
         if !self.replicated {
             for server in self.cfg.server_ids() {
                 self.check_oracle(server, true)?;

@@ -564,6 +564,15 @@ impl World<'_> {
         if !self.all_done() {
             return self.fail(Invariant::Completion, self.stuck_report());
         }
+        if self.ending && self.job_finished.is_none() && self.refilled() {
+            return self.fail(
+                Invariant::Completion,
+                format!(
+                    "every worker left, but after {}ms of virtual time the coordinator has not said the job finished",
+                    self.now / MS
+                ),
+            );
+        }
         if self.quiescent() {
             if let Some(detail) = self.divergence() {
                 return self.fail(Invariant::ReplicaConvergence, detail);

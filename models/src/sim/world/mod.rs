@@ -129,6 +129,10 @@ struct App {
     finished_at: Option<Time>,
     crashed: bool,
     done: bool,
+    /// The application asked to leave the job, its work done.
+    leaving: bool,
+    /// The coordinator took it out at its word: it left, it did not crash.
+    left: bool,
     /// Per key index, the sum of what the application pushed, before any filter: what its
     /// requests must carry in all once it flushed.
     computed: BTreeMap<usize, i64>,
@@ -201,6 +205,10 @@ struct World<'a> {
     lists_sent: BTreeMap<KeysDigest, Arc<Vec<Key>>>,
     /// Values per key.
     job_width: usize,
+    /// Every worker was asked to leave, its work done, to end the job.
+    ending: bool,
+    /// When the coordinator said the job finished ([`Event::JobFinished`]).
+    job_finished: Option<Time>,
 }
 
 /// What has reached one server and is not handled yet: each message's bytes and when the
@@ -415,6 +423,8 @@ impl<'a> World<'a> {
             slot_grants: 0,
             lists_sent: BTreeMap::new(),
             job_width: job.width,
+            ending: false,
+            job_finished: None,
         })
     }
 
@@ -509,7 +519,12 @@ impl<'a> World<'a> {
     fn run(mut self) -> Result<SimReport, SimFailure> {
         while let Some(next) = self.queue.pop() {
             if self.finished() {
-                break;
+                if !self.ending && self.can_end() {
+                    self.end_job()?;
+                }
+                if !self.ending || self.job_finished.is_some() {
+                    break;
+                }
             }
             self.now = next.at;
             if self.now > self.cfg.time_limit {
@@ -523,6 +538,31 @@ impl<'a> World<'a> {
         }
         self.check_end()?;
         Ok(self.report())
+    }
+
+    /// Whether the job can end once every worker is done: no worker crashed or was fenced,
+    /// which may leave a share of the work that no live worker holds.
+    fn can_end(&self) -> bool {
+        self.apps.values().all(|a| !a.crashed)
+    }
+
+    /// Every worker leaves the job, its work done, as the CLI's workers do: the servers and
+    /// then the coordinator must say that the job finished ([`Event::JobFinished`]).
+    fn end_job(&mut self) -> Result<(), SimFailure> {
+        self.ending = true;
+        let workers: Vec<NodeId> = self.apps.keys().copied().collect();
+        for id in workers {
+            if let Some(app) = self.apps.get_mut(&id) {
+                app.leaving = true;
+            }
+            if let Some(d) = self.nodes.get_mut(&id) {
+                d.leave().map_err(|e| {
+                    self.fail(Invariant::Completion, format!("{id} cannot leave: {e}"))
+                })?;
+            }
+            self.drain(id)?;
+        }
+        Ok(())
     }
 
     fn all_done(&self) -> bool {
@@ -561,6 +601,22 @@ impl<'a> World<'a> {
 
     fn step(&mut self, action: Action) -> Result<(), SimFailure> {
         let now = self.now;
+        // A fault planned for after the workers were done would have come after the run,
+        // which ended there before jobs ended: the job's end is checked under the faults that
+        // came before it (the network's own losses go on).
+        let starts_a_fault = matches!(
+            action,
+            Action::Crash(_)
+                | Action::Isolate(_)
+                | Action::CrashServer(_)
+                | Action::FlapStart(_)
+                | Action::CutOff(_)
+                | Action::JoinServer(_)
+                | Action::LeaveServer
+        );
+        if self.ending && starts_a_fault {
+            return Ok(());
+        }
         let node = match action {
             Action::Deliver {
                 from,
@@ -897,6 +953,19 @@ impl<'a> World<'a> {
                 self.pace.max_tau = self.pace.max_tau.max(to);
                 return Ok(());
             }
+            Event::JobFinished { .. } => {
+                // A node that stops while a worker still has work would leave it undone.
+                if let Some((&w, _)) = self.apps.iter().find(|(_, a)| !a.leaving && !a.crashed) {
+                    return Err(self.fail(
+                        Invariant::Completion,
+                        format!("{node} said the job finished while {w} was still at work"),
+                    ));
+                }
+                if self.coordinator().is_some_and(|c| c.id() == node) {
+                    self.job_finished.get_or_insert(self.now);
+                }
+                return Ok(());
+            }
             _ => {}
         }
         if matches!(event, Event::Fenced) && self.server(node).is_some() {
@@ -957,7 +1026,11 @@ impl<'a> World<'a> {
             }
             Event::Fenced => {
                 if let Some(app) = self.apps.get_mut(&node) {
-                    app.crashed = true;
+                    if app.leaving {
+                        app.left = true;
+                    } else {
+                        app.crashed = true;
+                    }
                 }
             }
             // Nothing else changes what the workload does next; refusals were counted above.
