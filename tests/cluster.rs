@@ -17,7 +17,7 @@ mod common;
 
 use common::{
     Children, LR_ROWS, expected_totals, fields, free_port, http_get, lr_cluster_of, pserver,
-    signal, summed_dumps,
+    signal, summed_dumps, watch_log,
 };
 
 const SERVERS: u32 = 2;
@@ -437,35 +437,6 @@ fn a_server_sent_sigterm_leaves_the_job_first_and_nothing_acknowledged_is_lost()
         "{worker_log}"
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A thread reading `child`'s stderr: it sends one `()` per line containing `needle`, and
-/// returns the whole log once the stream closes.
-fn watch_log(
-    child: &mut Child,
-    needle: &'static str,
-) -> (
-    std::sync::mpsc::Receiver<()>,
-    std::thread::JoinHandle<String>,
-) {
-    let stderr = child.stderr.take().expect("piped stderr");
-    let (seen, lines) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        use std::io::BufRead;
-        let mut log = String::new();
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if line.contains(needle) {
-                let _ = seen.send(());
-            }
-            log += &line;
-            log.push('\n');
-        }
-        log
-    });
-    (lines, reader)
 }
 
 /// A script cluster of `servers` and `workers` in a fresh directory named after `name`, its
@@ -1565,14 +1536,8 @@ fn a_launch_whose_workers_fail_stops_the_rest_and_ends_with_their_status() {
 
 #[test]
 fn a_launch_runs_the_job_of_a_cluster_file_on_the_nodes_it_starts() {
-    let (dir, ports, _) = script_cluster("launch-config", (1, 1), "bounded:1", 5, 0);
     // The file's own nodes and secret are replaced; its job and relative paths are kept.
-    let file = format!(
-        "cluster_id = \"mine\"\nconsistency = \"bounded:1\"\nsecret_file = \"secret.key\"\n[job]\nkeys = 100\niterations = 5\n[[node]]\nid = 0\nrole = \"coordinator\"\naddress = \"127.0.0.1:{}\"\n[[node]]\nid = 1\nrole = \"server\"\naddress = \"127.0.0.1:{}\"\n[[node]]\nid = 2\nrole = \"worker\"\naddress = \"127.0.0.1:{}\"\n",
-        ports[0], ports[1], ports[2]
-    );
-    let config = dir.join("mine.toml");
-    std::fs::write(&config, file).unwrap();
+    let (dir, _, config) = script_cluster("launch-config", (1, 1), "bounded:1", 5, 0);
     let run = dir.join("run");
     let out = pserver(&[
         "launch",
@@ -1607,13 +1572,7 @@ fn a_launch_runs_the_job_of_a_cluster_file_on_the_nodes_it_starts() {
 
 #[test]
 fn a_launch_sent_sigterm_stops_every_node_and_ends_with_143() {
-    let (dir, ports, _) = script_cluster("launch-term", (1, 1), "bounded:1", 1, 0);
-    let file = format!(
-        "cluster_id = \"long\"\nsecret_file = \"secret.key\"\n[job]\nkeys = 100\niterations = 100000\ncompute_ms = 10\n[[node]]\nid = 0\nrole = \"coordinator\"\naddress = \"127.0.0.1:{}\"\n[[node]]\nid = 1\nrole = \"server\"\naddress = \"127.0.0.1:{}\"\n[[node]]\nid = 2\nrole = \"worker\"\naddress = \"127.0.0.1:{}\"\n",
-        ports[0], ports[1], ports[2]
-    );
-    let config = dir.join("long.toml");
-    std::fs::write(&config, file).unwrap();
+    let (dir, _, config) = script_cluster("launch-term", (1, 1), "bounded:1", 100_000, 10);
     let run = dir.join("run");
     let launch = pserver(&[
         "launch",

@@ -8,17 +8,15 @@
 //! which move out of it at once.
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use pserver_core::NodeId;
 
 mod common;
 
-use common::{Children, expected_totals, fields, summed_dumps};
+use common::{Children, expected_totals, fields, summed_dumps, watch_log};
 
 /// Network namespaces for the nodes of one test, joined by a bridge in a namespace of its own.
 struct Hosts {
@@ -313,29 +311,71 @@ fn an_lr_job_on_named_hosts_ends_by_itself_every_server_used_as_well_as_one_proc
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A thread reading `child`'s stderr: one `()` per line containing `needle`; the whole log once
-/// the stream closes.
-fn watch(
-    child: &mut Child,
-    needle: &'static str,
-) -> (mpsc::Receiver<()>, std::thread::JoinHandle<String>) {
-    let stderr = child.stderr.take().expect("piped stderr");
-    let (seen, lines) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let mut log = String::new();
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if line.contains(needle) {
-                let _ = seen.send(());
-            }
-            log += &line;
-            log.push('\n');
+/// The scripted job of the fault tests: its keys and iterations.
+const KEYS: u64 = 1000;
+const ITERATIONS: u32 = 400;
+
+/// Hosts for a coordinator, 3 servers and 2 workers (tagged `tag`), and the cluster file of
+/// a scripted job long enough for a fault in its middle, in `dir`.
+fn script_hosts(tag: &str, dir: &Path) -> (Hosts, PathBuf) {
+    let job = format!(
+        "consistency = \"bounded:1\"\n\n[job]\nkeys = {KEYS}\niterations = {ITERATIONS}\ncompute_ms = 20"
+    );
+    let config = named_cluster(dir, 3, 2, &job);
+    let names = names(3, 2);
+    let hosts = Hosts::new(tag, &names.iter().map(String::as_str).collect::<Vec<_>>());
+    (hosts, config)
+}
+
+/// A scripted job running, watched.
+struct Watched {
+    children: Children,
+    /// One `()` per node the coordinator declared dead.
+    declared: std::sync::mpsc::Receiver<()>,
+    coordinator_log: std::thread::JoinHandle<String>,
+    worker_log: std::thread::JoinHandle<String>,
+}
+
+impl Watched {
+    /// The coordinator's and worker-0's logs, once they ended.
+    fn logs(self) -> (String, String) {
+        (
+            self.coordinator_log.join().unwrap_or_default(),
+            self.worker_log.join().unwrap_or_default(),
+        )
+    }
+}
+
+/// Starts the scripted job of `script_hosts` (every server dumping its totals where `dump`
+/// says) and returns once worker-0 has done 5 iterations.
+fn start_script(hosts: &Hosts, config: &Path, dump: impl Fn(&str) -> PathBuf) -> Watched {
+    let names = names(3, 2);
+    let mut children = start(hosts, config, &names, |name| {
+        if name.starts_with("server-") {
+            vec!["--dump".into(), dump(name).display().to_string()]
+        } else {
+            Vec::new()
         }
-        log
     });
-    (lines, reader)
+    let at =
+        |children: &Children, name: &str| children.0.iter().position(|(n, _)| n == name).unwrap();
+    let coordinator = at(&children, "coordinator");
+    let (declared, coordinator_log) =
+        watch_log(&mut children.0[coordinator].1, "node declared dead");
+    let first_worker = at(&children, "worker-0");
+    let (progress, worker_log) = watch_log(&mut children.0[first_worker].1, "iteration done");
+    for done in 0..5 {
+        assert!(
+            progress.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "worker-0 did {done} iterations, then none for 60 s"
+        );
+    }
+    Watched {
+        children,
+        declared,
+        coordinator_log,
+        worker_log,
+    }
 }
 
 #[test]
@@ -344,52 +384,18 @@ fn a_server_whose_link_is_cut_is_replaced_nothing_is_lost_and_it_exits_3_once_it
         eprintln!("skipped: {why}");
         return;
     }
-    const KEYS: u64 = 1000;
-    const ITERATIONS: u32 = 400;
     let dir = std::env::temp_dir().join(format!("pserver-netns-cut-{}", std::process::id()));
-    let job = format!(
-        "consistency = \"bounded:1\"\n\n[job]\nkeys = {KEYS}\niterations = {ITERATIONS}\ncompute_ms = 20"
-    );
-    let config = named_cluster(&dir, 3, 2, &job);
-    let names = names(3, 2);
-    let hosts = Hosts::new("c", &names.iter().map(String::as_str).collect::<Vec<_>>());
     let dump = |name: &str| dir.join(format!("{name}.totals"));
-    let mut children = start(&hosts, &config, &names, |name| {
-        if name.starts_with("server-") {
-            vec!["--dump".into(), dump(name).display().to_string()]
-        } else {
-            Vec::new()
-        }
-    });
-    let coordinator = children
-        .0
-        .iter()
-        .position(|(n, _)| n == "coordinator")
-        .unwrap();
-    let (declared, coordinator_log) = watch(&mut children.0[coordinator].1, "node declared dead");
-    let first_worker = children
-        .0
-        .iter()
-        .position(|(n, _)| n == "worker-0")
-        .unwrap();
-    let (progress, worker_log) = watch(&mut children.0[first_worker].1, "iteration done");
-    for done in 0..5 {
-        assert!(
-            progress.recv_timeout(Duration::from_secs(60)).is_ok(),
-            "worker-0 did {done} iterations, then none for 60 s"
-        );
-    }
+    let (hosts, config) = script_hosts("c", &dir);
+    let mut run = start_script(&hosts, &config, |name| dump(name));
     hosts.link("server-0", false);
     assert!(
-        declared.recv_timeout(Duration::from_secs(30)).is_ok(),
+        run.declared.recv_timeout(Duration::from_secs(30)).is_ok(),
         "the coordinator did not declare the cut server dead"
     );
     hosts.link("server-0", true);
-    let outputs = wait_all(&mut children, Instant::now() + Duration::from_secs(300));
-    let (coordinator_log, worker_log) = (
-        coordinator_log.join().unwrap_or_default(),
-        worker_log.join().unwrap_or_default(),
-    );
+    let outputs = wait_all(&mut run.children, Instant::now() + Duration::from_secs(300));
+    let (coordinator_log, worker_log) = run.logs();
     let cut = &outputs["server-0"];
     assert_eq!(cut.status.code(), Some(3), "{}", text(&cut.stderr));
     assert!(
@@ -420,41 +426,11 @@ fn a_server_that_comes_back_under_its_name_at_another_address_rejoins_and_nothin
         eprintln!("skipped: {why}");
         return;
     }
-    const KEYS: u64 = 1000;
-    const ITERATIONS: u32 = 400;
     let dir = std::env::temp_dir().join(format!("pserver-netns-move-{}", std::process::id()));
-    let job = format!(
-        "consistency = \"bounded:1\"\n\n[job]\nkeys = {KEYS}\niterations = {ITERATIONS}\ncompute_ms = 20"
-    );
-    let config = named_cluster(&dir, 3, 2, &job);
-    let names = names(3, 2);
-    let mut hosts = Hosts::new("m", &names.iter().map(String::as_str).collect::<Vec<_>>());
     let dump = |name: &str, run: u32| dir.join(format!("{name}.{run}.totals"));
-    let mut children = start(&hosts, &config, &names, |name| {
-        if name.starts_with("server-") {
-            vec!["--dump".into(), dump(name, 0).display().to_string()]
-        } else {
-            Vec::new()
-        }
-    });
-    let coordinator = children
-        .0
-        .iter()
-        .position(|(n, _)| n == "coordinator")
-        .unwrap();
-    let (declared, coordinator_log) = watch(&mut children.0[coordinator].1, "node declared dead");
-    let first_worker = children
-        .0
-        .iter()
-        .position(|(n, _)| n == "worker-0")
-        .unwrap();
-    let (progress, worker_log) = watch(&mut children.0[first_worker].1, "iteration done");
-    for done in 0..5 {
-        assert!(
-            progress.recv_timeout(Duration::from_secs(60)).is_ok(),
-            "worker-0 did {done} iterations, then none for 60 s"
-        );
-    }
+    let (mut hosts, config) = script_hosts("m", &dir);
+    let mut run = start_script(&hosts, &config, |name| dump(name, 0));
+    let children = &mut run.children;
     let killed = children
         .0
         .iter()
@@ -464,7 +440,7 @@ fn a_server_that_comes_back_under_its_name_at_another_address_rejoins_and_nothin
     victim.kill().expect("kill server-0");
     let _ = victim.wait();
     assert!(
-        declared.recv_timeout(Duration::from_secs(30)).is_ok(),
+        run.declared.recv_timeout(Duration::from_secs(30)).is_ok(),
         "the coordinator did not declare the killed server dead"
     );
     // It comes back as a pod would: the same name, another address.
@@ -481,12 +457,9 @@ fn a_server_that_comes_back_under_its_name_at_another_address_rejoins_and_nothin
         &dump_again,
     ];
     let back = hosts.pserver("server-0", &args, &[("HOSTNAME", "pserver-server-0")]);
-    children.0.push(("server-0 again".into(), back));
-    let outputs = wait_all(&mut children, Instant::now() + Duration::from_secs(300));
-    let (coordinator_log, worker_log) = (
-        coordinator_log.join().unwrap_or_default(),
-        worker_log.join().unwrap_or_default(),
-    );
+    run.children.0.push(("server-0 again".into(), back));
+    let outputs = wait_all(&mut run.children, Instant::now() + Duration::from_secs(300));
+    let (coordinator_log, worker_log) = run.logs();
     for (name, out) in &outputs {
         assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
     }

@@ -119,8 +119,8 @@ pub(crate) enum NodeOutcome {
     },
     /// A worker finished its script.
     Worker(WorkerSummary),
-    /// An lr server stopped.
-    LrServer {
+    /// A server of an lr or mf job stopped.
+    ModelServer {
         /// Rows it held as a primary.
         rows: usize,
         /// Of which non-zero.
@@ -525,38 +525,11 @@ async fn run_lr_node(
         Some(index) => Some(LrData::read(job, index).map_err(|e| RunError::Data(e.to_string()))?),
         None => None,
     };
-    let Started {
-        role,
-        spawned,
-        transport,
-        metrics,
-    } = start::<f32>(file, id, options, data.as_ref().and_then(|d| d.keys_below)).await?;
-    let outcome = match (role, spawned.worker, data) {
-        (Role::Worker, Some(worker), Some(mut data)) => {
-            let training = train_lr_worker(job, id, &worker, &mut data);
-            let epochs = work_then_leave(spawned.node, &worker, file, training).await?;
-            NodeOutcome::Trained { epochs }
-        }
-        (Role::Server, _, _) => {
-            let (report, ended) = serve(spawned.node, role, options).await?;
-            let (rows, nonzero) = lr_server_summary(&report);
-            NodeOutcome::LrServer {
-                rows,
-                nonzero,
-                refused: report.refusals.total(),
-                ended,
-            }
-        }
-        _ => {
-            let (_, ended) = serve(spawned.node, role, options).await?;
-            NodeOutcome::Coordinator(ended)
-        }
+    let keys_below = data.as_ref().and_then(|d| d.keys_below);
+    let train = async |worker: &WorkerHandle<f32>, mut data: LrData| {
+        train_lr_worker(job, id, worker, &mut data).await
     };
-    if let Some(task) = metrics {
-        task.abort();
-    }
-    transport.shutdown().await;
-    Ok(outcome)
+    run_model_node(file, id, options, data, keys_below, train).await
 }
 
 async fn run_mf_node(
@@ -581,6 +554,23 @@ async fn run_mf_node(
         None
     };
     let keys_below = data.as_ref().map(mf::keys_below);
+    let train = async |worker: &WorkerHandle<f32>, data: mf::MfData| {
+        train_mf_worker(job, id, worker, &data).await
+    };
+    run_model_node(file, id, options, data, keys_below, train).await
+}
+
+/// Runs node `id` of a job that trains a model of f32 rows: a worker trains on `data` (read
+/// before joining, its keys all below `keys_below`) with `train` and leaves the job; a server
+/// holds the model's rows until the job ends; the coordinator serves.
+async fn run_model_node<D>(
+    file: &ClusterFile,
+    id: NodeId,
+    options: &NodeOptions,
+    data: Option<D>,
+    keys_below: Option<Key>,
+    train: impl AsyncFnOnce(&WorkerHandle<f32>, D) -> Result<u32, RunError>,
+) -> Result<NodeOutcome, RunError> {
     let Started {
         role,
         spawned,
@@ -589,14 +579,14 @@ async fn run_mf_node(
     } = start::<f32>(file, id, options, keys_below).await?;
     let outcome = match (role, spawned.worker, data) {
         (Role::Worker, Some(worker), Some(data)) => {
-            let training = train_mf_worker(job, id, &worker, &data);
+            let training = train(&worker, data);
             let epochs = work_then_leave(spawned.node, &worker, file, training).await?;
             NodeOutcome::Trained { epochs }
         }
         (Role::Server, _, _) => {
             let (report, ended) = serve(spawned.node, role, options).await?;
-            let (rows, nonzero) = lr_server_summary(&report);
-            NodeOutcome::LrServer {
+            let (rows, nonzero) = model_server_summary(&report);
+            NodeOutcome::ModelServer {
                 rows,
                 nonzero,
                 refused: report.refusals.total(),
@@ -755,8 +745,8 @@ fn save_replacing(
     std::fs::rename(&partial, path).map_err(|e| format!("{}: cannot write: {e}", path.display()))
 }
 
-/// The rows a stopped lr server held as a primary, and how many of them are non-zero.
-fn lr_server_summary(report: &NodeReport<Driver<f32>>) -> (usize, usize) {
+/// The rows a stopped server of a model held as a primary, and how many of them are non-zero.
+fn model_server_summary(report: &NodeReport<Driver<f32>>) -> (usize, usize) {
     let (mut rows, mut nonzero) = (0, 0);
     if let Some(server) = report.node.node().as_server() {
         server.for_each_primary_row(&mut |_, row| {

@@ -161,7 +161,7 @@ pub(crate) fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
             }
             ended
         }
-        NodeOutcome::LrServer {
+        NodeOutcome::ModelServer {
             rows,
             nonzero,
             refused,

@@ -173,3 +173,32 @@ pub(crate) fn expected_totals(
     }
     totals
 }
+
+/// A thread reading `child`'s stderr: it sends one `()` per line containing `needle`, and
+/// returns the whole log once the stream closes.
+pub(crate) fn watch_log(
+    child: &mut Child,
+    needle: &'static str,
+) -> (
+    std::sync::mpsc::Receiver<()>,
+    std::thread::JoinHandle<String>,
+) {
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (seen, lines) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut log = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains(needle) {
+                let _ = seen.send(());
+            }
+            log += &line;
+            log.push('\n');
+        }
+        log
+    });
+    (lines, reader)
+}
