@@ -16,7 +16,7 @@ use tokio::time::timeout;
 use tracing::{debug, warn};
 
 use super::handshake::Established;
-use super::shared::{Shared, Writing};
+use super::shared::{Shared, Taken};
 use super::stats::Count;
 
 /// Read buffer per connection: many small frames are cut out of one read.
@@ -284,13 +284,16 @@ async fn write_loop(
                 f = rx.recv() => f,
             };
             let Some(first) = first else { break };
-            // Counted before the queue looks empty, so that shutdown waits for the write.
-            let _writing = Writing::begin(&shared.writing);
+            let mut taken = Taken::new(shared);
             let mut batch = Batch::default();
             batch.push(first);
+            taken.frames += 1;
             while batch.bytes < BATCH_BYTES {
                 match rx.try_recv() {
-                    Ok(f) => batch.push(f),
+                    Ok(f) => {
+                        batch.push(f);
+                        taken.frames += 1;
+                    }
                     Err(_) => break,
                 }
             }

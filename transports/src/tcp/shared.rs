@@ -52,8 +52,12 @@ pub(super) struct Shared {
     pub(super) peers: BTreeMap<NodeId, PeerHandle>,
     /// Why each peer could not be reached at its last dial, until a dial succeeds.
     pub(super) unreachable: std::sync::Mutex<BTreeMap<NodeId, String>>,
-    /// Batches of frames taken from a queue and being written now.
-    pub(super) writing: std::sync::atomic::AtomicUsize,
+    /// Frames queued and not yet written (or lost with their connection): counted from the
+    /// moment `send` queues one until a writer is done with it, so that no frame is between
+    /// the counts.
+    pub(super) unwritten: std::sync::atomic::AtomicUsize,
+    /// Woken each time a writer is done with a batch.
+    pub(super) wrote: Notify,
 }
 
 impl Shared {
@@ -65,30 +69,41 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Whether every frame queued so far has been written, or dropped: nothing waits in a
-    /// peer's queue and no batch is being written.
+    /// Whether every frame queued so far has been written, or lost with its connection.
     pub(super) fn flushed(&self) -> bool {
-        self.writing.load(std::sync::atomic::Ordering::Acquire) == 0
-            && self
-                .peers
-                .values()
-                .all(|p| p.queue.capacity() == p.queue.max_capacity())
+        self.unwritten.load(std::sync::atomic::Ordering::Acquire) == 0
+    }
+
+    /// Counts a frame queued.
+    pub(super) fn queued(&self) {
+        self.unwritten
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Counts `n` frames done with: written, lost, or never queued after all.
+    pub(super) fn written(&self, n: usize) {
+        self.unwritten
+            .fetch_sub(n, std::sync::atomic::Ordering::AcqRel);
+        self.wrote.notify_waiters();
     }
 }
 
-/// Counts a batch as being written for as long as it lives, cancelled or not.
-pub(super) struct Writing<'a>(&'a std::sync::atomic::AtomicUsize);
+/// A batch of frames a writer took from a queue: counted as unwritten until it is dropped,
+/// written or not (a connection that broke loses it, and the core resends what matters).
+pub(super) struct Taken<'a> {
+    shared: &'a Shared,
+    pub(super) frames: usize,
+}
 
-impl<'a> Writing<'a> {
-    pub(super) fn begin(count: &'a std::sync::atomic::AtomicUsize) -> Self {
-        count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        Writing(count)
+impl<'a> Taken<'a> {
+    pub(super) fn new(shared: &'a Shared) -> Self {
+        Taken { shared, frames: 0 }
     }
 }
 
-impl Drop for Writing<'_> {
+impl Drop for Taken<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        self.shared.written(self.frames);
     }
 }
 

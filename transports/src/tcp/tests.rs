@@ -616,6 +616,23 @@ async fn shutdown_ends_recv_and_send_and_frees_the_port() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_first_writes_every_frame_queued_before_it() {
+    bounded(async {
+        let (a, b) = pair().await;
+        // Queued before any connection exists: shutdown must wait for the dial and the writes.
+        let frames: Vec<Bytes> = (0..200).map(|i| frame(format!("last words {i}"))).collect();
+        for f in &frames {
+            a.send(NodeId(2), f.clone()).await.unwrap();
+        }
+        a.shutdown().await;
+        for f in &frames {
+            expect(&b, 1, f).await;
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn binding_a_port_in_use_names_the_address() {
     bounded(async {

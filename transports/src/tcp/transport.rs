@@ -178,7 +178,8 @@ impl TcpTransport {
             inbound,
             peers: handles,
             unreachable: std::sync::Mutex::new(BTreeMap::new()),
-            writing: std::sync::atomic::AtomicUsize::new(0),
+            unwritten: std::sync::atomic::AtomicUsize::new(0),
+            wrote: Notify::new(),
         });
 
         let (stop, stop_rx) = watch::channel(false);
@@ -235,8 +236,12 @@ impl TcpTransport {
     /// to its own exit. Frames for a peer that cannot be reached wait no longer than that.
     pub async fn shutdown(&self) {
         let until = Instant::now() + SHUTDOWN_FLUSH;
-        while !self.shared.flushed() && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        loop {
+            // Registered before the check, so that a batch written in between still wakes it.
+            let wrote = self.shared.wrote.notified();
+            if self.shared.flushed() || tokio::time::timeout_at(until, wrote).await.is_err() {
+                break;
+            }
         }
         self.stop.send_replace(true);
         let mut done = self.tasks_done.lock().await;
@@ -278,12 +283,15 @@ impl Transport for TcpTransport {
         if frame.is_empty() {
             return Ok(());
         }
+        // Counted first: a writer may take the frame as soon as it is queued.
+        self.shared.queued();
         match peer.queue.try_send(frame) {
             Ok(()) => {
                 peer.wake.notify_one();
                 Ok(())
             }
             Err(mpsc::error::TrySendError::Full(_)) => {
+                self.shared.written(1);
                 self.shared.counters.bump(Count::Dropped);
                 // The core resends what matters; a peer that cannot keep up is worth a line,
                 // but not one per frame.
@@ -291,7 +299,10 @@ impl Transport for TcpTransport {
                 self.shared.drops.dropped("send queue full", detail);
                 Ok(())
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => Err(TransportError::Closed),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.shared.written(1);
+                Err(TransportError::Closed)
+            }
         }
     }
 
