@@ -9,14 +9,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pserver_core::NodeId;
 
 mod common;
 
-use common::{Children, expected_totals, fields, summed_dumps, watch_log};
+use common::{Children, expected_totals, fields, summed_dumps, wait_all, watch_log};
 
 /// Network namespaces for the nodes of one test, joined by a bridge in a namespace of its own.
 struct Hosts {
@@ -38,9 +38,17 @@ fn unable() -> Option<String> {
     if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
         return Some("creating network namespaces needs root".into());
     }
-    match Command::new("ip").args(["netns", "list"]).output() {
+    // Root in a container may still lack the right to make namespaces: try one.
+    let probe = format!("psprobe{}", std::process::id());
+    let made = Command::new("ip").args(["netns", "add", &probe]).output();
+    let _ = Command::new("ip").args(["netns", "del", &probe]).output();
+    match made {
         Ok(o) if o.status.success() => None,
-        _ => Some("`ip netns` does not work here".into()),
+        Ok(o) => Some(format!(
+            "`ip netns add` fails here: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Some(format!("`ip` cannot run here: {e}")),
     }
 }
 
@@ -149,7 +157,16 @@ impl Hosts {
             .arg(assert_cmd::cargo::cargo_bin("pserver"))
             .args(args)
             .env("PSERVER_SECRET", "the-cluster-secret")
-            .env("RUST_LOG", "info")
+            // The nodes a test watches log what it waits for; the others only warn, so that
+            // no unread pipe fills up and blocks them.
+            .env(
+                "RUST_LOG",
+                if matches!(name, "coordinator" | "worker-0") {
+                    "info"
+                } else {
+                    "warn"
+                },
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -226,26 +243,6 @@ fn start(
         children.0.push((name.clone(), child));
     }
     children
-}
-
-/// Waits for every child to end by itself, by `deadline`; their outputs by name.
-fn wait_all(children: &mut Children, deadline: Instant) -> BTreeMap<String, Output> {
-    let mut outputs = BTreeMap::new();
-    for (name, mut child) in children.0.drain(..) {
-        while child.try_wait().expect("poll a child").is_none() {
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let out = child.wait_with_output().expect("output");
-                panic!(
-                    "{name} did not end by itself:\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        outputs.insert(name, child.wait_with_output().expect("output"));
-    }
-    outputs
 }
 
 fn text(bytes: &[u8]) -> String {

@@ -39,6 +39,16 @@ pub enum RuntimeError {
         /// What the worker waited for: servers, keys, retransmissions.
         waiting: String,
     },
+    /// The coordinator has been silent for [`crate::RuntimeConfig::stall_limit`]: it stopped
+    /// or is cut off, and a server can neither take part in a change nor hear that the job
+    /// ended.
+    #[error(
+        "the coordinator has been silent for {secs} s, the stall limit: it stopped, or this node is cut off from it"
+    )]
+    CoordinatorSilent {
+        /// How long it has been silent.
+        secs: u64,
+    },
     /// The pushed rows have another width than the job's.
     #[error("pushed rows have {got} values per key, but this job uses {expected}")]
     WidthMismatch {
@@ -475,6 +485,10 @@ pub struct NodeReport<N> {
     /// Whether the node stopped because it left the job ([`WorkerHandle::leave`],
     /// [`NodeHandle::leave_handle`]).
     pub left: bool,
+    /// Why the node stopped by itself past a limit of [`crate::RuntimeConfig`]: a worker's
+    /// requests stalled ([`RuntimeError::Stalled`]), a server's coordinator fell silent
+    /// ([`RuntimeError::CoordinatorSilent`]).
+    pub stalled: Option<RuntimeError>,
 }
 
 /// What a node's event loop has done, for an operator's dashboard ([`NodeHandle::metrics`]).

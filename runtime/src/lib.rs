@@ -112,7 +112,9 @@ pub struct RuntimeConfig {
     pub stall_warning: Duration,
     /// A worker that sees none of its open requests complete for this long gives up: every
     /// open and later call fails with [`RuntimeError::Stalled`], saying what it waited for,
-    /// and the loop ends. Default: never.
+    /// and the loop ends. A server whose coordinator is silent this long ends too
+    /// ([`RuntimeError::CoordinatorSilent`]): a coordinator that stopped after the job ended
+    /// never tells a server cut off at that moment. Default: never.
     pub stall_limit: Option<Duration>,
 }
 

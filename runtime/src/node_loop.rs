@@ -328,7 +328,21 @@ where
     /// [`RuntimeConfig::stall_warning`], and gives up past [`RuntimeConfig::stall_limit`]. The
     /// worker's heartbeat wakes the loop often enough to notice.
     fn watch_for_stalls(&mut self) {
-        if self.open_requests() == 0 || self.stalled.is_some() {
+        if self.stalled.is_some() {
+            return;
+        }
+        if let (Some(limit), Some(since), Some(_)) = (
+            self.cfg.stall_limit,
+            self.coordinator_silent_since,
+            self.driver.node().as_server(),
+        ) && since.elapsed() >= limit
+        {
+            let secs = since.elapsed().as_secs();
+            tracing::error!(secs, "the coordinator has been silent past the stall limit");
+            self.stalled = Some(RuntimeError::CoordinatorSilent { secs });
+            return;
+        }
+        if self.open_requests() == 0 {
             return;
         }
         let waited = self.progress_at.elapsed();
@@ -535,6 +549,7 @@ where
             send_errors: self.counts.send_errors,
             fenced: self.fenced && !self.left,
             left: self.left,
+            stalled: self.stalled.clone(),
             node: self.driver,
         })
     }

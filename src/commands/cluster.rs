@@ -842,6 +842,7 @@ async fn serve<V: Value>(
     options: &NodeOptions,
 ) -> Result<(NodeReport<Driver<V>>, Ended), RunError> {
     let finished = node.job_finished();
+    let finished_while_leaving = node.job_finished();
     let leave = node.leave_handle();
     let mut ended = Ended::JobFinished;
     let report = node
@@ -850,13 +851,16 @@ async fn serve<V: Value>(
                 stop = super::signals::stop_requested() => {
                     ended = Ended::Stopped(stop);
                     if stop == Stop::Terminate && role == Role::Server {
-                        // The node stops by itself once it is out; this bounds the wait.
+                        // The node stops by itself once it is out; this bounds the wait. A
+                        // job that ends meanwhile needs the server no more.
                         leave.leave();
-                        tokio::time::sleep(options.leave_timeout).await;
-                        tracing::warn!(
-                            secs = options.leave_timeout.as_secs(),
-                            "could not leave the job in time: stopping anyway"
-                        );
+                        tokio::select! {
+                            () = tokio::time::sleep(options.leave_timeout) => tracing::warn!(
+                                secs = options.leave_timeout.as_secs(),
+                                "could not leave the job in time: stopping anyway"
+                            ),
+                            _ = finished_while_leaving => ended = Ended::JobFinished,
+                        }
                     }
                 }
                 _ = finished, if !options.serve_forever => {}
@@ -865,6 +869,9 @@ async fn serve<V: Value>(
         .await?;
     if report.left {
         return Ok((report, Ended::Left));
+    }
+    if let Some(stalled) = report.stalled {
+        return Err(RunError::Runtime(stalled));
     }
     // A fenced node ends its process: the cluster went on without it, and its id and port
     // must be free for a restart.

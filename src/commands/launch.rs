@@ -85,8 +85,9 @@ const STOP_GRACE: Duration = Duration::from_secs(30);
 struct Node {
     name: String,
     role: &'static str,
-    pid: Option<u32>,
-    /// Ended and reaped: its pid may be another process's now.
+    /// Signals for the task that owns the process: it sends them only while the process is
+    /// not reaped, so that a pid freed for another process is never signalled.
+    signals: mpsc::UnboundedSender<Signal>,
     ended: bool,
 }
 
@@ -130,20 +131,41 @@ fn launch(args: &LaunchArgs, dir: &Path) -> Result<(), CliError> {
 
 /// Free loopback ports, one per node, each free for both TCP and UDP when found. They are
 /// held until all are found, so that no two are the same.
+///
+/// They come from below the kernel's ephemeral range: a port from within it (what binding
+/// port 0 gives) may be taken for an outgoing connection of the nodes that start first,
+/// before the node it was meant for binds it.
 fn free_ports(n: usize) -> Result<Vec<u16>, CliError> {
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let (low, high) = (
+        ephemeral.saturating_sub(12_000).max(1_024),
+        ephemeral.max(2_048),
+    );
+    let span = high - low;
+    let start = std::process::id() % span;
     let mut held = Vec::new();
     let mut ports = Vec::new();
-    while ports.len() < n {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")
-            .map_err(|e| CliError::Input(format!("cannot find a free loopback port: {e}")))?;
-        let port = listener
-            .local_addr()
-            .map_err(|e| CliError::Input(format!("cannot find a free loopback port: {e}")))?
-            .port();
-        if let Ok(udp) = std::net::UdpSocket::bind(("127.0.0.1", port)) {
-            ports.push(port);
-            held.push((listener, udp));
+    for k in 0..span {
+        if ports.len() == n {
+            break;
         }
+        let Ok(port) = u16::try_from(low + (start + k) % span) else {
+            continue;
+        };
+        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
+        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+        if let (Ok(tcp), Ok(udp)) = (tcp, udp) {
+            ports.push(port);
+            held.push((tcp, udp));
+        }
+    }
+    if ports.len() < n {
+        return Err(CliError::Input(format!(
+            "cannot find {n} free loopback ports between {low} and {high}"
+        )));
     }
     Ok(ports)
 }
@@ -282,10 +304,20 @@ async fn supervise(
             .spawn()
             .map_err(|e| CliError::Input(format!("cannot start {name}: {e}")))?;
         forwarding.extend(forward(&mut child, &name));
-        let pid = child.id();
         let tx = ended_tx.clone();
+        let (signals, mut signalled) = mpsc::unbounded_channel::<Signal>();
         tokio::spawn(async move {
-            let status = child.wait().await;
+            let status = loop {
+                tokio::select! {
+                    biased;
+                    status = child.wait() => break status,
+                    Some(signal) = signalled.recv() => {
+                        if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+                            let _ = kill(Pid::from_raw(pid), signal);
+                        }
+                    }
+                }
+            };
             let _ = tx.send((id, status));
         });
         nodes.insert(
@@ -293,7 +325,7 @@ async fn supervise(
             Node {
                 name,
                 role,
-                pid,
+                signals,
                 ended: false,
             },
         );
@@ -402,9 +434,7 @@ fn terminate(nodes: &BTreeMap<usize, Node>, signal: Signal) {
             Signal::SIGTERM if node.role != "worker" => Signal::SIGINT,
             other => other,
         };
-        if let Some(pid) = node.pid.and_then(|p| i32::try_from(p).ok()) {
-            let _ = kill(Pid::from_raw(pid), signal);
-        }
+        let _ = node.signals.send(signal);
     }
 }
 

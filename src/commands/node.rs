@@ -129,9 +129,10 @@ pub(crate) fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
                 "{role} {id} was removed from the cluster (fenced): the coordinator went on \
                  without it, as it does with a node silent past its timeout; restart it to rejoin"
             )),
-            e @ (RunError::Lost(_) | RunError::Runtime(RuntimeError::Stalled { .. })) => {
-                CliError::failed(e)
-            }
+            e @ (RunError::Lost(_)
+            | RunError::Runtime(
+                RuntimeError::Stalled { .. } | RuntimeError::CoordinatorSilent { .. },
+            )) => CliError::failed(e),
             RunError::Stopped(Stop::Interrupt) => CliError::Interrupted,
             RunError::Stopped(Stop::Terminate) => CliError::Terminated,
             e => CliError::input(e),

@@ -9,9 +9,9 @@ use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pserver_core::NodeId;
 
@@ -201,4 +201,20 @@ pub(crate) fn watch_log(
         log
     });
     (lines, reader)
+}
+
+/// Waits for every child to end by itself, by `deadline`; their outputs by name. One that
+/// does not fails the test, and every child still running is killed with `children`.
+pub(crate) fn wait_all(children: &mut Children, deadline: Instant) -> BTreeMap<String, Output> {
+    let mut outputs = BTreeMap::new();
+    while let Some((name, child)) = children.0.first_mut() {
+        if child.try_wait().expect("poll a child").is_none() {
+            assert!(Instant::now() < deadline, "{name} did not end by itself");
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        let (name, child) = children.0.remove(0);
+        outputs.insert(name, child.wait_with_output().expect("output"));
+    }
+    outputs
 }
