@@ -28,7 +28,8 @@ pub enum Address {
     Ip(SocketAddr),
     /// A host name and port, resolved when it is used.
     Name {
-        /// The host name, as given (compared without regard to case).
+        /// The host name, in lower case: names are the same in any case, and so are two
+        /// addresses that differ only in it.
         host: String,
         /// The port.
         port: u16,
@@ -98,18 +99,6 @@ impl Address {
             }
         }
     }
-
-    /// Whether both name the same place as written: the same IP address and port, or the same
-    /// host name (in any case) and port.
-    pub fn same_as(&self, other: &Address) -> bool {
-        match (self, other) {
-            (Address::Ip(a), Address::Ip(b)) => a == b,
-            (Address::Name { host: a, port: p }, Address::Name { host: b, port: q }) => {
-                p == q && a.eq_ignore_ascii_case(b)
-            }
-            _ => false,
-        }
-    }
 }
 
 impl From<SocketAddr> for Address {
@@ -163,7 +152,7 @@ impl FromStr for Address {
             ));
         }
         Ok(Address::Name {
-            host: host.to_owned(),
+            host: host.to_ascii_lowercase(),
             port,
         })
     }
@@ -191,8 +180,8 @@ mod tests {
             assert!(bad.parse::<Address>().is_err(), "{bad}");
         }
         let upper: Address = "LOCALHOST:7400".parse().unwrap();
-        assert!(upper.same_as(&name));
-        assert!(!upper.same_as(&"localhost:7401".parse().unwrap()));
+        assert_eq!(upper, name);
+        assert_ne!(upper, "localhost:7401".parse().unwrap());
     }
 
     #[cfg(not(loom))]

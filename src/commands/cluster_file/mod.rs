@@ -477,8 +477,9 @@ fn nodes(nodes: Vec<RawNode>, origin: &Origin<'_>) -> Result<Nodes, ClusterFileE
     for (id, role, address, field) in listed {
         let id = id.unwrap_or(NodeId(0));
         // Two nodes cannot listen on one address: the second would fail to bind, or on
-        // different machines a peer would reach the wrong one.
-        if let Some((other, _)) = addresses.iter().find(|(_, a)| a.same_as(&address)) {
+        // different machines a peer would reach the wrong one. Host names are compared in
+        // lower case, as `Address` keeps them.
+        if let Some((other, _)) = addresses.iter().find(|(_, a)| **a == address) {
             return Err(origin.invalid(
                 &field,
                 format!("{address} is also the address of node {other}"),
