@@ -5,8 +5,10 @@
 //! the line) and `qid:N` tokens are skipped. Indices are zero- or one-based: a job decides
 //! once, over every file it reads, which ([`IndexBase::resolve`]: any index 0 in any of them
 //! means zero-based), or takes it as given; an index 0 in a file read as one-based is an error
-//! naming its line. Bad input is a [`DataError`] naming the file, the line, the column, what
-//! was expected and what was found.
+//! naming its line. Labels are binary, as either convention writes them: 1 or +1 for a
+//! positive example, 0 or -1 for a negative one; any other label (a third class, a real-valued
+//! target) is an error naming its line, never mapped to a class. Bad input is a [`DataError`]
+//! naming the file, the line, the column, what was expected and what was found.
 //!
 //! ```text
 //! let text = b"+1 1:0.5 7:2 # a comment\n-1 qid:3 2:1\n";
@@ -364,7 +366,7 @@ impl Examples {
         self.labels.is_empty()
     }
 
-    /// Every label: 1 for a positive example (label > 0), 0 otherwise.
+    /// Every label: 1 for a positive example (written 1 or +1), 0 for a negative one (0 or -1).
     pub(crate) fn labels(&self) -> &[f32] {
         &self.labels
     }
@@ -760,8 +762,23 @@ fn parse_line(line: &[u8], out: &mut Examples, one_based: bool) -> Result<(), Li
     let Some((col, label)) = tokens.next() else {
         return Ok(());
     };
-    let label = parse_f32(label)
-        .ok_or_else(|| (col, format!("expected a numeric label, {}", found(label))))?;
+    let written = label;
+    let label = parse_f32(written)
+        .ok_or_else(|| (col, format!("expected a numeric label, {}", found(written))))?;
+    // Binary labels as either convention writes them; nothing else is guessed at.
+    let label = if label == 1.0 {
+        1.0
+    } else if label == 0.0 || label == -1.0 {
+        0.0
+    } else {
+        return Err((
+            col,
+            format!(
+                "expected a binary label, 0 or 1 (or -1 or +1), {}: logistic regression does not train on other classes or on real-valued targets",
+                found(written)
+            ),
+        ));
+    };
     let start = out.ids.len();
     let mut last: Option<u64> = None;
     for (col, token) in tokens {
@@ -829,7 +846,7 @@ fn parse_line(line: &[u8], out: &mut Examples, one_based: bool) -> Result<(), Li
         };
         out.push_feature(index, value);
     }
-    out.end_row(if label > 0.0 { 1.0 } else { 0.0 });
+    out.end_row(label);
     Ok(())
 }
 
@@ -983,6 +1000,24 @@ mod tests {
         parse("t.svm", text.as_bytes(), IndexBase::Auto)
             .unwrap_err()
             .to_string()
+    }
+
+    #[test]
+    fn a_label_that_is_not_binary_is_refused_naming_its_line() {
+        // Three classes: the second line's is the first that is neither 0/1 nor -1/+1.
+        let e = err("1 1:1\n2 1:1\n3 2:1\n");
+        assert_eq!(
+            e.lines().next().unwrap_or_default(),
+            "t.svm:2:1: expected a binary label, 0 or 1 (or -1 or +1), found '2': logistic regression does not train on other classes or on real-valued targets"
+        );
+        assert!(err("0.5 1:1\n").contains("found '0.5'"));
+        let both = parse(
+            "t.svm",
+            b"+1 1:1\n-1 1:1\n1.0 2:1\n0 2:1\n",
+            IndexBase::Auto,
+        )
+        .unwrap();
+        assert_eq!(both.labels(), &[1.0, 0.0, 1.0, 0.0]);
     }
 
     #[test]
