@@ -12,6 +12,10 @@ use std::time::Instant;
 #[allow(dead_code, unreachable_pub)]
 #[path = "../src/data/libsvm.rs"]
 mod libsvm;
+// What the reader draws its seeded hold-out from.
+#[allow(dead_code, unreachable_pub)]
+#[path = "../src/seeded.rs"]
+mod seeded;
 
 use libsvm::{IndexBase, parse};
 

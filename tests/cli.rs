@@ -519,9 +519,11 @@ fn train_refuses_bad_data_with_file_line_and_column_and_status_2() {
         err.contains("reviews.svm:2:7: expected 'index:value', found 'abc'"),
         "{err}"
     );
-    let missing = dir.join("missing.svm");
+    let (good, missing) = (dir.join("good.svm"), dir.join("missing.svm"));
+    std::fs::write(&good, "1 3:1\n0 2:1\n").unwrap();
     let out = pserver()
-        .args(["train", "--test", missing.to_str().unwrap()])
+        .args(["train", "--data", good.to_str().unwrap()])
+        .args(["--test", missing.to_str().unwrap()])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -1018,11 +1020,11 @@ fn an_empty_training_file_is_refused_naming_it() {
     let path = empty.to_str().unwrap();
     let line = refused(&["train", "--data", path], "empty.svm");
     assert!(line.contains("no examples"), "{line}");
-    refused(&["train", "--test", path], "empty.svm");
     // predict needs a model before it reads the data: train one on two rows.
     let tiny = dir.join("tiny.svm");
     std::fs::write(&tiny, "1 1:1\n0 2:1\n").unwrap();
     let (tiny, model) = (tiny.to_str().unwrap(), dir.join("model.bin"));
+    refused(&["train", "--data", tiny, "--test", path], "empty.svm");
     let model = model.to_str().unwrap();
     let out = pserver()
         .args(["train", "--data", tiny, "--test", tiny, "--epochs", "1"])

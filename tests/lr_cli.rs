@@ -520,3 +520,88 @@ fn the_kkt_filter_needs_an_l1_model_holds_zero_weights_changes_and_says_what_it_
         "{line}"
     );
 }
+
+#[test]
+fn a_run_without_test_in_another_folder_holds_out_part_of_its_data_and_never_reads_the_shipped_one()
+{
+    let dir = scratch("held-out");
+    let train = dir.join("mine.svm");
+    base_rate_file(&train, 2000, 7);
+    // In a folder without data/adult: the shipped test file cannot be read by mistake.
+    let out = pserver()
+        .current_dir(&dir)
+        .args(["train", "--data", "mine.svm", "--epochs", "2"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("adult"), "{stderr}");
+    let held = stderr
+        .lines()
+        .find(|l| l.starts_with("test: "))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let rows: f64 = held.split_whitespace().nth(1).unwrap().parse().unwrap();
+    // About a tenth, chosen by the seed.
+    assert!((150.0..=250.0).contains(&rows), "{held}");
+    let epochs = epochs_of(&stdout);
+    assert_eq!(epochs.len(), 2, "{stdout}");
+    assert!(field(epochs[1], "test_logloss") > 0.0, "{stdout}");
+    // The same seed holds out the same rows; another holds out others.
+    let again = pserver()
+        .current_dir(&dir)
+        .args([
+            "train", "--data", "mine.svm", "--epochs", "1", "--seed", "3",
+        ])
+        .output()
+        .unwrap();
+    let other = String::from_utf8_lossy(&again.stderr);
+    assert!(other.contains("--seed 3"), "{other}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_file_with_three_classes_is_refused_naming_its_line() {
+    let dir = scratch("three-classes");
+    let data = dir.join("three.svm");
+    std::fs::write(&data, "1 1:1\n1 2:1\n2 1:1\n3 2:1\n").unwrap();
+    let out = pserver()
+        .args(["train", "--data", s(&data)])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let last = stderr.trim().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(&format!(
+            "error: {}:3:1: expected a binary label",
+            data.display()
+        )) && last.contains("found '2'"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_test_set_of_one_class_is_said() {
+    let dir = scratch("one-class");
+    let (train, test) = (dir.join("train.svm"), dir.join("test.svm"));
+    base_rate_file(&train, 500, 1);
+    std::fs::write(&test, "1 1:1\n1 2:1\n+1 3:1\n").unwrap();
+    let (_, stderr) = run_ok(&[
+        "train",
+        "--data",
+        s(&train),
+        "--test",
+        s(&test),
+        "--epochs",
+        "1",
+    ]);
+    assert!(
+        stderr.contains("warning: every one of the 3 test rows is positive"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -20,6 +20,8 @@
 
 use std::fmt;
 use std::ops::Range;
+
+use crate::seeded::{mix, unit};
 use std::path::Path;
 
 use pserver_core::MAX_KEY;
@@ -231,7 +233,6 @@ impl Ids {
         }
     }
 
-    #[cfg(test)]
     /// The same kind of list, empty.
     fn empty_like(&self) -> Ids {
         match self {
@@ -240,7 +241,6 @@ impl Ids {
         }
     }
 
-    #[cfg(test)]
     fn extend_from(&mut self, ids: IdSlice<'_>) {
         match (self, ids) {
             (Ids::Narrow(v), IdSlice::Narrow(s)) => v.extend_from_slice(s),
@@ -422,7 +422,6 @@ impl Examples {
         self.select(&(0..n.min(self.len())).collect::<Vec<_>>())
     }
 
-    #[cfg(test)]
     /// The rows `order` names, in that order.
     pub(crate) fn select(&self, order: &[usize]) -> Examples {
         let mut out = Examples::new();
@@ -440,6 +439,22 @@ impl Examples {
             out.offsets.push(out.ids.len());
         }
         out
+    }
+
+    /// Splits the rows into a training and a held-out set: each row is held out with
+    /// probability `fraction`, decided by a hash of `seed` and its position, so that the same
+    /// seed always holds out the same rows. Both keep the file's order.
+    pub(crate) fn hold_out(&self, fraction: f64, seed: u64) -> (Examples, Examples) {
+        let (mut kept, mut held) = (Vec::new(), Vec::new());
+        for r in 0..self.len() {
+            let draw = mix(seed ^ mix(r as u64 ^ 0x4e1d));
+            if unit(draw) < fraction {
+                held.push(r);
+            } else {
+                kept.push(r);
+            }
+        }
+        (self.select(&kept), self.select(&held))
     }
 
     /// The largest feature index plus one (0 without features).

@@ -20,7 +20,7 @@ use crate::apps::plot::{Curve, write_svg};
 use crate::commands::groups::{FilterArgs, StragglerArgs};
 use crate::commands::signals::{self, Stop};
 use crate::commands::values::{
-    Factor, Rate, Seconds, Strength, Transport, UpdateRule, at_least_one, output_file,
+    Factor, Fraction, Rate, Seconds, Strength, Transport, UpdateRule, at_least_one, output_file,
 };
 use crate::commands::{CliError, runtime};
 use crate::data::libsvm::{Examples, IndexBase, read_streaming};
@@ -38,20 +38,23 @@ use crate::data::libsvm::{Examples, IndexBase, read_streaming};
 /// model), with exit status 130 or 143.
 #[derive(clap::Args, Debug)]
 pub(crate) struct LrArgs {
-    /// Training data (LIBSVM, optionally .gz).
+    /// Training data (LIBSVM, optionally .gz; labels 0/1 or -1/+1) [default: the shipped
+    /// Adult data, data/adult/adult.train.svm.gz, with its test file].
+    #[arg(long, value_name = "FILE")]
+    data: Option<PathBuf>,
+    /// Test data, measured after every epoch [default: hold out --test-fraction of --data].
+    #[arg(long, value_name = "FILE", requires = "data")]
+    test: Option<PathBuf>,
+    /// Fraction of --data held out for testing, chosen by --seed, when no --test is given
+    /// [default: 0.1].
     #[arg(
         long,
-        value_name = "FILE",
-        default_value = "data/adult/adult.train.svm.gz"
+        value_name = "F",
+        requires = "data",
+        conflicts_with = "test",
+        allow_negative_numbers = true
     )]
-    data: PathBuf,
-    /// Test data (LIBSVM, optionally .gz).
-    #[arg(
-        long,
-        value_name = "FILE",
-        default_value = "data/adult/adult.test.svm.gz"
-    )]
-    test: PathBuf,
+    test_fraction: Option<Fraction>,
     #[command(flatten)]
     nodes: NodesArgs,
     /// Consistency models, comma-separated (sequential, bounded:TAU, eventual): one training
@@ -261,30 +264,86 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
     }
 }
 
-/// Reads the training and test files, with one index base decided over both.
+/// The shipped data `pserver train` trains on when given no --data.
+const SHIPPED: (&str, &str) = (
+    "data/adult/adult.train.svm.gz",
+    "data/adult/adult.test.svm.gz",
+);
+
+/// Test rows held out of --data when neither --test nor --test-fraction is given.
+const TEST_FRACTION: f64 = 0.1;
+
+/// Reads the training and test rows, with one index base decided over every file read: the
+/// shipped data without --data; --data and --test; or --data with a seeded part held out.
 fn load(args: &LrArgs) -> Result<(Examples, Examples, IndexBase), CliError> {
-    let (train_name, test_name) = (
-        args.data.display().to_string(),
-        args.test.display().to_string(),
-    );
+    let (data, test) = match (&args.data, &args.test) {
+        (Some(data), test) => (data.clone(), test.clone()),
+        (None, _) => (PathBuf::from(SHIPPED.0), Some(PathBuf::from(SHIPPED.1))),
+    };
+    let files: Vec<&std::path::Path> = std::iter::once(data.as_path())
+        .chain(test.as_deref())
+        .collect();
     // Read a few megabytes at a time, twice where the base is to be found: the text of a
     // large file is never held whole beside its parsed rows.
     let (base, zero) = args
         .index_base
-        .resolve_files([args.data.as_path(), args.test.as_path()])
+        .resolve_files(files.iter().copied())
         .map_err(CliError::input)?;
-    let train = read_streaming(&args.data, base).map_err(CliError::input)?;
-    let test = read_streaming(&args.test, base).map_err(CliError::input)?;
+    let whole = read_streaming(&data, base).map_err(CliError::input)?;
+    let (train, test) = match &test {
+        Some(test) => (whole, read_streaming(test, base).map_err(CliError::input)?),
+        None => {
+            let fraction = args.test_fraction.map_or(TEST_FRACTION, Fraction::get);
+            let (train, held) = whole.hold_out(fraction, args.seed);
+            if train.is_empty() || held.is_empty() {
+                return Err(CliError::Input(format!(
+                    "{}: holding out --test-fraction {fraction} of its {} rows leaves none to {}: give more rows, another fraction or --test",
+                    data.display(),
+                    whole.len(),
+                    if train.is_empty() {
+                        "train on"
+                    } else {
+                        "test on"
+                    }
+                )));
+            }
+            eprintln!(
+                "test: {} rows held out of {} (--test-fraction {fraction}, --seed {})",
+                held.len(),
+                data.display(),
+                args.seed
+            );
+            (train, held)
+        }
+    };
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     match (args.index_base, zero) {
         (IndexBase::Auto, Some((file, line, column))) => {
             eprintln!("index base 0: index 0 at {file}:{line}:{column}")
         }
         (IndexBase::Auto, None) => eprintln!(
-            "index base 1: no index 0 in {train_name} or {test_name} (give --index-base 0 if they count from 0)"
+            "index base 1: no index 0 in {} (give --index-base 0 if they count from 0)",
+            names.join(" or ")
         ),
         _ => {}
     }
+    say_if_one_class(&test);
     Ok((train, test, base))
+}
+
+/// Says when the test rows hold one class only: their AUC means nothing then (it reads 0.5),
+/// and their log loss says little.
+fn say_if_one_class(test: &Examples) {
+    let positive = test.labels().iter().filter(|&&l| l > 0.0).count();
+    let class = match positive {
+        0 => "negative",
+        p if p == test.len() => "positive",
+        _ => return,
+    };
+    eprintln!(
+        "warning: every one of the {} test rows is {class}: test_auc means nothing for one class (it reads 0.5)",
+        test.len()
+    );
 }
 
 /// The KKT filter's bound in a job updated by `updater`: the L1 bound under which FTRL keeps a
