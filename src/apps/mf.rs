@@ -1,11 +1,13 @@
-//! Matrix factorization by SGD on (user, item, rating) triples: user and item factors are
-//! keys of width `rank` on the servers, which apply plain SGD; workers pull the factors their
-//! minibatch touches, compute the gradient of the squared error and push it.
+//! Matrix factorization by SGD on (user, item, rating) triples, the standard biased model:
+//! each user and item is a key of width `rank + 1` on the servers, its factors and then its
+//! bias, which the servers update by plain SGD; workers pull the rows their minibatch touches,
+//! compute the gradient of the squared error (with L2 on factors and biases) and push it.
 //!
-//! A rating is predicted as the training ratings' mean plus the dot product of the user's and
-//! the item's factors, so the factors learn what sets a rating apart from the mean: ratings of
-//! 1 to 5 are far from the zero that small factors predict, and learning the mean through
-//! the factors first would take many epochs.
+//! A rating is predicted as the training ratings' mean, plus the user's and the item's biases,
+//! plus the dot product of their factors, so the factors learn what sets a rating apart from
+//! the mean and from how its user rates and its item is rated: ratings of 1 to 5 are far from
+//! the zero that small factors predict, and a lenient user or a popular item is a bias, not a
+//! factor.
 //!
 //! Factors start at a small seeded random point that every node derives from the key
 //! (`initial`), added to what the servers hold, which start at zero: no node has to write the
@@ -158,6 +160,8 @@ pub(crate) struct Generated {
     pub ratings: usize,
     /// Standard deviation of the noise added to every rating: the best test RMSE possible.
     pub noise: f64,
+    /// Standard deviation of the users' and the items' true biases (0: none).
+    pub biases: f64,
     /// Seed of the true factors, the sample and the noise.
     pub seed: u64,
 }
@@ -170,6 +174,7 @@ impl Default for Generated {
             rank: 4,
             ratings: 40_000,
             noise: 0.5,
+            biases: 0.0,
             seed: 0,
         }
     }
@@ -187,7 +192,8 @@ impl Generated {
                 let signal: f64 = (0..self.rank)
                     .map(|j| self.truth(user_key(user), j) * self.truth(item_key(item), j))
                     .sum();
-                let value = signal + self.noise * normal(self.seed ^ 0x3333, stream, t);
+                let bias = self.bias(user_key(user)) + self.bias(item_key(item));
+                let value = signal + bias + self.noise * normal(self.seed ^ 0x3333, stream, t);
                 Rating {
                     user,
                     item,
@@ -203,6 +209,11 @@ impl Generated {
             train: self.generate(self.ratings, 1),
             test: self.generate(self.ratings / 10, 2),
         }
+    }
+
+    /// The true bias of `key`.
+    pub(crate) fn bias(&self, key: Key) -> f64 {
+        self.biases * normal(self.seed ^ 0x4444, key, 0)
     }
 
     /// The true factor `j` of `key`, scaled so that a rating's signal has variance about 1.
@@ -235,17 +246,26 @@ fn normal(seed: u64, a: u64, b: u64) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
-/// The seeded starting point of factor `j` of `key`.
+/// Values per key: the factors, then the bias.
+fn width(rank: usize) -> usize {
+    rank + 1
+}
+
+/// The seeded starting point of value `j` of `key`: small random factors, a bias of 0.
 fn initial(cfg: &MfConfig, key: Key, j: usize) -> f64 {
+    if j == cfg.rank {
+        return 0.0;
+    }
     0.1 * normal(cfg.seed ^ 0x1111, key, j as u64)
 }
 
-/// The factors of `keys` (sorted): what the servers hold, `pulled`, plus the starting point,
-/// `rank` values per key.
+/// The rows of `keys` (sorted): what the servers hold, `pulled`, plus the starting point,
+/// `rank` factors and a bias per key.
 fn model(cfg: &MfConfig, keys: &[Key], pulled: &[f32]) -> Vec<f64> {
+    let w = width(cfg.rank);
     let mut out = Vec::with_capacity(pulled.len());
     for (k, &key) in keys.iter().enumerate() {
-        let row = &pulled[k * cfg.rank..(k + 1) * cfg.rank];
+        let row = &pulled[k * w..(k + 1) * w];
         out.extend(
             row.iter()
                 .enumerate()
@@ -255,12 +275,13 @@ fn model(cfg: &MfConfig, keys: &[Key], pulled: &[f32]) -> Vec<f64> {
     out
 }
 
-/// Where the factors of `key` start in a model of `keys` (sorted, holding `key`).
+/// Where the row of `key` starts in a model of `keys` (sorted, holding `key`).
 fn offset(keys: &[Key], key: Key, rank: usize) -> usize {
-    keys.binary_search(&key).unwrap_or(0) * rank
+    keys.binary_search(&key).unwrap_or(0) * width(rank)
 }
 
-/// The prediction error on `r` of the model `factors` of `keys`, with the factors' offsets.
+/// The prediction error on `r` of the model `factors` of `keys`, with the offsets of its
+/// user's and its item's rows (each `rank` factors, then the bias).
 fn error(keys: &[Key], factors: &[f64], rank: usize, mean: f64, r: &Rating) -> (f64, usize, usize) {
     let a = offset(keys, user_key(r.user), rank);
     let b = offset(keys, item_key(r.item), rank);
@@ -269,7 +290,8 @@ fn error(keys: &[Key], factors: &[f64], rank: usize, mean: f64, r: &Rating) -> (
         .zip(&factors[b..b + rank])
         .map(|(p, q)| p * q)
         .sum();
-    (mean + dot - f64::from(r.value), a, b)
+    let biases = factors[a + rank] + factors[b + rank];
+    (mean + biases + dot - f64::from(r.value), a, b)
 }
 
 fn rms(errors: impl Iterator<Item = f64>, n: usize) -> f64 {
@@ -341,11 +363,11 @@ pub(crate) fn load(
     Ok(MfData { train, test })
 }
 
-/// The job every node of a factorization runs: factors of width `rank`, scattered over the
-/// key space (a batch's users and items are), plain SGD on the servers.
+/// The job every node of a factorization runs: rows of `rank` factors and a bias, scattered
+/// over the key space (a batch's users and items are), plain SGD on the servers.
 pub(crate) fn job_of(cfg: &MfConfig, job: &mut JobSpec) {
     job.consistency = cfg.consistency;
-    job.width = cfg.rank;
+    job.width = width(cfg.rank);
     job.store = StoreLayout::Hashed;
     job.updater = Updater::Sgd { lr: cfg.lr };
 }
@@ -409,7 +431,8 @@ pub(crate) async fn train_share(
         let list = KeyList::new(keys.clone()).map_err(config)?;
         let pulled = handle.pull(KeySelection::Keys(list)).await?;
         let factors = model(cfg, &keys, pulled.values());
-        let mut grad = vec![0f32; keys.len() * cfg.rank];
+        let w = width(cfg.rank);
+        let mut grad = vec![0f32; keys.len() * w];
         for &i in batch {
             let (e, a, b) = error(&keys, &factors, cfg.rank, mean, &ratings[i]);
             for j in 0..cfg.rank {
@@ -417,8 +440,11 @@ pub(crate) async fn train_share(
                 grad[a + j] += (e * q + cfg.l2 * p) as f32;
                 grad[b + j] += (e * p + cfg.l2 * q) as f32;
             }
+            let (bu, bi) = (factors[a + cfg.rank], factors[b + cfg.rank]);
+            grad[a + cfg.rank] += (e + cfg.l2 * bu) as f32;
+            grad[b + cfg.rank] += (e + cfg.l2 * bi) as f32;
         }
-        let kvs = KvPairs::new(keys, grad, cfg.rank).map_err(config)?;
+        let kvs = KvPairs::new(keys, grad, w).map_err(config)?;
         pushes.push_back(handle.start_push(kvs).await?);
         if pushes.len() > PUSHES_IN_FLIGHT
             && let Some(oldest) = pushes.pop_front()
@@ -434,6 +460,49 @@ pub(crate) async fn train_share(
     Ok(())
 }
 
+/// The model the servers hold now, for every user and item of `data`.
+pub(crate) struct Model {
+    keys: Vec<Key>,
+    rows: Vec<f64>,
+    rank: usize,
+}
+
+impl Model {
+    /// Pulls the rows of every user and item of `data`.
+    pub(crate) async fn pull(
+        handle: &WorkerHandle<f32>,
+        cfg: &MfConfig,
+        data: &MfData,
+    ) -> Result<Model, RuntimeError> {
+        let keys = sorted_keys(data.all());
+        let list = KeyList::new(keys.clone()).map_err(config)?;
+        let pulled = handle.pull(KeySelection::Keys(list)).await?;
+        let rows = model(cfg, &keys, pulled.values());
+        Ok(Model {
+            keys,
+            rows,
+            rank: cfg.rank,
+        })
+    }
+
+    /// The root mean squared error of the model on `ratings`, around `mean`.
+    fn rmse(&self, ratings: &[Rating], mean: f64) -> f64 {
+        rms(
+            ratings
+                .iter()
+                .map(|r| error(&self.keys, &self.rows, self.rank, mean, r).0),
+            ratings.len(),
+        )
+    }
+
+    /// The bias learnt for `key`, if the model holds it.
+    #[cfg(test)]
+    pub(crate) fn bias(&self, key: Key) -> Option<f64> {
+        let at = self.keys.binary_search(&key).ok()?;
+        Some(self.rows[at * width(self.rank) + self.rank])
+    }
+}
+
 /// The training and test RMSE of the model the servers hold now.
 pub(crate) async fn measure(
     handle: &WorkerHandle<f32>,
@@ -441,19 +510,8 @@ pub(crate) async fn measure(
     data: &MfData,
 ) -> Result<(f64, f64), RuntimeError> {
     let mean = data.mean();
-    let all_keys = sorted_keys(data.all());
-    let list = KeyList::new(all_keys.clone()).map_err(config)?;
-    let pulled = handle.pull(KeySelection::Keys(list)).await?;
-    let factors = model(cfg, &all_keys, pulled.values());
-    let rmse = |ratings: &[Rating]| {
-        rms(
-            ratings
-                .iter()
-                .map(|r| error(&all_keys, &factors, cfg.rank, mean, r).0),
-            ratings.len(),
-        )
-    };
-    Ok((rmse(&data.train), rmse(&data.test)))
+    let model = Model::pull(handle, cfg, data).await?;
+    Ok((model.rmse(&data.train, mean), model.rmse(&data.test, mean)))
 }
 
 /// Trains on `data` in one process, calling `on_epoch` with each epoch's result as it ends;
@@ -465,8 +523,17 @@ pub(crate) async fn measure(
 pub(crate) async fn train(
     cfg: &MfConfig,
     data: MfData,
-    mut on_epoch: impl FnMut(&MfReport),
+    on_epoch: impl FnMut(&MfReport),
 ) -> Result<Vec<MfReport>, RuntimeError> {
+    Ok(train_model(cfg, data, on_epoch).await?.0)
+}
+
+/// Trains as [`train`] does; returns every epoch's result and the model trained.
+pub(crate) async fn train_model(
+    cfg: &MfConfig,
+    data: MfData,
+    mut on_epoch: impl FnMut(&MfReport),
+) -> Result<(Vec<MfReport>, Model), RuntimeError> {
     let began = Instant::now();
     let baseline_rmse = data.baseline_rmse();
     let data = Arc::new(data);
@@ -502,8 +569,9 @@ pub(crate) async fn train(
         on_epoch(&report);
         reports.push(report);
     }
+    let trained = Model::pull(&cluster.workers[0], cfg, &data).await?;
     cluster.shutdown().await?;
-    Ok(reports)
+    Ok((reports, trained))
 }
 
 #[cfg(test)]
@@ -537,6 +605,53 @@ mod tests {
         assert_ne!(order, sorted);
         assert_eq!(order, visit_order(3, 1, 1, 500));
         assert_ne!(order, visit_order(3, 1, 2, 500));
+    }
+
+    // Users and items with true biases: the model learns each as its bias, and comes near the
+    // noise floor.
+    #[test]
+    fn biases_are_learnt_as_the_data_was_generated_with_them() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let problem = Generated {
+            biases: 0.7,
+            noise: 0.3,
+            ..Generated::default()
+        };
+        let cfg = MfConfig {
+            epochs: 10,
+            ..MfConfig::default()
+        };
+        let (reports, model) = rt
+            .block_on(train_model(&cfg, problem.data(), |_| {}))
+            .expect("training runs");
+        let keys = (0..problem.users)
+            .map(user_key)
+            .chain((0..problem.items).map(item_key));
+        let pairs: Vec<(f64, f64)> = keys
+            .filter_map(|key| Some((model.bias(key)?, problem.bias(key))))
+            .collect();
+        let n = pairs.len() as f64;
+        let (ml, mt) = (
+            pairs.iter().map(|p| p.0).sum::<f64>() / n,
+            pairs.iter().map(|p| p.1).sum::<f64>() / n,
+        );
+        let cov: f64 = pairs.iter().map(|(l, t)| (l - ml) * (t - mt)).sum();
+        let (vl, vt): (f64, f64) = (
+            pairs.iter().map(|(l, _)| (l - ml).powi(2)).sum(),
+            pairs.iter().map(|(_, t)| (t - mt).powi(2)).sum(),
+        );
+        let correlation = cov / (vl * vt).sqrt();
+        let last = reports.last().unwrap().test_rmse;
+        eprintln!(
+            "bias correlation {correlation:.3}, test rmse {last:.3}, noise {}",
+            problem.noise
+        );
+        assert!(correlation > 0.9, "{correlation}");
+        assert!(last < 1.3 * problem.noise, "{reports:?}");
     }
 
     // Matrix factorization on generated low-rank ratings reaches the noise floor.

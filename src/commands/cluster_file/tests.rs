@@ -506,8 +506,8 @@ fn an_mf_job_takes_its_rank_and_rates_and_refuses_what_it_does_not_use() {
         (3, 0.2, 0.5, 9, 7, 11)
     );
     assert_eq!(job.test_fraction, 0.1);
-    // The servers hold factors of width rank, updated by SGD at the job's rate.
-    assert_eq!(f.spec.job.width, 3);
+    // The servers hold rows of rank factors and a bias, updated by SGD at the job's rate.
+    assert_eq!(f.spec.job.width, 4);
     assert_eq!(f.spec.job.updater, Updater::Sgd { lr: 0.2 });
     let defaults = parse(&mf("")).unwrap();
     let Job::Mf(job) = &defaults.job else {

@@ -15,9 +15,9 @@ use crate::commands::values::{Fraction, Rate, Strength, at_least_one};
 /// tab-separated), ratings.dat (user::item::rating::timestamp), or CSV with a header naming
 /// the user, item and rating columns (MovieLens userId,movieId,rating,timestamp), optionally
 /// .gz. Without it, on a generated rank-4 problem whose noise floor is printed. A rating is
-/// predicted as the training mean plus the dot product of its user's and item's factors. The
-/// factors live on the servers; workers push the gradient of the squared error of their
-/// minibatches. Prints `iter=E train_rmse=... test_rmse=... baseline_rmse=... secs=...
+/// predicted as the training mean plus its user's and item's biases plus the dot product of
+/// their factors. The factors and biases live on the servers; workers push the gradient of
+/// the squared error of their minibatches. Prints `iter=E train_rmse=... test_rmse=... baseline_rmse=... secs=...
 /// rows_per_sec=...` after every epoch, where baseline_rmse is the test RMSE of predicting
 /// the training mean. A bad line is one error naming file:line and the field, exit status 2.
 #[derive(clap::Args, Debug)]
