@@ -541,3 +541,29 @@ fn an_mf_job_takes_its_rank_and_rates_and_refuses_what_it_does_not_use() {
     let e = parse(&lr).unwrap_err().to_string();
     assert!(e.contains("job.rank: only an mf job"), "{e}");
 }
+
+/// Every whole cluster file the front page and the operators' guide show (a TOML block with
+/// a `cluster_id`) is one pserver accepts.
+#[test]
+fn every_cluster_file_in_the_readme_and_the_operators_guide_is_one_pserver_accepts() {
+    let mut checked = 0;
+    for (name, text) in [
+        ("README.md", include_str!("../../../README.md")),
+        (
+            "docs/operating.md",
+            include_str!("../../../docs/operating.md"),
+        ),
+    ] {
+        for block in text.split("```toml\n").skip(1) {
+            let block = block.split("```").next().unwrap_or_default();
+            if !block.contains("cluster_id") {
+                continue;
+            }
+            if let Err(e) = parse(block) {
+                panic!("{name}: a cluster file it shows is refused: {e}\n{block}");
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "{checked} cluster files found");
+}
