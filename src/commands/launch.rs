@@ -441,24 +441,29 @@ fn terminate(nodes: &BTreeMap<usize, Node>, signal: Signal) {
 /// Prints each line `child` writes, prefixed with its node's name: stdout to stdout, stderr to
 /// stderr.
 fn forward(child: &mut Child, name: &str) -> Vec<tokio::task::JoinHandle<()>> {
-    let mut tasks = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        let prefix = format!("[{name}] ");
-        tasks.push(tokio::spawn(async move {
-            let mut lines = BufReader::new(out).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+    let prefix = format!("[{name}] ");
+    let out = child
+        .stdout
+        .take()
+        .map(|out| prefixed(out, prefix.clone(), false));
+    let err = child.stderr.take().map(|err| prefixed(err, prefix, true));
+    out.into_iter().chain(err).collect()
+}
+
+/// Copies the lines of `from` to stdout (or stderr), each after `prefix`, until it ends.
+fn prefixed(
+    from: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    prefix: String,
+    to_stderr: bool,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(from).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if to_stderr {
+                eprintln!("{prefix}{line}");
+            } else {
                 println!("{prefix}{line}");
             }
-        }));
-    }
-    if let Some(err) = child.stderr.take() {
-        let prefix = format!("[{name}] ");
-        tasks.push(tokio::spawn(async move {
-            let mut lines = BufReader::new(err).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("{prefix}{line}");
-            }
-        }));
-    }
-    tasks
+        }
+    })
 }

@@ -137,12 +137,13 @@ pub(crate) fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
             RunError::Stopped(Stop::Terminate) => CliError::Terminated,
             e => CliError::input(e),
         })?;
-    let ended = match outcome {
+    // Why a server stopped; the other roles' ending says nothing of their status.
+    let server_ended = match outcome {
         NodeOutcome::Coordinator(ended) => {
             if ended == Ended::JobFinished {
                 println!("coordinator {id} job finished: every worker left, every server stopped");
             }
-            ended
+            None
         }
         NodeOutcome::Server {
             totals,
@@ -160,7 +161,7 @@ pub(crate) fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
                     CliError::Input(format!("{}: cannot write: {e}", path.display()))
                 })?;
             }
-            ended
+            Some(ended)
         }
         NodeOutcome::ModelServer {
             rows,
@@ -172,24 +173,24 @@ pub(crate) fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
                 "server {id} rows={rows} nonzero={nonzero} refused={refused} ended={}",
                 ended_word(ended)
             );
-            ended
+            Some(ended)
         }
         NodeOutcome::Trained { epochs } => {
             println!("worker {id} trained epochs={epochs}");
-            Ended::JobFinished
+            None
         }
         NodeOutcome::Worker(s) => {
             println!(
                 "worker {id} iterations={} pushes={} pushed_sum={}",
                 s.iterations, s.pushes, s.pushed_sum
             );
-            Ended::JobFinished
+            None
         }
     };
-    match ended {
+    match server_ended {
         // A server that SIGTERM could not take out of the job in time stopped with its
         // ranges: the ring's replicas hold them, or the job loses them.
-        Ended::Stopped(Stop::Terminate) if role == Role::Server => Err(CliError::Terminated),
+        Some(Ended::Stopped(Stop::Terminate)) => Err(CliError::Terminated),
         _ => Ok(()),
     }
 }
