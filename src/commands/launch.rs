@@ -145,7 +145,8 @@ fn free_ports(n: usize) -> Result<Vec<u16>, CliError> {
         ephemeral.max(2_048),
     );
     let span = high - low;
-    let start = std::process::id() % span;
+    // Hashed, so that launches started together (with neighbouring pids) look far apart.
+    let start = (crate::seeded::mix(u64::from(std::process::id())) % u64::from(span)) as u32;
     let mut held = Vec::new();
     let mut ports = Vec::new();
     for k in 0..span {
