@@ -21,7 +21,7 @@ pub(crate) struct Cluster {
 
 impl Cluster {
     pub(crate) fn new(config: ClusterConfig) -> Result<Cluster, RingError> {
-        let ring = Ring::new(config.servers.iter().copied(), config.ring)?;
+        let ring = config.ring_in_force()?;
         if let Some(&s) = config.joining.iter().find(|s| config.servers.contains(s)) {
             return Err(RingError::DuplicateServer(s));
         }

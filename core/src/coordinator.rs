@@ -5,8 +5,11 @@
 //!
 //! The coordinator declares a server silent past the heartbeat timeout dead and publishes a new
 //! epoch without it (`ClusterConfig::without_server`), in which each of its ranges passes to its
-//! first replica. A server is kept, with `Event::RingDegraded`, when the servers left could not
-//! hold the replicas.
+//! first replica. Servers left too few for the ring's `k` replicas hold as many as they can
+//! (`Ring::surviving`: two servers with one replica go on as one), said with
+//! `Event::ReplicasChanged` at every change, and a server that registers again restores them. A
+//! server is kept, with `Event::RingDegraded`, when it is the last, or when the servers left would
+//! hold fewer replicas than `CoordinatorConfig::min_replicas`.
 //!
 //! # Membership changes
 //!
@@ -65,6 +68,11 @@ pub struct CoordinatorConfig {
     pub timing: Timing,
     /// How stragglers are told and dealt with (ARCHITECTURE.md §9). Default: not at all.
     pub stragglers: StragglerPolicy,
+    /// The fewest replicas a key may be left with when servers crash or leave (at most the
+    /// ring's `k`). Default 0: the job goes on as long as one server holds each range, with
+    /// [`Event::ReplicasChanged`] at every change. A server whose loss would leave fewer is
+    /// kept on the ring ([`Event::RingDegraded`]) and the job waits for it.
+    pub min_replicas: u32,
 }
 
 impl CoordinatorConfig {
@@ -79,6 +87,7 @@ impl CoordinatorConfig {
             consistency: Consistency::Sequential,
             timing: Timing::default(),
             stragglers: StragglerPolicy::default(),
+            min_replicas: 0,
         }
     }
 }
@@ -101,6 +110,14 @@ pub enum CoordinatorError {
     /// A job needs at least one server.
     #[error("a job needs at least one server")]
     NoServers,
+    /// `min_replicas` above the ring's replicas: no ring could ever be kept.
+    #[error("min_replicas {min} is more than the ring's {replicas} replicas")]
+    MinReplicas {
+        /// The fewest replicas asked to keep.
+        min: u32,
+        /// The ring's replicas.
+        replicas: u32,
+    },
 }
 
 /// Where the coordinator is in the life of the job's membership.
@@ -123,8 +140,10 @@ pub enum Phase {
 /// removes nodes that stay silent past the heartbeat timeout, publishing a new epoch.
 ///
 /// A server removed from the ring passes each of its ranges to the range's first replica, which
-/// holds the data already (ARCHITECTURE.md §8). A server is kept, however silent, when the
-/// servers left could not hold the ring's replicas: [`Event::RingDegraded`] says so.
+/// holds the data already (ARCHITECTURE.md §8); servers left too few for the ring's replicas
+/// hold fewer ([`Event::ReplicasChanged`]). A server is kept, however silent, when no server or
+/// fewer than [`CoordinatorConfig::min_replicas`] replicas would be left:
+/// [`Event::RingDegraded`] says so.
 ///
 /// Membership changes while the job runs in two steps ([`Phase`]). A server that registers
 /// once the job runs (a new one, one declared dead, or one that restarted and lost its state)
@@ -177,8 +196,19 @@ impl Coordinator {
             servers: cfg.servers,
             source,
         })?;
+        Coordinator::with_ring_checked(cfg)
+    }
+
+    /// A coordinator for `cfg`, whose ring was checked by the caller.
+    fn with_ring_checked(cfg: CoordinatorConfig) -> Result<Self, CoordinatorError> {
         if cfg.workers == 0 {
             return Err(CoordinatorError::NoWorkers);
+        }
+        if cfg.min_replicas > cfg.ring.replicas {
+            return Err(CoordinatorError::MinReplicas {
+                min: cfg.min_replicas,
+                replicas: cfg.ring.replicas,
+            });
         }
         Ok(Coordinator {
             cfg,
@@ -232,19 +262,21 @@ impl Coordinator {
         if config.servers.is_empty() {
             return Err(CoordinatorError::NoServers);
         }
-        let mut c = Coordinator::new(CoordinatorConfig {
+        // The configuration in force may hold fewer replicas than its ring asks for, after
+        // crashes; a job that starts may not.
+        config
+            .ring_in_force()
+            .map_err(|source| CoordinatorError::Ring {
+                servers: config.servers.len(),
+                source,
+            })?;
+        let mut c = Coordinator::with_ring_checked(CoordinatorConfig {
             id: config.coordinator,
             servers: config.servers.len(),
             workers: config.workers.len(),
             ring: config.ring,
             consistency: config.consistency,
             ..cfg
-        })?;
-        Ring::new(config.servers.iter().copied(), config.ring).map_err(|source| {
-            CoordinatorError::Ring {
-                servers: config.servers.len(),
-                source,
-            }
         })?;
         let roles = config
             .servers
@@ -495,9 +527,13 @@ impl Coordinator {
         let mut next = config.clone();
         next.joining.retain(|&s| s != server);
         if next.servers.contains(&server) {
-            match config.without_server(server) {
-                Ok(without) => next = without,
-                Err(_) => {
+            match config
+                .without_server(server)
+                .ok()
+                .filter(|c| self.keeps_min_replicas(c))
+            {
+                Some(without) => next = without,
+                None => {
                     if self.kept_asking.insert(server) {
                         out.emit(Event::RingDegraded(server));
                     }
@@ -527,7 +563,7 @@ impl Coordinator {
         let mut next = config.clone();
         next.leaving.push(server);
         next.leaving.sort_unstable();
-        if next.next_ring().is_err() {
+        if next.next_ring().is_err() || !self.keeps_min_replicas(&next) {
             if self.kept_asking.insert(server) {
                 out.emit(Event::RingDegraded(server));
             }
@@ -536,9 +572,24 @@ impl Coordinator {
         self.publish(next, out);
     }
 
+    /// Whether the ring in force under `config`, and the ring its change leads to, hold each
+    /// key with at least [`CoordinatorConfig::min_replicas`] replicas.
+    fn keeps_min_replicas(&self, config: &ClusterConfig) -> bool {
+        let next = crate::ring::held_replicas(config.ring.replicas, config.next_servers().len());
+        config.replicas_held().min(next) >= self.cfg.min_replicas
+    }
+
     /// Puts `next` in force as the next epoch and tells every member; switches to the next
     /// ring at once if nobody has anything to copy.
     fn publish<V: Value>(&mut self, mut next: ClusterConfig, out: &mut Effects<V>) {
+        if let Some(now) = &self.config
+            && now.replicas_held() != next.replicas_held()
+        {
+            out.emit(Event::ReplicasChanged {
+                held: next.replicas_held(),
+                asked: next.ring.replicas,
+            });
+        }
         next.epoch = self.epoch() + 1;
         self.kept_asking.clear();
         next.hand_over_shares();
@@ -794,14 +845,18 @@ impl Coordinator {
                 next.joining.retain(|&s| s != n);
                 removed.push(n);
             } else if next.servers.contains(&n) {
-                match next.without_server(n) {
-                    Ok(without) => {
+                match next
+                    .without_server(n)
+                    .ok()
+                    .filter(|c| self.keeps_min_replicas(c))
+                {
+                    Some(without) => {
                         next = without;
                         removed.push(n);
                     }
                     // Said once, not on every check it stays silent.
-                    Err(_) if self.kept_silent.insert(n) => out.emit(Event::RingDegraded(n)),
-                    Err(_) => {}
+                    None if self.kept_silent.insert(n) => out.emit(Event::RingDegraded(n)),
+                    None => {}
                 }
             }
         }

@@ -71,9 +71,20 @@ pub enum Event<V: Value> {
     /// Its shares pass to nobody ([`crate::wire::ClusterConfig::left`]).
     WorkerLeft(NodeId),
     /// The coordinator: this server is silent past the timeout, restarted, or asked to leave,
-    /// but stays in the ring, because the servers left are too few for the ring's replicas. A
-    /// silent server's ranges are not served until it answers again or servers join.
+    /// but stays in the ring, because without it no server would be left, or fewer replicas
+    /// than [`crate::CoordinatorConfig::min_replicas`]. A silent server's ranges are not served
+    /// until it answers again.
     RingDegraded(NodeId),
+    /// The coordinator published a ring whose keys have another number of replicas than the
+    /// ring before: fewer than asked after servers crashed or left with too few servers left
+    /// for `k` ([`crate::ring::Ring::surviving`]), or more again once servers joined. Below
+    /// `asked`, a further crash may lose ranges ([`Event::RangeLost`]).
+    ReplicasChanged {
+        /// Replicas each key has besides its primary now.
+        held: u32,
+        /// The ring's `k`.
+        asked: u32,
+    },
     /// The coordinator no longer counts this node as a member: it must stop. A server gets it
     /// once it has left ([`crate::node::Server::leave`]) or was declared dead while still running;
     /// started again (with a new incarnation), it joins as a new member.

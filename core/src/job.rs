@@ -98,6 +98,10 @@ pub struct JobSpec {
     /// coordinator can tell how far the job has come ([`crate::node::Coordinator::progress`])
     /// where no straggler policy needs it already. Default: false.
     pub report_progress: bool,
+    /// The fewest replicas a key may be left with when servers crash or leave
+    /// ([`CoordinatorConfig::min_replicas`]): 0 by default, for a job that goes on while one
+    /// server holds each range.
+    pub min_replicas: u32,
 }
 
 /// Why a job cannot work.
@@ -181,6 +185,7 @@ impl JobSpec {
             filters: Filters::none(),
             keys_below: None,
             report_progress: false,
+            min_replicas: 0,
         }
     }
 
@@ -290,6 +295,7 @@ impl JobSpec {
         cfg.consistency = self.consistency;
         cfg.timing = self.timing;
         cfg.stragglers = self.stragglers;
+        cfg.min_replicas = self.min_replicas;
         cfg
     }
 
@@ -444,6 +450,16 @@ mod tests {
             bad(|j| j.ring.replicas = 2),
             Some(JobError::Shape(CoordinatorError::Ring { servers: 2, .. }))
         ));
+        assert_eq!(
+            bad(|j| {
+                j.ring.replicas = 1;
+                j.min_replicas = 2;
+            }),
+            Some(JobError::Shape(CoordinatorError::MinReplicas {
+                min: 2,
+                replicas: 1
+            }))
+        );
         assert_eq!(bad(|j| j.width = 0), Some(JobError::ZeroWidth));
         assert_eq!(
             bad(|j| j.max_slices_in_flight = 0),

@@ -55,6 +55,26 @@ impl Default for RingConfig {
     }
 }
 
+impl RingConfig {
+    /// Whether `servers` servers can hold the `k` replicas asked for, as a job's servers must
+    /// when it starts.
+    pub fn check_servers(&self, servers: usize) -> Result<(), RingError> {
+        if self.replicas as usize >= servers {
+            return Err(RingError::TooFewServers {
+                replicas: self.replicas,
+                servers,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The replicas `servers` servers can hold of the `asked` for: all but the primary's.
+pub(crate) fn held_replicas(asked: u32, servers: usize) -> u32 {
+    let others = u32::try_from(servers.saturating_sub(1)).unwrap_or(u32::MAX);
+    asked.min(others)
+}
+
 /// Why a ring could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RingError {
@@ -119,8 +139,23 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// Builds the ring of `servers` under `config`.
+    /// Builds the ring of `servers` under `config`, with every key held by its primary and
+    /// `k` replicas: `k` must be below the number of servers.
     pub fn new(
+        servers: impl IntoIterator<Item = NodeId>,
+        config: RingConfig,
+    ) -> Result<Ring, RingError> {
+        let ring = Ring::surviving(servers, config)?;
+        config.check_servers(ring.servers.len())?;
+        Ok(ring)
+    }
+
+    /// Builds the ring of the servers a job has left, which may be too few for its `k`
+    /// replicas: each key is held by its primary and as many of its replicas as the other
+    /// servers allow ([`Ring::replicas_held`]). The job goes on with fewer copies than asked
+    /// after crashes rather than stall (ARCHITECTURE.md §8), and the ring holds `k` again
+    /// once enough servers join, with points placed as they would have been all along.
+    pub fn surviving(
         servers: impl IntoIterator<Item = NodeId>,
         config: RingConfig,
     ) -> Result<Ring, RingError> {
@@ -141,12 +176,6 @@ impl Ring {
         if config.key_space == 0 {
             return Err(RingError::EmptyKeySpace);
         }
-        if config.replicas as usize >= servers.len() {
-            return Err(RingError::TooFewServers {
-                replicas: config.replicas,
-                servers: servers.len(),
-            });
-        }
         let segments = build_segments(&servers, config);
         Ok(Ring {
             config,
@@ -158,6 +187,12 @@ impl Ring {
     /// The configuration the ring was built from.
     pub fn config(&self) -> RingConfig {
         self.config
+    }
+
+    /// The replicas each key has besides its primary: the `k` asked for, or fewer where the
+    /// ring has too few servers for them ([`Ring::surviving`]).
+    pub fn replicas_held(&self) -> u32 {
+        held_replicas(self.config.replicas, self.servers.len())
     }
 
     /// The servers of the ring, sorted.
@@ -267,7 +302,7 @@ fn build_segments(servers: &[NodeId], config: RingConfig) -> Vec<Segment> {
     // node alike.
     points.dedup_by_key(|p| p.0);
 
-    let want = config.replicas as usize + 1;
+    let want = held_replicas(config.replicas, servers.len()) as usize + 1;
     let owners_from = |i: usize| {
         let mut owners = Vec::with_capacity(want);
         for j in 0..points.len() {

@@ -68,6 +68,24 @@ impl Cluster {
         consistency: Consistency,
         frame: usize,
     ) -> Self {
+        Cluster::build(servers, workers, replicas, consistency, frame, 0)
+    }
+
+    /// As `new`, with a coordinator that keeps at least `min_replicas` replicas.
+    fn keeping(servers: u32, workers: u32, replicas: u32, min_replicas: u32) -> Self {
+        let frame = DEFAULT_MAX_FRAME;
+        let eventual = Consistency::Eventual;
+        Cluster::build(servers, workers, replicas, eventual, frame, min_replicas)
+    }
+
+    fn build(
+        servers: u32,
+        workers: u32,
+        replicas: u32,
+        consistency: Consistency,
+        frame: usize,
+        min_replicas: u32,
+    ) -> Self {
         let codec = Codec::new(frame);
         let part = (frame / 2).min(DEFAULT_MAX_SLICE_BYTES);
         let server_ids: Vec<NodeId> = (1..=servers).map(NodeId).collect();
@@ -80,6 +98,7 @@ impl Cluster {
             ..RingConfig::default()
         };
         job.consistency = consistency;
+        job.min_replicas = min_replicas;
         let coordinator = Coordinator::bootstrapped(job, &server_ids, &worker_ids).unwrap();
         let config = coordinator.config().unwrap().clone();
         let mut nodes = BTreeMap::new();
@@ -241,8 +260,7 @@ impl Cluster {
     }
 
     fn ring(&self) -> Ring {
-        let c = self.config();
-        Ring::new(c.servers.iter().copied(), c.ring).unwrap()
+        self.config().ring_in_force().unwrap()
     }
 
     /// The value of `key` on the node the coordinator's ring names primary.
@@ -457,12 +475,123 @@ fn exactly_once_across_fail_over_on_a_lossy_duplicating_network() {
     }
 }
 
+/// The smallest replicated cluster: two servers, one replica. Either may crash and restart,
+/// in turn, without an acknowledged push lost: the one left holds every range alone, and the
+/// one back copies them all before the ring holds a replica again.
 #[test]
-fn a_server_whose_loss_would_leave_too_few_for_the_replicas_is_kept_and_reported() {
+fn two_servers_with_one_replica_survive_each_crashing_and_restarting_in_turn() {
+    for consistency in [Consistency::Eventual, Consistency::Sequential] {
+        let mut c = Cluster::new(2, 1, 1, consistency);
+        let keys = Cluster::keys(24);
+        let w = NodeId(3);
+        c.push(w, &keys, 5);
+        assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+        for (round, victim) in [NodeId(2), NodeId(1), NodeId(2)].into_iter().enumerate() {
+            // Five at first, then one more each round.
+            let before = 5 + round as i64;
+            let other = if victim == NodeId(1) { 2 } else { 1 };
+            let changes_before = replicas_changes(&c);
+            c.crash(victim);
+            assert!(
+                c.run_until(60_000 * MS, |c| c.settled_on(&[other])),
+                "round {round}: the job goes on with server {other} alone ({consistency:?})"
+            );
+            assert_eq!(c.config().replicas_held(), 0);
+            assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, before)));
+            c.push(w, &keys, 1);
+            let pushed = before + 1;
+            assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == round + 2));
+            assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, pushed)));
+            c.start_server(victim);
+            assert!(
+                c.run_until(60_000 * MS, |c| c.settled_on(&[1, 2])),
+                "round {round}: the restarted server rejoins"
+            );
+            assert_eq!(c.config().replicas_held(), 1);
+            assert_eq!(
+                replicas_changes(&c)[changes_before.len()..],
+                [(0, 1), (1, 1)],
+                "said at each change, down and back"
+            );
+            assert!(c.run_until(10_000 * MS, |c| {
+                c.all_hold(&keys, pushed)
+                    && [1, 2]
+                        .map(NodeId)
+                        .iter()
+                        .all(|&s| c.server(s).unreplicated_pushes() == 0)
+            }));
+            c.assert_single_owner(&keys);
+            c.assert_converged(&keys);
+        }
+    }
+}
+
+/// One of two servers restarts before the coordinator missed it (a `kill -9` and a restart
+/// within the heartbeat timeout): it is taken off the ring, the other serves alone while the
+/// new process copies every range, and the ring holds a replica again.
+#[test]
+fn one_of_two_servers_restarted_before_it_is_missed_rejoins_with_every_range() {
     let mut c = Cluster::new(2, 1, 1, Consistency::Eventual);
+    let keys = Cluster::keys(24);
+    let w = NodeId(3);
+    c.push(w, &keys, 3);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    c.crash(NodeId(1));
+    c.start_server(NodeId(1));
+    assert!(c.run_until(1_000 * MS, |c| c.config().joining == vec![NodeId(1)]));
+    assert_eq!(c.config().servers, vec![NodeId(2)]);
+    assert!(c.run_until(60_000 * MS, |c| c.settled_on(&[1, 2])));
+    assert_eq!(replicas_changes(&c), [(0, 1), (1, 1)]);
+    assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 3)));
+    // The server that restarted holds every range too: the one that stayed may go.
+    c.crash(NodeId(2));
+    assert!(c.run_until(60_000 * MS, |c| c.settled_on(&[1])));
+    assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 3)));
+    c.assert_single_owner(&keys);
+}
+
+/// Every `(held, asked)` the coordinator said with `Event::ReplicasChanged`, in order.
+fn replicas_changes(c: &Cluster) -> Vec<(u32, u32)> {
+    c.events[&COORD]
+        .iter()
+        .filter_map(|e| match e {
+            Event::ReplicasChanged { held, asked } => Some((*held, *asked)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Three servers, two replicas: every server holds every range, so two may die and the last
+/// serves the job alone, with all it was acknowledged.
+#[test]
+fn three_servers_with_two_replicas_lose_two_and_go_on_with_everything() {
+    let mut c = Cluster::new(3, 1, 2, Consistency::Eventual);
+    let keys = Cluster::keys(24);
+    let w = NodeId(4);
+    c.push(w, &keys, 7);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    c.crash(NodeId(1));
+    c.crash(NodeId(3));
+    assert!(c.run_until(60_000 * MS, |c| c.settled_on(&[2])));
+    assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 7)));
+    assert_eq!(replicas_changes(&c).last(), Some(&(0, 2)));
+    c.push(w, &keys, 1);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 2));
+    assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 8)));
+    assert!(
+        c.events[&COORD]
+            .iter()
+            .all(|e| !matches!(e, Event::RangeLost(_)))
+    );
+}
+
+#[test]
+fn a_server_whose_loss_would_leave_fewer_than_min_replicas_is_kept_and_reported() {
+    let mut c = Cluster::keeping(2, 1, 1, 1);
     c.crash(NodeId(2));
     c.run_until(10_000 * MS, |_| false);
     assert_eq!(c.config().servers, vec![NodeId(1), NodeId(2)]);
+    assert!(replicas_changes(&c).is_empty());
     // Reported once for the whole silence, not on every failure check.
     let said = c.events[&COORD]
         .iter()

@@ -234,3 +234,33 @@ fn a_declared_key_space_spreads_a_dense_key_range_over_every_server() {
     };
     assert_eq!(Ring::new(servers(2), empty), Err(RingError::EmptyKeySpace));
 }
+
+#[test]
+fn servers_too_few_for_the_replicas_hold_as_many_as_they_can_and_the_primaries_stay() {
+    let cfg = config(16, 2, 5);
+    let full = Ring::new(servers(3), cfg).unwrap();
+    assert_eq!(
+        Ring::surviving(servers(3), cfg).unwrap(),
+        full,
+        "with servers enough, the same ring"
+    );
+    for (left, held) in [(2, 1), (1, 0)] {
+        let ring = Ring::surviving(servers(left), cfg).unwrap();
+        assert_eq!(ring.replicas_held(), held);
+        assert_eq!(ring.config().replicas, 2, "the ring still asks for two");
+        for (range, owners) in ring.segments() {
+            assert_eq!(owners.len(), held as usize + 1, "{range}");
+            let distinct: std::collections::BTreeSet<_> = owners.iter().collect();
+            assert_eq!(distinct.len(), owners.len());
+        }
+    }
+    // A key keeps its primary where its primary survived, and passes to its first replica
+    // where it did not, as on a ring that holds every replica.
+    let two = Ring::surviving(servers(2), cfg).unwrap();
+    for (range, owners) in full.segments() {
+        let key = range.start();
+        let expected = owners.iter().copied().find(|&s| s != NodeId(2)).unwrap();
+        assert_eq!(two.primary(key), expected, "key {key}");
+    }
+    assert_eq!(Ring::surviving(servers(0), cfg), Err(RingError::NoServers));
+}

@@ -1,6 +1,7 @@
-//! The replication model: key ranges copied between servers, in its two configurations,
-//! fail-over of replicated ranges under a server crash and a server joining a running job.
-//! Every property holds on both, whose state spaces are pinned, and each replication mutation
+//! The replication model: key ranges copied between servers, in its three configurations,
+//! fail-over of replicated ranges under a server crash (on three servers, and on two, which
+//! leaves one) and a server joining a running job. Every property holds on each, whose state
+//! spaces are pinned, and each replication mutation
 //! is caught, by the invariant each test names.
 //!
 //! The suite checks both configurations within a bound ([`crate::bounded`]), which reaches
@@ -16,6 +17,9 @@ use crate::bounded;
 
 /// The fail-over configuration's distinct states (breadth first; the same depth first).
 const FAIL_OVER_UNIQUE: usize = 930_471;
+
+/// The two-server fail-over configuration's distinct states (breadth first).
+const PAIR_UNIQUE: usize = 2_208;
 
 /// The join configuration's distinct states (breadth first; the same depth first).
 const JOIN_UNIQUE: usize = 572_060;
@@ -43,6 +47,31 @@ fn every_property_holds_across_fail_over_and_the_state_space_is_pinned() {
         FAIL_OVER_UNIQUE,
     );
     assert_eq!(report.verdict("server joined"), None);
+}
+
+/// Two servers with one replica, one of which crashes: the other holds every range alone, with
+/// every acknowledged push. Small enough to check every state in every run.
+#[test]
+fn every_property_holds_when_one_of_two_servers_crashes_and_the_state_space_is_pinned() {
+    let cfg = ClusterModelConfig::replication_pair();
+    let report = check_cluster_model(cluster_model(cfg).unwrap(), Strategy::Bfs, 2, None);
+    for name in ALWAYS {
+        assert_eq!(
+            report.verdict(name),
+            Some(&Verdict::Holds),
+            "{name}\n{report}"
+        );
+    }
+    for name in ["primary failed over", "job finished"] {
+        assert_eq!(
+            report.verdict(name),
+            Some(&Verdict::Found),
+            "{name}\n{report}"
+        );
+    }
+    // Nothing to refill: the server left is the only one.
+    assert_eq!(report.verdict("replica refilled"), Some(&Verdict::NotFound));
+    assert_eq!(report.unique, PAIR_UNIQUE);
 }
 
 /// The new server copies the key's range while the worker pushes, the ring switches to it, and
@@ -96,11 +125,16 @@ fn the_replication_model_checks_fail_over_and_a_join() {
         suite,
         vec![
             ClusterModelConfig::replication(),
+            ClusterModelConfig::replication_pair(),
             ClusterModelConfig::replication_join()
         ]
     );
     assert!(suite[0].crashes > 0 && suite[0].replicas > 0 && suite[0].joins == 0);
-    assert!(suite[1].joins > 0 && suite[1].crashes == 0);
+    assert_eq!(
+        (suite[1].servers, suite[1].replicas, suite[1].crashes),
+        (2, 1, 1)
+    );
+    assert!(suite[2].joins > 0 && suite[2].crashes == 0);
 }
 
 #[test]

@@ -590,6 +590,44 @@ fn durability_holds_when_a_primary_crashes_with_one_replica() {
     assert!(faults.cut_offs > 0 && faults.flaps > 0, "{faults:?}");
 }
 
+/// The smallest replicated cluster a user can configure: two servers, one replica. The one
+/// left serves alone while the other is down, and a restarted one copies every range back;
+/// a restart within the heartbeat timeout is a new process the ring must take off first.
+#[test]
+fn two_servers_with_one_replica_survive_a_crash_and_a_restart() {
+    for quick_restart in [false, true] {
+        let reports = run_all(&MODELS, 0..60, |seed, c| {
+            let mut cfg = SimConfig {
+                servers: 2,
+                updater: Some(SimUpdater::Sum),
+                quick_restart,
+                ..one_crash(seed, c, every_fault())
+            };
+            cfg.ring.replicas = 1;
+            cfg
+        });
+        let faults = total_faults(&reports);
+        assert!(faults.crashes > 10 && faults.restarts > 10, "{faults:?}");
+        assert!(
+            reports
+                .iter()
+                .all(|r| r.recoveries.len() == r.server_faults.crashed()),
+            "{faults:?}"
+        );
+    }
+}
+
+/// Three servers with two replicas: every server holds every range, and two may crash.
+#[test]
+fn three_servers_with_two_replicas_survive_two_crashes() {
+    let reports = run_all(&MODELS, 0..40, |seed, c| SimConfig {
+        servers: 3,
+        ..two_crashes(seed, c, every_fault())
+    });
+    let faults = total_faults(&reports);
+    assert!(faults.crashed() > reports.len(), "{faults:?}");
+}
+
 #[test]
 fn single_owner_holds_across_fail_over_cut_off_servers_and_flapping_ones() {
     let reports = run_all(&MODELS, 40..80, |seed, c| one_crash(seed, c, every_fault()));

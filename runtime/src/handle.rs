@@ -519,6 +519,12 @@ pub struct NodeMetrics {
     pub retransmissions: u64,
     /// A server's pulls held until the consistency model lets them be answered, now.
     pub held_pulls: u64,
+    /// Replicas each key has besides its primary on the ring in force, as this node's
+    /// configuration says: fewer than `replicas_asked` after servers were lost
+    /// ([`pserver_core::Event::ReplicasChanged`]).
+    pub replicas_held: u64,
+    /// The ring's replicas `k`.
+    pub replicas_asked: u64,
     /// Nodes the coordinator declared dead.
     pub nodes_dead: u64,
     /// Key ranges lost with their holders, as this node heard of them.

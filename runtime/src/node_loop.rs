@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, OnceLock};
 
 use pserver_core::pace::Coverage;
-use pserver_core::ring::Ring;
 use pserver_core::store::ParamStore;
 use pserver_core::wire::ClusterConfig;
 use pserver_core::{
@@ -41,9 +40,11 @@ fn summary(config: &pserver_core::wire::ClusterConfig, dead: u64) -> String {
         format!("[{}]", names.join(", "))
     };
     format!(
-        "epoch {}: servers {}, workers {}, joining {}, leaving {}, left {}, {dead} declared dead, {} ranges lost",
+        "epoch {}: servers {}, replicas {} of {}, workers {}, joining {}, leaving {}, left {}, {dead} declared dead, {} ranges lost",
         config.epoch,
         list(&config.servers),
+        config.replicas_held(),
+        config.ring.replicas,
         list(&config.workers),
         list(&config.joining),
         list(&config.leaving),
@@ -268,7 +269,10 @@ where
             return;
         };
         let line = summary(config, self.counts.nodes_dead);
-        if self.counts.nodes_dead > 0 || !config.lost.is_empty() {
+        if self.counts.nodes_dead > 0
+            || !config.lost.is_empty()
+            || config.replicas_held() < config.ring.replicas
+        {
             warn!("{line}");
         } else {
             info!("{line}");
@@ -316,6 +320,8 @@ where
             open_requests: self.open_requests() as u64,
             resends_open: waits.map_or(0, |w| w.iter().map(|x| u64::from(x.attempts)).sum()),
             held_pulls: node.as_server().map_or(0, |s| s.held_pulls() as u64),
+            replicas_held: node.config().map_or(0, |c| u64::from(c.replicas_held())),
+            replicas_asked: node.config().map_or(0, |c| u64::from(c.ring.replicas)),
             refusals: self.driver.refusals(),
             retransmissions: self.driver.retransmissions(),
             filter_savings: self.driver.filter_savings(),
@@ -805,8 +811,17 @@ where
             }
             Event::RingDegraded(node) => warn!(
                 node = %node,
-                "server silent or leaving, but kept: too few servers left for the ring's replicas"
+                "server silent or leaving, but kept on the ring: without it, no server or fewer replicas than the job's min_replicas would be left"
             ),
+            Event::ReplicasChanged { held, asked } if held < asked => warn!(
+                held,
+                asked,
+                "the ring holds fewer replicas than asked: the servers left are too few for \
+                 them, and a further server crash may lose ranges until servers join"
+            ),
+            Event::ReplicasChanged { held, asked } => {
+                info!(held, asked, "the ring holds replicas again")
+            }
             Event::RangeLost(range) => {
                 tracing::error!(
                     %range,
@@ -920,7 +935,7 @@ fn runtime_error(e: DriverError) -> RuntimeError {
 /// The servers of `config` that are the primary of no key of the job's key space, and so get
 /// no work: a ring whose key space is smaller than its servers' points can cover.
 fn idle_servers(config: &ClusterConfig) -> Vec<NodeId> {
-    let Ok(ring) = Ring::new(config.servers.iter().copied(), config.ring) else {
+    let Ok(ring) = config.ring_in_force() else {
         return Vec::new();
     };
     let Ok(space) = KeyRange::new(0, config.ring.key_space) else {

@@ -194,6 +194,16 @@ fn render(sources: &Sources) -> Result<String, std::fmt::Error> {
         gauge(m.resends_open),
     );
     registry.register(
+        "replicas_held",
+        "Replicas each key has besides its primary on the ring in force: below replicas_asked after servers were lost",
+        gauge(m.replicas_held),
+    );
+    registry.register(
+        "replicas_asked",
+        "The replicas the ring asks for besides each key's primary",
+        gauge(m.replicas_asked),
+    );
+    registry.register(
         "held_pulls",
         "Pulls held until the consistency model lets them be answered (servers)",
         gauge(m.held_pulls),

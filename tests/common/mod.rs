@@ -203,6 +203,50 @@ pub(crate) fn watch_log(
     (lines, reader)
 }
 
+/// A thread reading `child`'s stderr: it sends every line, and returns the whole log once the
+/// stream closes.
+pub(crate) fn log_lines(
+    child: &mut Child,
+) -> (
+    std::sync::mpsc::Receiver<String>,
+    std::thread::JoinHandle<String>,
+) {
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (sender, lines) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut log = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            log += &line;
+            log.push('\n');
+            let _ = sender.send(line);
+        }
+        log
+    });
+    (lines, reader)
+}
+
+/// Waits up to `within` for a line of `lines` containing `needle`; false if none came (or
+/// the stream closed first).
+pub(crate) fn line_with(
+    lines: &std::sync::mpsc::Receiver<String>,
+    needle: &str,
+    within: Duration,
+) -> bool {
+    let deadline = Instant::now() + within;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match lines.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return true,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
 /// Waits for every child to end by itself, by `deadline`; their outputs by name. One that
 /// does not fails the test, and every child still running is killed with `children`.
 pub(crate) fn wait_all(children: &mut Children, deadline: Instant) -> BTreeMap<String, Output> {

@@ -179,8 +179,11 @@ impl ClusterConfig {
     /// };
     /// let next = config.without_server(NodeId(1)).unwrap();
     /// assert_eq!((next.epoch, &next.servers[..]), (2, &[NodeId(2), NodeId(3)][..]));
-    /// // The default ring keeps one replica besides the primary: one server is too few.
-    /// assert!(next.without_server(NodeId(2)).is_err());
+    /// // The default ring keeps one replica besides the primary: one server holds none, and
+    /// // no server is none at all.
+    /// let last = next.without_server(NodeId(2)).unwrap();
+    /// assert_eq!((last.replicas_held(), last.ring.replicas), (0, 1));
+    /// assert!(last.without_server(NodeId(3)).is_err());
     /// ```
     pub fn without_server(&self, server: NodeId) -> Result<ClusterConfig, RingError> {
         if !self.servers.contains(&server) {
@@ -192,7 +195,7 @@ impl ClusterConfig {
             .copied()
             .filter(|&s| s != server)
             .collect();
-        Ring::new(servers.iter().copied(), self.ring)?;
+        Ring::surviving(servers.iter().copied(), self.ring)?;
         let next = ClusterConfig {
             epoch: self.epoch + 1,
             servers,
@@ -246,7 +249,19 @@ impl ClusterConfig {
 
     /// The ring once the change under way completes (the ring in force when none is).
     pub fn next_ring(&self) -> Result<Ring, RingError> {
-        Ring::new(self.next_servers(), self.ring)
+        Ring::surviving(self.next_servers(), self.ring)
+    }
+
+    /// The ring in force: its servers may be too few for the replicas asked for
+    /// ([`Ring::surviving`]).
+    pub fn ring_in_force(&self) -> Result<Ring, RingError> {
+        Ring::surviving(self.servers.iter().copied(), self.ring)
+    }
+
+    /// The replicas each key has besides its primary on the ring in force: the ring's `k`, or
+    /// fewer after servers were lost and none joined ([`Ring::replicas_held`]).
+    pub fn replicas_held(&self) -> u32 {
+        crate::ring::held_replicas(self.ring.replicas, self.servers.len())
     }
 
     /// The live worker holding the lowest-numbered share a live worker holds: the one an

@@ -10,7 +10,6 @@ use pserver_core::node::{
 };
 use pserver_core::node::{Effects, TimerCmd, TimerId};
 use pserver_core::pace::{Pace, Position};
-use pserver_core::ring::Ring;
 use pserver_core::wire::ClusterConfig;
 use pserver_core::wire::{Envelope, Message};
 use pserver_core::{
@@ -572,7 +571,7 @@ fn changed_ring(
         servers: cfg.servers,
         source,
     };
-    let ring = Ring::new(old.servers.iter().copied(), old.ring).map_err(ring_error)?;
+    let ring = old.ring_in_force().map_err(ring_error)?;
     let first = cfg.key_list().first().copied().unwrap_or(0);
     let new = old
         .without_server(ring.primary(first))

@@ -182,7 +182,19 @@ impl ClusterModelConfig {
         }
     }
 
-    /// The replication model's join configuration, the second of
+    /// The smallest replicated cluster a user can configure, the second of
+    /// [`ClusterModelConfig::replication_suite`]: two servers and one replica, one of which
+    /// crashes, with the job of [`ClusterModelConfig::replication`]. The server left holds
+    /// every range alone, with no replica to send to (`Ring::surviving`), and must still hold
+    /// every push acknowledged before the crash.
+    pub fn replication_pair() -> Self {
+        ClusterModelConfig {
+            servers: 2,
+            ..ClusterModelConfig::replication()
+        }
+    }
+
+    /// The replication model's join configuration, the third of
     /// [`ClusterModelConfig::replication_suite`]: one server holds the whole key space, and a
     /// second server registers at a point the checker chooses and takes the key's range over
     /// (the ring's seed makes it the key's primary), with the same job as
@@ -258,12 +270,17 @@ impl ClusterModelConfig {
     }
 
     /// What `pserver check replication` checks, each configuration exhaustively:
-    /// fail-over ([`ClusterModelConfig::replication`]) and a join
+    /// fail-over ([`ClusterModelConfig::replication`]), fail-over of two servers to one
+    /// ([`ClusterModelConfig::replication_pair`]) and a join
     /// ([`ClusterModelConfig::replication_join`]). Together they would be checked in one
     /// model only at a size far beyond minutes: a join alone multiplies the states of the job
     /// it runs beside by hundreds.
     pub fn replication_suite() -> Vec<Self> {
-        vec![Self::replication(), Self::replication_join()]
+        vec![
+            Self::replication(),
+            Self::replication_pair(),
+            Self::replication_join(),
+        ]
     }
 
     /// Whether key ranges are copied between servers, by replication or to servers that join:

@@ -358,7 +358,7 @@ fn exactly_once_per_holder(
 /// The coordinator's epoch and ring.
 fn current_ring(state: &ClusterState) -> Option<(Epoch, Ring)> {
     let config = coordinator(state)?.config()?;
-    let ring = Ring::new(config.servers.iter().copied(), config.ring).ok()?;
+    let ring = config.ring_in_force().ok()?;
     Some((config.epoch, ring))
 }
 

@@ -519,7 +519,15 @@ impl SimConfig {
             ));
         }
         let taken_off = usize::from(self.ring_change == Some(true));
-        if self.servers < replicas + 1 + self.crash_servers + self.leave_servers + taken_off {
+        // Crashed servers may leave fewer than the replicas, and the job goes on with as many
+        // as the servers left hold (`Ring::surviving`); leaving servers and a ring change are
+        // only run where the ring holds every replica after them.
+        let kept = if self.leave_servers + taken_off > 0 {
+            replicas + 1 + self.crash_servers + self.leave_servers + taken_off
+        } else {
+            1 + self.crash_servers
+        };
+        if self.servers < kept {
             return Err(format!(
                 "--servers {} is too few for --replicas {replicas} with {} server crashes and {} leaving{}: the servers left must hold a primary and {replicas} replicas of every range",
                 self.servers,

@@ -28,9 +28,10 @@ pub(crate) use checker::{check_clock, check_cluster, explore};
 #[derive(clap::Args, Debug)]
 pub(crate) struct CheckArgs {
     /// The model: cluster (the whole protocol), replication (key ranges copied between
-    /// servers, in two configurations checked one after the other: a primary and a replica per
-    /// range on 3 servers, one of which may crash; and 1 server holding every range while a
-    /// second joins at any point and takes a range over) or clock (the range vector clock).
+    /// servers, in three configurations checked one after the other: a primary and a replica
+    /// per range on 3 servers, one of which may crash; the same on 2 servers, which leaves one;
+    /// and 1 server holding every range while a second joins at any point and takes a range
+    /// over) or clock (the range vector clock).
     /// The shape options change the replication model's shape too; giving --servers,
     /// --crashes, --joins or --replicas checks the one configuration they describe.
     // The help above explains every model; clap's list of them would only repeat it.

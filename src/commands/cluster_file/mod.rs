@@ -10,6 +10,7 @@
 //! vnodes = 64
 //! seed = 0
 //! replicas = 1                 # copies of each range besides its primary; default 1 (0 with one server)
+//! min_replicas = 0             # fewest copies the job goes on with after servers crash; default 0
 //! key_space = 1048576          # the job's keys are 0..key_space (an lr job: the data's
 //!                              # dimension), spread over every server; default all of u64
 //!
@@ -538,6 +539,16 @@ fn spec(
             ),
         ));
     }
+    if ring.min_replicas > spec.job.ring.replicas {
+        return Err(origin.invalid(
+            "ring.min_replicas",
+            format!(
+                "{} is more than the ring's {} replicas",
+                ring.min_replicas, spec.job.ring.replicas
+            ),
+        ));
+    }
+    spec.job.min_replicas = ring.min_replicas;
     let layout = spec.job.layout();
     let expected = std::iter::once((layout.coordinator(), Role::Coordinator))
         .chain(layout.servers().map(|s| (s, Role::Server)))

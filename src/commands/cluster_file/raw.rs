@@ -42,6 +42,8 @@ pub(super) struct RawRing {
     #[serde(default)]
     pub(super) seed: u64,
     pub(super) replicas: Option<u32>,
+    #[serde(default)]
+    pub(super) min_replicas: u32,
     pub(super) key_space: Option<u64>,
 }
 
@@ -55,6 +57,7 @@ impl Default for RawRing {
             vnodes: default_vnodes(),
             seed: 0,
             replicas: None,
+            min_replicas: 0,
             key_space: None,
         }
     }

@@ -567,3 +567,23 @@ fn every_cluster_file_in_the_readme_and_the_operators_guide_is_one_pserver_accep
     }
     assert!(checked >= 2, "{checked} cluster files found");
 }
+
+#[test]
+fn min_replicas_is_read_and_may_not_exceed_the_replicas() {
+    let two_servers = GOOD.replace(
+        "id = 2\nrole = \"worker\"\naddress = \"127.0.0.1:7402\"",
+        "id = 2\nrole = \"server\"\naddress = \"127.0.0.1:7402\"\n[[node]]\nid = 3\nrole = \"worker\"\naddress = \"127.0.0.1:7403\"",
+    );
+    assert_eq!(parse(&two_servers).unwrap().spec.job.min_replicas, 0);
+    let keeping = format!("{two_servers}[ring]\nmin_replicas = 1\n");
+    let f = parse(&keeping).unwrap();
+    assert_eq!((f.spec.job.min_replicas, f.spec.job.ring.replicas), (1, 1));
+    let more = format!("{two_servers}[ring]\nreplicas = 1\nmin_replicas = 2\n");
+    let e = parse(&more).unwrap_err().to_string();
+    assert!(
+        e.starts_with(
+            "/etc/pserver/c.toml: ring.min_replicas: 2 is more than the ring's 1 replicas"
+        ),
+        "{e}"
+    );
+}

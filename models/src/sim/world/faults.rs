@@ -10,7 +10,6 @@ use crate::sim::{Invariant, MS, ServerFaults, SimFailure};
 use pserver_core::Driver;
 use pserver_core::KeyRange;
 use pserver_core::node::Server;
-use pserver_core::ring::Ring;
 use pserver_core::{NodeId, Time};
 
 /// How late, under membership stress, what a crashed server sent may still arrive.
@@ -412,7 +411,7 @@ impl World<'_> {
             .copied()
             .filter(|s| !config.servers.contains(s))
             .collect();
-        if let Ok(ring) = Ring::new(config.servers.iter().copied(), config.ring) {
+        if let Ok(ring) = config.ring_in_force() {
             self.previous_ring = Some(core::mem::replace(&mut self.ring, ring));
             self.ring_epoch = epoch;
         }
