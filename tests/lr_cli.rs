@@ -605,3 +605,65 @@ fn a_test_set_of_one_class_is_said() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A warm start: a run given a saved model with `--init` starts where that model ended, so
+/// its first epoch is as good as the model, and better than a first epoch from zero.
+#[test]
+fn a_model_given_to_init_is_where_training_starts() {
+    let dir = scratch("init");
+    let model = dir.join("m.bin");
+    let (saved, _) = run_ok(&[
+        "train",
+        "--epochs",
+        "3",
+        "--keep",
+        "last",
+        "--save",
+        s(&model),
+    ]);
+    let saved = field(epochs_of(&saved).last().unwrap(), "test_logloss");
+    let (warm, said) = run_ok(&["train", "--epochs", "1", "--init", s(&model)]);
+    assert!(said.contains("init: "), "{said}");
+    let warm = field(epochs_of(&warm)[0], "test_logloss");
+    let (cold, _) = run_ok(&["train", "--epochs", "1"]);
+    let cold = field(epochs_of(&cold)[0], "test_logloss");
+    assert!(
+        warm < cold,
+        "a warm start's first epoch {warm} against a cold start's {cold}"
+    );
+    assert!(
+        (warm - saved).abs() < 0.005,
+        "a warm start's first epoch {warm} against the model's {saved}"
+    );
+    // A model trained on data counted from 1 does not read data counted from 0.
+    let out = pserver()
+        .args([
+            "train",
+            "--epochs",
+            "1",
+            "--init",
+            s(&model),
+            "--index-base",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("m.bin: the model was trained on data whose indices count from 1"),
+        "{err}"
+    );
+    // Nor is a file that is not a model taken for one.
+    let not_a_model = dir.join("data.svm");
+    base_rate_file(&not_a_model, 10, 1);
+    let out = pserver()
+        .args(["train", "--epochs", "1", "--init", s(&not_a_model)])
+        .output()
+        .unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("data.svm: not a pserver model"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -16,5 +16,5 @@ pub use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError, P
 pub use crate::driver::Node;
 pub use crate::effects::{Effects, TimerCmd, TimerId};
 pub use crate::ids::NodeLayout;
-pub use crate::server::{Server, ServerConfig};
+pub use crate::server::{Server, ServerConfig, StartFromError};
 pub use crate::worker::{DEFAULT_MAX_SLICE_BYTES, Wait, Worker, WorkerConfig};

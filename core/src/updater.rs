@@ -36,6 +36,14 @@ pub trait UpdateRule<V: Value>: Clone + Debug + PartialEq {
         }
     }
 
+    /// Sets `aux`, zero on entry, to the state in which the rule holds `weight` as if it had
+    /// learnt it, for a job that starts from a saved model (a warm start): the next update
+    /// moves on from `weight`. The default leaves `aux` zero, right for rules whose weight is
+    /// their state (a sum, SGD, AdaGrad's accumulator starting over).
+    fn warm(&self, weight: V, aux: &mut [V]) {
+        let _ = (weight, aux);
+    }
+
     /// The rule for keys the job exempts from regularization (an intercept, say: see
     /// [`JobSpec::unregularized`](crate::JobSpec::unregularized)). The default is the rule
     /// itself, for rules without a regularizer.
@@ -132,6 +140,23 @@ impl<V: Value> UpdateRule<V> for Updater {
         }
     }
 
+    /// FTRL-Proximal holds no weight but computes it from `z` and `n`: with `n` zero, `z` is
+    /// the value from which the weight formula gives `weight` back.
+    fn warm(&self, weight: V, aux: &mut [V]) {
+        if let Updater::FtrlProximal {
+            alpha,
+            beta,
+            l1,
+            l2,
+        } = *self
+        {
+            let w = weight.to_f64();
+            if w != 0.0 {
+                aux[0] = V::from_f64(-(w * (beta / alpha + l2) + w.signum() * l1));
+            }
+        }
+    }
+
     fn aux_width(&self) -> usize {
         match self {
             Updater::Sum | Updater::Sgd { .. } => 0,
@@ -199,6 +224,37 @@ mod tests {
             rule.apply(&mut w, &mut aux, g);
         }
         (w, aux)
+    }
+
+    /// A warm-started rule holds the weight it was given until an update moves it, and moves
+    /// it as from there: a zero gradient changes nothing.
+    #[test]
+    fn a_warm_start_holds_the_weight_it_was_given() {
+        let rules = [
+            Updater::Sum,
+            Updater::Sgd { lr: 0.1 },
+            Updater::AdaGrad { lr: 0.5, eps: 1e-6 },
+            Updater::FtrlProximal {
+                alpha: 0.1,
+                beta: 1.0,
+                l1: 0.01,
+                l2: 0.1,
+            },
+        ];
+        for rule in rules {
+            for start in [0.75f64, -0.3, 0.0] {
+                let mut aux = vec![0.0f64; UpdateRule::<f64>::aux_width(&rule)];
+                rule.warm(start, &mut aux);
+                let mut w = start;
+                rule.apply(&mut w, &mut aux, 0.0);
+                assert!((w - start).abs() < 1e-12, "{rule:?} from {start}: {w}");
+                // A positive gradient lowers the weight from where it started.
+                rule.apply(&mut w, &mut aux, 1.0);
+                if !matches!(rule, Updater::Sum) {
+                    assert!(w < start, "{rule:?} from {start}: {w}");
+                }
+            }
+        }
     }
 
     /// Every rule's batch form does what its per-element form does, bit for bit.

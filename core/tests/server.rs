@@ -649,3 +649,45 @@ fn a_configuration_without_incarnations_is_adopted_by_any_process() {
     assert_eq!(s.epoch(), 1);
     assert!(s.is_member());
 }
+
+/// A warm start: every server is given the whole saved model, and each keeps the rows of the
+/// keys the first configuration gives it, as their values; the others are dropped.
+#[test]
+fn a_server_started_from_rows_holds_those_of_its_keys_and_no_others() {
+    let c = config(1, &[1, 2], &[W1], Consistency::Eventual);
+    let ring = Ring::new(c.servers.clone(), c.ring).unwrap();
+    let keys: Vec<Key> = (0..64).map(|i| i * (MAX_KEY / 64)).collect();
+    let rows: Vec<(Key, [f64; 1])> = keys.iter().map(|&k| (k, [k as f64 / 1e18 + 1.0])).collect();
+    let rule = Updater::FtrlProximal {
+        alpha: 0.1,
+        beta: 1.0,
+        l1: 0.01,
+        l2: 0.1,
+    };
+    for id in [NodeId(1), NodeId(2)] {
+        let mut s: Server<f64> = Server::new(ServerConfig::new(id, COORD), rule);
+        s.start_from(rows.iter().map(|(k, v)| (*k, &v[..])))
+            .unwrap();
+        let mut out = Effects::new();
+        s.start(0, &mut out);
+        s.on_message(0, deliver_config(id, &c), &mut out);
+        for (k, v) in &rows {
+            let held = (ring.primary(*k) == id).then_some(&v[..]);
+            assert_eq!(s.value(*k), held, "key {k} on {id}");
+        }
+        assert_eq!(
+            s.start_from([(0, &[1.0][..])]),
+            Err(StartFromError::Configured),
+            "too late once configured"
+        );
+    }
+    let mut s: Server<f64> = Server::new(ServerConfig::new(S1, COORD), rule);
+    assert_eq!(
+        s.start_from([(5, &[1.0, 2.0][..])]),
+        Err(StartFromError::Width {
+            key: 5,
+            got: 2,
+            width: 1
+        })
+    );
+}

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use pserver_core::{Driver, JobSpec, NodeId, Value};
+use pserver_core::{Driver, JobSpec, KvPairs, NodeId, Value};
 use tokio::sync::watch;
 
 use super::handle::{NodeHandle, NodeMetrics, NodeReport, RuntimeError, WorkerHandle};
@@ -19,6 +19,10 @@ pub struct ClusterSpec {
     pub job: JobSpec,
     /// How each node's event loop runs.
     pub runtime: RuntimeConfig,
+    /// Rows the job starts from (a saved model: a warm start), given to every server built
+    /// here ([`pserver_core::Driver::start_from`]); each keeps those of its keys. Default:
+    /// none, every value starting at zero.
+    pub initial: Option<Arc<KvPairs<f64>>>,
 }
 
 impl ClusterSpec {
@@ -32,6 +36,7 @@ impl ClusterSpec {
         ClusterSpec {
             job,
             runtime: RuntimeConfig::default(),
+            initial: None,
         }
     }
 
@@ -57,7 +62,17 @@ impl ClusterSpec {
         let incarnation = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        Ok(self.job.driver(id, incarnation)?)
+        let mut driver = self.job.driver(id, incarnation)?;
+        let server = driver.node().as_server().is_some();
+        if let Some(rows) = self.initial.as_ref().filter(|_| server) {
+            for (key, values) in rows.iter() {
+                let row: Vec<V> = values.iter().map(|&v| V::from_f64(v)).collect();
+                driver
+                    .start_from([(key, &row[..])])
+                    .map_err(|e| RuntimeError::Config(format!("the rows to start from: {e}")))?;
+            }
+        }
+        Ok(driver)
     }
 }
 

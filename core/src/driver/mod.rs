@@ -59,6 +59,7 @@ use thiserror::Error;
 
 use crate::effects::{Effects, Event, Refusal, TimerCmd, TimerId};
 use crate::ids::{NodeId, Time};
+use crate::key::Key;
 use crate::kv::KvPairs;
 use crate::pace::Coverage;
 use crate::selection::KeySelection;
@@ -190,6 +191,18 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
     /// The driven node, to inspect.
     pub fn node(&self) -> &Node<V, U, S> {
         &self.node
+    }
+
+    /// Starts a server's job from `rows`, a saved model ([`Server::start_from`]); before the
+    /// driver is started. Refused for a node that is not a server.
+    pub fn start_from<'a>(
+        &mut self,
+        rows: impl IntoIterator<Item = (Key, &'a [V])>,
+    ) -> Result<(), crate::node::StartFromError> {
+        match &mut self.node {
+            Node::Server(server) => server.start_from(rows),
+            _ => Err(crate::node::StartFromError::NotAServer),
+        }
     }
 
     /// The codec in use.

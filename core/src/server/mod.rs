@@ -98,6 +98,28 @@ impl ServerConfig {
     }
 }
 
+/// Why [`Server::start_from`] refused its rows.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartFromError {
+    /// The node is not a server ([`crate::Driver::start_from`]).
+    #[error("only a server starts from rows")]
+    NotAServer,
+    /// The server holds a configuration already: its shards are made.
+    #[error("the server is configured already: rows to start from are taken only before")]
+    Configured,
+    /// A row of another width than the job's.
+    #[error("key {key} has {got} values, but the job's rows have {width}")]
+    Width {
+        /// The row's key.
+        key: Key,
+        /// Its values.
+        got: usize,
+        /// The job's width.
+        width: usize,
+    },
+}
+
 /// A parameter server node (sans-IO).
 ///
 /// Call [`Server::start`] once, then [`Server::on_message`] for every frame addressed to it and
@@ -275,6 +297,40 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             #[cfg(feature = "mutations")]
             mutation: None,
         }
+    }
+
+    /// Starts the job from `rows` (a saved model: a warm start): each becomes the value of its
+    /// key in the shard of the first configuration that holds it, with the update rule's state
+    /// set to go on from there ([`UpdateRule::warm`]). Rows of the keys this server will not
+    /// hold are dropped then. Call before the first configuration; a server that restarts
+    /// while a job runs takes its rows from their replicas instead.
+    pub fn start_from<'a>(
+        &mut self,
+        rows: impl IntoIterator<Item = (Key, &'a [V])>,
+    ) -> Result<(), StartFromError> {
+        if self.cluster.is_some() {
+            return Err(StartFromError::Configured);
+        }
+        let free = self.updater.unregularized();
+        for (key, values) in rows {
+            if values.len() != self.cfg.width {
+                return Err(StartFromError::Width {
+                    key,
+                    got: values.len(),
+                    width: self.cfg.width,
+                });
+            }
+            let in_free = self.cfg.unregularized.is_some_and(|r| r.contains(key));
+            let rule = if in_free { &free } else { &self.updater };
+            let (row, aux) = self.template.row_mut(key);
+            row.copy_from_slice(values);
+            aux.fill(V::default());
+            let per = aux.len() / values.len().max(1);
+            for (j, &v) in values.iter().enumerate() {
+                rule.warm(v, &mut aux[j * per..(j + 1) * per]);
+            }
+        }
+        Ok(())
     }
 
     /// Runs a deliberately broken protocol (see [`crate::mutation::Mutation`]).

@@ -32,6 +32,9 @@ pub(crate) struct LrConfig {
     /// Whether a worker pulls its next minibatch's weights while it computes on this one,
     /// where the consistency model allows it ([`LrConfig::pipelined`]).
     pub pipeline: bool,
+    /// The weights the job starts from, a saved model's (`--init`): each server starts its
+    /// keys there. Default: none, every weight starting at zero.
+    pub initial: Option<std::sync::Arc<pserver_core::KvPairs<f64>>>,
 }
 
 /// Which epoch's model a training run ends with.
@@ -173,6 +176,7 @@ impl Default for LrConfig {
             keep: Keep::Best,
             early_stop: None,
             pipeline: true,
+            initial: None,
         }
         .with_bias(true)
     }

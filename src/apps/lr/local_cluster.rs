@@ -132,6 +132,7 @@ pub(crate) async fn train_local_until(
     // Shared, never copied: a run holds one copy of the rows, however many runs share it.
     let (train, test): (Arc<Examples>, Arc<Examples>) = (train.into(), test.into());
     let mut spec = ClusterSpec::of(cfg.protocol_job());
+    spec.initial = cfg.initial.clone();
     // The job's keys are the data's features: the ring spreads them over every server, where
     // over the whole 64-bit key space they would all fall to one.
     if spec.job.ring.key_space == u64::MAX {

@@ -729,6 +729,7 @@ fn job(
         keep: Keep::Best,
         early_stop: None,
         pipeline: true,
+        initial: None,
     }
     .with_bias(job.bias);
     // The servers are built from `spec`: they must know the intercept's key too, and hold

@@ -13,8 +13,8 @@ use tokio::runtime::Runtime;
 
 use super::NodesArgs;
 use crate::apps::lr::{
-    Keep, LrConfig, Rates, RowsTrained, SlowWorker, Slowdowns, Trained, Wire, save_model,
-    train_local_until,
+    Keep, LrConfig, Rates, RowsTrained, SavedModel, SlowWorker, Slowdowns, Trained, Wire,
+    load_model, save_model, train_local_until,
 };
 use crate::apps::plot::{Curve, write_svg};
 use crate::commands::groups::{FilterArgs, StragglerArgs};
@@ -68,6 +68,11 @@ pub(crate) struct LrArgs {
     /// `pserver predict`.
     #[arg(long, value_name = "FILE", value_parser = output_file)]
     save: Option<PathBuf>,
+    /// Start from this saved model (`--save`'s file) instead of zero weights: a warm start.
+    /// The data is read with the index base the model was trained with, unless --index-base
+    /// says otherwise, which must then agree.
+    #[arg(long, value_name = "MODEL")]
+    init: Option<PathBuf>,
     /// Passes over the training data.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     epochs: u32,
@@ -177,12 +182,32 @@ impl RuleArgs {
 /// status 130 or 143).
 pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
     // Options first: a mistake in them is reported before a large file is read.
-    let configs = args
+    let mut configs = args
         .consistency
         .iter()
         .map(|&c| Ok((c, config(args, c)?)))
         .collect::<Result<Vec<_>, CliError>>()?;
-    let (train, test, base) = load(args)?;
+    let init = args.init.as_deref().map(load_init).transpose()?;
+    let index_base = match &init {
+        Some((path, model)) => base_for_init(path, model.base, args.index_base)?,
+        None => args.index_base,
+    };
+    let (train, test, base) = load(args, index_base)?;
+    if let Some((path, model)) = init {
+        eprintln!(
+            "init: {} weights from {}",
+            model.weights.len(),
+            path.display()
+        );
+        let weights = &model.weights;
+        let values = weights.values().iter().map(|&w| f64::from(w)).collect();
+        let rows = pserver_core::KvPairs::new(weights.keys().to_vec(), values, weights.width())
+            .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+        let rows = Arc::new(rows);
+        for (_, cfg) in &mut configs {
+            cfg.initial = Some(Arc::clone(&rows));
+        }
+    }
     // One copy of the rows, shared by every run.
     let (train, test) = (Arc::new(train), Arc::new(test));
     let slowdowns = Slowdowns {
@@ -264,6 +289,29 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
     }
 }
 
+/// The saved model `--init` names.
+fn load_init(path: &Path) -> Result<(PathBuf, SavedModel), CliError> {
+    let model = load_model(path).map_err(CliError::Input)?;
+    Ok((path.to_path_buf(), model))
+}
+
+/// The index base to read the data with when starting from a model trained with `model`'s:
+/// the model's, unless `--index-base` gives one, which must then be the same, since a
+/// feature read under another base is another weight.
+fn base_for_init(path: &Path, model: IndexBase, given: IndexBase) -> Result<IndexBase, CliError> {
+    match (model, given) {
+        (IndexBase::Auto, given) => Ok(given),
+        (model, IndexBase::Auto) => Ok(model),
+        (model, given) if model == given => Ok(given),
+        (model, given) => Err(CliError::Input(format!(
+            "{}: the model was trained on data whose indices count from {}, but --index-base {} was given: the same feature would be another weight",
+            path.display(),
+            model.first().unwrap_or(0),
+            given.first().unwrap_or(0)
+        ))),
+    }
+}
+
 /// The shipped data `pserver train` trains on when given no --data.
 const SHIPPED: (&str, &str) = (
     "data/adult/adult.train.svm.gz",
@@ -275,7 +323,7 @@ const TEST_FRACTION: f64 = 0.1;
 
 /// Reads the training and test rows, with one index base decided over every file read: the
 /// shipped data without --data; --data and --test; or --data with a seeded part held out.
-fn load(args: &LrArgs) -> Result<(Examples, Examples, IndexBase), CliError> {
+fn load(args: &LrArgs, index_base: IndexBase) -> Result<(Examples, Examples, IndexBase), CliError> {
     let (data, test) = match (&args.data, &args.test) {
         (Some(data), test) => (data.clone(), test.clone()),
         (None, _) => (PathBuf::from(SHIPPED.0), Some(PathBuf::from(SHIPPED.1))),
@@ -285,8 +333,7 @@ fn load(args: &LrArgs) -> Result<(Examples, Examples, IndexBase), CliError> {
         .collect();
     // Read a few megabytes at a time, twice where the base is to be found: the text of a
     // large file is never held whole beside its parsed rows.
-    let (base, zero) = args
-        .index_base
+    let (base, zero) = index_base
         .resolve_files(files.iter().copied())
         .map_err(CliError::input)?;
     let whole = read_streaming(&data, base).map_err(CliError::input)?;
@@ -317,7 +364,7 @@ fn load(args: &LrArgs) -> Result<(Examples, Examples, IndexBase), CliError> {
         }
     };
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-    match (args.index_base, zero) {
+    match (index_base, zero) {
         (IndexBase::Auto, Some((file, line, column))) => {
             eprintln!("index base 0: index 0 at {file}:{line}:{column}")
         }
@@ -399,6 +446,7 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
         keep: args.keep,
         early_stop: args.early_stop,
         pipeline: !args.no_pipeline,
+        initial: None,
     };
     Ok(cfg.with_bias(!args.no_bias))
 }
