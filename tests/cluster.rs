@@ -1793,3 +1793,52 @@ fn an_mf_cluster_job_without_a_key_space_uses_every_server_and_learns() {
         assert!(lead.contains("trained epochs=4"), "{lead}");
     }
 }
+
+/// Every `name=` value of the lines `[worker N]` printed in a launch's output.
+fn worker_fields(stdout: &str, name: &str) -> Vec<f64> {
+    let lines: String = stdout
+        .lines()
+        .filter(|l| l.starts_with("[worker"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    fields(&lines, name)
+}
+
+/// A cluster job that names a saved model with `init` starts there: every server starts its
+/// keys from the model, so the first epoch is as good as the model was.
+#[test]
+fn an_lr_cluster_job_given_a_model_to_init_from_starts_where_it_ended() {
+    let dir = std::env::temp_dir().join(format!("pserver-lr-init-{}", std::process::id()));
+    let launch = |config: &str| {
+        let out = pserver(&[
+            "launch",
+            "--servers",
+            "2",
+            "--workers",
+            "2",
+            "--config",
+            config,
+        ])
+        .output()
+        .expect("run pserver launch");
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{stderr}");
+        stdout
+    };
+    let (config, _) = lr_cluster_of(&dir, 2, 2, 4, "save = \"m.bin\"\n", |_| {});
+    let first = launch(&config);
+    let losses = worker_fields(&first, "test_logloss=");
+    assert_eq!(losses.len(), 4, "{first}");
+    let saved = losses.iter().copied().fold(f64::INFINITY, f64::min);
+    let (config, _) = lr_cluster_of(&dir, 2, 2, 1, "init = \"m.bin\"\n", |_| {});
+    let warm = launch(&config);
+    let warm = worker_fields(&warm, "test_logloss=");
+    assert_eq!(warm.len(), 1);
+    assert!(
+        warm[0] < losses[0] && (warm[0] - saved).abs() < 0.01,
+        "first epoch {} from the model, {} from zero; the model's {saved}",
+        warm[0],
+        losses[0]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use pserver_core::store::Store;
-use pserver_core::{Consistency, Driver, Key, KeyRange, NodeId, Role, Updater, Value};
+use pserver_core::{Consistency, Driver, Key, KeyRange, KvPairs, NodeId, Role, Updater, Value};
 use pserver_runtime::{
     ClusterSpec, LocalCluster, NodeHandle, NodeReport, RuntimeError, Spawned, WorkerHandle,
     spawn_node,
@@ -27,7 +27,7 @@ use super::metrics::{Sources, TransportCounters};
 use super::script::{Script, WorkerSummary};
 use super::signals::Stop;
 use crate::apps::lr::{
-    MeasureSpec, ShareRows, WorkerRun, evaluate, load_model, run_shares, save_model,
+    MeasureSpec, ShareRows, WorkerRun, base_for_init, evaluate, load_model, run_shares, save_model,
 };
 use crate::apps::mf;
 use crate::data::libsvm::{
@@ -289,12 +289,14 @@ async fn start<V: Value + Send + Sync>(
     id: NodeId,
     options: &NodeOptions,
     keys_below: Option<Key>,
+    initial: Option<Arc<KvPairs<f64>>>,
 ) -> Result<Started<V>, RunError> {
     let join_timeout = options.join_timeout;
     let role = file.role(id)?;
     let transport = NodeTransport::bind(file, id).await?;
     let mut spec = file.spec.within(transport.shared().flow_limits());
     spec.job.keys_below = keys_below;
+    spec.initial = initial;
     let driver: Driver<V> = spec.driver(id)?;
     tracing::info!(%id, %role, address = %transport.local_addr(), "listening");
     let spawned = spawn_node(driver, transport.shared(), file.spec.runtime.clone());
@@ -379,7 +381,7 @@ async fn run_script_node(
         spawned,
         transport,
         metrics,
-    } = start::<i64>(file, id, options, None).await?;
+    } = start::<i64>(file, id, options, None, None).await?;
     let outcome = match (role, spawned.worker) {
         (Role::Worker, Some(worker)) => {
             let script = async {
@@ -426,7 +428,7 @@ struct LrData {
 impl LrData {
     /// Reads the files of `job` for worker `index`, deciding the index base over the training
     /// and test files as `pserver train` does.
-    fn read(job: &LrJob, index: usize) -> Result<LrData, DataError> {
+    fn read(job: &LrJob, index: usize, base: IndexBase) -> Result<LrData, DataError> {
         let name = job.data.display().to_string();
         // Any worker may come to hold the first share and save: each checks at once that it
         // could.
@@ -450,7 +452,7 @@ impl LrData {
         };
         let files = std::iter::once((name.as_str(), &text[..]))
             .chain(test.iter().map(|(n, t)| (n.as_str(), &t[..])));
-        let (base, _) = job.index_base.resolve(files)?;
+        let (base, _) = base.resolve(files)?;
         // Keys count from 0: a one-based file's index i is key i - 1.
         let largest = std::iter::once(&text[..])
             .chain(test.iter().map(|(_, t)| &t[..]))
@@ -519,17 +521,35 @@ async fn run_lr_node(
     id: NodeId,
     options: &NodeOptions,
 ) -> Result<NodeOutcome, RunError> {
-    let index = file.spec.job.layout().workers().position(|w| w == id);
+    let layout = file.spec.job.layout();
+    let index = layout.workers().position(|w| w == id);
+    // The model to start from: its rows for a server, its index base for a worker.
+    let init = match &job.init {
+        Some(path) if index.is_some() || layout.servers().any(|s| s == id) => {
+            let model = load_model(path).map_err(RunError::Data)?;
+            let base = base_for_init(path, model.base, job.index_base, "job.index_base")
+                .map_err(RunError::Data)?;
+            Some((model, base))
+        }
+        _ => None,
+    };
+    let base = init.as_ref().map_or(job.index_base, |(_, base)| *base);
+    let initial = init
+        .filter(|_| index.is_none())
+        .map(|(model, _)| Arc::new(model.rows()));
     // Read before joining, so that a bad file is reported at once.
     let data = match index {
-        Some(index) => Some(LrData::read(job, index).map_err(|e| RunError::Data(e.to_string()))?),
+        Some(index) => {
+            let read = LrData::read(job, index, base);
+            Some(read.map_err(|e| RunError::Data(e.to_string()))?)
+        }
         None => None,
     };
     let keys_below = data.as_ref().and_then(|d| d.keys_below);
     let train = async |worker: &WorkerHandle<f32>, mut data: LrData| {
         train_lr_worker(job, id, worker, &mut data).await
     };
-    run_model_node(file, id, options, data, keys_below, train).await
+    run_model_node(file, id, options, (data, initial), keys_below, train).await
 }
 
 async fn run_mf_node(
@@ -557,7 +577,7 @@ async fn run_mf_node(
     let train = async |worker: &WorkerHandle<f32>, data: mf::MfData| {
         train_mf_worker(job, id, worker, &data).await
     };
-    run_model_node(file, id, options, data, keys_below, train).await
+    run_model_node(file, id, options, (data, None), keys_below, train).await
 }
 
 /// Runs node `id` of a job that trains a model of f32 rows: a worker trains on `data` (read
@@ -567,7 +587,7 @@ async fn run_model_node<D>(
     file: &ClusterFile,
     id: NodeId,
     options: &NodeOptions,
-    data: Option<D>,
+    (data, initial): (Option<D>, Option<Arc<KvPairs<f64>>>),
     keys_below: Option<Key>,
     train: impl AsyncFnOnce(&WorkerHandle<f32>, D) -> Result<u32, RunError>,
 ) -> Result<NodeOutcome, RunError> {
@@ -576,7 +596,7 @@ async fn run_model_node<D>(
         spawned,
         transport,
         metrics,
-    } = start::<f32>(file, id, options, keys_below).await?;
+    } = start::<f32>(file, id, options, keys_below, initial).await?;
     let outcome = match (role, spawned.worker, data) {
         (Role::Worker, Some(worker), Some(data)) => {
             let training = train(&worker, data);
@@ -1016,10 +1036,11 @@ mod tests {
             data: train.clone(),
             test: Some(test),
             save: None,
+            init: None,
             index_base: IndexBase::Auto,
             cfg,
         };
-        let mut data = LrData::read(&job, 1).unwrap();
+        let mut data = LrData::read(&job, 1, job.index_base).unwrap();
         assert_eq!(data.base, IndexBase::Zero);
         let text = std::fs::read(&train).unwrap();
         let whole = parse("train", &text, IndexBase::Zero).unwrap();

@@ -246,7 +246,7 @@ fn job_of(file: &Path) -> Result<toml::Table, CliError> {
     table.remove("secret_file");
     let base = file.parent().unwrap_or(Path::new("."));
     if let Some(toml::Value::Table(job)) = table.get_mut("job") {
-        for key in ["data", "test", "save"] {
+        for key in ["data", "test", "save", "init"] {
             if let Some(toml::Value::String(path)) = job.get_mut(key) {
                 let joined = base.join(&*path);
                 *path = absolute(&joined)?;

@@ -45,7 +45,7 @@ pub(crate) use config::{
 pub(crate) use epochs::{EpochReport, Trained};
 pub(crate) use local_cluster::{train_local, train_local_until};
 pub(crate) use metrics::{auc, evaluate, scores};
-pub(crate) use model_file::{SavedModel, load_model, save_model};
+pub(crate) use model_file::{SavedModel, base_for_init, load_model, save_model};
 pub(crate) use slowdown::{SlowWorker, Slowdowns};
 pub(crate) use worker::{MeasureSpec, RowsTrained, ShareRows, WorkerRun, run_shares};
 

@@ -23,6 +23,42 @@ pub(crate) struct SavedModel {
     pub base: IndexBase,
 }
 
+impl SavedModel {
+    /// The weights as the rows a job starts from ([`pserver_runtime::ClusterSpec::initial`]).
+    pub(crate) fn rows(&self) -> KvPairs<f64> {
+        let values: Vec<f64> = self
+            .weights
+            .values()
+            .iter()
+            .map(|&w| f64::from(w))
+            .collect();
+        KvPairs::new(self.weights.keys().to_vec(), values, self.weights.width())
+            .unwrap_or_else(|_| unreachable!("the same keys at the same width"))
+    }
+}
+
+/// The index base to read data with when training starts from the model at `path`, trained on
+/// data counted from `model`: the model's, unless `given` names one (as `option` does), which
+/// must then be the same, since a feature read under another base is another weight.
+pub(crate) fn base_for_init(
+    path: &std::path::Path,
+    model: IndexBase,
+    given: IndexBase,
+    option: &str,
+) -> Result<IndexBase, String> {
+    match (model, given) {
+        (IndexBase::Auto, given) => Ok(given),
+        (model, IndexBase::Auto) => Ok(model),
+        (model, given) if model == given => Ok(given),
+        (model, given) => Err(format!(
+            "{}: the model was trained on data whose indices count from {}, but {option} {} was given: the same feature would be another weight",
+            path.display(),
+            model.first().unwrap_or(0),
+            given.first().unwrap_or(0)
+        )),
+    }
+}
+
 /// Writes `weights` and the index base `base` (`Zero` or `One`) to `path`: magic, base (one
 /// byte and seven of padding), count, then each key and weight in little-endian. Zero
 /// weights are left out.

@@ -146,6 +146,9 @@ pub(crate) struct LrJob {
     /// Where the worker holding the first share saves the model: the epoch with the lowest
     /// test log loss, or the last without a test set.
     pub save: Option<PathBuf>,
+    /// The saved model the job starts from (`pserver train --save`'s file): the servers start
+    /// their keys there, and the data is read with the model's index base.
+    pub init: Option<PathBuf>,
     /// How every file of the job counts its feature indices.
     pub index_base: IndexBase,
     /// How to train.
@@ -739,6 +742,7 @@ fn job(
         data,
         test: job.test.map(|f| origin.relative(f)),
         save: job.save.map(|f| origin.relative(f)),
+        init: job.init.map(|f| origin.relative(f)),
         index_base,
         cfg,
     })))
@@ -765,6 +769,7 @@ fn mf_job(
         ("job.alpha", job.alpha.is_some()),
         ("job.l1", job.l1.is_some()),
         ("job.save", job.save.is_some()),
+        ("job.init", job.init.is_some()),
     ] {
         if given {
             return Err(origin.invalid(field, "not used by an mf job"));

@@ -98,6 +98,7 @@ pub(super) struct RawJob {
     pub(super) l1: Option<f64>,
     pub(super) l2: Option<f64>,
     pub(super) save: Option<PathBuf>,
+    pub(super) init: Option<PathBuf>,
     #[serde(default = "yes")]
     pub(super) bias: bool,
     #[serde(default = "yes")]
@@ -217,6 +218,7 @@ impl Default for RawJob {
             l1: None,
             l2: None,
             save: None,
+            init: None,
             bias: true,
             shuffle: true,
             seed: 0,

@@ -14,7 +14,7 @@ use tokio::runtime::Runtime;
 use super::NodesArgs;
 use crate::apps::lr::{
     Keep, LrConfig, Rates, RowsTrained, SavedModel, SlowWorker, Slowdowns, Trained, Wire,
-    load_model, save_model, train_local_until,
+    base_for_init, load_model, save_model, train_local_until,
 };
 use crate::apps::plot::{Curve, write_svg};
 use crate::commands::groups::{FilterArgs, StragglerArgs};
@@ -189,7 +189,8 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
         .collect::<Result<Vec<_>, CliError>>()?;
     let init = args.init.as_deref().map(load_init).transpose()?;
     let index_base = match &init {
-        Some((path, model)) => base_for_init(path, model.base, args.index_base)?,
+        Some((path, model)) => base_for_init(path, model.base, args.index_base, "--index-base")
+            .map_err(CliError::Input)?,
         None => args.index_base,
     };
     let (train, test, base) = load(args, index_base)?;
@@ -199,11 +200,7 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
             model.weights.len(),
             path.display()
         );
-        let weights = &model.weights;
-        let values = weights.values().iter().map(|&w| f64::from(w)).collect();
-        let rows = pserver_core::KvPairs::new(weights.keys().to_vec(), values, weights.width())
-            .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
-        let rows = Arc::new(rows);
+        let rows = Arc::new(model.rows());
         for (_, cfg) in &mut configs {
             cfg.initial = Some(Arc::clone(&rows));
         }
@@ -293,23 +290,6 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
 fn load_init(path: &Path) -> Result<(PathBuf, SavedModel), CliError> {
     let model = load_model(path).map_err(CliError::Input)?;
     Ok((path.to_path_buf(), model))
-}
-
-/// The index base to read the data with when starting from a model trained with `model`'s:
-/// the model's, unless `--index-base` gives one, which must then be the same, since a
-/// feature read under another base is another weight.
-fn base_for_init(path: &Path, model: IndexBase, given: IndexBase) -> Result<IndexBase, CliError> {
-    match (model, given) {
-        (IndexBase::Auto, given) => Ok(given),
-        (model, IndexBase::Auto) => Ok(model),
-        (model, given) if model == given => Ok(given),
-        (model, given) => Err(CliError::Input(format!(
-            "{}: the model was trained on data whose indices count from {}, but --index-base {} was given: the same feature would be another weight",
-            path.display(),
-            model.first().unwrap_or(0),
-            given.first().unwrap_or(0)
-        ))),
-    }
 }
 
 /// The shipped data `pserver train` trains on when given no --data.
