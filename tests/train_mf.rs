@@ -322,3 +322,79 @@ fn a_tiny_learning_rate_or_a_strong_l2_keeps_the_model_at_the_global_mean() {
     let shrunk = run(&["--l2", "20", "--lr", "0.005"]);
     assert!(shrunk > 0.98, "{shrunk}");
 }
+
+/// `--save` keeps the users' and items' factors under the ids of the ratings files:
+/// `pserver predict` scores the test file as training measured it, and `--init` starts a run
+/// where the saved one ended.
+#[test]
+fn a_saved_factorization_predicts_as_trained_and_starts_a_run_where_it_ended() {
+    let dir = Scratch::new("save");
+    let ratings = low_rank_ratings(200, 150, 15_000, 3);
+    let csv = |rows: &[(usize, usize, u8)]| -> String {
+        let mut text = String::from("userId,movieId,rating,timestamp\n");
+        for (u, i, r) in rows {
+            text += &format!("u{u},m{i},{r}.0,1112486027\n");
+        }
+        text
+    };
+    let train = dir.file("ratings.csv", &csv(&ratings[..13_500]));
+    let test = dir.file("test.csv", &csv(&ratings[13_500..]));
+    let model = dir.0.join("m.mf");
+    let run = |more: &[&str]| {
+        let mut args = vec!["train", "mf", "--data", path(&train), "--test", path(&test)];
+        args.extend_from_slice(more);
+        trained(&args).0
+    };
+    let saved = run(&["--epochs", "6", "--save", path(&model)]);
+    let last = saved.last().unwrap().test_rmse;
+    let out = pserver(&["predict", "--model", path(&model), "--data", path(&test)]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("predict rows=1500 rmse="), "{stdout}");
+    let rmse: f64 = stdout
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("rmse="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (rmse - last).abs() < 1e-3,
+        "predict {rmse}, training measured {last}"
+    );
+    let scores = pserver(&[
+        "predict",
+        "--model",
+        path(&model),
+        "--data",
+        path(&test),
+        "--scores",
+    ]);
+    assert_eq!(
+        String::from_utf8(scores.stdout).unwrap().lines().count(),
+        1500
+    );
+    let warm = run(&["--epochs", "1", "--init", path(&model)]);
+    assert!(
+        warm[0].test_rmse < saved[0].test_rmse && (warm[0].test_rmse - last).abs() < 0.02,
+        "first epoch {} from the model, {} from the start; the model's {last}",
+        warm[0].test_rmse,
+        saved[0].test_rmse
+    );
+    refused(
+        &[
+            "train",
+            "mf",
+            "--data",
+            path(&train),
+            "--rank",
+            "3",
+            "--init",
+            path(&model),
+        ],
+        &["m.mf: the model has rank 10, but the run's is 3"],
+    );
+}

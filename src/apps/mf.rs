@@ -13,6 +13,7 @@
 //! (`initial`), added to what the servers hold, which start at zero: no node has to write the
 //! initial model before training begins.
 
+use crate::apps::mf_file::MfModelFile;
 use crate::data::ratings::{Ids, Rating, read, split};
 use crate::seeded::{mix, unit};
 use std::collections::VecDeque;
@@ -82,6 +83,9 @@ pub(crate) struct MfData {
     pub train: Vec<Rating>,
     /// What the model is measured on after every epoch.
     pub test: Vec<Rating>,
+    /// The ids the ratings files gave the users and items, by number (none for a generated
+    /// problem, whose numbers are its ids).
+    pub ids: Ids,
 }
 
 impl MfData {
@@ -208,6 +212,7 @@ impl Generated {
         MfData {
             train: self.generate(self.ratings, 1),
             test: self.generate(self.ratings / 10, 2),
+            ids: Ids::new(),
         }
     }
 
@@ -360,7 +365,7 @@ pub(crate) fn load(
             (train, test)
         }
     };
-    Ok(MfData { train, test })
+    Ok(MfData { train, test, ids })
 }
 
 /// The job every node of a factorization runs: rows of `rank` factors and a bias, scattered
@@ -495,12 +500,82 @@ impl Model {
         )
     }
 
+    /// The model as saved: every user's and item's row under the id `ids` gave it (its
+    /// number, for a generated problem), around the training mean `mean`.
+    pub(crate) fn file(&self, ids: &Ids, mean: f64) -> MfModelFile {
+        let (user_names, item_names) = (ids.user_names(), ids.item_names());
+        let name = |names: &[Box<str>], n: u64| -> Box<str> {
+            usize::try_from(n)
+                .ok()
+                .and_then(|n| names.get(n).cloned())
+                .unwrap_or_else(|| n.to_string().into())
+        };
+        let w = width(self.rank);
+        let mut file = MfModelFile {
+            rank: self.rank,
+            mean,
+            ..MfModelFile::default()
+        };
+        for (at, &key) in self.keys.iter().enumerate() {
+            let row: Vec<f32> = self.rows[at * w..(at + 1) * w]
+                .iter()
+                .map(|&v| v as f32)
+                .collect();
+            if key % 2 == 0 {
+                file.users.push((name(&user_names, key / 2), row));
+            } else {
+                file.items.push((name(&item_names, key / 2), row));
+            }
+        }
+        file
+    }
+
     /// The bias learnt for `key`, if the model holds it.
     #[cfg(test)]
     pub(crate) fn bias(&self, key: Key) -> Option<f64> {
         let at = self.keys.binary_search(&key).ok()?;
         Some(self.rows[at * width(self.rank) + self.rank])
     }
+}
+
+/// The rows the servers start from to go on from `model` (a warm start), for the users and
+/// items of `ids` it holds: the model's values less the seeded starting point the workers add
+/// ([`Model::pull`]), so that the model the workers see is the saved one. Users and items the
+/// model does not hold start from zero, as in a run without it.
+pub(crate) fn initial_rows(
+    cfg: &MfConfig,
+    model: &MfModelFile,
+    ids: &Ids,
+) -> Result<KvPairs<f64>, String> {
+    if model.rank != cfg.rank {
+        return Err(format!(
+            "the model has rank {}, but the run's is {}: give --rank {}",
+            model.rank, cfg.rank, model.rank
+        ));
+    }
+    let w = width(cfg.rank);
+    let mut rows: Vec<(Key, &[f32])> = Vec::new();
+    for (id, row) in &model.users {
+        if let Some(n) = ids.user(id) {
+            rows.push((user_key(n), row));
+        }
+    }
+    for (id, row) in &model.items {
+        if let Some(n) = ids.item(id) {
+            rows.push((item_key(n), row));
+        }
+    }
+    rows.sort_unstable_by_key(|&(key, _)| key);
+    let keys: Vec<Key> = rows.iter().map(|&(key, _)| key).collect();
+    let values: Vec<f64> = rows
+        .iter()
+        .flat_map(|&(key, row)| {
+            row.iter()
+                .enumerate()
+                .map(move |(j, &v)| f64::from(v) - initial(cfg, key, j))
+        })
+        .collect();
+    KvPairs::new(keys, values, w).map_err(|e| e.to_string())
 }
 
 /// The training and test RMSE of the model the servers hold now.
@@ -516,6 +591,7 @@ pub(crate) async fn measure(
 
 /// Trains on `data` in one process, calling `on_epoch` with each epoch's result as it ends;
 /// returns every epoch's result.
+#[cfg(test)]
 ///
 /// Every epoch, each worker trains on every rating of its share of the training ratings (a
 /// contiguous `1/workers` of them) in a seeded order, in `ceil(share / batch)` steps; all
@@ -525,13 +601,16 @@ pub(crate) async fn train(
     data: MfData,
     on_epoch: impl FnMut(&MfReport),
 ) -> Result<Vec<MfReport>, RuntimeError> {
-    Ok(train_model(cfg, data, on_epoch).await?.0)
+    Ok(train_model(cfg, data, None, on_epoch).await?.0)
 }
 
 /// Trains as [`train`] does; returns every epoch's result and the model trained.
+///
+/// With `initial`, the servers start from those rows ([`initial_rows`]) instead of zero.
 pub(crate) async fn train_model(
     cfg: &MfConfig,
     data: MfData,
+    initial: Option<Arc<KvPairs<f64>>>,
     mut on_epoch: impl FnMut(&MfReport),
 ) -> Result<(Vec<MfReport>, Model), RuntimeError> {
     let began = Instant::now();
@@ -540,6 +619,7 @@ pub(crate) async fn train_model(
     let mut spec = ClusterSpec::new(cfg.servers, cfg.workers);
     job_of(cfg, &mut spec.job);
     spec.job.ring.key_space = keys_below(&data);
+    spec.initial = initial;
     let cluster: LocalCluster<f32> = LocalCluster::start(&spec, &MemNetwork::reliable())?;
     let shares = Shares::of(&data, cfg.workers, cfg);
     let mut reports = Vec::new();
@@ -587,6 +667,7 @@ mod tests {
         let data = MfData {
             train: vec![rating(0, 0, 1.0), rating(1, 0, 3.0)],
             test: vec![rating(0, 1, 4.0), rating(2, 0, 2.0)],
+            ids: Ids::new(),
         };
         assert_eq!(data.mean(), 2.0);
         // Errors 2 and 0.
@@ -626,7 +707,7 @@ mod tests {
             ..MfConfig::default()
         };
         let (reports, model) = rt
-            .block_on(train_model(&cfg, problem.data(), |_| {}))
+            .block_on(train_model(&cfg, problem.data(), None, |_| {}))
             .expect("training runs");
         let keys = (0..problem.users)
             .map(user_key)

@@ -1,13 +1,18 @@
-//! `pserver predict`: scores a LIBSVM data set with a saved logistic-regression model.
+//! `pserver predict`: scores a LIBSVM data set with a saved logistic-regression model, or a
+//! ratings file with a saved factorization.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use super::CliError;
 use crate::apps::lr::{auc, load_model, scores};
+use crate::apps::mf_file::{is_mf, load_mf};
 use crate::data::libsvm::{IndexBase, read};
+use crate::data::ratings::{Ids, read as read_ratings};
 
-/// Score a LIBSVM data set with a model saved by `pserver train --save`.
+/// Score a LIBSVM data set with a model saved by `pserver train --save`, or a ratings file
+/// with one saved by `pserver train mf --save` (printing `predict rows=N rmse=R unseen=U`, or
+/// one predicted rating per line with --scores).
 ///
 /// The data is read with the index base the model was trained with (recorded in the model
 /// file), and scored with the model's intercept. Prints `predict rows=N logloss=L auc=A`, or
@@ -32,6 +37,9 @@ pub(crate) struct PredictArgs {
 
 /// Runs `pserver predict`.
 pub(crate) fn run(args: PredictArgs) -> Result<(), CliError> {
+    if starts_like_mf(&args.model) {
+        return run_mf(&args);
+    }
     let model = load_model(&args.model).map_err(CliError::input)?;
     let base = match (model.base, args.index_base) {
         (IndexBase::Auto, asked) => {
@@ -88,4 +96,63 @@ fn print_probabilities(scores: &[f64]) {
         }
     }
     let _ = out.flush();
+}
+
+/// Whether the file at `path` begins like a factorization model (unreadable: no, and reading
+/// it as a logistic-regression model says why).
+fn starts_like_mf(path: &std::path::Path) -> bool {
+    let mut head = [0u8; 8];
+    std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+        .is_ok_and(|()| is_mf(&head))
+}
+
+/// Predicts the ratings of `args.data` with a factorization model: `predict rows=N rmse=R
+/// unseen=U` (ratings whose user or item the model does not hold, predicted from the mean and
+/// what it does hold), or one predicted rating per line with --scores.
+fn run_mf(args: &PredictArgs) -> Result<(), CliError> {
+    if args.index_base.is_some() {
+        return Err(CliError::input(format!(
+            "--index-base is for LIBSVM data; {} is a factorization model, which reads ratings files",
+            args.model.display()
+        )));
+    }
+    let model = load_mf(&args.model).map_err(CliError::Input)?;
+    let names = |rows: &[(Box<str>, Vec<f32>)]| -> Vec<Box<str>> {
+        rows.iter().map(|(id, _)| id.clone()).collect()
+    };
+    let (users, items) = (names(&model.users), names(&model.items));
+    // Numbered as the model's rows are: a known id's number is its row.
+    let mut ids = Ids::of_names(
+        users.iter().map(AsRef::as_ref),
+        items.iter().map(AsRef::as_ref),
+    );
+    let ratings = read_ratings(&args.data, &mut ids).map_err(CliError::input)?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let (mut squared, mut unseen) = (0.0, 0usize);
+    for r in &ratings {
+        let (user, item) = (row(&model.users, r.user), row(&model.items, r.item));
+        unseen += usize::from(user.is_none() || item.is_none());
+        let predicted = model.predict(user, item);
+        if args.scores {
+            let _ = writeln!(out, "{predicted:.4}");
+        }
+        squared += (predicted - f64::from(r.value)).powi(2);
+    }
+    if !args.scores {
+        let rmse = (squared / ratings.len().max(1) as f64).sqrt();
+        let _ = writeln!(
+            out,
+            "predict rows={} rmse={rmse:.4} unseen={unseen}",
+            ratings.len()
+        );
+    }
+    out.flush()
+        .map_err(|e| CliError::Failed(format!("cannot write the predictions: {e}")))?;
+    Ok(())
+}
+
+/// The row of number `n` in `rows`, if the model holds it.
+fn row(rows: &[(Box<str>, Vec<f32>)], n: u32) -> Option<&[f32]> {
+    rows.get(n as usize).map(|(_, r)| &r[..])
 }

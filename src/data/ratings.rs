@@ -52,7 +52,7 @@ pub(crate) struct Rating {
 
 /// The dense numbers given to user and item ids so far. Keep one across the files of a job so
 /// that they agree on who is who.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Ids {
     users: HashMap<Box<str>, u32>,
     items: HashMap<Box<str>, u32>,
@@ -62,6 +62,42 @@ impl Ids {
     /// No ids yet.
     pub(crate) fn new() -> Self {
         Ids::default()
+    }
+
+    /// Ids numbered in the order given: `users[n]` is user `n`, `items[n]` item `n`. A file
+    /// read with them numbers the ids they know alike, and new ones after them.
+    pub(crate) fn of_names<'a>(
+        users: impl IntoIterator<Item = &'a str>,
+        items: impl IntoIterator<Item = &'a str>,
+    ) -> Ids {
+        let mut ids = Ids::new();
+        for user in users {
+            number(&mut ids.users, user);
+        }
+        for item in items {
+            number(&mut ids.items, item);
+        }
+        ids
+    }
+
+    /// The number of user `id`, if it was seen.
+    pub(crate) fn user(&self, id: &str) -> Option<u32> {
+        self.users.get(id).copied()
+    }
+
+    /// The number of item `id`, if it was seen.
+    pub(crate) fn item(&self, id: &str) -> Option<u32> {
+        self.items.get(id).copied()
+    }
+
+    /// Every user's id, by number.
+    pub(crate) fn user_names(&self) -> Vec<Box<str>> {
+        names(&self.users)
+    }
+
+    /// Every item's id, by number.
+    pub(crate) fn item_names(&self) -> Vec<Box<str>> {
+        names(&self.items)
     }
 
     #[cfg(test)]
@@ -75,6 +111,13 @@ impl Ids {
     pub(crate) fn items(&self) -> usize {
         self.items.len()
     }
+}
+
+/// The ids of `map` in the order of their numbers.
+fn names(map: &HashMap<Box<str>, u32>) -> Vec<Box<str>> {
+    let mut named: Vec<(u32, &Box<str>)> = map.iter().map(|(id, &n)| (n, id)).collect();
+    named.sort_unstable();
+    named.into_iter().map(|(_, id)| id.clone()).collect()
 }
 
 /// The number of `id` in `map`, giving it the next one if it is new; `None` once every `u32`

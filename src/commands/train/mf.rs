@@ -5,9 +5,12 @@ use std::path::PathBuf;
 use pserver_core::Consistency;
 
 use super::NodesArgs;
-use crate::apps::mf::{Generated, MfConfig, MfData, train};
+use std::sync::Arc;
+
+use crate::apps::mf::{Generated, MfConfig, MfData, initial_rows, train_model};
+use crate::apps::mf_file::{load_mf, save_mf};
 use crate::commands::CliError;
-use crate::commands::values::{Fraction, Rate, Strength, at_least_one};
+use crate::commands::values::{Fraction, Rate, Strength, at_least_one, output_file};
 
 /// Factorize a matrix of ratings into user and item factors.
 ///
@@ -65,6 +68,14 @@ pub(crate) struct MfArgs {
     /// Ratings per minibatch on each worker.
     #[arg(long, default_value_t = 200, value_parser = at_least_one, allow_negative_numbers = true)]
     batch: usize,
+    /// Save the model of the last epoch to this file (every user's and item's factors and
+    /// bias under the ids of the ratings file), for `pserver predict` and --init.
+    #[arg(long, value_name = "FILE", value_parser = output_file)]
+    save: Option<PathBuf>,
+    /// Start from this saved model instead of small random factors: the users and items it
+    /// holds start where it left them, matched by their ids; its rank must be the run's.
+    #[arg(long, value_name = "MODEL")]
+    init: Option<PathBuf>,
 }
 
 /// Test fraction when neither --test nor --test-fraction is given.
@@ -114,6 +125,21 @@ pub(super) fn run(args: &MfArgs) -> Result<(), CliError> {
             (problem.data(), Some(problem.noise))
         }
     };
+    let initial = match &args.init {
+        Some(path) => {
+            let model = load_mf(path).map_err(CliError::Input)?;
+            let rows = initial_rows(&cfg, &model, &data.ids)
+                .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+            eprintln!(
+                "init: {} of the {} users and items of {} are in the data",
+                rows.len(),
+                model.users.len() + model.items.len(),
+                path.display()
+            );
+            Some(Arc::new(rows))
+        }
+        None => None,
+    };
     let per = data.train.len().div_ceil(cfg.workers);
     eprintln!(
         "mf: {} users, {} items, {} train ratings, {} test ratings ({} with a user or item unseen in training), rank {}, {} workers x {} steps of {} ratings per epoch{}",
@@ -129,13 +155,18 @@ pub(super) fn run(args: &MfArgs) -> Result<(), CliError> {
         noise.map_or(String::new(), |n| format!(", noise floor {n}")),
     );
     let rt = crate::commands::runtime()?;
-    rt.block_on(train(&cfg, data, |r| {
-        println!(
-            "iter={} train_rmse={:.4} test_rmse={:.4} baseline_rmse={:.4} secs={:.2} rows_per_sec={:.0}",
-            r.epoch, r.train_rmse, r.test_rmse, r.baseline_rmse, r.secs, r.rows_per_sec
-        );
-    }))
-    .map_err(CliError::failed)?;
+    let (ids, mean) = (data.ids.clone(), data.mean());
+    let (_, model) = rt
+        .block_on(train_model(&cfg, data, initial, |r| {
+            println!(
+                "iter={} train_rmse={:.4} test_rmse={:.4} baseline_rmse={:.4} secs={:.2} rows_per_sec={:.0}",
+                r.epoch, r.train_rmse, r.test_rmse, r.baseline_rmse, r.secs, r.rows_per_sec
+            );
+        }))
+        .map_err(CliError::failed)?;
+    if let Some(path) = &args.save {
+        save_mf(path, &model.file(&ids, mean)).map_err(CliError::Input)?;
+    }
     Ok(())
 }
 
