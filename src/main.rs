@@ -10,7 +10,9 @@ mod data;
 mod seeded;
 
 use clap::CommandFactory;
-use commands::{bench, check, r#gen, launch, local, manual, node, predict, ring, sim, train};
+use commands::{
+    bench, check, r#gen, launch, local, manual, node, predict, ring, sim, status, train,
+};
 use pserver_core::Role;
 use tracing_subscriber::EnvFilter;
 
@@ -78,6 +80,7 @@ enum Command {
     /// Without --config it trains logistic regression on --data (the shipped Adult data by
     /// default); with --config it runs that cluster file's job on the nodes started here.
     Launch(launch::LaunchArgs),
+    Status(status::StatusArgs),
     Local(local::LocalArgs),
     Bench(bench::BenchArgs),
     Train(Box<train::TrainArgs>),
@@ -116,6 +119,7 @@ fn main() -> ExitCode {
         Command::Server(args) => node::run(args, Role::Server),
         Command::Worker(args) => node::run(args, Role::Worker),
         Command::Launch(args) => launch::run(args),
+        Command::Status(args) => status::run(args),
         Command::Local(args) => local::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Train(args) => train::run(*args),

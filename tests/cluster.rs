@@ -1842,3 +1842,64 @@ fn an_lr_cluster_job_given_a_model_to_init_from_starts_where_it_ended() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `pserver status --config FILE`, run until its output holds `needle` (or 60 s pass): the
+/// last exit status and output.
+fn status_until(config: &Path, needle: &str) -> (Option<i32>, String) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = pserver(&["status", "--config", config.to_str().unwrap()])
+            .output()
+            .expect("run pserver status");
+        let stdout = text(&out.stdout);
+        if stdout.contains(needle) || Instant::now() > deadline {
+            return (out.status.code(), format!("{stdout}{}", text(&out.stderr)));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The coordinator answers `pserver status` at the metrics address the cluster file gives it:
+/// a job running as set up exits 0; once a server is killed, the status names it dead, the
+/// replicas fewer than asked, and exits 1.
+#[test]
+fn status_says_where_the_job_stands_and_fails_once_it_is_degraded() {
+    let shape = (2, 2);
+    let (dir, _, config) = script_cluster("status", shape, "bounded:1", 400, 25);
+    let file = std::fs::read_to_string(&config).unwrap();
+    let metrics = format!(
+        "role = \"coordinator\"\nmetrics = \"127.0.0.1:{}\"\n",
+        free_port()
+    );
+    std::fs::write(
+        &config,
+        file.replacen("role = \"coordinator\"\n", &metrics, 1),
+    )
+    .unwrap();
+    let mut children = start_nodes(&config, shape, |_| "warn", |_| Vec::new());
+    let (code, healthy) = status_until(&config, "node n4 worker live");
+    assert_eq!(code, Some(0), "{healthy}");
+    for line in [
+        "coordinator n0 term 0",
+        "replicas 1 of 1",
+        "node n1 server live",
+        "lost 0",
+    ] {
+        assert!(healthy.contains(line), "{line}\n{healthy}");
+    }
+    assert!(healthy.trim_end().ends_with("degraded no"), "{healthy}");
+    children.0[2].1.kill().expect("kill -9 server 2");
+    let (code, degraded) = status_until(&config, "node n2 server dead");
+    assert_eq!(code, Some(1), "{degraded}");
+    assert!(degraded.contains("replicas 0 of 1"), "{degraded}");
+    assert!(degraded.trim_end().ends_with("degraded yes"), "{degraded}");
+    children.interrupt();
+    // No coordinator to ask: one line, status 2.
+    let _ = wait_all(&mut children, Instant::now() + Duration::from_secs(30));
+    let out = pserver(&["status", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("cannot ask the coordinator at 127.0.0.1:"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -45,6 +45,7 @@ use crate::ids::{Epoch, NodeId, Role, Time};
 use crate::key::{Key, KeyRange};
 use crate::pace::{self, Pace, PaceWatch, StragglerPolicy};
 use crate::ring::{Ring, RingConfig, RingError};
+use crate::status::{ClusterStatus, NodeState, NodeStatus};
 use crate::timing::Timing;
 use crate::value::Value;
 use crate::wire::{ClusterConfig, Envelope, Message};
@@ -301,6 +302,58 @@ impl Coordinator {
             .filter(|w| self.pace_watch.has_reported(**w))
             .map(|&w| (w, self.pace_watch.iteration_of(w)))
             .collect()
+    }
+
+    /// Where the job stands: every node the coordinator knows and what it knows of it, the
+    /// epoch, lost ranges and replicas, for an operator.
+    pub fn status(&self) -> ClusterStatus {
+        let allowed = self.cfg.timing.missed_checks_allowed();
+        let state_of = |node: NodeId| -> NodeState {
+            let Some(config) = &self.config else {
+                return NodeState::Registered;
+            };
+            if self.dead.contains(&node) {
+                return NodeState::Dead;
+            }
+            if config.left.contains(&node) && !config.workers.contains(&node) {
+                return NodeState::Left;
+            }
+            if self.kept_silent.contains(&node) {
+                return NodeState::Kept;
+            }
+            let missed = self.silent_checks.get(&node).copied().unwrap_or(0);
+            if missed * 2 > allowed.max(1) {
+                return NodeState::Silent;
+            }
+            if config.joining.contains(&node) {
+                NodeState::Joining
+            } else if config.leaving.contains(&node) {
+                NodeState::Leaving
+            } else {
+                NodeState::Live
+            }
+        };
+        let nodes = self
+            .members
+            .iter()
+            .map(|(&id, &role)| NodeStatus {
+                id,
+                role,
+                state: state_of(id),
+            })
+            .collect();
+        let config = self.config.as_ref();
+        ClusterStatus {
+            coordinator: self.cfg.id,
+            term: 0,
+            epoch: self.epoch(),
+            phase: self.phase(),
+            nodes,
+            lost: config.map_or_else(Vec::new, |c| c.lost.clone()),
+            replicas_held: config.map_or(self.cfg.ring.replicas, ClusterConfig::replicas_held),
+            replicas_asked: self.cfg.ring.replicas,
+            finished: self.finish_said,
+        }
     }
 
     /// This coordinator's id.

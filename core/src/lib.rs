@@ -180,6 +180,7 @@ mod server;
 mod sizes;
 mod slicing;
 pub mod slots;
+pub mod status;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;

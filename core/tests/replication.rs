@@ -1573,3 +1573,31 @@ fn a_server_whose_last_word_is_lost_ends_the_job_at_the_heartbeat_timeout() {
     // Two servers, one replica: it could never have been declared dead.
     assert!(!c.coordinator().dead().contains(&s2));
 }
+
+/// The coordinator's status says what an operator needs: a healthy job is not degraded; a
+/// crashed server is silent, then dead, with fewer replicas until the ring is refilled.
+#[test]
+fn the_status_shows_a_crashed_server_silent_then_dead_and_the_job_degraded() {
+    use pserver_core::status::NodeState;
+    let mut c = Cluster::new(2, 1, 1, Consistency::Eventual);
+    c.run_until(1_000 * MS, |_| false);
+    let healthy = c.coordinator().status();
+    assert!(!healthy.is_degraded(), "{healthy}");
+    assert_eq!(healthy.nodes.len(), 3);
+    assert!(
+        healthy.nodes.iter().all(|n| n.state == NodeState::Live),
+        "{healthy}"
+    );
+    c.crash(NodeId(2));
+    assert!(c.run_until(10_000 * MS, |c| {
+        c.coordinator().status().nodes[1].state == NodeState::Silent
+    }));
+    assert!(c.coordinator().status().is_degraded());
+    assert!(c.run_until(10_000 * MS, |c| c.settled_on(&[1])));
+    let after = c.coordinator().status();
+    assert_eq!(after.nodes[1].state, NodeState::Dead, "{after}");
+    assert_eq!((after.replicas_held, after.replicas_asked), (0, 1));
+    let text = after.to_string();
+    assert!(text.contains("node n2 server dead"), "{text}");
+    assert!(text.ends_with("degraded yes"), "{text}");
+}

@@ -550,6 +550,8 @@ pub struct NodeMetrics {
     pub shares_moved: u64,
     /// What each of a worker's filters saved so far, by name ([`pserver_core::filter`]).
     pub filter_savings: Vec<(&'static str, pserver_core::filter::FilterSaving)>,
+    /// Where the job stands (the coordinator; [`pserver_core::node::Coordinator::status`]).
+    pub status: Option<pserver_core::status::ClusterStatus>,
 }
 
 /// Asks a server to leave its job ([`NodeHandle::leave_handle`]); it outlives the node's handle.

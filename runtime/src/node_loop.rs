@@ -325,6 +325,7 @@ where
             refusals: self.driver.refusals(),
             retransmissions: self.driver.retransmissions(),
             filter_savings: self.driver.filter_savings(),
+            status: node.as_coordinator().map(|c| c.status()),
             ..self.counts.clone()
         };
         self.metrics.send_replace(metrics);

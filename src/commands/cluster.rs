@@ -12,11 +12,11 @@ use pserver_runtime::{
     ClusterSpec, LocalCluster, NodeHandle, NodeReport, RuntimeError, Spawned, WorkerHandle,
     spawn_node,
 };
-use pserver_transport::Transport;
 use pserver_transport::TransportError;
 use pserver_transport::mem::{MemFaults, MemNetwork};
 use pserver_transport::tcp::TcpTransport;
 use pserver_transport::udp::UdpTransport;
+use pserver_transport::{Address, Transport};
 
 use super::cluster_file::ProcessWire;
 use super::values::output_file;
@@ -300,7 +300,11 @@ async fn start<V: Value + Send + Sync>(
     let driver: Driver<V> = spec.driver(id)?;
     tracing::info!(%id, %role, address = %transport.local_addr(), "listening");
     let spawned = spawn_node(driver, transport.shared(), file.spec.runtime.clone());
-    let metrics = match options.metrics {
+    // The file's address for this node's endpoint, unless the command line gives one.
+    let serve_at = options
+        .metrics
+        .or_else(|| file.metrics.get(&id).map(Address::listen));
+    let metrics = match serve_at {
         Some(addr) => {
             let sources = Sources {
                 id,

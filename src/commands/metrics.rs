@@ -1,6 +1,7 @@
 //! A node process's operator endpoint (`--metrics ADDR`): `/healthz` answers while the node
-//! runs, and `/metrics` gives its counters in the Prometheus text format, the node loop's
-//! ([`NodeMetrics`]) and its transport's.
+//! runs, `/metrics` gives its counters in the Prometheus text format, the node loop's
+//! ([`NodeMetrics`]) and its transport's, and the coordinator's `/status` says where the job
+//! stands (`pserver status`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -83,7 +84,17 @@ fn answer(path: &str, sources: &Sources) -> Response<Full<Bytes>> {
             Ok(text) => (StatusCode::OK, text),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
         },
-        _ => (StatusCode::NOT_FOUND, "/healthz or /metrics\n".to_owned()),
+        "/status" => match &sources.node.borrow().status {
+            Some(status) => (StatusCode::OK, format!("{status}\n")),
+            None => (
+                StatusCode::NOT_FOUND,
+                "only the coordinator answers /status\n".to_owned(),
+            ),
+        },
+        _ => (
+            StatusCode::NOT_FOUND,
+            "/healthz, /metrics or /status\n".to_owned(),
+        ),
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;

@@ -19,6 +19,7 @@ pub(crate) mod ring;
 pub(crate) mod script;
 pub(crate) mod signals;
 pub(crate) mod sim;
+pub(crate) mod status;
 pub(crate) mod train;
 pub(crate) mod values;
 

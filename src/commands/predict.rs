@@ -22,7 +22,7 @@ pub(crate) struct PredictArgs {
     /// The model file.
     #[arg(long, value_name = "FILE")]
     model: PathBuf,
-    /// The data to score (LIBSVM, optionally .gz).
+    /// The data to score (LIBSVM, optionally .gz; a ratings file for a factorization model).
     #[arg(long, value_name = "FILE")]
     data: PathBuf,
     /// Print one probability per row instead of the summary.

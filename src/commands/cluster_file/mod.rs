@@ -172,6 +172,9 @@ pub(crate) struct ClusterFile {
     pub addresses: BTreeMap<NodeId, Address>,
     /// Every node's role, by id.
     pub roles: BTreeMap<NodeId, Role>,
+    /// Where nodes serve `/healthz`, `/metrics` and (the coordinator) `/status`, by id, for
+    /// those whose `[[node]]` names a `metrics` address (`--metrics` overrides it).
+    pub metrics: BTreeMap<NodeId, Address>,
     /// How the nodes talk.
     pub transport: ProcessWire,
     /// Whether the job may end well after losing key ranges with their holders (more
@@ -229,7 +232,11 @@ impl ClusterFile {
         if raw.cluster_id.is_empty() || raw.cluster_id.len() > 256 {
             return Err(origin.invalid("cluster_id", "must be 1 to 256 bytes long"));
         }
-        let Nodes { addresses, roles } = nodes(raw.nodes, &origin)?;
+        let Nodes {
+            addresses,
+            roles,
+            metrics,
+        } = nodes(raw.nodes, &origin)?;
         let mut spec = spec(&roles, consistency, &raw.ring, &origin)?;
         if raw.job.keys == 0 || raw.job.keys > 10_000_000 {
             return Err(origin.invalid("job.keys", "must be between 1 and 10000000"));
@@ -269,6 +276,7 @@ impl ClusterFile {
             job,
             addresses,
             roles,
+            metrics,
             transport,
             allow_loss,
             secret_file: raw.secret_file.map(|f| origin.relative(f)),
@@ -376,6 +384,7 @@ impl Origin<'_> {
 struct Nodes {
     addresses: BTreeMap<NodeId, Address>,
     roles: BTreeMap<NodeId, Role>,
+    metrics: BTreeMap<NodeId, Address>,
 }
 
 /// What `{i}` stands for in a `[[node]]` address with a `count`.
@@ -396,7 +405,8 @@ fn nodes(nodes: Vec<RawNode>, origin: &Origin<'_>) -> Result<Nodes, ClusterFileE
             ),
         ));
     }
-    let mut listed: Vec<(Option<NodeId>, Role, Address, String)> = Vec::new();
+    type Listed = (Option<NodeId>, Role, Address, String, Option<Address>);
+    let mut listed: Vec<Listed> = Vec::new();
     for (i, node) in nodes.into_iter().enumerate() {
         let field = |name: &str| format!("node[{i}].{name}");
         let role: Role = node
@@ -461,7 +471,20 @@ fn nodes(nodes: Vec<RawNode>, origin: &Origin<'_>) -> Result<Nodes, ClusterFileE
                     ),
                 ));
             }
-            listed.push((node.id.map(NodeId), role, address, shown));
+            let metrics = match &node.metrics {
+                Some(pattern) => {
+                    let written = pattern.replace(PLACE, &place.to_string());
+                    let parsed =
+                        written
+                            .parse()
+                            .map_err(|e: pserver_transport::AddressError| {
+                                origin.invalid(&field("metrics"), e.to_string())
+                            })?;
+                    Some(parsed)
+                }
+                None => None,
+            };
+            listed.push((node.id.map(NodeId), role, address, shown, metrics));
         }
     }
     if with_ids == 0 {
@@ -471,14 +494,15 @@ fn nodes(nodes: Vec<RawNode>, origin: &Origin<'_>) -> Result<Nodes, ClusterFileE
             Role::Server => 1,
             Role::Worker => 2,
         };
-        listed.sort_by_key(|(_, role, _, _)| rank(role));
+        listed.sort_by_key(|(_, role, ..)| rank(role));
         for (n, entry) in listed.iter_mut().enumerate() {
             entry.0 = Some(NodeId(n as u32));
         }
     }
     let mut addresses: BTreeMap<NodeId, Address> = BTreeMap::new();
     let mut roles = BTreeMap::new();
-    for (id, role, address, field) in listed {
+    let mut metrics = BTreeMap::new();
+    for (id, role, address, field, serves) in listed {
         let id = id.unwrap_or(NodeId(0));
         // Two nodes cannot listen on one address: the second would fail to bind, or on
         // different machines a peer would reach the wrong one. Host names are compared in
@@ -493,8 +517,15 @@ fn nodes(nodes: Vec<RawNode>, origin: &Origin<'_>) -> Result<Nodes, ClusterFileE
             return Err(origin.invalid(&field, format!("node id {} appears twice", id.0)));
         }
         roles.insert(id, role);
+        if let Some(serves) = serves {
+            metrics.insert(id, serves);
+        }
     }
-    Ok(Nodes { addresses, roles })
+    Ok(Nodes {
+        addresses,
+        roles,
+        metrics,
+    })
 }
 
 /// The cluster's shape, from the nodes' roles, which must number them as the layout does.

@@ -239,6 +239,7 @@ pub(super) struct RawNode {
     pub(super) role: Choice<NodeRole>,
     pub(super) address: String,
     pub(super) count: Option<u32>,
+    pub(super) metrics: Option<String>,
 }
 
 /// A node's `role`; core's [`Role`] is spelled with capitals in serde's formats.
