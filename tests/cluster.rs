@@ -1825,17 +1825,29 @@ fn an_lr_cluster_job_given_a_model_to_init_from_starts_where_it_ended() {
         assert!(out.status.success(), "{stderr}");
         stdout
     };
+    // Sequential consistency: the comparison below is of the starting points, not of the
+    // order pushes happened to arrive in.
+    let sequential = |config: &str| {
+        let text = std::fs::read_to_string(config).unwrap();
+        let text = text.replace(
+            "consistency = \"bounded:2\"",
+            "consistency = \"sequential\"",
+        );
+        std::fs::write(config, text).unwrap();
+    };
     let (config, _) = lr_cluster_of(&dir, 2, 2, 4, "save = \"m.bin\"\n", |_| {});
+    sequential(&config);
     let first = launch(&config);
     let losses = worker_fields(&first, "test_logloss=");
     assert_eq!(losses.len(), 4, "{first}");
     let saved = losses.iter().copied().fold(f64::INFINITY, f64::min);
     let (config, _) = lr_cluster_of(&dir, 2, 2, 1, "init = \"m.bin\"\n", |_| {});
+    sequential(&config);
     let warm = launch(&config);
     let warm = worker_fields(&warm, "test_logloss=");
     assert_eq!(warm.len(), 1);
     assert!(
-        warm[0] < losses[0] && (warm[0] - saved).abs() < 0.01,
+        warm[0] < losses[0] && warm[0] < saved + 0.005,
         "first epoch {} from the model, {} from zero; the model's {saved}",
         warm[0],
         losses[0]

@@ -612,28 +612,23 @@ fn a_test_set_of_one_class_is_said() {
 fn a_model_given_to_init_is_where_training_starts() {
     let dir = scratch("init");
     let model = dir.join("m.bin");
-    let (saved, _) = run_ok(&[
-        "train",
-        "--epochs",
-        "3",
-        "--keep",
-        "last",
-        "--save",
-        s(&model),
-    ]);
+    // One worker under sequential consistency: every run the same, so that the comparison
+    // below is of the starting points, not of the order pushes happened to arrive in.
+    let run = |more: &[&str]| {
+        let mut args = vec!["train", "--consistency", "sequential", "--workers", "1"];
+        args.extend_from_slice(more);
+        run_ok(&args)
+    };
+    let (saved, _) = run(&["--epochs", "5", "--keep", "last", "--save", s(&model)]);
     let saved = field(epochs_of(&saved).last().unwrap(), "test_logloss");
-    let (warm, said) = run_ok(&["train", "--epochs", "1", "--init", s(&model)]);
+    let (warm, said) = run(&["--epochs", "1", "--init", s(&model)]);
     assert!(said.contains("init: "), "{said}");
     let warm = field(epochs_of(&warm)[0], "test_logloss");
-    let (cold, _) = run_ok(&["train", "--epochs", "1"]);
+    let (cold, _) = run(&["--epochs", "1"]);
     let cold = field(epochs_of(&cold)[0], "test_logloss");
     assert!(
-        warm < cold,
-        "a warm start's first epoch {warm} against a cold start's {cold}"
-    );
-    assert!(
-        (warm - saved).abs() < 0.005,
-        "a warm start's first epoch {warm} against the model's {saved}"
+        warm < cold && warm < saved + 0.002,
+        "a warm start's first epoch {warm} against a cold start's {cold} and the model's {saved}"
     );
     // A model trained on data counted from 1 does not read data counted from 0.
     let out = pserver()

@@ -54,6 +54,12 @@ impl Cluster {
             if config == current.config {
                 return Ok(None);
             }
+            if config.term < current.config.term {
+                return Err(Refusal::StaleTerm {
+                    term: config.term,
+                    current: current.config.term,
+                });
+            }
             if config.epoch <= current.epoch() {
                 return Err(Refusal::StaleEpoch {
                     epoch: config.epoch,

@@ -315,7 +315,11 @@ impl Coordinator {
             if self.dead.contains(&node) {
                 return NodeState::Dead;
             }
-            if config.left.contains(&node) && !config.workers.contains(&node) {
+            let member = config.workers.contains(&node)
+                || config.servers.contains(&node)
+                || config.joining.contains(&node);
+            if !member {
+                // A worker that left, or a server whose leaving completed.
                 return NodeState::Left;
             }
             if self.kept_silent.contains(&node) {
@@ -345,7 +349,7 @@ impl Coordinator {
         let config = self.config.as_ref();
         ClusterStatus {
             coordinator: self.cfg.id,
-            term: 0,
+            term: config.map_or(0, |c| c.term),
             epoch: self.epoch(),
             phase: self.phase(),
             nodes,
@@ -580,11 +584,9 @@ impl Coordinator {
         let mut next = config.clone();
         next.joining.retain(|&s| s != server);
         if next.servers.contains(&server) {
-            match config
-                .without_server(server)
-                .ok()
-                .filter(|c| self.keeps_min_replicas(c))
-            {
+            // Not held to `min_replicas`: the earlier process's copies are gone with it, and
+            // keeping it on the ring would keep nothing but the new process out.
+            match config.without_server(server).ok() {
                 Some(without) => next = without,
                 None => {
                     if self.kept_asking.insert(server) {
@@ -737,6 +739,7 @@ impl Coordinator {
         self.config = Some(ClusterConfig {
             epoch: 1,
             coordinator: self.cfg.id,
+            term: 0,
             servers: of(Role::Server),
             workers,
             ring: self.first_ring(),

@@ -187,6 +187,14 @@ pub enum Refusal {
         /// This node's epoch.
         current: Epoch,
     },
+    /// A configuration from a coordinator of an older term than the one whose configuration the
+    /// node holds ([`crate::wire::ClusterConfig::term`]): one that another took over from.
+    StaleTerm {
+        /// The configuration's term.
+        term: u64,
+        /// The term of the configuration the node holds.
+        current: u64,
+    },
     /// The message belongs to another job: a configuration that changes the consistency model,
     /// values of another width, a ring that cannot be built.
     ForeignJob,
@@ -227,6 +235,10 @@ impl fmt::Display for Refusal {
             Refusal::StaleEpoch { epoch, current } => {
                 write!(f, "stale epoch {epoch} (this node is at {current})")
             }
+            Refusal::StaleTerm { term, current } => write!(
+                f,
+                "configuration of coordinator term {term}, older than the term {current} this node follows"
+            ),
             Refusal::ForeignJob => f.write_str("message belongs to another job"),
             Refusal::Unexpected => f.write_str("a message kind this node does not take"),
             Refusal::BadAnswer => f.write_str("answer does not match the slice it answers"),

@@ -121,6 +121,7 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                 Message::Config(ClusterConfig {
                     epoch,
                     coordinator,
+                    term: epoch.wrapping_mul(3),
                     servers,
                     workers,
                     ring: RingConfig {

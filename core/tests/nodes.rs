@@ -1105,3 +1105,48 @@ fn a_ring_without_a_key_space_is_spread_over_the_keys_the_workers_use() {
         (0..4_000).map(|k| ring.primary(k)).collect();
     assert_eq!(primaries.len(), 2);
 }
+
+/// A configuration of an older coordinator term than the one a node holds comes from a
+/// coordinator another took over from: every node kind refuses it visibly, whatever its
+/// epoch, and stays on the configuration it holds.
+#[test]
+fn a_configuration_from_an_older_term_is_refused_by_every_node_kind() {
+    let mut newer = config(3, &[1, 2], &[W1], Consistency::Eventual);
+    newer.term = 2;
+    let older = ClusterConfig {
+        epoch: 4,
+        term: 1,
+        servers: vec![NodeId(1)],
+        ..newer.clone()
+    };
+    let refused = |out: &Effects<i64>| {
+        out.events.iter().any(|e| {
+            *e == Event::Refused {
+                from: COORD,
+                reason: Refusal::StaleTerm {
+                    term: 1,
+                    current: 2,
+                },
+            }
+        })
+    };
+    let mut s = server(1, &newer, Updater::Sum);
+    let mut out = Effects::new();
+    s.on_message(0, deliver_config(NodeId(1), &older), &mut out);
+    assert!(refused(&out), "{:?}", out.events);
+    assert_eq!(s.config(), Some(&newer));
+    let mut w = worker(W1, &newer);
+    let mut out = Effects::new();
+    w.on_message(0, deliver_config(W1, &older), &mut out);
+    assert!(refused(&out), "{:?}", out.events);
+    assert_eq!(w.config(), Some(&newer));
+    // A later term is followed, as a later epoch is.
+    let later = ClusterConfig {
+        epoch: 4,
+        term: 3,
+        ..newer.clone()
+    };
+    let mut out = Effects::new();
+    w.on_message(0, deliver_config(W1, &later), &mut out);
+    assert_eq!(w.config(), Some(&later));
+}

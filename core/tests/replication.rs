@@ -1292,6 +1292,7 @@ fn a_copy_brings_the_workers_range_clocks_with_it() {
     let config = |epoch: Epoch, servers: Vec<NodeId>, joining: Vec<NodeId>| ClusterConfig {
         epoch,
         coordinator: COORD,
+        term: 0,
         servers,
         workers: vec![w],
         ring,
@@ -1600,4 +1601,22 @@ fn the_status_shows_a_crashed_server_silent_then_dead_and_the_job_degraded() {
     let text = after.to_string();
     assert!(text.contains("node n2 server dead"), "{text}");
     assert!(text.ends_with("degraded yes"), "{text}");
+}
+
+/// A job that keeps one replica waits for a lost server, and takes it back once its process
+/// restarts: the earlier process's copies are gone, so nothing is kept by keeping it out.
+#[test]
+fn a_job_keeping_min_replicas_takes_a_restarted_server_back() {
+    let mut c = Cluster::keeping(2, 1, 1, 1);
+    let keys = Cluster::keys(16);
+    let w = NodeId(3);
+    c.push(w, &keys, 2);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    c.crash(NodeId(2));
+    c.run_until(5_000 * MS, |_| false);
+    assert_eq!(c.config().servers, vec![NodeId(1), NodeId(2)], "kept");
+    c.start_server(NodeId(2));
+    assert!(c.run_until(60_000 * MS, |c| c.settled_on(&[1, 2])));
+    assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 2)));
+    c.assert_converged(&keys);
 }

@@ -287,6 +287,7 @@ fn message(body: Body) -> Message<i64> {
             Message::Config(ClusterConfig {
                 epoch: u64::from(epoch),
                 coordinator: COORD,
+                term: 0,
                 servers,
                 workers: members(workers, 8),
                 ring: RingConfig {

@@ -624,8 +624,22 @@ fn three_servers_with_two_replicas_survive_two_crashes() {
         servers: 3,
         ..two_crashes(seed, c, every_fault())
     });
-    let faults = total_faults(&reports);
-    assert!(faults.crashed() > reports.len(), "{faults:?}");
+    // Most runs lose both (a crash planned after the last worker finished does not happen),
+    // and the last server then serves the job alone; every crash is recovered from.
+    let both = reports
+        .iter()
+        .filter(|r| r.server_faults.crashed() == 2)
+        .count();
+    assert!(
+        both * 10 >= reports.len() * 7,
+        "{both} of {}",
+        reports.len()
+    );
+    assert!(
+        reports
+            .iter()
+            .all(|r| r.recoveries.len() == r.server_faults.crashed())
+    );
 }
 
 #[test]

@@ -606,8 +606,9 @@ impl<N> NodeHandle<N> {
 
     /// A handle that asks a server to leave the job: the coordinator moves its ranges to the
     /// other servers first, and the node stops once it is out ([`NodeReport::left`]), with
-    /// nothing acknowledged lost. A leave the ring cannot take (too few servers would be left
-    /// for its replicas) never completes: bound the wait, as [`NodeHandle::run_until`] does.
+    /// nothing acknowledged lost. A leave the ring cannot take (the last server, or fewer
+    /// replicas than the job's `min_replicas` would be left) never completes: bound the wait,
+    /// as [`NodeHandle::run_until`] does.
     /// For other nodes it does nothing.
     pub fn leave_handle(&self) -> LeaveHandle {
         LeaveHandle(std::sync::Arc::clone(&self.server_leave))

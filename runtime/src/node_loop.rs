@@ -966,6 +966,7 @@ mod tests {
         let config = |servers: u32, key_space: u64| ClusterConfig {
             epoch: 1,
             coordinator: NodeId(0),
+            term: 0,
             servers: (1..=servers).map(NodeId).collect(),
             workers: vec![NodeId(servers + 1)],
             ring: RingConfig {
@@ -993,6 +994,7 @@ mod tests {
         let config = ClusterConfig {
             epoch: 7,
             coordinator: n(0),
+            term: 0,
             servers: vec![n(1), n(2)],
             workers: vec![n(4)],
             ring: RingConfig::default(),

@@ -86,12 +86,18 @@ pub(crate) struct MfData {
     /// The ids the ratings files gave the users and items, by number (none for a generated
     /// problem, whose numbers are its ids).
     pub ids: Ids,
+    /// The mean predictions are made around, where it is not the training ratings' own: a
+    /// saved model's, for a run that starts from it, whose biases were learnt around it.
+    pub center: Option<f64>,
 }
 
 impl MfData {
-    /// The mean of the training ratings (0 without any): what the model predicts before it
-    /// learns anything.
+    /// The mean of the training ratings (0 without any), or [`MfData::center`]: what the
+    /// model predicts before it learns anything.
     pub(crate) fn mean(&self) -> f64 {
+        if let Some(center) = self.center {
+            return center;
+        }
         let sum: f64 = self.train.iter().map(|r| f64::from(r.value)).sum();
         sum / self.train.len().max(1) as f64
     }
@@ -213,6 +219,7 @@ impl Generated {
             train: self.generate(self.ratings, 1),
             test: self.generate(self.ratings / 10, 2),
             ids: Ids::new(),
+            center: None,
         }
     }
 
@@ -365,7 +372,12 @@ pub(crate) fn load(
             (train, test)
         }
     };
-    Ok(MfData { train, test, ids })
+    Ok(MfData {
+        train,
+        test,
+        ids,
+        center: None,
+    })
 }
 
 /// The job every node of a factorization runs: rows of `rank` factors and a bias, scattered
@@ -565,6 +577,11 @@ pub(crate) fn initial_rows(
             rows.push((item_key(n), row));
         }
     }
+    if rows.is_empty() {
+        return Err(
+            "none of its users and items is in the ratings: there is nothing to start from".into(),
+        );
+    }
     rows.sort_unstable_by_key(|&(key, _)| key);
     let keys: Vec<Key> = rows.iter().map(|&(key, _)| key).collect();
     let values: Vec<f64> = rows
@@ -668,6 +685,7 @@ mod tests {
             train: vec![rating(0, 0, 1.0), rating(1, 0, 3.0)],
             test: vec![rating(0, 1, 4.0), rating(2, 0, 2.0)],
             ids: Ids::new(),
+            center: None,
         };
         assert_eq!(data.mean(), 2.0);
         // Errors 2 and 0.

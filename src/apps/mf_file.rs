@@ -100,6 +100,7 @@ fn parse_mf(bytes: &[u8]) -> Result<MfModelFile, String> {
     for what in ["user", "item"] {
         let count = u64::from_le_bytes(take(8)?.try_into().map_err(|_| "too short")?);
         let mut rows = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for _ in 0..count {
             let len = word(take(4)?) as usize;
             let id =
@@ -113,6 +114,9 @@ fn parse_mf(bytes: &[u8]) -> Result<MfModelFile, String> {
                 return Err(format!(
                     "{what} {id} has a value that is not a finite number"
                 ));
+            }
+            if !seen.insert(id) {
+                return Err(format!("{what} {id} appears twice"));
             }
             rows.push((id.into(), row));
         }
@@ -180,6 +184,20 @@ mod tests {
         huge[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(parse_mf(&huge).is_err());
         assert!(parse_mf(b"PSLRv2\0\0").unwrap_err().contains("magic"));
+        let twice = MfModelFile {
+            users: vec![("u1".into(), vec![0.0; 3]), ("u1".into(), vec![1.0; 3])],
+            ..model()
+        };
+        save_mf(&path, &twice).unwrap();
+        let e = parse_mf(&std::fs::read(&path).unwrap()).unwrap_err();
+        assert_eq!(e, "user u1 appears twice");
+        let twice = MfModelFile {
+            users: vec![("u1".into(), vec![0.0; 3]), ("u1".into(), vec![1.0; 3])],
+            ..model()
+        };
+        save_mf(&path, &twice).unwrap();
+        let e = parse_mf(&std::fs::read(&path).unwrap()).unwrap_err();
+        assert_eq!(e, "user u1 appears twice");
         let _ = std::fs::remove_file(path);
     }
 }

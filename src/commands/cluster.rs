@@ -540,7 +540,7 @@ async fn run_lr_node(
     let base = init.as_ref().map_or(job.index_base, |(_, base)| *base);
     let initial = init
         .filter(|_| index.is_none())
-        .map(|(model, _)| Arc::new(model.rows()));
+        .map(|(model, _)| Arc::new(model.rows(job.cfg.bias)));
     // Read before joining, so that a bad file is reported at once.
     let data = match index {
         Some(index) => {

@@ -110,6 +110,8 @@ pub struct Refusals {
     pub unknown_sender: u64,
     /// Messages of an epoch the node has moved past.
     pub stale_epoch: u64,
+    /// Configurations of a coordinator term older than the one the node follows.
+    pub stale_term: u64,
     /// Messages of another job.
     pub foreign_job: u64,
     /// Every other refusal (unexpected kinds, bad answers, overflow, after fencing).
@@ -126,6 +128,7 @@ impl Refusals {
             Refusal::Misaddressed { .. } => &mut self.misaddressed,
             Refusal::UnknownSender => &mut self.unknown_sender,
             Refusal::StaleEpoch { .. } => &mut self.stale_epoch,
+            Refusal::StaleTerm { .. } => &mut self.stale_term,
             Refusal::ForeignJob => &mut self.foreign_job,
             _ => &mut self.other,
         };
@@ -139,6 +142,7 @@ impl Refusals {
             + self.misaddressed
             + self.unknown_sender
             + self.stale_epoch
+            + self.stale_term
             + self.foreign_job
             + self.other
     }

@@ -551,9 +551,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
         self.assign_roles(&pieces, rejoined);
         self.create_shards(pieces, fresh_start, out);
-        if fresh_start {
-            self.template = self.template.empty();
-        }
+        // Rows to start from count only at a job's start; a server that joins a running job
+        // copies its ranges instead, and must not keep them.
+        self.template = self.template.empty();
         // A push waiting on a range this server no longer leads all of is resent by its worker
         // to the new primary; waiting on would never end.
         let waiting = core::mem::take(&mut self.unreplicated);

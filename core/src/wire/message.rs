@@ -68,6 +68,11 @@ pub struct ClusterConfig {
     pub epoch: Epoch,
     /// The coordinator.
     pub coordinator: NodeId,
+    /// The term of the coordinator that published it: 0 for a job's first coordinator, higher
+    /// for each that took its place. A node refuses a configuration of a lower term than one it
+    /// holds ([`crate::Refusal::StaleTerm`]): a coordinator that was taken over from speaks
+    /// for the job no more.
+    pub term: u64,
     /// Live servers.
     #[serde(with = "seq")]
     pub servers: Vec<NodeId>,
@@ -131,6 +136,7 @@ impl ClusterConfig {
             pace: _,
             shares: _,
             coordinator,
+            term,
             servers,
             workers,
             ring,
@@ -142,6 +148,7 @@ impl ClusterConfig {
             incarnations,
         } = self;
         *coordinator == other.coordinator
+            && *term == other.term
             && *servers == other.servers
             && *workers == other.workers
             && *ring == other.ring
@@ -165,6 +172,7 @@ impl ClusterConfig {
     /// let config = ClusterConfig {
     ///     epoch: 1,
     ///     coordinator: NodeId(0),
+    ///     term: 0,
     ///     servers: vec![NodeId(1), NodeId(2), NodeId(3)],
     ///     workers: vec![NodeId(4)],
     ///     ring: RingConfig::default(),
@@ -303,6 +311,7 @@ impl ClusterConfig {
     /// let mut config = ClusterConfig {
     ///     epoch: 3,
     ///     coordinator: NodeId(0),
+    ///     term: 0,
     ///     servers: vec![NodeId(1)],
     ///     workers: vec![a, b],
     ///     ring: Default::default(),
@@ -371,6 +380,7 @@ impl ClusterConfig {
     /// let mut config = ClusterConfig {
     ///     epoch: 1,
     ///     coordinator: NodeId(0),
+    ///     term: 0,
     ///     servers: vec![NodeId(1)],
     ///     workers: vec![NodeId(2)],
     ///     ring: RingConfig { replicas: 0, ..RingConfig::default() },
@@ -412,6 +422,7 @@ impl ClusterConfig {
     /// let mut config = ClusterConfig {
     ///     epoch: 1,
     ///     coordinator: NodeId(0),
+    ///     term: 0,
     ///     servers: vec![NodeId(1)],
     ///     workers: vec![w(2), w(3), w(4)],
     ///     ring: RingConfig { replicas: 0, ..RingConfig::default() },

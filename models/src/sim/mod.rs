@@ -485,8 +485,9 @@ impl SimConfig {
     }
 
     /// Checks that the run's shape is one the fault model covers: fewer replicas than
-    /// servers, at most `replicas` server crashes, and enough servers left after them (and
-    /// after a ring change asked for) to hold a primary and every replica of each range.
+    /// servers and at most `replicas` server crashes (which may leave too few servers for the
+    /// replicas: the job goes on with fewer), and, where servers leave or the ring changes,
+    /// enough servers left after all of it to hold a primary and every replica of each range.
     ///
     /// ```
     /// use pserver_models::sim::SimConfig;

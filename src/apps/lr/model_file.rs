@@ -24,16 +24,20 @@ pub(crate) struct SavedModel {
 }
 
 impl SavedModel {
-    /// The weights as the rows a job starts from ([`pserver_runtime::ClusterSpec::initial`]).
-    pub(crate) fn rows(&self) -> KvPairs<f64> {
-        let values: Vec<f64> = self
+    /// The weights as the rows a job starts from ([`pserver_runtime::ClusterSpec::initial`]),
+    /// without the intercept for a job that has none (`bias` false): it would be held, never
+    /// trained, and still count in every score.
+    pub(crate) fn rows(&self, bias: bool) -> KvPairs<f64> {
+        let kept: Vec<(Key, f64)> = self
             .weights
-            .values()
             .iter()
-            .map(|&w| f64::from(w))
+            .filter(|&(k, _)| bias || k != super::config::BIAS_KEY)
+            .map(|(k, w)| (k, f64::from(w[0])))
             .collect();
-        KvPairs::new(self.weights.keys().to_vec(), values, self.weights.width())
-            .unwrap_or_else(|_| unreachable!("the same keys at the same width"))
+        let keys = kept.iter().map(|&(k, _)| k).collect();
+        let values = kept.iter().map(|&(_, w)| w).collect();
+        KvPairs::new(keys, values, 1)
+            .unwrap_or_else(|_| unreachable!("keys of a loaded model, in order, one value each"))
     }
 }
 

@@ -200,7 +200,10 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
             model.weights.len(),
             path.display()
         );
-        let rows = Arc::new(model.rows());
+        let rows = Arc::new(model.rows(!args.no_bias));
+        if rows.len() < model.weights.len() {
+            eprintln!("init: the model's intercept is left out (--no-bias)");
+        }
         for (_, cfg) in &mut configs {
             cfg.initial = Some(Arc::clone(&rows));
         }

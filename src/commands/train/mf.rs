@@ -115,7 +115,7 @@ fn load(args: &MfArgs, data: &std::path::Path) -> Result<MfData, CliError> {
 /// Trains and prints the errors after every epoch.
 pub(super) fn run(args: &MfArgs) -> Result<(), CliError> {
     let cfg = config(args);
-    let (data, noise) = match &args.data {
+    let (mut data, noise) = match &args.data {
         Some(path) => (load(args, path)?, None),
         None => {
             let problem = Generated {
@@ -136,6 +136,8 @@ pub(super) fn run(args: &MfArgs) -> Result<(), CliError> {
                 model.users.len() + model.items.len(),
                 path.display()
             );
+            // The biases were learnt around the saved mean: predictions stay around it.
+            data.center = Some(model.mean);
             Some(Arc::new(rows))
         }
         None => None,

@@ -304,6 +304,7 @@ fn ring_change_configs(
     let first = ClusterConfig {
         epoch: 1,
         coordinator: cfg.coordinator_id(),
+        term: 0,
         servers: cfg.server_ids().collect(),
         shares: ClusterConfig::deal(&workers, cfg.stragglers.shares_per_worker()),
         workers,
