@@ -1932,3 +1932,62 @@ fn status_says_where_the_job_stands_and_fails_once_it_is_degraded() {
     assert!(text(&out.stderr).contains("cannot ask the coordinator at 127.0.0.1:"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An mf cluster job saves its model with `save` and starts from one with `init`: `pserver
+/// predict` scores the test ratings as the job measured them, and a job started from the
+/// model begins where it ended.
+#[test]
+fn an_mf_cluster_job_saves_its_model_and_another_starts_from_it() {
+    let (dir, ports, _) = script_cluster("mf-save", (2, 2), "bounded:2", 1, 0);
+    write_ratings(&dir.join("all.data"), 300, 200, 33_000);
+    let all = std::fs::read_to_string(dir.join("all.data")).unwrap();
+    let lines: Vec<&str> = all.lines().collect();
+    std::fs::write(dir.join("u.data"), lines[..30_000].join("\n") + "\n").unwrap();
+    std::fs::write(dir.join("test.data"), lines[30_000..].join("\n") + "\n").unwrap();
+    let run = |job: &str| {
+        let mut file = format!(
+            "cluster_id = \"mf\"\nconsistency = \"bounded:2\"\nsecret_file = \"secret.key\"\n[job]\napp = \"mf\"\ndata = \"u.data\"\ntest = \"test.data\"\nbatch = 200\n{job}"
+        );
+        for (id, port) in ports.iter().enumerate() {
+            let role = ["coordinator", "server", "server", "worker", "worker"][id];
+            file += &format!(
+                "[[node]]\nid = {id}\nrole = \"{role}\"\naddress = \"127.0.0.1:{port}\"\n"
+            );
+        }
+        let config = dir.join("mf.toml");
+        std::fs::write(&config, file).unwrap();
+        let mut children = start_nodes(&config, (2, 2), |_| "warn", |_| Vec::new());
+        let ended = wait_all(&mut children, Instant::now() + Duration::from_secs(180));
+        for (name, out) in &ended {
+            assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        }
+        fields(&text(&ended["worker 3"].stdout), "test_rmse=")
+    };
+    let first = run("epochs = 4\nsave = \"m.mf\"\n");
+    assert_eq!(first.len(), 4);
+    let model = dir.join("m.mf");
+    let out = pserver(&[
+        "predict",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        dir.join("test.data").to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let predicted = fields(&text(&out.stdout), "rmse=")[0];
+    assert!(
+        (predicted - first[3]).abs() < 1e-3,
+        "{predicted} against {first:?}"
+    );
+    let warm = run("epochs = 1\ninit = \"m.mf\"\n");
+    assert!(
+        warm[0] < first[0] && warm[0] < first[3] + 0.02,
+        "first epoch {} from the model, {} from the start; the model's {}",
+        warm[0],
+        first[0],
+        first[3]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

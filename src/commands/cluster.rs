@@ -30,6 +30,7 @@ use crate::apps::lr::{
     MeasureSpec, ShareRows, WorkerRun, base_for_init, evaluate, load_model, run_shares, save_model,
 };
 use crate::apps::mf;
+use crate::apps::mf_file::{load_mf, save_mf};
 use crate::data::libsvm::{
     DataError, Examples, IndexBase, count_rows, holds_rows, lines_before, max_index, no_examples,
     parse_lines, parse_whole, read_bytes, shard,
@@ -562,10 +563,25 @@ async fn run_mf_node(
     id: NodeId,
     options: &NodeOptions,
 ) -> Result<NodeOutcome, RunError> {
-    let is_worker = file.spec.job.layout().workers().any(|w| w == id);
+    let layout = file.spec.job.layout();
+    let is_worker = layout.workers().any(|w| w == id);
+    let is_server = layout.servers().any(|s| s == id);
+    if let Some(path) = job.save.as_ref().filter(|_| is_worker)
+        && let Err(why) = output_file(&path.display().to_string())
+    {
+        return Err(RunError::Data(format!(
+            "{}: cannot save the model there: {why}",
+            path.display()
+        )));
+    }
+    let init = match &job.init {
+        Some(path) if is_worker || is_server => Some(load_mf(path).map_err(RunError::Data)?),
+        _ => None,
+    };
     // Read before joining, so that a bad file is reported at once; every worker reads every
-    // rating, so that users and items are numbered alike everywhere.
-    let data = if is_worker {
+    // rating, so that users and items are numbered alike everywhere, and so does every server
+    // of a job that starts from a model, to find its users and items.
+    let data = if is_worker || (is_server && init.is_some()) {
         let read = mf::load(
             &job.data,
             job.test.as_deref(),
@@ -577,11 +593,24 @@ async fn run_mf_node(
     } else {
         None
     };
+    let mut data = data;
+    let mut initial = None;
+    if let (Some(model), Some(data)) = (&init, data.as_mut()) {
+        let rows = mf::initial_rows(&job.cfg, model, &data.ids).map_err(|e| {
+            let path = job.init.as_deref().unwrap_or(std::path::Path::new(""));
+            RunError::Data(format!("{}: {e}", path.display()))
+        })?;
+        // The biases were learnt around the saved mean: predictions stay around it.
+        data.center = Some(model.mean);
+        initial = Some(Arc::new(rows));
+    }
+    let initial = initial.filter(|_| is_server);
+    let data = data.filter(|_| is_worker);
     let keys_below = data.as_ref().map(mf::keys_below);
     let train = async |worker: &WorkerHandle<f32>, data: mf::MfData| {
         train_mf_worker(job, id, worker, &data).await
     };
-    run_model_node(file, id, options, (data, None), keys_below, train).await
+    run_model_node(file, id, options, (data, initial), keys_below, train).await
 }
 
 /// Runs node `id` of a job that trains a model of f32 rows: a worker trains on `data` (read
@@ -661,6 +690,12 @@ async fn train_mf_worker(
             rows as f64 / secs.max(1e-9)
         );
         println!("{line}");
+    }
+    if let Some(path) = &job.save
+        && worker.leads().await?
+    {
+        let model = mf::Model::pull(worker, cfg, data).await?;
+        save_mf(path, &model.file(&data.ids, data.mean())).map_err(RunError::Data)?;
     }
     Ok(cfg.epochs)
 }

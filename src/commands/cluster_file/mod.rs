@@ -132,6 +132,11 @@ pub(crate) struct MfJob {
     pub test: Option<PathBuf>,
     /// The fraction of `data` held out for testing when there is no `test`.
     pub test_fraction: f64,
+    /// Where the worker holding the first share saves the model after the last epoch.
+    pub save: Option<PathBuf>,
+    /// The saved model the job starts from: every node reads it, and the servers start the
+    /// users and items of the data it holds where it left them.
+    pub init: Option<PathBuf>,
     /// How to train (`servers` and `workers` are the file's).
     pub cfg: MfConfig,
 }
@@ -799,8 +804,6 @@ fn mf_job(
     for (field, given) in [
         ("job.alpha", job.alpha.is_some()),
         ("job.l1", job.l1.is_some()),
-        ("job.save", job.save.is_some()),
-        ("job.init", job.init.is_some()),
     ] {
         if given {
             return Err(origin.invalid(field, "not used by an mf job"));
@@ -839,6 +842,8 @@ fn mf_job(
         data,
         test: job.test.map(|f| origin.relative(f)),
         test_fraction: test_fraction.get(),
+        save: job.save.map(|f| origin.relative(f)),
+        init: job.init.map(|f| origin.relative(f)),
         cfg,
     })))
 }

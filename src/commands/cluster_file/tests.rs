@@ -520,7 +520,7 @@ fn an_mf_job_takes_its_rank_and_rates_and_refuses_what_it_does_not_use() {
             "job.updater: an mf job trains with \"sgd\"",
         ),
         ("alpha = 1", "job.alpha: not used by an mf job"),
-        ("save = \"m.bin\"", "job.save: not used by an mf job"),
+        ("l1 = 1", "job.l1: not used by an mf job"),
         ("rank = 0", "job.rank: 0 is not a rank"),
         ("lr = -1", "job.lr"),
         ("test_fraction = 1.0", "job.test_fraction"),
@@ -533,6 +533,15 @@ fn an_mf_job_takes_its_rank_and_rates_and_refuses_what_it_does_not_use() {
         assert!(e.contains(said), "{lines}: {e}");
     }
     assert!(parse(&mf("updater = \"sgd\"")).is_ok());
+    // It saves its model and starts from one, as an lr job does.
+    let Job::Mf(job) = parse(&mf("save = \"m.mf\"\ninit = \"old.mf\""))
+        .unwrap()
+        .job
+    else {
+        panic!("an mf job");
+    };
+    assert_eq!(job.save.as_deref(), Some(Path::new("/etc/pserver/m.mf")));
+    assert_eq!(job.init.as_deref(), Some(Path::new("/etc/pserver/old.mf")));
     // And an lr job refuses what only mf takes.
     let lr = GOOD.replace(
         "[job]\n",
