@@ -72,7 +72,7 @@ pub enum Event<V: Value> {
     WorkerLeft(NodeId),
     /// The coordinator: this server is silent past the timeout, restarted, or asked to leave,
     /// but stays in the ring, because without it no server would be left, or fewer replicas
-    /// than [`crate::CoordinatorConfig::min_replicas`]. A silent server's ranges are not served
+    /// than [`crate::node::CoordinatorConfig::min_replicas`]. A silent server's ranges are not served
     /// until it answers again.
     RingDegraded(NodeId),
     /// The coordinator published a ring whose keys have another number of replicas than the

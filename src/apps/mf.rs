@@ -606,13 +606,8 @@ pub(crate) async fn measure(
     Ok((model.rmse(&data.train, mean), model.rmse(&data.test, mean)))
 }
 
-/// Trains on `data` in one process, calling `on_epoch` with each epoch's result as it ends;
-/// returns every epoch's result.
+/// [`train_model`] from zero, for the tests: every epoch's result.
 #[cfg(test)]
-///
-/// Every epoch, each worker trains on every rating of its share of the training ratings (a
-/// contiguous `1/workers` of them) in a seeded order, in `ceil(share / batch)` steps; all
-/// workers take as many steps, the ones with a smaller share advancing without a batch.
 pub(crate) async fn train(
     cfg: &MfConfig,
     data: MfData,
@@ -621,9 +616,13 @@ pub(crate) async fn train(
     Ok(train_model(cfg, data, None, on_epoch).await?.0)
 }
 
-/// Trains as [`train`] does; returns every epoch's result and the model trained.
+/// Trains on `data` in one process, calling `on_epoch` with each epoch's result as it ends;
+/// returns every epoch's result and the model trained.
 ///
-/// With `initial`, the servers start from those rows ([`initial_rows`]) instead of zero.
+/// Every epoch, each worker trains on every rating of its share of the training ratings (a
+/// contiguous `1/workers` of them) in a seeded order, in `ceil(share / batch)` steps; all
+/// workers take as many steps, the ones with a smaller share advancing without a batch. With
+/// `initial`, the servers start from those rows ([`initial_rows`]) instead of zero.
 pub(crate) async fn train_model(
     cfg: &MfConfig,
     data: MfData,

@@ -197,7 +197,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         &self.node
     }
 
-    /// Starts a server's job from `rows`, a saved model ([`Server::start_from`]); before the
+    /// Starts a server's job from `rows`, a saved model ([`crate::node::Server::start_from`]); before the
     /// driver is started. Refused for a node that is not a server.
     pub fn start_from<'a>(
         &mut self,
