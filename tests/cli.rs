@@ -246,7 +246,7 @@ fn sim_refuses_shapes_and_straggler_policies_it_cannot_run() {
             "--replicas 2 needs more than 2 servers",
         ),
         (
-            &["--replicas", "1", "--crash-servers", "1", "--servers", "2"][..],
+            &["--replicas", "1", "--leave-servers", "1", "--servers", "2"][..],
             "--servers 2 is too few",
         ),
         (&["--skip-ahead"][..], "need bounded delay"),
@@ -358,8 +358,9 @@ fn model_heads(text: &str) -> Vec<&str> {
         .collect()
 }
 
-/// The replication model with a worker that runs no iteration, in both its configurations:
-/// the crash, the fail-over and the refilled replicas; the join, the copy and the switch.
+/// The replication model with a worker that runs no iteration, in its three configurations:
+/// the crash, the fail-over and the refilled replicas; the same on two servers, which leaves
+/// one holding every range; the join, the copy and the switch.
 /// Small enough for a test (the default shape takes minutes).
 #[test]
 fn check_model_replication_fails_over_joins_and_checks_the_replication_properties() {
@@ -370,7 +371,7 @@ fn check_model_replication_fails_over_joins_and_checks_the_replication_propertie
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     let heads = model_heads(&text);
-    assert_eq!(heads.len(), 2, "{text}");
+    assert_eq!(heads.len(), 3, "{text}");
     assert!(
         heads[0].contains("servers=3")
             && heads[0].contains("crashes=1")
@@ -378,9 +379,15 @@ fn check_model_replication_fails_over_joins_and_checks_the_replication_propertie
         "{text}"
     );
     assert!(
-        heads[1].contains("servers=1")
-            && heads[1].contains("crashes=0")
-            && heads[1].contains("joins=1"),
+        heads[1].contains("servers=2")
+            && heads[1].contains("crashes=1")
+            && heads[1].contains("replicas=1"),
+        "{text}"
+    );
+    assert!(
+        heads[2].contains("servers=1")
+            && heads[2].contains("crashes=0")
+            && heads[2].contains("joins=1"),
         "{text}"
     );
     for property in [
@@ -392,7 +399,7 @@ fn check_model_replication_fails_over_joins_and_checks_the_replication_propertie
         "livelock-free",
     ] {
         let line = format!("property {property}: holds");
-        assert_eq!(text.lines().filter(|l| *l == line).count(), 2, "{text}");
+        assert_eq!(text.lines().filter(|l| *l == line).count(), 3, "{text}");
     }
     for found in ["primary failed over", "server joined", "replica refilled"] {
         assert!(text.contains(&format!("property {found}: found")), "{text}");
