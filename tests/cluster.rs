@@ -1458,7 +1458,7 @@ fn the_coordinator_reports_each_configuration_at_the_default_log_level() {
     let server = text(&server.wait_with_output().unwrap().stderr);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(
-        said.contains("published epoch 1: servers [n1], workers [n2]"),
+        said.contains("published epoch 1: servers [n1], replicas 0 of 0, workers [n2]"),
         "{said}"
     );
     assert!(said.contains("worker left the job"), "{said}");

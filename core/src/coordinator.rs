@@ -45,7 +45,7 @@ use crate::ids::{Epoch, NodeId, Role, Time};
 use crate::key::{Key, KeyRange};
 use crate::pace::{self, Pace, PaceWatch, StragglerPolicy};
 use crate::ring::{Ring, RingConfig, RingError};
-use crate::status::{ClusterStatus, NodeState, NodeStatus};
+use crate::status::{ClusterStatus, NodeState, NodeStatus, Phase};
 use crate::timing::Timing;
 use crate::value::Value;
 use crate::wire::{ClusterConfig, Envelope, Message};
@@ -119,18 +119,6 @@ pub enum CoordinatorError {
         /// The ring's replicas.
         replicas: u32,
     },
-}
-
-/// Where the coordinator is in the life of the job's membership.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Phase {
-    /// Waiting for the expected servers and workers to register; no configuration yet.
-    Forming,
-    /// A configuration is in force and no server is joining or leaving.
-    Running,
-    /// Servers are joining or leaving: those the next ring gives ranges copy them; the next
-    /// ring is published once every one of them has caught up.
-    Reconfiguring,
 }
 
 /// The coordinator node (sans-IO).

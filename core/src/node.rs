@@ -12,9 +12,10 @@
 //! An embedder that only runs jobs does not need this module.
 
 pub use crate::clock::RangeClock;
-pub use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError, Phase};
+pub use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
 pub use crate::driver::Node;
 pub use crate::effects::{Effects, TimerCmd, TimerId};
 pub use crate::ids::NodeLayout;
 pub use crate::server::{Server, ServerConfig, StartFromError};
+pub use crate::status::Phase;
 pub use crate::worker::{DEFAULT_MAX_SLICE_BYTES, Wait, Worker, WorkerConfig};

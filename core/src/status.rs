@@ -3,9 +3,20 @@
 
 use core::fmt;
 
-use crate::coordinator::Phase;
 use crate::ids::{Epoch, NodeId, Role};
 use crate::key::KeyRange;
+
+/// Where the coordinator is in the life of the job's membership.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Waiting for the expected servers and workers to register; no configuration yet.
+    Forming,
+    /// A configuration is in force and no server is joining or leaving.
+    Running,
+    /// Servers are joining or leaving: those the next ring gives ranges copy them; the next
+    /// ring is published once every one of them has caught up.
+    Reconfiguring,
+}
 
 /// What the coordinator knows of one node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

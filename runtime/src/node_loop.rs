@@ -1009,8 +1009,8 @@ mod tests {
         };
         assert_eq!(
             summary(&config, 2),
-            "epoch 7: servers [n1, n2], workers [n4], joining [n3], leaving [], left [n5], \
-             2 declared dead, 1 ranges lost"
+            "epoch 7: servers [n1, n2], replicas 1 of 1, workers [n4], joining [n3], leaving [], \
+             left [n5], 2 declared dead, 1 ranges lost"
         );
     }
 }

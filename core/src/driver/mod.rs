@@ -197,15 +197,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         &self.node
     }
 
-    /// Starts a server's job from `rows`, a saved model ([`crate::node::Server::start_from`]); before the
+    /// Starts a server's job from `rows`, a saved model ([`crate::server::Server::start_from`]); before the
     /// driver is started. Refused for a node that is not a server.
     pub fn start_from<'a>(
         &mut self,
         rows: impl IntoIterator<Item = (Key, &'a [V])>,
-    ) -> Result<(), crate::node::StartFromError> {
+    ) -> Result<(), crate::server::StartFromError> {
         match &mut self.node {
             Node::Server(server) => server.start_from(rows),
-            _ => Err(crate::node::StartFromError::NotAServer),
+            _ => Err(crate::server::StartFromError::NotAServer),
         }
     }
 
