@@ -100,6 +100,15 @@ fn movielens(ratings: &[(usize, usize, u8)]) -> String {
         .collect()
 }
 
+/// `rows` in ml-latest's CSV layout, with string ids (`u7`, `m3`) and a header.
+fn csv(rows: &[(usize, usize, u8)]) -> String {
+    let mut text = String::from("userId,movieId,rating,timestamp\n");
+    for (u, i, r) in rows {
+        text += &format!("u{u},m{i},{r}.0,1112486027\n");
+    }
+    text
+}
+
 /// One `iter=` line of the output.
 #[derive(Debug)]
 struct Epoch {
@@ -180,13 +189,6 @@ fn a_csv_file_with_a_header_and_a_separate_test_file_trains_on_shared_ids() {
     let dir = Scratch::new("csv");
     let ratings = low_rank_ratings(200, 150, 15_000, 2);
     // ml-latest's layout, with string ids: a user is known by name in both files.
-    let csv = |rows: &[(usize, usize, u8)]| -> String {
-        let mut text = String::from("userId,movieId,rating,timestamp\n");
-        for (u, i, r) in rows {
-            text += &format!("u{u},m{i},{r}.0,1112486027\n");
-        }
-        text
-    };
     let train = dir.file("ratings.csv", &csv(&ratings[..13_500]));
     let mut test_rows = ratings[13_500..].to_vec();
     // A user no training rating knows: scored from its starting factors, and counted.
@@ -330,13 +332,6 @@ fn a_tiny_learning_rate_or_a_strong_l2_keeps_the_model_at_the_global_mean() {
 fn a_saved_factorization_predicts_as_trained_and_starts_a_run_where_it_ended() {
     let dir = Scratch::new("save");
     let ratings = low_rank_ratings(200, 150, 15_000, 3);
-    let csv = |rows: &[(usize, usize, u8)]| -> String {
-        let mut text = String::from("userId,movieId,rating,timestamp\n");
-        for (u, i, r) in rows {
-            text += &format!("u{u},m{i},{r}.0,1112486027\n");
-        }
-        text
-    };
     let train = dir.file("ratings.csv", &csv(&ratings[..13_500]));
     let test = dir.file("test.csv", &csv(&ratings[13_500..]));
     let model = dir.0.join("m.mf");

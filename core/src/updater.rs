@@ -226,22 +226,24 @@ mod tests {
         (w, aux)
     }
 
+    /// Each built-in rule, with a regularizer where it has one.
+    const EVERY_RULE: [Updater; 4] = [
+        Updater::Sum,
+        Updater::Sgd { lr: 0.1 },
+        Updater::AdaGrad { lr: 0.5, eps: 1e-6 },
+        Updater::FtrlProximal {
+            alpha: 0.1,
+            beta: 1.0,
+            l1: 0.01,
+            l2: 0.1,
+        },
+    ];
+
     /// A warm-started rule holds the weight it was given until an update moves it, and moves
     /// it as from there: a zero gradient changes nothing.
     #[test]
     fn a_warm_start_holds_the_weight_it_was_given() {
-        let rules = [
-            Updater::Sum,
-            Updater::Sgd { lr: 0.1 },
-            Updater::AdaGrad { lr: 0.5, eps: 1e-6 },
-            Updater::FtrlProximal {
-                alpha: 0.1,
-                beta: 1.0,
-                l1: 0.01,
-                l2: 0.1,
-            },
-        ];
-        for rule in rules {
+        for rule in EVERY_RULE {
             for start in [0.75f64, -0.3, 0.0] {
                 let mut aux = vec![0.0f64; UpdateRule::<f64>::aux_width(&rule)];
                 rule.warm(start, &mut aux);
@@ -260,19 +262,8 @@ mod tests {
     /// Every rule's batch form does what its per-element form does, bit for bit.
     #[test]
     fn applying_a_slice_matches_applying_each_element() {
-        let rules = [
-            Updater::Sum,
-            Updater::Sgd { lr: 0.1 },
-            Updater::AdaGrad { lr: 0.5, eps: 1e-6 },
-            Updater::FtrlProximal {
-                alpha: 0.1,
-                beta: 1.0,
-                l1: 0.01,
-                l2: 0.1,
-            },
-        ];
         let deltas = [0.5f64, -1.5, 0.0, -0.25];
-        for rule in rules {
+        for rule in EVERY_RULE {
             let aw = UpdateRule::<f64>::aux_width(&rule);
             let start = [0.3f64, 0.3, -0.0, 0.3];
             let (mut w, mut aux) = (start.to_vec(), vec![0.2f64; 4 * aw]);

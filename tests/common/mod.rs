@@ -183,24 +183,7 @@ pub(crate) fn watch_log(
     std::sync::mpsc::Receiver<()>,
     std::thread::JoinHandle<String>,
 ) {
-    let stderr = child.stderr.take().expect("piped stderr");
-    let (seen, lines) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        use std::io::BufRead;
-        let mut log = String::new();
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if line.contains(needle) {
-                let _ = seen.send(());
-            }
-            log += &line;
-            log.push('\n');
-        }
-        log
-    });
-    (lines, reader)
+    read_log(child, move |line| line.contains(needle).then_some(()))
 }
 
 /// A thread reading `child`'s stderr: it sends every line, and returns the whole log once the
@@ -211,8 +194,20 @@ pub(crate) fn log_lines(
     std::sync::mpsc::Receiver<String>,
     std::thread::JoinHandle<String>,
 ) {
+    read_log(child, |line| Some(line.to_owned()))
+}
+
+/// A thread reading `child`'s stderr: it sends what `pick` makes of each line, and returns the
+/// whole log once the stream closes.
+fn read_log<T: Send + 'static>(
+    child: &mut Child,
+    pick: impl Fn(&str) -> Option<T> + Send + 'static,
+) -> (
+    std::sync::mpsc::Receiver<T>,
+    std::thread::JoinHandle<String>,
+) {
     let stderr = child.stderr.take().expect("piped stderr");
-    let (sender, lines) = std::sync::mpsc::channel();
+    let (sender, picked) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
         use std::io::BufRead;
         let mut log = String::new();
@@ -220,13 +215,15 @@ pub(crate) fn log_lines(
             .lines()
             .map_while(Result::ok)
         {
+            if let Some(item) = pick(&line) {
+                let _ = sender.send(item);
+            }
             log += &line;
             log.push('\n');
-            let _ = sender.send(line);
         }
         log
     });
-    (lines, reader)
+    (picked, reader)
 }
 
 /// Waits up to `within` for a line of `lines` containing `needle`; false if none came (or
