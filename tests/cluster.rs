@@ -1728,6 +1728,10 @@ fn a_launch_sent_sigterm_stops_every_node_and_ends_with_143() {
         started.recv_timeout(Duration::from_secs(60)).is_ok(),
         "the job never made progress"
     );
+    // The launch gave its coordinator a status address in the file it wrote.
+    let (code, status) = status_until(&run.join("cluster.toml"), "degraded no");
+    assert_eq!(code, Some(0), "{status}");
+    assert!(status.contains(" worker live"), "{status}");
     let (_, mut launch) = children.0.remove(0);
     signal(&launch, "-TERM");
     wait_for(

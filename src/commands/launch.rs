@@ -125,6 +125,10 @@ fn launch(args: &LaunchArgs, dir: &Path) -> Result<(), CliError> {
         args.workers,
         config.display()
     );
+    eprintln!(
+        "where the job stands, while it runs: pserver status --config {}",
+        config.display()
+    );
     let end_timeout = Duration::from_secs(args.end_timeout_secs);
     super::runtime()?.block_on(supervise(&exe, &config, args, end_timeout))
 }
@@ -206,7 +210,11 @@ fn write_cluster_file(args: &LaunchArgs, dir: &Path) -> Result<PathBuf, CliError
     write_secret(&secret)?;
     table.insert("secret_file".into(), "secret.key".into());
     let (servers, workers) = (args.servers as usize, args.workers as usize);
-    let ports = free_ports(1 + servers + workers)?;
+    // One port per node, and the last for the coordinator's /status and /metrics.
+    let mut ports = free_ports(2 + servers + workers)?;
+    let status_port = ports
+        .pop()
+        .ok_or_else(|| CliError::input("found no free port for the coordinator's /status"))?;
     let nodes: Vec<toml::Value> = ports
         .iter()
         .enumerate()
@@ -220,6 +228,9 @@ fn write_cluster_file(args: &LaunchArgs, dir: &Path) -> Result<PathBuf, CliError
             node.insert("id".into(), (id as i64).into());
             node.insert("role".into(), role.into());
             node.insert("address".into(), format!("127.0.0.1:{port}").into());
+            if id == 0 {
+                node.insert("metrics".into(), format!("127.0.0.1:{status_port}").into());
+            }
             node.into()
         })
         .collect();
