@@ -76,6 +76,7 @@
 //! logged at a bounded rate ([`refusal_log`](pserver_transport::refusal_log): the first of each
 //! window in full, a summary by reason at its end).
 
+pub mod checkpoint;
 mod cluster;
 mod handle;
 mod node_loop;

@@ -1,0 +1,259 @@
+//! Checkpoint files: each written whole or not at all, and checked when read, so that a file
+//! torn by a crash or a full disk is told from a good one and the one before it is used
+//! (ARCHITECTURE.md §11).
+//!
+//! A file holds magic bytes naming the format, the iteration it was taken at, the length of its
+//! payload, the payload, and a CRC-32 of everything before it. It is written to a temporary
+//! name, flushed to the disk, renamed into place and the directory flushed too: a reader sees
+//! the old set of files or the new one, never half a file under a checkpoint's name.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+/// The first bytes of a checkpoint file.
+const MAGIC: &[u8; 8] = b"PSCKv1\0\0";
+
+/// Bytes around the payload: the magic, the iteration, the length, and the checksum.
+const FRAMING: usize = 8 + 8 + 8 + 4;
+
+/// A directory of checkpoint files, one per iteration taken (`ckpt-ITERATION.bin`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointDir {
+    dir: PathBuf,
+}
+
+/// A checkpoint read back whole.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The iteration it was taken at.
+    pub iteration: u64,
+    /// What was written.
+    pub payload: Vec<u8>,
+    /// Its file.
+    pub path: PathBuf,
+}
+
+/// Why a checkpoint file was not taken.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// It could not be read.
+    #[error("cannot read it: {0}")]
+    Io(#[from] io::Error),
+    /// It does not start as a checkpoint does.
+    #[error("not a checkpoint file (wrong magic bytes)")]
+    NotACheckpoint,
+    /// It is shorter or longer than its header says: torn.
+    #[error("torn: {got} bytes where its header says {expected}")]
+    Torn {
+        /// The bytes the header implies.
+        expected: u64,
+        /// The bytes there are.
+        got: u64,
+    },
+    /// Its bytes do not match their checksum.
+    #[error("corrupt: its checksum does not match its bytes")]
+    Corrupt,
+    /// Its header names another iteration than its file name.
+    #[error("it holds iteration {inside}, but is named for {named}")]
+    Misnamed {
+        /// The iteration its name gives.
+        named: u64,
+        /// The iteration its header gives.
+        inside: u64,
+    },
+}
+
+/// What [`CheckpointDir::latest`] found: the newest good checkpoint, and every newer file it
+/// refused, with why, for the caller to say.
+#[derive(Debug, Default)]
+pub struct Latest {
+    /// The newest checkpoint that reads back whole, if any.
+    pub found: Option<Checkpoint>,
+    /// Newer files that did not, newest first.
+    pub refused: Vec<(PathBuf, CheckpointError)>,
+}
+
+impl CheckpointDir {
+    /// The checkpoints in `dir`, which is created if it does not exist.
+    pub fn new(dir: impl Into<PathBuf>) -> io::Result<Self> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir)?;
+        Ok(CheckpointDir { dir })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    fn file_of(&self, iteration: u64) -> PathBuf {
+        self.dir.join(format!("ckpt-{iteration:020}.bin"))
+    }
+
+    /// Writes the checkpoint of `iteration` holding `payload`, atomically: written to a
+    /// temporary file, flushed, renamed into place, and the directory flushed. A checkpoint of
+    /// the same iteration written before is replaced.
+    pub fn write(&self, iteration: u64, payload: &[u8]) -> io::Result<PathBuf> {
+        let mut bytes = Vec::with_capacity(payload.len() + FRAMING);
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&iteration.to_le_bytes());
+        bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(payload);
+        let sum = crc32fast::hash(&bytes);
+        bytes.extend_from_slice(&sum.to_le_bytes());
+        let path = self.file_of(iteration);
+        let temporary = self.dir.join(format!(".ckpt-{iteration:020}.tmp"));
+        let mut file = File::create(&temporary)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&temporary, &path)?;
+        // The rename is durable only once the directory is.
+        File::open(&self.dir)?.sync_all()?;
+        Ok(path)
+    }
+
+    /// The iterations of the checkpoint files in the directory, newest first (whether or not
+    /// they read back whole).
+    pub fn iterations(&self) -> io::Result<Vec<u64>> {
+        let mut found: Vec<u64> = Vec::new();
+        for entry in fs::read_dir(&self.dir)? {
+            let name = entry?.file_name();
+            let iteration: Option<u64> = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("ckpt-")?.strip_suffix(".bin")?.parse().ok());
+            found.extend(iteration);
+        }
+        found.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(found)
+    }
+
+    /// Reads the checkpoint of `iteration`, checking its length and checksum.
+    pub fn read(&self, iteration: u64) -> Result<Checkpoint, CheckpointError> {
+        let path = self.file_of(iteration);
+        let bytes = fs::read(&path)?;
+        let head = bytes.get(..24).ok_or(CheckpointError::Torn {
+            expected: FRAMING as u64,
+            got: bytes.len() as u64,
+        })?;
+        if &head[..8] != MAGIC {
+            return Err(CheckpointError::NotACheckpoint);
+        }
+        let word = |at: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&head[at..at + 8]);
+            u64::from_le_bytes(w)
+        };
+        let (inside, len) = (word(8), word(16));
+        let expected = len.saturating_add(FRAMING as u64);
+        if bytes.len() as u64 != expected {
+            return Err(CheckpointError::Torn {
+                expected,
+                got: bytes.len() as u64,
+            });
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - 4);
+        if crc32fast::hash(body).to_le_bytes() != sum {
+            return Err(CheckpointError::Corrupt);
+        }
+        if inside != iteration {
+            return Err(CheckpointError::Misnamed {
+                named: iteration,
+                inside,
+            });
+        }
+        Ok(Checkpoint {
+            iteration,
+            payload: body[24..].to_vec(),
+            path,
+        })
+    }
+
+    /// The newest checkpoint that reads back whole; every newer file that does not is
+    /// refused, with why.
+    pub fn latest(&self) -> io::Result<Latest> {
+        let mut latest = Latest::default();
+        for iteration in self.iterations()? {
+            match self.read(iteration) {
+                Ok(checkpoint) => {
+                    latest.found = Some(checkpoint);
+                    break;
+                }
+                Err(why) => latest.refused.push((self.file_of(iteration), why)),
+            }
+        }
+        Ok(latest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> CheckpointDir {
+        let dir = std::env::temp_dir().join(format!("pserver-ckpt-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        CheckpointDir::new(dir).unwrap()
+    }
+
+    #[test]
+    fn a_checkpoint_reads_back_as_written_and_the_newest_is_taken() {
+        let dir = scratch("whole");
+        dir.write(3, b"three").unwrap();
+        dir.write(10, b"ten").unwrap();
+        dir.write(7, b"").unwrap();
+        assert_eq!(dir.iterations().unwrap(), [10, 7, 3]);
+        let latest = dir.latest().unwrap();
+        let found = latest.found.unwrap();
+        assert_eq!((found.iteration, &found.payload[..]), (10, &b"ten"[..]));
+        assert!(latest.refused.is_empty());
+        assert_eq!(dir.read(7).unwrap().payload, b"");
+        let _ = fs::remove_dir_all(dir.path());
+    }
+
+    #[test]
+    fn a_torn_or_corrupt_checkpoint_is_refused_and_the_one_before_is_used() {
+        let dir = scratch("torn");
+        dir.write(1, b"first").unwrap();
+        let second = dir.write(2, b"second, a longer one").unwrap();
+        let third = dir.write(3, b"third").unwrap();
+        // The newest torn short, as a crash mid-write without the rename would not leave it
+        // but a full disk or a copy might; the one before flipped a bit.
+        let bytes = fs::read(&third).unwrap();
+        fs::write(&third, &bytes[..bytes.len() - 3]).unwrap();
+        let mut bytes = fs::read(&second).unwrap();
+        bytes[30] ^= 0x10;
+        fs::write(&second, &bytes).unwrap();
+        // A temporary file left by a crash is no checkpoint.
+        fs::write(dir.path().join(".ckpt-00000000000000000004.tmp"), b"half").unwrap();
+        let latest = dir.latest().unwrap();
+        assert_eq!(latest.found.map(|c| c.payload), Some(b"first".to_vec()));
+        let why: Vec<String> = latest.refused.iter().map(|(_, e)| e.to_string()).collect();
+        assert_eq!(why.len(), 2, "{why:?}");
+        assert!(why[0].starts_with("torn: "), "{why:?}");
+        assert!(why[1].starts_with("corrupt"), "{why:?}");
+        let _ = fs::remove_dir_all(dir.path());
+    }
+
+    #[test]
+    fn a_file_named_for_another_iteration_or_of_another_kind_is_refused() {
+        let dir = scratch("misnamed");
+        let five = dir.write(5, b"five").unwrap();
+        fs::copy(&five, dir.path().join(format!("ckpt-{:020}.bin", 9))).unwrap();
+        assert!(matches!(
+            dir.read(9),
+            Err(CheckpointError::Misnamed {
+                named: 9,
+                inside: 5
+            })
+        ));
+        fs::write(dir.path().join(format!("ckpt-{:020}.bin", 12)), [0u8; 40]).unwrap();
+        assert!(matches!(dir.read(12), Err(CheckpointError::NotACheckpoint)));
+        assert_eq!(dir.latest().unwrap().found.map(|c| c.iteration), Some(5));
+        let _ = fs::remove_dir_all(dir.path());
+    }
+}
