@@ -393,3 +393,63 @@ fn a_saved_factorization_predicts_as_trained_and_starts_a_run_where_it_ended() {
         &["m.mf: the model has rank 10, but the run's is 3"],
     );
 }
+
+/// A run that writes checkpoints can be stopped and resumed: `--resume` trains only the epochs
+/// after the newest good checkpoint and ends where an uninterrupted run ends; a torn newest
+/// checkpoint is said and passed over for the one before it.
+#[test]
+fn a_resumed_run_trains_the_epochs_after_its_last_good_checkpoint_and_ends_as_one_run_does() {
+    let dir = Scratch::new("resume");
+    let data = dir.file("u.data", &movielens(&low_rank_ratings(200, 150, 15_000, 4)));
+    let ckpt = dir.0.join("ckpt");
+    let run = |more: &[&str]| {
+        let mut args = vec![
+            "train",
+            "mf",
+            "--data",
+            path(&data),
+            "--consistency",
+            "sequential",
+            "--workers",
+            "2",
+        ];
+        args.extend_from_slice(more);
+        trained(&args)
+    };
+    let iters = |epochs: &[Epoch]| epochs.iter().map(|e| e.iter).collect::<Vec<_>>();
+    let (whole, _) = run(&["--epochs", "6"]);
+    let (first, _) = run(&["--epochs", "4", "--checkpoint-dir", path(&ckpt)]);
+    assert_eq!(iters(&first), [1, 2, 3, 4]);
+    // Not resumed by mistake, nor overwritten.
+    refused(
+        &[
+            "train",
+            "mf",
+            "--data",
+            path(&data),
+            "--checkpoint-dir",
+            path(&ckpt),
+        ],
+        &["holds checkpoints up to epoch 4: give --resume"],
+    );
+    let (rest, err) = run(&["--epochs", "6", "--checkpoint-dir", path(&ckpt), "--resume"]);
+    assert!(err.contains("resume: epochs 1 to 4 from "), "{err}");
+    assert_eq!(iters(&rest), [5, 6]);
+    let (end, resumed_end) = (whole[5].test_rmse, rest[1].test_rmse);
+    assert!(
+        (end - resumed_end).abs() < 2e-4,
+        "uninterrupted {end}, resumed {resumed_end}"
+    );
+    // The newest checkpoint (epoch 6) torn: the one of epoch 5 is used.
+    let newest = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    let bytes = std::fs::read(&newest).unwrap();
+    std::fs::write(&newest, &bytes[..bytes.len() / 2]).unwrap();
+    let (again, err) = run(&["--epochs", "6", "--checkpoint-dir", path(&ckpt), "--resume"]);
+    assert!(err.contains("refused, torn"), "{err}");
+    assert!(err.contains("resume: epochs 1 to 5 from "), "{err}");
+    assert_eq!(iters(&again), [6]);
+}

@@ -613,7 +613,83 @@ pub(crate) async fn train(
     data: MfData,
     on_epoch: impl FnMut(&MfReport),
 ) -> Result<Vec<MfReport>, RuntimeError> {
-    Ok(train_model(cfg, data, None, on_epoch).await?.0)
+    Ok(train_model(cfg, data, Start::default(), on_epoch).await?.0)
+}
+
+/// Where a run starts: from zero at epoch 1 by default.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Start {
+    /// Rows the servers start from ([`initial_rows`], or a checkpoint's).
+    pub initial: Option<Arc<KvPairs<f64>>>,
+    /// Epochs already trained (a checkpoint's): the run trains the epochs after them.
+    pub done: u32,
+    /// Where to write a checkpoint after every epoch.
+    pub checkpoints: Option<pserver_runtime::checkpoint::CheckpointDir>,
+}
+
+/// Magic bytes of a factorization checkpoint's payload.
+const ROWS_MAGIC: &[u8; 8] = b"PSMFrows";
+
+/// The servers' rows of every user and item of `data` as they hold them now, as a
+/// checkpoint's payload: the magic, the rank, the count, then each key and its values. With
+/// plain SGD on the servers the rows are all their state, so a run started from them goes on
+/// exactly where this one is.
+async fn checkpoint_payload(
+    handle: &WorkerHandle<f32>,
+    cfg: &MfConfig,
+    data: &MfData,
+) -> Result<Vec<u8>, RuntimeError> {
+    let keys = sorted_keys(data.all());
+    let list = KeyList::new(keys.clone()).map_err(config)?;
+    let pulled = handle.pull(KeySelection::Keys(list)).await?;
+    let w = width(cfg.rank);
+    let mut bytes = Vec::with_capacity(20 + keys.len() * (8 + 4 * w));
+    bytes.extend_from_slice(ROWS_MAGIC);
+    bytes.extend_from_slice(&(cfg.rank as u32).to_le_bytes());
+    bytes.extend_from_slice(&(keys.len() as u64).to_le_bytes());
+    for (k, &key) in keys.iter().enumerate() {
+        bytes.extend_from_slice(&key.to_le_bytes());
+        for v in &pulled.values()[k * w..(k + 1) * w] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    Ok(bytes)
+}
+
+/// The rows a checkpoint's payload holds, for a run of `cfg`'s rank.
+pub(crate) fn checkpoint_rows(cfg: &MfConfig, payload: &[u8]) -> Result<KvPairs<f64>, String> {
+    let rest = payload
+        .strip_prefix(ROWS_MAGIC.as_slice())
+        .ok_or("not a factorization checkpoint")?;
+    let (rank, rest) = rest.split_at_checked(4).ok_or("too short")?;
+    let rank = u32::from_le_bytes([rank[0], rank[1], rank[2], rank[3]]) as usize;
+    if rank != cfg.rank {
+        return Err(format!(
+            "its rows have rank {rank}, but the run's is {}: give --rank {rank}",
+            cfg.rank
+        ));
+    }
+    let (count, rows) = rest.split_at_checked(8).ok_or("too short")?;
+    let mut n = [0u8; 8];
+    n.copy_from_slice(count);
+    let w = width(rank);
+    let row = 8 + 4 * w;
+    if Some(rows.len() as u64) != u64::from_le_bytes(n).checked_mul(row as u64) {
+        return Err("its length does not match its row count".into());
+    }
+    let mut keys = Vec::with_capacity(rows.len() / row);
+    let mut values = Vec::with_capacity(rows.len() / row * w);
+    for chunk in rows.chunks_exact(row) {
+        let (key, vals) = chunk.split_at(8);
+        let mut k = [0u8; 8];
+        k.copy_from_slice(key);
+        keys.push(u64::from_le_bytes(k));
+        values.extend(
+            vals.chunks_exact(4)
+                .map(|v| f64::from(f32::from_le_bytes([v[0], v[1], v[2], v[3]]))),
+        );
+    }
+    KvPairs::new(keys, values, w).map_err(|e| e.to_string())
 }
 
 /// Trains on `data` in one process, calling `on_epoch` with each epoch's result as it ends;
@@ -622,11 +698,12 @@ pub(crate) async fn train(
 /// Every epoch, each worker trains on every rating of its share of the training ratings (a
 /// contiguous `1/workers` of them) in a seeded order, in `ceil(share / batch)` steps; all
 /// workers take as many steps, the ones with a smaller share advancing without a batch. With
-/// `initial`, the servers start from those rows ([`initial_rows`]) instead of zero.
+/// `start`, the servers start from its rows instead of zero, the run trains the epochs after
+/// those it says are done, and writes a checkpoint after each.
 pub(crate) async fn train_model(
     cfg: &MfConfig,
     data: MfData,
-    initial: Option<Arc<KvPairs<f64>>>,
+    start: Start,
     mut on_epoch: impl FnMut(&MfReport),
 ) -> Result<(Vec<MfReport>, Model), RuntimeError> {
     let began = Instant::now();
@@ -635,11 +712,11 @@ pub(crate) async fn train_model(
     let mut spec = ClusterSpec::new(cfg.servers, cfg.workers);
     job_of(cfg, &mut spec.job);
     spec.job.ring.key_space = keys_below(&data);
-    spec.initial = initial;
+    spec.initial = start.initial;
     let cluster: LocalCluster<f32> = LocalCluster::start(&spec, &MemNetwork::reliable())?;
     let shares = Shares::of(&data, cfg.workers, cfg);
     let mut reports = Vec::new();
-    for epoch in 1..=cfg.epochs {
+    for epoch in start.done + 1..=cfg.epochs {
         let epoch_began = Instant::now();
         let mut tasks = Vec::new();
         for (w, handle) in cluster.workers.iter().enumerate() {
@@ -664,6 +741,15 @@ pub(crate) async fn train_model(
         };
         on_epoch(&report);
         reports.push(report);
+        if let Some(dir) = &start.checkpoints {
+            let payload = checkpoint_payload(&cluster.workers[0], cfg, &data).await?;
+            dir.write(u64::from(epoch), &payload).map_err(|e| {
+                RuntimeError::Config(format!(
+                    "{}: cannot write the checkpoint of epoch {epoch}: {e}",
+                    dir.path().display()
+                ))
+            })?;
+        }
     }
     let trained = Model::pull(&cluster.workers[0], cfg, &data).await?;
     cluster.shutdown().await?;
@@ -724,7 +810,7 @@ mod tests {
             ..MfConfig::default()
         };
         let (reports, model) = rt
-            .block_on(train_model(&cfg, problem.data(), None, |_| {}))
+            .block_on(train_model(&cfg, problem.data(), Start::default(), |_| {}))
             .expect("training runs");
         let keys = (0..problem.users)
             .map(user_key)

@@ -7,10 +7,13 @@ use pserver_core::Consistency;
 use super::NodesArgs;
 use std::sync::Arc;
 
-use crate::apps::mf::{Generated, MfConfig, MfData, initial_rows, train_model};
+use crate::apps::mf::{
+    Generated, MfConfig, MfData, Start, checkpoint_rows, initial_rows, train_model,
+};
 use crate::apps::mf_file::{load_mf, save_mf};
 use crate::commands::CliError;
 use crate::commands::values::{Fraction, Rate, Strength, at_least_one, output_file};
+use pserver_runtime::checkpoint::CheckpointDir;
 
 /// Factorize a matrix of ratings into user and item factors.
 ///
@@ -76,6 +79,15 @@ pub(crate) struct MfArgs {
     /// holds start where it left them, matched by their ids; its rank must be the run's.
     #[arg(long, value_name = "MODEL")]
     init: Option<PathBuf>,
+    /// Write a checkpoint of the servers' rows after every epoch to this directory (written
+    /// whole or not at all, checksummed), for --resume.
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Go on from the newest good checkpoint in --checkpoint-dir: train the epochs after it,
+    /// each as it would have been trained without the interruption. A torn or corrupt
+    /// checkpoint is said and passed over for the one before it.
+    #[arg(long, requires = "checkpoint_dir", conflicts_with = "init")]
+    resume: bool,
 }
 
 /// Test fraction when neither --test nor --test-fraction is given.
@@ -142,6 +154,59 @@ pub(super) fn run(args: &MfArgs) -> Result<(), CliError> {
         }
         None => None,
     };
+    let mut start = Start {
+        initial,
+        ..Start::default()
+    };
+    if let Some(path) = &args.checkpoint_dir {
+        let dir = CheckpointDir::new(path).map_err(|e| {
+            CliError::Input(format!(
+                "{}: cannot make the checkpoint directory: {e}",
+                path.display()
+            ))
+        })?;
+        let latest = dir.latest().map_err(|e| {
+            CliError::Input(format!(
+                "{}: cannot read the checkpoints: {e}",
+                path.display()
+            ))
+        })?;
+        for (file, why) in &latest.refused {
+            eprintln!("checkpoint {}: refused, {why}", file.display());
+        }
+        match (&latest.found, args.resume) {
+            (Some(found), true) => {
+                let rows = checkpoint_rows(&cfg, &found.payload)
+                    .map_err(|e| CliError::Input(format!("{}: {e}", found.path.display())))?;
+                start.done = u32::try_from(found.iteration).unwrap_or(u32::MAX);
+                start.initial = Some(Arc::new(rows));
+                eprintln!(
+                    "resume: epochs 1 to {} from {}",
+                    start.done,
+                    found.path.display()
+                );
+            }
+            (None, true) => eprintln!(
+                "resume: no good checkpoint in {}: training from the start",
+                path.display()
+            ),
+            (Some(found), false) => {
+                return Err(CliError::Input(format!(
+                    "{}: holds checkpoints up to epoch {}: give --resume to go on from them, or another directory",
+                    path.display(),
+                    found.iteration
+                )));
+            }
+            (None, false) => {}
+        }
+        start.checkpoints = Some(dir);
+    }
+    if start.done >= cfg.epochs {
+        eprintln!(
+            "resume: every one of the {} epochs is trained already",
+            cfg.epochs
+        );
+    }
     let per = data.train.len().div_ceil(cfg.workers);
     eprintln!(
         "mf: {} users, {} items, {} train ratings, {} test ratings ({} with a user or item unseen in training), rank {}, {} workers x {} steps of {} ratings per epoch{}",
@@ -159,7 +224,7 @@ pub(super) fn run(args: &MfArgs) -> Result<(), CliError> {
     let rt = crate::commands::runtime()?;
     let (ids, mean) = (data.ids.clone(), data.mean());
     let (_, model) = rt
-        .block_on(train_model(&cfg, data, initial, |r| {
+        .block_on(train_model(&cfg, data, start, |r| {
             println!(
                 "iter={} train_rmse={:.4} test_rmse={:.4} baseline_rmse={:.4} secs={:.2} rows_per_sec={:.0}",
                 r.epoch, r.train_rmse, r.test_rmse, r.baseline_rmse, r.secs, r.rows_per_sec
