@@ -65,12 +65,12 @@ impl ClusterSpec {
         let mut driver = self.job.driver(id, incarnation)?;
         let server = driver.node().as_server().is_some();
         if let Some(rows) = self.initial.as_ref().filter(|_| server) {
-            for (key, values) in rows.iter() {
-                let row: Vec<V> = values.iter().map(|&v| V::from_f64(v)).collect();
-                driver
-                    .start_from([(key, &row[..])])
-                    .map_err(|e| RuntimeError::Config(format!("the rows to start from: {e}")))?;
-            }
+            let values: Vec<V> = rows.values().iter().map(|&v| V::from_f64(v)).collect();
+            let width = rows.width().max(1);
+            let keyed = rows.keys().iter().copied().zip(values.chunks(width));
+            driver
+                .start_from(keyed)
+                .map_err(|e| RuntimeError::Config(format!("the rows to start from: {e}")))?;
         }
         Ok(driver)
     }

@@ -491,9 +491,7 @@ impl Model {
         cfg: &MfConfig,
         data: &MfData,
     ) -> Result<Model, RuntimeError> {
-        let keys = sorted_keys(data.all());
-        let list = KeyList::new(keys.clone()).map_err(config)?;
-        let pulled = handle.pull(KeySelection::Keys(list)).await?;
+        let (keys, pulled) = pull_rows(handle, data).await?;
         let rows = model(cfg, &keys, pulled.values());
         Ok(Model {
             keys,
@@ -639,9 +637,7 @@ async fn checkpoint_payload(
     cfg: &MfConfig,
     data: &MfData,
 ) -> Result<Vec<u8>, RuntimeError> {
-    let keys = sorted_keys(data.all());
-    let list = KeyList::new(keys.clone()).map_err(config)?;
-    let pulled = handle.pull(KeySelection::Keys(list)).await?;
+    let (keys, pulled) = pull_rows(handle, data).await?;
     let w = width(cfg.rank);
     let mut bytes = Vec::with_capacity(20 + keys.len() * (8 + 4 * w));
     bytes.extend_from_slice(ROWS_MAGIC);
@@ -654,6 +650,17 @@ async fn checkpoint_payload(
         }
     }
     Ok(bytes)
+}
+
+/// The keys of every user and item of `data`, sorted, and the rows the servers hold for them.
+async fn pull_rows(
+    handle: &WorkerHandle<f32>,
+    data: &MfData,
+) -> Result<(Vec<Key>, KvPairs<f32>), RuntimeError> {
+    let keys = sorted_keys(data.all());
+    let list = KeyList::new(keys.clone()).map_err(config)?;
+    let pulled = handle.pull(KeySelection::Keys(list)).await?;
+    Ok((keys, pulled))
 }
 
 /// The rows a checkpoint's payload holds, for a run of `cfg`'s rank.

@@ -575,7 +575,9 @@ async fn run_mf_node(
         )));
     }
     let init = match &job.init {
-        Some(path) if is_worker || is_server => Some(load_mf(path).map_err(RunError::Data)?),
+        Some(path) if is_worker || is_server => {
+            Some((path, load_mf(path).map_err(RunError::Data)?))
+        }
         _ => None,
     };
     // Read before joining, so that a bad file is reported at once; every worker reads every
@@ -594,17 +596,16 @@ async fn run_mf_node(
         None
     };
     let mut data = data;
-    let mut initial = None;
-    if let (Some(model), Some(data)) = (&init, data.as_mut()) {
-        let rows = mf::initial_rows(&job.cfg, model, &data.ids).map_err(|e| {
-            let path = job.init.as_deref().unwrap_or(std::path::Path::new(""));
-            RunError::Data(format!("{}: {e}", path.display()))
-        })?;
-        // The biases were learnt around the saved mean: predictions stay around it.
-        data.center = Some(model.mean);
-        initial = Some(Arc::new(rows));
-    }
-    let initial = initial.filter(|_| is_server);
+    let initial = match (&init, data.as_mut()) {
+        (Some((path, model)), Some(data)) => {
+            let rows = mf::initial_rows(&job.cfg, model, &data.ids)
+                .map_err(|e| RunError::Data(format!("{}: {e}", path.display())))?;
+            // The biases were learnt around the saved mean: predictions stay around it.
+            data.center = Some(model.mean);
+            Some(Arc::new(rows)).filter(|_| is_server)
+        }
+        _ => None,
+    };
     let data = data.filter(|_| is_worker);
     let keys_below = data.as_ref().map(mf::keys_below);
     let train = async |worker: &WorkerHandle<f32>, data: mf::MfData| {

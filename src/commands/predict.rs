@@ -118,14 +118,10 @@ fn run_mf(args: &PredictArgs) -> Result<(), CliError> {
         )));
     }
     let model = load_mf(&args.model).map_err(CliError::Input)?;
-    let names = |rows: &[(Box<str>, Vec<f32>)]| -> Vec<Box<str>> {
-        rows.iter().map(|(id, _)| id.clone()).collect()
-    };
-    let (users, items) = (names(&model.users), names(&model.items));
     // Numbered as the model's rows are: a known id's number is its row.
     let mut ids = Ids::of_names(
-        users.iter().map(AsRef::as_ref),
-        items.iter().map(AsRef::as_ref),
+        model.users.iter().map(|(id, _)| id.as_ref()),
+        model.items.iter().map(|(id, _)| id.as_ref()),
     );
     let ratings = read_ratings(&args.data, &mut ids).map_err(CliError::input)?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());

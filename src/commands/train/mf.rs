@@ -159,47 +159,7 @@ pub(super) fn run(args: &MfArgs) -> Result<(), CliError> {
         ..Start::default()
     };
     if let Some(path) = &args.checkpoint_dir {
-        let dir = CheckpointDir::new(path).map_err(|e| {
-            CliError::Input(format!(
-                "{}: cannot make the checkpoint directory: {e}",
-                path.display()
-            ))
-        })?;
-        let latest = dir.latest().map_err(|e| {
-            CliError::Input(format!(
-                "{}: cannot read the checkpoints: {e}",
-                path.display()
-            ))
-        })?;
-        for (file, why) in &latest.refused {
-            eprintln!("checkpoint {}: refused, {why}", file.display());
-        }
-        match (&latest.found, args.resume) {
-            (Some(found), true) => {
-                let rows = checkpoint_rows(&cfg, &found.payload)
-                    .map_err(|e| CliError::Input(format!("{}: {e}", found.path.display())))?;
-                start.done = u32::try_from(found.iteration).unwrap_or(u32::MAX);
-                start.initial = Some(Arc::new(rows));
-                eprintln!(
-                    "resume: epochs 1 to {} from {}",
-                    start.done,
-                    found.path.display()
-                );
-            }
-            (None, true) => eprintln!(
-                "resume: no good checkpoint in {}: training from the start",
-                path.display()
-            ),
-            (Some(found), false) => {
-                return Err(CliError::Input(format!(
-                    "{}: holds checkpoints up to epoch {}: give --resume to go on from them, or another directory",
-                    path.display(),
-                    found.iteration
-                )));
-            }
-            (None, false) => {}
-        }
-        start.checkpoints = Some(dir);
+        resume_from(path, args.resume, &cfg, &mut start)?;
     }
     if start.done >= cfg.epochs {
         eprintln!(
@@ -234,6 +194,59 @@ pub(super) fn run(args: &MfArgs) -> Result<(), CliError> {
     if let Some(path) = &args.save {
         save_mf(path, &model.file(&ids, mean)).map_err(CliError::Input)?;
     }
+    Ok(())
+}
+
+/// Reads the checkpoints in `path` into `start`: with `resume`, the newest good one's rows and
+/// epoch; without, none may be there. Every newer file refused is said; the run writes its own
+/// checkpoints there.
+fn resume_from(
+    path: &std::path::Path,
+    resume: bool,
+    cfg: &MfConfig,
+    start: &mut Start,
+) -> Result<(), CliError> {
+    let dir = CheckpointDir::new(path).map_err(|e| {
+        CliError::Input(format!(
+            "{}: cannot make the checkpoint directory: {e}",
+            path.display()
+        ))
+    })?;
+    let latest = dir.latest().map_err(|e| {
+        CliError::Input(format!(
+            "{}: cannot read the checkpoints: {e}",
+            path.display()
+        ))
+    })?;
+    for (file, why) in &latest.refused {
+        eprintln!("checkpoint {}: refused, {why}", file.display());
+    }
+    match (&latest.found, resume) {
+        (Some(found), true) => {
+            let rows = checkpoint_rows(cfg, &found.payload)
+                .map_err(|e| CliError::Input(format!("{}: {e}", found.path.display())))?;
+            start.done = u32::try_from(found.iteration).unwrap_or(u32::MAX);
+            start.initial = Some(Arc::new(rows));
+            eprintln!(
+                "resume: epochs 1 to {} from {}",
+                start.done,
+                found.path.display()
+            );
+        }
+        (None, true) => eprintln!(
+            "resume: no good checkpoint in {}: training from the start",
+            path.display()
+        ),
+        (Some(found), false) => {
+            return Err(CliError::Input(format!(
+                "{}: holds checkpoints up to epoch {}: give --resume to go on from them, or another directory",
+                path.display(),
+                found.iteration
+            )));
+        }
+        (None, false) => {}
+    }
+    start.checkpoints = Some(dir);
     Ok(())
 }
 
