@@ -1995,3 +1995,108 @@ fn an_mf_cluster_job_saves_its_model_and_another_starts_from_it() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Two coordinators, the second a standby; two servers with one replica, two workers, TCP.
+/// The active coordinator is killed with SIGKILL mid-job: the standby takes over within twice
+/// the heartbeat timeout, the job finishes, every push is held exactly once, and a server
+/// killed after the takeover is handled by the new coordinator as before.
+#[test]
+fn a_standby_coordinator_takes_over_from_one_killed_with_sigkill_and_the_job_finishes() {
+    const LONG: u32 = 600;
+    let shape = (2, 2);
+    let (dir, _, config) = script_cluster("standby-kill", shape, "bounded:1", LONG, 25);
+    let standby_id = 5;
+    let standby_port = free_port();
+    let mut file = std::fs::read_to_string(&config).unwrap();
+    file += &format!(
+        "\n[[node]]\nid = {standby_id}\nrole = \"coordinator\"\naddress = \"127.0.0.1:{standby_port}\"\n"
+    );
+    std::fs::write(&config, file).unwrap();
+    let dumps: Vec<PathBuf> = (1..=2)
+        .map(|s| dir.join(format!("server{s}.totals")))
+        .collect();
+    let log = |role: &str| if role == "server" { "warn" } else { "info" };
+    let mut children = start_nodes(&config, shape, log, |id| match id {
+        1 | 2 => vec![
+            "--dump".to_owned(),
+            dumps[id as usize - 1].display().to_string(),
+        ],
+        _ => Vec::new(),
+    });
+    let id_arg = standby_id.to_string();
+    let standby = pserver(&[
+        "coordinator",
+        "--config",
+        config.to_str().unwrap(),
+        "--id",
+        &id_arg,
+    ])
+    .env("RUST_LOG", "info")
+    .spawn()
+    .expect("start the standby");
+    children.0.push(("standby 5".into(), standby));
+    let standby_at = children.0.len() - 1;
+    let (standby_lines, standby_log) = log_lines(&mut children.0[standby_at].1);
+    let (progress, worker_log) = watch_log(&mut children.0[3].1, "iteration done");
+    for done in 0..5 {
+        assert!(
+            progress.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "the first worker finished {done} iterations, then none for 60 s"
+        );
+    }
+    // The standby is taken within a failure check or two of the start.
+    std::thread::sleep(Duration::from_secs(1));
+    children.0[0]
+        .1
+        .kill()
+        .expect("kill -9 the active coordinator");
+    let killed_at = Instant::now();
+    assert!(
+        line_with(
+            &standby_lines,
+            "took over from coordinator",
+            Duration::from_secs(30)
+        ),
+        "the standby takes over"
+    );
+    let took = killed_at.elapsed();
+    let (_, killed) = children.0.remove(0);
+    let _ = finish(killed);
+    // A server crash after the takeover: its ranges pass to the replica.
+    let at = children
+        .0
+        .iter()
+        .position(|(n, _)| n == "server 2")
+        .unwrap();
+    children.0[at].1.kill().expect("kill -9 server 2");
+    assert!(
+        line_with(
+            &standby_lines,
+            "fewer replicas than asked",
+            Duration::from_secs(30)
+        ),
+        "the new coordinator takes server 2 off the ring"
+    );
+    let (_, killed) = children.0.remove(at);
+    let _ = finish(killed);
+    let outputs = wait_all(&mut children, Instant::now() + Duration::from_secs(120));
+    let standby_log = standby_log.join().expect("the standby's log");
+    let worker_log = worker_log.join().expect("the worker's log");
+    for (name, out) in &outputs {
+        assert!(
+            out.status.success(),
+            "{name}: {}\n{standby_log}",
+            text(&out.stderr)
+        );
+        if name.starts_with("worker") {
+            assert!(text(&out.stdout).contains(&format!("iterations={LONG}")));
+        }
+    }
+    assert_eq!(
+        summed_dumps(&dumps[..1]),
+        expected_totals(KEYS, LONG, (3..=4).map(NodeId)),
+        "the surviving server holds every push exactly once\n{worker_log}"
+    );
+    eprintln!("takeover {} ms after kill -9", took.as_millis());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -104,6 +104,43 @@ pub enum Event<V: Value> {
     },
     /// The coordinator was heard again after [`Event::CoordinatorSilent`].
     CoordinatorBack,
+    /// A standby coordinator took over from the active one, which went silent: members
+    /// granted it `term`, and it published the configuration of `epoch` (coordinator only;
+    /// ARCHITECTURE.md §11).
+    TookOver {
+        /// The coordinator it took over from.
+        from: NodeId,
+        /// Its term.
+        term: u64,
+        /// Its first configuration.
+        epoch: Epoch,
+    },
+    /// The active coordinator dropped a standby that stopped acknowledging its state: it
+    /// publishes without it (coordinator only).
+    StandbyDropped(NodeId),
+    /// Members granted a standby a term it did not win; the active coordinator took a newer
+    /// term itself, its configuration published again as the first epoch of it
+    /// (coordinator only).
+    TermRenewed {
+        /// The term.
+        term: u64,
+        /// The first epoch of it.
+        epoch: Epoch,
+    },
+    /// This coordinator heard of a newer term than its own and stopped publishing: another
+    /// took over (coordinator only).
+    SteppedDown {
+        /// The newer term.
+        term: u64,
+    },
+    /// This member granted a standby coordinator a term: it refuses configurations of older
+    /// terms from now on (servers and workers).
+    TermGranted {
+        /// The standby.
+        to: NodeId,
+        /// The term.
+        term: u64,
+    },
     /// Every worker left the job, its work done ([`crate::wire::ClusterConfig::job_finished`]),
     /// as of the configuration of `epoch`. A server says it once it holds that configuration
     /// (and tells the coordinator it does); the coordinator, once every server of the ring
@@ -195,6 +232,13 @@ pub enum Refusal {
         /// The term of the configuration the node holds.
         current: u64,
     },
+    /// A standby asked this member for a term it does not grant (ARCHITECTURE.md §11).
+    TermNotGranted {
+        /// The term asked for.
+        term: u64,
+        /// Why not.
+        reason: NoGrant,
+    },
     /// The message belongs to another job: a configuration that changes the consistency model,
     /// values of another width, a ring that cannot be built.
     ForeignJob,
@@ -239,6 +283,9 @@ impl fmt::Display for Refusal {
                 f,
                 "configuration of coordinator term {term}, older than the term {current} this node follows"
             ),
+            Refusal::TermNotGranted { term, reason } => {
+                write!(f, "term {term} not granted: {reason}")
+            }
             Refusal::ForeignJob => f.write_str("message belongs to another job"),
             Refusal::Unexpected => f.write_str("a message kind this node does not take"),
             Refusal::BadAnswer => f.write_str("answer does not match the slice it answers"),
@@ -251,6 +298,33 @@ impl fmt::Display for Refusal {
                 f,
                 "speaks of incarnation {claimed} of the node, not of incarnation {known}"
             ),
+        }
+    }
+}
+
+/// Why a member does not grant a standby coordinator a term.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NoGrant {
+    /// The configuration the member holds does not list the asker as a standby.
+    NotStandby,
+    /// The member hears from its coordinator: nothing is to be taken over.
+    CoordinatorHeard,
+    /// The member holds or granted this term or a later one.
+    NotAbove {
+        /// The highest term the member holds or granted.
+        held: u64,
+    },
+    /// The member holds no configuration yet.
+    NoConfig,
+}
+
+impl fmt::Display for NoGrant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NoGrant::NotStandby => f.write_str("the asker is not a standby of this configuration"),
+            NoGrant::CoordinatorHeard => f.write_str("the active coordinator is heard"),
+            NoGrant::NotAbove { held } => write!(f, "term {held} is held or granted already"),
+            NoGrant::NoConfig => f.write_str("this node holds no configuration"),
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::consistency::Consistency;
 use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
 use crate::driver::Driver;
 use crate::filter::Filters;
-use crate::ids::{NodeId, NodeLayout};
+use crate::ids::{NodeId, NodeLayout, Standbys};
 use crate::key::{Key, KeyRange};
 use crate::pace::StragglerPolicy;
 use crate::ring::RingConfig;
@@ -102,6 +102,10 @@ pub struct JobSpec {
     /// ([`CoordinatorConfig::min_replicas`]): 0 by default, for a job that goes on while one
     /// server holds each range.
     pub min_replicas: u32,
+    /// Standby coordinators, each ready to take over from the active one
+    /// (ARCHITECTURE.md §11); nodes register with every coordinator until a configuration
+    /// names the active one. Default: none.
+    pub standbys: Standbys,
 }
 
 /// Why a job cannot work.
@@ -186,6 +190,7 @@ impl JobSpec {
             keys_below: None,
             report_progress: false,
             min_replicas: 0,
+            standbys: Standbys::default(),
         }
     }
 
@@ -296,6 +301,20 @@ impl JobSpec {
         cfg.timing = self.timing;
         cfg.stragglers = self.stragglers;
         cfg.min_replicas = self.min_replicas;
+        cfg.peers = self.standbys;
+        cfg
+    }
+
+    /// The configuration of standby coordinator `id` (one of [`JobSpec::standbys`]): its
+    /// peers are the layout's coordinator and the other standbys.
+    pub fn standby_config(&self, id: NodeId) -> CoordinatorConfig {
+        let mut cfg = self.coordinator_config();
+        cfg.id = id;
+        let peers: Vec<NodeId> = std::iter::once(self.layout().coordinator())
+            .chain(self.standbys.iter())
+            .filter(|&p| p != id)
+            .collect();
+        cfg.peers = Standbys::new(&peers).unwrap_or(self.standbys);
         cfg
     }
 
@@ -310,6 +329,7 @@ impl JobSpec {
         cfg.push_slots = self.push_slots;
         cfg.key_caching = self.filters.key_caching;
         cfg.compression = self.filters.compression;
+        cfg.standbys = self.standbys;
         cfg
     }
 
@@ -326,6 +346,7 @@ impl JobSpec {
         cfg.push_slots = self.push_slots;
         cfg.filters = self.filters;
         cfg.keys_below = self.keys_below;
+        cfg.standbys = self.standbys;
         cfg
     }
 
@@ -345,6 +366,10 @@ impl JobSpec {
         if id == layout.coordinator() {
             let coordinator = Coordinator::new(self.coordinator_config())?;
             return Ok(Driver::with_codec(coordinator, codec));
+        }
+        if self.standbys.iter().any(|s| s == id) {
+            let standby = Coordinator::standby(self.standby_config(id))?;
+            return Ok(Driver::with_codec(standby, codec));
         }
         if layout.servers().any(|s| s == id) {
             let mut cfg = self.server_config(id);

@@ -52,11 +52,15 @@ pub enum Mutation {
     /// exactly-once, where the server puts values on the keys of that stale entry, or
     /// completion, where it refuses them or answers a pull with another list's values).
     StaleKeyCache,
+    /// A standby coordinator takes over without a higher term: it publishes the next epoch
+    /// of the term it knows (breaks single-coordinator: the coordinator it took over from,
+    /// alive and cut off, publishes that epoch too).
+    TakeOverWithoutTerm,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 14] = [
+    pub const ALL: [Mutation; 15] = [
         Mutation::NoDedupe,
         Mutation::NoGating,
         Mutation::NoRetransmit,
@@ -71,6 +75,7 @@ impl Mutation {
         Mutation::TauPastDecision,
         Mutation::FilterForgets,
         Mutation::StaleKeyCache,
+        Mutation::TakeOverWithoutTerm,
     ];
 }
 
@@ -91,6 +96,7 @@ impl fmt::Display for Mutation {
             Mutation::TauPastDecision => "tau-past-decision",
             Mutation::FilterForgets => "filter-forgets",
             Mutation::StaleKeyCache => "stale-key-cache",
+            Mutation::TakeOverWithoutTerm => "take-over-without-term",
         })
     }
 }

@@ -350,6 +350,7 @@ mod tests {
         Cluster::new(ClusterConfig {
             epoch: 1,
             coordinator: NodeId(0),
+            standbys: Vec::new(),
             term: 0,
             servers,
             workers: vec![NodeId(9)],

@@ -121,6 +121,7 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                 Message::Config(ClusterConfig {
                     epoch,
                     coordinator,
+                    standbys: left_standbys(coordinator),
                     term: epoch.wrapping_mul(3),
                     servers,
                     workers,
@@ -202,10 +203,12 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
         Just(Message::ConfigRequest),
         (
             any::<u64>(),
-            proptest::option::of((any::<u32>(), any::<u16>(), any::<u32>()))
+            proptest::option::of((any::<u32>(), any::<u16>(), any::<u32>())),
+            any::<u64>(),
         )
-            .prop_map(|(sent_at, at)| Message::Heartbeat {
+            .prop_map(|(sent_at, at, term)| Message::Heartbeat {
                 sent_at,
+                term,
                 at: at.map(|(iteration, covered, speed)| pserver_core::pace::Position {
                     iteration,
                     covered: pserver_core::pace::Coverage(covered),
@@ -626,4 +629,10 @@ fn unknown_message_kinds_are_refused() {
         Codec::default().decode::<f32>(&frame),
         Err(DecodeError::UnknownKind(kinds - 1))
     );
+}
+
+/// Standbys for a configuration of `coordinator`: some other node, so that the field is
+/// exercised.
+fn left_standbys(coordinator: NodeId) -> Vec<NodeId> {
+    vec![NodeId(coordinator.0.wrapping_add(1))]
 }

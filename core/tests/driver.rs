@@ -16,6 +16,7 @@ fn config(workers: &[NodeId], consistency: Consistency) -> ClusterConfig {
     ClusterConfig {
         epoch: 1,
         coordinator: COORD,
+        standbys: Vec::new(),
         term: 0,
         servers: vec![S1],
         workers: workers.to_vec(),

@@ -11,5 +11,6 @@ mod ring;
 mod sans_io;
 mod server;
 mod slots;
+mod standby;
 mod stragglers;
 mod worker;

@@ -700,6 +700,7 @@ fn the_coordinator_removes_a_silent_worker_and_bumps_the_epoch() {
             Message::Heartbeat {
                 sent_at: 1,
                 at: None,
+                term: 0,
             },
         )
     };
@@ -881,6 +882,7 @@ fn the_coordinator_answers_heartbeats_and_admits_latecomers_in_a_new_epoch() {
             Message::Heartbeat {
                 sent_at: 1,
                 at: None,
+                term: 0,
             },
         )
     };

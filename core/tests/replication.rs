@@ -1292,6 +1292,7 @@ fn a_copy_brings_the_workers_range_clocks_with_it() {
     let config = |epoch: Epoch, servers: Vec<NodeId>, joining: Vec<NodeId>| ClusterConfig {
         epoch,
         coordinator: COORD,
+        standbys: Vec::new(),
         term: 0,
         servers,
         workers: vec![w],

@@ -150,7 +150,8 @@ fn a_server_registers_and_beats_until_configured_then_only_beats() {
             0,
             Message::Heartbeat {
                 sent_at: 7_000,
-                at: None
+                at: None,
+                term: 0,
             }
         )]
     );
@@ -180,7 +181,8 @@ fn a_server_registers_and_beats_until_configured_then_only_beats() {
             1,
             Message::Heartbeat {
                 sent_at: 9_000,
-                at: None
+                at: None,
+                term: 0,
             }
         )]
     );

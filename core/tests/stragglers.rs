@@ -32,12 +32,14 @@ fn check_at(c: &mut Coordinator, ats: [Position; 3], out: &mut Effects<i64>) {
         let beat = Message::Heartbeat {
             sent_at: 0,
             at: Some(at),
+            term: 0,
         };
         c.on_message(0, Envelope::new(*w, COORD, epoch, beat), out);
     }
     let beat = Message::Heartbeat {
         sent_at: 0,
         at: None,
+        term: 0,
     };
     c.on_message(0, Envelope::new(S1, COORD, epoch, beat), out);
     c.on_timer(0, TimerId::FailureCheck, out);

@@ -191,7 +191,8 @@ fn a_worker_registers_and_beats_keeps_requests_until_configured_and_reports_its_
             0,
             Message::Heartbeat {
                 sent_at: 3 * T,
-                at: None
+                at: None,
+                term: 0,
             }
         )]
     );

@@ -287,6 +287,7 @@ fn message(body: Body) -> Message<i64> {
             Message::Config(ClusterConfig {
                 epoch: u64::from(epoch),
                 coordinator: COORD,
+                standbys: Vec::new(),
                 term: 0,
                 servers,
                 workers: members(workers, 8),
@@ -325,6 +326,7 @@ fn message(body: Body) -> Message<i64> {
         Body::Heartbeat => Message::Heartbeat {
             sent_at: 1,
             at: None,
+            term: 0,
         },
         Body::Push {
             request,

@@ -925,3 +925,61 @@ fn the_membership_stress_seeds_that_broke_invariants_pass() {
         run(&cfg).unwrap_or_else(|f| panic!("{f}"));
     }
 }
+
+/// A job with a standby coordinator, its active coordinator crashing and cut off, every other
+/// fault of the simulator too: every invariant holds, `single-coordinator` included, and
+/// standbys take over, in the median run within twice the heartbeat timeout of the fault.
+#[test]
+fn coordinator_crashes_and_partitions_mixed_with_every_fault_break_nothing() {
+    use pserver_models::sim::CoordinatorFaults;
+    let reports = run_all(&MODELS, 0..12, |seed, consistency| SimConfig {
+        workers: 3,
+        iterations: 30,
+        coordinator_faults: CoordinatorFaults {
+            crash: true,
+            partition: true,
+        },
+        ..one_crash(seed, consistency, every_fault())
+    });
+    let takeovers: Vec<pserver_core::Time> =
+        reports.iter().flat_map(|r| r.takeovers.clone()).collect();
+    assert!(
+        takeovers.len() >= reports.len(),
+        "{} takeovers in {} runs",
+        takeovers.len(),
+        reports.len()
+    );
+    // Most take one round of asking; where a member could not grant in it (one restarting,
+    // or cut off), a second round follows.
+    let timeout = pserver_core::Timing::default().heartbeat_timeout;
+    let mut sorted = takeovers.clone();
+    sorted.sort_unstable();
+    assert!(sorted[sorted.len() / 2] <= 2 * timeout, "{sorted:?}");
+}
+
+/// A standby that takes over without a newer term publishes an epoch the coordinator it took
+/// over from publishes too: `single-coordinator` catches it.
+#[cfg(feature = "mutations")]
+#[test]
+fn the_simulator_catches_a_standby_taking_over_without_a_newer_term() {
+    use pserver_core::mutation::Mutation;
+    use pserver_models::sim::{CoordinatorFaults, Invariant};
+    let caught = (0..20)
+        .filter_map(|seed| {
+            let cfg = SimConfig {
+                iterations: 30,
+                coordinator_faults: CoordinatorFaults {
+                    crash: false,
+                    partition: true,
+                },
+                ..faulty(seed, Consistency::Sequential, Faults::default())
+            };
+            pserver_models::sim::run_mutated(&cfg, Mutation::TakeOverWithoutTerm).err()
+        })
+        .filter(|f| f.invariant == Invariant::SingleCoordinator)
+        .count();
+    assert!(
+        caught >= 5,
+        "only {caught} of 20 seeds broke single-coordinator"
+    );
+}

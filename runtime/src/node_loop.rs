@@ -810,6 +810,30 @@ where
                 self.counts.nodes_dead += 1;
                 warn!(node = %node, "node declared dead");
             }
+            Event::TookOver { from, term, epoch } => warn!(
+                from = %from,
+                term,
+                epoch,
+                "took over from coordinator {from}, silent past the heartbeat timeout: this coordinator publishes now, under term {term}"
+            ),
+            Event::SteppedDown { term } => warn!(
+                term,
+                "another coordinator took over under term {term}: this one stepped down and stands by"
+            ),
+            Event::StandbyDropped(node) => warn!(
+                node = %node,
+                "standby coordinator {node} stopped answering and was dropped: the job has no standby until one answers"
+            ),
+            Event::TermRenewed { term, epoch } => info!(
+                term,
+                epoch,
+                "members granted a standby a term it did not win: this coordinator renewed its own, term {term}"
+            ),
+            Event::TermGranted { to, term } => info!(
+                to = %to,
+                term,
+                "granted standby coordinator {to} term {term}: the active coordinator is silent"
+            ),
             Event::RingDegraded(node) => warn!(
                 node = %node,
                 "server silent or leaving, but kept on the ring: without it, no server or fewer replicas than the job's min_replicas would be left"
@@ -966,6 +990,7 @@ mod tests {
         let config = |servers: u32, key_space: u64| ClusterConfig {
             epoch: 1,
             coordinator: NodeId(0),
+            standbys: Vec::new(),
             term: 0,
             servers: (1..=servers).map(NodeId).collect(),
             workers: vec![NodeId(servers + 1)],
@@ -994,6 +1019,7 @@ mod tests {
         let config = ClusterConfig {
             epoch: 7,
             coordinator: n(0),
+            standbys: Vec::new(),
             term: 0,
             servers: vec![n(1), n(2)],
             workers: vec![n(4)],

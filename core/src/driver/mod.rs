@@ -112,6 +112,8 @@ pub struct Refusals {
     pub stale_epoch: u64,
     /// Configurations of a coordinator term older than the one the node follows.
     pub stale_term: u64,
+    /// Terms asked for by standby coordinators and not granted.
+    pub term_not_granted: u64,
     /// Messages of another job.
     pub foreign_job: u64,
     /// Every other refusal (unexpected kinds, bad answers, overflow, after fencing).
@@ -129,6 +131,7 @@ impl Refusals {
             Refusal::UnknownSender => &mut self.unknown_sender,
             Refusal::StaleEpoch { .. } => &mut self.stale_epoch,
             Refusal::StaleTerm { .. } => &mut self.stale_term,
+            Refusal::TermNotGranted { .. } => &mut self.term_not_granted,
             Refusal::ForeignJob => &mut self.foreign_job,
             _ => &mut self.other,
         };
@@ -143,6 +146,7 @@ impl Refusals {
             + self.unknown_sender
             + self.stale_epoch
             + self.stale_term
+            + self.term_not_granted
             + self.foreign_job
             + self.other
     }
@@ -221,7 +225,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         match &mut self.node {
             Node::Server(s) => s.set_mutation(mutation),
             Node::Worker(w) => w.set_mutation(mutation),
-            Node::Coordinator(_) => {}
+            Node::Coordinator(c) => c.set_mutation(mutation),
         }
     }
 

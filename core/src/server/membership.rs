@@ -121,15 +121,16 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let body = Message::Heartbeat {
             sent_at: now,
             at: None,
+            term: self.term_held(),
         };
-        self.send(self.cfg.coordinator, body, out);
+        self.send(self.coordinator_id(), body, out);
     }
 
     /// Tells the coordinator of the ranges this server lost that no configuration lists yet.
     pub(super) fn report_lost(&self, out: &mut Effects<V>) {
         if !self.lost_unlisted.is_empty() {
             let ranges = self.lost_unlisted.clone();
-            self.send(self.cfg.coordinator, Message::Lost(ranges), out);
+            self.send(self.coordinator_id(), Message::Lost(ranges), out);
         }
     }
 
@@ -154,7 +155,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// timeout, and ask for the configuration if we had one.
     pub(super) fn keep_early(&mut self, env: Envelope<V>, out: &mut Effects<V>) {
         if self.cluster.is_some() {
-            self.send(self.cfg.coordinator, Message::ConfigRequest, out);
+            self.send(self.coordinator_id(), Message::ConfigRequest, out);
         }
         if self.early.contains(&env) {
             return;

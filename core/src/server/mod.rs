@@ -20,7 +20,7 @@ use crate::consistency::Consistency;
 use crate::effects::{Effects, Refusal, TimerId};
 use crate::filter::KeyCaching;
 use crate::filter::keycache::HeldLists;
-use crate::ids::{Epoch, NodeId, Role, Time};
+use crate::ids::{Epoch, NodeId, Role, Standbys, Time};
 use crate::key::{Key, KeyRange};
 use crate::selection::KeySelection;
 use crate::slots::{PushSlots, SlotQueue};
@@ -45,6 +45,9 @@ pub struct ServerConfig {
     pub id: NodeId,
     /// The coordinator to register with.
     pub coordinator: NodeId,
+    /// Standby coordinators, registered with too until a configuration names the active one
+    /// (ARCHITECTURE.md §11). Default: none.
+    pub standbys: Standbys,
     /// Values per key.
     pub width: usize,
     /// Timeouts and intervals.
@@ -79,6 +82,7 @@ impl ServerConfig {
         ServerConfig {
             id,
             coordinator,
+            standbys: Standbys::default(),
             width: 1,
             timing: Timing::default(),
             incarnation: 0,
@@ -480,7 +484,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     pub fn leave(&mut self, out: &mut Effects<V>) {
         self.leave_requested = true;
         if self.is_member() {
-            self.send(self.cfg.coordinator, Message::Leave, out);
+            self.send(self.coordinator_id(), Message::Leave, out);
         }
     }
 
@@ -497,13 +501,28 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             incarnation: self.cfg.incarnation,
             keys_below: None,
         };
-        out.send(Envelope::new(
-            self.cfg.id,
+        for to in crate::watch::register_with(
+            self.cluster.as_ref(),
             self.cfg.coordinator,
-            self.epoch(),
-            body,
-        ));
+            self.cfg.standbys,
+        ) {
+            out.send(Envelope::new(self.cfg.id, to, self.epoch(), body.clone()));
+        }
         out.set_timer(TimerId::Register, now + self.cfg.timing.register_retry);
+    }
+
+    /// The highest coordinator term this server holds or granted.
+    fn term_held(&self) -> u64 {
+        let held = self.cluster.as_ref().map_or(0, |c| c.config.term);
+        held.max(self.coordinator.granted())
+    }
+
+    /// The coordinator this server follows: the active one of the configuration in force, or
+    /// the one it was told to register with.
+    fn coordinator_id(&self) -> NodeId {
+        self.cluster
+            .as_ref()
+            .map_or(self.cfg.coordinator, |c| c.config.coordinator)
     }
 
     fn send(&self, to: NodeId, body: Message<V>, out: &mut Effects<V>) {
@@ -524,9 +543,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 let body = Message::Heartbeat {
                     sent_at: now,
                     at: None,
+                    term: self.term_held(),
                 };
-                self.send(self.cfg.coordinator, body, out);
-                self.coordinator.heartbeat_sent(&self.cfg.timing, out);
+                self.send(self.coordinator_id(), body, out);
+                let standbys = self
+                    .cluster
+                    .as_ref()
+                    .is_some_and(|c| !c.config.standbys.is_empty());
+                self.coordinator
+                    .heartbeat_sent(&self.cfg.timing, standbys, out);
                 self.ship_idle_queues(out);
                 self.arm_replication(now, out);
                 // Either may have been lost; the coordinator waits for both.
@@ -534,7 +559,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 self.ask_for_progress(out);
                 self.ask_for_copies(out);
                 if self.leave_requested && self.is_member() {
-                    self.send(self.cfg.coordinator, Message::Leave, out);
+                    self.send(self.coordinator_id(), Message::Leave, out);
                 }
                 self.report_lost(out);
                 out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
@@ -549,7 +574,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         if env.to != self.cfg.id {
             return out.refuse(from, Refusal::Misaddressed { to: env.to });
         }
-        if from == self.cfg.coordinator {
+        if from == self.coordinator_id() {
             self.coordinator.heard(&self.cfg.timing, out);
             // An answer to a heartbeat says only that the coordinator is alive; at a newer
             // epoch than ours it is not kept for later like other early messages.
@@ -557,8 +582,29 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 return;
             }
         }
-        if let Message::Config(config) = env.body {
-            return self.adopt(now, from, config, out);
+        match env.body {
+            Message::Config(config) => return self.adopt(now, from, config, out),
+            Message::TermAsk { term } => {
+                let config = self.cluster.as_ref().map(|c| &c.config);
+                let answer = self.coordinator.on_term_ask(
+                    &self.cfg.timing,
+                    config,
+                    from,
+                    crate::watch::Ask {
+                        term,
+                        epoch: env.epoch,
+                    },
+                );
+                return crate::watch::answer_term_ask(
+                    self.cfg.id,
+                    self.epoch(),
+                    from,
+                    term,
+                    answer,
+                    out,
+                );
+            }
+            _ => {}
         }
         let Some(cluster) = self.cluster.as_ref().filter(|c| env.epoch <= c.epoch()) else {
             return self.keep_early(env, out);

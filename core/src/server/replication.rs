@@ -751,7 +751,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     pub(super) fn report_caught_up(&self, out: &mut Effects<V>) {
         if self.caught_up() {
             let epoch = self.epoch();
-            self.send(self.cfg.coordinator, Message::CaughtUp { epoch }, out);
+            self.send(self.coordinator_id(), Message::CaughtUp { epoch }, out);
         }
     }
 

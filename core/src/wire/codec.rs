@@ -118,7 +118,7 @@ pub enum EncodeError {
 /// use pserver_core::wire::Codec;
 /// use pserver_core::wire::{Envelope, Message};
 /// let codec = Codec::default();
-/// let env = Envelope::<f32>::new(NodeId(1), NodeId(0), 3, Message::Heartbeat { sent_at: 9, at: None });
+/// let env = Envelope::<f32>::new(NodeId(1), NodeId(0), 3, Message::Heartbeat { sent_at: 9, at: None, term: 0 });
 /// let frame = codec.encode(&env)?;
 /// assert_eq!(codec.decode::<f32>(&frame)?, env);
 /// assert!(codec.decode::<f32>(&frame[..frame.len() - 1]).is_err());

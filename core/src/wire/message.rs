@@ -15,7 +15,7 @@ use crate::value::Value;
 use crate::wire::rows::RowValues;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 14;
+pub const PROTOCOL_VERSION: u16 = 15;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;
@@ -66,8 +66,13 @@ pub struct SliceRef {
 pub struct ClusterConfig {
     /// Version of this configuration; bumped on every membership change.
     pub epoch: Epoch,
-    /// The coordinator.
+    /// The coordinator: the active one, which publishes configurations.
     pub coordinator: NodeId,
+    /// Standby coordinators, sorted: each holds every configuration before it is published
+    /// and may take over when the active one goes silent (ARCHITECTURE.md §11). Only those
+    /// listed may ask members for a term.
+    #[serde(with = "seq")]
+    pub standbys: Vec<NodeId>,
     /// The term of the coordinator that published it: 0 for a job's first coordinator, higher
     /// for each that took its place. A node refuses a configuration of a lower term than one it
     /// holds ([`crate::Refusal::StaleTerm`]): a coordinator that was taken over from speaks
@@ -136,6 +141,7 @@ impl ClusterConfig {
             pace: _,
             shares: _,
             coordinator,
+            standbys,
             term,
             servers,
             workers,
@@ -148,6 +154,7 @@ impl ClusterConfig {
             incarnations,
         } = self;
         *coordinator == other.coordinator
+            && *standbys == other.standbys
             && *term == other.term
             && *servers == other.servers
             && *workers == other.workers
@@ -172,6 +179,7 @@ impl ClusterConfig {
     /// let config = ClusterConfig {
     ///     epoch: 1,
     ///     coordinator: NodeId(0),
+    ///     standbys: vec![],
     ///     term: 0,
     ///     servers: vec![NodeId(1), NodeId(2), NodeId(3)],
     ///     workers: vec![NodeId(4)],
@@ -272,6 +280,33 @@ impl ClusterConfig {
         crate::ring::held_replicas(self.ring.replicas, self.servers.len())
     }
 
+    /// Every coordinator this configuration names: the active one, then the standbys.
+    pub fn coordinators(&self) -> impl Iterator<Item = NodeId> + '_ {
+        std::iter::once(self.coordinator).chain(self.standbys.iter().copied())
+    }
+
+    /// The members that vote on a coordinator's term, each once: the servers on the ring or
+    /// joining it and the workers (ARCHITECTURE.md §11).
+    pub fn voters(&self) -> Vec<NodeId> {
+        let mut voters: Vec<NodeId> = self
+            .servers
+            .iter()
+            .chain(&self.joining)
+            .chain(&self.workers)
+            .copied()
+            .collect();
+        voters.sort_unstable();
+        voters.dedup();
+        voters
+    }
+
+    /// Whether `heard` holds more than half of this configuration's voters.
+    pub fn is_majority(&self, heard: &std::collections::BTreeSet<NodeId>) -> bool {
+        let voters = self.voters();
+        let count = voters.iter().filter(|v| heard.contains(v)).count();
+        count * 2 > voters.len()
+    }
+
     /// The live worker holding the lowest-numbered share a live worker holds: the one an
     /// application asks to do what one worker does for all (measure the model, save it).
     /// It passes on when that worker dies or leaves; `None` with no live worker holding a
@@ -311,6 +346,7 @@ impl ClusterConfig {
     /// let mut config = ClusterConfig {
     ///     epoch: 3,
     ///     coordinator: NodeId(0),
+    ///     standbys: vec![],
     ///     term: 0,
     ///     servers: vec![NodeId(1)],
     ///     workers: vec![a, b],
@@ -380,6 +416,7 @@ impl ClusterConfig {
     /// let mut config = ClusterConfig {
     ///     epoch: 1,
     ///     coordinator: NodeId(0),
+    ///     standbys: vec![],
     ///     term: 0,
     ///     servers: vec![NodeId(1)],
     ///     workers: vec![NodeId(2)],
@@ -422,6 +459,7 @@ impl ClusterConfig {
     /// let mut config = ClusterConfig {
     ///     epoch: 1,
     ///     coordinator: NodeId(0),
+    ///     standbys: vec![],
     ///     term: 0,
     ///     servers: vec![NodeId(1)],
     ///     workers: vec![w(2), w(3), w(4)],
@@ -728,6 +766,10 @@ pub enum Message<V: Value> {
         /// A worker's position, where the job detects stragglers
         /// ([`crate::pace::StragglerPolicy::detect`]); otherwise none.
         at: Option<Position>,
+        /// The highest coordinator term the sender holds or granted a standby: a member that
+        /// granted a newer term than the coordinator's does not count towards what it may
+        /// publish (ARCHITECTURE.md §11).
+        term: u64,
     },
     /// A worker's update slice.
     Push(Push<V>),
@@ -837,9 +879,52 @@ pub enum Message<V: Value> {
     PullValues(PullValues<V>),
     /// A server's answer to a range pull slice, its values packed (value compression).
     PullRows(PullRows<V>),
+    /// The active coordinator's state for a standby, sent with every configuration it decides
+    /// (before publishing it) and every heartbeat interval (ARCHITECTURE.md §11).
+    Standby(Box<StandbyState>),
+    /// A standby holds the state of `epoch` under `term`; a `term` above the active one's says
+    /// that a newer term exists, and the active one steps down.
+    StandbyAck {
+        /// The term the standby follows.
+        term: u64,
+        /// The epoch of the configuration it holds.
+        epoch: Epoch,
+    },
+    /// A standby that heard nothing from the active coordinator asks a member for `term`.
+    TermAsk {
+        /// The term asked for: above every term the standby knows.
+        term: u64,
+    },
+    /// A member grants `term`: it refuses configurations of lower terms from now on, and sends
+    /// the configuration it holds, which the new coordinator's first one succeeds.
+    TermGrant {
+        /// The term granted.
+        term: u64,
+        /// The configuration the member holds.
+        config: Box<ClusterConfig>,
+    },
+}
+
+/// What a standby coordinator holds of the active one: everything a coordinator decides from
+/// that is not in the configuration (ARCHITECTURE.md §11). What it learns from heartbeats
+/// (silence, workers' positions) it learns again once it takes over.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StandbyState {
+    /// The configuration the active coordinator decided last: published, or to be once every
+    /// standby holds it.
+    pub config: ClusterConfig,
+    /// Every node that registered, with its role.
+    #[serde(with = "seq")]
+    pub members: Vec<(NodeId, Role)>,
+    /// The incarnation each node last registered with.
+    #[serde(with = "seq")]
+    pub incarnations: Vec<(NodeId, u64)>,
+    /// Nodes declared dead.
+    #[serde(with = "seq")]
+    pub dead: Vec<NodeId>,
 }
 
 impl<V: Value> Message<V> {
     /// Number of message kinds this version knows; the wire tags are `0..KINDS`.
-    pub const KINDS: u32 = 28;
+    pub const KINDS: u32 = 32;
 }

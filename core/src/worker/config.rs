@@ -4,7 +4,7 @@
 use thiserror::Error;
 
 use crate::filter::Filters;
-use crate::ids::{NodeId, Time};
+use crate::ids::{NodeId, Standbys, Time};
 use crate::key::Key;
 use crate::selection::KeySelection;
 use crate::sizes;
@@ -34,6 +34,9 @@ pub struct WorkerConfig {
     pub id: NodeId,
     /// The coordinator to register with.
     pub coordinator: NodeId,
+    /// Standby coordinators, registered with too until a configuration names the active one
+    /// (ARCHITECTURE.md §11). Default: none.
+    pub standbys: Standbys,
     /// Values per key (default 1).
     pub width: usize,
     /// Timeouts and intervals.
@@ -73,6 +76,7 @@ impl WorkerConfig {
         WorkerConfig {
             id,
             coordinator,
+            standbys: Standbys::default(),
             width: 1,
             timing: Timing::default(),
             max_slice_bytes: DEFAULT_MAX_SLICE_BYTES,

@@ -335,7 +335,7 @@ impl<V: Value> Worker<V> {
         }
         self.leave_requested = true;
         if !self.fenced {
-            self.send(self.cfg.coordinator, Message::Leave, out);
+            self.send(self.coordinator_id(), Message::Leave, out);
         }
         Ok(())
     }
@@ -346,8 +346,28 @@ impl<V: Value> Worker<V> {
             incarnation: 0,
             keys_below: self.cfg.keys_below,
         };
-        self.send(self.cfg.coordinator, body, out);
+        for to in crate::watch::register_with(
+            self.cluster.as_ref(),
+            self.cfg.coordinator,
+            self.cfg.standbys,
+        ) {
+            self.send(to, body.clone(), out);
+        }
         out.set_timer(TimerId::Register, now + self.cfg.timing.register_retry);
+    }
+
+    /// The highest coordinator term this worker holds or granted.
+    fn term_held(&self) -> u64 {
+        let held = self.cluster.as_ref().map_or(0, |c| c.config.term);
+        held.max(self.coordinator.granted())
+    }
+
+    /// The coordinator this worker follows: the active one of the configuration in force, or
+    /// the one it was told to register with.
+    fn coordinator_id(&self) -> NodeId {
+        self.cluster
+            .as_ref()
+            .map_or(self.cfg.coordinator, |c| c.config.coordinator)
     }
 
     fn send(&self, to: NodeId, body: Message<V>, out: &mut Effects<V>) {
@@ -491,11 +511,20 @@ impl<V: Value> Worker<V> {
                     covered: self.covered,
                     speed: self.speed,
                 });
-                let body = Message::Heartbeat { sent_at: now, at };
-                self.send(self.cfg.coordinator, body, out);
-                self.coordinator.heartbeat_sent(&self.cfg.timing, out);
+                let body = Message::Heartbeat {
+                    sent_at: now,
+                    at,
+                    term: self.term_held(),
+                };
+                self.send(self.coordinator_id(), body, out);
+                let standbys = self
+                    .cluster
+                    .as_ref()
+                    .is_some_and(|c| !c.config.standbys.is_empty());
+                self.coordinator
+                    .heartbeat_sent(&self.cfg.timing, standbys, out);
                 if self.leave_requested {
-                    self.send(self.cfg.coordinator, Message::Leave, out);
+                    self.send(self.coordinator_id(), Message::Leave, out);
                 }
                 out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
             }
@@ -517,12 +546,25 @@ impl<V: Value> Worker<V> {
         if self.fenced {
             return out.refuse(from, Refusal::Fenced);
         }
-        if from == self.cfg.coordinator {
+        if from == self.coordinator_id() {
             self.coordinator.heard(&self.cfg.timing, out);
         }
         match env.body {
             Message::Config(config) => self.adopt(now, from, config, out),
-            Message::HeartbeatAck { .. } if from == self.cfg.coordinator => {}
+            Message::TermAsk { term } => {
+                let config = self.cluster.as_ref().map(|c| &c.config);
+                let answer = self.coordinator.on_term_ask(
+                    &self.cfg.timing,
+                    config,
+                    from,
+                    crate::watch::Ask {
+                        term,
+                        epoch: env.epoch,
+                    },
+                );
+                crate::watch::answer_term_ask(self.cfg.id, self.epoch(), from, term, answer, out);
+            }
+            Message::HeartbeatAck { .. } if from == self.coordinator_id() => {}
             Message::PushAck(sref) => self.on_answer(now, from, sref, None, out),
             Message::SlotGrant(sref) => self.on_grant(now, from, sref, out),
             // Taken in counts only at the epoch it happened in: a server that took a push in
@@ -592,7 +634,7 @@ impl<V: Value> Worker<V> {
             Message::Redirect { epoch, .. }
                 if epoch > self.epoch() && !mutated!(self, IgnoreRedirect) =>
             {
-                self.send(self.cfg.coordinator, Message::ConfigRequest, out);
+                self.send(self.coordinator_id(), Message::ConfigRequest, out);
             }
             Message::Redirect { epoch, .. } => out.refuse(
                 from,

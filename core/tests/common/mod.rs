@@ -29,6 +29,7 @@ pub(crate) fn config(
     ClusterConfig {
         epoch,
         coordinator: COORD,
+        standbys: Vec::new(),
         term: 0,
         servers: servers.iter().map(|&s| NodeId(s)).collect(),
         workers: workers.to_vec(),

@@ -510,6 +510,7 @@ fn detect(c: &mut Coordinator, victim: NodeId, out: &mut Effects<i64>) {
             let body = Message::Heartbeat {
                 sent_at: 0,
                 at: None,
+                term: 0,
             };
             c.on_message(0, Envelope::new(from, c.id(), epoch, body), out);
         }
@@ -554,7 +555,11 @@ fn pace_check(c: &mut Coordinator, straggler: Option<NodeId>, out: &mut Effects<
         )
         .collect();
     for (from, at) in heard {
-        let body = Message::Heartbeat { sent_at: 0, at };
+        let body = Message::Heartbeat {
+            sent_at: 0,
+            at,
+            term: 0,
+        };
         c.on_message(0, Envelope::new(from, c.id(), epoch, body), out);
     }
     c.on_timer(0, TimerId::FailureCheck, out);

@@ -131,6 +131,20 @@
 //!
 //! Every invariant is checked as in any other run.
 //!
+//! ## Coordinator faults
+//!
+//! With [`SimConfig::coordinator_faults`] the job has a standby coordinator, which the active
+//! one takes as its standby soon after the start (ARCHITECTURE.md §11). A crash kills the
+//! active coordinator's process at a seeded time once the standby holds its state, and
+//! starts it again three seconds later as a fresh standby, which the coordinator that took
+//! over takes in turn; a partition cuts the active coordinator off from every node for 0.5 to
+//! 5 s, so that the standby takes over in some runs and not in others, and a coordinator taken
+//! over from comes back to find a newer term. Both mix with every other fault. After every
+//! step `single-coordinator` is checked: no two configurations of the same epoch, held by any
+//! node or sent by any coordinator, and no coordinator's term and no member's epoch going
+//! back. [`SimReport::takeovers`] lists how long each takeover took, from the fault to the
+//! new coordinator's first configuration.
+//!
 //! ## What the oracle can still judge
 //!
 //! The oracle follows one server's acknowledgements, in order. With replicas a primary
@@ -191,6 +205,9 @@ use pserver_core::{JobSpec, NodeId, Time};
 
 /// One millisecond of virtual time.
 pub const MS: Time = 1_000_000;
+
+/// The standby coordinator's id in runs with coordinator faults.
+const STANDBY_ID: u32 = 1_000_000;
 
 /// Everything a simulation run depends on.
 #[derive(Clone, Debug, PartialEq)]
@@ -273,6 +290,28 @@ pub struct SimConfig {
     pub receive_rate: Option<u64>,
     /// How the keys are laid out; `None` lets the seed pick.
     pub key_layout: Option<KeyLayout>,
+    /// Coordinator faults (see "Coordinator faults" in the module docs); any of them gives the
+    /// job a standby coordinator.
+    pub coordinator_faults: CoordinatorFaults,
+}
+
+/// What befalls the coordinators ([`SimConfig::coordinator_faults`]). Any of them gives the job
+/// a standby coordinator ([`SimConfig::standby_id`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CoordinatorFaults {
+    /// The active coordinator's process dies at a seeded time once the standby holds its
+    /// state, and starts again a few seconds later as a fresh standby.
+    pub crash: bool,
+    /// The active coordinator is cut off from every node for a seeded while (0.5 to 5 s,
+    /// around the heartbeat timeout), then healed: a standby may take over, or not.
+    pub partition: bool,
+}
+
+impl CoordinatorFaults {
+    /// True when any is on.
+    pub fn any(&self) -> bool {
+        self.crash || self.partition
+    }
 }
 
 /// Where a run's keys sit in the key space ([`SimConfig::key_layout`]).
@@ -345,6 +384,7 @@ impl Default for SimConfig {
             filters: Filters::none(),
             receive_rate: None,
             key_layout: None,
+            coordinator_faults: CoordinatorFaults::default(),
         }
     }
 }
@@ -453,6 +493,12 @@ impl SimConfig {
         }
         if self.membership_stress {
             cmd += " --membership-stress";
+        }
+        if self.coordinator_faults.crash {
+            cmd += " --crash-coordinator";
+        }
+        if self.coordinator_faults.partition {
+            cmd += " --partition-coordinator";
         }
         if let Some(slots) = self.push_slots {
             cmd += &format!(" --push-slots {}:{}", slots.min_bytes, slots.at_once);
@@ -620,12 +666,21 @@ impl SimConfig {
         job.max_reply_bytes = slice_bytes;
         job.max_slices_in_flight = window;
         job.stragglers = self.stragglers;
+        if let Some(standby) = self.standby_id() {
+            job.standbys = pserver_core::node::Standbys::new(&[standby]).unwrap_or_default();
+        }
         job.push_slots = self.push_slots;
         job.filters = self.filters;
         if self.stragglers.detect.is_some() {
             job.timing.heartbeat_interval = self.compute.max(MS);
         }
         job
+    }
+
+    /// The standby coordinator, where the run has one: an id far past every node's (servers
+    /// that join take the ids after the workers').
+    pub fn standby_id(&self) -> Option<NodeId> {
+        self.coordinator_faults.any().then_some(NodeId(STANDBY_ID))
     }
 
     /// Node ids of the servers.
@@ -732,6 +787,9 @@ pub enum Invariant {
     /// A share of the work is left with a worker that is no longer a member while live
     /// workers remain, or a worker does a share the coordinator gave another.
     WorkCoverage,
+    /// Two configurations of the same epoch exist, or a coordinator's term or a member's
+    /// epoch went back.
+    SingleCoordinator,
 }
 
 impl fmt::Display for Invariant {
@@ -749,6 +807,7 @@ impl fmt::Display for Invariant {
             Invariant::SingleOwner => "single-owner",
             Invariant::ReplicaConvergence => "replica-convergence",
             Invariant::WorkCoverage => "work-coverage",
+            Invariant::SingleCoordinator => "single-coordinator",
         })
     }
 }
@@ -836,6 +895,9 @@ pub struct SimReport {
         std::collections::BTreeMap<&'static str, pserver_core::filter::FilterSaving>,
     /// A digest of the final state of every node, to compare replays.
     pub fingerprint: u64,
+    /// Per takeover by a standby coordinator, the virtual time from the coordinator fault to
+    /// the new coordinator's first configuration.
+    pub takeovers: Vec<Time>,
 }
 
 /// What a run's coordinator found and decided about stragglers, and what workers did with it.

@@ -3,11 +3,11 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use pserver_models::ClockModel;
 use pserver_models::cluster::{
     CheckReport, ClusterModel, ClusterModelConfig, Strategy, check_cluster_model, check_with,
     cluster_model,
 };
+use pserver_models::{ClockModel, StandbyModel};
 use stateright::{Checker, Model};
 
 use super::{ModelName, Protocol};
@@ -119,6 +119,40 @@ pub(crate) fn check_clock(keys: u64, max_time: u8, strategy: Strategy, threads: 
     out
 }
 
+/// Checks the standby model: the active coordinator crashing if `crash`, `fires` timer
+/// firings.
+pub(crate) fn check_standby(
+    crash: bool,
+    fires: Option<u32>,
+    protocol: Protocol,
+    strategy: Strategy,
+    threads: usize,
+) -> Outcome {
+    let model = standby_model(crash, fires, protocol);
+    let fires = model.max_fires;
+    let report = check_with(model, strategy, threads, None, |a| format!("{a:?}"));
+    let mut out = Outcome {
+        violated: report.violated(),
+        ..Outcome::default()
+    };
+    let _ = writeln!(out.text, "model standby crash={crash} fires={fires}");
+    out.text += &report.to_string();
+    out.text += &summary(std::slice::from_ref(&report));
+    out.text.push('\n');
+    out
+}
+
+fn standby_model(crash: bool, fires: Option<u32>, protocol: Protocol) -> StandbyModel {
+    #[allow(unused_mut)]
+    let mut model = StandbyModel::new(crash, fires.unwrap_or(StandbyModel::default().max_fires));
+    #[cfg(feature = "mutations")]
+    if let Some(pserver_models::sim::SimMutation::Protocol(m)) = protocol.mutation {
+        model.mutate(m);
+    }
+    let _ = protocol;
+    model
+}
+
 /// Serves stateright's Explorer for the chosen model on `address` until the process ends.
 pub(crate) fn explore(
     name: ModelName,
@@ -136,6 +170,7 @@ pub(crate) fn explore(
             },
             address,
         ),
+        ModelName::Standby => serve(standby_model(true, None, protocol), address),
     }
 }
 

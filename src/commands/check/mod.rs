@@ -14,7 +14,7 @@ use super::CliError;
 use super::sim::Protocol;
 use super::values::{at_least_one, key_caching, tau_range};
 
-pub(crate) use checker::{check_clock, check_cluster, explore};
+pub(crate) use checker::{check_clock, check_cluster, check_standby, explore};
 
 /// Model-check the protocol: explore every state of a small cluster and check its
 /// properties.
@@ -31,7 +31,9 @@ pub(crate) struct CheckArgs {
     /// servers, in three configurations checked one after the other: a primary and a replica
     /// per range on 3 servers, one of which may crash; the same on 2 servers, which leaves one;
     /// and 1 server holding every range while a second joins at any point and takes a range
-    /// over) or clock (the range vector clock).
+    /// over), standby (coordinator succession: an active coordinator, its standby and two
+    /// workers on a lossy network, the active one crashing if --crashes is not 0, property
+    /// `single-coordinator`) or clock (the range vector clock).
     /// The shape options change the replication model's shape too; giving --servers,
     /// --crashes, --joins or --replicas checks the one configuration they describe.
     // The help above explains every model; clap's list of them would only repeat it.
@@ -128,6 +130,10 @@ pub(crate) struct CheckArgs {
     /// Checker threads (default: one per core).
     #[arg(long, value_parser = at_least_one)]
     threads: Option<usize>,
+    /// Timer firings the standby model explores, over all nodes: each more multiplies the
+    /// states by about three (6: about a million, a minute) [default: 6].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=12))]
+    fires: Option<u32>,
 }
 
 /// Which model to check.
@@ -138,6 +144,8 @@ pub(crate) enum ModelName {
     /// The whole protocol with key ranges copied between servers: fail-over after a server
     /// crash, and a server joining.
     Replication,
+    /// Coordinator succession: standby coordinators and terms.
+    Standby,
     /// The range vector clock against a per-key clock.
     Clock,
 }
@@ -169,6 +177,10 @@ pub(crate) fn run(args: CheckArgs) -> Result<(), CliError> {
                 .map_err(CliError::Input)?
         }
         ModelName::Clock => check_clock(base.keys, clock_max_time, strategy, threads),
+        ModelName::Standby => {
+            let crash = args.crashes.is_none_or(|c| c > 0);
+            check_standby(crash, args.fires, protocol, strategy, threads)
+        }
     };
     print!("{}", outcome.text);
     if outcome.violated {

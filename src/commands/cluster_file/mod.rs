@@ -28,7 +28,8 @@
 //! id = 0
 //! role = "coordinator"
 //! address = "127.0.0.1:7400"
-//! # then the servers (ids 1..=S), then the workers
+//! # then the servers (ids 1..=S), then the workers, then any standby coordinators (a second
+//! # `role = "coordinator"`, its id after the workers'), which take over if the first dies
 //! ```
 
 mod raw;
@@ -493,13 +494,24 @@ fn nodes(nodes: Vec<RawNode>, origin: &Origin<'_>) -> Result<Nodes, ClusterFileE
         }
     }
     if with_ids == 0 {
-        // The layout's order: the coordinator, the servers, the workers, each in file order.
-        let rank = |r: &Role| match r {
-            Role::Coordinator => 0,
+        // The layout's order: the coordinator, the servers, the workers, each in file order,
+        // then the standby coordinators (every coordinator after the first).
+        let first = listed
+            .iter()
+            .position(|(_, role, ..)| *role == Role::Coordinator);
+        let rank = |at: usize, r: &Role| match r {
+            Role::Coordinator if Some(at) == first => 0,
+            Role::Coordinator => 3,
             Role::Server => 1,
             Role::Worker => 2,
         };
-        listed.sort_by_key(|(_, role, ..)| rank(role));
+        let mut ranked: Vec<(usize, _)> = listed
+            .into_iter()
+            .enumerate()
+            .map(|(at, entry)| (rank(at, &entry.1), entry))
+            .collect();
+        ranked.sort_by_key(|(rank, _)| *rank);
+        listed = ranked.into_iter().map(|(_, entry)| entry).collect();
         for (n, entry) in listed.iter_mut().enumerate() {
             entry.0 = Some(NodeId(n as u32));
         }
@@ -542,11 +554,11 @@ fn spec(
 ) -> Result<ClusterSpec, ClusterFileError> {
     let count = |r: Role| roles.values().filter(|&&x| x == r).count();
     let (servers, workers) = (count(Role::Server), count(Role::Worker));
-    if count(Role::Coordinator) != 1 || servers == 0 || workers == 0 {
+    if count(Role::Coordinator) == 0 || servers == 0 || workers == 0 {
         return Err(origin.invalid(
             "node",
             format!(
-                "a cluster needs one coordinator, at least one server and one worker; this one has {}, {servers} and {workers}",
+                "a cluster needs a coordinator, at least one server and one worker; this one has {}, {servers} and {workers}",
                 count(Role::Coordinator)
             ),
         ));
@@ -592,6 +604,22 @@ fn spec(
     let expected = std::iter::once((layout.coordinator(), Role::Coordinator))
         .chain(layout.servers().map(|s| (s, Role::Server)))
         .chain(layout.workers().map(|w| (w, Role::Worker)));
+    let last = (servers + workers) as u32;
+    let standbys: Vec<NodeId> = roles
+        .iter()
+        .filter(|&(&id, &role)| role == Role::Coordinator && id != layout.coordinator())
+        .map(|(&id, _)| id)
+        .collect();
+    if let Some(early) = standbys.iter().find(|s| s.0 <= last) {
+        return Err(origin.invalid(
+            "node",
+            format!(
+                "{early} is a second coordinator (a standby): its id must follow the workers', above {last}"
+            ),
+        ));
+    }
+    spec.job.standbys = pserver_core::node::Standbys::new(&standbys)
+        .map_err(|e| origin.invalid("node", e.to_string()))?;
     for (id, role) in expected {
         if roles.get(&id) != Some(&role) {
             return Err(origin.invalid(

@@ -596,3 +596,27 @@ fn min_replicas_is_read_and_may_not_exceed_the_replicas() {
         "{e}"
     );
 }
+
+#[test]
+fn a_second_coordinator_after_the_workers_is_the_standby_and_one_among_them_is_refused() {
+    let standby = "[[node]]\nid = 3\nrole = \"coordinator\"\naddress = \"127.0.0.1:7403\"\n";
+    let f = parse(&format!("{GOOD}{standby}")).unwrap();
+    assert_eq!(f.spec.job.standbys.to_vec(), vec![NodeId(3)]);
+    assert_eq!(f.addresses.len(), 4);
+    assert_eq!(f.role(NodeId(3)).unwrap(), Role::Coordinator);
+
+    // Without ids, the layout numbers the second coordinator after the workers.
+    let no_ids = format!("{GOOD}{standby}")
+        .replace("id = 0\n", "")
+        .replace("id = 1\n", "")
+        .replace("id = 2\n", "")
+        .replace("id = 3\n", "");
+    let f = parse(&no_ids).unwrap();
+    assert_eq!(f.spec.job.standbys.to_vec(), vec![NodeId(3)]);
+    assert_eq!(f.addresses[&NodeId(3)].to_string(), "127.0.0.1:7403");
+
+    let among = GOOD.replace("id = 2\nrole = \"worker\"", "id = 3\nrole = \"worker\"")
+        + "[[node]]\nid = 2\nrole = \"coordinator\"\naddress = \"127.0.0.1:7403\"\n";
+    let e = parse(&among).unwrap_err().to_string();
+    assert!(e.contains("must follow the workers'"), "{e}");
+}

@@ -12,7 +12,8 @@ use pserver_core::slots::PushSlots;
 // The simulator is named in this one place; the submodules go through this module too.
 use pserver_models::sim as simulator;
 use simulator::{
-    Faults, KeyLayout, MS, PaceReport, ServerFaults, SimConfig, SimFailure, SimReport, SimUpdater,
+    CoordinatorFaults, Faults, KeyLayout, MS, PaceReport, ServerFaults, SimConfig, SimFailure,
+    SimReport, SimUpdater,
 };
 
 pub(crate) use seeds::run_seeds;
@@ -126,6 +127,15 @@ pub(crate) struct SimOptions {
     /// messages still on the network arrive late, after its restart.
     #[arg(long)]
     membership_stress: bool,
+    /// Give the job a standby coordinator and kill the active coordinator's process at a
+    /// seeded time (once the standby holds its state); it starts again 3 s later as a fresh
+    /// standby. Prints how long each takeover took (`takeover_ms`).
+    #[arg(long)]
+    crash_coordinator: bool,
+    /// Give the job a standby coordinator and cut the active coordinator off from every node
+    /// for 0.5 to 5 s: the standby takes over in some runs and not in others.
+    #[arg(long)]
+    partition_coordinator: bool,
     /// Skip encoding and decoding every message (faster, checks less).
     #[arg(long)]
     no_wire: bool,
@@ -216,6 +226,9 @@ fn seeds(args: &SimOptions, base: &SimConfig, protocol: Protocol) -> Result<(), 
         println!("{}", batch.recovery_summary());
         println!("{}", batch.replication_summary());
     }
+    if base.coordinator_faults.any() {
+        println!("{}", batch.takeover_summary());
+    }
     if base.stragglers.detect.is_some() {
         println!("{}", batch.pace_summary());
     }
@@ -273,6 +286,10 @@ fn config(args: &SimOptions) -> SimConfig {
         leave_servers: args.leave_servers as usize,
         quick_restart: args.quick_restart,
         membership_stress: args.membership_stress,
+        coordinator_faults: CoordinatorFaults {
+            crash: args.crash_coordinator,
+            partition: args.partition_coordinator,
+        },
         push_slots: args.push_slots,
         filters: args.filters.filters(Some(args.kkt_bound)),
         receive_rate: args.receive_rate,

@@ -25,6 +25,8 @@ pub(crate) struct Batch {
     pub server_faults: ServerFaults,
     /// Recovery time of every server crash recovered from, over all successful runs.
     pub recoveries: Vec<pserver_core::Time>,
+    /// Time of every takeover by a standby coordinator, over all successful runs.
+    pub takeovers: Vec<pserver_core::Time>,
     /// Values workers sent in pushes, over all successful runs.
     pub pushed_values: u64,
     /// Values primaries sent their replicas in updates, over all successful runs.
@@ -66,6 +68,20 @@ impl Batch {
         };
         let max = self.recoveries.iter().copied().max().map_or(0.0, ms);
         format!("recovery_ms mean={mean:.1} max={max:.1} crashes={n}")
+    }
+
+    /// How long standby coordinators took to take over, from the coordinator fault to their
+    /// first configuration, in virtual milliseconds: `takeover_ms mean=M max=X takeovers=N`.
+    pub(crate) fn takeover_summary(&self) -> String {
+        let n = self.takeovers.len();
+        let ms = |t: pserver_core::Time| t as f64 / MS as f64;
+        let mean = if n == 0 {
+            0.0
+        } else {
+            self.takeovers.iter().map(|&t| ms(t)).sum::<f64>() / n as f64
+        };
+        let max = self.takeovers.iter().copied().max().map_or(0.0, ms);
+        format!("takeover_ms mean={mean:.1} max={max:.1} takeovers={n}")
     }
 
     /// Replication traffic against push traffic, in values sent (resends included), and the
@@ -173,6 +189,7 @@ pub(crate) fn run_seeds(
         Vec::new(),
         PaceReport::default(),
         std::collections::BTreeMap::<&'static str, FilterSaving>::new(),
+        Vec::new(),
     ));
     let bar = if progress {
         let bar = ProgressBar::new(seeds);
@@ -203,6 +220,7 @@ pub(crate) fn run_seeds(
                             if let Ok(mut f) = faults.lock() {
                                 f.0.add(&report.server_faults);
                                 f.1.extend_from_slice(&report.recoveries);
+                                f.4.extend_from_slice(&report.takeovers);
                                 f.2.add(&report.pace);
                                 for (name, saving) in &report.filter_savings {
                                     f.3.entry(*name).or_default().add(*saving);
@@ -226,10 +244,12 @@ pub(crate) fn run_seeds(
     bar.finish_and_clear();
     let mut failures = failures.into_inner().unwrap_or_default();
     failures.sort_by_key(|f| f.seed);
-    let (server_faults, recoveries, pace, filter_savings) = faults.into_inner().unwrap_or_default();
+    let (server_faults, recoveries, pace, filter_savings, takeovers) =
+        faults.into_inner().unwrap_or_default();
     Batch {
         server_faults,
         recoveries,
+        takeovers,
         seeds,
         failures,
         steps: steps.into_inner(),

@@ -274,6 +274,7 @@ impl World<'_> {
         d.start(self.now);
         self.nodes.insert(node, d);
         self.started.insert(node, self.now);
+        self.highest.remove(&node);
     }
 
     /// Counts a message that crosses from one process of a server to another: sent by an
@@ -567,8 +568,9 @@ impl World<'_> {
             return self.fail(
                 Invariant::Completion,
                 format!(
-                    "every worker left, but after {}ms of virtual time the coordinator has not said the job finished",
-                    self.now / MS
+                    "every worker left, but after {}ms of virtual time the coordinator has not said the job finished{}",
+                    self.now / MS,
+                    self.coordinators_said()
                 ),
             );
         }

@@ -1,6 +1,7 @@
 //! The simulation loop: one event queue on virtual time for every node, message and timer.
 
 mod checks;
+mod coordinators;
 mod faults;
 
 use core::cmp::Ordering;
@@ -73,6 +74,12 @@ enum Action {
     CrashServer(Option<NodeId>),
     /// A crashed server comes back as a fresh process.
     RestartServer(NodeId),
+    /// The active coordinator's process dies.
+    CrashCoordinator,
+    /// A crashed coordinator comes back as a fresh standby.
+    RestartCoordinator(NodeId),
+    /// The active coordinator is cut off from every node for this long.
+    IsolateCoordinator(Time),
     /// A server is cut off from every other server.
     CutOff(NodeId),
     /// A new server starts and registers.
@@ -209,6 +216,17 @@ struct World<'a> {
     ending: bool,
     /// When the coordinator said the job finished ([`Event::JobFinished`]).
     job_finished: Option<Time>,
+    /// The coordinator whose configurations are in force: the first, then each that took
+    /// over.
+    active: NodeId,
+    /// When the last coordinator fault began, until a standby takes over.
+    coordinator_fault_at: Option<Time>,
+    /// Per takeover, the time from the fault to the new coordinator's first configuration.
+    takeovers: Vec<Time>,
+    /// Every configuration seen, by epoch: `single-coordinator`.
+    configs_seen: BTreeMap<Epoch, ClusterConfig>,
+    /// Per running process, the highest (term, epoch) it held: neither may go back.
+    highest: BTreeMap<NodeId, (u64, Epoch)>,
 }
 
 /// What has reached one server and is not handled yet: each message's bytes and when the
@@ -304,6 +322,7 @@ fn ring_change_configs(
     let first = ClusterConfig {
         epoch: 1,
         coordinator: cfg.coordinator_id(),
+        standbys: Vec::new(),
         term: 0,
         servers: cfg.server_ids().collect(),
         shares: ClusterConfig::deal(&workers, cfg.stragglers.shares_per_worker()),
@@ -359,6 +378,11 @@ impl<'a> World<'a> {
         .map_err(|e| setup_failure(cfg, e))?;
         let mut nodes = BTreeMap::new();
         nodes.insert(cfg.coordinator_id(), Driver::new(coordinator));
+        if let Some(standby) = cfg.standby_id() {
+            let standby_node = Coordinator::standby(job.standby_config(standby))
+                .map_err(|e| setup_failure(cfg, e))?;
+            nodes.insert(standby, Driver::new(standby_node));
+        }
         let server_config = job.server_config(cfg.coordinator_id());
         for id in cfg.server_ids() {
             nodes.insert(
@@ -426,13 +450,25 @@ impl<'a> World<'a> {
             job_width: job.width,
             ending: false,
             job_finished: None,
+            active: cfg.coordinator_id(),
+            coordinator_fault_at: None,
+            takeovers: Vec::new(),
+            configs_seen: BTreeMap::new(),
+            highest: BTreeMap::new(),
         })
     }
 
+    /// The coordinator whose configurations are in force: the first, or the last that took
+    /// over (a crashed one until another takes over).
     pub(super) fn coordinator(&self) -> Option<&Coordinator> {
         self.nodes
-            .get(&self.cfg.coordinator_id())
+            .get(&self.active)
             .and_then(|d| d.node().as_coordinator())
+    }
+
+    /// Whether `node` is one of the run's coordinators.
+    pub(super) fn is_coordinator(&self, node: NodeId) -> bool {
+        node == self.cfg.coordinator_id() || Some(node) == self.cfg.standby_id()
     }
 
     /// Every server process of the run, those that joined while it ran included.
@@ -514,6 +550,15 @@ impl<'a> World<'a> {
             }
         }
         self.plan_server_faults();
+        if self.cfg.coordinator_faults.crash {
+            let at = self.rng.below(horizon);
+            self.schedule(at, Action::CrashCoordinator);
+        }
+        if self.cfg.coordinator_faults.partition {
+            let at = self.rng.below(horizon);
+            let length = 500 * MS + self.rng.below(4_500 * MS);
+            self.schedule(at, Action::IsolateCoordinator(length));
+        }
         Ok(())
     }
 
@@ -535,6 +580,9 @@ impl<'a> World<'a> {
             self.step(next.action)?;
             self.refresh_ring();
             self.check_step()?;
+            if self.cfg.coordinator_faults.any() {
+                self.check_single_coordinator()?;
+            }
             self.track_recovery();
         }
         self.check_end()?;
@@ -588,9 +636,10 @@ impl<'a> World<'a> {
             })
             .collect();
         format!(
-            "run not complete after {}ms of virtual time: {}",
+            "run not complete after {}ms of virtual time: {}{}",
             self.now / MS,
-            stuck.join("; ")
+            stuck.join("; "),
+            self.coordinators_said()
         )
     }
 
@@ -608,6 +657,8 @@ impl<'a> World<'a> {
         let starts_a_fault = matches!(
             action,
             Action::Crash(_)
+                | Action::CrashCoordinator
+                | Action::IsolateCoordinator(_)
                 | Action::Isolate(_)
                 | Action::CrashServer(_)
                 | Action::FlapStart(_)
@@ -706,6 +757,10 @@ impl<'a> World<'a> {
             }
             Action::Heal(node) => {
                 self.net.heal(node);
+                if self.is_coordinator(node) {
+                    // No standby took over while it was cut off: nothing to time.
+                    self.coordinator_fault_at = None;
+                }
                 node
             }
             Action::CrashServer(victim) => match self.crash_server(victim) {
@@ -716,6 +771,18 @@ impl<'a> World<'a> {
                 self.restart_server(node);
                 node
             }
+            Action::CrashCoordinator => match self.crash_coordinator() {
+                Some(node) => node,
+                None => return Ok(()),
+            },
+            Action::RestartCoordinator(node) => {
+                self.restart_coordinator(node)?;
+                node
+            }
+            Action::IsolateCoordinator(length) => match self.isolate_coordinator(length) {
+                Some(node) => node,
+                None => return Ok(()),
+            },
             Action::FlapStart(node) => {
                 self.plan.happened.flaps += 1;
                 self.net.isolate(node);
@@ -905,9 +972,11 @@ impl<'a> World<'a> {
                 .acked(from, to, *slice)
                 .map_err(|detail| self.fail(Invariant::Oracle, detail))?,
             Message::Redirect { epoch, .. } => return Ok((Some(*epoch), false)),
-            Message::Config(config) if from == self.cfg.coordinator_id() => {
+            Message::Config(config) if self.is_coordinator(from) => {
                 self.paces.insert(config.epoch, config.pace.clone());
+                self.seen_config(config)?;
             }
+            Message::Standby(state) => self.seen_config(&state.config)?,
             Message::PullReply(PullReply { slice, .. })
             | Message::PullValues(PullValues { slice, .. })
             | Message::PullRows(PullRows { slice, .. }) => {
@@ -937,6 +1006,13 @@ impl<'a> World<'a> {
 
     fn on_event(&mut self, node: NodeId, event: Event<f64>) -> Result<(), SimFailure> {
         match event {
+            Event::TookOver { .. } => {
+                self.active = node;
+                if let Some(at) = self.coordinator_fault_at.take() {
+                    self.takeovers.push(self.now - at);
+                }
+                return Ok(());
+            }
             Event::NodeDead(dead) => {
                 self.node_dead(dead);
                 return Ok(());
@@ -1280,6 +1356,7 @@ impl<'a> World<'a> {
                 },
             ),
             fingerprint: h.finish(),
+            takeovers: self.takeovers.clone(),
         }
     }
 }

@@ -34,14 +34,18 @@
 //! removed at once, listed in `ClusterConfig::left` (`Event::WorkerLeft` here), and fenced, which
 //! is its confirmation.
 
+mod standby;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use thiserror::Error;
 
+use standby::{Fence, Mode, Renewal};
+
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, Refusal, TimerId};
-use crate::ids::{Epoch, NodeId, Role, Time};
+use crate::ids::{Epoch, NodeId, Role, Standbys, Time};
 use crate::key::{Key, KeyRange};
 use crate::pace::{self, Pace, PaceWatch, StragglerPolicy};
 use crate::ring::{Ring, RingConfig, RingError};
@@ -74,6 +78,10 @@ pub struct CoordinatorConfig {
     /// [`Event::ReplicasChanged`] at every change. A server whose loss would leave fewer is
     /// kept on the ring ([`Event::RingDegraded`]) and the job waits for it.
     pub min_replicas: u32,
+    /// The job's other coordinators (ARCHITECTURE.md §11). The active one takes one of them
+    /// as its standby, which holds its state and takes over when it goes silent; the others
+    /// wait to be taken. Default: none, and the job ends with its coordinator.
+    pub peers: Standbys,
 }
 
 impl CoordinatorConfig {
@@ -89,6 +97,7 @@ impl CoordinatorConfig {
             timing: Timing::default(),
             stragglers: StragglerPolicy::default(),
             min_replicas: 0,
+            peers: Standbys::default(),
         }
     }
 }
@@ -175,6 +184,28 @@ pub struct Coordinator {
     finished_heard: BTreeSet<NodeId>,
     /// Whether [`Event::JobFinished`] was said for `finished_since`.
     finish_said: bool,
+    /// Active, standby, or asking members for a term (ARCHITECTURE.md §11).
+    mode: Mode,
+    /// The configuration members may hold: the last one every standby acknowledged (the one
+    /// decided, `config`, once they have).
+    published: Option<ClusterConfig>,
+    /// The highest term this coordinator knows of.
+    term_seen: u64,
+    /// Per standby: the epoch it last acknowledged, and failure checks since it was heard.
+    standby_acks: BTreeMap<NodeId, (Epoch, u64)>,
+    /// Per standby: the voters of each configuration it may hold as its latest, by epoch. A
+    /// standby dropped may still ask members for a term with any of them.
+    may_hold: BTreeMap<NodeId, BTreeMap<Epoch, Vec<NodeId>>>,
+    /// Per standby: the newest configuration it is known to hold.
+    standby_holds: BTreeMap<NodeId, ClusterConfig>,
+    /// Set after publishing a configuration that dropped a standby: nothing more is published
+    /// until a majority of members hold it.
+    fence: Option<Fence>,
+    /// The active coordinator asking for a newer term of its own: members granted a standby
+    /// a term it did not win.
+    renewing: Option<Renewal>,
+    #[cfg(feature = "mutations")]
+    mutation: Option<crate::mutation::Mutation>,
 }
 
 impl Coordinator {
@@ -215,6 +246,16 @@ impl Coordinator {
             finished_since: None,
             finished_heard: BTreeSet::new(),
             finish_said: false,
+            mode: Mode::Active,
+            published: None,
+            term_seen: 0,
+            standby_acks: BTreeMap::new(),
+            may_hold: BTreeMap::new(),
+            standby_holds: BTreeMap::new(),
+            fence: None,
+            renewing: None,
+            #[cfg(feature = "mutations")]
+            mutation: None,
         })
     }
 
@@ -274,6 +315,8 @@ impl Coordinator {
             .chain(config.workers.iter().map(|&w| (w, Role::Worker)));
         c.members.extend(roles);
         c.incarnations.extend(config.incarnations.iter().copied());
+        c.term_seen = config.term;
+        c.published = Some(config.clone());
         c.config = Some(config);
         Ok(c)
     }
@@ -334,7 +377,7 @@ impl Coordinator {
                 state: state_of(id),
             })
             .collect();
-        let config = self.config.as_ref();
+        let config = self.published.as_ref();
         ClusterStatus {
             coordinator: self.cfg.id,
             term: config.map_or(0, |c| c.term),
@@ -353,13 +396,22 @@ impl Coordinator {
         self.cfg.id
     }
 
-    /// The configuration in force, once published.
+    /// The configuration in force, once published: what members hold. A standby's is the
+    /// last the active one sent it.
     pub fn config(&self) -> Option<&ClusterConfig> {
-        self.config.as_ref()
+        match self.mode {
+            Mode::Active => self.published.as_ref(),
+            _ => self.config.as_ref(),
+        }
     }
 
-    /// The current epoch, 0 before the first configuration.
+    /// The epoch of [`Coordinator::config`], 0 before the first configuration.
     pub fn epoch(&self) -> Epoch {
+        self.config().map_or(0, |c| c.epoch)
+    }
+
+    /// The epoch of the configuration decided last, published or waiting for the standby.
+    fn decided_epoch(&self) -> Epoch {
         self.config.as_ref().map_or(0, |c| c.epoch)
     }
 
@@ -456,7 +508,7 @@ impl Coordinator {
     }
 
     fn send_config<V: Value>(&self, to: NodeId, out: &mut Effects<V>) {
-        if let Some(config) = &self.config {
+        if let Some(config) = &self.published {
             let body = Message::Config(config.clone());
             out.send(Envelope::new(self.cfg.id, to, config.epoch, body));
         }
@@ -475,6 +527,15 @@ impl Coordinator {
         let from = env.from;
         if env.to != self.cfg.id {
             return out.refuse(from, Refusal::Misaddressed { to: env.to });
+        }
+        match env.body {
+            Message::Standby(state) => return self.on_standby_state(from, *state, out),
+            Message::StandbyAck { term, epoch } => {
+                return self.on_standby_ack(from, term, epoch, out);
+            }
+            Message::TermGrant { term, config } => return self.on_grant(from, term, *config, out),
+            body if self.mode != Mode::Active => return self.as_standby(from, body, out),
+            _ => {}
         }
         self.silent_checks.remove(&from);
         self.kept_silent.remove(&from);
@@ -512,7 +573,7 @@ impl Coordinator {
                     self.send_config(from, out);
                 }
             }
-            Message::CaughtUp { epoch } if epoch == self.epoch() => {
+            Message::CaughtUp { epoch } if epoch == self.decided_epoch() => {
                 self.caught_up.insert(from);
                 self.switch_when_caught_up(out);
             }
@@ -520,7 +581,7 @@ impl Coordinator {
                 from,
                 Refusal::StaleEpoch {
                     epoch,
-                    current: self.epoch(),
+                    current: self.decided_epoch(),
                 },
             ),
             Message::Lost(ranges) if self.is_server(from) => self.list_lost(from, ranges, out),
@@ -543,7 +604,7 @@ impl Coordinator {
             Message::Leave if self.is_worker(from) => self.remove_worker(from, out),
             Message::Leave => self.retire_server(from, out),
             Message::ConfigRequest => self.send_config(from, out),
-            Message::Heartbeat { sent_at, at } => {
+            Message::Heartbeat { sent_at, at, term } => {
                 if let Some(at) = at.filter(|_| self.is_worker(from)) {
                     self.pace_watch.report(from, at);
                 }
@@ -551,6 +612,7 @@ impl Coordinator {
                     self.finished_heard.insert(from);
                     self.say_when_finished(out);
                 }
+                self.heard_at(from, env.epoch, term, out);
                 if env.epoch < self.epoch() {
                     self.send_config(from, out);
                 } else {
@@ -633,14 +695,21 @@ impl Coordinator {
                 asked: next.ring.replicas,
             });
         }
-        next.epoch = self.epoch() + 1;
+        next.epoch = self.decided_epoch() + 1;
+        debug_assert_eq!(
+            crate::ids::term_of_epoch(next.epoch),
+            next.term,
+            "a term publishes at most EPOCHS_PER_TERM configurations"
+        );
         self.kept_asking.clear();
         next.hand_over_shares();
         next.pace.retain_workers(&next.workers);
         next.incarnations = server_incarnations(&self.incarnations, &next);
         self.config = Some(next);
         self.caught_up.clear();
-        self.broadcast(out);
+        self.note_may_hold();
+        self.replicate(out);
+        self.release(out);
         self.say_when_finished(out);
         self.switch_when_caught_up(out);
     }
@@ -727,6 +796,7 @@ impl Coordinator {
         self.config = Some(ClusterConfig {
             epoch: 1,
             coordinator: self.cfg.id,
+            standbys: Vec::new(),
             term: 0,
             servers: of(Role::Server),
             workers,
@@ -744,7 +814,7 @@ impl Coordinator {
             config.incarnations = server_incarnations(&self.incarnations, config);
         }
         out.emit(Event::Ready { epoch: 1 });
-        self.broadcast(out);
+        self.release(out);
     }
 
     /// The ring of the first configuration: the job's, but where the job gave it no key space,
@@ -771,6 +841,10 @@ impl Coordinator {
             TimerId::FailureCheck,
             now + self.cfg.timing.heartbeat_interval,
         );
+        if self.mode != Mode::Active {
+            return self.standby_check(out);
+        }
+        self.check_standbys(out);
         let Some(config) = &self.config else {
             return;
         };
@@ -802,8 +876,29 @@ impl Coordinator {
             self.say_when_finished(out);
             silent.retain(|&n| !self.is_server(n));
         }
+        if !silent.is_empty() && !self.cfg.peers.is_empty() && !self.hears_majority() {
+            // Most members silent at once: this coordinator is the one cut off, more likely
+            // than they all died, and a standby may be taking over. Declaring them dead would
+            // take the job apart once the link is back (ARCHITECTURE.md §11).
+            silent.clear();
+        }
         self.declare_dead(&silent, out);
         self.check_pace(out);
+    }
+
+    /// Whether more than half of the voters of the configuration in force were heard within
+    /// half the heartbeat timeout.
+    fn hears_majority(&self) -> bool {
+        let Some(config) = &self.published else {
+            return true;
+        };
+        let recent = self.cfg.timing.missed_checks_allowed() / 2;
+        let heard: BTreeSet<NodeId> = config
+            .voters()
+            .into_iter()
+            .filter(|v| self.silent_checks.get(v).copied().unwrap_or(0) <= recent)
+            .collect();
+        config.is_majority(&heard)
     }
 
     /// Tells stragglers from the positions workers reported, says which started and stopped
