@@ -454,6 +454,53 @@ fn check_model_replication_catches_acknowledgements_before_replication() {
 
 #[cfg(feature = "mutations")]
 #[test]
+fn check_model_standby_catches_a_standby_taking_over_without_a_newer_term() {
+    let out = pserver()
+        .args([
+            "check",
+            "standby",
+            "--crashes",
+            "0",
+            "--fires",
+            "8",
+            "--dfs",
+            "--mutation",
+            "take-over-without-term",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("property single-coordinator: violated"),
+        "{text}"
+    );
+    assert!(
+        text.contains("    1. "),
+        "a readable counterexample: {text}"
+    );
+}
+
+#[test]
+fn check_model_standby_holds_single_coordinator() {
+    let out = pserver()
+        .args(["check", "standby", "--fires", "4"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("property single-coordinator: holds"),
+        "{text}"
+    );
+    assert!(
+        text.starts_with("model standby crash=true fires=4"),
+        "{text}"
+    );
+}
+
+#[cfg(feature = "mutations")]
+#[test]
 fn check_finds_a_violation_for_every_mutation() {
     let sequential = ["--consistency", "sequential"].as_slice();
     for (mutation, property, shape) in [

@@ -444,6 +444,16 @@ impl Coordinator {
                 },
             );
         }
+        let held_epoch = self.config.as_ref().map_or(0, |c| c.epoch);
+        if term == held && state.config.epoch < held_epoch && self.mode != Mode::Active {
+            // A late copy of an older state: the newer one it holds came from the same
+            // coordinator.
+            let body = Message::StandbyAck {
+                term,
+                epoch: held_epoch,
+            };
+            return out.send(Envelope::new(self.cfg.id, from, held_epoch, body));
+        }
         if self.mode == Mode::Active {
             out.emit(Event::SteppedDown { term });
         }

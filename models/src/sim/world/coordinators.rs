@@ -128,9 +128,12 @@ impl World<'_> {
             if let Some(config) = &config {
                 self.seen_config(config)?;
             }
+            let held = config.as_ref().map_or((0, 0), |c| (c.term, c.epoch));
             let now = match coordinator_term {
-                Some(term) => (term, 0),
-                None => config.as_ref().map_or((0, 0), |c| (c.term, c.epoch)),
+                // A coordinator's term never goes back, nor, within the term it holds, the
+                // epoch of the configuration it holds.
+                Some(term) => (term, if term == held.0 { held.1 } else { 0 }),
+                None => held,
             };
             let before = self.highest.get(&id).copied().unwrap_or_default();
             if now < before {
