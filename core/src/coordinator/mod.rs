@@ -883,6 +883,7 @@ impl Coordinator {
             silent.clear();
         }
         self.declare_dead(&silent, out);
+        self.remind_silent(out);
         self.check_pace(out);
     }
 

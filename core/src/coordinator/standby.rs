@@ -107,6 +107,7 @@ impl Coordinator {
     fn standby_state(&self) -> Option<StandbyState> {
         Some(StandbyState {
             config: self.config.clone()?,
+            published: self.published.as_ref().map_or(0, |p| p.epoch),
             members: self.members.iter().map(|(&n, &r)| (n, r)).collect(),
             incarnations: self.incarnations.iter().map(|(&n, &i)| (n, i)).collect(),
             dead: self.dead.iter().copied().collect(),
@@ -464,7 +465,13 @@ impl Coordinator {
         self.standby_acks.clear();
         self.standby_holds.clear();
         self.may_hold.clear();
-        self.published = None;
+        // Kept to answer nodes that register with every coordinator: only what members may
+        // hold already.
+        if state.published == state.config.epoch {
+            self.published = Some(state.config.clone());
+        } else if self.published.as_ref().is_some_and(|p| p.term != term) {
+            self.published = None;
+        }
         self.members = state.members.into_iter().collect();
         self.incarnations = state.incarnations.into_iter().collect();
         self.dead = state.dead.into_iter().collect();
@@ -481,15 +488,17 @@ impl Coordinator {
     }
 
     /// A message for the active coordinator reached a standby: a node registering with every
-    /// coordinator it knows, or following one that stepped down. It learns where the
-    /// configuration comes from, if this standby holds one.
+    /// coordinator it knows (one that missed every configuration, say), or following one that
+    /// stepped down. It is sent the last configuration the standby knows to be published, if
+    /// any: the one it holds may not be published yet (the active coordinator may drop the
+    /// standby and publish an older one), so it is no answer to give.
     pub(super) fn as_standby<V: Value>(
         &mut self,
         from: NodeId,
         body: Message<V>,
         out: &mut Effects<V>,
     ) {
-        match (&self.config, body) {
+        match (&self.published, body) {
             (
                 Some(config),
                 Message::Register { .. } | Message::ConfigRequest | Message::Heartbeat { .. },
@@ -498,6 +507,23 @@ impl Coordinator {
                 out.send(Envelope::new(self.cfg.id, from, config.epoch, body));
             }
             _ => out.refuse(from, Refusal::Unexpected),
+        }
+    }
+
+    /// After a takeover, sends the configuration in force to every member silent for half
+    /// the heartbeat timeout: one that missed the takeover's broadcast still heartbeats the
+    /// coordinator taken over from, and learns of the new one so.
+    pub(super) fn remind_silent<V: Value>(&self, out: &mut Effects<V>) {
+        let taken_over = self.published.as_ref().is_some_and(|c| c.term > 0);
+        if self.cfg.peers.is_empty() || !taken_over {
+            return;
+        }
+        // Once per silence, half-way to the timeout: before it is declared dead.
+        let halfway = self.cfg.timing.missed_checks_allowed() / 2 + 1;
+        for (&node, &missed) in &self.silent_checks {
+            if missed == halfway {
+                self.send_config(node, out);
+            }
         }
     }
 

@@ -913,6 +913,9 @@ pub struct StandbyState {
     /// The configuration the active coordinator decided last: published, or to be once every
     /// standby holds it.
     pub config: ClusterConfig,
+    /// The epoch of the configuration the active coordinator published last: `config`'s own
+    /// once it is published.
+    pub published: Epoch,
     /// Every node that registered, with its role.
     #[serde(with = "seq")]
     pub members: Vec<(NodeId, Role)>,
