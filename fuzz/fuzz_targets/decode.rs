@@ -165,6 +165,7 @@ fn message<V: Value>(u: &mut Unstructured) -> Result<Message<V>> {
         }),
         _ => Message::Heartbeat {
             sent_at: u.arbitrary()?,
+            term: u.arbitrary()?,
             at: if u.arbitrary()? {
                 Some(pserver_core::pace::Position {
                     iteration: u.arbitrary()?,
