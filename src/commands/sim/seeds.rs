@@ -59,29 +59,13 @@ impl Batch {
     /// How long the cluster took to serve every range again after a server crash, in virtual
     /// milliseconds: `recovery_ms mean=M max=X crashes=N` (N the crashes recovered from).
     pub(crate) fn recovery_summary(&self) -> String {
-        let n = self.recoveries.len();
-        let ms = |t: pserver_core::Time| t as f64 / MS as f64;
-        let mean = if n == 0 {
-            0.0
-        } else {
-            self.recoveries.iter().map(|&t| ms(t)).sum::<f64>() / n as f64
-        };
-        let max = self.recoveries.iter().copied().max().map_or(0.0, ms);
-        format!("recovery_ms mean={mean:.1} max={max:.1} crashes={n}")
+        times_line("recovery_ms", &self.recoveries, "crashes")
     }
 
     /// How long standby coordinators took to take over, from the coordinator fault to their
     /// first configuration, in virtual milliseconds: `takeover_ms mean=M max=X takeovers=N`.
     pub(crate) fn takeover_summary(&self) -> String {
-        let n = self.takeovers.len();
-        let ms = |t: pserver_core::Time| t as f64 / MS as f64;
-        let mean = if n == 0 {
-            0.0
-        } else {
-            self.takeovers.iter().map(|&t| ms(t)).sum::<f64>() / n as f64
-        };
-        let max = self.takeovers.iter().copied().max().map_or(0.0, ms);
-        format!("takeover_ms mean={mean:.1} max={max:.1} takeovers={n}")
+        times_line("takeover_ms", &self.takeovers, "takeovers")
     }
 
     /// Replication traffic against push traffic, in values sent (resends included), and the
@@ -263,6 +247,19 @@ pub(crate) fn run_seeds(
         filter_savings,
         secs: start.elapsed().as_secs_f64(),
     }
+}
+
+/// `NAME mean=M max=X COUNTED=N` over `times`, in virtual milliseconds.
+fn times_line(name: &str, times: &[pserver_core::Time], counted: &str) -> String {
+    let ms = |t: pserver_core::Time| t as f64 / MS as f64;
+    let n = times.len();
+    let mean = if n == 0 {
+        0.0
+    } else {
+        times.iter().map(|&t| ms(t)).sum::<f64>() / n as f64
+    };
+    let max = times.iter().copied().max().map_or(0.0, ms);
+    format!("{name} mean={mean:.1} max={max:.1} {counted}={n}")
 }
 
 #[cfg(test)]
