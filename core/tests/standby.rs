@@ -1,7 +1,8 @@
 //! Standby coordinators and terms (ARCHITECTURE.md §11), on whole clusters of drivers exchanging
 //! frames on a queue with virtual time: a standby takes over from a crashed coordinator, one
 //! cut off from the active coordinator but not from the members cannot, a silent standby is
-//! dropped, and a coordinator taken over from is refused and becomes the standby.
+//! dropped, a coordinator taken over from is refused and becomes the standby, and one cut off
+//! from the members declares none dead for the silence that was its own.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -333,4 +334,30 @@ fn a_coordinator_taken_over_from_is_refused_by_every_member_and_becomes_the_stan
     let config = c.held(WORKERS[0]).unwrap().clone();
     assert_eq!(config.servers, SERVERS);
     assert_eq!(config.workers, WORKERS);
+}
+
+#[test]
+fn a_coordinator_cut_off_from_the_members_gives_each_a_whole_timeout_once_it_hears_them_again() {
+    let mut c = Cluster::running_with_standby();
+    // Cut off from every member, but not from its standby, which therefore does not take over:
+    // the silence the active coordinator counts is its own.
+    for m in Cluster::members() {
+        c.cut_both_ways(ACTIVE, m);
+    }
+    c.run_for(5 * SECOND);
+    // Back in touch with all but one worker, whose link stays down for less than a timeout.
+    let late = WORKERS[1];
+    for m in Cluster::members().filter(|&m| m != late) {
+        c.cut.remove(&(ACTIVE, m));
+        c.cut.remove(&(m, ACTIVE));
+    }
+    c.run_for(Timing::default().heartbeat_timeout / 2);
+    c.cut.clear();
+    c.run_for(10 * SECOND);
+    assert!(
+        !c.said(ACTIVE, |e| matches!(e, Event::NodeDead(_))),
+        "a member silent only while the coordinator was cut off is declared dead"
+    );
+    assert!(!c.said(STANDBY, |e| matches!(e, Event::TookOver { .. })));
+    assert!(c.all_hold(|config| config.workers == WORKERS && config.servers == SERVERS));
 }

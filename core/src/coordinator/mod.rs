@@ -204,6 +204,9 @@ pub struct Coordinator {
     /// The active coordinator asking for a newer term of its own: members granted a standby
     /// a term it did not win.
     renewing: Option<Renewal>,
+    /// Set at a failure check that heard fewer than a majority of the voters: the silence it
+    /// counts since is this coordinator's own, not the members'.
+    cut_off: bool,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -254,6 +257,7 @@ impl Coordinator {
             standby_holds: BTreeMap::new(),
             fence: None,
             renewing: None,
+            cut_off: false,
             #[cfg(feature = "mutations")]
             mutation: None,
         })
@@ -876,11 +880,22 @@ impl Coordinator {
             self.say_when_finished(out);
             silent.retain(|&n| !self.is_server(n));
         }
-        if !silent.is_empty() && !self.cfg.peers.is_empty() && !self.hears_majority() {
-            // Most members silent at once: this coordinator is the one cut off, more likely
-            // than they all died, and a standby may be taking over. Declaring them dead would
-            // take the job apart once the link is back (ARCHITECTURE.md §11).
-            silent.clear();
+        if !self.cfg.peers.is_empty() {
+            if !self.hears_majority() {
+                // Most members silent at once: this coordinator is the one cut off, more
+                // likely than they all died, and a standby may be taking over. Declaring them
+                // dead would take the job apart once the link is back (ARCHITECTURE.md §11).
+                self.cut_off = true;
+                silent.clear();
+            } else if std::mem::take(&mut self.cut_off) {
+                // Back in touch with a majority: a member not heard yet was silent while this
+                // coordinator was cut off, and gets a whole timeout of its own before it is
+                // declared dead.
+                self.silent_checks
+                    .values_mut()
+                    .for_each(|missed| *missed = 0);
+                silent.clear();
+            }
         }
         self.declare_dead(&silent, out);
         self.remind_silent(out);
