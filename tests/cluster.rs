@@ -2008,8 +2008,15 @@ fn a_standby_coordinator_takes_over_from_one_killed_with_sigkill_and_the_job_fin
     let standby_id = 5;
     let standby_port = free_port();
     let mut file = std::fs::read_to_string(&config).unwrap();
+    // Both coordinators serve /status, for `pserver status` to ask.
+    let metrics = format!(
+        "role = \"coordinator\"\nmetrics = \"127.0.0.1:{}\"\n",
+        free_port()
+    );
+    file = file.replacen("role = \"coordinator\"\n", &metrics, 1);
     file += &format!(
-        "\n[[node]]\nid = {standby_id}\nrole = \"coordinator\"\naddress = \"127.0.0.1:{standby_port}\"\n"
+        "\n[[node]]\nid = {standby_id}\nrole = \"coordinator\"\naddress = \"127.0.0.1:{standby_port}\"\nmetrics = \"127.0.0.1:{}\"\n",
+        free_port()
     );
     std::fs::write(&config, file).unwrap();
     let dumps: Vec<PathBuf> = (1..=2)
@@ -2045,7 +2052,12 @@ fn a_standby_coordinator_takes_over_from_one_killed_with_sigkill_and_the_job_fin
         );
     }
     // The standby is taken within a failure check or two of the start.
-    std::thread::sleep(Duration::from_secs(1));
+    let (code, before) = status_until(&config, "peer n5 standby term 0");
+    assert_eq!(code, Some(0), "{before}");
+    assert!(
+        before.starts_with("coordinator n0 term 0 active\n"),
+        "{before}"
+    );
     children.0[0]
         .1
         .kill()
@@ -2062,6 +2074,9 @@ fn a_standby_coordinator_takes_over_from_one_killed_with_sigkill_and_the_job_fin
     let took = killed_at.elapsed();
     let (_, killed) = children.0.remove(0);
     let _ = finish(killed);
+    let (code, after) = status_until(&config, "coordinator n5 term 1 active");
+    assert_eq!(code, Some(1), "the killed coordinator is missed\n{after}");
+    assert!(after.contains("peer n0 unreachable: "), "{after}");
     // A server crash after the takeover: its ranges pass to the replica.
     let at = children
         .0

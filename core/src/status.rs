@@ -86,6 +86,9 @@ pub struct ClusterStatus {
     pub coordinator: NodeId,
     /// The coordinator's term: 0, the first, while a job has one coordinator.
     pub term: u64,
+    /// Whether it publishes configurations, rather than standing by (ARCHITECTURE.md §11): a
+    /// standby's view is the active one's state as last replicated to it.
+    pub active: bool,
     /// The epoch of the configuration in force (0 before the job starts).
     pub epoch: Epoch,
     /// Where the membership stands.
@@ -121,7 +124,12 @@ impl fmt::Display for ClusterStatus {
             Phase::Running => "running",
             Phase::Reconfiguring => "reconfiguring",
         };
-        writeln!(f, "coordinator {} term {}", self.coordinator, self.term)?;
+        let mode = if self.active { "active" } else { "standby" };
+        writeln!(
+            f,
+            "coordinator {} term {} {mode}",
+            self.coordinator, self.term
+        )?;
         writeln!(f, "epoch {} {phase}", self.epoch)?;
         writeln!(
             f,

@@ -385,6 +385,7 @@ impl Coordinator {
         ClusterStatus {
             coordinator: self.cfg.id,
             term: config.map_or(0, |c| c.term),
+            active: self.mode == Mode::Active,
             epoch: self.epoch(),
             phase: self.phase(),
             nodes,
