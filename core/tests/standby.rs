@@ -2,7 +2,8 @@
 //! frames on a queue with virtual time: a standby takes over from a crashed coordinator, one
 //! cut off from the active coordinator but not from the members cannot, a silent standby is
 //! dropped, a coordinator taken over from is refused and becomes the standby, and one cut off
-//! from the members declares none dead for the silence that was its own.
+//! from the members declares none dead for the silence that was its own; a configuration of an
+//! older term is refused by servers, workers and coordinators alike.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -360,4 +361,43 @@ fn a_coordinator_cut_off_from_the_members_gives_each_a_whole_timeout_once_it_hea
     );
     assert!(!c.said(STANDBY, |e| matches!(e, Event::TookOver { .. })));
     assert!(c.all_hold(|config| config.workers == WORKERS && config.servers == SERVERS));
+}
+
+#[test]
+fn a_configuration_from_an_older_term_is_refused_by_every_node_kind() {
+    let mut c = Cluster::running_with_standby();
+    let old = c.held(WORKERS[0]).unwrap().clone();
+    assert_eq!(old.term, 0);
+    c.crash(ACTIVE);
+    let took_over = c.run_until(30 * SECOND, |c| {
+        c.all_hold(|config| config.coordinator == STANDBY && config.term == 1)
+    });
+    assert!(took_over);
+    let now = c.now;
+    // Servers and workers: the old coordinator's configuration, resent late.
+    for m in Cluster::members() {
+        let before = c.held(m).unwrap().clone();
+        let env = wire::Envelope::new(ACTIVE, m, old.epoch, wire::Message::Config(old.clone()));
+        c.driver(m).handle_message(now, env);
+        assert_eq!(c.nodes[&m].refusals().stale_term, 1, "{m}");
+        assert_eq!(c.held(m), Some(&before), "{m} kept the newer term's");
+    }
+    // The coordinator that took over: the old one's state, as a standby would be sent it.
+    let state = wire::StandbyState {
+        config: old.clone(),
+        published: old.epoch,
+        members: Vec::new(),
+        incarnations: Vec::new(),
+        dead: Vec::new(),
+    };
+    let env = wire::Envelope::new(
+        ACTIVE,
+        STANDBY,
+        old.epoch,
+        wire::Message::Standby(Box::new(state)),
+    );
+    c.driver(STANDBY).handle_message(now, env);
+    assert_eq!(c.nodes[&STANDBY].refusals().stale_term, 1);
+    assert!(c.coordinator(STANDBY).is_active(), "it did not step down");
+    assert_eq!(c.coordinator(STANDBY).term(), 1);
 }
