@@ -161,7 +161,7 @@ impl Hosts {
             // no unread pipe fills up and blocks them.
             .env(
                 "RUST_LOG",
-                if matches!(name, "coordinator" | "worker-0") {
+                if matches!(name, "coordinator" | "coordinator-1" | "worker-0") {
                     "info"
                 } else {
                     "warn"
@@ -226,6 +226,16 @@ fn start(
         let more: Vec<&str> = more.iter().map(String::as_str).collect();
         let child = if name == "coordinator" {
             let mut args = vec!["coordinator", "--config", config, "--id", "0"];
+            args.extend(&more);
+            hosts.pserver(name, &args, &[])
+        } else if name == "coordinator-1" {
+            // The standby: its id follows the workers'.
+            let members = names
+                .iter()
+                .filter(|n| !n.starts_with("coordinator"))
+                .count();
+            let id = (members + 1).to_string();
+            let mut args = vec!["coordinator", "--config", config, "--id", &id];
             args.extend(&more);
             hosts.pserver(name, &args, &[])
         } else if let Some(i) = name.strip_prefix("server-") {
@@ -471,6 +481,74 @@ fn a_server_that_comes_back_under_its_name_at_another_address_rejoins_and_nothin
         dump("server-1", 0),
         dump("server-2", 0),
     ];
+    assert_eq!(
+        summed_dumps(&held),
+        expected_totals(KEYS, ITERATIONS, (4..=5).map(NodeId)),
+        "{worker_log}"
+    );
+    drop(hosts);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_active_coordinator_whose_link_is_cut_is_replaced_by_the_standby_and_nothing_is_lost() {
+    if let Some(why) = unable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("pserver-netns-coord-{}", std::process::id()));
+    let dump = |name: &str| dir.join(format!("{name}.totals"));
+    let job = format!(
+        "consistency = \"bounded:1\"\n\n[job]\nkeys = {KEYS}\niterations = {ITERATIONS}\ncompute_ms = 20"
+    );
+    let config = named_cluster(&dir, 3, 2, &job);
+    let mut file = std::fs::read_to_string(&config).unwrap();
+    file += "\n[[node]]\nrole = \"coordinator\"\naddress = \"coordinator-1:7400\"\n";
+    std::fs::write(&config, file).unwrap();
+    let mut names = names(3, 2);
+    names.push("coordinator-1".to_owned());
+    let hosts = Hosts::new("k", &names.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut children = start(&hosts, &config, &names, |name| {
+        if name.starts_with("server-") {
+            vec!["--dump".into(), dump(name).display().to_string()]
+        } else {
+            Vec::new()
+        }
+    });
+    let at = |name: &str| names.iter().position(|n| n == name).unwrap();
+    let (_, old_log) = watch_log(&mut children.0[at("coordinator")].1, "stepped down");
+    let (took_over, standby_log) = watch_log(
+        &mut children.0[at("coordinator-1")].1,
+        "took over from coordinator",
+    );
+    let (progress, worker_log) = watch_log(&mut children.0[at("worker-0")].1, "iteration done");
+    for done in 0..5 {
+        assert!(
+            progress.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "worker-0 did {done} iterations, then none for 60 s"
+        );
+    }
+    // The standby is taken within a failure check or two of the start.
+    std::thread::sleep(Duration::from_secs(1));
+    hosts.link("coordinator", false);
+    assert!(
+        took_over.recv_timeout(Duration::from_secs(30)).is_ok(),
+        "the standby did not take over from the coordinator cut off"
+    );
+    hosts.link("coordinator", true);
+    let outputs = wait_all(&mut children, Instant::now() + Duration::from_secs(300));
+    let old_log = old_log.join().unwrap_or_default();
+    let standby_log = standby_log.join().unwrap_or_default();
+    let worker_log = worker_log.join().unwrap_or_default();
+    for (name, out) in &outputs {
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
+    }
+    // Back on the network, the old coordinator heard of the newer term and stood by; it had
+    // declared nobody dead while it was the one cut off.
+    assert!(old_log.contains("stepped down"), "{old_log}");
+    assert!(!old_log.contains("node declared dead"), "{old_log}");
+    assert!(standby_log.contains("the job finished"), "{standby_log}");
+    let held = [dump("server-0"), dump("server-1"), dump("server-2")];
     assert_eq!(
         summed_dumps(&held),
         expected_totals(KEYS, ITERATIONS, (4..=5).map(NodeId)),
