@@ -1650,6 +1650,47 @@ fn launch_runs_a_cluster_of_processes_to_the_end_and_ends_with_the_jobs_status()
     );
 }
 
+/// `--standby` starts a second coordinator, after the workers: `pserver status` lists it, and
+/// it ends with the job.
+#[test]
+fn a_launch_with_a_standby_starts_it_and_it_ends_with_the_job() {
+    let dir = std::env::temp_dir().join(format!("pserver-launch-standby-{}", std::process::id()));
+    let out = pserver(&[
+        "launch",
+        "--servers",
+        "2",
+        "--workers",
+        "2",
+        "--epochs",
+        "2",
+        "--standby",
+        "--dir",
+        dir.to_str().unwrap(),
+    ])
+    .output()
+    .expect("run pserver launch");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("launching a coordinator and a standby, 2 servers and 2 workers"),
+        "{stderr}"
+    );
+    for line in [
+        "[coordinator 0] coordinator n0 job finished",
+        "[coordinator 5] coordinator n5 job finished",
+    ] {
+        assert!(stdout.contains(line), "{line}\n{stdout}");
+    }
+    let written = std::fs::read_to_string(dir.join("cluster.toml")).unwrap();
+    assert_eq!(
+        written.matches("role = \"coordinator\"").count(),
+        2,
+        "{written}"
+    );
+    assert_eq!(written.matches("metrics = ").count(), 2, "{written}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_launch_whose_workers_fail_stops_the_rest_and_ends_with_their_status() {
     let out = pserver(&[

@@ -67,6 +67,10 @@ pub(crate) struct LaunchArgs {
     /// Without --config: how the processes talk (tcp or udp).
     #[arg(long, value_enum, default_value_t = Transport::Tcp)]
     transport: Transport,
+    /// Start a standby coordinator too (id after the workers'), which takes over if the
+    /// first one dies: `pserver status --config FILE` names the one in charge.
+    #[arg(long)]
+    standby: bool,
     /// Keep the cluster file and the secret in this directory (created if missing). By
     /// default they go to a temporary directory, removed at the end.
     #[arg(long, value_name = "DIR")]
@@ -89,6 +93,17 @@ struct Node {
     /// not reaped, so that a pid freed for another process is never signalled.
     signals: mpsc::UnboundedSender<Signal>,
     ended: bool,
+}
+
+/// The role of node `id` in a launch of `servers` servers and `workers` workers: the
+/// coordinator first, then the servers, the workers, and a standby coordinator last.
+fn role_of(id: usize, servers: usize, workers: usize) -> &'static str {
+    match id {
+        0 => "coordinator",
+        i if i <= servers => "server",
+        i if i <= servers + workers => "worker",
+        _ => "coordinator",
+    }
 }
 
 /// Runs `pserver launch`.
@@ -120,7 +135,8 @@ fn launch(args: &LaunchArgs, dir: &Path) -> Result<(), CliError> {
     let exe = std::env::current_exe()
         .map_err(|e| CliError::Input(format!("cannot find the pserver binary: {e}")))?;
     eprintln!(
-        "launching a coordinator, {} servers and {} workers: cluster file {}",
+        "launching a coordinator{}, {} servers and {} workers: cluster file {}",
+        if args.standby { " and a standby" } else { "" },
         args.servers,
         args.workers,
         config.display()
@@ -210,25 +226,23 @@ fn write_cluster_file(args: &LaunchArgs, dir: &Path) -> Result<PathBuf, CliError
     write_secret(&secret)?;
     table.insert("secret_file".into(), "secret.key".into());
     let (servers, workers) = (args.servers as usize, args.workers as usize);
-    // One port per node, and the last for the coordinator's /status and /metrics.
-    let mut ports = free_ports(2 + servers + workers)?;
-    let status_port = ports
-        .pop()
-        .ok_or_else(|| CliError::input("found no free port for the coordinator's /status"))?;
+    let nodes = 1 + servers + workers + usize::from(args.standby);
+    // One port per node, then one per coordinator for its /status and /metrics.
+    let coordinators = 1 + usize::from(args.standby);
+    let mut ports = free_ports(nodes + coordinators)?;
+    let mut status_ports = ports.split_off(nodes).into_iter();
     let nodes: Vec<toml::Value> = ports
         .iter()
         .enumerate()
         .map(|(id, port)| {
-            let role = match id {
-                0 => "coordinator",
-                i if i <= servers => "server",
-                _ => "worker",
-            };
+            let role = role_of(id, servers, workers);
             let mut node = toml::Table::new();
             node.insert("id".into(), (id as i64).into());
             node.insert("role".into(), role.into());
             node.insert("address".into(), format!("127.0.0.1:{port}").into());
-            if id == 0 {
+            if role == "coordinator"
+                && let Some(status_port) = status_ports.next()
+            {
                 node.insert("metrics".into(), format!("127.0.0.1:{status_port}").into());
             }
             node.into()
@@ -295,12 +309,8 @@ async fn supervise(
     let (ended_tx, mut ended) = mpsc::unbounded_channel();
     let mut nodes: BTreeMap<usize, Node> = BTreeMap::new();
     let mut forwarding = Vec::new();
-    for id in 0..=servers + workers {
-        let role = match id {
-            0 => "coordinator",
-            i if i <= servers => "server",
-            _ => "worker",
-        };
+    for id in 0..=servers + workers + usize::from(args.standby) {
+        let role = role_of(id, servers, workers);
         let name = format!("{role} {id}");
         let mut command = Command::new(exe);
         command
