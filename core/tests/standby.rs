@@ -401,3 +401,37 @@ fn a_configuration_from_an_older_term_is_refused_by_every_node_kind() {
     assert!(c.coordinator(STANDBY).is_active(), "it did not step down");
     assert_eq!(c.coordinator(STANDBY).term(), 1);
 }
+
+#[test]
+fn a_coordinator_restarted_at_once_does_not_hold_up_the_takeover_and_becomes_the_standby() {
+    let mut c = Cluster::running_with_standby();
+    // Its process restarts before anybody noticed: a fresh coordinator, as `pserver
+    // coordinator --id 0` starts, that knows nothing of the job.
+    c.crash(ACTIVE);
+    c.down.remove(&ACTIVE);
+    let mut cfg = CoordinatorConfig::new(ACTIVE, SERVERS.len(), WORKERS.len());
+    cfg.ring = RingConfig {
+        vnodes: 4,
+        replicas: 1,
+        seed: 3,
+        ..RingConfig::default()
+    };
+    cfg.consistency = Consistency::Eventual;
+    cfg.peers = Standbys::new(&[STANDBY]).unwrap();
+    let mut fresh = Driver::new(Coordinator::new(cfg).unwrap());
+    fresh.start(c.now);
+    c.nodes.insert(ACTIVE, fresh);
+    let took_over = c.run_until(30 * SECOND, |c| {
+        c.all_hold(|config| config.coordinator == STANDBY && config.term == 1)
+    });
+    assert!(
+        took_over,
+        "the members, unanswered by a coordinator that does not know their job, grant the standby a term"
+    );
+    let back = c.run_until(30 * SECOND, |c| {
+        c.all_hold(|config| config.standbys == [ACTIVE])
+    });
+    assert!(back, "the restarted coordinator is taken as the standby");
+    assert!(!c.coordinator(ACTIVE).is_active());
+    assert!(c.all_hold(|config| config.workers == WORKERS && config.servers == SERVERS));
+}

@@ -609,6 +609,12 @@ impl Coordinator {
             Message::Leave if self.is_worker(from) => self.remove_worker(from, out),
             Message::Leave => self.retire_server(from, out),
             Message::ConfigRequest => self.send_config(from, out),
+            Message::Heartbeat { .. } if self.config.is_none() && env.epoch > 0 => {
+                // A member of a job this coordinator never published: it restarted and lost
+                // the job. Answering would tell the member its coordinator lives, and hold
+                // off the standby that can take over (ARCHITECTURE.md §11).
+                out.refuse(from, Refusal::UnknownSender);
+            }
             Message::Heartbeat { sent_at, at, term } => {
                 if let Some(at) = at.filter(|_| self.is_worker(from)) {
                     self.pace_watch.report(from, at);
