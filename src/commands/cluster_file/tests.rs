@@ -476,6 +476,8 @@ fn the_kubernetes_cluster_file_is_one_pserver_accepts() {
     let f = parse(&text).unwrap();
     assert!(f.addresses.values().all(|a| a.host().is_some()), "{text}");
     assert!(matches!(f.job, Job::Lr(_)));
+    // The standby's Deployment (coordinator-standby.yaml) runs `--id 5`.
+    assert_eq!(f.spec.job.standbys.to_vec(), vec![NodeId(5)]);
 }
 
 #[test]
