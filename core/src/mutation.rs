@@ -2,7 +2,14 @@
 //!
 //! Each one switches off one mechanism an invariant rests on. The model checker's tests turn
 //! them on one at a time to show that every property can fail, so that none passes vacuously.
+//!
+//! A node reads its own mutation (`mutated!`). Code that holds no node, such as the
+//! coordinator's pace decisions in [`crate::pace`], reads the mutation of the node a
+//! [`crate::Driver`] is driving on this thread, for the length of the call
+//! (`driven_mutated!`): so the policy mutations are switched on like every other, with
+//! [`crate::Driver::set_mutation`].
 
+use core::cell::Cell;
 use core::fmt;
 use core::str::FromStr;
 
@@ -56,11 +63,26 @@ pub enum Mutation {
     /// of the term it knows (breaks single-coordinator: the coordinator it took over from,
     /// alive and cut off, publishes that epoch too).
     TakeOverWithoutTerm,
+    /// Servers grant one push slot more at once than the job's `PushSlots::at_once` (breaks the
+    /// simulator's slot-limit: pushes still arrive exactly once, only more of them together).
+    SlotsPastAtOnce,
+    /// Adaptive tau rises to one above the top of its range at a check that finds a straggler
+    /// (breaks the simulator's tau-range: servers and workers follow the bound published, so
+    /// staleness and the in-flight bound still hold).
+    TauPastRange,
+    /// The coordinator moves shares by speed past the job's bounds by one: a giver holding
+    /// `Balance::fewest` still gives, a taker holding `Balance::most` still takes (breaks the
+    /// simulator's share-bounds).
+    SharesPastBounds,
+    /// The coordinator moves a share from the slowest worker to the one quickest with one more
+    /// even when that one would then be no quicker than the giver was (breaks the simulator's
+    /// share-move: with equal speeds, a share goes to a worker holding as many as the giver).
+    MoveWithoutGain,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 15] = [
+    pub const ALL: [Mutation; 19] = [
         Mutation::NoDedupe,
         Mutation::NoGating,
         Mutation::NoRetransmit,
@@ -76,6 +98,10 @@ impl Mutation {
         Mutation::FilterForgets,
         Mutation::StaleKeyCache,
         Mutation::TakeOverWithoutTerm,
+        Mutation::SlotsPastAtOnce,
+        Mutation::TauPastRange,
+        Mutation::SharesPastBounds,
+        Mutation::MoveWithoutGain,
     ];
 }
 
@@ -97,6 +123,10 @@ impl fmt::Display for Mutation {
             Mutation::FilterForgets => "filter-forgets",
             Mutation::StaleKeyCache => "stale-key-cache",
             Mutation::TakeOverWithoutTerm => "take-over-without-term",
+            Mutation::SlotsPastAtOnce => "slots-past-at-once",
+            Mutation::TauPastRange => "tau-past-range",
+            Mutation::SharesPastBounds => "shares-past-bounds",
+            Mutation::MoveWithoutGain => "move-without-gain",
         })
     }
 }
@@ -116,4 +146,30 @@ impl FromStr for Mutation {
                 )
             })
     }
+}
+
+std::thread_local! {
+    /// The mutation of the node a driver is driving on this thread, while it drives it.
+    static DRIVEN: Cell<Option<Mutation>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with `mutation` as the driven node's: what `driven_mutated!` reads. The mutation
+/// in force before is restored afterwards, so that one node's mutation never leaks into the
+/// next node driven on the same thread.
+pub(crate) fn driving<T>(mutation: Option<Mutation>, f: impl FnOnce() -> T) -> T {
+    /// Puts the outer mutation back even if `f` panics (a test that catches the panic goes on
+    /// on this thread).
+    struct Restore(Option<Mutation>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            DRIVEN.with(|d| d.set(self.0));
+        }
+    }
+    let _restore = Restore(DRIVEN.with(|d| d.replace(mutation)));
+    f()
+}
+
+/// The mutation of the node being driven on this thread, if a driver is driving one.
+pub(crate) fn driven() -> Option<Mutation> {
+    DRIVEN.with(Cell::get)
 }

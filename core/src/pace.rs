@@ -475,11 +475,19 @@ impl PaceWatch {
                 slowest
             }
         })?;
-        if held(giver) <= u128::from(balance.fewest.max(1)) {
+        let (fewest, most) = (u128::from(balance.fewest.max(1)), u128::from(balance.most));
+        // The mutation widens the bounds by one each way: a giver may end below `fewest`, a
+        // taker above `most`.
+        let (fewest, most) = if driven_mutated!(SharesPastBounds) {
+            (fewest - 1, most + 1)
+        } else {
+            (fewest, most)
+        };
+        if held(giver) <= fewest {
             return None;
         }
         let taker = (0..workers.len())
-            .filter(|&i| i != giver && held(i) < u128::from(balance.most))
+            .filter(|&i| i != giver && held(i) < most)
             .reduce(|quickest, i| {
                 if quicker(held(i) + 1, speeds[i], held(quickest) + 1, speeds[quickest]) {
                     i
@@ -489,7 +497,9 @@ impl PaceWatch {
             })?;
         // Speeds measured on shared machines wobble by tens of percent.
         let after = (held(taker) + 1) * 5;
-        if !quicker(after, speeds[taker], held(giver) * 4, speeds[giver]) {
+        if !quicker(after, speeds[taker], held(giver) * 4, speeds[giver])
+            && !driven_mutated!(MoveWithoutGain)
+        {
             return None;
         }
         // A share that came by a move may not have reached the giver yet (it takes it where
@@ -614,6 +624,8 @@ pub(crate) fn decide(
         let tau = current.tau.unwrap_or(job_tau).clamp(range.min, range.max);
         let tau = if lagging.is_empty() {
             tau.saturating_sub(1).max(range.min)
+        } else if driven_mutated!(TauPastRange) {
+            range.max.saturating_add(1)
         } else {
             range.max
         };

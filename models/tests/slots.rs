@@ -120,3 +120,31 @@ fn a_run_with_push_slots_replays_exactly() {
             .contains("--push-slots 64:1 --receive-rate 2000")
     );
 }
+
+/// A server that grants one slot more than the job's `at_once` breaks nothing a push is judged
+/// by (every slice still arrives once): only slot-limit, which reads the slots each server
+/// holds granted after every step, sees it.
+#[cfg(feature = "mutations")]
+#[test]
+fn slot_limit_catches_servers_that_grant_past_at_once() {
+    use pserver_core::mutation::Mutation;
+    use pserver_models::sim::{Invariant, run_mutated};
+    // Four workers pushing together: every server has asks waiting at every iteration.
+    let cfg = |seed| SimConfig {
+        push_slots: Some(PushSlots {
+            min_bytes: 8 << 10,
+            at_once: 1,
+        }),
+        ..SimConfig::pushing_together(seed)
+    };
+    let mut caught = 0;
+    for seed in 0..4 {
+        run(&cfg(seed)).unwrap_or_else(|f| panic!("{f}"));
+        match run_mutated(&cfg(seed), Mutation::SlotsPastAtOnce) {
+            Err(f) if f.invariant == Invariant::SlotLimit => caught += 1,
+            Err(f) => panic!("another invariant broke first: {f}"),
+            Ok(_) => {}
+        }
+    }
+    assert_eq!(caught, 4, "only {caught} of 4 seeds broke slot-limit");
+}

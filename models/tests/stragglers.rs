@@ -231,3 +231,82 @@ fn staleness_catches_servers_that_stray_from_the_skips_and_the_bound_decided() {
         assert!(caught >= 10, "{mutation}: only {caught} of 20 seeds caught");
     }
 }
+
+/// Runs seeds `0..n` of `cfg` as they are, each of which must pass, and with `mutation`;
+/// returns how many of the mutated runs broke `invariant`, and the first other failure.
+#[cfg(feature = "mutations")]
+fn caught_by(
+    cfg: impl Fn(u64) -> SimConfig,
+    mutation: pserver_core::mutation::Mutation,
+    invariant: pserver_models::sim::Invariant,
+    n: u64,
+) -> usize {
+    let mut caught = 0;
+    for seed in 0..n {
+        run(&cfg(seed)).unwrap_or_else(|f| panic!("without {mutation}: {f}"));
+        match pserver_models::sim::run_mutated(&cfg(seed), mutation) {
+            Err(f) if f.invariant == invariant => caught += 1,
+            Err(f) => panic!("{mutation} broke another invariant first: {f}"),
+            Ok(_) => {}
+        }
+    }
+    caught
+}
+
+/// Adaptive tau past the top of its range keeps staleness and the in-flight bound (servers
+/// and workers follow the bound published): only tau-range, on every configuration a
+/// coordinator sends, sees it.
+#[cfg(feature = "mutations")]
+#[test]
+fn tau_range_catches_adaptive_tau_rising_past_its_range() {
+    use pserver_core::mutation::Mutation;
+    use pserver_models::sim::Invariant;
+    let cfg = |seed| SimConfig {
+        seed,
+        consistency: Consistency::BoundedDelay(1),
+        workers: 4,
+        iterations: 12,
+        straggler: 4.0,
+        stragglers: StragglerPolicy::adaptive(TauRange { min: 1, max: 2 }),
+        ..SimConfig::default()
+    };
+    let caught = caught_by(cfg, Mutation::TauPastRange, Invariant::TauRange, 8);
+    assert_eq!(caught, 8, "only {caught} of 8 seeds broke tau-range");
+}
+
+/// A worker 8x slower gives shares until it holds the fewest; moved past the bounds, it gives
+/// its last one too. Nothing else notices a worker with no share.
+#[cfg(feature = "mutations")]
+#[test]
+fn share_bounds_catches_moves_past_the_fewest_and_the_most() {
+    use pserver_core::mutation::Mutation;
+    use pserver_models::sim::Invariant;
+    let cfg = |seed| SimConfig {
+        seed,
+        workers: 4,
+        iterations: 12,
+        slow_worker: 8.0,
+        stragglers: StragglerPolicy::balanced(Balance::shares(3)),
+        ..SimConfig::default()
+    };
+    let caught = caught_by(cfg, Mutation::SharesPastBounds, Invariant::ShareBounds, 8);
+    assert_eq!(caught, 8, "only {caught} of 8 seeds broke share-bounds");
+}
+
+/// Workers of one speed holding as many shares each have nothing to gain from a move, and no
+/// share moves; moved without a gain, the first goes to a worker holding as many as its giver.
+#[cfg(feature = "mutations")]
+#[test]
+fn share_move_catches_moves_that_make_no_step_quicker() {
+    use pserver_core::mutation::Mutation;
+    use pserver_models::sim::Invariant;
+    let cfg = |seed| SimConfig {
+        seed,
+        workers: 4,
+        iterations: 12,
+        stragglers: StragglerPolicy::balanced(Balance::shares(3)),
+        ..SimConfig::default()
+    };
+    let caught = caught_by(cfg, Mutation::MoveWithoutGain, Invariant::ShareMove, 8);
+    assert_eq!(caught, 8, "only {caught} of 8 seeds broke share-move");
+}

@@ -168,6 +168,9 @@ pub struct Driver<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store
     refusals: Refusals,
     retransmissions: u64,
     encode_errors: VecDeque<(NodeId, EncodeError)>,
+    /// The node's mutation, in force on this thread while the node is driven.
+    #[cfg(feature = "mutations")]
+    mutation: Option<crate::mutation::Mutation>,
 }
 
 impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
@@ -188,6 +191,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
             refusals: Refusals::default(),
             retransmissions: 0,
             encode_errors: VecDeque::new(),
+            #[cfg(feature = "mutations")]
+            mutation: None,
         }
     }
 
@@ -218,10 +223,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         self.codec
     }
 
-    /// Runs a deliberately broken protocol (see [`crate::mutation::Mutation`]); a coordinator
-    /// has none.
+    /// Runs a deliberately broken protocol (see [`crate::mutation::Mutation`]), the node's own
+    /// decisions and the coordinator's pace decisions alike.
     #[cfg(feature = "mutations")]
     pub fn set_mutation(&mut self, mutation: Option<crate::mutation::Mutation>) {
+        self.mutation = mutation;
         match &mut self.node {
             Node::Server(s) => s.set_mutation(mutation),
             Node::Worker(w) => w.set_mutation(mutation),
@@ -250,14 +256,14 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
     /// first, or [`Driver::start_configured`] instead.
     pub fn start(&mut self, now: Time) {
         let mut out = self.take_scratch();
-        self.node.start(now, &mut out);
+        self.on_node(|node| node.start(now, &mut out));
         self.absorb(out);
     }
 
     /// Starts the node with `config` in force (static membership).
     pub fn start_configured(&mut self, now: Time, config: ClusterConfig) {
         let mut out = self.take_scratch();
-        self.node.start_configured(now, config, &mut out);
+        self.on_node(|node| node.start_configured(now, config, &mut out));
         self.absorb(out);
     }
 
@@ -288,7 +294,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
 
     fn dispatch(&mut self, now: Time, env: Envelope<V>) {
         let mut out = self.take_scratch();
-        self.node.on_message(now, env, &mut out);
+        self.on_node(|node| node.on_message(now, env, &mut out));
         self.absorb(out);
     }
 
@@ -309,7 +315,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
             }
             self.timers.remove(&timer);
             let mut out = self.take_scratch();
-            self.node.on_timer(now, timer, &mut out);
+            self.on_node(|node| node.on_timer(now, timer, &mut out));
             self.absorb(out);
         }
     }
@@ -448,6 +454,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         };
         self.absorb(out);
         result
+    }
+
+    /// Calls `f` on the node; with the `mutations` feature, with the node's mutation in force
+    /// for the code it calls that holds no node (the coordinator's pace decisions).
+    fn on_node<T>(&mut self, f: impl FnOnce(&mut Node<V, U, S>) -> T) -> T {
+        #[cfg(feature = "mutations")]
+        return crate::mutation::driving(self.mutation, || f(&mut self.node));
+        #[cfg(not(feature = "mutations"))]
+        f(&mut self.node)
     }
 
     fn take_scratch(&mut self) -> Effects<V> {

@@ -3,7 +3,7 @@
 
 use crate::effects::{Effects, TimerId};
 use crate::ids::{NodeId, Time};
-use crate::slots::lease;
+use crate::slots::{PushSlots, lease};
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
@@ -24,8 +24,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         out: &mut Effects<V>,
     ) {
         let Some(slots) = self
-            .cfg
-            .push_slots
+            .slot_policy()
             .filter(|s| s.needs_slot(u64::from(bytes)))
         else {
             return self.send(from, Message::SlotGrant(slice), out);
@@ -44,7 +43,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         settled_below: RequestId,
         out: &mut Effects<V>,
     ) {
-        let Some(slots) = self.cfg.push_slots else {
+        let Some(slots) = self.slot_policy() else {
             return;
         };
         let grants = self.slots.arrived(now, &slots, from, slice, settled_below);
@@ -54,7 +53,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// The lease timer fired: slots whose slice never came go to the next workers.
     pub(super) fn expire_slots(&mut self, now: Time, out: &mut Effects<V>) {
         self.slots.timer = None;
-        let Some(slots) = self.cfg.push_slots else {
+        let Some(slots) = self.slot_policy() else {
             return;
         };
         let grants = self.slots.expire(now, &slots);
@@ -63,11 +62,24 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
 
     /// A new configuration: the slots and asks of workers no longer in it go.
     pub(super) fn retain_slot_workers(&mut self, now: Time, out: &mut Effects<V>) {
-        let (Some(slots), Some(cluster)) = (self.cfg.push_slots, self.cluster.as_ref()) else {
+        let (Some(slots), Some(cluster)) = (self.slot_policy(), self.cluster.as_ref()) else {
             return;
         };
         let grants = self.slots.retain(now, &slots, |w| cluster.is_worker(w));
         self.send_grants(grants, out);
+    }
+
+    /// The job's push slots as this server grants them: one more at once under the
+    /// `SlotsPastAtOnce` mutation.
+    fn slot_policy(&self) -> Option<PushSlots> {
+        let slots = self.cfg.push_slots?;
+        if mutated!(self, SlotsPastAtOnce) {
+            return Some(PushSlots {
+                at_once: slots.at_once.max(1).saturating_add(1),
+                ..slots
+            });
+        }
+        Some(slots)
     }
 
     fn send_grants(&mut self, grants: Vec<(NodeId, SliceRef)>, out: &mut Effects<V>) {

@@ -29,7 +29,13 @@
 //! - **completion**: at the end every request of every surviving worker has completed;
 //! - **oracle**: every server's stored value of every key equals, bit for bit, what a one-node
 //!   replica computes by replaying the pushes that server acknowledged through the same
-//!   [`pserver_core::Updater`].
+//!   [`pserver_core::Updater`];
+//! - **slot-limit**, **tau-range**, **share-bounds** and **share-move**: the straggler and
+//!   slot policies judged directly, since servers and workers follow whatever a policy decides
+//!   and a wrong decision keeps every invariant above: no server holds more push slots granted
+//!   than `at_once`, every configuration's adaptive tau lies within its range, shares moved by
+//!   speed stay within their bounds and go only to a worker that would be quicker with them
+//!   (the module `world::policies` says exactly what is promised).
 //!
 //! # Update rules and the oracle
 //!
@@ -790,6 +796,18 @@ pub enum Invariant {
     /// Two configurations of the same epoch exist, or a coordinator's term or a member's
     /// epoch went back.
     SingleCoordinator,
+    /// A server held more push slots granted at once than the job's `PushSlots::at_once`.
+    SlotLimit,
+    /// A configuration's adaptive tau lies outside the job's `TauRange`, or is set without one.
+    TauRange,
+    /// A share moved by speed left its giver below `Balance::fewest` or its taker above
+    /// `Balance::most`, or a configuration holds a worker there that no hand-over of a dead
+    /// worker's shares or join explains.
+    ShareBounds,
+    /// A share moved by speed to a worker that, by the speeds the coordinator held, would not
+    /// be quicker with it than the giver was by a quarter, or more than one share moved at one
+    /// check.
+    ShareMove,
 }
 
 impl fmt::Display for Invariant {
@@ -808,6 +826,10 @@ impl fmt::Display for Invariant {
             Invariant::ReplicaConvergence => "replica-convergence",
             Invariant::WorkCoverage => "work-coverage",
             Invariant::SingleCoordinator => "single-coordinator",
+            Invariant::SlotLimit => "slot-limit",
+            Invariant::TauRange => "tau-range",
+            Invariant::ShareBounds => "share-bounds",
+            Invariant::ShareMove => "share-move",
         })
     }
 }

@@ -73,10 +73,13 @@ impl World<'_> {
         let standby = Coordinator::standby(job.standby_config(node))
             .map_err(|e| self.fail(Invariant::Setup, e.to_string()))?;
         let mut d = Driver::new(standby);
+        #[cfg(feature = "mutations")]
+        d.set_mutation(self.mutation);
         d.start(self.now);
         self.nodes.insert(node, d);
         self.down.remove(&node);
         self.highest.remove(&node);
+        self.policies.restarted(node);
         Ok(())
     }
 

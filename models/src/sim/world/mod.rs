@@ -3,6 +3,7 @@
 mod checks;
 mod coordinators;
 mod faults;
+mod policies;
 
 use core::cmp::Ordering;
 use core::hash::{Hash, Hasher};
@@ -24,7 +25,7 @@ use pserver_core::node::Coordinator;
 use pserver_core::node::Worker;
 use pserver_core::node::{Server, ServerConfig};
 use pserver_core::pace::Coverage;
-use pserver_core::pace::Pace;
+use pserver_core::pace::{Pace, Position};
 use pserver_core::ring::Ring;
 use pserver_core::wire::ClusterConfig;
 use pserver_core::wire::Codec;
@@ -61,6 +62,9 @@ enum Action {
         /// A server has worked through it in its receive queue (see "Receive queues" in the
         /// module docs): it is handled now.
         received: bool,
+        /// The position a worker's heartbeat carries: the speeds a coordinator holds
+        /// ([`policies`]).
+        position: Option<Position>,
     },
     /// A node's earliest timer deadline.
     Wake(NodeId),
@@ -227,6 +231,8 @@ struct World<'a> {
     configs_seen: BTreeMap<Epoch, ClusterConfig>,
     /// Per running process, the highest (term, epoch) it held: neither may go back.
     highest: BTreeMap<NodeId, (u64, Epoch)>,
+    /// What the straggler and slot policy checks remember between steps.
+    policies: policies::PolicyWatch,
 }
 
 /// What has reached one server and is not handled yet: each message's bytes and when the
@@ -256,6 +262,17 @@ impl ReceiveQueue {
         self.peak = self.peak.max(queued);
         self.busy_until
     }
+}
+
+/// What [`World::observe`] makes of a message for its delivery.
+#[derive(Clone, Copy, Debug, Default)]
+struct Observed {
+    /// The epoch a `Redirect` names, to count the redirects workers follow.
+    redirect: Option<Epoch>,
+    /// A membership message (delayed under membership stress).
+    membership: bool,
+    /// The position a heartbeat carries.
+    position: Option<Position>,
 }
 
 /// The position of `key` among `keys` (a key of the run).
@@ -455,6 +472,7 @@ impl<'a> World<'a> {
             takeovers: Vec::new(),
             configs_seen: BTreeMap::new(),
             highest: BTreeMap::new(),
+            policies: policies::PolicyWatch::default(),
         })
     }
 
@@ -580,6 +598,7 @@ impl<'a> World<'a> {
             self.step(next.action)?;
             self.refresh_ring();
             self.check_step()?;
+            self.check_slot_limit()?;
             if self.cfg.coordinator_faults.any() {
                 self.check_single_coordinator()?;
             }
@@ -677,6 +696,7 @@ impl<'a> World<'a> {
                 packet,
                 redirect,
                 received,
+                position,
             } => {
                 if let Some(rate) = self.cfg.receive_rate.filter(|_| !received)
                     && !self.is_down(to)
@@ -698,12 +718,16 @@ impl<'a> World<'a> {
                         packet,
                         redirect,
                         received: true,
+                        position,
                     };
                     self.schedule(done, action);
                     return Ok(());
                 }
                 if !self.is_down(to) {
                     self.count_late(from, to, sent_at);
+                    if let Some(at) = position {
+                        self.heard_position(from, to, at);
+                    }
                     if let Some(d) = self.nodes.get_mut(&to) {
                         // A worker follows a redirect to a newer epoch than its own.
                         if let Some(w) = d.node().as_worker() {
@@ -840,7 +864,11 @@ impl<'a> World<'a> {
             let deadline = d.poll_timeout();
             let applied_below = d.node().as_server().map(Server::applied_below);
             for (to, packet) in packets {
-                let (redirect, membership) = self.observe(node, to, &packet)?;
+                let Observed {
+                    redirect,
+                    membership,
+                    position,
+                } = self.observe(node, to, &packet)?;
                 let late = (membership && self.cfg.membership_stress).then_some(MEMBERSHIP_LATE);
                 for at in self.net.deliveries(&mut self.rng, self.now, node, to, late) {
                     let packet = packet.clone();
@@ -853,6 +881,7 @@ impl<'a> World<'a> {
                             packet,
                             redirect,
                             received: false,
+                            position,
                         },
                     );
                 }
@@ -881,14 +910,14 @@ impl<'a> World<'a> {
     }
 
     /// Shows the oracle what a node sends: the pushes workers send, and the acknowledgements
-    /// servers send (the first for a slice is when the server took it in). Returns the epoch a
-    /// `Redirect` names, and whether the message is one of membership.
+    /// servers send (the first for a slice is when the server took it in); and the policy
+    /// checks the configurations coordinators send.
     fn observe(
         &mut self,
         from: NodeId,
         to: NodeId,
         packet: &Packet,
-    ) -> Result<(Option<Epoch>, bool), SimFailure> {
+    ) -> Result<Observed, SimFailure> {
         let decoded;
         let env = match packet {
             Packet::Envelope(env) => env,
@@ -971,12 +1000,27 @@ impl<'a> World<'a> {
                 .oracle
                 .acked(from, to, *slice)
                 .map_err(|detail| self.fail(Invariant::Oracle, detail))?,
-            Message::Redirect { epoch, .. } => return Ok((Some(*epoch), false)),
+            Message::Redirect { epoch, .. } => {
+                return Ok(Observed {
+                    redirect: Some(*epoch),
+                    ..Observed::default()
+                });
+            }
+            Message::Heartbeat { at, .. } => {
+                return Ok(Observed {
+                    position: *at,
+                    ..Observed::default()
+                });
+            }
             Message::Config(config) if self.is_coordinator(from) => {
                 self.paces.insert(config.epoch, config.pace.clone());
+                self.judge_config(from, config)?;
                 self.seen_config(config)?;
             }
-            Message::Standby(state) => self.seen_config(&state.config)?,
+            Message::Standby(state) => {
+                self.judge_config(from, &state.config)?;
+                self.seen_config(&state.config)?;
+            }
             Message::PullReply(PullReply { slice, .. })
             | Message::PullValues(PullValues { slice, .. })
             | Message::PullRows(PullRows { slice, .. }) => {
@@ -1001,29 +1045,38 @@ impl<'a> World<'a> {
                 | Message::TransferAck { .. }
                 | Message::Lost(_)
         );
-        Ok((None, membership))
+        Ok(Observed {
+            membership,
+            ..Observed::default()
+        })
     }
 
     fn on_event(&mut self, node: NodeId, event: Event<f64>) -> Result<(), SimFailure> {
         match event {
             Event::TookOver { .. } => {
                 self.active = node;
+                self.policies.took_over(node);
                 if let Some(at) = self.coordinator_fault_at.take() {
                     self.takeovers.push(self.now - at);
                 }
                 return Ok(());
             }
             Event::NodeDead(dead) => {
+                self.worker_out(node, dead);
                 self.node_dead(dead);
+                return Ok(());
+            }
+            Event::WorkerLeft(worker) => {
+                self.worker_out(node, worker);
                 return Ok(());
             }
             Event::Straggler { .. } => {
                 self.pace.flagged += 1;
                 return Ok(());
             }
-            Event::ShareMoved { .. } => {
+            Event::ShareMoved { share, from, to } => {
                 self.pace.shares_moved += 1;
-                return Ok(());
+                return self.share_moved(node, share, from, to);
             }
             Event::TauChanged { to, .. } => {
                 self.pace.tau_changes += 1;
