@@ -1166,3 +1166,29 @@ fn completions_and_man_pages_list_the_commands_and_flags_of_the_command_line() {
     // roff writes a flag's hyphens as `\-`.
     assert!(seeds.contains(r"kkt\-bound"), "{seeds}");
 }
+
+/// Seeds of the coordinator-fault batteries that once lost acknowledged pushes, each to a live
+/// server declared dead: by a coordinator back from being cut off (1124), by one cut off
+/// while a member had missed its takeover (15, 1491), and by one whose only reminder of a
+/// takeover was lost (715). Replayed as the batteries printed them.
+#[test]
+fn coordinator_fault_seeds_that_once_lost_pushes_replay_clean() {
+    let common = "--keys 16 --consistency bounded:1 --drop 0.05 --dup 0.05 --reorder --partition --crash --no-ring-change --crash-coordinator --partition-coordinator";
+    let replays = [
+        "--first-seed 1124 --servers 3 --workers 3 --iterations 30 --updater ftrl --replicas 1 --crash-servers 1",
+        "--first-seed 15 --servers 2 --workers 6 --iterations 20 --updater sum",
+        "--first-seed 1491 --servers 2 --workers 6 --iterations 20 --updater sgd",
+        "--first-seed 715 --servers 2 --workers 6 --iterations 20 --updater sgd --slow-worker 0:8 --detect-lag 1 --shares 2",
+    ];
+    for replay in replays {
+        let args: Vec<&str> = ["sim", "seeds", "--seeds", "1"]
+            .into_iter()
+            .chain(replay.split_whitespace())
+            .chain(common.split_whitespace())
+            .collect();
+        let out = pserver().args(&args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{replay}\n{text}");
+        assert!(text.contains("sim seeds=1 failed=0"), "{replay}\n{text}");
+    }
+}

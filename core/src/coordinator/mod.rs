@@ -207,6 +207,8 @@ pub struct Coordinator {
     /// Set at a failure check that heard fewer than a majority of the voters: the silence it
     /// counts since is this coordinator's own, not the members'.
     cut_off: bool,
+    /// The members heard since the last failure check.
+    heard_since_check: BTreeSet<NodeId>,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -258,6 +260,7 @@ impl Coordinator {
             fence: None,
             renewing: None,
             cut_off: false,
+            heard_since_check: BTreeSet::new(),
             #[cfg(feature = "mutations")]
             mutation: None,
         })
@@ -543,6 +546,7 @@ impl Coordinator {
             _ => {}
         }
         self.silent_checks.remove(&from);
+        self.heard_since_check.insert(from);
         self.kept_silent.remove(&from);
         match env.body {
             Message::Register {
@@ -860,6 +864,15 @@ impl Coordinator {
             return;
         };
         let allowed = self.cfg.timing.missed_checks_allowed();
+        // With peers, a check that heard fewer than a majority since the last is one this
+        // coordinator was most likely cut off for: it counts as nobody's silence
+        // (ARCHITECTURE.md §11).
+        let heard = std::mem::take(&mut self.heard_since_check);
+        let deaf = !self.cfg.peers.is_empty()
+            && self
+                .published
+                .as_ref()
+                .is_some_and(|p| !p.is_majority(&heard));
         let mut silent = Vec::new();
         for &n in config
             .workers
@@ -868,6 +881,9 @@ impl Coordinator {
             .chain(&config.joining)
         {
             let missed = self.silent_checks.entry(n).or_default();
+            if deaf {
+                continue;
+            }
             // Saturates: a server kept because the ring could not lose it (`RingDegraded`) is
             // counted silent on every check, and its count must not grow without end.
             *missed = (*missed + 1).min(allowed + 1);

@@ -511,17 +511,19 @@ impl Coordinator {
     }
 
     /// After a takeover, sends the configuration in force to every member silent for half
-    /// the heartbeat timeout: one that missed the takeover's broadcast still heartbeats the
-    /// coordinator taken over from, and learns of the new one so.
+    /// the heartbeat timeout, and again every few checks: one that missed the takeover's
+    /// broadcast still heartbeats the coordinator taken over from, and learns of the new one
+    /// so.
     pub(super) fn remind_silent<V: Value>(&self, out: &mut Effects<V>) {
         let taken_over = self.published.as_ref().is_some_and(|c| c.term > 0);
         if self.cfg.peers.is_empty() || !taken_over {
             return;
         }
-        // Once per silence, half-way to the timeout: before it is declared dead.
+        // From half-way to the timeout, every few checks: a reminder can be lost too, and
+        // a member that never hears of the takeover is declared dead though alive.
         let halfway = self.cfg.timing.missed_checks_allowed() / 2 + 1;
         for (&node, &missed) in &self.silent_checks {
-            if missed == halfway {
+            if missed >= halfway && (missed - halfway) % 3 == 0 {
                 self.send_config(node, out);
             }
         }
