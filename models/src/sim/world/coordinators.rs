@@ -9,8 +9,10 @@ use pserver_core::{NodeId, Time};
 use super::{Action, World};
 use crate::sim::{Invariant, MS, SimFailure};
 
-/// How long a crashed coordinator stays down before it starts again as a standby.
-const COORDINATOR_DOWN: Time = 3_000 * MS;
+/// How long a crashed coordinator stays down before its process starts again: half the runs
+/// well within the heartbeat timeout (a supervisor restarting it at once, before anybody
+/// noticed), half past it.
+const COORDINATOR_DOWN: [Time; 2] = [300 * MS, 3_000 * MS];
 
 impl World<'_> {
     /// Whether the coordinator in force has a standby holding its state: a fault before that
@@ -60,19 +62,24 @@ impl World<'_> {
         self.down.insert(active);
         self.wakeups.remove(&active);
         self.coordinator_fault_at.get_or_insert(self.now);
-        self.schedule(
-            self.now + COORDINATOR_DOWN,
-            Action::RestartCoordinator(active),
-        );
+        let down = COORDINATOR_DOWN[self.rng.below(2) as usize];
+        self.schedule(self.now + down, Action::RestartCoordinator(active));
         Some(active)
     }
 
-    /// Starts a crashed coordinator again, as a fresh standby process.
+    /// Starts a crashed coordinator's process again, knowing nothing, as `pserver coordinator`
+    /// starts it: the job's first coordinator as at the job's start, which must neither pass
+    /// for the one in charge nor hold off a takeover (ARCHITECTURE.md §11), a standby as a
+    /// standby.
     pub(super) fn restart_coordinator(&mut self, node: NodeId) -> Result<(), SimFailure> {
         let job = self.cfg.job();
-        let standby = Coordinator::standby(job.standby_config(node))
-            .map_err(|e| self.fail(Invariant::Setup, e.to_string()))?;
-        let mut d = Driver::new(standby);
+        let fresh = if node == self.cfg.coordinator_id() {
+            Coordinator::new(job.coordinator_config())
+        } else {
+            Coordinator::standby(job.standby_config(node))
+        }
+        .map_err(|e| self.fail(Invariant::Setup, e.to_string()))?;
+        let mut d = Driver::new(fresh);
         #[cfg(feature = "mutations")]
         d.set_mutation(self.mutation);
         d.start(self.now);
