@@ -27,22 +27,24 @@ struct Cluster {
     events: BTreeMap<NodeId, Vec<Event<i64>>>,
 }
 
+/// Coordinator `id` of the job, with `peer` as the other coordinator.
+fn coordinator(id: NodeId, peer: NodeId) -> CoordinatorConfig {
+    let mut cfg = CoordinatorConfig::new(id, SERVERS.len(), WORKERS.len());
+    cfg.ring = RingConfig {
+        vnodes: 4,
+        replicas: 1,
+        seed: 3,
+        ..RingConfig::default()
+    };
+    cfg.consistency = Consistency::Eventual;
+    cfg.peers = Standbys::new(&[peer]).unwrap();
+    cfg
+}
+
 impl Cluster {
     /// Two coordinators (the first active), two servers with one replica, two workers; every
     /// node registers, and the job starts once all have.
     fn new() -> Self {
-        let coordinator = |id: NodeId, peer: NodeId| {
-            let mut cfg = CoordinatorConfig::new(id, SERVERS.len(), WORKERS.len());
-            cfg.ring = RingConfig {
-                vnodes: 4,
-                replicas: 1,
-                seed: 3,
-                ..RingConfig::default()
-            };
-            cfg.consistency = Consistency::Eventual;
-            cfg.peers = Standbys::new(&[peer]).unwrap();
-            cfg
-        };
         let standbys = Standbys::new(&[STANDBY]).unwrap();
         let mut nodes = BTreeMap::new();
         let active = Coordinator::new(coordinator(ACTIVE, STANDBY)).unwrap();
@@ -409,16 +411,7 @@ fn a_coordinator_restarted_at_once_does_not_hold_up_the_takeover_and_becomes_the
     // coordinator --id 0` starts, that knows nothing of the job.
     c.crash(ACTIVE);
     c.down.remove(&ACTIVE);
-    let mut cfg = CoordinatorConfig::new(ACTIVE, SERVERS.len(), WORKERS.len());
-    cfg.ring = RingConfig {
-        vnodes: 4,
-        replicas: 1,
-        seed: 3,
-        ..RingConfig::default()
-    };
-    cfg.consistency = Consistency::Eventual;
-    cfg.peers = Standbys::new(&[STANDBY]).unwrap();
-    let mut fresh = Driver::new(Coordinator::new(cfg).unwrap());
+    let mut fresh = Driver::new(Coordinator::new(coordinator(ACTIVE, STANDBY)).unwrap());
     fresh.start(c.now);
     c.nodes.insert(ACTIVE, fresh);
     let took_over = c.run_until(30 * SECOND, |c| {
