@@ -9,7 +9,7 @@ use crate::kv::KvPairs;
 use crate::pace::Coverage;
 use crate::value::Value;
 use crate::wire::DecodeError;
-use crate::wire::{Envelope, RequestId};
+use crate::wire::{Envelope, RequestId, Transfer};
 
 /// The timers a node may run. Each node kind uses a few of them; setting a timer that is already
 /// set moves its deadline.
@@ -187,6 +187,32 @@ pub enum Event<V: Value> {
         from: NodeId,
         /// The worker that holds it now.
         to: NodeId,
+    },
+    /// Every worker finished the iterations below `cut` and waits there (server only;
+    /// [`crate::wire::Checkpoints`]): `shards` is a copy of every shard this server holds, as
+    /// of the cut. The driver writes them where they survive the process (written whole or
+    /// not at all) and then calls [`crate::Driver::checkpoint_written`]; the workers go on
+    /// once every server has. Said again, with the shards of the new ring, if the ring
+    /// changes before the coordinator records the cut.
+    CheckpointDue {
+        /// The iteration the workers wait before.
+        cut: Iteration,
+        /// The shards, each with its range, values and update-rule state.
+        shards: Vec<Transfer<V>>,
+    },
+    /// Every server on the ring wrote its shards as of `cut` (coordinator only): a job
+    /// restarted whole may resume from it.
+    CheckpointComplete {
+        /// The cut.
+        cut: Iteration,
+    },
+    /// The job resumes from the checkpoint of `cut` (server only, with its first
+    /// configuration): the driver reads the shards this server wrote at that cut and hands
+    /// them to [`crate::Driver::restore`] before anything else. Until then the server serves
+    /// nothing; messages wait.
+    Restore {
+        /// The cut.
+        cut: Iteration,
     },
     /// The node refused a message (see [`Refusal`]). Nothing in the node changed; drivers count
     /// these and log them, so that input the protocol cannot use never vanishes silently.

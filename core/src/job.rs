@@ -10,7 +10,7 @@ use crate::consistency::Consistency;
 use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
 use crate::driver::Driver;
 use crate::filter::Filters;
-use crate::ids::{NodeId, NodeLayout, Standbys};
+use crate::ids::{Iteration, NodeId, NodeLayout, Standbys};
 use crate::key::{Key, KeyRange};
 use crate::pace::StragglerPolicy;
 use crate::ring::RingConfig;
@@ -106,6 +106,9 @@ pub struct JobSpec {
     /// (ARCHITECTURE.md §11); nodes register with every coordinator until a configuration
     /// names the active one. Default: none.
     pub standbys: Standbys,
+    /// Iterations between whole-job checkpoints ([`crate::wire::Checkpoints`]): before each
+    /// multiple of it the workers wait until every server wrote its shards. Default 0: none.
+    pub checkpoint_every: Iteration,
 }
 
 /// Why a job cannot work.
@@ -190,6 +193,7 @@ impl JobSpec {
             keys_below: None,
             report_progress: false,
             min_replicas: 0,
+            checkpoint_every: 0,
             standbys: Standbys::default(),
         }
     }
@@ -301,6 +305,7 @@ impl JobSpec {
         cfg.timing = self.timing;
         cfg.stragglers = self.stragglers;
         cfg.min_replicas = self.min_replicas;
+        cfg.checkpoint_every = self.checkpoint_every;
         cfg.peers = self.standbys;
         cfg
     }

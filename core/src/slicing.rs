@@ -368,6 +368,7 @@ mod tests {
             lost: vec![],
             incarnations: vec![],
             pace: Default::default(),
+            checkpoints: Default::default(),
         })
         .unwrap()
     }

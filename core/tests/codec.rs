@@ -154,6 +154,10 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                     joining,
                     shares: leaving.iter().rev().copied().collect(),
                     leaving,
+                    checkpoints: pserver_core::wire::Checkpoints {
+                        every: (epoch % 5) as u32,
+                        complete: (epoch as u32).wrapping_mul(7),
+                    },
                 })
             },
         );
@@ -198,7 +202,11 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
             role,
             incarnation,
             keys_below: None,
+            checkpoints: (0..incarnation % 4)
+                .map(|i| (incarnation as u32) >> i)
+                .collect(),
         }),
+        any::<u32>().prop_map(|cut| Message::Checkpointed { cut }),
         config,
         Just(Message::ConfigRequest),
         (

@@ -34,6 +34,7 @@ fn config(workers: &[NodeId], consistency: Consistency) -> ClusterConfig {
         lost: vec![],
         incarnations: Vec::new(),
         pace: Default::default(),
+        checkpoints: Default::default(),
     }
 }
 

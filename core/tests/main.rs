@@ -1,6 +1,7 @@
 //! The core's integration tests, one module per file, in one binary. `decode_alloc` stays
 //! apart: it installs a counting global allocator.
 
+mod checkpoints;
 mod codec;
 mod common;
 mod driver;

@@ -661,6 +661,7 @@ fn register(c: &mut Coordinator, now: Time, from: NodeId, role: Role, out: &mut 
                 role,
                 incarnation: 0,
                 keys_below: None,
+                checkpoints: Vec::new(),
             },
         ),
         out,
@@ -915,6 +916,7 @@ fn register_as(c: &mut Coordinator, from: NodeId, incarnation: u64, out: &mut Ef
         role: Role::Server,
         incarnation,
         keys_below: None,
+        checkpoints: Vec::new(),
     };
     c.on_message(0, Envelope::new(from, COORD, 0, body), out);
 }
@@ -1083,6 +1085,7 @@ fn a_ring_without_a_key_space_is_spread_over_the_keys_the_workers_use() {
                 role: Role::Worker,
                 incarnation: 0,
                 keys_below,
+                checkpoints: Vec::new(),
             };
             c.on_message(0, Envelope::new(worker, COORD, 0, body), &mut out);
         }

@@ -1305,6 +1305,7 @@ fn a_copy_brings_the_workers_range_clocks_with_it() {
         lost: vec![],
         incarnations: Vec::new(),
         pace: Default::default(),
+        checkpoints: Default::default(),
     };
     let next = Ring::new([s1, s2], ring).unwrap();
     let (range, _) = next

@@ -101,6 +101,7 @@ fn a_server_registers_and_beats_until_configured_then_only_beats() {
                 role: Role::Server,
                 incarnation: 0,
                 keys_below: None,
+                checkpoints: Vec::new(),
             }
         )]
     );
@@ -130,6 +131,7 @@ fn a_server_registers_and_beats_until_configured_then_only_beats() {
                 role: Role::Server,
                 incarnation: 0,
                 keys_below: None,
+                checkpoints: Vec::new(),
             }
         )]
     );
@@ -626,6 +628,7 @@ fn exactly_once_a_restarted_server_refuses_a_configuration_of_its_earlier_proces
             role: Role::Server,
             incarnation: 7,
             keys_below: None,
+            checkpoints: Vec::new(),
         }));
     // The coordinator took the registration: it lists the node as joining, under incarnation 7.
     let mut own = config(3, &[2], &[W1], Consistency::Eventual);

@@ -155,6 +155,7 @@ fn a_worker_registers_and_beats_keeps_requests_until_configured_and_reports_its_
             role: Role::Worker,
             incarnation: 0,
             keys_below: None,
+            checkpoints: Vec::new(),
         },
     );
     assert_eq!(out.sends, vec![register.clone()]);

@@ -261,6 +261,7 @@ fn message(body: Body) -> Message<i64> {
             role: Role::Worker,
             incarnation: u64::from(incarnation),
             keys_below,
+            checkpoints: Vec::new(),
         },
         Body::Config {
             epoch,
@@ -303,6 +304,12 @@ fn message(body: Body) -> Message<i64> {
                 left: Vec::new(),
                 lost: vec![],
                 incarnations,
+                // Checkpoints every few iterations, some recorded: the worker under test may
+                // wait at a cut, and a first configuration may resume from one.
+                checkpoints: Checkpoints {
+                    every: u32::from(pace.1 % 4),
+                    complete: u32::from(epoch / 8) * 2,
+                },
                 // The worker under test may be told to skip ahead, the bound may move, and a
                 // share may have moved from it for its speed. A coordinator only ever moves a
                 // skip forward, so a later configuration's is never lower.

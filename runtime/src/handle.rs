@@ -69,6 +69,18 @@ pub enum RuntimeError {
         /// Rows held.
         rows: usize,
     },
+    /// The worker waits before a checkpoint's cut: a push now would land in the iteration
+    /// the servers are writing. Push once the advance completes.
+    #[error(
+        "the worker waits at checkpoint {cut} for the servers to write it: push after the advance to iteration {cut} completes"
+    )]
+    AtCheckpoint {
+        /// The iteration it waits before.
+        cut: Iteration,
+    },
+    /// A server could not write or load a checkpoint (ARCHITECTURE.md §11).
+    #[error("{0}")]
+    Checkpoint(String),
     /// The node's configuration cannot work over its transport.
     #[error("{0}")]
     Config(String),
@@ -85,6 +97,7 @@ impl From<WorkerError> for RuntimeError {
                 RuntimeError::WidthMismatch { expected, got }
             }
             WorkerError::Unflushed { rows } => RuntimeError::Unflushed { rows },
+            WorkerError::AtCheckpoint { cut } => RuntimeError::AtCheckpoint { cut },
         }
     }
 }

@@ -1006,6 +1006,7 @@ mod tests {
             lost: vec![],
             incarnations: vec![],
             pace: Default::default(),
+            checkpoints: Default::default(),
         };
         // Four servers, two keys: at most two of them are anybody's primary.
         assert!(idle_servers(&config(4, 2)).len() >= 2);
@@ -1032,6 +1033,7 @@ mod tests {
             lost: vec![KeyRange::new(0, 10).unwrap_or(KeyRange::FULL)],
             incarnations: vec![],
             pace: Default::default(),
+            checkpoints: Default::default(),
         };
         assert_eq!(
             summary(&config, 2),

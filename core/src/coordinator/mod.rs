@@ -45,14 +45,14 @@ use standby::{Fence, Mode, Renewal};
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, Refusal, TimerId};
-use crate::ids::{Epoch, NodeId, Role, Standbys, Time};
+use crate::ids::{Epoch, Iteration, NodeId, Role, Standbys, Time};
 use crate::key::{Key, KeyRange};
 use crate::pace::{self, Pace, PaceWatch, StragglerPolicy};
 use crate::ring::{Ring, RingConfig, RingError};
 use crate::status::{ClusterStatus, NodeState, NodeStatus, Phase};
 use crate::timing::Timing;
 use crate::value::Value;
-use crate::wire::{ClusterConfig, Envelope, Message};
+use crate::wire::{Checkpoints, ClusterConfig, Envelope, Message};
 
 /// What the coordinator is told at start: the shape of the job. Build it with
 /// [`CoordinatorConfig::new`] and change the fields that differ from the defaults.
@@ -82,6 +82,9 @@ pub struct CoordinatorConfig {
     /// as its standby, which holds its state and takes over when it goes silent; the others
     /// wait to be taken. Default: none, and the job ends with its coordinator.
     pub peers: Standbys,
+    /// Iterations between whole-job checkpoints ([`crate::wire::Checkpoints`]). Default 0:
+    /// none.
+    pub checkpoint_every: Iteration,
 }
 
 impl CoordinatorConfig {
@@ -97,6 +100,7 @@ impl CoordinatorConfig {
             timing: Timing::default(),
             stragglers: StragglerPolicy::default(),
             min_replicas: 0,
+            checkpoint_every: 0,
             peers: Standbys::default(),
         }
     }
@@ -209,6 +213,11 @@ pub struct Coordinator {
     cut_off: bool,
     /// The members heard since the last failure check.
     heard_since_check: BTreeSet<NodeId>,
+    /// Before the job starts: per server started to resume, the checkpoints it holds whole.
+    offered_cuts: BTreeMap<NodeId, Vec<Iteration>>,
+    /// Per server, the last cut it wrote every shard of, and the epoch it held then
+    /// ([`Message::Checkpointed`]).
+    checkpointed: BTreeMap<NodeId, (Iteration, Epoch)>,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -261,6 +270,8 @@ impl Coordinator {
             renewing: None,
             cut_off: false,
             heard_since_check: BTreeSet::new(),
+            offered_cuts: BTreeMap::new(),
+            checkpointed: BTreeMap::new(),
             #[cfg(feature = "mutations")]
             mutation: None,
         })
@@ -553,6 +564,7 @@ impl Coordinator {
                 role,
                 incarnation,
                 keys_below,
+                checkpoints,
             } => {
                 if let Some(&known) = self.incarnations.get(&from).filter(|&&i| incarnation < i) {
                     return out.refuse(
@@ -569,6 +581,9 @@ impl Coordinator {
                     self.incarnations.insert(from, incarnation);
                     if let (Role::Worker, Some(bound)) = (role, keys_below) {
                         self.keys_below.insert(from, bound);
+                    }
+                    if role == Role::Server {
+                        self.offered_cuts.insert(from, checkpoints);
                     }
                     self.publish_when_complete(out);
                 } else if role == Role::Server && !(known && self.is_server(from)) {
@@ -594,6 +609,10 @@ impl Coordinator {
                 },
             ),
             Message::Lost(ranges) if self.is_server(from) => self.list_lost(from, ranges, out),
+            Message::Checkpointed { cut } if self.is_server(from) => {
+                self.checkpointed.insert(from, (cut, env.epoch));
+                self.record_checkpoint_when_complete(out);
+            }
             // Only at the epoch in force: an older `Leave` may be from an earlier process of
             // a server, delayed past its restart (which always starts a new epoch), and must
             // not take the new one out. A node that leaves says so again with every
@@ -808,12 +827,17 @@ impl Coordinator {
         };
         let workers = of(Role::Worker);
         let shares = ClusterConfig::deal(&workers, self.cfg.stragglers.shares_per_worker());
+        let servers = of(Role::Server);
+        let checkpoints = Checkpoints {
+            every: self.cfg.checkpoint_every,
+            complete: self.resume_cut(&servers),
+        };
         self.config = Some(ClusterConfig {
             epoch: 1,
             coordinator: self.cfg.id,
             standbys: Vec::new(),
             term: 0,
-            servers: of(Role::Server),
+            servers,
             workers,
             ring: self.first_ring(),
             consistency: self.cfg.consistency,
@@ -824,12 +848,55 @@ impl Coordinator {
             lost: vec![],
             incarnations: Vec::new(),
             pace: Pace::default(),
+            checkpoints,
         });
         if let Some(config) = &mut self.config {
             config.incarnations = server_incarnations(&self.incarnations, config);
         }
         out.emit(Event::Ready { epoch: 1 });
         self.release(out);
+    }
+
+    /// The cut a job starts from: the newest checkpoint every server of the first ring holds
+    /// whole, 0 (the beginning) when they hold none in common.
+    fn resume_cut(&self, servers: &[NodeId]) -> Iteration {
+        let mut common: Option<BTreeSet<Iteration>> = None;
+        for s in servers {
+            let held: BTreeSet<Iteration> = self
+                .offered_cuts
+                .get(s)
+                .map(|c| c.iter().copied().collect())
+                .unwrap_or_default();
+            common = Some(match common {
+                None => held,
+                Some(c) => c.intersection(&held).copied().collect(),
+            });
+        }
+        common.and_then(|c| c.last().copied()).unwrap_or(0)
+    }
+
+    /// Records the next cut once every server on the ring wrote its shards of it at the
+    /// epoch in force, with no ring change under way: a configuration recording it lets the
+    /// workers go on (ARCHITECTURE.md §11).
+    fn record_checkpoint_when_complete<V: Value>(&mut self, out: &mut Effects<V>) {
+        let Some(config) = self.config.as_ref().filter(|c| !c.is_changing()) else {
+            return;
+        };
+        let Some(cut) = config.checkpoints.next_cut() else {
+            return;
+        };
+        let all = config
+            .servers
+            .iter()
+            .all(|s| self.checkpointed.get(s) == Some(&(cut, config.epoch)));
+        if !all {
+            return;
+        }
+        let mut next = config.clone();
+        next.checkpoints.complete = cut;
+        self.checkpointed.retain(|_, &mut (c, _)| c > cut);
+        self.publish(next, out);
+        out.emit(Event::CheckpointComplete { cut });
     }
 
     /// The ring of the first configuration: the job's, but where the job gave it no key space,

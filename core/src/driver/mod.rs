@@ -58,15 +58,16 @@ use bytes::Bytes;
 use thiserror::Error;
 
 use crate::effects::{Effects, Event, Refusal, TimerCmd, TimerId};
-use crate::ids::{NodeId, Time};
+use crate::ids::{Iteration, NodeId, Time};
 use crate::key::Key;
 use crate::kv::KvPairs;
 use crate::pace::Coverage;
 use crate::selection::KeySelection;
+use crate::server::{CheckpointError, Server};
 use crate::store::{ParamStore, Store};
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
-use crate::wire::{ClusterConfig, Envelope, RequestId};
+use crate::wire::{ClusterConfig, Envelope, RequestId, Transfer};
 use crate::wire::{Codec, EncodeError, FrameParts};
 use crate::worker::WorkerError;
 
@@ -216,6 +217,46 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
             Node::Server(server) => server.start_from(rows),
             _ => Err(crate::server::StartFromError::NotAServer),
         }
+    }
+
+    /// Offers the checkpoints the driven server holds whole, by cut, before it starts: a job
+    /// whose servers all hold one resumes from the newest they share (see
+    /// [`crate::node::Server::offer_checkpoints`], ARCHITECTURE.md §11).
+    pub fn offer_checkpoints(&mut self, cuts: Vec<Iteration>) -> Result<(), CheckpointError> {
+        match &mut self.node {
+            Node::Server(server) => server.offer_checkpoints(cuts),
+            _ => Err(CheckpointError::NotAServer),
+        }
+    }
+
+    /// Says that the shards of `cut` the driven server handed out
+    /// ([`Event::CheckpointDue`]) are written where they survive the process.
+    pub fn checkpoint_written(&mut self, now: Time, cut: Iteration) -> Result<(), CheckpointError> {
+        self.on_server(|s, out| s.checkpoint_written(now, cut, out))
+    }
+
+    /// Hands the driven server the shards it wrote at `cut`, which the job resumes from
+    /// ([`Event::Restore`]); call before the next frame or timeout.
+    pub fn restore(
+        &mut self,
+        now: Time,
+        cut: Iteration,
+        shards: Vec<Transfer<V>>,
+    ) -> Result<(), CheckpointError> {
+        self.on_server(|s, out| s.restore(now, cut, shards, out))
+    }
+
+    fn on_server<T>(
+        &mut self,
+        call: impl FnOnce(&mut Server<V, U, S>, &mut Effects<V>) -> Result<T, CheckpointError>,
+    ) -> Result<T, CheckpointError> {
+        let mut out = self.take_scratch();
+        let result = match &mut self.node {
+            Node::Server(server) => call(server, &mut out),
+            _ => Err(CheckpointError::NotAServer),
+        };
+        self.absorb(out);
+        result
     }
 
     /// The codec in use.

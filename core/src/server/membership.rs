@@ -81,6 +81,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             out.emit(Event::Fenced);
         }
         self.reshard(fresh_start, &rejoined, out);
+        self.restore_when_resuming(fresh_start, out);
         self.retain_slot_workers(now, out);
         self.report_lost(out);
         self.drop_unserved_pulls();
@@ -100,8 +101,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.apply_finished_iterations(now, out);
         self.arm_replication(now, out);
         self.answer_held(out);
-        self.replay_early(now, out);
+        if self.checkpointing.restoring.is_none() {
+            self.replay_early(now, out);
+        }
         self.say_when_finished(now, was_finished, out);
+        self.report_checkpoint(out);
+        self.checkpoint_when_due(now, out);
     }
 
     /// Says that the job is over when the configuration just taken in is the first to say so,
@@ -168,7 +173,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// Takes in the kept messages that the configuration in force now covers.
-    fn replay_early(&mut self, now: Time, out: &mut Effects<V>) {
+    pub(super) fn replay_early(&mut self, now: Time, out: &mut Effects<V>) {
         let epoch = self.epoch();
         let (ready, later): (Vec<Envelope<V>>, _) = core::mem::take(&mut self.early)
             .into_iter()

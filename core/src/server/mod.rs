@@ -2,6 +2,7 @@
 //! replicates them, and answers pulls once the job's consistency model allows.
 
 mod cached;
+mod checkpoint;
 mod membership;
 mod progress;
 mod pull;
@@ -31,6 +32,8 @@ use crate::value::Value;
 use crate::watch::CoordinatorWatch;
 use crate::wire::{ClusterConfig, Envelope, Message, SliceRef};
 
+pub use checkpoint::CheckpointError;
+use checkpoint::Checkpointing;
 use progress::Taken;
 use pull::HeldPull;
 use replication::Resend;
@@ -196,6 +199,8 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store
     slots: SlotQueue,
     /// Key caching: the lists each worker sent whole ([`ServerConfig::key_caching`]).
     held_lists: Option<HeldLists>,
+    /// Whole-job checkpoints: offered, restoring, written (ARCHITECTURE.md §11).
+    checkpointing: Checkpointing,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -229,6 +234,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> PartialEq for Server<V, U, S>
             && self.late_start == other.late_start
             && self.slots == other.slots
             && self.held_lists == other.held_lists
+            && self.checkpointing == other.checkpointing
     }
 }
 
@@ -258,6 +264,7 @@ impl<V: Value + Hash, U: UpdateRule<V>, S: ParamStore<V>> Hash for Server<V, U, 
         self.late_start.hash(state);
         self.slots.hash(state);
         self.held_lists.hash(state);
+        self.checkpointing.hash(state);
         #[cfg(feature = "mutations")]
         self.mutation.hash(state);
     }
@@ -297,6 +304,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             late_start: false,
             slots: SlotQueue::default(),
             held_lists: cfg.key_caching.map(HeldLists::new),
+            checkpointing: Checkpointing::default(),
             cfg,
             #[cfg(feature = "mutations")]
             mutation: None,
@@ -500,6 +508,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             role: Role::Server,
             incarnation: self.cfg.incarnation,
             keys_below: None,
+            checkpoints: self.checkpointing.offered.clone(),
         };
         for to in crate::watch::register_with(
             self.cluster.as_ref(),
@@ -562,6 +571,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     self.send(self.coordinator_id(), Message::Leave, out);
                 }
                 self.report_lost(out);
+                self.report_checkpoint(out);
                 out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
             }
             _ => {}
@@ -606,6 +616,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             }
             _ => {}
         }
+        if self.checkpointing.restoring.is_some() {
+            return self.hold_while_restoring(env, out);
+        }
         let Some(cluster) = self.cluster.as_ref().filter(|c| env.epoch <= c.epoch()) else {
             return self.keep_early(env, out);
         };
@@ -642,11 +655,18 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             Message::Progress {
                 finished_below,
                 taken_below,
-            } => self.on_progress(now, from, env.epoch, finished_below, taken_below, out),
+            } => {
+                self.on_progress(now, from, env.epoch, finished_below, taken_below, out);
+                self.checkpoint_when_due(now, out);
+            }
             Message::Replicate { .. }
             | Message::ReplicateAck { .. }
             | Message::Transfer(_)
-            | Message::TransferAck { .. } => self.on_replication(now, env, out),
+            | Message::TransferAck { .. } => {
+                self.on_replication(now, env, out);
+                // A replica that applied the iterations below a cut may complete it.
+                self.checkpoint_when_due(now, out);
+            }
             _ => out.refuse(from, Refusal::Unexpected),
         }
     }

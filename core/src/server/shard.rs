@@ -231,25 +231,10 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         aux_width: usize,
         role: ShardRole<V>,
     ) -> Option<Self> {
-        if copy.values.width() != width
-            || copy.values.keys().iter().any(|&k| !copy.range.contains(k))
-        {
+        if !fits(&copy, width, aux_width) {
             return None;
         }
-        if let Some(state) = &copy.state {
-            if state.keys() != copy.values.keys() || state.width() != width * aux_width {
-                return None;
-            }
-        } else if aux_width > 0 {
-            return None;
-        }
-        for (i, (k, row)) in copy.values.iter().enumerate() {
-            let (values, aux) = store.row_mut(k);
-            values.copy_from_slice(row);
-            if let Some(state) = &copy.state {
-                aux.copy_from_slice(&state.values()[i * aux.len()..(i + 1) * aux.len()]);
-            }
-        }
+        fill(&mut store, &copy);
         let mut pending: BTreeMap<Iteration, Vec<KvPairs<V>>> = BTreeMap::new();
         for b in copy.pending {
             if b.kvs.width() != width {
@@ -518,6 +503,29 @@ impl<V: Value + Hash, S: ParamStore<V>> Hash for Shard<V, S> {
         self.seq.hash(state);
         self.role.hash(state);
         self.store.fingerprint(state);
+    }
+}
+
+/// Whether `copy` fits a server whose rows are `width` values with `aux_width` values of
+/// update-rule state each: its keys in its range, its state beside every row.
+pub(crate) fn fits<V: Value>(copy: &Transfer<V>, width: usize, aux_width: usize) -> bool {
+    if copy.values.width() != width || copy.values.keys().iter().any(|&k| !copy.range.contains(k)) {
+        return false;
+    }
+    match &copy.state {
+        Some(state) => state.keys() == copy.values.keys() && state.width() == width * aux_width,
+        None => aux_width == 0,
+    }
+}
+
+/// Writes the rows and update-rule state of `copy` (checked with [`fits`]) into `store`.
+pub(crate) fn fill<V: Value, S: ParamStore<V>>(store: &mut S, copy: &Transfer<V>) {
+    for (i, (k, row)) in copy.values.iter().enumerate() {
+        let (values, aux) = store.row_mut(k);
+        values.copy_from_slice(row);
+        if let Some(state) = &copy.state {
+            aux.copy_from_slice(&state.values()[i * aux.len()..(i + 1) * aux.len()]);
+        }
     }
 }
 

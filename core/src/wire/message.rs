@@ -15,7 +15,7 @@ use crate::value::Value;
 use crate::wire::rows::RowValues;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 15;
+pub const PROTOCOL_VERSION: u16 = 16;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;
@@ -126,11 +126,41 @@ pub struct ClusterConfig {
     /// What the coordinator decided about stragglers: the staleness bound in force and the
     /// iterations workers were told to skip ([`Pace`]). Every server holds pulls to it.
     pub pace: Pace,
+    /// Whole-job checkpoints: how often the workers meet for one, and the last one every
+    /// server wrote ([`Checkpoints`]).
+    pub checkpoints: Checkpoints,
+}
+
+/// Whole-job checkpoints (ARCHITECTURE.md §11). Before every iteration that is a multiple of
+/// `every` (a *cut*), each worker waits until a configuration records the cut complete; each
+/// server, once every worker has finished the iterations below the cut, hands its shards to
+/// its driver to write ([`crate::Event::CheckpointDue`]) and tells the coordinator, which
+/// records the cut once every server on the ring has.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Checkpoints {
+    /// Iterations between cuts; 0 takes none.
+    pub every: Iteration,
+    /// The last cut every server on the ring wrote, 0 for none. In a job's first
+    /// configuration, the cut the job resumes from: servers load their shards of it, workers
+    /// start in its iteration.
+    pub complete: Iteration,
+}
+
+impl Checkpoints {
+    /// The next cut to take: the first multiple of `every` above the last complete one.
+    pub fn next_cut(&self) -> Option<Iteration> {
+        (self.every > 0).then(|| (self.complete / self.every + 1).saturating_mul(self.every))
+    }
+
+    /// Whether a worker must wait before entering `iteration`: it is a cut not yet complete.
+    pub fn waits_before(&self, iteration: Iteration) -> bool {
+        self.every > 0 && iteration > self.complete && iteration % self.every == 0
+    }
 }
 
 impl ClusterConfig {
-    /// Whether `other` differs from this configuration in its epoch, its [`Pace`] and its
-    /// shares at most: the same members on the same ring, so that a change from one to the
+    /// Whether `other` differs from this configuration in its epoch, its [`Pace`], its
+    /// shares and its [`Checkpoints`] at most: the same members on the same ring, so that a change from one to the
     /// other moves no range and removes nobody. Shares move alone only by speed
     /// ([`crate::pace::StragglerPolicy::balance`]); those of a worker that died move with the
     /// membership.
@@ -140,6 +170,7 @@ impl ClusterConfig {
             epoch: _,
             pace: _,
             shares: _,
+            checkpoints: _,
             coordinator,
             standbys,
             term,
@@ -192,6 +223,7 @@ impl ClusterConfig {
     ///     lost: vec![],
     ///     incarnations: vec![],
     ///     pace: Default::default(),
+    ///     checkpoints: Default::default(),
     /// };
     /// let next = config.without_server(NodeId(1)).unwrap();
     /// assert_eq!((next.epoch, &next.servers[..]), (2, &[NodeId(2), NodeId(3)][..]));
@@ -359,6 +391,7 @@ impl ClusterConfig {
     ///     lost: vec![],
     ///     incarnations: vec![],
     ///     pace: Default::default(),
+    ///     checkpoints: Default::default(),
     /// };
     /// // Share 2 came from `a` in its iteration 25: rounds of 10 from iteration 0.
     /// config.pace.moves = vec![ShareMove { share: 2, from: a, at: 25 }];
@@ -429,6 +462,7 @@ impl ClusterConfig {
     ///     lost: vec![],
     ///     incarnations: vec![],
     ///     pace: Default::default(),
+    ///     checkpoints: Default::default(),
     /// };
     /// assert!(!config.job_finished());
     /// config.workers.clear();
@@ -472,6 +506,7 @@ impl ClusterConfig {
     ///     lost: vec![],
     ///     incarnations: vec![],
     ///     pace: Default::default(),
+    ///     checkpoints: Default::default(),
     /// };
     /// config.workers.retain(|&n| n != w(3));
     /// config.hand_over_shares();
@@ -753,6 +788,10 @@ pub enum Message<V: Value> {
         /// A worker's keys all lie below this bound, if it knows one
         /// ([`crate::JobSpec::keys_below`]).
         keys_below: Option<Key>,
+        /// A server started to resume a job: the cuts whose shards it holds whole, from
+        /// which the coordinator picks the newest every server holds ([`Checkpoints`]).
+        #[serde(with = "seq")]
+        checkpoints: Vec<Iteration>,
     },
     /// The coordinator's configuration for an epoch.
     Config(ClusterConfig),
@@ -830,6 +869,12 @@ pub enum Message<V: Value> {
     CaughtUp {
         /// The configuration whose change the server caught up with.
         epoch: Epoch,
+    },
+    /// A server wrote every shard it holds at the epoch of the envelope, as of the cut
+    /// ([`Checkpoints`]); repeated with every heartbeat until a configuration records the cut.
+    Checkpointed {
+        /// The cut.
+        cut: Iteration,
     },
     /// A server asks to leave the job: the coordinator moves its ranges away first.
     Leave,
@@ -929,5 +974,5 @@ pub struct StandbyState {
 
 impl<V: Value> Message<V> {
     /// Number of message kinds this version knows; the wire tags are `0..KINDS`.
-    pub const KINDS: u32 = 32;
+    pub const KINDS: u32 = 33;
 }

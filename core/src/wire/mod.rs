@@ -32,7 +32,7 @@ pub use message::{
     Pull, PullCached, PullReply, PullRows, PullValues, Push, PushCached, Replicate, ShardAck,
     ShardUpdate, SliceId, SliceRef, StandbyState, Transfer,
 };
-pub use message::{ClusterConfig, RequestId};
+pub use message::{Checkpoints, ClusterConfig, RequestId};
 pub use rows::RowValues;
 
 pub use crate::trailer::TRAILER_ALIGN;

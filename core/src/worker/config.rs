@@ -156,4 +156,13 @@ pub enum WorkerError {
         /// Rows held.
         rows: usize,
     },
+    /// The worker waits before a checkpoint's cut ([`crate::wire::Checkpoints`]): a push now
+    /// would land in the iteration the servers are writing. Push once the advance completes.
+    #[error(
+        "the worker waits at checkpoint {cut} for the servers to write it: push after the advance to iteration {cut} completes"
+    )]
+    AtCheckpoint {
+        /// The iteration it waits before.
+        cut: crate::ids::Iteration,
+    },
 }

@@ -72,6 +72,8 @@ pub struct Worker<V: Value> {
     covered: Coverage,
     /// The speed the application last said it works at ([`Worker::report_speed`]).
     speed: u32,
+    /// The checkpoint the job resumed from, when its first configuration said so.
+    resumed_from: Option<Iteration>,
     /// The job's filters, which every push goes through ([`WorkerConfig::filters`]).
     filters: FilterChain<V>,
     /// Key caching: the lists each server was sent ([`crate::filter::Filters::key_caching`]).
@@ -123,6 +125,7 @@ impl<V: Value> Worker<V> {
             coordinator: CoordinatorWatch::default(),
             covered: Coverage(0),
             speed: 0,
+            resumed_from: None,
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -235,6 +238,27 @@ impl<V: Value> Worker<V> {
         self.iteration
     }
 
+    /// The checkpoint the job resumed from ([`crate::wire::Checkpoints`]): the worker started
+    /// in its iteration, every one before it trained by the run that wrote it. `None` for a
+    /// job that started from the beginning, or a worker that joined a running one.
+    pub fn resumed_from(&self) -> Option<Iteration> {
+        self.resumed_from
+    }
+
+    /// The cut the worker waits before: the application asked to advance into an iteration
+    /// whose checkpoint is not complete yet ([`crate::wire::Checkpoints`]).
+    pub fn waits_at_checkpoint(&self) -> Option<Iteration> {
+        let next = self.iteration + 1;
+        let plan = self.cluster.as_ref()?.config.checkpoints;
+        (self.advances_waiting > 0 && plan.waits_before(next)).then_some(next)
+    }
+
+    /// The iteration the worker has left everything below: the one it is in, or the cut it
+    /// waits before, the iteration it asked to leave being over.
+    fn left_below(&self) -> Iteration {
+        self.waits_at_checkpoint().unwrap_or(self.iteration)
+    }
+
     /// Every iteration below this one is finished: advanced past, all its pushes acknowledged
     /// (feature `testing`).
     #[cfg(feature = "testing")]
@@ -345,6 +369,7 @@ impl<V: Value> Worker<V> {
             role: Role::Worker,
             incarnation: 0,
             keys_below: self.cfg.keys_below,
+            checkpoints: Vec::new(),
         };
         for to in crate::watch::register_with(
             self.cluster.as_ref(),
@@ -407,6 +432,9 @@ impl<V: Value> Worker<V> {
                 got: kvs.width(),
             });
         }
+        if let Some(cut) = self.waits_at_checkpoint() {
+            return Err(WorkerError::AtCheckpoint { cut });
+        }
         let kvs = self.filters.push(kvs);
         Ok(self.send_push(now, kvs, covers, out))
     }
@@ -435,6 +463,9 @@ impl<V: Value> Worker<V> {
     ) -> Result<Option<RequestId>, WorkerError> {
         if self.fenced {
             return Err(WorkerError::Fenced);
+        }
+        if let Some(cut) = self.waits_at_checkpoint() {
+            return Err(WorkerError::AtCheckpoint { cut });
         }
         let Some(kvs) = self.filters.flush() else {
             return Ok(None);
@@ -652,11 +683,21 @@ impl<V: Value> Worker<V> {
             return;
         };
         let mut moved = false;
+        let checkpoints = self
+            .cluster
+            .as_ref()
+            .map(|c| c.config.checkpoints)
+            .unwrap_or_default();
         while self.advances_waiting > 0 {
             let next = self.iteration + 1;
             if !consistency.may_enter(next, self.finished_below_at(next))
                 && !mutated!(self, EagerAdvance)
             {
+                break;
+            }
+            // The servers write the iterations below a cut before anyone enters it
+            // (ARCHITECTURE.md §11).
+            if checkpoints.waits_before(next) {
                 break;
             }
             self.iteration = next;
@@ -665,7 +706,9 @@ impl<V: Value> Worker<V> {
             out.emit(Event::Advanced(next));
             moved = true;
         }
-        if moved && self.progress_pending() {
+        // A worker waiting at a cut has left the iteration before it: the servers hear so.
+        let waits = self.waits_at_checkpoint().is_some();
+        if (moved || waits) && self.progress_pending() {
             self.progress_attempts = 0;
             self.send_progress(now, out);
             self.arm_retransmit(out);
@@ -708,6 +751,11 @@ impl<V: Value> Worker<V> {
             if joins_late {
                 self.learning_start = true;
             } else {
+                let resumes = cluster_resumes(self.cluster.as_ref());
+                if let Some(cut) = resumes.filter(|_| self.requests.is_empty()) {
+                    self.iteration = self.iteration.max(cut);
+                    self.resumed_from = Some(cut);
+                }
                 out.emit(Event::Ready {
                     epoch: self.epoch(),
                 });
@@ -769,6 +817,12 @@ impl<V: Value> Worker<V> {
         }
         out.emit(Event::Fenced);
     }
+}
+
+/// The cut a job resumes from, when `cluster` is its first configuration and says so.
+fn cluster_resumes(cluster: Option<&Cluster>) -> Option<Iteration> {
+    let config = &cluster?.config;
+    (config.epoch == 1 && config.checkpoints.complete > 0).then_some(config.checkpoints.complete)
 }
 
 /// One unanswered slice of a worker's open request ([`Worker::waits`]).

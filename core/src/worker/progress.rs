@@ -118,6 +118,11 @@ impl<V: Value> Worker<V> {
         let Some(start) = answers.and_then(|a| a.into_iter().max()) else {
             return;
         };
+        // The others wait before a cut whose checkpoint is being written: starting in it would
+        // push into it. The configuration that records it starts this worker.
+        if cluster.config.checkpoints.waits_before(start) {
+            return;
+        }
         self.learning_start = false;
         if self.requests.is_empty() && self.unfinished.is_empty() {
             self.iteration = self.iteration.max(start);
@@ -163,12 +168,13 @@ impl<V: Value> Worker<V> {
 
     /// Every push of every iteration below this one is acknowledged (and it was left).
     fn durable_below(&self) -> Iteration {
+        let left = self.left_below();
         self.requests
             .values()
             .filter(|r| r.is_push())
             .map(|r| r.iteration)
             .min()
-            .map_or(self.iteration, |i| i.min(self.iteration))
+            .map_or(left, |i| i.min(left))
     }
 
     /// Every push of every iteration below this one is acknowledged or taken in, at this
@@ -176,12 +182,13 @@ impl<V: Value> Worker<V> {
     /// was left).
     fn taken_below(&self) -> Iteration {
         let epoch = self.epoch();
+        let left = self.left_below();
         self.requests
             .values()
             .filter(|r| r.is_push() && (r.whole.is_some() || !r.all_taken_at(epoch)))
             .map(|r| r.iteration)
             .min()
-            .map_or(self.iteration, |i| i.min(self.iteration))
+            .map_or(left, |i| i.min(left))
     }
 
     fn progress_message(&self) -> Message<V> {

@@ -42,6 +42,7 @@ pub(crate) fn config(
         lost: vec![],
         incarnations: Vec::new(),
         pace: Default::default(),
+        checkpoints: Default::default(),
     }
 }
 

@@ -352,6 +352,7 @@ fn ring_change_configs(
         lost: vec![],
         incarnations: Vec::new(),
         pace: Default::default(),
+        checkpoints: Default::default(),
     };
     let gone = cfg.server_taken_off().unwrap_or(NodeId(0));
     let second = first.without_server(gone)?;

@@ -1,0 +1,270 @@
+//! Whole-job checkpoints as a server takes them (ARCHITECTURE.md §11): once every worker has
+//! finished the iterations below the next cut and waits there, the server hands a copy of
+//! every shard it holds to its driver ([`Event::CheckpointDue`]), and once the driver says
+//! they are written, tells the coordinator, with every heartbeat until a configuration
+//! records the cut. A job restarted whole loads the shards of the cut its coordinator chose
+//! ([`Event::Restore`]) before it serves anything.
+//!
+//! Nothing is pushed between the cut and its record: every worker waits before it, and every
+//! push of the iterations below it was acknowledged, so by every replica too. The primary and
+//! the replicas of a range therefore write the same rows, and a restart needs no copies: each
+//! server loads the ranges it held, primary and replica alike, and the ring is the same as
+//! long as the servers are.
+
+use crate::consistency::Consistency;
+use crate::effects::{Effects, Event};
+use crate::ids::{Iteration, Time};
+use crate::key::KeyRange;
+use crate::store::ParamStore;
+use crate::updater::UpdateRule;
+use crate::value::Value;
+use crate::wire::{Envelope, Message, Transfer};
+
+use super::Server;
+
+/// Messages held while a server waits for its shards to be restored; beyond this,
+/// retransmission recovers.
+const MAX_HELD: usize = 64;
+
+/// A server's part in whole-job checkpoints.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub(super) struct Checkpointing {
+    /// Cuts whose shards this process holds whole, offered with its registration.
+    pub(super) offered: Vec<Iteration>,
+    /// The cut whose shards the driver is to hand over before the server serves anything.
+    pub(super) restoring: Option<Iteration>,
+    /// The cut whose shards went to the driver, not written yet, and their ranges.
+    due: Option<(Iteration, Vec<KeyRange>)>,
+    /// The cut whose shards the driver wrote, and their ranges.
+    written: Option<(Iteration, Vec<KeyRange>)>,
+}
+
+/// Why a server did not take a call about checkpoints.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// The node is not a server.
+    #[error("only a server writes and restores checkpoints")]
+    NotAServer,
+    /// The server registered already: what it holds is offered only before it starts.
+    #[error("the server has started: checkpoints are offered only before")]
+    Started,
+    /// No shards of this cut were handed out to be written.
+    #[error("no checkpoint of iteration {cut} was due")]
+    NotDue {
+        /// The cut named.
+        cut: Iteration,
+    },
+    /// The server is not waiting for the shards of this cut.
+    #[error("the server is not waiting to restore iteration {cut}")]
+    NotRestoring {
+        /// The cut named.
+        cut: Iteration,
+    },
+    /// The checkpoint holds no copy of a range this server holds now: the ring differs from
+    /// the one it was written under (other servers, or another key space).
+    #[error(
+        "the checkpoint of iteration {cut} holds no copy of keys {range}: the ring is not the one it was written under (start the same servers as then)"
+    )]
+    MissingRange {
+        /// The cut.
+        cut: Iteration,
+        /// The range with no copy.
+        range: KeyRange,
+    },
+    /// A copy of another row shape than the job's.
+    #[error(
+        "the checkpoint's copy of keys {range} has rows of another width or update rule than the job's"
+    )]
+    Shape {
+        /// The range.
+        range: KeyRange,
+    },
+}
+
+impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
+    /// Offers the cuts whose shards this server holds whole, with its registration: the
+    /// coordinator resumes the job from the newest every server holds. Call before
+    /// [`Server::start`].
+    pub fn offer_checkpoints(&mut self, cuts: Vec<Iteration>) -> Result<(), CheckpointError> {
+        if self.cluster.is_some() {
+            return Err(CheckpointError::Started);
+        }
+        self.checkpointing.offered = cuts;
+        Ok(())
+    }
+
+    /// The driver wrote the shards of `cut` it was handed ([`Event::CheckpointDue`]): the
+    /// coordinator hears so.
+    pub fn checkpoint_written(
+        &mut self,
+        now: Time,
+        cut: Iteration,
+        out: &mut Effects<V>,
+    ) -> Result<(), CheckpointError> {
+        match self.checkpointing.due.take() {
+            Some((due, ranges)) if due == cut => {
+                self.checkpointing.written = Some((cut, ranges));
+                self.report_checkpoint(out);
+                self.checkpoint_when_due(now, out);
+                Ok(())
+            }
+            other => {
+                self.checkpointing.due = other;
+                Err(CheckpointError::NotDue { cut })
+            }
+        }
+    }
+
+    /// Loads the shards this server wrote at `cut` ([`Event::Restore`]): every range it holds
+    /// takes the rows and update-rule state of its copy; workers count as having finished the
+    /// iterations below the cut. De-duplication state is not restored: every worker is a new
+    /// process with new request numbers. Then the messages that waited are taken in.
+    pub fn restore(
+        &mut self,
+        now: Time,
+        cut: Iteration,
+        shards: Vec<Transfer<V>>,
+        out: &mut Effects<V>,
+    ) -> Result<(), CheckpointError> {
+        if self.checkpointing.restoring != Some(cut) {
+            return Err(CheckpointError::NotRestoring { cut });
+        }
+        let mut copies: std::collections::BTreeMap<KeyRange, Transfer<V>> =
+            shards.into_iter().map(|t| (t.range, t)).collect();
+        let width = self.cfg.width;
+        let aux_width = self.updater.aux_width();
+        // Checked whole before anything is loaded, so that a refused checkpoint leaves the
+        // shards as they were.
+        for shard in self.shards.values() {
+            let range = shard.range;
+            let copy = copies
+                .get(&range)
+                .ok_or(CheckpointError::MissingRange { cut, range })?;
+            if !super::shard::fits(copy, width, aux_width) {
+                return Err(CheckpointError::Shape { range });
+            }
+        }
+        for shard in self.shards.values_mut() {
+            if let Some(copy) = copies.remove(&shard.range) {
+                super::shard::fill(&mut shard.store, &copy);
+            }
+            shard.applied_below = shard.applied_below.max(cut);
+        }
+        if let Some(cluster) = &self.cluster {
+            for &w in cluster.workers() {
+                self.progress
+                    .entry(w)
+                    .or_default()
+                    .advance(KeyRange::FULL, cut);
+            }
+        }
+        self.checkpointing.restoring = None;
+        self.replay_early(now, out);
+        self.answer_held(out);
+        Ok(())
+    }
+
+    /// With its first configuration: a job that resumes from a checkpoint has the driver
+    /// load this server's shards of it first.
+    pub(super) fn restore_when_resuming(&mut self, fresh_start: bool, out: &mut Effects<V>) {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        let cut = cluster.config.checkpoints.complete;
+        if fresh_start && cluster.epoch() == 1 && cut > 0 && self.is_member() {
+            self.checkpointing.restoring = Some(cut);
+            out.emit(Event::Restore { cut });
+        }
+    }
+
+    /// Keeps a message that came while the server waits for its shards: nothing is served
+    /// from shards about to be replaced.
+    pub(super) fn hold_while_restoring(&mut self, env: Envelope<V>, out: &mut Effects<V>) {
+        if self.early.contains(&env) {
+            return;
+        }
+        if self.early.len() < MAX_HELD {
+            self.early.push(env);
+        } else {
+            out.refuse(env.from, crate::effects::Refusal::Overflow);
+        }
+    }
+
+    /// Hands every shard to the driver once every worker has finished the iterations below
+    /// the next cut (and, in sequential mode, every shard applied them), the ring is not
+    /// changing, and the shards are not written for that cut already.
+    pub(super) fn checkpoint_when_due(&mut self, _now: Time, out: &mut Effects<V>) {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        let Some(cut) = cluster.config.checkpoints.next_cut() else {
+            return;
+        };
+        if !self.is_member()
+            || self.checkpointing.restoring.is_some()
+            || cluster.config.is_changing()
+            || cluster.workers().is_empty()
+        {
+            return;
+        }
+        let of_cut = |c: &Option<(Iteration, Vec<KeyRange>)>| c.as_ref().map(|(c, _)| *c);
+        let handed = [&self.checkpointing.due, &self.checkpointing.written]
+            .into_iter()
+            .any(|c| of_cut(c) == Some(cut));
+        if handed && !self.shards_changed_since(cut) {
+            return;
+        }
+        let workers_done = cluster
+            .workers()
+            .iter()
+            .all(|&w| self.finished_in(w, KeyRange::FULL) >= cut);
+        let applied = cluster.config.consistency != Consistency::Sequential
+            || self.shards.values().all(|s| s.applied_below >= cut);
+        if !workers_done || !applied {
+            return;
+        }
+        let width = self.cfg.width;
+        let aux_width = self.updater.aux_width();
+        let shards: Vec<Transfer<V>> = self
+            .shards
+            .values()
+            .map(|s| s.copy(width, aux_width))
+            .collect();
+        self.checkpointing.due = Some((cut, self.shard_ranges()));
+        self.checkpointing.written = None;
+        out.emit(Event::CheckpointDue { cut, shards });
+    }
+
+    /// Tells the coordinator that the shards of the cut are written, as long as no
+    /// configuration records it and they are the shards this server holds now.
+    pub(super) fn report_checkpoint(&self, out: &mut Effects<V>) {
+        let (Some(cluster), Some((cut, ranges))) = (&self.cluster, &self.checkpointing.written)
+        else {
+            return;
+        };
+        if cluster.config.checkpoints.complete >= *cut || *ranges != self.shard_ranges() {
+            return;
+        }
+        self.send(
+            self.coordinator_id(),
+            Message::Checkpointed { cut: *cut },
+            out,
+        );
+    }
+
+    /// Whether the shards handed out for `cut` are not the ones this server holds now: the
+    /// ring changed since.
+    fn shards_changed_since(&self, cut: Iteration) -> bool {
+        let ranges = [&self.checkpointing.due, &self.checkpointing.written]
+            .into_iter()
+            .flatten()
+            .find(|(c, _)| *c == cut)
+            .map(|(_, r)| r);
+        ranges.is_some_and(|r| *r != self.shard_ranges())
+    }
+
+    fn shard_ranges(&self) -> Vec<KeyRange> {
+        self.shards.values().map(|s| s.range).collect()
+    }
+}

@@ -1,0 +1,388 @@
+//! Whole-job checkpoints (ARCHITECTURE.md §11), on whole clusters of drivers exchanging frames
+//! on a queue with virtual time, each server's "disk" a map the test keeps: workers wait at a
+//! cut until every server wrote its shards; a job restarted whole resumes from the newest cut
+//! every server holds, with the values it had there; a checkpoint written under another ring
+//! is refused.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use pserver_core::ring::RingConfig;
+use pserver_core::wire::Transfer;
+use pserver_core::*;
+
+const SECOND: Time = 1_000_000_000;
+const EVERY: Iteration = 2;
+
+/// Two servers with one replica and two workers, summing pushes; a checkpoint every
+/// [`EVERY`] iterations.
+fn job() -> JobSpec {
+    let mut job = JobSpec::new(2, 2);
+    job.ring = RingConfig {
+        vnodes: 4,
+        replicas: 1,
+        seed: 5,
+        ..RingConfig::default()
+    };
+    job.consistency = Consistency::BoundedDelay(1);
+    job.updater = Updater::Sum;
+    job.checkpoint_every = EVERY;
+    job
+}
+
+/// What each server wrote, by cut.
+type Disk = BTreeMap<Iteration, Vec<Transfer<i64>>>;
+
+struct Cluster {
+    job: JobSpec,
+    now: Time,
+    nodes: BTreeMap<NodeId, Driver<i64>>,
+    queue: VecDeque<(NodeId, NodeId, Bytes)>,
+    events: BTreeMap<NodeId, Vec<Event<i64>>>,
+    /// Per server, its checkpoints.
+    disks: BTreeMap<NodeId, Disk>,
+    /// Servers that write what they are handed at once.
+    writing: bool,
+}
+
+impl Cluster {
+    /// The job's nodes, every server offering the cuts `offered` gives it, started.
+    fn start(job: JobSpec, disks: BTreeMap<NodeId, Disk>, offered: &[(NodeId, Vec<u32>)]) -> Self {
+        let mut nodes = BTreeMap::new();
+        let layout = job.layout();
+        for id in std::iter::once(layout.coordinator())
+            .chain(layout.servers())
+            .chain(layout.workers())
+        {
+            let mut driver = job.driver::<i64>(id, 1).unwrap();
+            if let Some((_, cuts)) = offered.iter().find(|(s, _)| *s == id) {
+                driver.offer_checkpoints(cuts.clone()).unwrap();
+            }
+            nodes.insert(id, driver);
+        }
+        for d in nodes.values_mut() {
+            d.start(0);
+        }
+        let mut c = Cluster {
+            job,
+            now: 0,
+            nodes,
+            queue: VecDeque::new(),
+            events: BTreeMap::new(),
+            disks,
+            writing: true,
+        };
+        c.collect();
+        c
+    }
+
+    fn servers(&self) -> Vec<NodeId> {
+        self.job.layout().servers().collect()
+    }
+
+    fn workers(&self) -> Vec<NodeId> {
+        self.job.layout().workers().collect()
+    }
+
+    fn driver(&mut self, id: NodeId) -> &mut Driver<i64> {
+        self.nodes.get_mut(&id).unwrap()
+    }
+
+    /// Moves frames to the queue and events to the log; a server handed its shards writes
+    /// them to its disk (when `writing`), one restoring reads them back.
+    fn collect(&mut self) {
+        let now = self.now;
+        for (&id, d) in &mut self.nodes {
+            loop {
+                while let Some(t) = d.poll_transmit() {
+                    self.queue.push_back((id, t.to, t.frame));
+                }
+                let Some(event) = d.poll_event() else {
+                    break;
+                };
+                match &event {
+                    Event::CheckpointDue { cut, shards } if self.writing => {
+                        let disk = self.disks.entry(id).or_default();
+                        disk.insert(*cut, shards.clone());
+                        d.checkpoint_written(now, *cut).unwrap();
+                    }
+                    Event::Restore { cut } => {
+                        let shards = self.disks[&id][cut].clone();
+                        d.restore(now, *cut, shards).unwrap();
+                    }
+                    _ => {}
+                }
+                self.events.entry(id).or_default().push(event);
+            }
+        }
+    }
+
+    fn run_until(&mut self, limit: Time, mut done: impl FnMut(&Cluster) -> bool) -> bool {
+        let end = self.now + limit;
+        loop {
+            if done(self) {
+                return true;
+            }
+            if let Some((from, to, frame)) = self.queue.pop_front() {
+                let now = self.now;
+                if let Some(d) = self.nodes.get_mut(&to) {
+                    d.handle_frame(now, from, &frame);
+                }
+            } else {
+                let next = self
+                    .nodes
+                    .iter()
+                    .filter_map(|(&id, d)| Some((d.poll_timeout()?, id)))
+                    .min();
+                match next {
+                    Some((at, id)) if at <= end => {
+                        self.now = self.now.max(at);
+                        let now = self.now;
+                        self.driver(id).handle_timeout(now);
+                    }
+                    _ => return false,
+                }
+            }
+            self.collect();
+        }
+    }
+
+    fn said(&self, node: NodeId, what: impl Fn(&Event<i64>) -> bool) -> bool {
+        self.events.get(&node).is_some_and(|e| e.iter().any(what))
+    }
+
+    fn iteration(&self, worker: NodeId) -> Iteration {
+        self.nodes[&worker].node().as_worker().unwrap().iteration()
+    }
+
+    fn ready(&mut self) {
+        let workers = self.workers();
+        let ready = self.run_until(20 * SECOND, |c| {
+            workers
+                .iter()
+                .all(|&w| c.said(w, |e| matches!(e, Event::Ready { .. })))
+        });
+        assert!(ready, "every worker starts");
+    }
+
+    /// Every worker pushes `value` to every key, then asks to advance.
+    fn iterate(&mut self, value: i64) {
+        let now = self.now;
+        for w in self.workers() {
+            let kvs = KvPairs::new(keys(), vec![value; keys().len()], 1).unwrap();
+            self.driver(w).push(now, kvs).unwrap();
+            self.driver(w).advance(now).unwrap();
+        }
+        self.collect();
+    }
+
+    /// Runs until every worker is in `iteration`.
+    fn reach(&mut self, iteration: Iteration) -> bool {
+        let workers = self.workers();
+        self.run_until(30 * SECOND, |c| {
+            workers.iter().all(|&w| c.iteration(w) >= iteration)
+        })
+    }
+
+    /// Pulls every key from the first worker.
+    fn pull(&mut self) -> Vec<i64> {
+        let now = self.now;
+        let worker = self.workers()[0];
+        let list = KeyList::new(keys()).unwrap();
+        let id = self
+            .driver(worker)
+            .pull(now, KeySelection::Keys(list))
+            .unwrap();
+        self.collect();
+        let mut got = None;
+        let done = self.run_until(30 * SECOND, |c| {
+            got = c.events.get(&worker).and_then(|events| {
+                events.iter().find_map(|e| match e {
+                    Event::PullDone(r, kvs) if *r == id => Some(kvs.values().to_vec()),
+                    _ => None,
+                })
+            });
+            got.is_some()
+        });
+        assert!(done, "pull {id} completes");
+        got.unwrap_or_default()
+    }
+}
+
+fn keys() -> Vec<Key> {
+    (0..32).map(|i| i * (u64::MAX / 32)).collect()
+}
+
+/// A job run through `iterations` iterations, each worker pushing `i + 1` to every key in
+/// iteration `i`: every checkpoint it took is on its servers' disks.
+fn run(iterations: Iteration) -> Cluster {
+    let mut c = Cluster::start(job(), BTreeMap::new(), &[]);
+    c.ready();
+    for i in 0..iterations {
+        c.iterate(i64::from(i) + 1);
+        assert!(c.reach(i + 1), "the workers enter iteration {}", i + 1);
+    }
+    c
+}
+
+/// What every key holds after `iterations` iterations of [`run`]'s two workers.
+fn total(iterations: Iteration) -> i64 {
+    2 * (1..=i64::from(iterations)).sum::<i64>()
+}
+
+#[test]
+fn workers_wait_at_a_cut_until_every_server_wrote_its_shards() {
+    let mut c = Cluster::start(job(), BTreeMap::new(), &[]);
+    c.ready();
+    c.writing = false;
+    c.iterate(1);
+    assert!(c.reach(1), "iteration 1 is no cut: the workers enter it");
+    c.iterate(2);
+    let servers = c.servers();
+    let handed = c.run_until(30 * SECOND, |c| {
+        servers.iter().all(|&s| {
+            c.said(
+                s,
+                |e| matches!(e, Event::CheckpointDue { cut, .. } if *cut == EVERY),
+            )
+        })
+    });
+    assert!(handed, "every server is handed its shards of cut {EVERY}");
+    // Whatever time passes, nobody enters the cut while the shards are not written.
+    c.run_until(10 * SECOND, |_| false);
+    for w in c.workers() {
+        assert_eq!(c.iteration(w), 1, "{w} waits before the cut");
+        let kvs = KvPairs::new(keys(), vec![1; keys().len()], 1).unwrap();
+        let now = c.now;
+        assert!(
+            matches!(
+                c.driver(w).push(now, kvs),
+                Err(DriverError::Worker(WorkerError::AtCheckpoint {
+                    cut: EVERY
+                }))
+            ),
+            "a push while {w} waits at the cut is refused"
+        );
+    }
+    // Each server's shards, primary and replica alike, hold both iterations' pushes.
+    for s in &servers {
+        let event = c.events[s].iter().find_map(|e| match e {
+            Event::CheckpointDue { shards, .. } => Some(shards.clone()),
+            _ => None,
+        });
+        let shards = event.unwrap();
+        let rows: Vec<i64> = shards
+            .iter()
+            .flat_map(|t| t.values.values().to_vec())
+            .collect();
+        assert!(!rows.is_empty(), "{s} holds keys");
+        assert!(rows.iter().all(|&v| v == total(2)), "{s} wrote {rows:?}");
+    }
+    let now = c.now;
+    let first = servers[0];
+    c.driver(first).checkpoint_written(now, EVERY).unwrap();
+    c.collect();
+    c.run_until(10 * SECOND, |_| false);
+    assert_eq!(
+        c.iteration(c.workers()[0]),
+        1,
+        "one server's shards are not the ring's"
+    );
+    let second = servers[1];
+    let now = c.now;
+    c.driver(second).checkpoint_written(now, EVERY).unwrap();
+    c.collect();
+    assert!(c.reach(EVERY), "once both wrote, the workers go on");
+    assert!(c.said(NodeId(0), |e| matches!(
+        e,
+        Event::CheckpointComplete { cut: EVERY }
+    )));
+    assert_eq!(
+        c.nodes[&NodeId(0)]
+            .node()
+            .config()
+            .map(|k| k.checkpoints.complete),
+        Some(EVERY)
+    );
+    assert!(matches!(
+        c.driver(first).checkpoint_written(now, EVERY),
+        Err(node::CheckpointError::NotDue { cut: EVERY })
+    ));
+}
+
+#[test]
+fn a_job_restarted_whole_resumes_from_the_newest_cut_every_server_holds() {
+    let done = run(5);
+    let servers = done.servers();
+    for s in &servers {
+        let cuts: Vec<_> = done.disks[s].keys().copied().collect();
+        assert_eq!(cuts, [2, 4], "{s} wrote every cut");
+    }
+    // The first server lost its newest checkpoint (torn, say): the job resumes from the one
+    // before, which every server holds.
+    let disks = done.disks.clone();
+    let offered = [(servers[0], vec![2]), (servers[1], vec![2, 4])];
+    let mut c = Cluster::start(job(), disks, &offered);
+    c.ready();
+    for s in &servers {
+        assert!(c.said(*s, |e| matches!(e, Event::Restore { cut: 2 })));
+    }
+    for w in c.workers() {
+        assert_eq!(c.iteration(w), 2, "{w} starts in the cut's iteration");
+        let worker = c.nodes[&w].node().as_worker().unwrap();
+        assert_eq!(worker.resumed_from(), Some(2));
+    }
+    assert!(
+        c.pull().iter().all(|&v| v == total(2)),
+        "the values of the cut"
+    );
+    // Iterations 2 and 3 again, and on past the next cut.
+    for i in 2..5 {
+        c.iterate(i64::from(i) + 1);
+        assert!(c.reach(i + 1), "the workers enter iteration {}", i + 1);
+    }
+    assert!(c.pull().iter().all(|&v| v == total(5)), "nothing twice");
+}
+
+#[test]
+fn every_server_offering_all_its_cuts_resumes_from_the_newest() {
+    let done = run(5);
+    let offered: Vec<_> = done
+        .servers()
+        .into_iter()
+        .map(|s| (s, vec![2, 4]))
+        .collect();
+    let mut c = Cluster::start(job(), done.disks.clone(), &offered);
+    c.ready();
+    assert!(c.workers().iter().all(|&w| c.iteration(w) == 4));
+    assert!(c.pull().iter().all(|&v| v == total(4)));
+}
+
+#[test]
+fn a_checkpoint_written_under_another_ring_is_refused() {
+    let done = run(3);
+    let mut other = job();
+    other.ring.seed = 6;
+    let server = done.servers()[0];
+    let mut driver = other.driver::<i64>(server, 1).unwrap();
+    driver.offer_checkpoints(vec![2]).unwrap();
+    // The configuration of a job resuming from cut 2, on a ring of another seed.
+    let servers: Vec<NodeId> = other.layout().servers().collect();
+    let workers: Vec<NodeId> = other.layout().workers().collect();
+    let coordinator =
+        node::Coordinator::bootstrapped(other.coordinator_config(), &servers, &workers).unwrap();
+    let mut config = coordinator.config().unwrap().clone();
+    config.checkpoints.complete = 2;
+    driver.start_configured(0, config);
+    let restore =
+        std::iter::from_fn(|| driver.poll_event()).any(|e| e == Event::Restore { cut: 2 });
+    assert!(restore);
+    let shards = done.disks[&server][&2].clone();
+    let refused = driver.restore(0, 2, shards);
+    assert!(
+        matches!(
+            refused,
+            Err(node::CheckpointError::MissingRange { cut: 2, .. })
+        ),
+        "{refused:?}"
+    );
+}
