@@ -11,6 +11,8 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+use pserver_core::Value;
+use pserver_core::wire::Transfer;
 use thiserror::Error;
 
 /// The first bytes of a checkpoint file.
@@ -67,6 +69,9 @@ pub enum CheckpointError {
     },
 }
 
+/// Files that did not read back whole, with why.
+pub type Refused = Vec<(PathBuf, CheckpointError)>;
+
 /// What [`CheckpointDir::latest`] found: the newest good checkpoint, and every newer file it
 /// refused, with why, for the caller to say.
 #[derive(Debug, Default)]
@@ -74,7 +79,7 @@ pub struct Latest {
     /// The newest checkpoint that reads back whole, if any.
     pub found: Option<Checkpoint>,
     /// Newer files that did not, newest first.
-    pub refused: Vec<(PathBuf, CheckpointError)>,
+    pub refused: Refused,
 }
 
 impl CheckpointDir {
@@ -173,6 +178,29 @@ impl CheckpointDir {
         })
     }
 
+    /// Every checkpoint that reads back whole, newest first, and every file that does not,
+    /// with why: what a server offers when a job resumes.
+    pub fn good(&self) -> io::Result<(Vec<u64>, Refused)> {
+        let mut good = Vec::new();
+        let mut refused = Vec::new();
+        for iteration in self.iterations()? {
+            match self.read(iteration) {
+                Ok(_) => good.push(iteration),
+                Err(why) => refused.push((self.file_of(iteration), why)),
+            }
+        }
+        Ok((good, refused))
+    }
+
+    /// Removes every checkpoint but the newest `keep`: the one before the newest stays, for a
+    /// newest that turns out torn or that other servers never completed.
+    pub fn retain_newest(&self, keep: usize) -> io::Result<()> {
+        for iteration in self.iterations()?.into_iter().skip(keep) {
+            fs::remove_file(self.file_of(iteration))?;
+        }
+        Ok(())
+    }
+
     /// The newest checkpoint that reads back whole; every newer file that does not is
     /// refused, with why.
     pub fn latest(&self) -> io::Result<Latest> {
@@ -188,6 +216,32 @@ impl CheckpointDir {
         }
         Ok(latest)
     }
+}
+
+/// Magic bytes of a server's checkpoint payload: its shards.
+const SHARDS_MAGIC: &[u8; 8] = b"PSSHARD1";
+
+/// A server's shards ([`pserver_core::Event::CheckpointDue`]) as a checkpoint's payload: magic
+/// bytes, the value type's size, then the shards as the wire encodes them.
+pub fn shards_payload<V: Value>(shards: &[Transfer<V>]) -> Result<Vec<u8>, String> {
+    let mut bytes = SHARDS_MAGIC.to_vec();
+    bytes.push(V::SIZE as u8);
+    postcard::to_extend(shards, bytes).map_err(|e| format!("cannot encode the shards: {e}"))
+}
+
+/// The shards a checkpoint's payload holds ([`shards_payload`]).
+pub fn shards_of<V: Value>(payload: &[u8]) -> Result<Vec<Transfer<V>>, String> {
+    let rest = payload
+        .strip_prefix(SHARDS_MAGIC)
+        .ok_or("not a server's checkpoint (wrong magic bytes)")?;
+    let (&size, rest) = rest.split_first().ok_or("no value size")?;
+    if usize::from(size) != V::SIZE {
+        return Err(format!(
+            "holds values of {size} bytes, but this job's are {}",
+            V::SIZE
+        ));
+    }
+    postcard::from_bytes(rest).map_err(|e| format!("cannot decode the shards: {e}"))
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! A job's shape, the nodes it is made of, and whole clusters in one process.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use pserver_core::{Driver, JobSpec, KvPairs, NodeId, Value};
@@ -23,6 +24,9 @@ pub struct ClusterSpec {
     /// here ([`pserver_core::Driver::start_from`]); each keeps those of its keys. Default:
     /// none, every value starting at zero.
     pub initial: Option<Arc<KvPairs<f64>>>,
+    /// Where the servers built here write their whole-job checkpoints: server `N` in
+    /// `server-N` below it ([`RuntimeConfig::checkpoints`]). Default: none.
+    pub checkpoints: Option<PathBuf>,
 }
 
 impl ClusterSpec {
@@ -37,6 +41,7 @@ impl ClusterSpec {
             job,
             runtime: RuntimeConfig::default(),
             initial: None,
+            checkpoints: None,
         }
     }
 
@@ -52,6 +57,12 @@ impl ClusterSpec {
             spec.job.max_bytes_in_flight = spec.job.max_bytes_in_flight.min(bytes);
         }
         spec
+    }
+
+    /// The checkpoint directory of server `id`, under [`ClusterSpec::checkpoints`].
+    pub fn checkpoints_of(&self, id: NodeId) -> Option<PathBuf> {
+        let root = self.checkpoints.as_ref()?;
+        Some(root.join(format!("server-{}", id.0)))
     }
 
     /// The driver of node `id`, built from the job ([`JobSpec::driver`]); an error if `id` is
@@ -119,7 +130,9 @@ impl<V: Value + Send + Sync> LocalCluster<V> {
         let mut spawn = |id: NodeId| -> Result<_, RuntimeError> {
             let transport = endpoint(id)?;
             let driver = spec.within(transport.flow_limits()).driver::<V>(id)?;
-            Ok(spawn_node(driver, transport, spec.runtime.clone()))
+            let mut runtime = spec.runtime.clone();
+            runtime.checkpoints = spec.checkpoints_of(id);
+            Ok(spawn_node(driver, transport, runtime))
         };
         let layout = spec.job.layout();
         let coordinator = spawn(layout.coordinator())?.node;

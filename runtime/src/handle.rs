@@ -131,6 +131,7 @@ pub(crate) enum Command<V: Value> {
     Advance(oneshot::Sender<Result<Iteration, RuntimeError>>),
     Shares(oneshot::Sender<Result<Vec<usize>, RuntimeError>>),
     Iteration(oneshot::Sender<Result<Iteration, RuntimeError>>),
+    ResumedFrom(oneshot::Sender<Result<Option<Iteration>, RuntimeError>>),
     SharesInRound {
         first: Iteration,
         length: Iteration,
@@ -167,6 +168,9 @@ impl<V: Value> Command<V> {
             }
             Command::Speed(_) => {}
             Command::Iteration(reply) => {
+                let _ = reply.send(Err(error));
+            }
+            Command::ResumedFrom(reply) => {
                 let _ = reply.send(Err(error));
             }
             Command::SharesInRound { reply, .. } => {
@@ -377,6 +381,14 @@ impl<V: Value> WorkerHandle<V> {
         self.call(Command::Iteration).await
     }
 
+    /// The whole-job checkpoint the job resumed from: the worker started in its iteration,
+    /// every iteration before it trained by the run that wrote it ([`pserver_core::wire::Checkpoints`]).
+    /// `None` for a job that started from the beginning, or a worker that joined a running
+    /// one.
+    pub async fn resumed_from(&self) -> Result<Option<Iteration>, RuntimeError> {
+        self.call(Command::ResumedFrom).await
+    }
+
     /// Says how fast the application works: the work it does per second of its own compute,
     /// waiting left out (rows per second, say). Where the job sizes shares by speed
     /// ([`pserver_core::pace::StragglerPolicy::balance`]) the coordinator moves shares from slow
@@ -511,6 +523,9 @@ pub struct NodeReport<N> {
 pub struct NodeMetrics {
     /// The configuration epoch the node is on.
     pub epoch: Epoch,
+    /// The last whole-job checkpoint every server wrote, as the node's configuration records
+    /// it: 0 for none (ARCHITECTURE.md §11).
+    pub checkpoint: Iteration,
     /// Frames received and handed to the node.
     pub frames_received: u64,
     /// Frames the node sent.

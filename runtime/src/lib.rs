@@ -117,6 +117,13 @@ pub struct RuntimeConfig {
     /// ([`RuntimeError::CoordinatorSilent`]): a coordinator that stopped after the job ended
     /// never tells a server cut off at that moment. Default: never.
     pub stall_limit: Option<Duration>,
+    /// A server: where it writes its whole-job checkpoints ([`checkpoint::CheckpointDir`],
+    /// ARCHITECTURE.md §11), one file per cut, the newest few kept. Default: none; a job
+    /// that takes checkpoints then waits at its first cut for ever, so give every server one.
+    pub checkpoints: Option<std::path::PathBuf>,
+    /// A server: offer the checkpoints in `checkpoints` that read back whole, so that the job
+    /// resumes from the newest every server holds. Default: false, the job starts over.
+    pub resume: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -128,6 +135,8 @@ impl Default for RuntimeConfig {
             configured: None,
             stall_warning: Duration::from_secs(10),
             stall_limit: None,
+            checkpoints: None,
+            resume: false,
         }
     }
 }

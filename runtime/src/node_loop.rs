@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use pserver_core::pace::Coverage;
 use pserver_core::store::ParamStore;
-use pserver_core::wire::ClusterConfig;
+use pserver_core::wire::{ClusterConfig, Transfer};
 use pserver_core::{
     Driver, DriverError, Epoch, Event, Iteration, KeyRange, KvPairs, NodeId, Refusal, RequestId,
     Role, Time, UpdateRule, Value,
@@ -16,6 +16,7 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::RuntimeConfig;
+use super::checkpoint::{CheckpointDir, shards_of, shards_payload};
 use super::handle::{Command, NodeHandle, NodeMetrics, NodeReport, RuntimeError, WorkerHandle};
 
 /// How often the coordinator sums up the job.
@@ -99,6 +100,7 @@ where
     let (lost_tx, lost_rx) = watch::channel(Vec::new());
     let (skipped_tx, skipped_rx) = watch::channel(0);
     let (metrics_tx, metrics_rx) = watch::channel(NodeMetrics::default());
+    let (written_tx, written_rx) = mpsc::unbounded_channel();
     let worker = (role == Role::Worker).then(|| WorkerHandle {
         commands: cmd_tx,
         ready: ready_rx.clone(),
@@ -141,8 +143,10 @@ where
         seen_epoch: 0,
         seen_members: None,
         recovering_since: None,
+        checkpoints: None,
+        written: written_tx,
     };
-    let task = tokio::spawn(looped.run(cmd_rx, stop_rx).instrument(span));
+    let task = tokio::spawn(looped.run(cmd_rx, stop_rx, written_rx).instrument(span));
     let node = NodeHandle {
         id,
         ready: ready_rx,
@@ -218,7 +222,15 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     seen_members: Option<pserver_core::wire::ClusterConfig>,
     /// The configuration changed while requests were open: since the last completion before.
     recovering_since: Option<Instant>,
+    /// A server's checkpoint directory ([`RuntimeConfig::checkpoints`]).
+    checkpoints: Option<Arc<CheckpointDir>>,
+    /// Where a checkpoint written on a blocking thread says it is done.
+    written: mpsc::UnboundedSender<(Iteration, Result<String, String>)>,
 }
+
+/// Whole-job checkpoints kept per server: the newest, and the ones before it in case the
+/// newest is torn or the other servers never completed it.
+const CHECKPOINTS_KEPT: usize = 3;
 
 /// A worker's request to leave, until the coordinator confirms it.
 struct Leaving {
@@ -317,6 +329,7 @@ where
         let waits = node.as_worker().map(pserver_core::node::Worker::waits);
         let metrics = NodeMetrics {
             epoch: node.epoch(),
+            checkpoint: node.config().map_or(0, |c| c.checkpoints.complete),
             open_requests: self.open_requests() as u64,
             resends_open: waits.map_or(0, |w| w.iter().map(|x| u64::from(x.attempts)).sum()),
             held_pulls: node.as_server().map_or(0, |s| s.held_pulls() as u64),
@@ -460,7 +473,11 @@ where
         mut self,
         mut commands: mpsc::Receiver<Command<V>>,
         mut stop: watch::Receiver<bool>,
+        mut written: mpsc::UnboundedReceiver<(Iteration, Result<String, String>)>,
     ) -> Result<NodeReport<Driver<V, U, S>>, RuntimeError> {
+        if let Err(e) = self.open_checkpoints() {
+            self.stalled = Some(RuntimeError::Checkpoint(e));
+        }
         let now = self.now();
         match self.cfg.configured.clone() {
             Some(config) => self.driver.start_configured(now, config),
@@ -527,6 +544,7 @@ where
                     }
                 },
                 () = self.server_leave.notified(), if !self.server_leaving => self.leave_as_server(),
+                Some((cut, result)) = written.recv() => self.checkpoint_written(cut, result),
                 command = commands.recv(), if accept => match command {
                     Some(command) => self.apply(command),
                     None => commands_open = false,
@@ -619,6 +637,13 @@ where
                 let node = self.driver.node();
                 let at = node.as_worker().map(pserver_core::node::Worker::iteration);
                 let _ = reply.send(at.ok_or(RuntimeError::NotAWorker(self.driver.id())));
+            }
+            Command::ResumedFrom(reply) => {
+                let node = self.driver.node();
+                let from = node
+                    .as_worker()
+                    .map(pserver_core::node::Worker::resumed_from);
+                let _ = reply.send(from.ok_or(RuntimeError::NotAWorker(self.driver.id())));
             }
             Command::Speed(per_sec) => {
                 // Only a worker has a speed to say; anything else has no application calling.
@@ -865,6 +890,14 @@ where
                 self.fenced = true;
             }
             Event::WorkerLeft(node) => info!(node = %node, "worker left the job"),
+            Event::CheckpointDue { cut, shards } => self.write_checkpoint(cut, shards),
+            Event::CheckpointComplete { cut } => {
+                info!(
+                    cut,
+                    "checkpoint {cut} complete: every server wrote its shards"
+                );
+            }
+            Event::Restore { cut } => self.restore(cut),
             Event::JobFinished { epoch } => {
                 info!(epoch, "the job finished: every worker left, its work done");
                 self.finished.send_replace(Some(epoch));
@@ -930,6 +963,120 @@ where
                 _ => debug!(from = %from, reason = %reason, "message refused"),
             },
             _ => {}
+        }
+    }
+
+    /// A server with a checkpoint directory opens it, and when the job resumes offers the
+    /// checkpoints in it that read back whole.
+    fn open_checkpoints(&mut self) -> Result<(), String> {
+        let Some(path) = self.cfg.checkpoints.clone() else {
+            return Ok(());
+        };
+        if self.driver.node().as_server().is_none() {
+            return Ok(());
+        }
+        let dir = CheckpointDir::new(&path).map_err(|e| {
+            format!(
+                "{}: cannot make the checkpoint directory: {e}",
+                path.display()
+            )
+        })?;
+        if self.cfg.resume {
+            let (good, refused) = dir
+                .good()
+                .map_err(|e| format!("{}: cannot read the checkpoints: {e}", path.display()))?;
+            for (file, why) in refused {
+                warn!("checkpoint {}: refused, {why}", file.display());
+            }
+            let cuts: Vec<Iteration> = good
+                .iter()
+                .filter_map(|&c| Iteration::try_from(c).ok())
+                .collect();
+            info!(dir = %path.display(), cuts = ?cuts, "offering the checkpoints that read back whole");
+            self.driver
+                .offer_checkpoints(cuts)
+                .map_err(|e| e.to_string())?;
+        }
+        self.checkpoints = Some(Arc::new(dir));
+        Ok(())
+    }
+
+    /// Writes a server's shards of `cut` on a blocking thread: the loop goes on answering
+    /// heartbeats while the disk works.
+    fn write_checkpoint(&mut self, cut: Iteration, shards: Vec<Transfer<V>>) {
+        let Some(dir) = self.checkpoints.clone() else {
+            self.stalled = Some(RuntimeError::Checkpoint(format!(
+                "the job takes a checkpoint before iteration {cut}, but this server has no \
+                 checkpoint directory to write it to (--checkpoint-dir): the workers would wait for ever"
+            )));
+            return;
+        };
+        let done = self.written.clone();
+        tokio::task::spawn_blocking(move || {
+            let began = std::time::Instant::now();
+            let result = shards_payload(&shards).and_then(|payload| {
+                let path = dir
+                    .write(u64::from(cut), &payload)
+                    .map_err(|e| format!("{}: {e}", dir.path().display()))?;
+                dir.retain_newest(CHECKPOINTS_KEPT)
+                    .map_err(|e| format!("{}: {e}", dir.path().display()))?;
+                Ok(format!(
+                    "{} ({} bytes, {} ms)",
+                    path.display(),
+                    payload.len(),
+                    began.elapsed().as_millis()
+                ))
+            });
+            let _ = done.send((cut, result));
+        });
+    }
+
+    /// A checkpoint written on the blocking thread: the server tells the coordinator, or,
+    /// if it could not be written, stops (the workers cannot go on without it).
+    fn checkpoint_written(&mut self, cut: Iteration, result: Result<String, String>) {
+        match result {
+            Ok(what) => {
+                info!(cut, "checkpoint {cut} written: {what}");
+                let now = self.now();
+                if let Err(e) = self.driver.checkpoint_written(now, cut) {
+                    // The ring changed meanwhile: the shards of the new one are being written.
+                    debug!(cut, "checkpoint written, but {e}");
+                }
+            }
+            Err(e) => {
+                self.stalled = Some(RuntimeError::Checkpoint(format!(
+                    "cannot write the checkpoint of iteration {cut}: {e}"
+                )));
+            }
+        }
+    }
+
+    /// The job resumes from `cut`: the server loads its shards of it before serving.
+    fn restore(&mut self, cut: Iteration) {
+        let loaded = self
+            .checkpoints
+            .clone()
+            .ok_or_else(|| "this server has no checkpoint directory".to_string())
+            .and_then(|dir| {
+                let checkpoint = dir
+                    .read(u64::from(cut))
+                    .map_err(|e| format!("{}: {e}", dir.path().display()))?;
+                shards_of::<V>(&checkpoint.payload)
+                    .map_err(|e| format!("{}: {e}", checkpoint.path.display()))
+            })
+            .and_then(|shards| {
+                let now = self.now();
+                self.driver
+                    .restore(now, cut, shards)
+                    .map_err(|e| e.to_string())
+            });
+        match loaded {
+            Ok(()) => info!(cut, "resumed from the checkpoint of iteration {cut}"),
+            Err(e) => {
+                self.stalled = Some(RuntimeError::Checkpoint(format!(
+                    "cannot resume from the checkpoint of iteration {cut}: {e}"
+                )));
+            }
         }
     }
 
