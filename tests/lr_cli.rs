@@ -662,3 +662,70 @@ fn a_model_given_to_init_is_where_training_starts() {
     assert!(err.contains("data.svm: not a pserver model"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every server of a run with --checkpoint-dir writes its shards after every epoch; killed
+/// and started again with --resume, the run trains only the epochs after the newest one every
+/// server holds whole and ends as an uninterrupted run does; a torn newest file on one server
+/// sends the whole job to the epoch before.
+#[test]
+fn a_resumed_run_goes_on_from_the_servers_checkpoints_and_a_torn_one_sends_it_to_the_epoch_before()
+{
+    let dir = scratch("resume");
+    let ckpt = dir.join("ckpt");
+    let run = |more: &[&str]| {
+        let mut args = vec!["train", "--consistency", "sequential", "--no-pipeline"];
+        args.extend_from_slice(more);
+        run_ok(&args)
+    };
+    let auc = |stdout: &str| field(epochs_of(stdout).last().unwrap(), "test_auc");
+    let iters = |stdout: &str| {
+        epochs_of(stdout)
+            .iter()
+            .map(|l| field(l, "iter") as u32)
+            .collect::<Vec<_>>()
+    };
+    let (whole, _) = run(&["--epochs", "4"]);
+    let (first, _) = run(&["--epochs", "2", "--checkpoint-dir", s(&ckpt)]);
+    assert_eq!(iters(&first), [1, 2]);
+    for server in ["server-1", "server-2"] {
+        let files = std::fs::read_dir(ckpt.join(server)).unwrap().count();
+        assert_eq!(files, 2, "{server} wrote a checkpoint after each epoch");
+    }
+    // Not resumed by mistake, nor overwritten.
+    let out = pserver()
+        .args(["train", "--epochs", "1", "--checkpoint-dir", s(&ckpt)])
+        .output()
+        .unwrap();
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("give --resume to go on from them"), "{err}");
+    let (rest, err) = run(&["--epochs", "4", "--checkpoint-dir", s(&ckpt), "--resume"]);
+    assert!(
+        err.contains("resume: epochs 1 to 2 from the servers' checkpoints"),
+        "{err}"
+    );
+    assert_eq!(iters(&rest), [3, 4]);
+    let (end, resumed) = (auc(&whole), auc(&rest));
+    assert!(
+        (end - resumed).abs() < 0.005,
+        "uninterrupted {end}, resumed {resumed}"
+    );
+    // One server's newest checkpoint (epoch 4) torn: the job goes on from epoch 3, which
+    // both servers hold.
+    let server = ckpt.join("server-1");
+    let newest = std::fs::read_dir(&server)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    let bytes = std::fs::read(&newest).unwrap();
+    std::fs::write(&newest, &bytes[..bytes.len() / 2]).unwrap();
+    let (again, err) = run(&["--epochs", "4", "--checkpoint-dir", s(&ckpt), "--resume"]);
+    assert!(err.contains("refused, torn"), "{err}");
+    assert!(
+        err.contains("resume: epochs 1 to 3 from the servers' checkpoints"),
+        "{err}"
+    );
+    assert_eq!(iters(&again), [4]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

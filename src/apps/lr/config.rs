@@ -35,6 +35,11 @@ pub(crate) struct LrConfig {
     /// The weights the job starts from, a saved model's (`--init`): each server starts its
     /// keys there. Default: none, every weight starting at zero.
     pub initial: Option<std::sync::Arc<pserver_core::KvPairs<f64>>>,
+    /// Where the servers write a whole-job checkpoint after every epoch (server `N` in
+    /// `server-N` below it; ARCHITECTURE.md §11). Default: none.
+    pub checkpoints: Option<std::path::PathBuf>,
+    /// Go on from the newest checkpoint in `checkpoints` every server holds whole.
+    pub resume: bool,
 }
 
 /// Which epoch's model a training run ends with.
@@ -177,6 +182,8 @@ impl Default for LrConfig {
             early_stop: None,
             pipeline: true,
             initial: None,
+            checkpoints: None,
+            resume: false,
         }
         .with_bias(true)
     }

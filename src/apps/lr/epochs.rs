@@ -147,6 +147,9 @@ pub(crate) struct Epochs {
     kept: Option<(u32, KvPairs<f32>)>,
     /// The reported epoch with the lowest test log loss.
     best: Option<(u32, f64)>,
+    /// Epochs trained by an earlier run this one resumed from: the first report is of the
+    /// one after.
+    done: u32,
     /// The epochs reported so far, in order.
     pub reports: Vec<EpochReport>,
     /// Training stopped early after this epoch ([`Trained::stopped_early`]).
@@ -168,6 +171,7 @@ impl Epochs {
             models: vec![None; cfg.epochs as usize + 1],
             kept: None,
             best: None,
+            done: 0,
             reports: Vec::new(),
             stopped_early: None,
             pace: PaceCounts::default(),
@@ -175,10 +179,17 @@ impl Epochs {
         }
     }
 
+    /// The epochs before `done` were trained by the run a resumed job goes on from: the
+    /// first report is of epoch `done + 1`.
+    pub(crate) fn after(mut self, done: u32) -> Self {
+        self.done = done;
+        self
+    }
+
     /// Epochs reported since the best one.
     pub(crate) fn since_best(&self) -> u32 {
-        let best = self.best.map_or(0, |(e, _)| e);
-        self.reports.len() as u32 - best
+        let best = self.best.map_or(self.done, |(e, _)| e);
+        self.done + self.reports.len() as u32 - best
     }
 
     /// Takes in what a worker said; call [`Epochs::next_report`] after it.
@@ -220,7 +231,7 @@ impl Epochs {
     /// The report of the next epoch, if everything about it is in; `began` and `bytes_sent`
     /// are when training began and what the nodes have sent so far.
     pub(crate) fn next_report(&mut self, began: Instant, bytes_sent: u64) -> Option<&EpochReport> {
-        let next = self.reports.len() + 1;
+        let next = self.done as usize + self.reports.len() + 1;
         let tally = self.tallies.get(next)?;
         if tally.workers < self.workers {
             return None;

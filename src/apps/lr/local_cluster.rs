@@ -93,6 +93,26 @@ async fn run_worker(
     .await
 }
 
+/// The epochs a resumed job's checkpoint holds: the iteration it resumed from, in epochs of
+/// `steps` iterations (0 for a job that starts from the beginning).
+async fn epochs_done(cluster: &LocalCluster<f32>, steps: usize) -> Result<u32, RuntimeError> {
+    let Some(worker) = cluster.workers.first() else {
+        return Ok(0);
+    };
+    worker.ready().await?;
+    let Some(cut) = worker.resumed_from().await? else {
+        return Ok(0);
+    };
+    let cut = cut as usize;
+    if cut % steps != 0 {
+        return Err(config_error(format!(
+            "the checkpoint was taken before iteration {cut}, which starts no epoch of this run \
+             ({steps} iterations each): resume with the data, --workers and --batch that wrote it"
+        )));
+    }
+    Ok((cut / steps) as u32)
+}
+
 /// Trains on `train` in one process over the in-memory transport, measuring on `test` after
 /// every epoch, its workers slowed as `slowdowns` says (not at all by default); `on_epoch`
 /// sees each report as it is made.
@@ -133,6 +153,16 @@ pub(crate) async fn train_local_until(
     let (train, test): (Arc<Examples>, Arc<Examples>) = (train.into(), test.into());
     let mut spec = ClusterSpec::of(cfg.protocol_job());
     spec.initial = cfg.initial.clone();
+    // A checkpoint after every epoch: a resumed run starts where an epoch begins.
+    let steps = cfg
+        .share_rows(train.len())
+        .div_ceil(cfg.share_batch())
+        .max(1);
+    if cfg.checkpoints.is_some() {
+        spec.job.checkpoint_every = steps as pserver_core::Iteration;
+    }
+    spec.checkpoints = cfg.checkpoints.clone();
+    spec.runtime.resume = cfg.resume;
     // The job's keys are the data's features: the ring spreads them over every server, where
     // over the whole 64-bit key space they would all fall to one.
     if spec.job.ring.key_space == u64::MAX {
@@ -175,6 +205,7 @@ pub(crate) async fn train_local_until(
         None => network.stats().bytes_sent,
         Some(transports) => transports.values().map(Bound::bytes_sent).sum(),
     };
+    let done = epochs_done(&cluster, steps).await?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     // Shares are contiguous runs of a seeded permutation of the rows: each holds a fair
     // sample of a file sorted by label (or by anything else), not one end of it. The
@@ -206,7 +237,7 @@ pub(crate) async fn train_local_until(
         })
         .collect();
     drop(tx);
-    let mut epochs = Epochs::new(cfg, train.len());
+    let mut epochs = Epochs::new(cfg, train.len()).after(done);
     let pace = PaceWatch::new(&cluster, &spec.job);
     let mut stop = std::pin::pin!(stop);
     loop {

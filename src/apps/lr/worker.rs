@@ -132,7 +132,13 @@ pub(crate) async fn run_shares(
 ) -> Result<(), RuntimeError> {
     handle.ready().await?;
     let steps = steps.max(1);
-    let first = handle.iteration().await?;
+    let now = handle.iteration().await?;
+    // A job resumed from a checkpoint counts its iterations from the start of the run that
+    // wrote it: it goes on in the epoch and step it left off at (ARCHITECTURE.md §11).
+    let first = match handle.resumed_from().await? {
+        Some(_) => 0,
+        None => now,
+    };
     let mut shares = Shares {
         cfg,
         handle,
@@ -150,11 +156,11 @@ pub(crate) async fn run_shares(
     let mut sleep_debt = SleepDebt::default();
     let mut speed = Speed::default();
     let says_speed = cfg.job.stragglers.balance.is_some();
-    let mut epoch = EpochProgress::new(1);
+    let mut at = step_of(now, first);
+    let mut epoch = EpochProgress::new((at / steps) as u32 + 1);
     // Rows skipped in epochs not reached yet, by epoch.
     let mut skipped_later: BTreeMap<u32, usize> = BTreeMap::new();
     let mut next: Option<(usize, Vec<InFlight>)> = None;
-    let mut at = 0;
     while at < total {
         let step = at % steps;
         let current = match next.take() {

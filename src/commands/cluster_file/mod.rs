@@ -797,6 +797,8 @@ fn job(
         early_stop: None,
         pipeline: true,
         initial: None,
+        checkpoints: None,
+        resume: false,
     }
     .with_bias(job.bias);
     // The servers are built from `spec`: they must know the intercept's key too, and hold

@@ -24,6 +24,7 @@ use crate::commands::values::{
 };
 use crate::commands::{CliError, runtime};
 use crate::data::libsvm::{Examples, IndexBase, read_streaming};
+use pserver_runtime::checkpoint::CheckpointDir;
 
 /// Train sparse logistic regression on LIBSVM data (the default application).
 ///
@@ -73,6 +74,17 @@ pub(crate) struct LrArgs {
     /// says otherwise, which must then agree.
     #[arg(long, value_name = "MODEL")]
     init: Option<PathBuf>,
+    /// Have every server write a checkpoint of its shards (weights and the update rule's
+    /// state) after every epoch, each in its own directory below this one (written whole or
+    /// not at all, checksummed; the newest three kept), for --resume.
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Go on from the newest epoch every server's checkpoint in --checkpoint-dir holds whole:
+    /// train the epochs after it, each as it would have been trained without the
+    /// interruption. A torn or corrupt file is said and passed over for the one before it.
+    /// The data, --workers, --servers and --batch must be those of the run that wrote it.
+    #[arg(long, requires = "checkpoint_dir", conflicts_with = "init")]
+    resume: bool,
     /// Passes over the training data.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     epochs: u32,
@@ -187,6 +199,18 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
         .iter()
         .map(|&c| Ok((c, config(args, c)?)))
         .collect::<Result<Vec<_>, CliError>>()?;
+    if let Some(dir) = &args.checkpoint_dir {
+        if configs.len() > 1 {
+            return Err(CliError::input(
+                "--checkpoint-dir: one --consistency model at a time: each run would write over the other's checkpoints",
+            ));
+        }
+        say_checkpoints(dir, args.resume)?;
+        for (_, cfg) in &mut configs {
+            cfg.checkpoints = Some(dir.clone());
+            cfg.resume = args.resume;
+        }
+    }
     let init = args.init.as_deref().map(load_init).transpose()?;
     let index_base = match &init {
         Some((path, model)) => base_for_init(path, model.base, args.index_base, "--index-base")
@@ -286,6 +310,53 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
         None => Ok(()),
         Some(Stop::Interrupt) => Err(CliError::Interrupted),
         Some(Stop::Terminate) => Err(CliError::Terminated),
+    }
+}
+
+/// Says what a run resuming from `dir` will find there, refusing to write over checkpoints a
+/// run without --resume would leave unused.
+fn say_checkpoints(dir: &Path, resume: bool) -> Result<(), CliError> {
+    let servers = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("server-"))
+            .map(|e| e.path())
+            .collect::<Vec<_>>(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            return Err(CliError::input(format!(
+                "{}: cannot read the checkpoint directory: {e}",
+                dir.display()
+            )));
+        }
+    };
+    let mut held = Vec::new();
+    for server in &servers {
+        let checkpoints = CheckpointDir::new(server)
+            .map_err(|e| CliError::input(format!("{}: {e}", server.display())))?;
+        let (good, refused) = checkpoints
+            .good()
+            .map_err(|e| CliError::input(format!("{}: {e}", server.display())))?;
+        if resume {
+            for (file, why) in refused {
+                eprintln!("checkpoint {}: refused, {why}", file.display());
+            }
+        }
+        held.extend(good.first().copied());
+    }
+    match (held.iter().max(), resume) {
+        (Some(newest), false) => Err(CliError::input(format!(
+            "{}: holds checkpoints up to iteration {newest}: give --resume to go on from them, or another directory",
+            dir.display()
+        ))),
+        (None, true) => {
+            eprintln!(
+                "resume: no good checkpoint in {}: training from the start",
+                dir.display()
+            );
+            Ok(())
+        }
+        _ => Ok(()),
     }
 }
 
@@ -430,6 +501,8 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
         early_stop: args.early_stop,
         pipeline: !args.no_pipeline,
         initial: None,
+        checkpoints: None,
+        resume: false,
     };
     Ok(cfg.with_bias(!args.no_bias))
 }
@@ -460,6 +533,7 @@ fn train_until_stopped(
     let stop = async { stopped.set(Some(signals::stop_requested().await)) };
     let began = Instant::now();
     let sent_before = Cell::new(0u64);
+    let first_report = Cell::new(true);
     let training = train_local_until(
         cfg,
         slowdowns,
@@ -468,6 +542,12 @@ fn train_until_stopped(
         &counter,
         |r| {
             bar.suspend(|| {
+                if first_report.replace(false) && r.epoch > 1 {
+                    eprintln!(
+                        "{prefix}resume: epochs 1 to {} from the servers' checkpoints",
+                        r.epoch - 1
+                    );
+                }
                 let epoch_bytes = r.bytes_sent.saturating_sub(sent_before.replace(r.bytes_sent));
                 let mut line = format!(
                     "{prefix}iter={} train_logloss={:.4} test_logloss={:.4} test_auc={:.4} nnz={} rows_per_sec={:.0} secs={:.2} bytes={} epoch_bytes={epoch_bytes}",
