@@ -555,6 +555,90 @@ fn two_servers_with_one_replica_survive_kill_9_and_a_restart_before_it_is_missed
     two_servers_with_one_replica_survive_kill_9_and_restart("udp", true);
 }
 
+/// Every process of a job killed at once (as a power cut would), then every one started again
+/// with the servers given --resume: the job goes on from the last checkpoint every server wrote,
+/// no iteration before it pushed again, and ends with exactly what the workers pushed.
+#[test]
+fn every_process_killed_at_once_and_started_with_resume_goes_on_from_the_last_checkpoint() {
+    const LONG: u32 = 120;
+    const EVERY: u32 = 10;
+    let shape = (2, 2);
+    let (dir, _, config) = script_cluster("power-cut", shape, "bounded:1", LONG, 20);
+    let file = std::fs::read_to_string(&config).unwrap();
+    let every = format!("[job]\ncheckpoint_every = {EVERY}\n");
+    std::fs::write(&config, file.replacen("[job]\n", &every, 1)).unwrap();
+    let dumps: Vec<PathBuf> = (1..=2)
+        .map(|s| dir.join(format!("server{s}.totals")))
+        .collect();
+    let server_args = |id: u32, resume: bool| -> Vec<String> {
+        let mut args = vec![
+            "--checkpoint-dir".to_owned(),
+            dir.join(format!("ckpt-{id}")).display().to_string(),
+            "--dump".to_owned(),
+            dumps[id as usize - 1].display().to_string(),
+        ];
+        if resume {
+            args.push("--resume".to_owned());
+        }
+        args
+    };
+    let log = |_: &str| "info";
+    let mut children = start_nodes(&config, shape, log, |id| match id {
+        1 | 2 => server_args(id, false),
+        _ => Vec::new(),
+    });
+    let (coordinator, _) = log_lines(&mut children.0[0].1);
+    assert!(
+        line_with(
+            &coordinator,
+            "checkpoint 30 complete",
+            Duration::from_secs(90)
+        ),
+        "the servers write the checkpoints of iterations 10, 20 and 30"
+    );
+    for (name, child) in &mut children.0 {
+        child
+            .kill()
+            .unwrap_or_else(|e| panic!("kill -9 {name}: {e}"));
+    }
+    for (_, child) in &mut children.0 {
+        let _ = child.wait();
+    }
+    let mut children = start_nodes(&config, shape, log, |id| match id {
+        1 | 2 => server_args(id, true),
+        _ => Vec::new(),
+    });
+    let (worker, worker_log) = log_lines(&mut children.0[3].1);
+    assert!(
+        line_with(&worker, "configuration received", Duration::from_secs(60)),
+        "the job starts again"
+    );
+    let outputs = wait_all(&mut children, Instant::now() + Duration::from_secs(120));
+    let worker_log = worker_log.join().expect("the worker's log");
+    for (name, out) in &outputs {
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+    }
+    for s in ["server 1", "server 2"] {
+        let log = text(&outputs[s].stderr);
+        assert!(
+            log.contains("resumed from the checkpoint of iteration"),
+            "{s}: {log}"
+        );
+    }
+    // The worker pushed only the iterations after the cut the job resumed from.
+    let pushes = fields(&text(&outputs["worker 3"].stdout), "pushes=")[0] as u64;
+    assert!(
+        pushes <= u64::from(LONG - 30) && pushes % u64::from(EVERY) == 0,
+        "resumed at a cut of 30 or later: {pushes} pushes\n{worker_log}"
+    );
+    assert_eq!(
+        summed_dumps(&dumps),
+        expected_totals(KEYS, LONG, (3..=4).map(NodeId)),
+        "every iteration counted once across the two runs"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A script cluster of `servers` and `workers` in a fresh directory named after `name`, its
 /// workers computing `compute_ms` an iteration: the directory, the ports by node id, and the
 /// cluster file.

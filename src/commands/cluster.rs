@@ -300,7 +300,10 @@ async fn start<V: Value + Send + Sync>(
     spec.initial = initial;
     let driver: Driver<V> = spec.driver(id)?;
     tracing::info!(%id, %role, address = %transport.local_addr(), "listening");
-    let spawned = spawn_node(driver, transport.shared(), file.spec.runtime.clone());
+    let mut runtime = file.spec.runtime.clone();
+    runtime.checkpoints = options.checkpoints.clone();
+    runtime.resume = options.resume;
+    let spawned = spawn_node(driver, transport.shared(), runtime);
     // The file's address for this node's endpoint, unless the command line gives one.
     let serve_at = options
         .metrics
@@ -360,6 +363,10 @@ pub(crate) struct NodeOptions {
     pub serve_forever: bool,
     /// How long a server asked to stop by SIGTERM waits to be out of the job.
     pub leave_timeout: Duration,
+    /// A server's whole-job checkpoint directory.
+    pub checkpoints: Option<PathBuf>,
+    /// A server offers its checkpoints, so that the job resumes from them.
+    pub resume: bool,
 }
 
 /// Runs node `id` of the cluster file until it is done (a worker) or told to stop by SIGINT or

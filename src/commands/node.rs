@@ -57,6 +57,16 @@ pub(crate) struct NodeArgs {
     /// 127.0.0.1:9100.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    /// Servers: write this server's whole-job checkpoints to this directory (a local disk or
+    /// a mounted volume, one per server), at every cut the cluster file's job.checkpoint_every
+    /// sets: written whole or not at all, checksummed, the newest three kept.
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
+    /// Servers: offer the checkpoints in --checkpoint-dir that read back whole; the job
+    /// resumes from the newest every server holds (start every server with it), and the
+    /// workers from its iteration. A torn or corrupt file is said and passed over.
+    #[arg(long, requires = "checkpoint_dir")]
+    resume: bool,
 }
 
 /// The place among the nodes of its role that `value` (of environment variable `var`) gives:
@@ -116,11 +126,19 @@ pub(crate) fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
             .open(path)
             .map_err(|e| CliError::Input(format!("{}: cannot write: {e}", path.display())))?;
     }
+    if args.checkpoint_dir.is_some() && role != Role::Server {
+        return Err(CliError::input(format!(
+            "--checkpoint-dir: only servers write checkpoints, and node {} is a {role}",
+            id.0
+        )));
+    }
     let options = cluster::NodeOptions {
         join_timeout: Duration::from_secs(args.join_timeout_secs),
         metrics: args.metrics,
         serve_forever: args.serve_forever,
         leave_timeout: Duration::from_secs(args.leave_timeout_secs),
+        checkpoints: args.checkpoint_dir.clone(),
+        resume: args.resume,
     };
     let outcome = super::runtime()?
         .block_on(cluster::run_node(&file, id, &options))

@@ -60,7 +60,8 @@ impl Script {
         totals
     }
 
-    /// Runs the script on one worker: waits for the job to start, then for each iteration pulls
+    /// Runs the script on one worker: waits for the job to start (in the iteration of the
+    /// checkpoint it resumes from, if it does), then for each iteration pulls
     /// every key, computes, pushes and advances without waiting for the push's
     /// acknowledgement (the consistency model decides how far ahead it may run). Returns once
     /// every push is acknowledged.
@@ -76,7 +77,9 @@ impl Script {
             .map_err(|e| RuntimeError::Config(format!("script keys: {e}")))?;
         let mut acks = Vec::new();
         let mut pushed_sum = 0i64;
-        for it in 0..self.iterations {
+        // A job resumed from a checkpoint holds every iteration before it already.
+        let from = worker.resumed_from().await?.unwrap_or(0);
+        for it in from..self.iterations {
             worker.pull(KeySelection::Keys(keys.clone())).await?;
             if !self.compute.is_zero() {
                 tokio::time::sleep(self.compute).await;

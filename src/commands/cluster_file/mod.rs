@@ -17,6 +17,8 @@
 //! [job]
 //! keys = 1000
 //! iterations = 20
+//! checkpoint_every = 0         # iterations between whole-job checkpoints (servers started
+//!                              # with --checkpoint-dir write them); default 0, none
 //!
 //! [filters]                    # none by default
 //! key_cache = 256              # lists kept per peer
@@ -263,6 +265,7 @@ impl ClusterFile {
         if let Some(limit) = spec.runtime.stall_limit {
             spec.runtime.stall_warning = spec.runtime.stall_warning.min(limit / 2);
         }
+        spec.job.checkpoint_every = raw.job.checkpoint_every;
         let mut job = job(raw.job, &mut spec, &origin)?;
         // The coordinator says how far the job has come at the default log level.
         spec.job.report_progress = true;
@@ -270,6 +273,7 @@ impl ClusterFile {
         if let Job::Lr(lr) = &mut job {
             // The application's copy of the job says what the nodes run.
             lr.cfg.job.filters = spec.job.filters;
+            lr.cfg.job.checkpoint_every = spec.job.checkpoint_every;
         }
         spec.job
             .validate::<i64>()

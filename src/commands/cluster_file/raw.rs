@@ -113,6 +113,8 @@ pub(super) struct RawJob {
     pub(super) stall_limit_secs: u64,
     pub(super) rank: Option<u32>,
     pub(super) test_fraction: Option<f64>,
+    #[serde(default)]
+    pub(super) checkpoint_every: u32,
 }
 
 /// A worker that sees nothing complete for five minutes gives up.
@@ -227,6 +229,7 @@ impl Default for RawJob {
             stall_limit_secs: default_stall_limit_secs(),
             rank: None,
             test_fraction: None,
+            checkpoint_every: 0,
         }
     }
 }
