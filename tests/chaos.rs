@@ -1,7 +1,9 @@
 //! A logistic-regression job on separate processes over loopback TCP, with a standby
-//! coordinator, run twice: once without faults, then under a seeded schedule that kills a server
-//! with SIGKILL and starts it again, kills a worker, kills the active coordinator, and pauses a
-//! node past the heartbeat timeout. The job under faults must end
+//! coordinator and a checkpoint after every epoch, run twice: once without faults, then under
+//! a seeded schedule that kills a server with SIGKILL and starts it again, kills a worker, kills
+//! the active coordinator, and pauses a node past the heartbeat timeout, and at the end kills
+//! every process at once and starts them all again, the servers resuming from their
+//! checkpoints. The job under faults must end
 //! as well as the one without, every process with the status its fate calls for, and no worker
 //! may wait past its stall limit.
 //!
@@ -42,6 +44,10 @@ const AUC_TOLERANCE: f64 = 0.005;
 const DEFAULT_SEED: u64 = 0;
 /// Every wait of one run of the job ends by then.
 const RUN_BOUND: Duration = Duration::from_secs(150);
+/// Minibatches of an epoch: the largest of the workers' shares of the rows (cut at line
+/// boundaries, 2,001 rows), 100 rows a minibatch. The servers write a checkpoint after each
+/// epoch.
+const STEPS: usize = (LR_ROWS / WORKERS as usize + 1).div_ceil(100);
 
 #[test]
 fn a_training_job_under_kills_restarts_and_a_pause_ends_as_well_as_a_fault_free_one() {
@@ -84,13 +90,16 @@ enum Fault {
     Pause(u32),
     /// SIGKILL the active coordinator, and wait for the standby to take over.
     KillCoordinator,
+    /// SIGKILL every process at once, as a power cut would, and start them all again, the
+    /// servers resuming from their checkpoints.
+    PowerCut,
 }
 
 impl Fault {
     fn node(self) -> u32 {
         match self {
             Fault::KillServer(n) | Fault::KillWorker(n) | Fault::Pause(n) => n,
-            Fault::KillCoordinator => 0,
+            Fault::KillCoordinator | Fault::PowerCut => 0,
         }
     }
 }
@@ -102,6 +111,7 @@ impl fmt::Display for Fault {
             Fault::KillWorker(n) => write!(f, "kill -9 worker {n}"),
             Fault::Pause(n) => write!(f, "pause {} {n} until it is declared dead", role(n)),
             Fault::KillCoordinator => write!(f, "kill -9 the active coordinator"),
+            Fault::PowerCut => write!(f, "kill -9 every process and start them all again"),
         }
     }
 }
@@ -147,6 +157,8 @@ impl Schedule {
         if paused <= SERVERS && pause < kill {
             faults.swap(kill, pause);
         }
+        // Last: every node the cluster file names comes back, the worker killed before too.
+        faults.push(Fault::PowerCut);
         let steps = faults
             .into_iter()
             .enumerate()
@@ -223,6 +235,13 @@ struct Seen {
     served_from: BTreeMap<u32, Vec<u64>>,
     /// Every test AUC measured, with its epoch, in the order they were printed.
     aucs: Vec<(u32, f64)>,
+    /// Whether a worker took over the share of one that is gone.
+    took_share: bool,
+    /// The furthest epoch a worker had finished when every process was killed, and the first
+    /// epoch a worker finished after they were all started again.
+    power_cut: Option<(u32, Option<u32>)>,
+    /// The cuts the servers resumed from.
+    resumed: Vec<u32>,
     /// The last lines, to show when a wait fails.
     tail: VecDeque<String>,
 }
@@ -240,12 +259,27 @@ impl Seen {
             if let Some(epoch) = number("iter=") {
                 let epoch = epoch as u32;
                 self.epochs.insert(line.node, epoch);
+                if let Some((_, first @ None)) = &mut self.power_cut {
+                    *first = Some(epoch);
+                }
                 if let Some(auc) = number("test_auc=") {
                     self.aucs.push((epoch, auc));
                 }
             }
         } else if line.text.contains("took over from coordinator") {
             self.took_over = true;
+        } else if line
+            .text
+            .contains("took over the share of a worker that is gone")
+        {
+            self.took_share = true;
+        } else if let Some(at) = line
+            .text
+            .split("resumed from the checkpoint of iteration ")
+            .nth(1)
+        {
+            let cut = at.split_whitespace().next().and_then(|c| c.parse().ok());
+            self.resumed.push(cut.expect("the cut resumed from"));
         } else if line.text.contains("node declared dead") {
             let node = value("node=").and_then(|n| n.trim_start_matches('n').parse().ok());
             self.dead.push(node.expect("the dead node's id"));
@@ -295,7 +329,7 @@ impl Cluster {
     /// Writes the job into `dir` and starts every node.
     fn start(dir: &std::path::Path) -> Cluster {
         let _ = std::fs::remove_dir_all(dir);
-        let job = format!("stall_limit_secs = {STALL_LIMIT_SECS}\n");
+        let job = format!("stall_limit_secs = {STALL_LIMIT_SECS}\ncheckpoint_every = {STEPS}\n");
         let (config, roles) = lr_cluster_of(
             dir,
             SERVERS as usize,
@@ -340,6 +374,12 @@ impl Cluster {
         let mut args = vec![role(id), "--config", &self.config, "--id", &id_arg];
         if let Some(metrics) = self.metrics.get(&id) {
             args.extend(["--metrics", metrics]);
+        }
+        // Every server writes its checkpoints, and offers them when it starts: a restart
+        // while the job runs takes its ranges from their replicas all the same.
+        let checkpoints = format!("{}-ckpt-{id}", self.config);
+        if role(id) == "server" {
+            args.extend(["--checkpoint-dir", &checkpoints, "--resume"]);
         }
         // Info for the joining server's first configuration.
         let mut child = pserver(&args)
@@ -498,6 +538,7 @@ impl Cluster {
                 );
                 self.active = STANDBY;
             }
+            Fault::PowerCut => self.power_cut(),
             Fault::Pause(_) => {
                 signal(self.child(&process), "-STOP");
                 self.until_dead(node, &process);
@@ -511,6 +552,30 @@ impl Cluster {
                 assert!(stderr.contains(&said), "{process}: {stderr}");
             }
         }
+    }
+
+    /// Kills every process at once, starts every node again, and waits until a worker has
+    /// finished an epoch after the restart.
+    fn power_cut(&mut self) {
+        let at = self.seen.epoch();
+        for (_, child) in &mut self.children.0 {
+            let _ = child.kill();
+        }
+        let processes: Vec<String> = self.children.0.iter().map(|(n, _)| n.clone()).collect();
+        for process in processes {
+            let (status, _, _) = self.ended(&process, Duration::from_secs(10));
+            assert_eq!(status.signal(), Some(9), "{process}: {status}");
+        }
+        self.seen.power_cut = Some((at, None));
+        self.active = 0;
+        for id in (0..self.roles.len() as u32).chain([STANDBY]) {
+            self.spawn(id, &format!("{} {id} after the power cut", role(id)));
+        }
+        self.until(
+            Duration::from_secs(60),
+            "a worker finishes an epoch after the power cut",
+            |seen| seen.power_cut.is_some_and(|(_, first)| first.is_some()),
+        );
     }
 
     /// SIGKILLs node `node`'s `process` and waits until the coordinator declares it dead.
@@ -557,27 +622,48 @@ impl Cluster {
             .map(|(name, _)| name.clone())
             .filter(|name| name.starts_with("worker"))
             .collect();
-        let (mut rows, mut took_over) = (0.0, false);
+        let mut rows = 0.0;
         for process in &workers {
             let (status, stdout, stderr) = self.ended(process, RUN_BOUND);
             // Exit status 0 also says that no wait lasted past the stall limit.
             assert_eq!(status.code(), Some(0), "{process}: {status}\n{stderr}");
             assert!(!stderr.contains("stall limit"), "{process}: {stderr}");
-            let node = process.trim_start_matches("worker ");
+            let node = process.split_whitespace().nth(1).expect("worker N");
             let done = format!("worker n{node} trained epochs={EPOCHS}");
             assert!(stdout.contains(&done), "{process}: {stdout}");
             rows += fields(&stdout, "rows=").last().copied().unwrap_or_default();
-            took_over |= stderr.contains("took over the share of a worker that is gone");
+        }
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.note(line);
         }
         assert_eq!(
             rows as usize, LR_ROWS,
             "the last epoch trains every row once"
         );
         assert_eq!(
-            took_over,
+            self.seen.took_share,
             schedule.is_some(),
             "a live worker took over the shares of those gone"
         );
+        if let Some((at, first)) = self.seen.power_cut {
+            // Every server resumed from the same cut, the end of an epoch no earlier than the
+            // last one a worker had finished; the workers went on from the epoch after it.
+            let resumed = &self.seen.resumed;
+            assert_eq!(resumed.len(), SERVERS as usize, "{resumed:?}");
+            assert!(resumed.iter().all(|&c| c == resumed[0]), "{resumed:?}");
+            let epochs = resumed[0] as usize / STEPS;
+            assert_eq!(resumed[0] as usize % STEPS, 0, "{resumed:?}");
+            assert!(
+                epochs as u32 >= at,
+                "resumed after epoch {epochs}, cut at {at}"
+            );
+            assert_eq!(
+                first,
+                Some(epochs as u32 + 1),
+                "no epoch before the cut again"
+            );
+            eprintln!("every process killed after epoch {at}: resumed after epoch {epochs}");
+        }
         for (_, child) in &self.children.0 {
             signal(child, "-INT");
         }
@@ -604,7 +690,7 @@ impl Cluster {
         let faulted: Vec<u32> = schedule
             .iter()
             .flat_map(|s| s.steps.iter().map(|step| step.fault))
-            .filter(|&fault| fault != Fault::KillCoordinator)
+            .filter(|&fault| !matches!(fault, Fault::KillCoordinator | Fault::PowerCut))
             .map(Fault::node)
             .collect();
         assert_eq!(

@@ -718,9 +718,11 @@ async fn train_lr_worker(
 ) -> Result<u32, RunError> {
     let test = data.test.take();
     let (steps, base) = (data.steps, data.base);
-    // A worker that takes over the first share starts from the model its holder saved, so
-    // that it replaces it only with a better one.
-    let took_over = !data.shares.contains_key(&0);
+    // Epoch 1's time starts when the job does, not while the nodes are still joining.
+    worker.ready().await?;
+    // A worker that takes over the first share, or goes on from a checkpoint, starts from the
+    // model saved before, so that it replaces it only with a better one.
+    let took_over = !data.shares.contains_key(&0) || worker.resumed_from().await?.is_some();
     let rows_of = |share: usize| {
         data.share(share)
             .map_err(|e| RuntimeError::Config(e.to_string()))
@@ -732,8 +734,6 @@ async fn train_lr_worker(
     let mut epochs = 0;
     let mut best: Option<f64> = None;
     let mut save_failed = None;
-    // Epoch 1's time starts when the job does, not while the nodes are still joining.
-    worker.ready().await?;
     let mut began = Instant::now();
     let run = WorkerRun {
         measure,
