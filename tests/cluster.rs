@@ -566,7 +566,14 @@ fn every_process_killed_at_once_and_started_with_resume_goes_on_from_the_last_ch
     let (dir, _, config) = script_cluster("power-cut", shape, "bounded:1", LONG, 20);
     let file = std::fs::read_to_string(&config).unwrap();
     let every = format!("[job]\ncheckpoint_every = {EVERY}\n");
-    std::fs::write(&config, file.replacen("[job]\n", &every, 1)).unwrap();
+    let metrics = format!(
+        "role = \"coordinator\"\nmetrics = \"127.0.0.1:{}\"\n",
+        free_port()
+    );
+    let file =
+        file.replacen("[job]\n", &every, 1)
+            .replacen("role = \"coordinator\"\n", &metrics, 1);
+    std::fs::write(&config, file).unwrap();
     let dumps: Vec<PathBuf> = (1..=2)
         .map(|s| dir.join(format!("server{s}.totals")))
         .collect();
@@ -595,6 +602,11 @@ fn every_process_killed_at_once_and_started_with_resume_goes_on_from_the_last_ch
             Duration::from_secs(90)
         ),
         "the servers write the checkpoints of iterations 10, 20 and 30"
+    );
+    let (_, status) = status_until(&config, "checkpoint before iteration");
+    assert!(
+        status.contains(&format!(", every {EVERY}")),
+        "pserver status names the last checkpoint:\n{status}"
     );
     for (name, child) in &mut children.0 {
         child

@@ -103,6 +103,9 @@ pub struct ClusterStatus {
     pub replicas_asked: u32,
     /// Whether every worker left, its work done ([`crate::Event::JobFinished`]).
     pub finished: bool,
+    /// Iterations between whole-job checkpoints, 0 for none, and the last cut every server
+    /// wrote, 0 for none yet ([`crate::wire::Checkpoints`]).
+    pub checkpoints: crate::wire::Checkpoints,
 }
 
 impl ClusterStatus {
@@ -142,6 +145,15 @@ impl fmt::Display for ClusterStatus {
         let lost: Vec<String> = self.lost.iter().map(ToString::to_string).collect();
         writeln!(f, "lost {} {}", lost.len(), lost.join(" "))?;
         writeln!(f, "finished {}", if self.finished { "yes" } else { "no" })?;
+        match self.checkpoints {
+            c if c.every == 0 => writeln!(f, "checkpoint none taken")?,
+            c if c.complete == 0 => writeln!(f, "checkpoint none yet, every {}", c.every)?,
+            c => writeln!(
+                f,
+                "checkpoint before iteration {}, every {}",
+                c.complete, c.every
+            )?,
+        }
         write!(
             f,
             "degraded {}",

@@ -135,6 +135,11 @@ fn render(sources: &Sources) -> Result<String, std::fmt::Error> {
         "Configuration epoch the node is on",
         gauge(m.epoch),
     );
+    registry.register(
+        "checkpoint",
+        "The iteration of the last whole-job checkpoint every server wrote (0: none)",
+        gauge(u64::from(m.checkpoint)),
+    );
     let counts = [
         (
             "frames_received",

@@ -406,6 +406,13 @@ impl Coordinator {
             lost: config.map_or_else(Vec::new, |c| c.lost.clone()),
             replicas_held: config.map_or(self.cfg.ring.replicas, ClusterConfig::replicas_held),
             replicas_asked: self.cfg.ring.replicas,
+            checkpoints: config.map_or_else(
+                || Checkpoints {
+                    every: self.cfg.checkpoint_every,
+                    complete: 0,
+                },
+                |c| c.checkpoints,
+            ),
             finished: self.finish_said,
         }
     }
