@@ -276,6 +276,17 @@ fn workers_wait_at_a_cut_until_every_server_wrote_its_shards() {
             .collect();
         assert!(!rows.is_empty(), "{s} holds keys");
         assert!(rows.iter().all(|&v| v == total(2)), "{s} wrote {rows:?}");
+        // With the workers' clocks on each range: both finished every iteration below the cut.
+        for t in &shards {
+            let workers: Vec<NodeId> = t.clocks.iter().map(|c| c.worker).collect();
+            assert_eq!(workers, c.workers(), "{s}'s copy of {}", t.range);
+            let reached = t.clocks.iter().flat_map(|c| &c.segments);
+            assert!(
+                reached.clone().all(|&(_, at)| at >= EVERY),
+                "{s}: {:?}",
+                t.clocks
+            );
+        }
     }
     let now = c.now;
     let first = servers[0];

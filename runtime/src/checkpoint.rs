@@ -8,7 +8,7 @@
 //! the old set of files or the new one, never half a file under a checkpoint's name.
 
 use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use pserver_core::Value;
@@ -103,17 +103,39 @@ impl CheckpointDir {
     /// temporary file, flushed, renamed into place, and the directory flushed. A checkpoint of
     /// the same iteration written before is replaced.
     pub fn write(&self, iteration: u64, payload: &[u8]) -> io::Result<PathBuf> {
-        let mut bytes = Vec::with_capacity(payload.len() + FRAMING);
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&iteration.to_le_bytes());
-        bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        bytes.extend_from_slice(payload);
-        let sum = crc32fast::hash(&bytes);
-        bytes.extend_from_slice(&sum.to_le_bytes());
+        self.write_with(iteration, |out| out.write_all(payload))
+    }
+
+    /// [`CheckpointDir::write`], the payload being what `payload` writes: streamed to the
+    /// file as it is made, never held whole in memory, and checksummed on the way.
+    pub fn write_with(
+        &self,
+        iteration: u64,
+        payload: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+    ) -> io::Result<PathBuf> {
         let path = self.file_of(iteration);
         let temporary = self.dir.join(format!(".ckpt-{iteration:020}.tmp"));
-        let mut file = File::create(&temporary)?;
-        file.write_all(&bytes)?;
+        let mut head = [0u8; FRAMING - 4];
+        head[..8].copy_from_slice(MAGIC);
+        head[8..16].copy_from_slice(&iteration.to_le_bytes());
+        let mut out = File::create(&temporary)?;
+        // The length is known once the payload is written: a placeholder until then.
+        out.write_all(&head)?;
+        let mut summed = Summed {
+            out: &mut out,
+            sum: crc32fast::Hasher::new(),
+            len: 0,
+        };
+        payload(&mut summed)?;
+        let (payload_sum, len) = (summed.sum, summed.len);
+        head[16..24].copy_from_slice(&len.to_le_bytes());
+        let mut sum = crc32fast::Hasher::new();
+        sum.update(&head);
+        sum.combine(&payload_sum);
+        out.write_all(&sum.finalize().to_le_bytes())?;
+        let mut file = out;
+        file.seek(SeekFrom::Start(16))?;
+        file.write_all(&head[16..24])?;
         file.sync_all()?;
         drop(file);
         fs::rename(&temporary, &path)?;
@@ -221,15 +243,53 @@ impl CheckpointDir {
 /// Magic bytes of a server's checkpoint payload: its shards.
 const SHARDS_MAGIC: &[u8; 8] = b"PSSHARD1";
 
-/// A server's shards ([`pserver_core::Event::CheckpointDue`]) as a checkpoint's payload: magic
-/// bytes, the value type's size, then the shards as the wire encodes them.
-pub fn shards_payload<V: Value>(shards: &[Transfer<V>]) -> Result<Vec<u8>, String> {
-    let mut bytes = SHARDS_MAGIC.to_vec();
-    bytes.push(V::SIZE as u8);
-    postcard::to_extend(shards, bytes).map_err(|e| format!("cannot encode the shards: {e}"))
+/// A writer that counts and checksums what goes through it.
+struct Summed<'a, W: Write> {
+    out: &'a mut W,
+    sum: crc32fast::Hasher,
+    len: u64,
 }
 
-/// The shards a checkpoint's payload holds ([`shards_payload`]).
+impl<W: Write> Write for Summed<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.sum.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// Writes a server's shards ([`pserver_core::Event::CheckpointDue`]) as the checkpoint of
+/// `cut` in `dir`: magic bytes, the value type's size, then the shards as the wire encodes
+/// them. Returns the file and its payload's bytes.
+pub fn write_shards<V: Value>(
+    dir: &CheckpointDir,
+    cut: u64,
+    shards: &[Transfer<V>],
+) -> io::Result<(PathBuf, u64)> {
+    let encode = |e: postcard::Error| io::Error::other(format!("cannot encode the shards: {e}"));
+    // Room for the most the shards can take (keys as varints of at most 10 bytes): a model's
+    // payload grown by doubling would be copied over and over.
+    let most: usize = shards
+        .iter()
+        .map(|t| {
+            let values = t.values.values().len() + t.state.as_ref().map_or(0, |s| s.values().len());
+            t.values.len() * 10 + values * V::SIZE + 64
+        })
+        .sum();
+    let mut payload = Vec::with_capacity(SHARDS_MAGIC.len() + 1 + 10 + most);
+    payload.extend_from_slice(SHARDS_MAGIC);
+    payload.push(V::SIZE as u8);
+    let payload = postcard::to_extend(shards, payload).map_err(encode)?;
+    let path = dir.write(cut, &payload)?;
+    Ok((path, payload.len() as u64))
+}
+
+/// The shards a checkpoint's payload holds ([`write_shards`]).
 pub fn shards_of<V: Value>(payload: &[u8]) -> Result<Vec<Transfer<V>>, String> {
     let rest = payload
         .strip_prefix(SHARDS_MAGIC)

@@ -2,6 +2,7 @@
 //! driver, and how it stops.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::io;
 use std::sync::{Arc, OnceLock};
 
 use pserver_core::pace::Coverage;
@@ -16,7 +17,7 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::RuntimeConfig;
-use super::checkpoint::{CheckpointDir, shards_of, shards_payload};
+use super::checkpoint::{CheckpointDir, shards_of, write_shards};
 use super::handle::{Command, NodeHandle, NodeMetrics, NodeReport, RuntimeError, WorkerHandle};
 
 /// How often the coordinator sums up the job.
@@ -1014,19 +1015,17 @@ where
         let done = self.written.clone();
         tokio::task::spawn_blocking(move || {
             let began = std::time::Instant::now();
-            let result = shards_payload(&shards).and_then(|payload| {
-                let path = dir
-                    .write(u64::from(cut), &payload)
-                    .map_err(|e| format!("{}: {e}", dir.path().display()))?;
-                dir.retain_newest(CHECKPOINTS_KEPT)
-                    .map_err(|e| format!("{}: {e}", dir.path().display()))?;
-                Ok(format!(
-                    "{} ({} bytes, {} ms)",
-                    path.display(),
-                    payload.len(),
-                    began.elapsed().as_millis()
-                ))
-            });
+            let shown = |e: io::Error| format!("{}: {e}", dir.path().display());
+            let result = write_shards(&dir, u64::from(cut), &shards)
+                .map_err(shown)
+                .and_then(|(path, bytes)| {
+                    dir.retain_newest(CHECKPOINTS_KEPT).map_err(shown)?;
+                    Ok(format!(
+                        "{} ({bytes} bytes in {} ms, written and flushed)",
+                        path.display(),
+                        began.elapsed().as_millis()
+                    ))
+                });
             let _ = done.send((cut, result));
         });
     }

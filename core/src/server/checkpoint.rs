@@ -18,7 +18,7 @@ use crate::key::KeyRange;
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
-use crate::wire::{Envelope, Message, Transfer};
+use crate::wire::{ClockRecord, Envelope, Message, Transfer};
 
 use super::Server;
 
@@ -118,8 +118,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
 
     /// Loads the shards this server wrote at `cut` ([`Event::Restore`]): every range it holds
     /// takes the rows and update-rule state of its copy; workers count as having finished the
-    /// iterations below the cut. De-duplication state is not restored: every worker is a new
-    /// process with new request numbers. Then the messages that waited are taken in.
+    /// iterations below the cut, which is what the copies' clocks say. De-duplication state
+    /// is not restored: every worker is a new process with new request numbers. Then the
+    /// messages that waited are taken in.
     pub fn restore(
         &mut self,
         now: Time,
@@ -229,7 +230,18 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let shards: Vec<Transfer<V>> = self
             .shards
             .values()
-            .map(|s| s.copy(width, aux_width))
+            .map(|s| {
+                let mut copy = s.copy(width, aux_width);
+                copy.clocks = self
+                    .progress
+                    .iter()
+                    .map(|(&worker, clock)| ClockRecord {
+                        worker,
+                        segments: clock.segments_in(s.range).collect(),
+                    })
+                    .collect();
+                copy
+            })
             .collect();
         self.checkpointing.due = Some((cut, self.shard_ranges()));
         self.checkpointing.written = None;

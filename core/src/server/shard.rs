@@ -192,12 +192,18 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
 
     /// The whole shard as of its last update, for a new holder.
     pub(crate) fn copy(&self, width: usize, aux_width: usize) -> Transfer<V> {
-        let (mut keys, mut values, mut state) = (Vec::new(), Vec::new(), Vec::new());
-        self.store.for_each_row_in(self.range, &mut |k, row, aux| {
-            keys.push(k);
-            values.extend_from_slice(row);
-            state.extend_from_slice(aux);
-        });
+        // Sized up front: a checkpoint copies every shard, and a model's worth of vectors
+        // grown by doubling costs more than the copy.
+        let rows = self.store.len();
+        let mut keys = Vec::with_capacity(rows);
+        let mut values = Vec::with_capacity(rows * width);
+        let mut state = Vec::with_capacity(rows * width * aux_width);
+        self.store
+            .for_each_run_with_state_in(self.range, &mut |run, rows, aux| {
+                keys.extend_from_slice(run);
+                values.extend_from_slice(rows);
+                state.extend_from_slice(aux);
+            });
         let state = (aux_width > 0)
             .then(|| KvPairs::from_validated(keys.clone(), state, width * aux_width));
         let pending = self

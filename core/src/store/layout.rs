@@ -2,7 +2,9 @@
 
 use core::hash::{Hash, Hasher};
 
-use super::{HashedStore, OrderedStore, ParamStore, RowVisitor, RowsUpdate, RunVisitor};
+use super::{
+    HashedStore, OrderedStore, ParamStore, RowVisitor, RowsUpdate, RunVisitor, StateRunVisitor,
+};
 use crate::key::{Key, KeyRange};
 use crate::value::Value;
 
@@ -79,6 +81,10 @@ impl<V: Value> ParamStore<V> for Store<V> {
 
     fn for_each_row_in(&self, range: KeyRange, f: &mut RowVisitor<'_, V>) {
         either!(self, s => s.for_each_row_in(range, f))
+    }
+
+    fn for_each_run_with_state_in(&self, range: KeyRange, f: &mut StateRunVisitor<'_, V>) {
+        either!(self, s => s.for_each_run_with_state_in(range, f))
     }
 
     fn empty(&self) -> Self {

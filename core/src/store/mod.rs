@@ -25,6 +25,10 @@ pub use ordered::OrderedStore;
 /// What [`ParamStore::for_each_row_in`] calls for each row: its key, values and updater state.
 pub type RowVisitor<'a, V> = dyn FnMut(Key, &[V], &[V]) + 'a;
 
+/// What [`ParamStore::for_each_run_with_state_in`] calls for each run of rows: their keys,
+/// values and updater state, in key order.
+pub type StateRunVisitor<'a, V> = dyn FnMut(&[Key], &[V], &[V]) + 'a;
+
 /// What [`ParamStore::update_rows`] calls for each run of rows stored one after another: their
 /// values, their updater state, and the pushed values for them, all in key order.
 pub type RowsUpdate<'a, V> = dyn FnMut(&mut [V], &mut [V], &[V]) + 'a;
@@ -97,6 +101,13 @@ pub trait ParamStore<V: Value>: Clone + Debug {
 
     /// Calls `f` on every stored row in `range` with its updater state, in key order.
     fn for_each_row_in(&self, range: KeyRange, f: &mut RowVisitor<'_, V>);
+
+    /// Calls `f` on the stored rows in `range` with their updater state, in key order,
+    /// several at a time where the layout allows: a whole shard is copied this way (a
+    /// replica's copy, a checkpoint).
+    fn for_each_run_with_state_in(&self, range: KeyRange, f: &mut StateRunVisitor<'_, V>) {
+        self.for_each_row_in(range, &mut |key, row, aux| f(&[key], row, aux));
+    }
 
     /// An empty store of the same shape.
     fn empty(&self) -> Self;

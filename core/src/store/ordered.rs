@@ -10,7 +10,7 @@ use core::hash::{Hash, Hasher};
 use core::ops::ControlFlow;
 use std::collections::BTreeMap;
 
-use super::{ParamStore, RowVisitor, RowsUpdate, RunVisitor};
+use super::{ParamStore, RowVisitor, RowsUpdate, RunVisitor, StateRunVisitor};
 use crate::key::{Key, KeyRange};
 use crate::value::Value;
 
@@ -441,6 +441,21 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
             }
             ControlFlow::Continue(())
         });
+    }
+
+    fn for_each_run_with_state_in(&self, range: KeyRange, f: &mut StateRunVisitor<'_, V>) {
+        let row_aux = self.width * self.aux_width;
+        for leaf in self.leaves_in(range) {
+            let from = leaf.keys.partition_point(|&k| k < range.start());
+            let to = leaf.keys.partition_point(|&k| k < range.end());
+            if from < to {
+                f(
+                    &leaf.keys[from..to],
+                    &leaf.values[from * self.width..to * self.width],
+                    &leaf.aux[from * row_aux..to * row_aux],
+                );
+            }
+        }
     }
 
     fn for_each_row_in(&self, range: KeyRange, f: &mut RowVisitor<'_, V>) {

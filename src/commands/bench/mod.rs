@@ -1,9 +1,11 @@
-//! `pserver bench push | train | stragglers | filters`: push and pull over each transport next
-//! to raw TCP, training next to a plain loop and Vowpal Wabbit, straggler handling and filters,
-//! each with its baseline measured in the same run, so that every figure reads as a ratio.
+//! `pserver bench push | train | stragglers | filters | checkpoint`: push and pull over each
+//! transport next to raw TCP, training next to a plain loop and Vowpal Wabbit, straggler
+//! handling, filters, and checkpoints next to `cp`, each with its baseline measured in the same
+//! run, so that every figure reads as a ratio.
 //!
 //! Every measure is one `name value unit` line; [`Measure::line`] gives it.
 
+mod checkpoint;
 mod filters;
 mod loopback;
 mod options;
@@ -88,6 +90,33 @@ enum BenchMode {
     /// seconds per million rows, each with its ratio to unfiltered training, medians of
     /// --rounds runs. Runs from the repository's root.
     Filters(FiltersBenchArgs),
+    /// What a whole-job checkpoint costs, next to `cp` and to training without checkpoints.
+    ///
+    /// One server holding a model of --mb MiB (FTRL weights and their state; 1 GiB by default)
+    /// writes a checkpoint: the time from the workers' advance into the cut until it is
+    /// recorded (copied out, encoded, written, flushed, renamed), next to `cp` of the same file
+    /// and `cp` with a flush of the copy, on the same disk (--dir). Then training on `bench
+    /// train`'s generated problem with a checkpoint after every epoch (the default of `pserver
+    /// train --checkpoint-dir`) next to training without, alternating, medians of --rounds
+    /// runs of each.
+    Checkpoint(CheckpointBenchArgs),
+}
+
+/// The arguments of `pserver bench checkpoint`.
+#[derive(clap::Args, Debug)]
+struct CheckpointBenchArgs {
+    #[command(flatten)]
+    run: QuickArgs,
+    /// The model's size in MiB (16 with --quick).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    mb: Option<u64>,
+    /// Where the checkpoints and the copies are written: the disk measured. Default: the
+    /// temporary directory.
+    #[arg(long, value_name = "DIR")]
+    dir: Option<std::path::PathBuf>,
+    /// Runs of training with and without checkpoints (default 5; 1 with --quick).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=99))]
+    rounds: Option<u32>,
 }
 
 /// How long a benchmark runs.
@@ -188,6 +217,22 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), CliError> {
                 size,
                 args.rounds
                     .map_or(if quick { 1 } else { 3 }, |r| r as usize),
+                &mut |m: Measure| println!("{}", m.line()),
+            ))
+            .map_err(CliError::failed)?;
+        }
+        BenchMode::Checkpoint(args) => {
+            let quick = args.run.quick;
+            let mb = args.mb.unwrap_or(if quick { 16 } else { 1024 });
+            let dir = args.dir.unwrap_or_else(std::env::temp_dir);
+            let rounds = args
+                .rounds
+                .map_or(if quick { 1 } else { 5 }, |r| r as usize);
+            let size = train::TrainSize::new(quick, None);
+            rt.block_on(checkpoint::run_checkpoint_bench(
+                mb,
+                &dir,
+                (size, rounds),
                 &mut |m: Measure| println!("{}", m.line()),
             ))
             .map_err(CliError::failed)?;
