@@ -919,6 +919,52 @@ fn bench_filters_measures_the_bytes_each_configuration_saves_next_to_unfiltered_
     assert!(value("filters.generated.tcp.keycache_compress.rows_per_sec_ratio") > 0.0);
 }
 
+/// `bench checkpoint --quick` times a server's checkpoint of a 16 MiB model next to `cp` of the
+/// file it wrote, and training with a checkpoint after every epoch next to training without;
+/// each ratio is its two figures' and the file holds the model.
+#[test]
+fn bench_checkpoint_measures_a_checkpoint_next_to_cp_and_training_next_to_none() {
+    let out = pserver()
+        .args(["bench", "checkpoint", "--quick"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let value = |name: &str| measure(&text, name);
+    // 16 MiB of rows of a weight and two values of state, each key a byte.
+    let mib = value("checkpoint.model.bytes");
+    assert!((12.0..20.0).contains(&mib), "{text}");
+    for (ratio, over, under) in [
+        (
+            "checkpoint.write_vs_cp",
+            "checkpoint.write.secs",
+            "checkpoint.cp.secs",
+        ),
+        (
+            "checkpoint.write_vs_cp_and_flush",
+            "checkpoint.write.secs",
+            "checkpoint.cp_and_flush.secs",
+        ),
+        (
+            "checkpoint.train.slowdown",
+            "checkpoint.train.every_epoch.secs",
+            "checkpoint.train.without.secs",
+        ),
+    ] {
+        let (a, b) = (value(over), value(under));
+        assert!(a > 0.0 && b > 0.0, "{text}");
+        // The figures are printed to 4 decimals: their ratio is the printed one's to 2%.
+        assert!(
+            (a / b - value(ratio)).abs() < 0.02 * value(ratio),
+            "{ratio}: {text}"
+        );
+    }
+}
+
 #[test]
 fn bench_measures_only_the_kinds_and_shapes_asked_for() {
     let out = pserver()
