@@ -766,6 +766,13 @@ fn job(
         return Err(origin.invalid("job.batch", "must be at least 1"));
     }
     if app == App::Mf {
+        // Its workers would train every epoch again on top of the restored factors.
+        if job.checkpoint_every > 0 {
+            return Err(origin.invalid(
+                "job.checkpoint_every",
+                "an mf job cannot resume from whole-job checkpoints yet: leave it 0 (pserver train mf --checkpoint-dir checkpoints in one process)",
+            ));
+        }
         return mf_job(job, data, spec, origin);
     }
     for (field, given) in [

@@ -530,6 +530,10 @@ fn an_mf_job_takes_its_rank_and_rates_and_refuses_what_it_does_not_use() {
             "test = \"t.data\"\ntest_fraction = 0.2",
             "give one or the other",
         ),
+        (
+            "checkpoint_every = 10",
+            "job.checkpoint_every: an mf job cannot resume from whole-job checkpoints yet",
+        ),
     ] {
         let e = parse(&mf(lines)).unwrap_err().to_string();
         assert!(e.contains(said), "{lines}: {e}");
@@ -577,6 +581,25 @@ fn every_cluster_file_in_the_readme_and_the_operators_guide_is_one_pserver_accep
         }
     }
     assert!(checked >= 2, "{checked} cluster files found");
+}
+
+#[test]
+fn checkpoint_every_is_read_into_the_job_and_an_lr_job_s_copy_of_it() {
+    assert_eq!(parse(GOOD).unwrap().spec.job.checkpoint_every, 0);
+    let every = GOOD.replace("[job]\n", "[job]\ncheckpoint_every = 25\n");
+    assert_eq!(parse(&every).unwrap().spec.job.checkpoint_every, 25);
+    let lr = GOOD.replace(
+        "[job]\nkeys = 10\niterations = 3\n",
+        "[job]\napp = \"lr\"\ndata = \"a.svm\"\ncheckpoint_every = 7\n",
+    );
+    let f = parse(&lr).unwrap();
+    let Job::Lr(job) = &f.job else {
+        panic!("{:?}", f.job)
+    };
+    assert_eq!(
+        (f.spec.job.checkpoint_every, job.cfg.job.checkpoint_every),
+        (7, 7)
+    );
 }
 
 #[test]
