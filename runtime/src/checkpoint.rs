@@ -8,7 +8,7 @@
 //! the old set of files or the new one, never half a file under a checkpoint's name.
 
 use std::fs::{self, File};
-use std::io::{self, Seek, SeekFrom, Write};
+use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use pserver_core::Value;
@@ -118,7 +118,9 @@ impl CheckpointDir {
         let mut head = [0u8; FRAMING - 4];
         head[..8].copy_from_slice(MAGIC);
         head[8..16].copy_from_slice(&iteration.to_le_bytes());
-        let mut out = File::create(&temporary)?;
+        // Small fields batched into few writes; a block of values bigger than the buffer goes
+        // to the file as it is.
+        let mut out = BufWriter::with_capacity(1 << 20, File::create(&temporary)?);
         // The length is known once the payload is written: a placeholder until then.
         out.write_all(&head)?;
         let mut summed = Summed {
@@ -133,7 +135,7 @@ impl CheckpointDir {
         sum.update(&head);
         sum.combine(&payload_sum);
         out.write_all(&sum.finalize().to_le_bytes())?;
-        let mut file = out;
+        let mut file = out.into_inner().map_err(io::IntoInnerError::into_error)?;
         file.seek(SeekFrom::Start(16))?;
         file.write_all(&head[16..24])?;
         file.sync_all()?;
@@ -265,28 +267,43 @@ impl<W: Write> Write for Summed<'_, W> {
 
 /// Writes a server's shards ([`pserver_core::Event::CheckpointDue`]) as the checkpoint of
 /// `cut` in `dir`: magic bytes, the value type's size, then the shards as the wire encodes
-/// them. Returns the file and its payload's bytes.
+/// them, streamed to the file. Returns the file and its payload's bytes.
 pub fn write_shards<V: Value>(
     dir: &CheckpointDir,
     cut: u64,
     shards: &[Transfer<V>],
 ) -> io::Result<(PathBuf, u64)> {
-    let encode = |e: postcard::Error| io::Error::other(format!("cannot encode the shards: {e}"));
-    // Room for the most the shards can take (keys as varints of at most 10 bytes): a model's
-    // payload grown by doubling would be copied over and over.
-    let most: usize = shards
-        .iter()
-        .map(|t| {
-            let values = t.values.values().len() + t.state.as_ref().map_or(0, |s| s.values().len());
-            t.values.len() * 10 + values * V::SIZE + 64
-        })
-        .sum();
-    let mut payload = Vec::with_capacity(SHARDS_MAGIC.len() + 1 + 10 + most);
-    payload.extend_from_slice(SHARDS_MAGIC);
-    payload.push(V::SIZE as u8);
-    let payload = postcard::to_extend(shards, payload).map_err(encode)?;
-    let path = dir.write(cut, &payload)?;
-    Ok((path, payload.len() as u64))
+    let mut bytes = 0;
+    let path = dir.write_with(cut, |out| {
+        let mut counted = Counted { out, len: 0 };
+        counted.write_all(SHARDS_MAGIC)?;
+        counted.write_all(&[V::SIZE as u8])?;
+        // Straight to the file: the values go as the blocks they are in the copies, and a
+        // model's encoding is never held whole in memory.
+        postcard::to_io(shards, &mut counted)
+            .map_err(|e| io::Error::other(format!("cannot encode the shards: {e}")))?;
+        bytes = counted.len;
+        Ok(())
+    })?;
+    Ok((path, bytes))
+}
+
+/// A writer that counts what goes through it.
+struct Counted<'a> {
+    out: &'a mut dyn Write,
+    len: u64,
+}
+
+impl Write for Counted<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// The shards a checkpoint's payload holds ([`write_shards`]).
