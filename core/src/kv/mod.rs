@@ -199,6 +199,22 @@ impl<V: Value> KvPairs<V> {
         })
     }
 
+    /// `values` under the keys of `self`, `width` per key: the key storage is shared, not
+    /// copied. The caller has checked that `width` divides the values into one row per key.
+    pub(crate) fn beside(&self, values: Vec<V>, width: usize) -> Self {
+        if self.lo != 0 {
+            // A window into shared storage: the new values start at the window's first pair.
+            return KvPairs::from_validated(self.keys().to_vec(), values, width);
+        }
+        KvPairs {
+            keys: self.keys.clone(),
+            values: ValueStorage::owned(values),
+            width,
+            lo: self.lo,
+            hi: self.hi,
+        }
+    }
+
     /// Wraps storage whose invariants the caller has already checked.
     pub(crate) fn from_validated(keys: Vec<Key>, values: Vec<V>, width: usize) -> Self {
         Self::from_stored(keys, ValueStorage::owned(values), width)

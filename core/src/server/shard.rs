@@ -204,8 +204,9 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
                 values.extend_from_slice(rows);
                 state.extend_from_slice(aux);
             });
-        let state = (aux_width > 0)
-            .then(|| KvPairs::from_validated(keys.clone(), state, width * aux_width));
+        let values = KvPairs::from_validated(keys, values, width);
+        // The state's keys are the values': shared, not copied.
+        let state = (aux_width > 0).then(|| values.beside(state, width * aux_width));
         let pending = self
             .pending
             .iter()
@@ -219,7 +220,7 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         Transfer {
             range: self.range,
             seq: self.seq,
-            values: KvPairs::from_validated(keys, values, width),
+            values,
             state,
             pending,
             applied_below: self.applied_below,
