@@ -103,16 +103,17 @@ impl CheckpointDir {
     /// temporary file, flushed, renamed into place, and the directory flushed. A checkpoint of
     /// the same iteration written before is replaced.
     pub fn write(&self, iteration: u64, payload: &[u8]) -> io::Result<PathBuf> {
-        self.write_with(iteration, |out| out.write_all(payload))
+        Ok(self.write_with(iteration, |out| out.write_all(payload))?.0)
     }
 
     /// [`CheckpointDir::write`], the payload being what `payload` writes: streamed to the
-    /// file as it is made, never held whole in memory, and checksummed on the way.
+    /// file as it is made, never held whole in memory, and checksummed on the way. Returns the
+    /// file and the payload's bytes.
     pub fn write_with(
         &self,
         iteration: u64,
         payload: impl FnOnce(&mut dyn Write) -> io::Result<()>,
-    ) -> io::Result<PathBuf> {
+    ) -> io::Result<(PathBuf, u64)> {
         let path = self.file_of(iteration);
         let temporary = self.dir.join(format!(".ckpt-{iteration:020}.tmp"));
         let mut head = [0u8; FRAMING - 4];
@@ -143,7 +144,7 @@ impl CheckpointDir {
         fs::rename(&temporary, &path)?;
         // The rename is durable only once the directory is.
         File::open(&self.dir)?.sync_all()?;
-        Ok(path)
+        Ok((path, len))
     }
 
     /// The iterations of the checkpoint files in the directory, newest first (whether or not
@@ -273,37 +274,15 @@ pub fn write_shards<V: Value>(
     cut: u64,
     shards: &[Transfer<V>],
 ) -> io::Result<(PathBuf, u64)> {
-    let mut bytes = 0;
-    let path = dir.write_with(cut, |out| {
-        let mut counted = Counted { out, len: 0 };
-        counted.write_all(SHARDS_MAGIC)?;
-        counted.write_all(&[V::SIZE as u8])?;
+    dir.write_with(cut, |out| {
+        out.write_all(SHARDS_MAGIC)?;
+        out.write_all(&[V::SIZE as u8])?;
         // Straight to the file: the values go as the blocks they are in the copies, and a
         // model's encoding is never held whole in memory.
-        postcard::to_io(shards, &mut counted)
-            .map_err(|e| io::Error::other(format!("cannot encode the shards: {e}")))?;
-        bytes = counted.len;
-        Ok(())
-    })?;
-    Ok((path, bytes))
-}
-
-/// A writer that counts what goes through it.
-struct Counted<'a> {
-    out: &'a mut dyn Write,
-    len: u64,
-}
-
-impl Write for Counted<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.out.write(buf)?;
-        self.len += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()
-    }
+        postcard::to_io(shards, out)
+            .map(drop)
+            .map_err(|e| io::Error::other(format!("cannot encode the shards: {e}")))
+    })
 }
 
 /// The shards a checkpoint's payload holds ([`write_shards`]).

@@ -18,7 +18,7 @@ use crate::key::KeyRange;
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
-use crate::wire::{ClockRecord, Envelope, Message, Transfer};
+use crate::wire::{Envelope, Message, Transfer};
 
 use super::Server;
 
@@ -232,14 +232,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .values()
             .map(|s| {
                 let mut copy = s.copy(width, aux_width);
-                copy.clocks = self
-                    .progress
-                    .iter()
-                    .map(|(&worker, clock)| ClockRecord {
-                        worker,
-                        segments: clock.segments_in(s.range).collect(),
-                    })
-                    .collect();
+                copy.clocks = super::replication::clock_records(&self.progress, s.range);
                 copy
             })
             .collect();

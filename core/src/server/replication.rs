@@ -56,6 +56,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::clock::RangeClock;
 use crate::effects::{Effects, Refusal, TimerId};
 use crate::ids::{NodeId, Time};
 use crate::key::{Key, KeyRange};
@@ -259,14 +260,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             if drop_dedupe {
                 copy.dedupe.clear();
             }
-            copy.clocks = self
-                .progress
-                .iter()
-                .map(|(&worker, clock)| ClockRecord {
-                    worker,
-                    segments: clock.segments_in(shard.range).collect(),
-                })
-                .collect();
+            copy.clocks = clock_records(&self.progress, shard.range);
             if let ShardRole::Primary { replicas, .. } = &mut shard.role {
                 for n in copy_needed {
                     replicas.insert(n, ReplicaState::Copying(seq));
@@ -797,6 +791,20 @@ fn cut_around<V: Value, S: ParamStore<V>>(
     }
     parts.extend(rest);
     parts
+}
+
+/// The workers' clocks on `range`, as a copy of a shard carries them.
+pub(super) fn clock_records(
+    progress: &BTreeMap<NodeId, RangeClock>,
+    range: KeyRange,
+) -> Vec<ClockRecord> {
+    progress
+        .iter()
+        .map(|(&worker, clock)| ClockRecord {
+            worker,
+            segments: clock.segments_in(range).collect(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
