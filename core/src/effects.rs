@@ -9,7 +9,7 @@ use crate::kv::KvPairs;
 use crate::pace::Coverage;
 use crate::value::Value;
 use crate::wire::DecodeError;
-use crate::wire::{Envelope, RequestId, Transfer};
+use crate::wire::{Envelope, RequestId, ShardCopy};
 
 /// The timers a node may run. Each node kind uses a few of them; setting a timer that is already
 /// set moves its deadline.
@@ -197,8 +197,9 @@ pub enum Event<V: Value> {
     CheckpointDue {
         /// The iteration the workers wait before.
         cut: Iteration,
-        /// The shards, each with its range, values and update-rule state.
-        shards: Vec<Transfer<V>>,
+        /// The shards, each with its range, rows and update-rule state, the rows shared with
+        /// the store: dropped before the workers go on, they cost no copy.
+        shards: Vec<ShardCopy<V>>,
     },
     /// Every server on the ring wrote its shards as of `cut` (coordinator only): a job
     /// restarted whole may resume from it.

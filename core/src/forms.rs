@@ -13,6 +13,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::key::{Key, MAX_KEY};
 use crate::kv::{KvPairs, ValueStorage};
+use crate::store::SharedRows;
 use crate::value::Value;
 
 use crate::trailer;
@@ -302,6 +303,162 @@ impl<'de, V: Value> Deserialize<'de> for KvPairs<V> {
     }
 }
 
+/// Form of [`SharedRows`] (a checkpoint's rows): `(width, aux_width, runs)`, each run
+/// `(count, keys as bytes, values as bytes, update-rule state as bytes)`, its keys as a
+/// [`KvPairs`]' are. Written run by run from the store's own leaves, so that a checkpoint
+/// never holds a copy of the model (ARCHITECTURE.md §11).
+impl<V: Value> Serialize for SharedRows<V> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Runs<'a, V>(&'a SharedRows<V>);
+        impl<V: Value> Serialize for Runs<'_, V> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_seq(self.0.runs().map(|(keys, values, aux)| RunForm {
+                    keys,
+                    values,
+                    aux,
+                }))
+            }
+        }
+        let mut t = s.serialize_tuple(3)?;
+        t.serialize_element(&(self.width() as u64))?;
+        t.serialize_element(&(self.aux_width() as u64))?;
+        t.serialize_element(&Runs(self))?;
+        t.end()
+    }
+}
+
+/// One run of [`SharedRows`] on its way out.
+struct RunForm<'a, V> {
+    keys: &'a [Key],
+    values: &'a [V],
+    aux: &'a [V],
+}
+
+impl<V: Value> Serialize for RunForm<'_, V> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let n = self.keys.len();
+        let mut t = s.serialize_tuple(4)?;
+        t.serialize_element(&(n as u64))?;
+        match (self.keys.first(), self.keys.last()) {
+            // Consecutive keys: the first one alone.
+            (Some(&first), Some(&last)) if n > 1 && last - first == n as Key - 1 => {
+                let mut head = Vec::with_capacity(10);
+                put_varint(first, &mut head);
+                t.serialize_element(&ByteStr(&head))?;
+            }
+            _ => t.serialize_element(&ByteStr(&encode_keys(self.keys)))?,
+        }
+        serialize_values(self.values, &mut t)?;
+        serialize_values(self.aux, &mut t)?;
+        t.end()
+    }
+}
+
+impl<'de, V: Value> Deserialize<'de> for SharedRows<V> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct RowsVisitor<V>(PhantomData<V>);
+        impl<'de, V: Value> Visitor<'de> for RowsVisitor<V> {
+            type Value = SharedRows<V>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a checkpoint's rows")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<SharedRows<V>, A::Error> {
+                let missing = || de::Error::custom("truncated rows");
+                let width: u64 = seq.next_element()?.ok_or_else(missing)?;
+                let aux_width: u64 = seq.next_element()?.ok_or_else(missing)?;
+                let width = usize::try_from(width)
+                    .ok()
+                    .filter(|&w| w > 0)
+                    .ok_or_else(|| de::Error::custom("width must be at least 1"))?;
+                let aux_width = usize::try_from(aux_width)
+                    .ok()
+                    .filter(|&a| a.checked_mul(width).is_some())
+                    .ok_or_else(|| de::Error::custom("update-rule state too wide"))?;
+                seq.next_element_seed(RunsSeed(SharedRows::new(width, aux_width)))?
+                    .ok_or_else(missing)
+            }
+        }
+        d.deserialize_tuple(3, RowsVisitor(PhantomData))
+    }
+}
+
+/// The runs of [`SharedRows`], appended to the rows given.
+struct RunsSeed<V>(SharedRows<V>);
+
+impl<'de, V: Value> DeserializeSeed<'de> for RunsSeed<V> {
+    type Value = SharedRows<V>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<SharedRows<V>, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de, V: Value> Visitor<'de> for RunsSeed<V> {
+    type Value = SharedRows<V>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("runs of rows")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<SharedRows<V>, A::Error> {
+        let mut rows = self.0;
+        let shape = (rows.width(), rows.aux_width());
+        while let Some((keys, values, aux)) =
+            seq.next_element_seed(RunSeed::<V>(shape, PhantomData))?
+        {
+            if keys.first().is_some_and(|&k| !rows.follows(k)) {
+                return Err(de::Error::custom("runs of rows out of key order"));
+            }
+            rows.push_owned(keys, values, aux);
+        }
+        Ok(rows)
+    }
+}
+
+/// One run of [`SharedRows`]: `(width, aux_width)` and the value type.
+struct RunSeed<V>((usize, usize), PhantomData<V>);
+
+impl<'de, V: Value> DeserializeSeed<'de> for RunSeed<V> {
+    type Value = (Vec<Key>, Vec<V>, Vec<V>);
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_tuple(4, self)
+    }
+}
+
+impl<'de, V: Value> Visitor<'de> for RunSeed<V> {
+    type Value = (Vec<Key>, Vec<V>, Vec<V>);
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a run of rows")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let missing = || de::Error::custom("truncated run of rows");
+        let too_many = || de::Error::custom("row count exceeds the bytes present");
+        let (width, aux_width) = self.0;
+        let count: u64 = seq.next_element()?.ok_or_else(missing)?;
+        let count = usize::try_from(count).map_err(|_| too_many())?;
+        let keys = seq
+            .next_element_seed(PairKeysSeed(count))?
+            .ok_or_else(missing)?;
+        // The values are checked against the bytes present before a run's keys are laid
+        // out, which bounds its count.
+        let slots = count.checked_mul(width).ok_or_else(too_many)?;
+        let values = seq
+            .next_element_seed(ValuesSeed::<V> {
+                count: slots,
+                _v: PhantomData,
+            })?
+            .ok_or_else(missing)?;
+        let aux = seq
+            .next_element_seed(ValuesSeed::<V> {
+                count: slots.checked_mul(aux_width).ok_or_else(too_many)?,
+                _v: PhantomData,
+            })?
+            .ok_or_else(missing)?;
+        let keys = match keys {
+            PairKeys::Run(first) => (first..first + count as Key).collect(),
+            PairKeys::List(keys) => keys,
+        };
+        Ok((keys, values, aux))
+    }
+}
+
 /// Writes `keys` (strictly increasing) as `(count, key deltas as bytes)`: the wire form of a
 /// key list.
 pub(crate) fn serialize_keys<S: Serializer>(keys: &[Key], s: S) -> Result<S::Ok, S::Error> {
@@ -406,6 +563,31 @@ mod tests {
     fn a_key_count_beyond_the_bytes_is_refused() {
         assert!(decode_keys(&[1, 2, 3], 1 << 40).is_err());
         assert!(decode_keys(&[1, 2, 3], 2).is_err());
+    }
+
+    /// Rows of two runs, keys `first..first + n` and `more`, one value and one of state each.
+    fn two_runs(first: Key, n: u64, more: &[Key]) -> SharedRows<f32> {
+        let mut rows = SharedRows::new(1, 1);
+        let run: Vec<Key> = (first..first + n).collect();
+        let values = vec![1.0; run.len()];
+        rows.push_owned(run, values.clone(), values);
+        rows.push_owned(more.to_vec(), vec![2.0; more.len()], vec![3.0; more.len()]);
+        rows
+    }
+
+    #[test]
+    fn checkpoint_rows_read_back_and_refuse_runs_out_of_order_or_cut_short() {
+        let rows = two_runs(5, 100, &[200, 7_000, 7_001]);
+        let bytes = postcard::to_allocvec(&rows).unwrap();
+        assert_eq!(postcard::from_bytes::<SharedRows<f32>>(&bytes), Ok(rows));
+        // A consecutive run costs its first key alone.
+        let keys_bytes = bytes.len() - 2 * 4 * (100 + 3);
+        assert!(keys_bytes < 20, "{keys_bytes} bytes of keys and counts");
+        let overlapping = postcard::to_allocvec(&two_runs(5, 100, &[50, 60])).unwrap();
+        assert!(postcard::from_bytes::<SharedRows<f32>>(&overlapping).is_err());
+        for cut in [1, bytes.len() / 2, bytes.len() - 1] {
+            assert!(postcard::from_bytes::<SharedRows<f32>>(&bytes[..cut]).is_err());
+        }
     }
 
     proptest! {

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use pserver_core::ring::RingConfig;
-use pserver_core::wire::Transfer;
+use pserver_core::wire::ShardCopy;
 use pserver_core::*;
 
 const SECOND: Time = 1_000_000_000;
@@ -30,7 +30,7 @@ fn job() -> JobSpec {
 }
 
 /// What each server wrote, by cut.
-type Disk = BTreeMap<Iteration, Vec<Transfer<i64>>>;
+type Disk = BTreeMap<Iteration, Vec<ShardCopy<i64>>>;
 
 struct Cluster {
     job: JobSpec,
@@ -270,10 +270,11 @@ fn workers_wait_at_a_cut_until_every_server_wrote_its_shards() {
             _ => None,
         });
         let shards = event.unwrap();
-        let rows: Vec<i64> = shards
-            .iter()
-            .flat_map(|t| t.values.values().to_vec())
-            .collect();
+        let mut rows: Vec<i64> = Vec::new();
+        for t in &shards {
+            t.rows
+                .for_each_run(&mut |_, values, _| rows.extend_from_slice(values));
+        }
         assert!(!rows.is_empty(), "{s} holds keys");
         assert!(rows.iter().all(|&v| v == total(2)), "{s} wrote {rows:?}");
         // With the workers' clocks on each range: both finished every iteration below the cut.

@@ -12,7 +12,7 @@ use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use pserver_core::Value;
-use pserver_core::wire::Transfer;
+use pserver_core::wire::ShardCopy;
 use thiserror::Error;
 
 /// The first bytes of a checkpoint file.
@@ -243,8 +243,12 @@ impl CheckpointDir {
     }
 }
 
-/// Magic bytes of a server's checkpoint payload: its shards.
-const SHARDS_MAGIC: &[u8; 8] = b"PSSHARD1";
+/// Magic bytes of a server's checkpoint payload: its shards, their rows run by run.
+const SHARDS_MAGIC: &[u8; 8] = b"PSSHARD2";
+
+/// Magic bytes of the payloads of earlier versions, which held each shard's rows as one
+/// block.
+const SHARDS_MAGIC_V1: &[u8; 8] = b"PSSHARD1";
 
 /// A writer that counts and checksums what goes through it.
 struct Summed<'a, W: Write> {
@@ -272,13 +276,14 @@ impl<W: Write> Write for Summed<'_, W> {
 pub fn write_shards<V: Value>(
     dir: &CheckpointDir,
     cut: u64,
-    shards: &[Transfer<V>],
+    shards: &[ShardCopy<V>],
 ) -> io::Result<(PathBuf, u64)> {
     dir.write_with(cut, |out| {
         out.write_all(SHARDS_MAGIC)?;
         out.write_all(&[V::SIZE as u8])?;
-        // Straight to the file: the values go as the blocks they are in the copies, and a
-        // model's encoding is never held whole in memory.
+        // Straight to the file from the store's own leaves, shared with the copies: the
+        // values go as the blocks they are in, and neither a copy of the model nor its
+        // encoding is ever held whole in memory.
         postcard::to_io(shards, out)
             .map(drop)
             .map_err(|e| io::Error::other(format!("cannot encode the shards: {e}")))
@@ -286,7 +291,10 @@ pub fn write_shards<V: Value>(
 }
 
 /// The shards a checkpoint's payload holds ([`write_shards`]).
-pub fn shards_of<V: Value>(payload: &[u8]) -> Result<Vec<Transfer<V>>, String> {
+pub fn shards_of<V: Value>(payload: &[u8]) -> Result<Vec<ShardCopy<V>>, String> {
+    if payload.starts_with(SHARDS_MAGIC_V1) {
+        return Err("written by an earlier pserver, in a form this one does not read".into());
+    }
     let rest = payload
         .strip_prefix(SHARDS_MAGIC)
         .ok_or("not a server's checkpoint (wrong magic bytes)")?;
@@ -364,6 +372,42 @@ mod tests {
         fs::write(dir.path().join(format!("ckpt-{:020}.bin", 12)), [0u8; 40]).unwrap();
         assert!(matches!(dir.read(12), Err(CheckpointError::NotACheckpoint)));
         assert_eq!(dir.latest().unwrap().found.map(|c| c.iteration), Some(5));
+        let _ = fs::remove_dir_all(dir.path());
+    }
+
+    #[test]
+    fn shards_read_back_as_written_and_an_earlier_form_is_named() {
+        use pserver_core::store::{OrderedStore, ParamStore};
+        let mut store = OrderedStore::<f32>::new(1, 2);
+        for k in [3, 4, 5, 90] {
+            store.row_mut(k).0[0] = k as f32;
+        }
+        let range = pserver_core::KeyRange::new(0, 100).unwrap();
+        let shard = ShardCopy {
+            range,
+            seq: 7,
+            rows: store.shared_rows_in(range, 1, 2),
+            pending: Vec::new(),
+            applied_below: 2,
+            dedupe: Vec::new(),
+            clocks: Vec::new(),
+        };
+        let dir = scratch("shards");
+        write_shards(&dir, 2, std::slice::from_ref(&shard)).unwrap();
+        let read = dir.read(2).unwrap();
+        assert_eq!(shards_of::<f32>(&read.payload), Ok(vec![shard]));
+        assert!(
+            shards_of::<f64>(&read.payload)
+                .unwrap_err()
+                .contains("4 bytes")
+        );
+        let mut earlier = read.payload.to_vec();
+        earlier[..8].copy_from_slice(SHARDS_MAGIC_V1);
+        assert!(
+            shards_of::<f32>(&earlier)
+                .unwrap_err()
+                .contains("earlier pserver")
+        );
         let _ = fs::remove_dir_all(dir.path());
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use pserver_core::pace::Coverage;
 use pserver_core::store::ParamStore;
-use pserver_core::wire::{ClusterConfig, Transfer};
+use pserver_core::wire::{ClusterConfig, ShardCopy};
 use pserver_core::{
     Driver, DriverError, Epoch, Event, Iteration, KeyRange, KvPairs, NodeId, Refusal, RequestId,
     Role, Time, UpdateRule, Value,
@@ -1004,7 +1004,7 @@ where
 
     /// Writes a server's shards of `cut` on a blocking thread: the loop goes on answering
     /// heartbeats while the disk works.
-    fn write_checkpoint(&mut self, cut: Iteration, shards: Vec<Transfer<V>>) {
+    fn write_checkpoint(&mut self, cut: Iteration, shards: Vec<ShardCopy<V>>) {
         let Some(dir) = self.checkpoints.clone() else {
             self.stalled = Some(RuntimeError::Checkpoint(format!(
                 "the job takes a checkpoint before iteration {cut}, but this server has no \
@@ -1016,16 +1016,18 @@ where
         tokio::task::spawn_blocking(move || {
             let began = std::time::Instant::now();
             let shown = |e: io::Error| format!("{}: {e}", dir.path().display());
-            let result = write_shards(&dir, u64::from(cut), &shards)
-                .map_err(shown)
-                .and_then(|(path, bytes)| {
-                    dir.retain_newest(CHECKPOINTS_KEPT).map_err(shown)?;
-                    Ok(format!(
-                        "{} ({bytes} bytes in {} ms, written and flushed)",
-                        path.display(),
-                        began.elapsed().as_millis()
-                    ))
-                });
+            let written = write_shards(&dir, u64::from(cut), &shards);
+            // Dropped before the server hears: the rows are the store's own, and a write to
+            // a leaf still shared here would copy it.
+            drop(shards);
+            let result = written.map_err(shown).and_then(|(path, bytes)| {
+                dir.retain_newest(CHECKPOINTS_KEPT).map_err(shown)?;
+                Ok(format!(
+                    "{} ({bytes} bytes in {} ms, written and flushed)",
+                    path.display(),
+                    began.elapsed().as_millis()
+                ))
+            });
             let _ = done.send((cut, result));
         });
     }

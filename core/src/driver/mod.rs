@@ -67,7 +67,7 @@ use crate::server::{CheckpointError, Server};
 use crate::store::{ParamStore, Store};
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
-use crate::wire::{ClusterConfig, Envelope, RequestId, Transfer};
+use crate::wire::{ClusterConfig, Envelope, RequestId, ShardCopy};
 use crate::wire::{Codec, EncodeError, FrameParts};
 use crate::worker::WorkerError;
 
@@ -241,7 +241,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         &mut self,
         now: Time,
         cut: Iteration,
-        shards: Vec<Transfer<V>>,
+        shards: Vec<ShardCopy<V>>,
     ) -> Result<(), CheckpointError> {
         self.on_server(|s, out| s.restore(now, cut, shards, out))
     }

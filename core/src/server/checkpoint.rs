@@ -18,7 +18,7 @@ use crate::key::KeyRange;
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
-use crate::wire::{Envelope, Message, Transfer};
+use crate::wire::{Envelope, Message, ShardCopy};
 
 use super::Server;
 
@@ -125,13 +125,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         &mut self,
         now: Time,
         cut: Iteration,
-        shards: Vec<Transfer<V>>,
+        shards: Vec<ShardCopy<V>>,
         out: &mut Effects<V>,
     ) -> Result<(), CheckpointError> {
         if self.checkpointing.restoring != Some(cut) {
             return Err(CheckpointError::NotRestoring { cut });
         }
-        let mut copies: std::collections::BTreeMap<KeyRange, Transfer<V>> =
+        let mut copies: std::collections::BTreeMap<KeyRange, ShardCopy<V>> =
             shards.into_iter().map(|t| (t.range, t)).collect();
         let width = self.cfg.width;
         let aux_width = self.updater.aux_width();
@@ -142,13 +142,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             let copy = copies
                 .get(&range)
                 .ok_or(CheckpointError::MissingRange { cut, range })?;
-            if !super::shard::fits(copy, width, aux_width) {
+            if !super::shard::fits_checkpoint(copy, width, aux_width) {
                 return Err(CheckpointError::Shape { range });
             }
         }
         for shard in self.shards.values_mut() {
             if let Some(copy) = copies.remove(&shard.range) {
-                super::shard::fill(&mut shard.store, &copy);
+                shard.store.load_rows(&copy.rows);
             }
             shard.applied_below = shard.applied_below.max(cut);
         }
@@ -227,11 +227,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
         let width = self.cfg.width;
         let aux_width = self.updater.aux_width();
-        let shards: Vec<Transfer<V>> = self
+        let shards: Vec<ShardCopy<V>> = self
             .shards
             .values()
             .map(|s| {
-                let mut copy = s.copy(width, aux_width);
+                let mut copy = s.checkpoint_copy(width, aux_width);
                 copy.clocks = super::replication::clock_records(&self.progress, s.range);
                 copy
             })

@@ -11,7 +11,9 @@ use crate::kv::KvPairs;
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
-use crate::wire::{AppliedSpan, BufferedPush, DedupeRecord, Replicate, ShardUpdate, Transfer};
+use crate::wire::{
+    AppliedSpan, BufferedPush, DedupeRecord, Replicate, ShardCopy, ShardUpdate, Transfer,
+};
 
 /// Updates a primary keeps per shard for replicas that are behind; beyond this, a replica
 /// catches up with a whole copy.
@@ -192,21 +194,12 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
 
     /// The whole shard as of its last update, for a new holder.
     pub(crate) fn copy(&self, width: usize, aux_width: usize) -> Transfer<V> {
-        // Sized up front: a checkpoint copies every shard, and a model's worth of vectors
-        // grown by doubling costs more than the copy.
-        let rows = self.store.len();
-        let mut keys = Vec::with_capacity(rows);
-        let mut values = Vec::with_capacity(rows * width);
-        let mut state = Vec::with_capacity(rows * width * aux_width);
-        self.store
-            .for_each_run_with_state_in(self.range, &mut |run, rows, aux| {
-                keys.extend_from_slice(run);
-                values.extend_from_slice(rows);
-                state.extend_from_slice(aux);
-            });
-        let values = KvPairs::from_validated(keys, values, width);
-        // The state's keys are the values': shared, not copied.
-        let state = (aux_width > 0).then(|| values.beside(state, width * aux_width));
+        self.checkpoint_copy(width, aux_width).into_transfer()
+    }
+
+    /// The whole shard as of its last update, its rows shared with the store: for a
+    /// checkpoint, and, made a [`Transfer`], for a new holder.
+    pub(crate) fn checkpoint_copy(&self, width: usize, aux_width: usize) -> ShardCopy<V> {
         let pending = self
             .pending
             .iter()
@@ -217,11 +210,10 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
                 })
             })
             .collect();
-        Transfer {
+        ShardCopy {
             range: self.range,
             seq: self.seq,
-            values,
-            state,
+            rows: self.store.shared_rows_in(self.range, width, aux_width),
             pending,
             applied_below: self.applied_below,
             dedupe: self.dedupe.iter().map(|(&w, d)| d.to_record(w)).collect(),
@@ -523,6 +515,19 @@ pub(crate) fn fits<V: Value>(copy: &Transfer<V>, width: usize, aux_width: usize)
         Some(state) => state.keys() == copy.values.keys() && state.width() == width * aux_width,
         None => aux_width == 0,
     }
+}
+
+/// Whether the checkpoint's `copy` fits a server whose rows are `width` values with
+/// `aux_width` values of update-rule state each: its row shape, its keys in its range.
+pub(crate) fn fits_checkpoint<V: Value>(
+    copy: &ShardCopy<V>,
+    width: usize,
+    aux_width: usize,
+) -> bool {
+    (copy.rows.width(), copy.rows.aux_width()) == (width, aux_width)
+        && copy.rows.span().is_none_or(|span| {
+            copy.range.contains(span.start()) && copy.range.contains(span.end() - 1)
+        })
 }
 
 /// Writes the rows and update-rule state of `copy` (checked with [`fits`]) into `store`.

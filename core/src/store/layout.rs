@@ -3,7 +3,8 @@
 use core::hash::{Hash, Hasher};
 
 use super::{
-    HashedStore, OrderedStore, ParamStore, RowVisitor, RowsUpdate, RunVisitor, StateRunVisitor,
+    HashedStore, OrderedStore, ParamStore, RowVisitor, RowsUpdate, RunVisitor, SharedRows,
+    StateRunVisitor,
 };
 use crate::key::{Key, KeyRange};
 use crate::value::Value;
@@ -85,6 +86,14 @@ impl<V: Value> ParamStore<V> for Store<V> {
 
     fn for_each_run_with_state_in(&self, range: KeyRange, f: &mut StateRunVisitor<'_, V>) {
         either!(self, s => s.for_each_run_with_state_in(range, f))
+    }
+
+    fn shared_rows_in(&self, range: KeyRange, width: usize, aux_width: usize) -> SharedRows<V> {
+        either!(self, s => s.shared_rows_in(range, width, aux_width))
+    }
+
+    fn load_rows(&mut self, rows: &SharedRows<V>) {
+        either!(self, s => s.load_rows(rows))
     }
 
     fn empty(&self) -> Self {

@@ -17,10 +17,12 @@ use crate::value::Value;
 mod hashed;
 mod layout;
 mod ordered;
+mod shared;
 
 pub use hashed::HashedStore;
 pub use layout::{Store, StoreLayout};
 pub use ordered::OrderedStore;
+pub use shared::SharedRows;
 
 /// What [`ParamStore::for_each_row_in`] calls for each row: its key, values and updater state.
 pub type RowVisitor<'a, V> = dyn FnMut(Key, &[V], &[V]) + 'a;
@@ -109,6 +111,30 @@ pub trait ParamStore<V: Value>: Clone + Debug {
         self.for_each_row_in(range, &mut |key, row, aux| f(&[key], row, aux));
     }
 
+    /// The stored rows in `range` with their updater state, `width` values and
+    /// `aux_width x width` of state a row, for a checkpoint to write while the store goes on.
+    /// The default copies them; [`OrderedStore`] shares its leaves and copies one only if it
+    /// is written to while they are held.
+    fn shared_rows_in(&self, range: KeyRange, width: usize, aux_width: usize) -> SharedRows<V> {
+        let mut keys = Vec::with_capacity(self.len());
+        let mut values = Vec::with_capacity(self.len() * width);
+        let mut aux = Vec::with_capacity(self.len() * width * aux_width);
+        self.for_each_run_with_state_in(range, &mut |run, rows, state| {
+            keys.extend_from_slice(run);
+            values.extend_from_slice(rows);
+            aux.extend_from_slice(state);
+        });
+        let mut shared = SharedRows::new(width, aux_width);
+        shared.push_owned(keys, values, aux);
+        shared
+    }
+
+    /// Writes `rows` (of this store's row shape) over the store's, row by row by default;
+    /// [`OrderedStore`], when empty, takes their leaves as they are.
+    fn load_rows(&mut self, rows: &SharedRows<V>) {
+        load_row_by_row(self, rows);
+    }
+
     /// An empty store of the same shape.
     fn empty(&self) -> Self;
 
@@ -155,6 +181,18 @@ pub trait ParamStore<V: Value>: Clone + Debug {
         };
         self.len() == other.len() && rows(self) == rows(other)
     }
+}
+
+/// Writes `rows` over `store`'s one row at a time.
+fn load_row_by_row<V: Value, S: ParamStore<V>>(store: &mut S, rows: &SharedRows<V>) {
+    let (width, row_aux) = (rows.width(), rows.width() * rows.aux_width());
+    rows.for_each_run(&mut |keys, values, aux| {
+        for (i, &key) in keys.iter().enumerate() {
+            let (row, state) = store.row_mut(key);
+            row.copy_from_slice(&values[i * width..(i + 1) * width]);
+            state.copy_from_slice(&aux[i * row_aux..(i + 1) * row_aux]);
+        }
+    });
 }
 
 #[cfg(test)]

@@ -9,20 +9,21 @@
 use core::hash::{Hash, Hasher};
 use core::ops::ControlFlow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use super::{ParamStore, RowVisitor, RowsUpdate, RunVisitor, StateRunVisitor};
+use super::{ParamStore, RowVisitor, RowsUpdate, RunVisitor, SharedRows, StateRunVisitor};
 use crate::key::{Key, KeyRange};
 use crate::value::Value;
 
 /// Rows a leaf is cut into once it holds more than twice as many.
-const LEAF_ROWS: usize = 1 << 13;
+pub(super) const LEAF_ROWS: usize = 1 << 13;
 
 /// Keys in order with their values and updater state laid out in the same order.
 #[derive(Clone, Debug)]
-struct Leaf<V> {
-    keys: Vec<Key>,
-    values: Vec<V>,
-    aux: Vec<V>,
+pub(super) struct Leaf<V> {
+    pub(super) keys: Vec<Key>,
+    pub(super) values: Vec<V>,
+    pub(super) aux: Vec<V>,
 }
 
 /// Where `key` is in `keys`, searching forward from `from`: galloping, so that a sorted batch
@@ -45,7 +46,7 @@ fn seek(keys: &[Key], from: usize, key: Key) -> Result<usize, usize> {
 }
 
 impl<V: Value> Leaf<V> {
-    fn empty() -> Self {
+    pub(super) fn empty() -> Self {
         Leaf {
             keys: Vec::new(),
             values: Vec::new(),
@@ -53,7 +54,7 @@ impl<V: Value> Leaf<V> {
         }
     }
 
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.keys.len()
     }
 
@@ -189,8 +190,10 @@ impl<V: Value> Leaf<V> {
 pub struct OrderedStore<V> {
     width: usize,
     aux_width: usize,
-    /// Non-empty leaves by their first key; their keys do not overlap.
-    leaves: BTreeMap<Key, Leaf<V>>,
+    /// Non-empty leaves by their first key; their keys do not overlap. Each is shared with
+    /// the checkpoints that took it ([`ParamStore::shared_rows_in`]) and copied on its next
+    /// write while one still holds it.
+    leaves: BTreeMap<Key, Arc<Leaf<V>>>,
     len: usize,
 }
 
@@ -231,10 +234,10 @@ impl<V: Value> OrderedStore<V> {
     fn put_leaf(&mut self, mut leaf: Leaf<V>) {
         while leaf.len() > 2 * LEAF_ROWS {
             let tail = leaf.split_off(leaf.len() - LEAF_ROWS, self.width, self.aux_width);
-            self.leaves.insert(tail.keys[0], tail);
+            self.leaves.insert(tail.keys[0], Arc::new(tail));
         }
         if let Some(&first) = leaf.keys.first() {
-            self.leaves.insert(first, leaf);
+            self.leaves.insert(first, Arc::new(leaf));
         }
     }
 
@@ -243,7 +246,14 @@ impl<V: Value> OrderedStore<V> {
         let from = self.leaf_for(range.start()).unwrap_or(range.start());
         self.leaves
             .range(from..range.end().max(from))
-            .map(|(_, leaf)| leaf)
+            .map(|(_, leaf)| &**leaf)
+    }
+
+    /// Takes the leaf starting at `start` out of the map, for a write that reshapes it.
+    fn take_leaf(&mut self, start: Option<Key>) -> Leaf<V> {
+        start
+            .and_then(|s| self.leaves.remove(&s))
+            .map_or_else(Leaf::empty, Arc::unwrap_or_clone)
     }
 }
 
@@ -261,10 +271,7 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
             .next_back()
             .is_some_and(|(_, leaf)| leaf.keys.binary_search(&key).is_ok());
         if !held {
-            let mut leaf = self
-                .leaf_for(key)
-                .and_then(|start| self.leaves.remove(&start))
-                .unwrap_or_else(Leaf::empty);
+            let mut leaf = self.take_leaf(self.leaf_for(key));
             self.len += leaf.insert_missing(&[key], self.width, self.aux_width);
             self.put_leaf(leaf);
         }
@@ -272,6 +279,7 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
         // The key is now held by the last leaf starting at or below it.
         if let Some((_, leaf)) = self.leaves.range_mut(..=key).next_back() {
             if let Ok(i) = leaf.keys.binary_search(&key) {
+                let leaf = Arc::make_mut(leaf);
                 return (
                     &mut leaf.values[i * width..(i + 1) * width],
                     &mut leaf.aux[i * row_aux..(i + 1) * row_aux],
@@ -311,6 +319,7 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
             let done = match start.and_then(|s| self.leaves.get_mut(&s)) {
                 Some(leaf) => match whole_run(leaf) {
                     Some(at) => {
+                        let leaf = Arc::make_mut(leaf);
                         let (n, row_aux) = (batch.len(), width * aux_width);
                         f(
                             &mut leaf.values[at * width..(at + n) * width],
@@ -320,7 +329,7 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
                         true
                     }
                     None if leaf.positions(batch, &mut at) => {
-                        leaf.update_at(&at, batch_deltas, width, aux_width, f);
+                        Arc::make_mut(leaf).update_at(&at, batch_deltas, width, aux_width, f);
                         true
                     }
                     None => false,
@@ -328,9 +337,7 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
                 None => false,
             };
             if !done {
-                let mut leaf = start
-                    .and_then(|s| self.leaves.remove(&s))
-                    .unwrap_or_else(Leaf::empty);
+                let mut leaf = self.take_leaf(start);
                 self.len += leaf.insert_missing(batch, width, aux_width);
                 if leaf.positions(batch, &mut at) {
                     leaf.update_at(&at, batch_deltas, width, aux_width, f);
@@ -366,6 +373,7 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
             match held {
                 // The leaf holds the whole chunk as consecutive rows: one call, no key list.
                 Some((leaf, at)) => {
+                    let leaf = Arc::make_mut(leaf);
                     let row_aux = width * aux_width;
                     f(
                         &mut leaf.values[at * width..(at + n) * width],
@@ -473,6 +481,36 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
         }
     }
 
+    fn shared_rows_in(&self, range: KeyRange, width: usize, aux_width: usize) -> SharedRows<V> {
+        let mut shared = SharedRows::new(width, aux_width);
+        if (width, aux_width) != (self.width, self.aux_width) {
+            return shared;
+        }
+        let from = self.leaf_for(range.start()).unwrap_or(range.start());
+        for leaf in self
+            .leaves
+            .range(from..range.end().max(from))
+            .map(|(_, l)| l)
+        {
+            let lo = leaf.keys.partition_point(|&k| k < range.start());
+            let hi = leaf.keys.partition_point(|&k| k < range.end());
+            shared.push_shared(leaf, lo, hi);
+        }
+        shared
+    }
+
+    fn load_rows(&mut self, rows: &SharedRows<V>) {
+        if !self.is_empty() || (rows.width(), rows.aux_width()) != (self.width, self.aux_width) {
+            return super::load_row_by_row(self, rows);
+        }
+        for leaf in rows.leaves() {
+            if let Some(&first) = leaf.keys.first() {
+                self.len += leaf.len();
+                self.leaves.insert(first, leaf);
+            }
+        }
+    }
+
     fn empty(&self) -> Self {
         OrderedStore::new(self.width, self.aux_width)
     }
@@ -483,11 +521,11 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
         if let Some(leaf) = self.leaves.values_mut().next_back() {
             let i = leaf.keys.partition_point(|&k| k < at);
             if i < leaf.len() {
-                let tail = leaf.split_off(i, self.width, self.aux_width);
-                high.leaves.insert(tail.keys[0], tail);
+                let tail = Arc::make_mut(leaf).split_off(i, self.width, self.aux_width);
+                high.leaves.insert(tail.keys[0], Arc::new(tail));
             }
         }
-        high.len = high.leaves.values().map(Leaf::len).sum();
+        high.len = high.leaves.values().map(|leaf| leaf.len()).sum();
         self.len -= high.len;
         high
     }

@@ -1,5 +1,6 @@
 use core::hash::{Hash, Hasher};
 
+use super::ordered::LEAF_ROWS;
 use super::*;
 use crate::key::{Key, KeyRange};
 
@@ -150,6 +151,9 @@ enum Step {
     Split(Key, bool),
     /// Reads every row in key order, as a range pull does between pushes.
     Read,
+    /// Takes every row for a checkpoint, which must keep them as they are now whatever is
+    /// written after.
+    Share,
 }
 
 fn step() -> impl proptest::strategy::Strategy<Value = Step> {
@@ -172,6 +176,7 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
         1 => key.clone().prop_map(Step::Touch),
         1 => (key, proptest::bool::ANY).prop_map(|(k, high)| Step::Split(k, high)),
         1 => proptest::strategy::Just(Step::Read),
+        1 => proptest::strategy::Just(Step::Share),
     ]
 }
 
@@ -225,6 +230,7 @@ fn agrees_with_an_ordered_map<S: ParamStore<i64> + PartialEq + Hash>(
 ) -> Result<(), proptest::test_runner::TestCaseError> {
     let mut store = new();
     let mut model = Model::new();
+    let mut shares = Vec::new();
     for step in steps {
         match step {
             Step::Update(mut keys, delta) => {
@@ -265,6 +271,7 @@ fn agrees_with_an_ordered_map<S: ParamStore<i64> + PartialEq + Hash>(
                 store.for_each_in(KeyRange::FULL, &mut |k, _| keys.push(k));
                 proptest::prop_assert!(keys.iter().copied().eq(model.keys().copied()));
             }
+            Step::Share => shares.push((store.shared_rows_in(KeyRange::FULL, 2, 1), model.clone())),
         }
         proptest::prop_assert_eq!(store.len(), model.len());
     }
@@ -324,6 +331,48 @@ fn agrees_with_an_ordered_map<S: ParamStore<i64> + PartialEq + Hash>(
         h.finish()
     };
     proptest::prop_assert_eq!(hash(&fresh), hash(&store));
+    for (shared, then) in shares {
+        shared_rows_hold(&shared, &then, new)?;
+    }
+    shared_rows_hold(&store.shared_rows_in(KeyRange::FULL, 2, 1), &model, new)?;
+    Ok(())
+}
+
+/// `shared` holds exactly the rows of `model` with their state, loads into a store from
+/// `new` as them, reads back from its encoding as them, and gives them up as flat vectors.
+fn shared_rows_hold<S: ParamStore<i64>>(
+    shared: &SharedRows<i64>,
+    model: &Model,
+    new: fn() -> S,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    let want: Vec<_> = model.iter().map(|(&k, &(r, a))| (k, r, a)).collect();
+    let rows_of = |shared: &SharedRows<i64>| {
+        let mut rows = Vec::new();
+        shared.for_each_run(&mut |keys, values, aux| {
+            for (i, &k) in keys.iter().enumerate() {
+                let (r, a) = (&values[2 * i..2 * i + 2], &aux[2 * i..2 * i + 2]);
+                rows.push((k, [r[0], r[1]], [a[0], a[1]]));
+            }
+        });
+        rows
+    };
+    proptest::prop_assert_eq!(&rows_of(shared), &want);
+    proptest::prop_assert_eq!(shared.len(), model.len());
+    let mut loaded = new();
+    loaded.load_rows(shared);
+    let mut back = Vec::new();
+    loaded.for_each_row_in(KeyRange::FULL, &mut |k, row, aux| {
+        back.push((k, [row[0], row[1]], [aux[0], aux[1]]));
+    });
+    proptest::prop_assert_eq!(&back, &want);
+    let bytes = postcard::to_allocvec(shared).unwrap();
+    let decoded: SharedRows<i64> = postcard::from_bytes(&bytes).unwrap();
+    proptest::prop_assert_eq!(&rows_of(&decoded), &want);
+    proptest::prop_assert!(&decoded == shared);
+    let (keys, values, aux) = shared.clone().into_parts();
+    proptest::prop_assert!(keys.iter().eq(model.keys()));
+    proptest::prop_assert!(values.iter().eq(model.values().flat_map(|(r, _)| r)));
+    proptest::prop_assert!(aux.iter().eq(model.values().flat_map(|(_, a)| a)));
     Ok(())
 }
 
@@ -481,4 +530,44 @@ fn a_store_made_for_a_declared_range_lays_it_out_up_front() {
     // Too wide a range is not laid out at all.
     let huge = HashedStore::<f32>::new(1, 2).empty_for(KeyRange::new(0, 1 << 40).unwrap());
     assert_eq!(huge.direct_keys(), 0);
+}
+
+/// A checkpoint takes an ordered store's rows where they lie: no leaf is copied to take them,
+/// one written to while they are held is copied then (the taken rows keep their values), and
+/// none once they are dropped.
+#[test]
+fn rows_taken_for_a_checkpoint_are_the_stores_own_until_it_writes_to_them() {
+    let mut s = OrderedStore::<f32>::new(1, 2);
+    let keys: Vec<Key> = (0..3 * LEAF_ROWS as Key).collect();
+    s.update_rows(&keys, &vec![1.0; keys.len()], &mut |rows, aux, d| {
+        rows.copy_from_slice(d);
+        aux.fill(0.5);
+    });
+    let first_run = |shared: &SharedRows<f32>| {
+        let mut at = None;
+        shared.for_each_run(&mut |keys, values, _| {
+            at.get_or_insert((keys[0], values.as_ptr()));
+        });
+        at.unwrap()
+    };
+    let where_is = |s: &OrderedStore<f32>, k: Key| s.get(k).unwrap().as_ptr();
+    let taken = s.shared_rows_in(KeyRange::FULL, 1, 2);
+    let (key, at) = first_run(&taken);
+    assert_eq!(where_is(&s, key), at, "taking the rows copied them");
+    s.row_mut(key).0[0] = 2.0;
+    assert_ne!(where_is(&s, key), at, "a shared leaf was written in place");
+    assert_eq!(first_run(&taken).1, at);
+    let mut first = None;
+    taken.for_each_run(&mut |_, values, _| {
+        first.get_or_insert(values[0]);
+    });
+    assert_eq!(first, Some(1.0), "the taken rows changed with the store");
+    drop(taken);
+    let before = where_is(&s, key);
+    s.row_mut(key).0[0] = 3.0;
+    assert_eq!(
+        where_is(&s, key),
+        before,
+        "a leaf held nowhere else was copied"
+    );
 }

@@ -11,6 +11,7 @@ use crate::kv::KvPairs;
 use crate::pace::{Coverage, Pace, Position};
 use crate::ring::{Ring, RingConfig, RingError};
 use crate::selection::{KeyList, KeySelection};
+use crate::store::SharedRows;
 use crate::value::Value;
 use crate::wire::rows::RowValues;
 
@@ -772,6 +773,53 @@ pub struct Transfer<V: Value> {
     /// each worker has come there.
     #[serde(with = "seq")]
     pub clocks: Vec<ClockRecord>,
+}
+
+/// A whole shard as a checkpoint holds it ([`crate::Event::CheckpointDue`],
+/// [`crate::Driver::restore`]): what a [`Transfer`] carries, with the rows shared with the
+/// store instead of copied out of it, so that writing a model's checkpoint costs what writing
+/// its bytes does (ARCHITECTURE.md §11).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(bound = "V: Value")]
+pub struct ShardCopy<V: Value> {
+    /// The shard's key range.
+    pub range: KeyRange,
+    /// The last update the copy includes.
+    pub seq: u64,
+    /// Stored rows with their update-rule state.
+    pub rows: SharedRows<V>,
+    /// Sequential mode: deltas buffered for unfinished iterations, in arrival order.
+    #[serde(with = "seq")]
+    pub pending: Vec<BufferedPush<V>>,
+    /// Sequential mode: every iteration below this one is applied.
+    pub applied_below: Iteration,
+    /// De-duplication state.
+    #[serde(with = "seq")]
+    pub dedupe: Vec<DedupeRecord>,
+    /// The workers' range clocks on the range.
+    #[serde(with = "seq")]
+    pub clocks: Vec<ClockRecord>,
+}
+
+impl<V: Value> ShardCopy<V> {
+    /// The same shard as a [`Transfer`], its rows copied into its own vectors (taken over
+    /// when they are held nowhere else).
+    pub fn into_transfer(self) -> Transfer<V> {
+        let (width, aux_width) = (self.rows.width(), self.rows.aux_width());
+        let (keys, values, aux) = self.rows.into_parts();
+        let values = KvPairs::from_validated(keys, values, width);
+        let state = (aux_width > 0).then(|| values.beside(aux, width * aux_width));
+        Transfer {
+            range: self.range,
+            seq: self.seq,
+            values,
+            state,
+            pending: self.pending,
+            applied_below: self.applied_below,
+            dedupe: self.dedupe,
+            clocks: self.clocks,
+        }
+    }
 }
 
 /// Every message body of the protocol.

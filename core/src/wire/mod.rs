@@ -30,7 +30,7 @@ pub use codec::{Codec, DEFAULT_MAX_FRAME, DecodeError, EncodeError, FrameParts};
 pub use message::{
     AppliedSpan, BufferedPush, ClockRecord, DedupeRecord, Envelope, Message, PROTOCOL_VERSION,
     Pull, PullCached, PullReply, PullRows, PullValues, Push, PushCached, Replicate, ShardAck,
-    ShardUpdate, SliceId, SliceRef, StandbyState, Transfer,
+    ShardCopy, ShardUpdate, SliceId, SliceRef, StandbyState, Transfer,
 };
 pub use message::{Checkpoints, ClusterConfig, RequestId};
 pub use rows::RowValues;
