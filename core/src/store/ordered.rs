@@ -487,13 +487,24 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
             return shared;
         }
         let from = self.leaf_for(range.start()).unwrap_or(range.start());
-        for leaf in self
-            .leaves
-            .range(from..range.end().max(from))
-            .map(|(_, l)| l)
-        {
-            let lo = leaf.keys.partition_point(|&k| k < range.start());
-            let hi = leaf.keys.partition_point(|&k| k < range.end());
+        let mut leaves = self.leaves.range(from..range.end().max(from)).peekable();
+        while let Some((&start, leaf)) = leaves.next() {
+            // A leaf's keys lie from its own first key to below the next leaf's, so the map
+            // alone says whether it lies inside the range: reading its ends or searching it
+            // would touch pages of a model nothing touched lately. What is left costs a
+            // cache miss a leaf (the count); on a model of 80M rows, 0.1-0.2 s of the node
+            // loop on this machine's memory.
+            let below_next = leaves.peek().map(|(next, _)| **next);
+            let inside =
+                start >= range.start() && below_next.is_some_and(|next| next <= range.end());
+            let (lo, hi) = if inside {
+                (0, leaf.len())
+            } else {
+                (
+                    leaf.keys.partition_point(|&k| k < range.start()),
+                    leaf.keys.partition_point(|&k| k < range.end()),
+                )
+            };
             shared.push_shared(leaf, lo, hi);
         }
         shared
