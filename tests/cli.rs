@@ -920,8 +920,9 @@ fn bench_filters_measures_the_bytes_each_configuration_saves_next_to_unfiltered_
 }
 
 /// `bench checkpoint --quick` times a server's checkpoint of a 16 MiB model next to `cp` of the
-/// file it wrote, and training with a checkpoint after every epoch next to training without;
-/// each ratio is its two figures' and the file holds the model.
+/// file it wrote, the job started again from it (the bench fails if the model read back is not
+/// the one written), and training with a checkpoint after every epoch next to training
+/// without; each ratio is its two figures' and the file holds the model.
 #[test]
 fn bench_checkpoint_measures_a_checkpoint_next_to_cp_and_training_next_to_none() {
     let out = pserver()
@@ -950,6 +951,11 @@ fn bench_checkpoint_measures_a_checkpoint_next_to_cp_and_training_next_to_none()
             "checkpoint.cp_and_flush.secs",
         ),
         (
+            "checkpoint.write_first_vs_cp_and_flush",
+            "checkpoint.write.first.secs",
+            "checkpoint.cp_and_flush.secs",
+        ),
+        (
             "checkpoint.train.slowdown",
             "checkpoint.train.every_epoch.secs",
             "checkpoint.train.without.secs",
@@ -963,6 +969,7 @@ fn bench_checkpoint_measures_a_checkpoint_next_to_cp_and_training_next_to_none()
             "{ratio}: {text}"
         );
     }
+    assert!(value("checkpoint.restore.secs") > 0.0, "{text}");
 }
 
 #[test]

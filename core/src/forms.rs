@@ -8,7 +8,7 @@ use core::fmt;
 use core::marker::PhantomData;
 
 use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
-use serde::ser::SerializeTuple;
+use serde::ser::{SerializeSeq, SerializeTuple};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::key::{Key, MAX_KEY};
@@ -312,11 +312,12 @@ impl<V: Value> Serialize for SharedRows<V> {
         struct Runs<'a, V>(&'a SharedRows<V>);
         impl<V: Value> Serialize for Runs<'_, V> {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.collect_seq(self.0.runs().map(|(keys, values, aux)| RunForm {
-                    keys,
-                    values,
-                    aux,
-                }))
+                // Counted first: the encoding puts the number of runs before them.
+                let mut seq = s.serialize_seq(Some(self.0.runs().count()))?;
+                for (keys, values, aux) in self.0.runs() {
+                    seq.serialize_element(&RunForm { keys, values, aux })?;
+                }
+                seq.end()
             }
         }
         let mut t = s.serialize_tuple(3)?;

@@ -225,8 +225,16 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     recovering_since: Option<Instant>,
     /// A server's checkpoint directory ([`RuntimeConfig::checkpoints`]).
     checkpoints: Option<Arc<CheckpointDir>>,
-    /// Where a checkpoint written on a blocking thread says it is done.
-    written: mpsc::UnboundedSender<(Iteration, Result<String, String>)>,
+    /// Where a checkpoint written or read on a blocking thread says it is done.
+    written: mpsc::UnboundedSender<DiskDone<V>>,
+}
+
+/// A checkpoint a blocking thread wrote or read, for the node loop.
+enum DiskDone<V: Value> {
+    /// The shards of a cut written (the file, for the log), or why not.
+    Written(Iteration, Result<String, String>),
+    /// The shards of the cut the job resumes from, or why they could not be read.
+    Read(Iteration, Result<Vec<ShardCopy<V>>, String>),
 }
 
 /// Whole-job checkpoints kept per server: the newest, and the ones before it in case the
@@ -474,7 +482,7 @@ where
         mut self,
         mut commands: mpsc::Receiver<Command<V>>,
         mut stop: watch::Receiver<bool>,
-        mut written: mpsc::UnboundedReceiver<(Iteration, Result<String, String>)>,
+        mut written: mpsc::UnboundedReceiver<DiskDone<V>>,
     ) -> Result<NodeReport<Driver<V, U, S>>, RuntimeError> {
         if let Err(e) = self.open_checkpoints() {
             self.stalled = Some(RuntimeError::Checkpoint(e));
@@ -545,7 +553,10 @@ where
                     }
                 },
                 () = self.server_leave.notified(), if !self.server_leaving => self.leave_as_server(),
-                Some((cut, result)) = written.recv() => self.checkpoint_written(cut, result),
+                Some(done) = written.recv() => match done {
+                    DiskDone::Written(cut, result) => self.checkpoint_written(cut, result),
+                    DiskDone::Read(cut, shards) => self.restored(cut, shards),
+                },
                 command = commands.recv(), if accept => match command {
                     Some(command) => self.apply(command),
                     None => commands_open = false,
@@ -1028,7 +1039,7 @@ where
                     began.elapsed().as_millis()
                 ))
             });
-            let _ = done.send((cut, result));
+            let _ = done.send(DiskDone::Written(cut, result));
         });
     }
 
@@ -1052,25 +1063,34 @@ where
         }
     }
 
-    /// The job resumes from `cut`: the server loads its shards of it before serving.
+    /// The job resumes from `cut`: the server reads its shards of it on a blocking thread
+    /// (a model's file takes seconds to read and decode, while the node goes on answering
+    /// heartbeats and holds what it cannot serve yet), then loads them before serving.
     fn restore(&mut self, cut: Iteration) {
-        let loaded = self
-            .checkpoints
-            .clone()
-            .ok_or_else(|| "this server has no checkpoint directory".to_string())
-            .and_then(|dir| {
-                let checkpoint = dir
-                    .read(u64::from(cut))
-                    .map_err(|e| format!("{}: {e}", dir.path().display()))?;
-                shards_of::<V>(&checkpoint.payload)
-                    .map_err(|e| format!("{}: {e}", checkpoint.path.display()))
-            })
-            .and_then(|shards| {
-                let now = self.now();
-                self.driver
-                    .restore(now, cut, shards)
-                    .map_err(|e| e.to_string())
-            });
+        let Some(dir) = self.checkpoints.clone() else {
+            return self.restored(cut, Err("this server has no checkpoint directory".into()));
+        };
+        let done = self.written.clone();
+        tokio::task::spawn_blocking(move || {
+            let shards = dir
+                .read(u64::from(cut))
+                .map_err(|e| format!("{}: {e}", dir.path().display()))
+                .and_then(|checkpoint| {
+                    shards_of::<V>(&checkpoint.payload)
+                        .map_err(|e| format!("{}: {e}", checkpoint.path.display()))
+                });
+            let _ = done.send(DiskDone::Read(cut, shards));
+        });
+    }
+
+    /// The shards of `cut` read back: the server takes them and serves.
+    fn restored(&mut self, cut: Iteration, shards: Result<Vec<ShardCopy<V>>, String>) {
+        let loaded = shards.and_then(|shards| {
+            let now = self.now();
+            self.driver
+                .restore(now, cut, shards)
+                .map_err(|e| e.to_string())
+        });
         match loaded {
             Ok(()) => info!(cut, "resumed from the checkpoint of iteration {cut}"),
             Err(e) => {

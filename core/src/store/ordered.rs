@@ -18,6 +18,19 @@ use crate::value::Value;
 /// Rows a leaf is cut into once it holds more than twice as many.
 pub(super) const LEAF_ROWS: usize = 1 << 13;
 
+/// Leaves by their first key.
+pub(super) type Leaves<V> = BTreeMap<Key, Arc<Leaf<V>>>;
+
+/// The first key of the leaf of `leaves` that `key` belongs in: the last leaf starting at or
+/// below it, or the first leaf for a key below every leaf.
+pub(super) fn leaf_for<V>(leaves: &Leaves<V>, key: Key) -> Option<Key> {
+    leaves
+        .range(..=key)
+        .next_back()
+        .or_else(|| leaves.iter().next())
+        .map(|(&start, _)| start)
+}
+
 /// Keys in order with their values and updater state laid out in the same order.
 #[derive(Clone, Debug)]
 pub(super) struct Leaf<V> {
@@ -190,10 +203,11 @@ impl<V: Value> Leaf<V> {
 pub struct OrderedStore<V> {
     width: usize,
     aux_width: usize,
-    /// Non-empty leaves by their first key; their keys do not overlap. Each is shared with
-    /// the checkpoints that took it ([`ParamStore::shared_rows_in`]) and copied on its next
-    /// write while one still holds it.
-    leaves: BTreeMap<Key, Arc<Leaf<V>>>,
+    /// Non-empty leaves by their first key; their keys do not overlap. The map and each
+    /// leaf are shared with the checkpoints that took them ([`ParamStore::shared_rows_in`])
+    /// and copied on the next write while one still holds them: the map once, each leaf
+    /// written to.
+    leaves: Arc<Leaves<V>>,
     len: usize,
 }
 
@@ -203,7 +217,7 @@ impl<V: Value> OrderedStore<V> {
         OrderedStore {
             width,
             aux_width,
-            leaves: BTreeMap::new(),
+            leaves: Arc::new(BTreeMap::new()),
             len: 0,
         }
     }
@@ -211,11 +225,7 @@ impl<V: Value> OrderedStore<V> {
     /// The first key of the leaf `key` belongs in: the last leaf starting at or below it, or
     /// the first leaf for a key below every leaf.
     fn leaf_for(&self, key: Key) -> Option<Key> {
-        self.leaves
-            .range(..=key)
-            .next_back()
-            .or_else(|| self.leaves.iter().next())
-            .map(|(&start, _)| start)
+        leaf_for(&self.leaves, key)
     }
 
     /// Every row in key order, with its updater state.
@@ -234,10 +244,10 @@ impl<V: Value> OrderedStore<V> {
     fn put_leaf(&mut self, mut leaf: Leaf<V>) {
         while leaf.len() > 2 * LEAF_ROWS {
             let tail = leaf.split_off(leaf.len() - LEAF_ROWS, self.width, self.aux_width);
-            self.leaves.insert(tail.keys[0], Arc::new(tail));
+            self.leaves_mut().insert(tail.keys[0], Arc::new(tail));
         }
         if let Some(&first) = leaf.keys.first() {
-            self.leaves.insert(first, Arc::new(leaf));
+            self.leaves_mut().insert(first, Arc::new(leaf));
         }
     }
 
@@ -249,10 +259,15 @@ impl<V: Value> OrderedStore<V> {
             .map(|(_, leaf)| &**leaf)
     }
 
+    /// The map of leaves, to change: copied first if a checkpoint holds it.
+    fn leaves_mut(&mut self) -> &mut Leaves<V> {
+        Arc::make_mut(&mut self.leaves)
+    }
+
     /// Takes the leaf starting at `start` out of the map, for a write that reshapes it.
     fn take_leaf(&mut self, start: Option<Key>) -> Leaf<V> {
         start
-            .and_then(|s| self.leaves.remove(&s))
+            .and_then(|s| self.leaves_mut().remove(&s))
             .map_or_else(Leaf::empty, Arc::unwrap_or_clone)
     }
 }
@@ -277,7 +292,7 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
         }
         let (width, row_aux) = (self.width, self.width * self.aux_width);
         // The key is now held by the last leaf starting at or below it.
-        if let Some((_, leaf)) = self.leaves.range_mut(..=key).next_back() {
+        if let Some((_, leaf)) = self.leaves_mut().range_mut(..=key).next_back() {
             if let Ok(i) = leaf.keys.binary_search(&key) {
                 let leaf = Arc::make_mut(leaf);
                 return (
@@ -316,7 +331,7 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
                     && leaf.keys.get(at + n - 1) == Some(&batch[n - 1]))
                 .then_some(at)
             };
-            let done = match start.and_then(|s| self.leaves.get_mut(&s)) {
+            let done = match start.and_then(|s| self.leaves_mut().get_mut(&s)) {
                 Some(leaf) => match whole_run(leaf) {
                     Some(at) => {
                         let leaf = Arc::make_mut(leaf);
@@ -365,7 +380,7 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
             let n = (bound - key) as usize;
             let chunk = &deltas[done * width..(done + n) * width];
             let held = start
-                .and_then(|s| self.leaves.get_mut(&s))
+                .and_then(|s| self.leaves_mut().get_mut(&s))
                 .and_then(|leaf| {
                     let at = leaf.keys.binary_search(&key).ok()?;
                     (leaf.keys.get(at + n - 1) == Some(&(bound - 1))).then_some((leaf, at))
@@ -483,29 +498,10 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
 
     fn shared_rows_in(&self, range: KeyRange, width: usize, aux_width: usize) -> SharedRows<V> {
         let mut shared = SharedRows::new(width, aux_width);
-        if (width, aux_width) != (self.width, self.aux_width) {
-            return shared;
-        }
-        let from = self.leaf_for(range.start()).unwrap_or(range.start());
-        let mut leaves = self.leaves.range(from..range.end().max(from)).peekable();
-        while let Some((&start, leaf)) = leaves.next() {
-            // A leaf's keys lie from its own first key to below the next leaf's, so the map
-            // alone says whether it lies inside the range: reading its ends or searching it
-            // would touch pages of a model nothing touched lately. What is left costs a
-            // cache miss a leaf (the count); on a model of 80M rows, 0.1-0.2 s of the node
-            // loop on this machine's memory.
-            let below_next = leaves.peek().map(|(next, _)| **next);
-            let inside =
-                start >= range.start() && below_next.is_some_and(|next| next <= range.end());
-            let (lo, hi) = if inside {
-                (0, leaf.len())
-            } else {
-                (
-                    leaf.keys.partition_point(|&k| k < range.start()),
-                    leaf.keys.partition_point(|&k| k < range.end()),
-                )
-            };
-            shared.push_shared(leaf, lo, hi);
+        if (width, aux_width) == (self.width, self.aux_width) {
+            // The map alone, whatever the model's size: nothing of it is read until the rows
+            // are, by whoever writes them, on another thread.
+            shared.push_leaves(&self.leaves, range);
         }
         shared
     }
@@ -517,7 +513,7 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
         for leaf in rows.leaves() {
             if let Some(&first) = leaf.keys.first() {
                 self.len += leaf.len();
-                self.leaves.insert(first, leaf);
+                self.leaves_mut().insert(first, leaf);
             }
         }
     }
@@ -528,12 +524,13 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
 
     fn split_off(&mut self, at: Key) -> Self {
         let mut high = self.empty();
-        high.leaves = self.leaves.split_off(&at);
-        if let Some(leaf) = self.leaves.values_mut().next_back() {
+        let (width, aux_width) = (self.width, self.aux_width);
+        high.leaves = Arc::new(self.leaves_mut().split_off(&at));
+        if let Some(leaf) = self.leaves_mut().values_mut().next_back() {
             let i = leaf.keys.partition_point(|&k| k < at);
             if i < leaf.len() {
-                let tail = Arc::make_mut(leaf).split_off(i, self.width, self.aux_width);
-                high.leaves.insert(tail.keys[0], Arc::new(tail));
+                let tail = Arc::make_mut(leaf).split_off(i, width, aux_width);
+                high.leaves_mut().insert(tail.keys[0], Arc::new(tail));
             }
         }
         high.len = high.leaves.values().map(|leaf| leaf.len()).sum();

@@ -5,18 +5,19 @@ use core::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use super::StateRunVisitor;
-use super::ordered::Leaf;
+use super::ordered::{Leaf, Leaves, leaf_for};
 use crate::key::{Key, KeyRange};
 use crate::value::Value;
 
 /// The rows of a key range in key order, each with its update-rule state, as a store hands
 /// them to a checkpoint ([`super::ParamStore::shared_rows_in`]).
 ///
-/// An [`super::OrderedStore`] shares its leaves of a few thousand rows by reference count:
-/// taking a model's rows costs a count per leaf, and a leaf is copied only if the store
-/// writes to it while the rows are still held (a server takes them when every worker waits
-/// at the cut, and nothing is written before the checkpoint is recorded, so in practice
-/// never). Other layouts copy their rows into one run.
+/// An [`super::OrderedStore`] shares its map of leaves by reference count: taking a model's
+/// rows costs one count whatever its size, and nothing of it is read until the rows are (by
+/// the checkpoint's writer, on another thread). The store copies the map, and each leaf it
+/// writes to, only if it writes while the rows are still held (a server takes them when every
+/// worker waits at the cut, and nothing is written before the checkpoint is recorded, so in
+/// practice never). Other layouts copy their rows into one run.
 ///
 /// Equality and hashing compare rows by bits, not how they are cut into runs.
 ///
@@ -35,16 +36,26 @@ use crate::value::Value;
 pub struct SharedRows<V> {
     width: usize,
     aux_width: usize,
-    runs: Vec<Run<V>>,
-    len: usize,
+    parts: Vec<Part<V>>,
 }
 
-/// Rows `from..to` of a leaf.
+/// A leaf and the rows of it held.
+type LeafRun<'a, V> = (&'a Arc<Leaf<V>>, usize, usize);
+
+/// Rows held, in key order.
 #[derive(Clone, Debug)]
-struct Run<V> {
-    leaf: Arc<Leaf<V>>,
-    from: usize,
-    to: usize,
+enum Part<V> {
+    /// Rows `from..to` of a leaf.
+    Run {
+        leaf: Arc<Leaf<V>>,
+        from: usize,
+        to: usize,
+    },
+    /// The rows in `range` of a map of leaves, found when read.
+    Leaves {
+        map: Arc<Leaves<V>>,
+        range: KeyRange,
+    },
 }
 
 impl<V: Value> SharedRows<V> {
@@ -53,8 +64,7 @@ impl<V: Value> SharedRows<V> {
         SharedRows {
             width,
             aux_width,
-            runs: Vec::new(),
-            len: 0,
+            parts: Vec::new(),
         }
     }
 
@@ -68,21 +78,21 @@ impl<V: Value> SharedRows<V> {
         self.aux_width
     }
 
-    /// Rows held.
+    /// Rows held (counted: a pass over the runs).
     pub fn len(&self) -> usize {
-        self.len
+        self.leaf_runs().map(|(_, from, to)| to - from).sum()
     }
 
     /// Whether no rows are held.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.leaf_runs().next().is_none()
     }
 
     /// The smallest range covering every key, or `None` when empty.
     pub fn span(&self) -> Option<KeyRange> {
-        let first = self.runs.first()?.keys().first()?;
-        let last = self.runs.last()?.keys().last()?;
-        KeyRange::new(*first, last + 1).ok()
+        let first = self.leaf_runs().next().map(|(l, from, _)| l.keys[from])?;
+        let last = self.leaf_runs().last().map(|(l, _, to)| l.keys[to - 1])?;
+        KeyRange::new(first, last + 1).ok()
     }
 
     /// Calls `f` on each run of rows in key order: their keys, values and update-rule state.
@@ -92,55 +102,92 @@ impl<V: Value> SharedRows<V> {
         }
     }
 
-    /// Appends rows `from..to` of `leaf`, whose keys are above every key held.
-    pub(super) fn push_shared(&mut self, leaf: &Arc<Leaf<V>>, from: usize, to: usize) {
-        if from < to {
-            self.len += to - from;
-            self.runs.push(Run {
-                leaf: Arc::clone(leaf),
-                from,
-                to,
-            });
-        }
+    /// The runs in key order: keys, values and update-rule state.
+    pub(crate) fn runs(&self) -> impl Iterator<Item = (&[Key], &[V], &[V])> + '_ {
+        let (width, row_aux) = (self.width, self.width * self.aux_width);
+        self.leaf_runs().map(move |(leaf, from, to)| {
+            (
+                &leaf.keys[from..to],
+                &leaf.values[from * width..to * width],
+                &leaf.aux[from * row_aux..to * row_aux],
+            )
+        })
+    }
+
+    /// Every run as a leaf and the rows of it held, none empty, in key order.
+    fn leaf_runs(&self) -> impl Iterator<Item = LeafRun<'_, V>> + '_ {
+        self.parts
+            .iter()
+            .flat_map(|part| -> Box<dyn Iterator<Item = LeafRun<'_, V>> + '_> {
+                match part {
+                    Part::Run { leaf, from, to } => Box::new(core::iter::once((leaf, *from, *to))),
+                    Part::Leaves { map, range } => {
+                        let range = *range;
+                        let start = leaf_for(map, range.start()).unwrap_or(range.start());
+                        let mut leaves = map.range(start..range.end().max(start)).peekable();
+                        Box::new(core::iter::from_fn(move || {
+                            let (&first, leaf) = leaves.next()?;
+                            // A leaf's keys run from its first key to below the next leaf's:
+                            // only a leaf at an end of the range is searched.
+                            let below_next = leaves.peek().map(|(next, _)| **next);
+                            let inside = first >= range.start()
+                                && below_next.is_some_and(|next| next <= range.end());
+                            Some(if inside {
+                                (leaf, 0, leaf.len())
+                            } else {
+                                let keys = &leaf.keys;
+                                (
+                                    leaf,
+                                    keys.partition_point(|&k| k < range.start()),
+                                    keys.partition_point(|&k| k < range.end()),
+                                )
+                            })
+                        }))
+                    }
+                }
+            })
+            .filter(|(_, from, to)| from < to)
+    }
+
+    /// Appends the rows in `range` of the map `leaves`, whose keys are above every key held:
+    /// a count on the map, nothing read.
+    pub(super) fn push_leaves(&mut self, leaves: &Arc<Leaves<V>>, range: KeyRange) {
+        self.parts.push(Part::Leaves {
+            map: Arc::clone(leaves),
+            range,
+        });
     }
 
     /// Appends a run of rows: `keys` strictly increasing and above every key held, `values`
     /// `width` a key and `aux` `aux_width x width` a key (the caller checked).
     pub(crate) fn push_owned(&mut self, keys: Vec<Key>, values: Vec<V>, aux: Vec<V>) {
         let to = keys.len();
-        self.push_shared(&Arc::new(Leaf { keys, values, aux }), 0, to);
-    }
-
-    /// The runs in key order: keys, values and update-rule state.
-    pub(crate) fn runs(&self) -> impl ExactSizeIterator<Item = (&[Key], &[V], &[V])> + '_ {
-        let (width, row_aux) = (self.width, self.width * self.aux_width);
-        self.runs.iter().map(move |run| {
-            let (from, to) = (run.from, run.to);
-            (
-                &run.leaf.keys[from..to],
-                &run.leaf.values[from * width..to * width],
-                &run.leaf.aux[from * row_aux..to * row_aux],
-            )
-        })
+        if to > 0 {
+            self.parts.push(Part::Run {
+                leaf: Arc::new(Leaf { keys, values, aux }),
+                from: 0,
+                to,
+            });
+        }
     }
 
     /// Keys, values and update-rule state in flat vectors: taken over when one whole leaf
     /// held nowhere else is all there is, copied otherwise.
     pub(crate) fn into_parts(mut self) -> (Vec<Key>, Vec<V>, Vec<V>) {
-        if self.runs.len() == 1
-            && self.runs[0].from == 0
-            && self.runs[0].to == self.runs[0].leaf.len()
-        {
-            if let Some(run) = self.runs.pop() {
-                match Arc::try_unwrap(run.leaf) {
-                    Ok(leaf) => return (leaf.keys, leaf.values, leaf.aux),
-                    Err(leaf) => self.runs.push(Run { leaf, ..run }),
+        if let [Part::Run { leaf, from: 0, to }] = &self.parts[..] {
+            if *to == leaf.len() {
+                if let Some(Part::Run { leaf, from, to }) = self.parts.pop() {
+                    match Arc::try_unwrap(leaf) {
+                        Ok(leaf) => return (leaf.keys, leaf.values, leaf.aux),
+                        Err(leaf) => self.parts.push(Part::Run { leaf, from, to }),
+                    }
                 }
             }
         }
-        let mut keys = Vec::with_capacity(self.len);
-        let mut values = Vec::with_capacity(self.len * self.width);
-        let mut aux = Vec::with_capacity(self.len * self.width * self.aux_width);
+        let rows = self.len();
+        let mut keys = Vec::with_capacity(rows);
+        let mut values = Vec::with_capacity(rows * self.width);
+        let mut aux = Vec::with_capacity(rows * self.width * self.aux_width);
         for (k, v, a) in self.runs() {
             keys.extend_from_slice(k);
             values.extend_from_slice(v);
@@ -151,25 +198,23 @@ impl<V: Value> SharedRows<V> {
 
     /// Whether `key` is above every key held, so that a run starting there may follow.
     pub(crate) fn follows(&self, key: Key) -> bool {
-        self.runs
+        self.leaf_runs()
             .last()
-            .and_then(|r| r.keys().last())
-            .is_none_or(|&last| key > last)
+            .is_none_or(|(leaf, _, to)| key > leaf.keys[to - 1])
     }
 
     /// The runs as leaves a store can take whole: a run that is a whole leaf is shared, a
     /// part of one copied.
     pub(super) fn leaves(&self) -> impl Iterator<Item = Arc<Leaf<V>>> + '_ {
         let (width, row_aux) = (self.width, self.width * self.aux_width);
-        self.runs.iter().map(move |run| {
-            if run.from == 0 && run.to == run.leaf.len() {
-                Arc::clone(&run.leaf)
+        self.leaf_runs().map(move |(leaf, from, to)| {
+            if from == 0 && to == leaf.len() {
+                Arc::clone(leaf)
             } else {
-                let (from, to) = (run.from, run.to);
                 Arc::new(Leaf {
-                    keys: run.leaf.keys[from..to].to_vec(),
-                    values: run.leaf.values[from * width..to * width].to_vec(),
-                    aux: run.leaf.aux[from * row_aux..to * row_aux].to_vec(),
+                    keys: leaf.keys[from..to].to_vec(),
+                    values: leaf.values[from * width..to * width].to_vec(),
+                    aux: leaf.aux[from * row_aux..to * row_aux].to_vec(),
                 })
             }
         })
@@ -178,21 +223,15 @@ impl<V: Value> SharedRows<V> {
     /// Every row in key order, with its update-rule state.
     fn rows(&self) -> impl Iterator<Item = (Key, &[V], &[V])> + '_ {
         let (width, row_aux) = (self.width, self.width * self.aux_width);
-        self.runs.iter().flat_map(move |run| {
-            (run.from..run.to).map(move |i| {
+        self.runs().flat_map(move |(keys, values, aux)| {
+            keys.iter().enumerate().map(move |(i, &k)| {
                 (
-                    run.leaf.keys[i],
-                    &run.leaf.values[i * width..(i + 1) * width],
-                    &run.leaf.aux[i * row_aux..(i + 1) * row_aux],
+                    k,
+                    &values[i * width..(i + 1) * width],
+                    &aux[i * row_aux..(i + 1) * row_aux],
                 )
             })
         })
-    }
-}
-
-impl<V> Run<V> {
-    fn keys(&self) -> &[Key] {
-        &self.leaf.keys[self.from..self.to]
     }
 }
 
@@ -201,7 +240,7 @@ impl<V: Value> PartialEq for SharedRows<V> {
         let same_bits = |a: &[V], b: &[V]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
         self.width == other.width
             && self.aux_width == other.aux_width
-            && self.len == other.len
+            && self.len() == other.len()
             && self
                 .rows()
                 .zip(other.rows())

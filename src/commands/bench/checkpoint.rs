@@ -3,10 +3,12 @@
 //!
 //! - A server holding a model of about `--mb` megabytes (1 GiB by default: FTRL weights and
 //!   their two values of state) writes a checkpoint: the time from the workers' advance into
-//!   the cut to its completion (the shards copied out of the store, encoded, written, flushed
-//!   to the disk, renamed, and the cut recorded by the coordinator), next to `cp` of the file
-//!   it wrote and `cp` followed by a flush of the copy (the checkpoint flushes), on the same
-//!   disk.
+//!   the cut to its completion (the shards taken from the store, encoded, written, flushed to
+//!   the disk, renamed, and the cut recorded by the coordinator), next to `cp` of the file it
+//!   wrote and `cp` followed by a flush of the copy (the checkpoint flushes), on the same
+//!   disk; three rounds of the three, the medians reported. Then the job is started again from the checkpoint, with the default heartbeat
+//!   timeout: the time until the server serves the model again, which must be the model
+//!   written.
 //! - Training with a checkpoint after every epoch (`pserver train --checkpoint-dir`'s
 //!   default) next to the same training without, on `bench train`'s generated problem,
 //!   alternating, the median of `--rounds` runs of each.
@@ -23,6 +25,9 @@ use super::stragglers::median;
 use super::train::{TrainSize, data};
 use super::{BenchError, Measure, runtime_err};
 use crate::apps::lr::{LrConfig, Slowdowns, train_local};
+
+/// Checkpoints of the model written, each next to `cp` of it: the medians are reported.
+const WRITES: usize = 3;
 
 /// Bytes a key's row takes in a checkpoint of FTRL rows: the key (consecutive keys, a byte
 /// each as the wire encodes them), its weight and its two values of state.
@@ -75,23 +80,52 @@ async fn write_model(
     let worker = &cluster.workers[0];
     worker.ready().await.map_err(runtime_err)?;
     // Answered once the server holds the model: the time below is the checkpoint's alone.
-    let one =
-        pserver_core::KeySelection::Keys(pserver_core::KeyList::new(vec![0]).map_err(runtime_err)?);
-    worker.pull(one).await.map_err(runtime_err)?;
-    let began = Instant::now();
-    worker.advance().await.map_err(runtime_err)?;
-    let secs = began.elapsed().as_secs_f64();
-    cluster.shutdown().await.map_err(runtime_err)?;
-    let written = checkpoint_file(&spec.checkpoints_of(pserver_core::NodeId(1)))?;
-    let bytes = std::fs::metadata(&written).map_err(runtime_err)?.len();
+    let probe = pserver_core::KeySelection::Keys(
+        pserver_core::KeyList::new(vec![0, rows / 2, rows.saturating_sub(1)])
+            .map_err(runtime_err)?,
+    );
+    let before = worker.pull(probe.clone()).await.map_err(runtime_err)?;
+    // Each round a checkpoint (the workers advance into the next cut), then `cp` of the file
+    // it wrote and `cp` with a flush, side by side: this disk's speed moves between runs.
     let copy = dir.join("copy.bin");
-    let cp = timed(|| run("cp", &[&written, &copy]))?;
-    std::fs::remove_file(&copy).map_err(runtime_err)?;
-    let cp_synced = timed(|| {
-        run("cp", &[&written, &copy])?;
-        std::fs::File::open(&copy).and_then(|f| f.sync_all())?;
-        Ok(())
-    })?;
+    let (mut writes, mut cps, mut cps_synced) = (Vec::new(), Vec::new(), Vec::new());
+    let mut bytes = 0;
+    for _ in 0..WRITES {
+        let began = Instant::now();
+        worker.advance().await.map_err(runtime_err)?;
+        writes.push(began.elapsed().as_secs_f64());
+        let written = newest_checkpoint(&spec.checkpoints_of(pserver_core::NodeId(1)))?;
+        bytes = std::fs::metadata(&written).map_err(runtime_err)?.len();
+        cps.push(timed(|| run("cp", &[&written, &copy]))?);
+        std::fs::remove_file(&copy).map_err(runtime_err)?;
+        cps_synced.push(timed(|| {
+            run("cp", &[&written, &copy])?;
+            std::fs::File::open(&copy).and_then(|f| f.sync_all())?;
+            Ok(())
+        })?);
+        std::fs::remove_file(&copy).map_err(runtime_err)?;
+    }
+    cluster.shutdown().await.map_err(runtime_err)?;
+    let first = writes[0];
+    let (secs, cp, cp_synced) = (median(writes), median(cps), median(cps_synced));
+    // The job started again from the checkpoint, with the default heartbeat timeout: until
+    // the server serves the model again.
+    spec.initial = None;
+    spec.runtime.resume = true;
+    spec.job.timing = pserver_core::Timing::default();
+    let began = Instant::now();
+    let cluster: LocalCluster<f32> =
+        LocalCluster::start(&spec, &MemNetwork::reliable()).map_err(runtime_err)?;
+    let worker = &cluster.workers[0];
+    let after = worker.pull(probe).await.map_err(runtime_err)?;
+    let restore = began.elapsed().as_secs_f64();
+    cluster.shutdown().await.map_err(runtime_err)?;
+    if after != before {
+        return Err(runtime_err(format!(
+            "the model read back from the checkpoint is not the one written: {before:?} then {after:?}"
+        ))
+        .into());
+    }
     for (name, value, unit) in [
         (
             "checkpoint.model.bytes",
@@ -99,6 +133,7 @@ async fn write_model(
             "MiB",
         ),
         ("checkpoint.write.secs", secs, "s"),
+        ("checkpoint.write.first.secs", first, "s"),
         ("checkpoint.cp.secs", cp, "s"),
         ("checkpoint.cp_and_flush.secs", cp_synced, "s"),
         ("checkpoint.write_vs_cp", secs / cp.max(1e-9), "x"),
@@ -107,6 +142,12 @@ async fn write_model(
             secs / cp_synced.max(1e-9),
             "x",
         ),
+        (
+            "checkpoint.write_first_vs_cp_and_flush",
+            first / cp_synced.max(1e-9),
+            "x",
+        ),
+        ("checkpoint.restore.secs", restore, "s"),
     ] {
         emit(Measure {
             name: name.into(),
@@ -117,8 +158,8 @@ async fn write_model(
     Ok(())
 }
 
-/// The checkpoint file server 1 wrote.
-fn checkpoint_file(dir: &Option<PathBuf>) -> Result<PathBuf, BenchError> {
+/// The newest checkpoint file server 1 wrote (their names order them).
+fn newest_checkpoint(dir: &Option<PathBuf>) -> Result<PathBuf, BenchError> {
     let dir = dir
         .as_ref()
         .ok_or_else(|| runtime_err("no checkpoint directory"))?;
@@ -126,7 +167,8 @@ fn checkpoint_file(dir: &Option<PathBuf>) -> Result<PathBuf, BenchError> {
         .map_err(runtime_err)?
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "bin"))
+        .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+        .max()
         .ok_or_else(|| runtime_err(format!("{}: no checkpoint written", dir.display())).into())
 }
 

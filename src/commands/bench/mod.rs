@@ -94,8 +94,9 @@ enum BenchMode {
     ///
     /// One server holding a model of --mb MiB (FTRL weights and their state; 1 GiB by default)
     /// writes a checkpoint: the time from the workers' advance into the cut until it is
-    /// recorded (copied out, encoded, written, flushed, renamed), next to `cp` of the same file
-    /// and `cp` with a flush of the copy, on the same disk (--dir). Then training on `bench
+    /// recorded (taken from the store, encoded, written, flushed, renamed), next to `cp` of the
+    /// same file and `cp` with a flush of the copy, on the same disk (--dir), and the job started
+    /// again from it until the model is served again. Then training on `bench
     /// train`'s generated problem with a checkpoint after every epoch (the default of `pserver
     /// train --checkpoint-dir`) next to training without, alternating, medians of --rounds
     /// runs of each.
