@@ -398,3 +398,55 @@ fn a_checkpoint_written_under_another_ring_is_refused() {
         "{refused:?}"
     );
 }
+
+/// A configuration that comes while a resuming server reads its shards waits for them: the
+/// server adopts it once they are loaded, so that a ring change never cuts or ships the
+/// still-empty shards, and it holds the checkpoint's rows.
+#[test]
+fn a_configuration_that_comes_while_the_shards_are_read_is_adopted_after_them() {
+    let done = run(3);
+    let job = job();
+    let server = done.servers()[0];
+    let coordinator_id = job.layout().coordinator();
+    let mut driver = job.driver::<i64>(server, 1).unwrap();
+    driver.offer_checkpoints(vec![2]).unwrap();
+    let servers: Vec<NodeId> = job.layout().servers().collect();
+    let workers: Vec<NodeId> = job.layout().workers().collect();
+    let coordinator =
+        node::Coordinator::bootstrapped(job.coordinator_config(), &servers, &workers).unwrap();
+    let mut config = coordinator.config().unwrap().clone();
+    config.checkpoints.complete = 2;
+    driver.start_configured(0, config.clone());
+    let restore =
+        std::iter::from_fn(|| driver.poll_event()).any(|e| e == Event::Restore { cut: 2 });
+    assert!(restore);
+    let mut next = config;
+    next.epoch += 1;
+    let env = wire::Envelope::new(
+        coordinator_id,
+        server,
+        next.epoch,
+        wire::Message::<i64>::Config(next),
+    );
+    let frame = wire::Codec::default().encode(&env).unwrap();
+    driver.handle_frame(0, coordinator_id, &frame);
+    assert_eq!(
+        driver.node().epoch(),
+        1,
+        "adopted before the shards were loaded"
+    );
+    let shards = done.disks[&server][&2].clone();
+    driver.restore(0, 2, shards.clone()).unwrap();
+    assert_eq!(driver.node().epoch(), 2, "not adopted once they were");
+    let held = driver.node().as_server().unwrap();
+    let mut rows = 0;
+    for copy in &shards {
+        copy.rows.for_each_run(&mut |keys, values, _| {
+            for (&k, &v) in keys.iter().zip(values) {
+                assert_eq!(held.value(k), Some(&[v][..]), "key {k}");
+                rows += 1;
+            }
+        });
+    }
+    assert!(rows > 0);
+}

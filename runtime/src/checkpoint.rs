@@ -67,6 +67,9 @@ pub enum CheckpointError {
         /// The iteration its header gives.
         inside: u64,
     },
+    /// It reads back whole, but its payload is not one this reader can use.
+    #[error("whole, but {0}")]
+    Unusable(String),
 }
 
 /// Files that did not read back whole, with why.
@@ -212,11 +215,23 @@ impl CheckpointDir {
     /// Every checkpoint that reads back whole, newest first, and every file that does not,
     /// with why: what a server offers when a job resumes.
     pub fn good(&self) -> io::Result<(Vec<u64>, Refused)> {
+        self.good_for(|_| Ok(()))
+    }
+
+    /// [`CheckpointDir::good`], a checkpoint counting only if `usable` accepts its payload
+    /// (a server's: [`usable_shards`]).
+    pub fn good_for(
+        &self,
+        usable: impl Fn(&[u8]) -> Result<(), String>,
+    ) -> io::Result<(Vec<u64>, Refused)> {
         let mut good = Vec::new();
         let mut refused = Vec::new();
         for iteration in self.iterations()? {
-            match self.read(iteration) {
-                Ok(_) => good.push(iteration),
+            let read = self.read(iteration).and_then(|checkpoint| {
+                usable(&checkpoint.payload).map_err(CheckpointError::Unusable)
+            });
+            match read {
+                Ok(()) => good.push(iteration),
                 Err(why) => refused.push((self.file_of(iteration), why)),
             }
         }
@@ -361,6 +376,18 @@ pub fn write_shards<V: Value>(
 
 /// The shards a checkpoint's payload holds ([`write_shards`]).
 pub fn shards_of<V: Value>(payload: &[u8]) -> Result<Vec<ShardCopy<V>>, String> {
+    postcard::from_bytes(shards_body::<V>(payload)?)
+        .map_err(|e| format!("cannot decode the shards: {e}"))
+}
+
+/// Whether a checkpoint's payload holds a server's shards in the form this reader decodes,
+/// of this job's value type: what a server offers to resume from.
+pub fn usable_shards<V: Value>(payload: &[u8]) -> Result<(), String> {
+    shards_body::<V>(payload).map(drop)
+}
+
+/// The encoded shards of a payload, after its magic bytes and value size.
+fn shards_body<V: Value>(payload: &[u8]) -> Result<&[u8], String> {
     if payload.starts_with(SHARDS_MAGIC_V1) {
         return Err("written by an earlier pserver, in a form this one does not read".into());
     }
@@ -374,7 +401,7 @@ pub fn shards_of<V: Value>(payload: &[u8]) -> Result<Vec<ShardCopy<V>>, String> 
             V::SIZE
         ));
     }
-    postcard::from_bytes(rest).map_err(|e| format!("cannot decode the shards: {e}"))
+    Ok(rest)
 }
 
 #[cfg(test)]
@@ -498,6 +525,16 @@ mod tests {
                 .unwrap_err()
                 .contains("earlier pserver")
         );
+        // Whole but of the earlier form: not offered, and said why.
+        dir.write(1, &earlier).unwrap();
+        assert_eq!(dir.good().unwrap().0, vec![2, 1]);
+        let (good, refused) = dir.good_for(usable_shards::<f32>).unwrap();
+        assert_eq!(good, vec![2]);
+        assert!(
+            matches!(&refused[..], [(_, CheckpointError::Unusable(why))] if why.contains("earlier pserver")),
+            "{refused:?}"
+        );
+        assert!(dir.good_for(usable_shards::<f64>).unwrap().0.is_empty());
         let _ = fs::remove_dir_all(dir.path());
     }
 }

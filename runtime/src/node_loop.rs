@@ -17,7 +17,7 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::RuntimeConfig;
-use super::checkpoint::{CheckpointDir, shards_of, write_shards};
+use super::checkpoint::{CheckpointDir, shards_of, usable_shards, write_shards};
 use super::handle::{Command, NodeHandle, NodeMetrics, NodeReport, RuntimeError, WorkerHandle};
 
 /// How often the coordinator sums up the job.
@@ -227,6 +227,13 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     checkpoints: Option<Arc<CheckpointDir>>,
     /// Where a checkpoint written or read on a blocking thread says it is done.
     written: mpsc::UnboundedSender<DiskDone<V>>,
+}
+
+/// What `work` returns, or an error if it panicked: a disk thread that died without a word
+/// would leave the workers waiting at the cut, or the server restoring, for ever.
+fn unpanicked<T>(work: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+        .unwrap_or_else(|_| Err("the thread writing or reading it panicked".into()))
 }
 
 /// A checkpoint a blocking thread wrote or read, for the node loop.
@@ -995,7 +1002,7 @@ where
         })?;
         if self.cfg.resume {
             let (good, refused) = dir
-                .good()
+                .good_for(usable_shards::<V>)
                 .map_err(|e| format!("{}: cannot read the checkpoints: {e}", path.display()))?;
             for (file, why) in refused {
                 warn!("checkpoint {}: refused, {why}", file.display());
@@ -1025,19 +1032,21 @@ where
         };
         let done = self.written.clone();
         tokio::task::spawn_blocking(move || {
-            let began = std::time::Instant::now();
-            let shown = |e: io::Error| format!("{}: {e}", dir.path().display());
-            let written = write_shards(&dir, u64::from(cut), &shards);
-            // Dropped before the server hears: the rows are the store's own, and a write to
-            // a leaf still shared here would copy it.
-            drop(shards);
-            let result = written.map_err(shown).and_then(|(path, bytes)| {
-                dir.retain_newest(CHECKPOINTS_KEPT).map_err(shown)?;
-                Ok(format!(
-                    "{} ({bytes} bytes in {} ms, written and flushed)",
-                    path.display(),
-                    began.elapsed().as_millis()
-                ))
+            let result = unpanicked(|| {
+                let began = std::time::Instant::now();
+                let shown = |e: io::Error| format!("{}: {e}", dir.path().display());
+                let written = write_shards(&dir, u64::from(cut), &shards);
+                // Dropped before the server hears: the rows are the store's own, and a write
+                // to a leaf still shared here would copy it.
+                drop(shards);
+                written.map_err(shown).and_then(|(path, bytes)| {
+                    dir.retain_newest(CHECKPOINTS_KEPT).map_err(shown)?;
+                    Ok(format!(
+                        "{} ({bytes} bytes in {} ms, written and flushed)",
+                        path.display(),
+                        began.elapsed().as_millis()
+                    ))
+                })
             });
             let _ = done.send(DiskDone::Written(cut, result));
         });
@@ -1072,13 +1081,13 @@ where
         };
         let done = self.written.clone();
         tokio::task::spawn_blocking(move || {
-            let shards = dir
-                .read(u64::from(cut))
-                .map_err(|e| format!("{}: {e}", dir.path().display()))
-                .and_then(|checkpoint| {
-                    shards_of::<V>(&checkpoint.payload)
-                        .map_err(|e| format!("{}: {e}", checkpoint.path.display()))
-                });
+            let shards = unpanicked(|| {
+                let checkpoint = dir
+                    .read(u64::from(cut))
+                    .map_err(|e| format!("{}: {e}", dir.path().display()))?;
+                shards_of::<V>(&checkpoint.payload)
+                    .map_err(|e| format!("{}: {e}", checkpoint.path.display()))
+            });
             let _ = done.send(DiskDone::Read(cut, shards));
         });
     }

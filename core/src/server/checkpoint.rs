@@ -161,6 +161,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             }
         }
         self.checkpointing.restoring = None;
+        // Configurations that came while the shards were read, in the order they came, as if
+        // they had come after; then what waited for them.
+        let (configs, rest): (Vec<_>, Vec<_>) = core::mem::take(&mut self.early)
+            .into_iter()
+            .partition(|e| matches!(e.body, Message::Config(_)));
+        self.early = rest;
+        for env in configs {
+            self.on_message(now, env, out);
+        }
         self.replay_early(now, out);
         self.answer_held(out);
         Ok(())
@@ -185,7 +194,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         if self.early.contains(&env) {
             return;
         }
-        if self.early.len() < MAX_HELD {
+        // A configuration is held whatever else is: the server must not miss one, and the
+        // coordinator publishes few while a server reads its shards.
+        if self.early.len() < MAX_HELD || matches!(env.body, Message::Config(_)) {
             self.early.push(env);
         } else {
             out.refuse(env.from, crate::effects::Refusal::Overflow);

@@ -593,6 +593,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             }
         }
         match env.body {
+            // A ring change while the shards are read would cut or ship shards still empty:
+            // adopted once they are loaded (ARCHITECTURE.md §11).
+            Message::Config(_) if self.checkpointing.restoring.is_some() => {
+                return self.hold_while_restoring(env, out);
+            }
             Message::Config(config) => return self.adopt(now, from, config, out),
             Message::TermAsk { term } => {
                 let config = self.cluster.as_ref().map(|c| &c.config);

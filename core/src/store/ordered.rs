@@ -497,6 +497,11 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
     }
 
     fn shared_rows_in(&self, range: KeyRange, width: usize, aux_width: usize) -> SharedRows<V> {
+        debug_assert_eq!(
+            (width, aux_width),
+            (self.width, self.aux_width),
+            "another shape"
+        );
         let mut shared = SharedRows::new(width, aux_width);
         if (width, aux_width) == (self.width, self.aux_width) {
             // The map alone, whatever the model's size: nothing of it is read until the rows
@@ -511,8 +516,11 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
             return super::load_row_by_row(self, rows);
         }
         for leaf in rows.leaves() {
-            if let Some(&first) = leaf.keys.first() {
-                self.len += leaf.len();
+            self.len += leaf.len();
+            if leaf.len() > 2 * LEAF_ROWS {
+                // Cut as a store cuts its own (runs of another layout's checkpoint are one).
+                self.put_leaf(Arc::unwrap_or_clone(leaf));
+            } else if let Some(&first) = leaf.keys.first() {
                 self.leaves_mut().insert(first, leaf);
             }
         }

@@ -198,9 +198,13 @@ impl<V: Value> SharedRows<V> {
 
     /// Whether `key` is above every key held, so that a run starting there may follow.
     pub(crate) fn follows(&self, key: Key) -> bool {
-        self.leaf_runs()
-            .last()
-            .is_none_or(|(leaf, _, to)| key > leaf.keys[to - 1])
+        // The last part alone: a decoder asks once per run it appends.
+        let last = match self.parts.last() {
+            None => return true,
+            Some(Part::Run { leaf, to, .. }) => leaf.keys.get(to.wrapping_sub(1)).copied(),
+            Some(Part::Leaves { .. }) => self.leaf_runs().last().map(|(l, _, to)| l.keys[to - 1]),
+        };
+        last.is_none_or(|last| key > last)
     }
 
     /// The runs as leaves a store can take whole: a run that is a whole leaf is shared, a

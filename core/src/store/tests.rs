@@ -571,3 +571,28 @@ fn rows_taken_for_a_checkpoint_are_the_stores_own_until_it_writes_to_them() {
         "a leaf held nowhere else was copied"
     );
 }
+
+/// Rows taken from a hashed store come as one run; an ordered store loading them cuts them into
+/// leaves of its own size, as it would have grown them.
+#[test]
+fn an_ordered_store_loading_one_long_run_cuts_it_into_leaves() {
+    let mut hashed = HashedStore::<f32>::new(1, 1);
+    let keys: Vec<Key> = (0..5 * LEAF_ROWS as Key).collect();
+    hashed.update_rows(&keys, &vec![2.0; keys.len()], &mut |rows, _, d| {
+        rows.copy_from_slice(d)
+    });
+    let rows = hashed.shared_rows_in(KeyRange::FULL, 1, 1);
+    let mut runs_taken = 0;
+    rows.for_each_run(&mut |_, _, _| runs_taken += 1);
+    assert_eq!(runs_taken, 1);
+    let mut ordered = OrderedStore::<f32>::new(1, 1);
+    ordered.load_rows(&rows);
+    assert_eq!(ordered.len(), keys.len());
+    let mut leaves = 0;
+    ordered.for_each_run_in(KeyRange::FULL, &mut |keys, values| {
+        leaves += 1;
+        assert!(keys.len() <= 2 * LEAF_ROWS && values.iter().all(|&v| v == 2.0));
+        core::ops::ControlFlow::Continue(())
+    });
+    assert!(leaves >= 3, "{leaves} leaves");
+}
