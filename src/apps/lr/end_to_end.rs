@@ -115,19 +115,27 @@ fn a_larger_l1_makes_a_sparser_model() {
     assert!(tighter > 0);
 }
 
+/// Under sequential consistency, so that what the model learns does not depend on how the
+/// scheduler staggers the workers: under bounded delay a loaded machine moved the TCP run's
+/// test AUC 0.0101 from the in-memory run's.
 #[test]
 fn training_over_loopback_tcp_and_udp_reaches_what_training_in_memory_does() {
     use super::Wire;
-    let mem = train(&small(LrConfig::default()));
+    let sequential = || {
+        let mut cfg = small(LrConfig::default());
+        cfg.job.consistency = Consistency::Sequential;
+        cfg
+    };
+    let mem = train(&sequential());
     let a = mem.last().unwrap();
     for wire in [Wire::Tcp, Wire::Udp] {
-        let over = train(&small(LrConfig {
+        let over = train(&LrConfig {
             transport: wire,
-            ..LrConfig::default()
-        }));
+            ..sequential()
+        });
         let b = over.last().unwrap();
         assert!(
-            (a.test_auc - b.test_auc).abs() < 0.01,
+            (a.test_auc - b.test_auc).abs() < 0.002,
             "mem {a:?} {wire:?} {b:?}"
         );
         assert!(b.bytes_sent > 0, "{wire:?} {b:?}");
