@@ -148,6 +148,31 @@ impl Visitor<'_> for PairKeysSeed {
     }
 }
 
+/// Encodes the keys of `count` pairs, [`decode_pair_keys`]' counterpart: consecutive keys from
+/// `run_from` as that first key alone, any others as `keys()` delta-encoded.
+fn encode_pair_keys<'a>(
+    count: usize,
+    run_from: Option<Key>,
+    keys: impl FnOnce() -> &'a [Key],
+) -> Vec<u8> {
+    match run_from {
+        Some(first) if count > 1 => {
+            let mut head = Vec::with_capacity(10);
+            put_varint(first, &mut head);
+            head
+        }
+        _ => encode_keys(keys()),
+    }
+}
+
+/// A row width read from the wire: at least one value.
+fn width_of<E: de::Error>(width: u64) -> Result<usize, E> {
+    usize::try_from(width)
+        .ok()
+        .filter(|&w| w > 0)
+        .ok_or_else(|| E::custom("width must be at least 1"))
+}
+
 /// Decodes the keys of `count` pairs: a run when `blob` is one varint and `count > 1`. A run
 /// allocates nothing; its count is bounded by the values that must follow.
 fn decode_pair_keys(blob: &[u8], count: usize) -> Result<PairKeys, &'static str> {
@@ -229,15 +254,9 @@ impl<V: Value> Serialize for KvPairs<V> {
         let mut t = s.serialize_tuple(if in_trailer { 3 } else { 4 })?;
         t.serialize_element(&(self.width() as u64))?;
         t.serialize_element(&(self.len() as u64))?;
-        match self.key_range() {
-            // Consecutive keys: the first one alone, the gaps left out.
-            Some(range) if self.len() > 1 => {
-                let mut first = Vec::with_capacity(10);
-                put_varint(range.start(), &mut first);
-                t.serialize_element(&ByteStr(&first))?;
-            }
-            _ => t.serialize_element(&ByteStr(&encode_keys(self.keys())))?,
-        }
+        let run_from = self.key_range().map(|range| range.start());
+        let keys = encode_pair_keys(self.len(), run_from, || self.keys());
+        t.serialize_element(&ByteStr(&keys))?;
         if !(in_trailer && trailer::put(|| self.le_values())) {
             serialize_values(self.values(), &mut t)?;
         }
@@ -258,10 +277,7 @@ impl<'de, V: Value> Deserialize<'de> for KvPairs<V> {
                 let missing = || de::Error::custom("truncated key-value pairs");
                 let width: u64 = seq.next_element()?.ok_or_else(missing)?;
                 let count: u64 = seq.next_element()?.ok_or_else(missing)?;
-                let width = usize::try_from(width)
-                    .ok()
-                    .filter(|&w| w > 0)
-                    .ok_or_else(|| de::Error::custom("width must be at least 1"))?;
+                let width = width_of(width)?;
                 let count = usize::try_from(count)
                     .map_err(|_| de::Error::custom("key count exceeds the bytes present"))?;
                 let keys = seq
@@ -340,15 +356,11 @@ impl<V: Value> Serialize for RunForm<'_, V> {
         let n = self.keys.len();
         let mut t = s.serialize_tuple(4)?;
         t.serialize_element(&(n as u64))?;
-        match (self.keys.first(), self.keys.last()) {
-            // Consecutive keys: the first one alone.
-            (Some(&first), Some(&last)) if n > 1 && last - first == n as Key - 1 => {
-                let mut head = Vec::with_capacity(10);
-                put_varint(first, &mut head);
-                t.serialize_element(&ByteStr(&head))?;
-            }
-            _ => t.serialize_element(&ByteStr(&encode_keys(self.keys)))?,
-        }
+        let run_from = match (self.keys.first(), self.keys.last()) {
+            (Some(&first), Some(&last)) if last - first == n as Key - 1 => Some(first),
+            _ => None,
+        };
+        t.serialize_element(&ByteStr(&encode_pair_keys(n, run_from, || self.keys)))?;
         serialize_values(self.values, &mut t)?;
         serialize_values(self.aux, &mut t)?;
         t.end()
@@ -367,10 +379,7 @@ impl<'de, V: Value> Deserialize<'de> for SharedRows<V> {
                 let missing = || de::Error::custom("truncated rows");
                 let width: u64 = seq.next_element()?.ok_or_else(missing)?;
                 let aux_width: u64 = seq.next_element()?.ok_or_else(missing)?;
-                let width = usize::try_from(width)
-                    .ok()
-                    .filter(|&w| w > 0)
-                    .ok_or_else(|| de::Error::custom("width must be at least 1"))?;
+                let width = width_of(width)?;
                 let aux_width = usize::try_from(aux_width)
                     .ok()
                     .filter(|&a| a.checked_mul(width).is_some())

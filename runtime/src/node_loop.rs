@@ -101,7 +101,7 @@ where
     let (lost_tx, lost_rx) = watch::channel(Vec::new());
     let (skipped_tx, skipped_rx) = watch::channel(0);
     let (metrics_tx, metrics_rx) = watch::channel(NodeMetrics::default());
-    let (written_tx, written_rx) = mpsc::unbounded_channel();
+    let (disk_tx, disk_rx) = mpsc::unbounded_channel();
     let worker = (role == Role::Worker).then(|| WorkerHandle {
         commands: cmd_tx,
         ready: ready_rx.clone(),
@@ -145,9 +145,9 @@ where
         seen_members: None,
         recovering_since: None,
         checkpoints: None,
-        written: written_tx,
+        disk: disk_tx,
     };
-    let task = tokio::spawn(looped.run(cmd_rx, stop_rx, written_rx).instrument(span));
+    let task = tokio::spawn(looped.run(cmd_rx, stop_rx, disk_rx).instrument(span));
     let node = NodeHandle {
         id,
         ready: ready_rx,
@@ -226,7 +226,7 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     /// A server's checkpoint directory ([`RuntimeConfig::checkpoints`]).
     checkpoints: Option<Arc<CheckpointDir>>,
     /// Where a checkpoint written or read on a blocking thread says it is done.
-    written: mpsc::UnboundedSender<DiskDone<V>>,
+    disk: mpsc::UnboundedSender<DiskDone<V>>,
 }
 
 /// What `work` returns, or an error if it panicked: a disk thread that died without a word
@@ -489,7 +489,7 @@ where
         mut self,
         mut commands: mpsc::Receiver<Command<V>>,
         mut stop: watch::Receiver<bool>,
-        mut written: mpsc::UnboundedReceiver<DiskDone<V>>,
+        mut disk: mpsc::UnboundedReceiver<DiskDone<V>>,
     ) -> Result<NodeReport<Driver<V, U, S>>, RuntimeError> {
         if let Err(e) = self.open_checkpoints() {
             self.stalled = Some(RuntimeError::Checkpoint(e));
@@ -560,7 +560,7 @@ where
                     }
                 },
                 () = self.server_leave.notified(), if !self.server_leaving => self.leave_as_server(),
-                Some(done) = written.recv() => match done {
+                Some(done) = disk.recv() => match done {
                     DiskDone::Written(cut, result) => self.checkpoint_written(cut, result),
                     DiskDone::Read(cut, shards) => self.restored(cut, shards),
                 },
@@ -1030,7 +1030,7 @@ where
             )));
             return;
         };
-        let done = self.written.clone();
+        let done = self.disk.clone();
         tokio::task::spawn_blocking(move || {
             let result = unpanicked(|| {
                 let began = std::time::Instant::now();
@@ -1079,7 +1079,7 @@ where
         let Some(dir) = self.checkpoints.clone() else {
             return self.restored(cut, Err("this server has no checkpoint directory".into()));
         };
-        let done = self.written.clone();
+        let done = self.disk.clone();
         tokio::task::spawn_blocking(move || {
             let shards = unpanicked(|| {
                 let checkpoint = dir

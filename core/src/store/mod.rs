@@ -183,6 +183,31 @@ pub trait ParamStore<V: Value>: Clone + Debug {
     }
 }
 
+/// A row as the ordered layouts walk theirs: its key, values and update-rule state.
+type Row<'a, V> = (Key, &'a [V], &'a [V]);
+
+/// Whether two walks of rows in key order hold the same keys with the same bits (the callers
+/// checked that both hold as many).
+fn same_rows_by_bits<'a, 'b, V: Value>(
+    a: impl Iterator<Item = Row<'a, V>>,
+    b: impl Iterator<Item = Row<'b, V>>,
+) -> bool {
+    let same = |x: &[V], y: &[V]| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+    a.zip(b)
+        .all(|((k, r, s), (ok, or, os))| k == ok && same(r, or) && same(s, os))
+}
+
+/// Feeds every row of a walk in key order, key and bits, into `state`.
+fn hash_rows<'a, V: Value, H: Hasher>(rows: impl Iterator<Item = Row<'a, V>>, state: &mut H) {
+    use core::hash::Hash;
+    for (k, row, aux) in rows {
+        k.hash(state);
+        for v in row.iter().chain(aux) {
+            v.to_bits().hash(state);
+        }
+    }
+}
+
 /// Writes `rows` over `store`'s one row at a time.
 fn load_row_by_row<V: Value, S: ParamStore<V>>(store: &mut S, rows: &SharedRows<V>) {
     let (width, row_aux) = (rows.width(), rows.width() * rows.aux_width());

@@ -553,14 +553,10 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
 
 impl<V: Value> PartialEq for OrderedStore<V> {
     fn eq(&self, other: &Self) -> bool {
-        let same_bits = |a: &[V], b: &[V]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
         self.width == other.width
             && self.aux_width == other.aux_width
             && self.len == other.len
-            && self
-                .rows()
-                .zip(other.rows())
-                .all(|((k, r, a), (ok, or, oa))| k == ok && same_bits(r, or) && same_bits(a, oa))
+            && super::same_rows_by_bits(self.rows(), other.rows())
     }
 }
 
@@ -569,11 +565,6 @@ impl<V: Value> Eq for OrderedStore<V> {}
 impl<V: Value> Hash for OrderedStore<V> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.width.hash(state);
-        for (k, row, aux) in self.rows() {
-            k.hash(state);
-            for v in row.iter().chain(aux) {
-                v.to_bits().hash(state);
-            }
-        }
+        super::hash_rows(self.rows(), state);
     }
 }

@@ -241,14 +241,10 @@ impl<V: Value> SharedRows<V> {
 
 impl<V: Value> PartialEq for SharedRows<V> {
     fn eq(&self, other: &Self) -> bool {
-        let same_bits = |a: &[V], b: &[V]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
         self.width == other.width
             && self.aux_width == other.aux_width
             && self.len() == other.len()
-            && self
-                .rows()
-                .zip(other.rows())
-                .all(|((k, r, a), (ok, or, oa))| k == ok && same_bits(r, or) && same_bits(a, oa))
+            && super::same_rows_by_bits(self.rows(), other.rows())
     }
 }
 
@@ -258,11 +254,6 @@ impl<V: Value> Hash for SharedRows<V> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.width.hash(state);
         self.aux_width.hash(state);
-        for (k, row, aux) in self.rows() {
-            k.hash(state);
-            for v in row.iter().chain(aux) {
-                v.to_bits().hash(state);
-            }
-        }
+        super::hash_rows(self.rows(), state);
     }
 }

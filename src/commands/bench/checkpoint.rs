@@ -126,35 +126,32 @@ async fn write_model(
         ))
         .into());
     }
-    for (name, value, unit) in [
-        (
-            "checkpoint.model.bytes",
-            bytes as f64 / f64::from(1 << 20),
-            "MiB",
-        ),
-        ("checkpoint.write.secs", secs, "s"),
-        ("checkpoint.write.first.secs", first, "s"),
-        ("checkpoint.cp.secs", cp, "s"),
-        ("checkpoint.cp_and_flush.secs", cp_synced, "s"),
-        ("checkpoint.write_vs_cp", secs / cp.max(1e-9), "x"),
-        (
-            "checkpoint.write_vs_cp_and_flush",
-            secs / cp_synced.max(1e-9),
-            "x",
-        ),
-        (
-            "checkpoint.write_first_vs_cp_and_flush",
-            first / cp_synced.max(1e-9),
-            "x",
-        ),
-        ("checkpoint.restore.secs", restore, "s"),
-    ] {
-        emit(Measure {
-            name: name.into(),
-            value,
-            unit,
-        });
-    }
+    emit_each(
+        emit,
+        &[
+            (
+                "checkpoint.model.bytes",
+                bytes as f64 / f64::from(1 << 20),
+                "MiB",
+            ),
+            ("checkpoint.write.secs", secs, "s"),
+            ("checkpoint.write.first.secs", first, "s"),
+            ("checkpoint.cp.secs", cp, "s"),
+            ("checkpoint.cp_and_flush.secs", cp_synced, "s"),
+            ("checkpoint.write_vs_cp", secs / cp.max(1e-9), "x"),
+            (
+                "checkpoint.write_vs_cp_and_flush",
+                secs / cp_synced.max(1e-9),
+                "x",
+            ),
+            (
+                "checkpoint.write_first_vs_cp_and_flush",
+                first / cp_synced.max(1e-9),
+                "x",
+            ),
+            ("checkpoint.restore.secs", restore, "s"),
+        ],
+    );
     Ok(())
 }
 
@@ -228,16 +225,24 @@ async fn training(
         }
     }
     let (without, with) = (median(without), median(with));
-    for (name, value, unit) in [
-        ("checkpoint.train.without.secs", without, "s"),
-        ("checkpoint.train.every_epoch.secs", with, "s"),
-        ("checkpoint.train.slowdown", with / without.max(1e-9), "x"),
-    ] {
+    emit_each(
+        emit,
+        &[
+            ("checkpoint.train.without.secs", without, "s"),
+            ("checkpoint.train.every_epoch.secs", with, "s"),
+            ("checkpoint.train.slowdown", with / without.max(1e-9), "x"),
+        ],
+    );
+    Ok(())
+}
+
+/// Emits each `(name, value, unit)`.
+fn emit_each(emit: &mut impl FnMut(Measure), measures: &[(&str, f64, &'static str)]) {
+    for &(name, value, unit) in measures {
         emit(Measure {
             name: name.into(),
             value,
             unit,
         });
     }
-    Ok(())
 }
