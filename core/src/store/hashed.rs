@@ -10,7 +10,7 @@ use core::hash::{BuildHasherDefault, Hash, Hasher};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use super::{ParamStore, RowVisitor, RowsUpdate, RunVisitor};
+use super::{ParamStore, RowVisitor, RowsUpdate, RunVisitor, SharedRows};
 use crate::hash::KeyHasher;
 use crate::key::{Key, KeyRange};
 use crate::value::Value;
@@ -273,6 +273,18 @@ impl<V: Value> HashedStore<V> {
         let direct = (start..end.max(start))
             .filter(|&k| self.is_present(k))
             .map(|k| (self.base + k as Key, At::Direct(k)));
+        let (below, above) = self.hashed_in(range);
+        let at = |&slot: &usize| (self.keys[slot], At::Hashed(slot));
+        below
+            .iter()
+            .map(at)
+            .chain(direct)
+            .chain(above.iter().map(at))
+    }
+
+    /// The slots of the hashed rows in `range` by increasing key: those below the direct
+    /// part, and those above it.
+    fn hashed_in(&self, range: KeyRange) -> (&[usize], &[usize]) {
         let sorted = self.sorted.get_or_init(|| {
             let mut order: Vec<usize> = (0..self.keys.len()).collect();
             order.sort_unstable_by_key(|&slot| self.keys[slot]);
@@ -281,13 +293,57 @@ impl<V: Value> HashedStore<V> {
         let from = sorted.partition_point(|&s| self.keys[s] < range.start());
         let to = sorted.partition_point(|&s| self.keys[s] < range.end());
         let hashed = &sorted[from..to.max(from)];
-        let below = hashed.partition_point(|&s| self.keys[s] < self.base);
-        let at = |&slot: &usize| (self.keys[slot], At::Hashed(slot));
-        hashed[..below]
-            .iter()
-            .map(at)
-            .chain(direct)
-            .chain(hashed[below..].iter().map(at))
+        hashed.split_at(hashed.partition_point(|&s| self.keys[s] < self.base))
+    }
+
+    /// The hashed rows of `slots` as one run, values and state apart.
+    fn copy_hashed(&self, slots: &[usize]) -> (Vec<Key>, Vec<V>, Vec<V>) {
+        let (width, stride) = (self.width, self.stride());
+        let mut keys = Vec::with_capacity(slots.len());
+        let mut values = Vec::with_capacity(slots.len() * width);
+        let mut aux = Vec::with_capacity(slots.len() * (stride - width));
+        for &slot in slots {
+            keys.push(self.keys[slot]);
+            let row = &self.rows[slot * stride..(slot + 1) * stride];
+            values.extend_from_slice(&row[..width]);
+            aux.extend_from_slice(&row[width..]);
+        }
+        (keys, values, aux)
+    }
+
+    /// The direct part's rows of keys `base + start..base + end` as one run, values and state
+    /// apart: the bits of present keys read a word at a time, and nothing allocated beyond
+    /// what the rows take.
+    fn copy_direct(&self, start: usize, end: usize) -> (Vec<Key>, Vec<V>, Vec<V>) {
+        let (width, stride) = (self.width, self.stride());
+        let words = start / 64..end.div_ceil(64);
+        // The bits of word `w` that lie in `start..end`.
+        let masked = |w: usize| {
+            let mut bits = self.present[w];
+            if w == start / 64 {
+                bits &= u64::MAX << (start % 64);
+            }
+            if w == (end - 1) / 64 && end % 64 != 0 {
+                bits &= u64::MAX >> (64 - end % 64);
+            }
+            bits
+        };
+        let rows: usize = words.clone().map(|w| masked(w).count_ones() as usize).sum();
+        let mut keys = Vec::with_capacity(rows);
+        let mut values = Vec::with_capacity(rows * width);
+        let mut aux = Vec::with_capacity(rows * (stride - width));
+        for w in words {
+            let mut bits = masked(w);
+            while bits != 0 {
+                let k = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                keys.push(self.base + k as Key);
+                let row = &self.direct[k * stride..(k + 1) * stride];
+                values.extend_from_slice(&row[..width]);
+                aux.extend_from_slice(&row[width..]);
+            }
+        }
+        (keys, values, aux)
     }
 }
 
@@ -385,6 +441,33 @@ impl<V: Value> ParamStore<V> for HashedStore<V> {
         for (key, at) in self.in_order(range) {
             f(key, self.row(at), self.aux_row(at));
         }
+    }
+
+    /// A copy (a checkpoint's writer reads it on another thread while the store goes on),
+    /// taken a word of presence bits at a time: the server takes it while every worker waits
+    /// at the cut.
+    fn shared_rows_in(&self, range: KeyRange, width: usize, aux_width: usize) -> SharedRows<V> {
+        debug_assert_eq!(
+            (width, aux_width),
+            (self.width, self.aux_width),
+            "another shape"
+        );
+        let mut shared = SharedRows::new(width, aux_width);
+        if (width, aux_width) != (self.width, self.aux_width) {
+            return shared;
+        }
+        let within = |key: Key| key.saturating_sub(self.base).min(self.direct_keys as Key) as usize;
+        let (start, end) = (within(range.start()), within(range.end()));
+        let (below, above) = self.hashed_in(range);
+        let (keys, values, aux) = self.copy_hashed(below);
+        shared.push_owned(keys, values, aux);
+        if start < end {
+            let (keys, values, aux) = self.copy_direct(start, end);
+            shared.push_owned(keys, values, aux);
+        }
+        let (keys, values, aux) = self.copy_hashed(above);
+        shared.push_owned(keys, values, aux);
+        shared
     }
 
     fn empty(&self) -> Self {

@@ -151,9 +151,9 @@ enum Step {
     Split(Key, bool),
     /// Reads every row in key order, as a range pull does between pushes.
     Read,
-    /// Takes every row for a checkpoint, which must keep them as they are now whatever is
-    /// written after.
-    Share,
+    /// Takes the rows of a range (every row when `None`) for a checkpoint, which must keep
+    /// them as they are now whatever is written after.
+    Share(Option<(Key, Key)>),
 }
 
 fn step() -> impl proptest::strategy::Strategy<Value = Step> {
@@ -176,7 +176,7 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
         1 => key.clone().prop_map(Step::Touch),
         1 => (key, proptest::bool::ANY).prop_map(|(k, high)| Step::Split(k, high)),
         1 => proptest::strategy::Just(Step::Read),
-        1 => proptest::strategy::Just(Step::Share),
+        1 => proptest::option::of((0u64..40_000, 0u64..40_000)).prop_map(Step::Share),
     ]
 }
 
@@ -271,7 +271,17 @@ fn agrees_with_an_ordered_map<S: ParamStore<i64> + PartialEq + Hash>(
                 store.for_each_in(KeyRange::FULL, &mut |k, _| keys.push(k));
                 proptest::prop_assert!(keys.iter().copied().eq(model.keys().copied()));
             }
-            Step::Share => shares.push((store.shared_rows_in(KeyRange::FULL, 2, 1), model.clone())),
+            Step::Share(bounds) => {
+                // Ends anywhere in a word of the direct part's presence bits, or past it.
+                let range = bounds.map_or(KeyRange::FULL, |(a, b)| {
+                    KeyRange::new(a.min(b), a.max(b) + 1).unwrap()
+                });
+                let then: Model = model
+                    .range(range.start()..range.end())
+                    .map(|(&k, &row)| (k, row))
+                    .collect();
+                shares.push((store.shared_rows_in(range, 2, 1), then));
+            }
         }
         proptest::prop_assert_eq!(store.len(), model.len());
     }
