@@ -970,6 +970,12 @@ fn bench_checkpoint_measures_a_checkpoint_next_to_cp_and_training_next_to_none()
         );
     }
     assert!(value("checkpoint.restore.secs") > 0.0, "{text}");
+    // The workers are held until the server took its copy, part of the time to write it.
+    let held = value("checkpoint.workers_held.secs");
+    assert!(
+        held > 0.0 && held <= value("checkpoint.write.secs"),
+        "{text}"
+    );
 }
 
 #[test]

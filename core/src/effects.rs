@@ -201,6 +201,12 @@ pub enum Event<V: Value> {
         /// the store: dropped before the workers go on, they cost no copy.
         shards: Vec<ShardCopy<V>>,
     },
+    /// Every server on the ring took its copy of the shards as of `cut` (coordinator only):
+    /// the workers go on while the copies are written.
+    CheckpointTaken {
+        /// The cut.
+        cut: Iteration,
+    },
     /// Every server on the ring wrote its shards as of `cut` (coordinator only): a job
     /// restarted whole may resume from it.
     CheckpointComplete {

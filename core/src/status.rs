@@ -154,6 +154,13 @@ impl fmt::Display for ClusterStatus {
                 c.complete, c.every
             )?,
         }
+        if self.checkpoints.writing() {
+            writeln!(
+                f,
+                "writing checkpoint before iteration {}",
+                self.checkpoints.taken
+            )?;
+        }
         write!(
             f,
             "degraded {}",

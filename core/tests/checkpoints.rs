@@ -1,8 +1,9 @@
 //! Whole-job checkpoints (ARCHITECTURE.md §11), on whole clusters of drivers exchanging frames
 //! on a queue with virtual time, each server's "disk" a map the test keeps: workers wait at a
-//! cut until every server wrote its shards; a job restarted whole resumes from the newest cut
-//! every server holds, with the values it had there; a checkpoint written under another ring
-//! is refused.
+//! cut until every server took its copy, and go on while the copies are written; the cut is
+//! complete once every server wrote it, and never if a server's ranges changed in between; a
+//! job restarted whole resumes from the newest cut every server holds, with the values it had
+//! there; a checkpoint written under another ring is refused.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -16,7 +17,12 @@ const EVERY: Iteration = 2;
 /// Two servers with one replica and two workers, summing pushes; a checkpoint every
 /// [`EVERY`] iterations.
 fn job() -> JobSpec {
-    let mut job = JobSpec::new(2, 2);
+    job_of(2)
+}
+
+/// [`job`] with `servers` servers.
+fn job_of(servers: usize) -> JobSpec {
+    let mut job = JobSpec::new(servers, 2);
     job.ring = RingConfig {
         vnodes: 4,
         replicas: 1,
@@ -146,6 +152,51 @@ impl Cluster {
         }
     }
 
+    /// The shards `server` was last handed, written to its disk now.
+    fn write_due(&mut self, server: NodeId) -> Iteration {
+        let (cut, shards) = self.events[&server]
+            .iter()
+            .rev()
+            .find_map(|e| match e {
+                Event::CheckpointDue { cut, shards } => Some((*cut, shards.clone())),
+                _ => None,
+            })
+            .expect("shards were handed out");
+        self.disks.entry(server).or_default().insert(cut, shards);
+        let now = self.now;
+        self.driver(server).checkpoint_written(now, cut).unwrap();
+        self.collect();
+        cut
+    }
+
+    /// The cuts `server` was handed its shards of, in order.
+    fn handed(&self, server: NodeId) -> Vec<Iteration> {
+        self.events.get(&server).map_or_else(Vec::new, |events| {
+            events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::CheckpointDue { cut, .. } => Some(*cut),
+                    _ => None,
+                })
+                .collect()
+        })
+    }
+
+    /// What `pserver status` prints of the coordinator.
+    fn status(&self) -> String {
+        let coordinator = self.nodes[&self.job.layout().coordinator()].node();
+        coordinator.as_coordinator().unwrap().status().to_string()
+    }
+
+    /// The checkpoints the coordinator's configuration records.
+    fn recorded(&self) -> wire::Checkpoints {
+        self.nodes[&self.job.layout().coordinator()]
+            .node()
+            .config()
+            .map(|k| k.checkpoints)
+            .unwrap_or_default()
+    }
+
     fn said(&self, node: NodeId, what: impl Fn(&Event<i64>) -> bool) -> bool {
         self.events.get(&node).is_some_and(|e| e.iter().any(what))
     }
@@ -229,96 +280,223 @@ fn total(iterations: Iteration) -> i64 {
     2 * (1..=i64::from(iterations)).sum::<i64>()
 }
 
+/// The ranges `server` holds, primary and replica alike.
+fn held(c: &Cluster, server: NodeId) -> Vec<KeyRange> {
+    let server = c.nodes[&server].node().as_server().unwrap();
+    server.shards().map(|(range, _)| range).collect()
+}
+
+/// Every value in `shards`.
+fn rows_of(shards: &[ShardCopy<i64>]) -> Vec<i64> {
+    let mut rows = Vec::new();
+    for t in shards {
+        t.rows
+            .for_each_run(&mut |_, values, _| rows.extend_from_slice(values));
+    }
+    rows
+}
+
+/// Workers wait before a cut until every server took its copy, and go on while the copies are
+/// written; the copies keep the values of the cut whatever is pushed after; the cut is
+/// recorded complete once every server wrote its copy; a server takes the next cut only once
+/// its last copy is written, so the workers wait for a disk slower than their iterations.
 #[test]
-fn workers_wait_at_a_cut_until_every_server_wrote_its_shards() {
+fn workers_go_on_once_every_server_took_its_copy_and_the_cut_is_complete_once_written() {
     let mut c = Cluster::start(job(), BTreeMap::new(), &[]);
     c.ready();
     c.writing = false;
     c.iterate(1);
     assert!(c.reach(1), "iteration 1 is no cut: the workers enter it");
-    c.iterate(2);
+    for w in c.workers() {
+        let kvs = KvPairs::new(keys(), vec![2; keys().len()], 1).unwrap();
+        let now = c.now;
+        c.driver(w).push(now, kvs).unwrap();
+    }
+    c.collect();
+    // The pushes of iteration 1 are in, and the workers have not asked to leave it: nobody
+    // copies anything.
+    c.run_until(10 * SECOND, |_| false);
     let servers = c.servers();
-    let handed = c.run_until(30 * SECOND, |c| {
-        servers.iter().all(|&s| {
-            c.said(
-                s,
-                |e| matches!(e, Event::CheckpointDue { cut, .. } if *cut == EVERY),
-            )
-        })
-    });
-    assert!(handed, "every server is handed its shards of cut {EVERY}");
-    // Whatever time passes, nobody enters the cut while the shards are not written.
+    assert!(servers.iter().all(|&s| c.handed(s).is_empty()));
+    for w in c.workers() {
+        let now = c.now;
+        c.driver(w).advance(now).unwrap();
+    }
+    c.collect();
+    assert!(
+        c.reach(EVERY),
+        "once every server took its copy, the workers go on"
+    );
+    for &s in &servers {
+        assert_eq!(c.handed(s), [EVERY], "{s} took its copy of the cut");
+        assert!(
+            !c.nodes[&s].is_idle(),
+            "{s} is not done while its copy is unwritten"
+        );
+    }
+    let recorded = c.recorded();
+    assert_eq!((recorded.taken, recorded.complete), (EVERY, 0));
+    assert!(c.said(NodeId(0), |e| matches!(
+        e,
+        Event::CheckpointTaken { cut: EVERY }
+    )));
+    let status = c.status();
+    assert!(
+        status.contains("checkpoint none yet, every 2\n"),
+        "{status}"
+    );
+    assert!(
+        status.contains("writing checkpoint before iteration 2\n"),
+        "{status}"
+    );
+    // Iteration 2 pushed into the stores: the copies still hold the values of the cut.
+    c.iterate(3);
+    assert!(c.reach(EVERY + 1));
+    for &s in &servers {
+        let rows = c.events[&s]
+            .iter()
+            .find_map(|e| match e {
+                Event::CheckpointDue { shards, .. } => Some(rows_of(shards)),
+                _ => None,
+            })
+            .unwrap_or_default();
+        assert!(!rows.is_empty(), "{s} holds keys");
+        assert!(rows.iter().all(|&v| v == total(2)), "{s} copied {rows:?}");
+    }
+    // Iteration 3 done: the next cut waits for the copies of the last to be written.
+    c.iterate(4);
     c.run_until(10 * SECOND, |_| false);
     for w in c.workers() {
-        assert_eq!(c.iteration(w), 1, "{w} waits before the cut");
+        assert_eq!(
+            c.iteration(w),
+            2 * EVERY - 1,
+            "{w} waits before the next cut"
+        );
         let kvs = KvPairs::new(keys(), vec![1; keys().len()], 1).unwrap();
         let now = c.now;
         assert!(
             matches!(
                 c.driver(w).push(now, kvs),
-                Err(DriverError::Worker(WorkerError::AtCheckpoint {
-                    cut: EVERY
-                }))
+                Err(DriverError::Worker(WorkerError::AtCheckpoint { cut: 4 }))
             ),
             "a push while {w} waits at the cut is refused"
         );
     }
-    // Each server's shards, primary and replica alike, hold both iterations' pushes.
-    for s in &servers {
-        let event = c.events[s].iter().find_map(|e| match e {
-            Event::CheckpointDue { shards, .. } => Some(shards.clone()),
-            _ => None,
-        });
-        let shards = event.unwrap();
-        let mut rows: Vec<i64> = Vec::new();
-        for t in &shards {
-            t.rows
-                .for_each_run(&mut |_, values, _| rows.extend_from_slice(values));
-        }
-        assert!(!rows.is_empty(), "{s} holds keys");
-        assert!(rows.iter().all(|&v| v == total(2)), "{s} wrote {rows:?}");
-        // With the workers' clocks on each range: both finished every iteration below the cut.
-        for t in &shards {
-            let workers: Vec<NodeId> = t.clocks.iter().map(|c| c.worker).collect();
-            assert_eq!(workers, c.workers(), "{s}'s copy of {}", t.range);
-            let reached = t.clocks.iter().flat_map(|c| &c.segments);
-            assert!(
-                reached.clone().all(|&(_, at)| at >= EVERY),
-                "{s}: {:?}",
-                t.clocks
-            );
-        }
-    }
-    let now = c.now;
+    assert!(servers.iter().all(|&s| c.handed(s) == [EVERY]));
     let first = servers[0];
-    c.driver(first).checkpoint_written(now, EVERY).unwrap();
-    c.collect();
+    assert_eq!(c.write_due(first), EVERY);
     c.run_until(10 * SECOND, |_| false);
     assert_eq!(
-        c.iteration(c.workers()[0]),
-        1,
-        "one server's shards are not the ring's"
+        c.handed(first),
+        [EVERY, 2 * EVERY],
+        "written, it takes the next"
     );
+    assert!(
+        c.workers().iter().all(|&w| c.iteration(w) == 2 * EVERY - 1),
+        "one server's copy is not the ring's"
+    );
+    let recorded = c.recorded();
+    assert_eq!(
+        (recorded.taken, recorded.complete),
+        (EVERY, 0),
+        "one server's write is not the ring's"
+    );
+    assert!(!c.said(NodeId(0), |e| matches!(e, Event::CheckpointComplete { .. })));
     let second = servers[1];
-    let now = c.now;
-    c.driver(second).checkpoint_written(now, EVERY).unwrap();
-    c.collect();
-    assert!(c.reach(EVERY), "once both wrote, the workers go on");
+    assert_eq!(c.write_due(second), EVERY);
+    assert!(
+        c.reach(2 * EVERY),
+        "both wrote the first cut and took the second"
+    );
     assert!(c.said(NodeId(0), |e| matches!(
         e,
         Event::CheckpointComplete { cut: EVERY }
     )));
-    assert_eq!(
-        c.nodes[&NodeId(0)]
+    let recorded = c.recorded();
+    assert_eq!((recorded.taken, recorded.complete), (2 * EVERY, EVERY));
+    let status = c.status();
+    assert!(
+        status.contains("checkpoint before iteration 2, every 2\n")
+            && status.contains("writing checkpoint before iteration 4\n"),
+        "{status}"
+    );
+    for &s in &servers {
+        let rows = rows_of(&c.disks[&s][&EVERY]);
+        assert!(rows.iter().all(|&v| v == total(2)), "{s} wrote {rows:?}");
+        assert_eq!(c.write_due(s), 2 * EVERY);
+        assert!(c.nodes[&s].is_idle(), "{s} wrote everything it took");
+        let now = c.now;
+        assert!(matches!(
+            c.driver(s).checkpoint_written(now, 2 * EVERY),
+            Err(node::CheckpointError::NotDue { cut: 4 })
+        ));
+    }
+    c.run_until(10 * SECOND, |_| false);
+    assert_eq!(c.recorded().complete, 2 * EVERY);
+    assert!(!c.status().contains("writing"), "{}", c.status());
+    for &s in &servers {
+        let rows = rows_of(&c.disks[&s][&(2 * EVERY)]);
+        assert!(rows.iter().all(|&v| v == total(4)), "{s} wrote {rows:?}");
+    }
+}
+
+/// A server whose ranges change after it took its copy of a cut (here, one of three servers
+/// leaves and the other two take its ranges) does not say it wrote the cut: the copy is of
+/// the ranges it held then, which a restart on the new ring could not load, and its store
+/// has moved past the cut, so the cut is never recorded complete. The next cut is taken and
+/// completed on the new ring.
+#[test]
+fn a_cut_whose_ring_changed_before_it_was_written_is_never_complete() {
+    let mut c = Cluster::start(job_of(3), BTreeMap::new(), &[]);
+    c.ready();
+    c.writing = false;
+    for i in 0..EVERY {
+        c.iterate(i64::from(i) + 1);
+        assert!(c.reach(i + 1));
+    }
+    assert_eq!(c.recorded().taken, EVERY);
+    let servers = c.servers();
+    let (leaver, ring) = (servers[2], vec![servers[0], servers[1]]);
+    let held_before: Vec<Vec<KeyRange>> = ring.iter().map(|&s| held(&c, s)).collect();
+    c.driver(leaver).leave().unwrap();
+    c.collect();
+    let on_new_ring = |c: &Cluster, id: NodeId| {
+        c.nodes[&id]
             .node()
             .config()
-            .map(|k| k.checkpoints.complete),
-        Some(EVERY)
+            .is_some_and(|k| k.servers == ring && !k.is_changing())
+    };
+    let coordinator = c.job.layout().coordinator();
+    let left = c.run_until(60 * SECOND, |c| {
+        on_new_ring(c, coordinator) && ring.iter().all(|&s| on_new_ring(c, s))
+    });
+    assert!(left, "{leaver} leaves the ring");
+    for (&s, before) in ring.iter().zip(&held_before) {
+        assert_ne!(held(&c, s), *before, "{s} took ranges of {leaver}");
+        assert_eq!(c.write_due(s), EVERY);
+    }
+    c.run_until(10 * SECOND, |_| false);
+    assert_eq!(
+        c.recorded().complete,
+        0,
+        "the copies are of the ranges held before"
     );
-    assert!(matches!(
-        c.driver(first).checkpoint_written(now, EVERY),
-        Err(node::CheckpointError::NotDue { cut: EVERY })
-    ));
+    for i in EVERY..2 * EVERY {
+        c.iterate(i64::from(i) + 1);
+        assert!(c.reach(i + 1), "the next cut is taken on the new ring");
+    }
+    for &s in &ring {
+        assert_eq!(c.handed(s), [EVERY, 2 * EVERY]);
+        assert_eq!(c.write_due(s), 2 * EVERY);
+    }
+    c.run_until(10 * SECOND, |_| false);
+    let recorded = c.recorded();
+    assert_eq!((recorded.taken, recorded.complete), (2 * EVERY, 2 * EVERY));
+    for &s in &ring {
+        let rows = rows_of(&c.disks[&s][&(2 * EVERY)]);
+        assert_eq!(rows.len(), keys().len(), "{s} holds every key");
+        assert!(rows.iter().all(|&v| v == total(4)), "{s} wrote {rows:?}");
+    }
 }
 
 #[test]

@@ -156,6 +156,7 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                     leaving,
                     checkpoints: pserver_core::wire::Checkpoints {
                         every: (epoch % 5) as u32,
+                        taken: (epoch as u32).wrapping_mul(11),
                         complete: (epoch as u32).wrapping_mul(7),
                     },
                 })
@@ -207,6 +208,7 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
                 .collect(),
         }),
         any::<u32>().prop_map(|cut| Message::Checkpointed { cut }),
+        any::<u32>().prop_map(|cut| Message::CheckpointTaken { cut }),
         config,
         Just(Message::ConfigRequest),
         (

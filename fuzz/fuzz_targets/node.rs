@@ -308,6 +308,7 @@ fn message(body: Body) -> Message<i64> {
                 // wait at a cut, and a first configuration may resume from one.
                 checkpoints: Checkpoints {
                     every: u32::from(pace.1 % 4),
+                    taken: u32::from(epoch / 4) * 2,
                     complete: u32::from(epoch / 8) * 2,
                 },
                 // The worker under test may be told to skip ahead, the bound may move, and a

@@ -334,6 +334,28 @@ fn start_writeback(file: &File, offset: u64, len: u64) {
 #[cfg(not(target_os = "linux"))]
 fn start_writeback(_file: &File, _offset: u64, _len: u64) {}
 
+/// Lowers the calling thread's CPU priority (nice 10), for a thread that writes checkpoints:
+/// on a machine whose cores training keeps busy, the write takes the time they leave rather
+/// than a share of theirs. The next cut waits for it if it has not finished by then.
+#[cfg(target_os = "linux")]
+pub(crate) fn in_background() {
+    // SAFETY: gettid and setpriority read and write no memory of this process; the thread id
+    // is this thread's own.
+    let _ = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, BACKGROUND_NICE)
+    };
+}
+
+/// Elsewhere the writer runs at the process's priority.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn in_background() {}
+
+/// The nice value of a thread that writes checkpoints: about a tenth of the CPU share of a
+/// thread at the default 0 when both want a core.
+#[cfg(target_os = "linux")]
+const BACKGROUND_NICE: libc::c_int = 10;
+
 /// A writer that counts and checksums what goes through it.
 struct Summed<'a, W: Write> {
     out: &'a mut W,

@@ -910,11 +910,20 @@ where
             }
             Event::WorkerLeft(node) => info!(node = %node, "worker left the job"),
             Event::CheckpointDue { cut, shards } => self.write_checkpoint(cut, shards),
+            Event::CheckpointTaken { cut } => {
+                debug!(
+                    cut,
+                    "checkpoint {cut} taken: every server copied its shards, the workers go on"
+                );
+            }
             Event::CheckpointComplete { cut } => {
                 info!(
                     cut,
                     "checkpoint {cut} complete: every server wrote its shards"
                 );
+                // At once rather than at the next housekeeping: whoever waits for the
+                // checkpoint hears of it when it is recorded.
+                self.publish_metrics();
             }
             Event::Restore { cut } => self.restore(cut),
             Event::JobFinished { epoch } => {
@@ -1020,8 +1029,8 @@ where
         Ok(())
     }
 
-    /// Writes a server's shards of `cut` on a blocking thread: the loop goes on answering
-    /// heartbeats while the disk works.
+    /// Writes a server's shards of `cut` on a thread of its own at a low priority: the loop
+    /// goes on answering heartbeats, and the workers training, while the disk works.
     fn write_checkpoint(&mut self, cut: Iteration, shards: Vec<ShardCopy<V>>) {
         let Some(dir) = self.checkpoints.clone() else {
             self.stalled = Some(RuntimeError::Checkpoint(format!(
@@ -1031,7 +1040,10 @@ where
             return;
         };
         let done = self.disk.clone();
-        tokio::task::spawn_blocking(move || {
+        let failed = self.disk.clone();
+        let writer = std::thread::Builder::new().name("checkpoint-writer".into());
+        let spawned = writer.spawn(move || {
+            crate::checkpoint::in_background();
             let result = unpanicked(|| {
                 let began = std::time::Instant::now();
                 let shown = |e: io::Error| format!("{}: {e}", dir.path().display());
@@ -1050,6 +1062,10 @@ where
             });
             let _ = done.send(DiskDone::Written(cut, result));
         });
+        if let Err(e) = spawned {
+            let why = format!("cannot start a thread to write it: {e}");
+            let _ = failed.send(DiskDone::Written(cut, Err(why)));
+        }
     }
 
     /// A checkpoint written on the blocking thread: the server tells the coordinator, or,

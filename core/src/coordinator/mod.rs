@@ -215,9 +215,12 @@ pub struct Coordinator {
     heard_since_check: BTreeSet<NodeId>,
     /// Before the job starts: per server started to resume, the checkpoints it holds whole.
     offered_cuts: BTreeMap<NodeId, Vec<Iteration>>,
-    /// Per server, the last cut it wrote every shard of, and the epoch it held then
+    /// Per server, the last cut it took a copy of every shard of, and the epoch it held then
+    /// ([`Message::CheckpointTaken`]; a cut written was taken too).
+    cut_taken: BTreeMap<NodeId, (Iteration, Epoch)>,
+    /// Per server, the last cut it wrote, still holding the ranges it copied
     /// ([`Message::Checkpointed`]).
-    checkpointed: BTreeMap<NodeId, (Iteration, Epoch)>,
+    cut_written: BTreeMap<NodeId, Iteration>,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -271,7 +274,8 @@ impl Coordinator {
             cut_off: false,
             heard_since_check: BTreeSet::new(),
             offered_cuts: BTreeMap::new(),
-            checkpointed: BTreeMap::new(),
+            cut_taken: BTreeMap::new(),
+            cut_written: BTreeMap::new(),
             #[cfg(feature = "mutations")]
             mutation: None,
         })
@@ -409,7 +413,7 @@ impl Coordinator {
             checkpoints: config.map_or_else(
                 || Checkpoints {
                     every: self.cfg.checkpoint_every,
-                    complete: 0,
+                    ..Checkpoints::default()
                 },
                 |c| c.checkpoints,
             ),
@@ -616,9 +620,14 @@ impl Coordinator {
                 },
             ),
             Message::Lost(ranges) if self.is_server(from) => self.list_lost(from, ranges, out),
+            Message::CheckpointTaken { cut } if self.is_server(from) => {
+                self.cut_taken.insert(from, (cut, env.epoch));
+                self.record_checkpoint(out);
+            }
             Message::Checkpointed { cut } if self.is_server(from) => {
-                self.checkpointed.insert(from, (cut, env.epoch));
-                self.record_checkpoint_when_complete(out);
+                self.cut_taken.insert(from, (cut, env.epoch));
+                self.cut_written.insert(from, cut);
+                self.record_checkpoint(out);
             }
             // Only at the epoch in force: an older `Leave` may be from an earlier process of
             // a server, delayed past its restart (which always starts a new epoch), and must
@@ -835,9 +844,11 @@ impl Coordinator {
         let workers = of(Role::Worker);
         let shares = ClusterConfig::deal(&workers, self.cfg.stragglers.shares_per_worker());
         let servers = of(Role::Server);
+        let resumed = self.resume_cut(&servers);
         let checkpoints = Checkpoints {
             every: self.cfg.checkpoint_every,
-            complete: self.resume_cut(&servers),
+            taken: resumed,
+            complete: resumed,
         };
         self.config = Some(ClusterConfig {
             epoch: 1,
@@ -882,28 +893,46 @@ impl Coordinator {
         common.and_then(|c| c.last().copied()).unwrap_or(0)
     }
 
-    /// Records the next cut once every server on the ring wrote its shards of it at the
+    /// Records the next cut taken once every server on the ring took its copy of it at the
     /// epoch in force, with no ring change under way: a configuration recording it lets the
-    /// workers go on (ARCHITECTURE.md §11).
-    fn record_checkpoint_when_complete<V: Value>(&mut self, out: &mut Effects<V>) {
+    /// workers go on. Records the last cut taken complete once every server on the ring wrote
+    /// it (ARCHITECTURE.md §11). A server whose ranges changed after it took its copy never
+    /// says it wrote it, and the cut stays incomplete.
+    fn record_checkpoint<V: Value>(&mut self, out: &mut Effects<V>) {
         let Some(config) = self.config.as_ref().filter(|c| !c.is_changing()) else {
             return;
         };
-        let Some(cut) = config.checkpoints.next_cut() else {
-            return;
-        };
-        let all = config
-            .servers
-            .iter()
-            .all(|s| self.checkpointed.get(s) == Some(&(cut, config.epoch)));
-        if !all {
+        let mut next = config.clone();
+        if let Some(cut) = config.checkpoints.next_cut() {
+            let all = config
+                .servers
+                .iter()
+                .all(|s| self.cut_taken.get(s) == Some(&(cut, config.epoch)));
+            if all {
+                next.checkpoints.taken = cut;
+            }
+        }
+        let cut = next.checkpoints.taken;
+        let written = cut > next.checkpoints.complete
+            && config
+                .servers
+                .iter()
+                .all(|s| self.cut_written.get(s) == Some(&cut));
+        if written {
+            next.checkpoints.complete = cut;
+        }
+        if next.checkpoints == config.checkpoints {
             return;
         }
-        let mut next = config.clone();
-        next.checkpoints.complete = cut;
-        self.checkpointed.retain(|_, &mut (c, _)| c > cut);
+        self.cut_taken.retain(|_, &mut (c, _)| c > cut);
+        self.cut_written.retain(|_, &mut c| c >= cut);
+        if cut > config.checkpoints.taken {
+            out.emit(Event::CheckpointTaken { cut });
+        }
         self.publish(next, out);
-        out.emit(Event::CheckpointComplete { cut });
+        if written {
+            out.emit(Event::CheckpointComplete { cut });
+        }
     }
 
     /// The ring of the first configuration: the job's, but where the job gave it no key space,

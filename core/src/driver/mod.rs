@@ -277,9 +277,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
     }
 
     /// True when the node has nothing left to finish and nothing queued to send: a worker with
-    /// no open request whose progress every server acknowledged; any other node always.
+    /// no open request whose progress every server acknowledged; a server with no copy of its
+    /// shards still to be written ([`Event::CheckpointDue`]); a coordinator always.
     pub fn is_idle(&self) -> bool {
-        self.outbox.is_empty() && self.node.as_worker().is_none_or(|w| w.is_idle())
+        self.outbox.is_empty()
+            && match &self.node {
+                Node::Worker(w) => w.is_idle(),
+                Node::Server(s) => !s.writing_checkpoint(),
+                Node::Coordinator(_) => true,
+            }
     }
 
     /// Refused input so far.

@@ -1,15 +1,22 @@
 //! Whole-job checkpoints as a server takes them (ARCHITECTURE.md §11): once every worker has
-//! finished the iterations below the next cut and waits there, the server hands a copy of
-//! every shard it holds to its driver ([`Event::CheckpointDue`]), and once the driver says
-//! they are written, tells the coordinator, with every heartbeat until a configuration
-//! records the cut. A job restarted whole loads the shards of the cut its coordinator chose
-//! ([`Event::Restore`]) before it serves anything.
+//! finished the iterations below the next cut and waits there, the server takes a copy of
+//! every shard it holds (a count on the store's rows, nothing read), hands it to its driver
+//! ([`Event::CheckpointDue`]) and tells the coordinator, which lets the workers go on once
+//! every server has; once the driver says the copy is written, the server tells the
+//! coordinator again, which records the cut complete. Each is said with every heartbeat until
+//! a configuration records it. A job restarted whole loads the shards of the cut its
+//! coordinator chose ([`Event::Restore`]) before it serves anything.
 //!
-//! Nothing is pushed between the cut and its record: every worker waits before it, and every
-//! push of the iterations below it was acknowledged, so by every replica too. The primary and
-//! the replicas of a range therefore write the same rows, and a restart needs no copies: each
-//! server loads the ranges it held, primary and replica alike, and the ring is the same as
-//! long as the servers are.
+//! Nothing is pushed between the cut and its record as taken: every worker waits before it,
+//! and every push of the iterations below it was acknowledged, so by every replica too. The
+//! primary and the replicas of a range therefore copy the same rows, and a restart needs no
+//! copies: each server loads the ranges it held, primary and replica alike, and the ring is
+//! the same as long as the servers are. A copy is of the ranges the server held when it took
+//! it: once the workers have gone on, a server whose ranges changed before its copy was
+//! written does not say it wrote the cut, and the cut is never recorded complete (the next
+//! one is taken as usual). One copy is written at a time: the next cut is taken once the last
+//! is written, so a disk slower than the iterations holds the workers back rather than
+//! queueing copies of the model.
 
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Event};
@@ -33,10 +40,10 @@ pub(super) struct Checkpointing {
     pub(super) offered: Vec<Iteration>,
     /// The cut whose shards the driver is to hand over before the server serves anything.
     pub(super) restoring: Option<Iteration>,
-    /// The cut whose shards went to the driver, not written yet, and their ranges.
-    due: Option<(Iteration, Vec<KeyRange>)>,
-    /// The cut whose shards the driver wrote, and their ranges.
-    written: Option<(Iteration, Vec<KeyRange>)>,
+    /// The last cut whose shards went to the driver, and their ranges.
+    taken: Option<(Iteration, Vec<KeyRange>)>,
+    /// Whether the driver wrote them.
+    written: bool,
 }
 
 /// Why a server did not take a call about checkpoints.
@@ -102,18 +109,21 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         cut: Iteration,
         out: &mut Effects<V>,
     ) -> Result<(), CheckpointError> {
-        match self.checkpointing.due.take() {
-            Some((due, ranges)) if due == cut => {
-                self.checkpointing.written = Some((cut, ranges));
+        match &self.checkpointing.taken {
+            Some((taken, _)) if *taken == cut && !self.checkpointing.written => {
+                self.checkpointing.written = true;
                 self.report_checkpoint(out);
                 self.checkpoint_when_due(now, out);
                 Ok(())
             }
-            other => {
-                self.checkpointing.due = other;
-                Err(CheckpointError::NotDue { cut })
-            }
+            _ => Err(CheckpointError::NotDue { cut }),
         }
+    }
+
+    /// Whether shards handed to the driver ([`Event::CheckpointDue`]) are not written yet: the
+    /// server is not done until they are.
+    pub fn writing_checkpoint(&self) -> bool {
+        self.checkpointing.taken.is_some() && !self.checkpointing.written
     }
 
     /// Loads the shards this server wrote at `cut` ([`Event::Restore`]): every range it holds
@@ -205,7 +215,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
 
     /// Hands every shard to the driver once every worker has finished the iterations below
     /// the next cut (and, in sequential mode, every shard applied them), the ring is not
-    /// changing, and the shards are not written for that cut already.
+    /// changing, the last copy handed out is written, and no copy of the shards held now was
+    /// taken for that cut already.
     pub(super) fn checkpoint_when_due(&mut self, _now: Time, out: &mut Effects<V>) {
         let Some(cluster) = &self.cluster else {
             return;
@@ -215,16 +226,20 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         };
         if !self.is_member()
             || self.checkpointing.restoring.is_some()
+            || self.writing_checkpoint()
             || cluster.config.is_changing()
             || cluster.workers().is_empty()
         {
             return;
         }
-        let of_cut = |c: &Option<(Iteration, Vec<KeyRange>)>| c.as_ref().map(|(c, _)| *c);
-        let handed = [&self.checkpointing.due, &self.checkpointing.written]
-            .into_iter()
-            .any(|c| of_cut(c) == Some(cut));
-        if handed && !self.shards_changed_since(cut) {
+        // Taken under another ring while the workers still wait at the cut: the stores are
+        // still as of the cut, and the copy of the new ranges is taken.
+        if self
+            .checkpointing
+            .taken
+            .as_ref()
+            .is_some_and(|(c, ranges)| *c == cut && *ranges == self.shard_ranges())
+        {
             return;
         }
         let workers_done = cluster
@@ -247,37 +262,32 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 copy
             })
             .collect();
-        self.checkpointing.due = Some((cut, self.shard_ranges()));
-        self.checkpointing.written = None;
+        self.checkpointing.taken = Some((cut, self.shard_ranges()));
+        self.checkpointing.written = false;
         out.emit(Event::CheckpointDue { cut, shards });
+        self.report_checkpoint(out);
     }
 
-    /// Tells the coordinator that the shards of the cut are written, as long as no
-    /// configuration records it and they are the shards this server holds now.
+    /// Tells the coordinator that this server took its copy of the next cut, or wrote the
+    /// copy of the last one taken, as long as no configuration records that and the copy is
+    /// of the shards this server holds now.
     pub(super) fn report_checkpoint(&self, out: &mut Effects<V>) {
-        let (Some(cluster), Some((cut, ranges))) = (&self.cluster, &self.checkpointing.written)
+        let (Some(cluster), Some((cut, ranges))) = (&self.cluster, &self.checkpointing.taken)
         else {
             return;
         };
-        if cluster.config.checkpoints.complete >= *cut || *ranges != self.shard_ranges() {
+        if *ranges != self.shard_ranges() {
             return;
         }
-        self.send(
-            self.coordinator_id(),
-            Message::Checkpointed { cut: *cut },
-            out,
-        );
-    }
-
-    /// Whether the shards handed out for `cut` are not the ones this server holds now: the
-    /// ring changed since.
-    fn shards_changed_since(&self, cut: Iteration) -> bool {
-        let ranges = [&self.checkpointing.due, &self.checkpointing.written]
-            .into_iter()
-            .flatten()
-            .find(|(c, _)| *c == cut)
-            .map(|(_, r)| r);
-        ranges.is_some_and(|r| *r != self.shard_ranges())
+        let recorded = cluster.config.checkpoints;
+        let said = if self.checkpointing.written && recorded.complete < *cut {
+            Message::Checkpointed { cut: *cut }
+        } else if recorded.taken < *cut {
+            Message::CheckpointTaken { cut: *cut }
+        } else {
+            return;
+        };
+        self.send(self.coordinator_id(), said, out);
     }
 
     fn shard_ranges(&self) -> Vec<KeyRange> {

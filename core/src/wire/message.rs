@@ -16,7 +16,7 @@ use crate::value::Value;
 use crate::wire::rows::RowValues;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 16;
+pub const PROTOCOL_VERSION: u16 = 17;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;
@@ -133,14 +133,19 @@ pub struct ClusterConfig {
 }
 
 /// Whole-job checkpoints (ARCHITECTURE.md §11). Before every iteration that is a multiple of
-/// `every` (a *cut*), each worker waits until a configuration records the cut complete; each
-/// server, once every worker has finished the iterations below the cut, hands its shards to
-/// its driver to write ([`crate::Event::CheckpointDue`]) and tells the coordinator, which
-/// records the cut once every server on the ring has.
+/// `every` (a *cut*), each worker waits until a configuration records the cut taken; each
+/// server, once every worker has finished the iterations below the cut, takes a copy of its
+/// shards and hands it to its driver to write ([`crate::Event::CheckpointDue`]), and tells the
+/// coordinator that it took it and, later, that it wrote it. The coordinator records the cut
+/// taken once every server on the ring took its copy (the workers go on while the copies are
+/// written), and complete once every server wrote it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Checkpoints {
     /// Iterations between cuts; 0 takes none.
     pub every: Iteration,
+    /// The last cut every server on the ring took its copy of, 0 for none: the workers have
+    /// gone past it. Never below `complete`.
+    pub taken: Iteration,
     /// The last cut every server on the ring wrote, 0 for none. In a job's first
     /// configuration, the cut the job resumes from: servers load their shards of it, workers
     /// start in its iteration.
@@ -148,14 +153,24 @@ pub struct Checkpoints {
 }
 
 impl Checkpoints {
-    /// The next cut to take: the first multiple of `every` above the last complete one.
-    pub fn next_cut(&self) -> Option<Iteration> {
-        (self.every > 0).then(|| (self.complete / self.every + 1).saturating_mul(self.every))
+    /// The last cut the workers may go past: the last one taken or complete.
+    pub fn passed(&self) -> Iteration {
+        self.taken.max(self.complete)
     }
 
-    /// Whether a worker must wait before entering `iteration`: it is a cut not yet complete.
+    /// The next cut to take: the first multiple of `every` above the last one taken.
+    pub fn next_cut(&self) -> Option<Iteration> {
+        (self.every > 0).then(|| (self.passed() / self.every + 1).saturating_mul(self.every))
+    }
+
+    /// Whether a worker must wait before entering `iteration`: it is a cut not yet taken.
     pub fn waits_before(&self, iteration: Iteration) -> bool {
-        self.every > 0 && iteration > self.complete && iteration % self.every == 0
+        self.every > 0 && iteration > self.passed() && iteration % self.every == 0
+    }
+
+    /// Whether a cut was taken whose copies are still being written.
+    pub fn writing(&self) -> bool {
+        self.taken > self.complete
     }
 }
 
@@ -918,8 +933,16 @@ pub enum Message<V: Value> {
         /// The configuration whose change the server caught up with.
         epoch: Epoch,
     },
-    /// A server wrote every shard it holds at the epoch of the envelope, as of the cut
-    /// ([`Checkpoints`]); repeated with every heartbeat until a configuration records the cut.
+    /// A server took a copy of every shard it holds at the epoch of the envelope, as of the
+    /// cut ([`Checkpoints`]), and hands it to be written; repeated with every heartbeat until
+    /// a configuration records the cut taken.
+    CheckpointTaken {
+        /// The cut.
+        cut: Iteration,
+    },
+    /// A server wrote the copies it took of the cut, and still holds the ranges it took them
+    /// of ([`Checkpoints`]); repeated with every heartbeat until a configuration records the
+    /// cut complete.
     Checkpointed {
         /// The cut.
         cut: Iteration,
@@ -1022,5 +1045,5 @@ pub struct StandbyState {
 
 impl<V: Value> Message<V> {
     /// Number of message kinds this version knows; the wire tags are `0..KINDS`.
-    pub const KINDS: u32 = 33;
+    pub const KINDS: u32 = 34;
 }

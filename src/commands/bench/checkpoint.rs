@@ -6,12 +6,14 @@
 //!   the cut to its completion (the shards taken from the store, encoded, written, flushed to
 //!   the disk, renamed, and the cut recorded by the coordinator), next to `cp` of the file it
 //!   wrote and `cp` followed by a flush of the copy (the checkpoint flushes), on the same
-//!   disk; three rounds of the three, the medians reported. Then the job is started again from the checkpoint, with the default heartbeat
-//!   timeout: the time until the server serves the model again, which must be the model
-//!   written.
+//!   disk; three rounds of the three, the medians reported. Also how long the workers were
+//!   held at the cut: until the server took its copy, not until it was written. Then the job
+//!   is started again from the checkpoint, with the default heartbeat timeout: the time until
+//!   the server serves the model again, which must be the model written.
 //! - Training with a checkpoint after every epoch (`pserver train --checkpoint-dir`'s
-//!   default) next to the same training without, on `bench train`'s generated problem,
-//!   alternating, the median of `--rounds` runs of each.
+//!   default) next to the same training without, on `bench train`'s generated problem, in
+//!   `--rounds` pairs of runs whose order alternates: the median of each's times, and the
+//!   slowdown as the median of the pairs' ratios.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -47,6 +49,9 @@ pub(super) async fn run_checkpoint_bench(
         .map_err(|e| runtime_err(format!("{}: {e}", scratch.display())))?;
     let result = async {
         write_model(mb, &scratch, emit).await?;
+        // The model's files go before training is timed: gigabytes of their pages in the
+        // page cache, and the kernel reclaiming them, would weigh on the runs that write.
+        let _ = std::fs::remove_dir_all(scratch.join("model"));
         training(size, rounds, &scratch, emit).await
     }
     .await;
@@ -85,14 +90,25 @@ async fn write_model(
             .map_err(runtime_err)?,
     );
     let before = worker.pull(probe.clone()).await.map_err(runtime_err)?;
-    // Each round a checkpoint (the workers advance into the next cut), then `cp` of the file
-    // it wrote and `cp` with a flush, side by side: this disk's speed moves between runs.
+    let mut recorded = cluster
+        .metrics_receiver(pserver_core::NodeId(0))
+        .ok_or_else(|| runtime_err("the cluster has no coordinator"))?;
+    // Each round a checkpoint (the workers advance into the next cut, and go on once the
+    // server took its copy; the coordinator records the cut once it is written), then `cp` of
+    // the file it wrote and `cp` with a flush, side by side: this disk's speed moves between
+    // runs.
     let copy = dir.join("copy.bin");
-    let (mut writes, mut cps, mut cps_synced) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut writes, mut pauses, mut cps, mut cps_synced) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut bytes = 0;
     for _ in 0..WRITES {
         let began = Instant::now();
-        worker.advance().await.map_err(runtime_err)?;
+        let cut = worker.advance().await.map_err(runtime_err)?;
+        pauses.push(began.elapsed().as_secs_f64());
+        recorded
+            .wait_for(|m| m.checkpoint >= cut)
+            .await
+            .map_err(|_| runtime_err("the coordinator stopped before the checkpoint"))?;
         writes.push(began.elapsed().as_secs_f64());
         let written = newest_checkpoint(&spec.checkpoints_of(pserver_core::NodeId(1)))?;
         bytes = std::fs::metadata(&written).map_err(runtime_err)?.len();
@@ -107,6 +123,7 @@ async fn write_model(
     }
     cluster.shutdown().await.map_err(runtime_err)?;
     let first = writes[0];
+    let pause = median(pauses);
     let (secs, cp, cp_synced) = (median(writes), median(cps), median(cps_synced));
     // The job started again from the checkpoint, with the default heartbeat timeout: until
     // the server serves the model again.
@@ -135,6 +152,7 @@ async fn write_model(
                 "MiB",
             ),
             ("checkpoint.write.secs", secs, "s"),
+            ("checkpoint.workers_held.secs", pause, "s"),
             ("checkpoint.write.first.secs", first, "s"),
             ("checkpoint.cp.secs", cp, "s"),
             ("checkpoint.cp_and_flush.secs", cp_synced, "s"),
@@ -188,7 +206,9 @@ fn timed(f: impl FnOnce() -> Result<(), BenchError>) -> Result<f64, BenchError> 
 }
 
 /// Training on the generated problem with and without a checkpoint after every epoch, in
-/// alternating rounds: the medians of the wall times and their ratio.
+/// pairs of runs whose order alternates (so that whatever the first run of a pair leaves the
+/// second, such as memory to reclaim or pages to write back, falls on each side alike): the
+/// medians of the wall times, and the median of each pair's ratio.
 async fn training(
     size: TrainSize,
     rounds: usize,
@@ -203,7 +223,12 @@ async fn training(
     };
     let (mut without, mut with) = (Vec::new(), Vec::new());
     for round in 0..rounds {
-        for checkpoints in [false, true] {
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for checkpoints in order {
             let mut cfg = cfg.clone();
             if checkpoints {
                 cfg.checkpoints = Some(dir.join(format!("train-{round}")));
@@ -224,13 +249,14 @@ async fn training(
             if checkpoints { &mut with } else { &mut without }.push(secs);
         }
     }
+    let slowdown = median(with.iter().zip(&without).map(|(a, b)| a / b).collect());
     let (without, with) = (median(without), median(with));
     emit_each(
         emit,
         &[
             ("checkpoint.train.without.secs", without, "s"),
             ("checkpoint.train.every_epoch.secs", with, "s"),
-            ("checkpoint.train.slowdown", with / without.max(1e-9), "x"),
+            ("checkpoint.train.slowdown", slowdown, "x"),
         ],
     );
     Ok(())

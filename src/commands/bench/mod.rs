@@ -94,12 +94,13 @@ enum BenchMode {
     ///
     /// One server holding a model of --mb MiB (FTRL weights and their state; 1 GiB by default)
     /// writes a checkpoint: the time from the workers' advance into the cut until it is
-    /// recorded (taken from the store, encoded, written, flushed, renamed), next to `cp` of the
-    /// same file and `cp` with a flush of the copy, on the same disk (--dir), and the job started
-    /// again from it until the model is served again. Then training on `bench
-    /// train`'s generated problem with a checkpoint after every epoch (the default of `pserver
-    /// train --checkpoint-dir`) next to training without, alternating, medians of --rounds
-    /// runs of each.
+    /// recorded (taken from the store, encoded, written, flushed, renamed), and how long the
+    /// workers were held for it, next to `cp` of the same file and `cp` with a flush of the
+    /// copy, on the same disk (--dir), and the job started again from it until the model is
+    /// served again. Then training on `bench train`'s generated problem with a checkpoint after
+    /// every epoch (the default of `pserver train --checkpoint-dir`) next to training without,
+    /// in --rounds pairs of runs whose order alternates: the slowdown is the median of the
+    /// pairs' ratios.
     Checkpoint(CheckpointBenchArgs),
 }
 
@@ -115,7 +116,8 @@ struct CheckpointBenchArgs {
     /// temporary directory.
     #[arg(long, value_name = "DIR")]
     dir: Option<std::path::PathBuf>,
-    /// Runs of training with and without checkpoints (default 5; 1 with --quick).
+    /// Pairs of training runs, one with checkpoints and one without (default 9; 1 with
+    /// --quick).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=99))]
     rounds: Option<u32>,
 }
@@ -228,7 +230,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<(), CliError> {
             let dir = args.dir.unwrap_or_else(std::env::temp_dir);
             let rounds = args
                 .rounds
-                .map_or(if quick { 1 } else { 5 }, |r| r as usize);
+                .map_or(if quick { 1 } else { 9 }, |r| r as usize);
             let size = train::TrainSize::new(quick, None);
             rt.block_on(checkpoint::run_checkpoint_bench(
                 mb,
