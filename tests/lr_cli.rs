@@ -584,6 +584,53 @@ fn a_file_with_three_classes_is_refused_naming_its_line() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Three classes, each with a feature of its own and a feature of noise: `--positive 2`
+/// trains class 2 against the other two, which its feature tells apart, and a label no row
+/// holds is refused.
+#[test]
+fn positive_trains_one_of_three_classes_against_the_rest_and_refuses_a_label_no_row_holds() {
+    let dir = scratch("positive");
+    let (train, test) = (dir.join("train.svm"), dir.join("test.svm"));
+    let classes = |rows: u64, seed: u64| -> String {
+        (0..rows)
+            .map(|r| {
+                let class = 1 + r % 3;
+                let noise = 4 + (unit(seed ^ r) * 20.0) as u64;
+                format!("{class} {class}:1 {noise}:1\n")
+            })
+            .collect()
+    };
+    std::fs::write(&train, classes(600, 1)).unwrap();
+    std::fs::write(&test, classes(150, 2)).unwrap();
+    let (stdout, _) = run_ok(&[
+        "train",
+        "--data",
+        s(&train),
+        "--test",
+        s(&test),
+        "--positive",
+        "2",
+        "--epochs",
+        "3",
+    ]);
+    let last = *epochs_of(&stdout).last().unwrap();
+    assert!(field(last, "test_auc") > 0.99, "{stdout}");
+    let out = pserver()
+        .args(["train", "--data", s(&train), "--positive", "7"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(
+        stderr.trim().lines().last().unwrap_or_default(),
+        format!(
+            "error: {}: no row is labelled 7, the label --positive names",
+            train.display()
+        )
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_test_set_of_one_class_is_said() {
     let dir = scratch("one-class");

@@ -118,6 +118,16 @@ impl Seconds {
 
 /// A whole number of at least 1, as a `usize`, which clap's ranged parsers do not give: a
 /// batch size, a byte limit, a thread count.
+/// A label as a LIBSVM file writes it (`--positive`): any finite number.
+pub(crate) fn label(s: &str) -> Result<f32, String> {
+    match s.trim().parse::<f32>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        _ => Err(format!(
+            "expected a label as the data writes it (a number), found '{s}'"
+        )),
+    }
+}
+
 pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),

@@ -41,6 +41,25 @@ pub(crate) enum IndexBase {
     One,
 }
 
+/// Which rows are positive examples.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) enum Labels {
+    /// Labels are 1 (or +1) for a positive example, 0 or -1 for a negative one; any other
+    /// label is refused.
+    #[default]
+    Binary,
+    /// Rows labelled this value are positive, every other row negative: one class against
+    /// the rest, of data of several classes or real-valued labels.
+    Positive(f32),
+}
+
+/// How a line is read: its feature indices from 1 or from 0, and its label.
+#[derive(Clone, Copy, Debug)]
+struct Form {
+    one_based: bool,
+    labels: Labels,
+}
+
 /// Where an index 0 was found: the file, line and column.
 pub(crate) type ZeroAt = (String, usize, usize);
 
@@ -613,7 +632,11 @@ pub(crate) fn parse_lines(
     // Every feature has a colon: room for them all at once, where growing by doubling would
     // hold the old and the new array together and leave up to half of the new one unused.
     out.ids.reserve(text.iter().filter(|&&b| b == b':').count());
-    parse_into(&mut out, name, text, one_based, lines_before)?;
+    let form = Form {
+        one_based,
+        labels: Labels::Binary,
+    };
+    parse_into(&mut out, name, text, form, lines_before)?;
     Ok(out)
 }
 
@@ -623,11 +646,11 @@ fn parse_into(
     out: &mut Examples,
     name: &str,
     text: &[u8],
-    one_based: bool,
+    form: Form,
     lines_before: usize,
 ) -> Result<(), DataError> {
     for (n, line) in text.split(|&b| b == b'\n').enumerate() {
-        parse_line(line, out, one_based).map_err(|(column, message)| DataError {
+        parse_line(line, out, form).map_err(|(column, message)| DataError {
             path: name.to_owned(),
             line: lines_before + n + 1,
             column: column + 1,
@@ -711,16 +734,26 @@ fn chunks_of(
     }
 }
 
-/// Reads and parses the file at `path` as [`read`] does, but a few megabytes at a time: the
-/// text is never held whole, so a run's memory is its parsed rows. `base` must be decided
+/// Reads and parses the file at `path` as [`read`] does, but a few megabytes at a time, with
+/// the rows `labels` says positive: the text is never held whole, so a run's memory is its
+/// parsed rows. `base` must be decided
 /// already (`Auto` is read as one-based unless the file holds an index 0, which this reader
 /// cannot know before it ends: decide it first with [`IndexBase::resolve_files`]).
-pub(crate) fn read_streaming(path: &Path, base: IndexBase) -> Result<Examples, DataError> {
-    read_in_chunks(path, base, CHUNK)
+pub(crate) fn read_streaming(
+    path: &Path,
+    base: IndexBase,
+    labels: Labels,
+) -> Result<Examples, DataError> {
+    read_in_chunks(path, base, labels, CHUNK)
 }
 
 /// [`read_streaming`] with `chunk` bytes read at a time.
-fn read_in_chunks(path: &Path, base: IndexBase, chunk: usize) -> Result<Examples, DataError> {
+fn read_in_chunks(
+    path: &Path,
+    base: IndexBase,
+    labels: Labels,
+    chunk: usize,
+) -> Result<Examples, DataError> {
     let name = path.display().to_string();
     let base = match base {
         IndexBase::Auto => IndexBase::Auto.resolve_files([path])?.0,
@@ -735,9 +768,12 @@ fn read_in_chunks(path: &Path, base: IndexBase, chunk: usize) -> Result<Examples
     let gz = path.extension().is_some_and(|e| e == "gz");
     let room = if gz { len.saturating_mul(2) } else { len / 4 }.min(MOST);
     out.ids.reserve(usize::try_from(room).unwrap_or(0));
-    let one_based = base == IndexBase::One;
+    let form = Form {
+        one_based: base == IndexBase::One,
+        labels,
+    };
     chunks_of(path, chunk, |text, lines| {
-        parse_into(&mut out, &name, text, one_based, lines)
+        parse_into(&mut out, &name, text, form, lines)
     })?;
     if out.is_empty() {
         return Err(no_examples(name));
@@ -768,7 +804,8 @@ fn found(token: &[u8]) -> String {
 }
 
 /// Appends the example on `line` (if any) to `out`. Errors carry the 0-based column.
-fn parse_line(line: &[u8], out: &mut Examples, one_based: bool) -> Result<(), LineError> {
+fn parse_line(line: &[u8], out: &mut Examples, form: Form) -> Result<(), LineError> {
+    let one_based = form.one_based;
     let line = match line.iter().position(|&b| b == b'#') {
         Some(p) => &line[..p],
         None => line,
@@ -781,7 +818,9 @@ fn parse_line(line: &[u8], out: &mut Examples, one_based: bool) -> Result<(), Li
     let label = parse_f32(written)
         .ok_or_else(|| (col, format!("expected a numeric label, {}", found(written))))?;
     // Binary labels as either convention writes them; nothing else is guessed at.
-    let label = if label == 1.0 {
+    let label = if let Labels::Positive(positive) = form.labels {
+        if label == positive { 1.0 } else { 0.0 }
+    } else if label == 1.0 {
         1.0
     } else if label == 0.0 || label == -1.0 {
         0.0
@@ -789,7 +828,7 @@ fn parse_line(line: &[u8], out: &mut Examples, one_based: bool) -> Result<(), Li
         return Err((
             col,
             format!(
-                "expected a binary label, 0 or 1 (or -1 or +1), {}: logistic regression does not train on other classes or on real-valued targets",
+                "expected a binary label, 0 or 1 (or -1 or +1), {}: logistic regression does not train on other classes or on real-valued targets (--positive LABEL trains one label against the rest)",
                 found(written)
             ),
         ));
@@ -954,7 +993,7 @@ mod tests {
         std::fs::write(&path, text).unwrap();
         let whole = parse("t", text, IndexBase::One).unwrap();
         for chunk in [1, 2, 5, 7, 13, 64, 1 << 20] {
-            let read = read_in_chunks(&path, IndexBase::One, chunk).unwrap();
+            let read = read_in_chunks(&path, IndexBase::One, Labels::Binary, chunk).unwrap();
             assert_eq!(read.len(), whole.len(), "chunk {chunk}");
             for r in 0..whole.len() {
                 assert_eq!(pairs(read.row(r)), pairs(whole.row(r)), "chunk {chunk}");
@@ -964,7 +1003,7 @@ mod tests {
         let bad = b"1 1:1\n0 2:1\n\n1 3:x\n";
         std::fs::write(&path, bad).unwrap();
         for chunk in [3, 1 << 20] {
-            let e = read_in_chunks(&path, IndexBase::One, chunk).unwrap_err();
+            let e = read_in_chunks(&path, IndexBase::One, Labels::Binary, chunk).unwrap_err();
             assert_eq!((e.line, e.column), (4, 5), "chunk {chunk}: {e}");
         }
         // The base found over files read in chunks names the line of the whole file.
@@ -1004,9 +1043,13 @@ mod tests {
         let err = parse("t", b"1 3:1\n0 2:0.5 9:x\n", IndexBase::Zero);
         assert!(err.is_err());
         let mut part = Examples::new();
-        parse_line(b"1 3:1", &mut part, false).unwrap();
-        assert!(parse_line(b"0 2:0.5 9:x", &mut part, false).is_err());
-        parse_line(b"1 4:1", &mut part, false).unwrap();
+        let form = Form {
+            one_based: false,
+            labels: Labels::Binary,
+        };
+        parse_line(b"1 3:1", &mut part, form).unwrap();
+        assert!(parse_line(b"0 2:0.5 9:x", &mut part, form).is_err());
+        parse_line(b"1 4:1", &mut part, form).unwrap();
         assert_eq!(part.nonzeros(), 2);
         assert_eq!(pairs(part.row(1)), [(4, 1.0)]);
     }
@@ -1023,7 +1066,7 @@ mod tests {
         let e = err("1 1:1\n2 1:1\n3 2:1\n");
         assert_eq!(
             e.lines().next().unwrap_or_default(),
-            "t.svm:2:1: expected a binary label, 0 or 1 (or -1 or +1), found '2': logistic regression does not train on other classes or on real-valued targets"
+            "t.svm:2:1: expected a binary label, 0 or 1 (or -1 or +1), found '2': logistic regression does not train on other classes or on real-valued targets (--positive LABEL trains one label against the rest)"
         );
         assert!(err("0.5 1:1\n").contains("found '0.5'"));
         let both = parse(
@@ -1033,6 +1076,29 @@ mod tests {
         )
         .unwrap();
         assert_eq!(both.labels(), &[1.0, 0.0, 1.0, 0.0]);
+    }
+
+    #[test]
+    fn a_label_named_positive_is_one_class_against_the_rest() {
+        let dir = std::env::temp_dir().join(format!("pserver-positive-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("classes.svm");
+        std::fs::write(&path, "1 1:1\n2 1:1\n3 2:1\n2.5 3:1\n-1 2:1\n2 4:1\n").unwrap();
+        let read = |labels| read_streaming(&path, IndexBase::One, labels);
+        let two = read(Labels::Positive(2.0)).unwrap();
+        assert_eq!(two.labels(), &[0.0, 1.0, 0.0, 0.0, 0.0, 1.0]);
+        let half = read(Labels::Positive(2.5)).unwrap();
+        assert_eq!(half.labels(), &[0.0, 0.0, 0.0, 1.0, 0.0, 0.0]);
+        // Even 1 is positive only where it is named: -1 is a class like another.
+        let minus = read(Labels::Positive(-1.0)).unwrap();
+        assert_eq!(minus.labels(), &[0.0, 0.0, 0.0, 0.0, 1.0, 0.0]);
+        let none = read(Labels::Positive(7.0)).unwrap();
+        assert!(none.labels().iter().all(|&l| l == 0.0));
+        assert!(
+            read(Labels::Binary).is_err(),
+            "without it, three classes are refused"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

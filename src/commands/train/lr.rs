@@ -23,7 +23,7 @@ use crate::commands::values::{
     Factor, Fraction, Rate, Seconds, Strength, Transport, UpdateRule, at_least_one, output_file,
 };
 use crate::commands::{CliError, runtime};
-use crate::data::libsvm::{Examples, IndexBase, read_streaming};
+use crate::data::libsvm::{Examples, IndexBase, Labels, read_streaming};
 use pserver_runtime::checkpoint::CheckpointDir;
 
 /// Train sparse logistic regression on LIBSVM data (the default application).
@@ -39,7 +39,7 @@ use pserver_runtime::checkpoint::CheckpointDir;
 /// model), with exit status 130 or 143.
 #[derive(clap::Args, Debug)]
 pub(crate) struct LrArgs {
-    /// Training data (LIBSVM, optionally .gz; labels 0/1 or -1/+1) [default: the shipped
+    /// Training data (LIBSVM, optionally .gz; labels 0/1 or -1/+1, or see --positive) [default: the shipped
     /// Adult data, data/adult/adult.train.svm.gz, with its test file].
     #[arg(long, value_name = "FILE")]
     data: Option<PathBuf>,
@@ -107,6 +107,12 @@ pub(crate) struct LrArgs {
     /// and saved with the model; an index 0 in a file read as one-based is an error.
     #[arg(long, value_enum, default_value = "auto")]
     index_base: IndexBase,
+    /// Train one label against the rest: rows of --data and --test labelled LABEL are
+    /// positive, every other row negative, whatever its label (several classes, or
+    /// real-valued targets). Without it, labels must be 0/1 or -1/+1, and any other is
+    /// refused naming its line.
+    #[arg(long, value_name = "LABEL", value_parser = crate::commands::values::label, allow_negative_numbers = true)]
+    positive: Option<f32>,
     /// Visit each worker's rows in file order, instead of an order drawn afresh every epoch
     /// from --seed.
     #[arg(long)]
@@ -390,9 +396,22 @@ fn load(args: &LrArgs, index_base: IndexBase) -> Result<(Examples, Examples, Ind
     let (base, zero) = index_base
         .resolve_files(files.iter().copied())
         .map_err(CliError::input)?;
-    let whole = read_streaming(&data, base).map_err(CliError::input)?;
+    let labels = args.positive.map_or(Labels::Binary, Labels::Positive);
+    let whole = read_streaming(&data, base, labels).map_err(CliError::input)?;
+    if let Some(label) = args.positive
+        && !whole.labels().contains(&1.0)
+    {
+        // One class is nothing to learn: most likely a label mistyped.
+        return Err(CliError::Input(format!(
+            "{}: no row is labelled {label}, the label --positive names",
+            data.display()
+        )));
+    }
     let (train, test) = match &test {
-        Some(test) => (whole, read_streaming(test, base).map_err(CliError::input)?),
+        Some(test) => (
+            whole,
+            read_streaming(test, base, labels).map_err(CliError::input)?,
+        ),
         None => {
             let fraction = args.test_fraction.map_or(TEST_FRACTION, Fraction::get);
             let (train, held) = whole.hold_out(fraction, args.seed);
