@@ -218,9 +218,12 @@ pub struct Coordinator {
     /// Per server, the last cut it took a copy of every shard of, and the epoch it held then
     /// ([`Message::CheckpointTaken`]; a cut written was taken too).
     cut_taken: BTreeMap<NodeId, (Iteration, Epoch)>,
-    /// Per server, the last cut it wrote, still holding the ranges it copied
-    /// ([`Message::Checkpointed`]).
-    cut_written: BTreeMap<NodeId, Iteration>,
+    /// Per server, the last cut it wrote, still holding the ranges it copied, and the epoch
+    /// it held then ([`Message::Checkpointed`]).
+    cut_written: BTreeMap<NodeId, (Iteration, Epoch)>,
+    /// The epoch of the last configuration that changed more than the pace: what a server
+    /// said of its ranges before it is of ranges it may no longer hold.
+    ring_since: Epoch,
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
 }
@@ -276,6 +279,7 @@ impl Coordinator {
             offered_cuts: BTreeMap::new(),
             cut_taken: BTreeMap::new(),
             cut_written: BTreeMap::new(),
+            ring_since: 0,
             #[cfg(feature = "mutations")]
             mutation: None,
         })
@@ -626,7 +630,7 @@ impl Coordinator {
             }
             Message::Checkpointed { cut } if self.is_server(from) => {
                 self.cut_taken.insert(from, (cut, env.epoch));
-                self.cut_written.insert(from, cut);
+                self.cut_written.insert(from, (cut, env.epoch));
                 self.record_checkpoint(out);
             }
             // Only at the epoch in force: an older `Leave` may be from an earlier process of
@@ -745,7 +749,14 @@ impl Coordinator {
                 asked: next.ring.replicas,
             });
         }
+        let moved = self
+            .config
+            .as_ref()
+            .is_none_or(|now| !now.differs_only_in_pace(&next));
         next.epoch = self.decided_epoch() + 1;
+        if moved {
+            self.ring_since = next.epoch;
+        }
         debug_assert_eq!(
             crate::ids::term_of_epoch(next.epoch),
             next.term,
@@ -913,11 +924,14 @@ impl Coordinator {
             }
         }
         let cut = next.checkpoints.taken;
+        // Said under the ring in force: a report from before a ring change is of ranges the
+        // server may no longer hold, and one that still holds them says so again.
         let written = cut > next.checkpoints.complete
-            && config
-                .servers
-                .iter()
-                .all(|s| self.cut_written.get(s) == Some(&cut));
+            && config.servers.iter().all(|s| {
+                self.cut_written
+                    .get(s)
+                    .is_some_and(|&(c, at)| c == cut && at >= self.ring_since)
+            });
         if written {
             next.checkpoints.complete = cut;
         }
@@ -925,7 +939,7 @@ impl Coordinator {
             return;
         }
         self.cut_taken.retain(|_, &mut (c, _)| c > cut);
-        self.cut_written.retain(|_, &mut c| c >= cut);
+        self.cut_written.retain(|_, &mut (c, _)| c >= cut);
         if cut > config.checkpoints.taken {
             out.emit(Event::CheckpointTaken { cut });
         }
