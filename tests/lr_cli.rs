@@ -269,25 +269,53 @@ fn overfit_run(
     (out, err, losses)
 }
 
+/// The first epoch with the lowest of `losses`.
+fn first_lowest(losses: &[f64]) -> usize {
+    losses
+        .iter()
+        .enumerate()
+        .fold(
+            (0, f64::INFINITY),
+            |b, (i, &l)| if l < b.1 { (i, l) } else { b },
+        )
+        .0
+}
+
+/// Each epoch's validation log loss.
+fn validation_of(out: &str) -> Vec<f64> {
+    epochs_of(out)
+        .iter()
+        .map(|l| field(l, "valid_logloss"))
+        .collect()
+}
+
+/// `--save` keeps the epoch whose log loss on rows held out of the training data is lowest,
+/// never looking at the test rows, and `--keep last` the last epoch (holding nothing out).
 #[test]
-fn save_keeps_the_epoch_with_the_lowest_test_logloss_unless_told_to_keep_the_last() {
+fn save_keeps_the_epoch_with_the_lowest_validation_logloss_unless_told_to_keep_the_last() {
     let dir = scratch("keep");
     let (train, test) = overfitting(&dir);
     let (best, last) = (dir.join("best"), dir.join("last"));
     let (out, _, losses) = overfit_run(&train, &test, "12", &["--save", s(&best)]);
-    overfit_run(&train, &test, "12", &["--save", s(&last), "--keep", "last"]);
-    let lowest = losses.iter().copied().fold(f64::INFINITY, f64::min);
-    let final_loss = *losses.last().unwrap();
+    let (last_out, _, last_losses) =
+        overfit_run(&train, &test, "12", &["--save", s(&last), "--keep", "last"]);
     assert!(
-        final_loss > lowest + 0.01,
+        !last_out.contains("valid_logloss"),
+        "keeping the last epoch, nothing is held out: {last_out}"
+    );
+    let validation = validation_of(&out);
+    assert_eq!(validation.len(), losses.len(), "{out}");
+    let chosen = first_lowest(&validation);
+    assert!(
+        *validation.last().unwrap() > validation[chosen] + 0.01,
         "the run does not overfit: {out}"
     );
     let predicted = |model: &Path| {
         let (out, _) = run_ok(&["predict", "--model", s(model), "--data", s(&test)]);
         field(&out, "logloss")
     };
-    assert_eq!(predicted(&best), lowest, "{out}");
-    assert_eq!(predicted(&last), final_loss, "{out}");
+    assert_eq!(predicted(&best), losses[chosen], "{out}");
+    assert_eq!(predicted(&last), *last_losses.last().unwrap(), "{last_out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -295,15 +323,10 @@ fn save_keeps_the_epoch_with_the_lowest_test_logloss_unless_told_to_keep_the_las
 fn early_stop_ends_the_run_n_epochs_after_the_best_one() {
     let dir = scratch("early");
     let (train, test) = overfitting(&dir);
-    let (out, err, losses) = overfit_run(&train, &test, "50", &["--early-stop", "2"]);
-    let best = losses
-        .iter()
-        .enumerate()
-        .fold(
-            (0, f64::INFINITY),
-            |b, (i, &l)| if l < b.1 { (i, l) } else { b },
-        )
-        .0;
+    let (out, err, _) = overfit_run(&train, &test, "50", &["--early-stop", "2"]);
+    // Judged on the rows held out of the training data, not on the test rows.
+    let losses = validation_of(&out);
+    let best = first_lowest(&losses);
     assert_eq!(losses.len(), best + 1 + 2, "{out}");
     assert!(losses.len() < 50);
     assert!(err.contains("early stop after epoch"), "{err}");

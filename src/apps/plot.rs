@@ -94,6 +94,7 @@ mod tests {
                 epoch: e,
                 train_logloss: 0.5 / f64::from(e),
                 test_logloss: 0.5 / f64::from(e) + shift,
+                validation_logloss: None,
                 test_auc: 0.8 + 0.02 * f64::from(e) - shift,
                 nnz: 10 * e as usize,
                 rows: 100,

@@ -729,6 +729,7 @@ async fn train_lr_worker(
     };
     let measure = MeasureSpec {
         test: test.as_ref(),
+        validation: None,
         model: job.save.is_some(),
     };
     let mut epochs = 0;

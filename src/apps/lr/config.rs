@@ -27,8 +27,13 @@ pub(crate) struct LrConfig {
     pub seed: u64,
     /// Which epoch's model a run ends with.
     pub keep: Keep,
-    /// Stop after this many epochs in a row without a better test log loss.
+    /// Stop after this many epochs in a row without a better log loss (on the validation
+    /// rows, or else the test rows).
     pub early_stop: Option<u32>,
+    /// The fraction of the training rows held out (drawn from `seed`) to choose the epoch
+    /// kept and when to stop early, so that neither looks at the test rows. Default: none,
+    /// every row trained and the test rows deciding.
+    pub validation: Option<f64>,
     /// Whether a worker pulls its next minibatch's weights while it computes on this one,
     /// where the consistency model allows it ([`LrConfig::pipelined`]).
     pub pipeline: bool,
@@ -180,6 +185,7 @@ impl Default for LrConfig {
             seed: 0,
             keep: Keep::Best,
             early_stop: None,
+            validation: None,
             pipeline: true,
             initial: None,
             checkpoints: None,

@@ -23,6 +23,9 @@ pub(crate) struct EpochReport {
     pub train_logloss: f64,
     /// Mean log loss on the test set at the end of the epoch.
     pub test_logloss: f64,
+    /// Mean log loss on the validation rows at the end of the epoch, if the run holds some
+    /// out ([`LrConfig::validation`]): what chooses the epoch kept.
+    pub validation_logloss: Option<f64>,
     /// Area under the ROC curve on the test set, exact.
     pub test_auc: f64,
     /// Non-zero weights in the model.
@@ -104,6 +107,8 @@ pub(crate) enum WorkerMessage {
         epoch: u32,
         /// Log loss on the test set.
         test_logloss: f64,
+        /// Log loss on the validation rows, if the run holds some out.
+        validation_logloss: Option<f64>,
         /// AUC on the test set.
         test_auc: f64,
         /// Non-zero weights.
@@ -113,8 +118,9 @@ pub(crate) enum WorkerMessage {
     },
 }
 
-/// An epoch's measurement: test log loss, test AUC, non-zero weights, and the model.
-type EpochModel = (f64, f64, usize, KvPairs<f32>);
+/// An epoch's measurement: test log loss, validation log loss, test AUC, non-zero weights,
+/// and the model.
+type EpochModel = (f64, Option<f64>, f64, usize, KvPairs<f32>);
 
 /// What the workers said of one epoch, summed over them.
 #[derive(Clone, Debug, Default)]
@@ -219,11 +225,13 @@ impl Epochs {
             WorkerMessage::Model {
                 epoch,
                 test_logloss,
+                validation_logloss,
                 test_auc,
                 nnz,
                 weights,
             } => {
-                self.models[epoch as usize] = Some((test_logloss, test_auc, nnz, weights));
+                self.models[epoch as usize] =
+                    Some((test_logloss, validation_logloss, test_auc, nnz, weights));
             }
         }
     }
@@ -249,14 +257,18 @@ impl Epochs {
         let distinct: usize = tally.batches.values().map(|&(rows, _)| rows).sum();
         let skipped_rows = self.train_rows.saturating_sub(distinct);
         let repeated_rows = rows.saturating_sub(distinct);
-        let (test_logloss, test_auc, nnz, model) = self.models.get_mut(next)?.take()?;
+        let (test_logloss, validation_logloss, test_auc, nnz, model) =
+            self.models.get_mut(next)?.take()?;
+        // The validation rows decide where the run holds some out: the test rows then
+        // measure the model chosen, they do not choose it.
+        let deciding = validation_logloss.unwrap_or(test_logloss);
         let epoch = next as u32;
         let secs = began.elapsed().as_secs_f64();
         let before = self.reports.last().map_or(0.0, |r| r.secs);
         // A NaN loss is never better, not even than nothing.
-        let better = !test_logloss.is_nan() && self.best.is_none_or(|(_, b)| test_logloss < b);
+        let better = !deciding.is_nan() && self.best.is_none_or(|(_, b)| deciding < b);
         if better {
-            self.best = Some((epoch, test_logloss));
+            self.best = Some((epoch, deciding));
         }
         if better || self.keep == Keep::Last || self.kept.is_none() {
             self.kept = Some((epoch, model));
@@ -265,6 +277,7 @@ impl Epochs {
             epoch,
             train_logloss: loss / rows.max(1) as f64,
             test_logloss,
+            validation_logloss,
             test_auc,
             nnz,
             rows,
@@ -304,6 +317,11 @@ mod tests {
     /// The reports of epochs whose test log losses are `losses`, with `keep`, each epoch's
     /// model holding its number as its one weight.
     fn reported(losses: &[f64], keep: Keep) -> Epochs {
+        reported_with(losses, None, keep)
+    }
+
+    /// [`reported`], the validation rows' log losses `validation` where given.
+    fn reported_with(losses: &[f64], validation: Option<&[f64]>, keep: Keep) -> Epochs {
         let cfg = LrConfig {
             epochs: losses.len() as u32,
             keep,
@@ -334,6 +352,7 @@ mod tests {
             epochs.note(WorkerMessage::Model {
                 epoch,
                 test_logloss: loss,
+                validation_logloss: validation.map(|v| v[i]),
                 test_auc: 0.5,
                 nnz: 1,
                 weights,
@@ -380,6 +399,7 @@ mod tests {
         epochs.note(WorkerMessage::Model {
             epoch: 1,
             test_logloss: 0.5,
+            validation_logloss: None,
             test_auc: 0.5,
             nnz: 0,
             weights: KvPairs::empty(1).unwrap(),
@@ -388,6 +408,31 @@ mod tests {
         assert_eq!(report.rows, 35);
         assert_eq!(report.skipped_rows, 10);
         assert_eq!(report.repeated_rows, 5);
+    }
+
+    /// Where the run holds validation rows out, they choose the epoch kept and count the
+    /// epochs since the best, whatever the test rows say.
+    #[test]
+    fn the_validation_rows_choose_the_epoch_where_the_run_holds_some_out() {
+        let test = [0.5, 0.3, 0.2, 0.1];
+        let validation = [0.4, 0.35, 0.45, 0.5];
+        let epochs = reported_with(&test, Some(&validation), Keep::Best);
+        assert_eq!(epochs.since_best(), 2);
+        assert_eq!(
+            epochs
+                .reports
+                .iter()
+                .map(|r| r.validation_logloss)
+                .collect::<Vec<_>>(),
+            validation.map(Some)
+        );
+        let trained = epochs.trained().unwrap();
+        assert_eq!(
+            (trained.kept_epoch, trained.model.values()),
+            (2, &[2.0f32][..])
+        );
+        let trained = reported(&test, Keep::Best).trained().unwrap();
+        assert_eq!(trained.kept_epoch, 4, "without, the test rows choose");
     }
 
     #[test]

@@ -40,12 +40,18 @@ struct RunData {
     train: Arc<Examples>,
     dealt: Arc<Vec<usize>>,
     test: Arc<Examples>,
+    validation: Option<Arc<Examples>>,
 }
 
 async fn run_worker(
     cfg: LrConfig,
     handle: WorkerHandle<f32>,
-    RunData { train, dealt, test }: RunData,
+    RunData {
+        train,
+        dealt,
+        test,
+        validation,
+    }: RunData,
     messages: mpsc::UnboundedSender<WorkerMessage>,
     counter: RowsTrained,
     (slowdown, transient): (f64, Option<Transient>),
@@ -59,6 +65,7 @@ async fn run_worker(
     let run = WorkerRun {
         measure: MeasureSpec {
             test: Some(&*test),
+            validation: validation.as_deref(),
             model: true,
         },
         counter: Some(&counter),
@@ -77,6 +84,7 @@ async fn run_worker(
         });
         if let Some(MeasuredModel {
             test: Some((test_logloss, test_auc)),
+            validation,
             nnz,
             weights,
         }) = e.model
@@ -84,6 +92,7 @@ async fn run_worker(
             let _ = messages.send(WorkerMessage::Model {
                 epoch: e.epoch,
                 test_logloss,
+                validation_logloss: validation,
                 test_auc,
                 nnz,
                 weights,
@@ -151,6 +160,26 @@ pub(crate) async fn train_local_until(
     let began = Instant::now();
     // Shared, never copied: a run holds one copy of the rows, however many runs share it.
     let (train, test): (Arc<Examples>, Arc<Examples>) = (train.into(), test.into());
+    // Rows that choose the epoch kept and when to stop, held out of training, so that the
+    // test rows decide neither.
+    let (train, validation) = match cfg.validation {
+        Some(fraction) => {
+            let (rest, held) = train.hold_out(fraction, crate::seeded::mix(cfg.seed ^ 0x7a1d));
+            if rest.is_empty() || held.is_empty() {
+                return Err(config_error(format!(
+                    "holding out {fraction} of the {} training rows to choose the epoch leaves none to {}: give more rows, another --validation-fraction, or --keep last",
+                    train.len(),
+                    if rest.is_empty() {
+                        "train on"
+                    } else {
+                        "choose with"
+                    }
+                )));
+            }
+            (Arc::new(rest), Some(Arc::new(held)))
+        }
+        None => (train, None),
+    };
     let mut spec = ClusterSpec::of(cfg.protocol_job());
     spec.initial = cfg.initial.clone();
     // A checkpoint after every epoch: a resumed run starts where an epoch begins.
@@ -218,6 +247,7 @@ pub(crate) async fn train_local_until(
         train: train.clone(),
         dealt: Arc::new(dealt),
         test: test.clone(),
+        validation,
     };
     let tasks: Vec<_> = cluster
         .workers

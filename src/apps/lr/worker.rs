@@ -48,6 +48,8 @@ pub(crate) struct WorkerEpoch {
 pub(crate) struct MeasuredModel {
     /// With a test set: its log loss and AUC.
     pub test: Option<(f64, f64)>,
+    /// With validation rows: their log loss.
+    pub validation: Option<f64>,
     /// Non-zero weights.
     pub nnz: usize,
     /// The model itself: every weight that is not zero.
@@ -60,6 +62,8 @@ pub(crate) struct MeasuredModel {
 pub(crate) struct MeasureSpec<'a> {
     /// Measure the model on this test set.
     pub test: Option<&'a Examples>,
+    /// And on these validation rows, which choose the epoch kept.
+    pub validation: Option<&'a Examples>,
     /// Pull the model even without a test set (to save it).
     pub model: bool,
 }
@@ -266,7 +270,7 @@ async fn measure_model(
     handle: &WorkerHandle<f32>,
     measure: MeasureSpec<'_>,
 ) -> Result<Option<MeasuredModel>, RuntimeError> {
-    let wanted = measure.test.is_some() || measure.model;
+    let wanted = measure.test.is_some() || measure.validation.is_some() || measure.model;
     if !wanted || !handle.leads().await? {
         return Ok(None);
     }
@@ -281,6 +285,7 @@ async fn measure_model(
     let weights = KvPairs::new(keys, values, 1).map_err(config_error)?;
     Ok(Some(MeasuredModel {
         test: measure.test.map(|test| evaluate(&weights, test)),
+        validation: measure.validation.map(|rows| evaluate(&weights, rows).0),
         nnz: weights.len(),
         weights,
     }))

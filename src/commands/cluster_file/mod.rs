@@ -806,6 +806,7 @@ fn job(
         seed: job.seed,
         keep: Keep::Best,
         early_stop: None,
+        validation: None,
         pipeline: true,
         initial: None,
         checkpoints: None,

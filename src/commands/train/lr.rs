@@ -125,12 +125,18 @@ pub(crate) struct LrArgs {
     /// Seed of the order rows are visited in.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Which epoch's model --save writes: best (lowest test log loss) or last.
+    /// Which epoch's model --save writes: best (lowest validation log loss) or last.
     #[arg(long, value_enum, default_value = "best")]
     keep: Keep,
-    /// Stop after N epochs in a row without a lower test log loss.
+    /// Stop after N epochs in a row without a lower validation log loss.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     early_stop: Option<u32>,
+    /// Fraction of the training rows held out, drawn from --seed, to choose the epoch --save
+    /// keeps (--keep best) and when --early-stop ends the run, so that the test rows choose
+    /// neither; the rows held out are not trained on [default: 0.1 with --save and --keep
+    /// best, or --early-stop, over more than one epoch; otherwise none].
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    validation_fraction: Option<Fraction>,
     /// Without a terminal, print a progress line (rows trained, rows/s) this often.
     #[arg(
         long,
@@ -518,12 +524,28 @@ fn config(args: &LrArgs, consistency: Consistency) -> Result<LrConfig, CliError>
         seed: args.seed,
         keep: args.keep,
         early_stop: args.early_stop,
+        validation: validation_of(args),
         pipeline: !args.no_pipeline,
         initial: None,
         checkpoints: None,
         resume: false,
     };
     Ok(cfg.with_bias(!args.no_bias))
+}
+
+/// Training rows held out to choose the epoch when none is given but one is chosen.
+const VALIDATION_FRACTION: f64 = 0.1;
+
+/// The fraction of the training rows held out to choose the epoch: the one given, or the
+/// default where an epoch is chosen among several (the model --save keeps the best, or
+/// --early-stop).
+fn validation_of(args: &LrArgs) -> Option<f64> {
+    let chooses = args.epochs > 1
+        && ((args.save.is_some() && args.keep == Keep::Best) || args.early_stop.is_some());
+    match args.validation_fraction {
+        Some(f) => Some(f.get()),
+        None => chooses.then_some(VALIDATION_FRACTION),
+    }
 }
 
 /// One training run, a line per epoch (each starting with `prefix`) and a progress bar on a
@@ -572,6 +594,9 @@ fn train_until_stopped(
                     "{prefix}iter={} train_logloss={:.4} test_logloss={:.4} test_auc={:.4} nnz={} rows_per_sec={:.0} secs={:.2} bytes={} epoch_bytes={epoch_bytes}",
                     r.epoch, r.train_logloss, r.test_logloss, r.test_auc, r.nnz, r.rows_per_sec(), r.secs, r.bytes_sent
                 );
+                if let Some(loss) = r.validation_logloss {
+                    line += &format!(" valid_logloss={loss:.4}");
+                }
                 // Never silent: rows no worker or two workers trained.
                 if r.skipped_rows > 0 || r.repeated_rows > 0 {
                     line += &format!(
