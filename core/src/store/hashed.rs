@@ -268,9 +268,8 @@ impl<V: Value> HashedStore<V> {
     /// Every row in `range`, by increasing key: the hashed part's below the direct part,
     /// the direct part's, and the hashed part's above it.
     fn in_order(&self, range: KeyRange) -> impl Iterator<Item = (Key, At)> + '_ {
-        let within = |key: Key| key.saturating_sub(self.base).min(self.direct_keys as Key) as usize;
-        let (start, end) = (within(range.start()), within(range.end()));
-        let direct = (start..end.max(start))
+        let (start, end) = self.direct_span(range);
+        let direct = (start..end)
             .filter(|&k| self.is_present(k))
             .map(|k| (self.base + k as Key, At::Direct(k)));
         let (below, above) = self.hashed_in(range);
@@ -280,6 +279,14 @@ impl<V: Value> HashedStore<V> {
             .map(at)
             .chain(direct)
             .chain(above.iter().map(at))
+    }
+
+    /// The offsets in the direct part of the keys of `range`, `start..end`, empty when none
+    /// lies there.
+    fn direct_span(&self, range: KeyRange) -> (usize, usize) {
+        let within = |key: Key| key.saturating_sub(self.base).min(self.direct_keys as Key) as usize;
+        let start = within(range.start());
+        (start, within(range.end()).max(start))
     }
 
     /// The slots of the hashed rows in `range` by increasing key: those below the direct
@@ -447,17 +454,11 @@ impl<V: Value> ParamStore<V> for HashedStore<V> {
     /// taken a word of presence bits at a time: the server takes it while every worker waits
     /// at the cut.
     fn shared_rows_in(&self, range: KeyRange, width: usize, aux_width: usize) -> SharedRows<V> {
-        debug_assert_eq!(
-            (width, aux_width),
-            (self.width, self.aux_width),
-            "another shape"
-        );
         let mut shared = SharedRows::new(width, aux_width);
-        if (width, aux_width) != (self.width, self.aux_width) {
+        if !super::same_shape((width, aux_width), (self.width, self.aux_width)) {
             return shared;
         }
-        let within = |key: Key| key.saturating_sub(self.base).min(self.direct_keys as Key) as usize;
-        let (start, end) = (within(range.start()), within(range.end()));
+        let (start, end) = self.direct_span(range);
         let (below, above) = self.hashed_in(range);
         let (keys, values, aux) = self.copy_hashed(below);
         shared.push_owned(keys, values, aux);

@@ -208,6 +208,13 @@ fn hash_rows<'a, V: Value, H: Hasher>(rows: impl Iterator<Item = Row<'a, V>>, st
     }
 }
 
+/// Whether rows of the shape `asked` for, `(width, aux_width)`, are the store's `own`: a
+/// caller asks for nothing else, and a store hands out no rows of another shape.
+fn same_shape(asked: (usize, usize), own: (usize, usize)) -> bool {
+    debug_assert_eq!(asked, own, "another shape");
+    asked == own
+}
+
 /// Writes `rows` over `store`'s one row at a time.
 fn load_row_by_row<V: Value, S: ParamStore<V>>(store: &mut S, rows: &SharedRows<V>) {
     let (width, row_aux) = (rows.width(), rows.width() * rows.aux_width());

@@ -497,13 +497,8 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
     }
 
     fn shared_rows_in(&self, range: KeyRange, width: usize, aux_width: usize) -> SharedRows<V> {
-        debug_assert_eq!(
-            (width, aux_width),
-            (self.width, self.aux_width),
-            "another shape"
-        );
         let mut shared = SharedRows::new(width, aux_width);
-        if (width, aux_width) == (self.width, self.aux_width) {
+        if super::same_shape((width, aux_width), (self.width, self.aux_width)) {
             // The map alone, whatever the model's size: nothing of it is read until the rows
             // are, by whoever writes them, on another thread.
             shared.push_leaves(&self.leaves, range);
