@@ -86,12 +86,18 @@ impl Batch {
         })
     }
 
-    /// The gradient of the mean log loss of the batch's rows at `weights` (aligned with its
-    /// keys, the intercept's last when `bias`), and the summed log loss before the update.
+    /// The gradient of the summed log loss of the batch's rows at `weights` (aligned with its
+    /// keys, the intercept's last when `bias`), and that summed log loss before the update.
+    ///
+    /// A sum, not a mean: a feature seen in one row of the batch is pushed that row's gradient
+    /// whatever the batch size, so the servers' per-coordinate adaptive rule steps for it as it
+    /// would after that row alone (ARCHITECTURE.md §2; `docs/training.md`). Divided by the
+    /// batch size, a rare feature's step shrank with the batch while FTRL's `beta` and
+    /// regularizers stayed the same size, and one epoch learnt far less than one pass of a
+    /// per-example learner.
     pub(crate) fn gradient(&self, data: &Examples, weights: &[f32], bias: bool) -> (Vec<f32>, f64) {
         let mut grad = vec![0f32; weights.len()];
         let mut loss = 0.0;
-        let n = self.rows.len().max(1) as f32;
         let intercept = if bias {
             weights.last().map_or(0.0, |&w| f64::from(w))
         } else {
@@ -115,7 +121,7 @@ impl Batch {
             let p = sigmoid(intercept + dot);
             let y = data.labels()[r];
             loss += logloss(p, y);
-            let g = (p - f64::from(y)) as f32 / n;
+            let g = (p - f64::from(y)) as f32;
             match row.values() {
                 Some(val) => {
                     for (&p, &v) in pos.iter().zip(val) {
@@ -215,13 +221,13 @@ mod tests {
     }
 
     #[test]
-    fn the_gradient_is_the_mean_over_the_batch_with_the_intercept_in_the_last_slot() {
+    fn the_gradient_is_the_sum_over_the_batch_with_the_intercept_in_the_last_slot() {
         let data = examples(b"1 0:1 1:2\n0 1:1\n");
         let weights = [0.5f32, -0.25, 0.1];
         let (grad, loss) = batch(&data, &[0, 1], true).gradient(&data, &weights, true);
         // Row 0: z = 0.1 + 0.5 - 0.5 = 0.1, label 1; row 1: z = 0.1 - 0.25 = -0.15, label 0.
         let (p0, p1) = (sigmoid(0.1), sigmoid(-0.15));
-        let (g0, g1) = ((p0 - 1.0) / 2.0, p1 / 2.0);
+        let (g0, g1) = (p0 - 1.0, p1);
         let want = [g0, 2.0 * g0 + g1, g0 + g1];
         for (got, want) in grad.iter().zip(want) {
             assert!((f64::from(*got) - want).abs() < 1e-6, "{grad:?} {want}");

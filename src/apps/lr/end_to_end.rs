@@ -90,7 +90,8 @@ fn four_workers_under_bounded_delay_reach_the_best_test_logloss_of_one_sequentia
         best(1, Consistency::Sequential),
         best(4, Consistency::BoundedDelay(4)),
     );
-    // Bounded delay costs a little at alpha 1 on a 12,000-row slice, never more than 2%.
+    // Bounded delay costs a little at the default rates on a 12,000-row slice, never more
+    // than 2%.
     assert!((a - b).abs() <= 0.02 * a, "1 worker {a}, 4 workers {b}");
 }
 

@@ -188,14 +188,10 @@ pub(crate) async fn run_shares(
             }
             let pulled = flight.weights.await?;
             let began = Instant::now();
-            let (mut grad, l) = flight
+            let (grad, l) = flight
                 .batch
                 .gradient(&flight.data, pulled.values(), cfg.bias);
             let rows = flight.batch.rows.len();
-            let weight = cfg.push_weight(rows);
-            if weight != 1.0 {
-                grad.iter_mut().for_each(|g| *g *= weight);
-            }
             // The worker's compute: the gradient, and preparing the minibatches since.
             let computed = began.elapsed() + std::mem::take(&mut shares.prepared);
             let factor = run.slowdown * run.transient.map_or(1.0, |t| t.factor_at(at));

@@ -28,7 +28,7 @@ use crate::data::libsvm::{Examples, IndexBase, read};
 fn configurations(lists: u32) -> Vec<(&'static str, Filters)> {
     let caching = KeyCaching::new(lists).unwrap_or_default();
     let mut sigmod = Filters::key_caching_compressed(caching);
-    sigmod.significantly_modified = Threshold::new(0.05);
+    sigmod.significantly_modified = Threshold::new(1.0);
     let mut kkt = Filters::key_caching_compressed(caching);
     kkt.kkt = Threshold::new(DEFAULT_L1).and_then(|l1| Kkt::new(l1, KKT_EVERY));
     vec![

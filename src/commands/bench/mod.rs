@@ -76,14 +76,14 @@ enum BenchMode {
     /// On the shipped UCI Adult data: with worker 0 always 4x slower,
     /// sequential consistency against bounded delay 1 with skip-ahead and 8 shares per worker
     /// sized by speed (time and test AUC); with transient stragglers, fixed tau 0, 1, 2, 4, 8
-    /// against adaptive tau 1-8 (FTRL alpha 0.1, 20 epochs; when each median learning curve
+    /// against adaptive tau 1-8 (FTRL alpha 0.01, 20 epochs; when each median learning curve
     /// first reaches the lowest test log loss a fixed tau's reaches). Each configuration runs
     /// 11 times (a few minutes). Runs from the repository's root.
     Stragglers(QuickArgs),
     /// What the filters save, and what they cost, next to unfiltered training.
     ///
     /// Unfiltered training against key caching, key caching with value compression, and both
-    /// with the significantly-modified filter at 0.05, on the shipped UCI Adult data (2
+    /// with the significantly-modified filter at 1, on the shipped UCI Adult data (2
     /// servers, 4 workers, 10 epochs, over mem) and on a generated problem (that of `bench
     /// train`, --train-rows rows, 2 million by default; 2 servers, 4 workers, 3 epochs, over
     /// mem and tcp): the bytes every node sent in the last epoch, test AUC, rows/s and CPU

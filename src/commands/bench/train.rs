@@ -131,7 +131,7 @@ fn emit_reached(name: &str, r: &Reached, emit: &mut impl FnMut(Measure)) {
 }
 
 /// The floor: FTRL over a flat weight array in one thread, minibatch by minibatch in file
-/// order, each step the mean gradient of its rows, as a worker pushes it.
+/// order, each step the summed gradient of its rows, as a worker pushes it.
 fn floor(cfg: &LrConfig, train: &Examples, test: &Examples) -> Reached {
     let dims = train.dimensions().max(test.dimensions()) as usize;
     let bias = dims;
@@ -147,7 +147,6 @@ fn floor(cfg: &LrConfig, train: &Examples, test: &Examples) -> Reached {
         let epoch_began = Instant::now();
         for from in (0..train.len()).step_by(batch) {
             let rows = from..(from + batch).min(train.len());
-            let n = rows.len() as f32;
             for r in rows {
                 let row = train.row(r);
                 let z: f64 = f64::from(w[bias])
@@ -156,7 +155,7 @@ fn floor(cfg: &LrConfig, train: &Examples, test: &Examples) -> Reached {
                         .map(|(k, v)| f64::from(w[k as usize]) * f64::from(v))
                         .sum::<f64>();
                 let p = 1.0 / (1.0 + (-z.clamp(-35.0, 35.0)).exp());
-                let g = (p - f64::from(train.labels()[r])) as f32 / n;
+                let g = (p - f64::from(train.labels()[r])) as f32;
                 for (k, v) in row.iter() {
                     let k = k as usize;
                     if grad[k] == 0.0 {

@@ -23,7 +23,7 @@
 //! [filters]                    # none by default
 //! key_cache = 256              # lists kept per peer
 //! compress = true              # with key_cache
-//! sigmod = 0.05                # the significantly-modified filter's threshold
+//! sigmod = 5                   # the significantly-modified filter's threshold
 //! kkt = 500                    # an lr job with updater "ftrl" and l1 above 0: full check period
 //!
 //! [[node]]

@@ -155,9 +155,9 @@ fn a_cluster_file_with_a_good_lr_job_keeps_its_batch_and_rates() {
     assert_eq!(
         job.cfg.job.updater,
         Updater::FtrlProximal {
-            alpha: 1.0,
+            alpha: 0.1,
             beta: 1.0,
-            l1: 0.1,
+            l1: 1.0,
             l2: 1.0
         }
     );

@@ -162,12 +162,12 @@ struct RuleArgs {
     /// Learning rate of adagrad and sgd [default: 0.1].
     #[arg(long, allow_negative_numbers = true)]
     lr: Option<Rate>,
-    /// FTRL learning-rate scale [default: 1].
+    /// FTRL learning-rate scale [default: 0.1].
     #[arg(long, allow_negative_numbers = true)]
     alpha: Option<Rate>,
-    /// FTRL L1 regularization, charged once against the sum of the pushed minibatch mean
-    /// gradients: --batch times stronger than the same L1 per row (larger: sparser model)
-    /// [default: 0.1].
+    /// FTRL L1 regularization, charged once against the sum of the per-row gradients
+    /// pushed, as a per-row learner charges it: a weight stays zero until its rows' gradients
+    /// add up past it (larger: sparser model) [default: 1].
     #[arg(long, allow_negative_numbers = true)]
     l1: Option<Strength>,
     /// FTRL L2 regularization, charged as L1 is [default: 1].
