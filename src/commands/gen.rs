@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::CliError;
 use crate::data::libsvm::IndexBase;
-use crate::data::synthetic::{GenConfig, write};
+use crate::data::synthetic::{GenConfig, Shape, write};
 
 /// Generate synthetic click-like data in LIBSVM form: binary features with power-law
 /// frequencies, labels drawn from a known true logistic model. Indices count from 0 unless
@@ -37,6 +37,10 @@ pub(crate) struct GenArgs {
     /// (liblinear). `auto` is for reading files, not writing them.
     #[arg(long, value_enum, default_value = "0")]
     index_base: IndexBase,
+    /// What a row looks like: click (binary features) or text (words valued by TF-IDF, each
+    /// row of length 1; use --features 100000 --per-row 90 for a set shaped like reviews).
+    #[arg(long, value_enum, default_value = "click")]
+    shape: Shape,
 }
 
 /// Runs `pserver gen`: writes the rows to the output file.
@@ -53,6 +57,7 @@ pub(crate) fn run(args: GenArgs) -> Result<(), CliError> {
         seed: args.seed,
         first_row: args.first_row,
         one_based: args.index_base == IndexBase::One,
+        shape: args.shape,
     };
     let out = args.out.display();
     let mut file = File::create(&args.out)
