@@ -806,8 +806,9 @@ fn measure(text: &str, name: &str) -> f64 {
     line.split(' ').nth(1).unwrap().parse().unwrap()
 }
 
-/// `bench --train --quick` measures the floor and three ways of running pserver train on the
-/// same generated rows, one `name value unit` line each.
+/// `bench --train --quick` measures the floor, three ways of running pserver train in the
+/// process and two as processes of their own on the same generated rows, click-shaped and
+/// text-shaped, one `name value unit` line each.
 #[test]
 fn bench_train_measures_pserver_against_a_floor_on_the_same_rows() {
     let out = pserver()
@@ -842,11 +843,41 @@ fn bench_train_measures_pserver_against_a_floor_on_the_same_rows() {
             "{text}"
         );
     }
+    // The same ways on the text-shaped rows, and `pserver train` run as a process for one
+    // epoch on both shapes' files, parsing and startup in its CPU.
+    for shape in ["", "text."] {
+        for way in ["floor", "mem.1s1w", "mem.2s2w", "tcp.1s1w"] {
+            let auc = value(&format!("train.{shape}{way}.test_auc"));
+            assert!(auc > 0.6, "{shape}{way}: {text}");
+            // Every epoch's AUC, the last of which is the one reported.
+            assert_eq!(value(&format!("train.{shape}{way}.epoch2.test_auc")), auc);
+        }
+        for way in ["process.1s1w", "process.2s2w"] {
+            assert!(
+                value(&format!("train.{shape}{way}.test_auc")) > 0.6,
+                "{text}"
+            );
+            assert!(value(&format!("train.{shape}{way}.cpu_secs_per_mrow")) > 0.0);
+        }
+    }
     // VW runs on the same rows when it is installed, and is said to be skipped when not.
     let stderr = String::from_utf8_lossy(&out.stderr);
     if text.contains("train.vw.rows_per_sec") {
         assert!(value("train.vw.test_auc") > 0.6, "{text}");
         assert!(value("train.mem.2s2w.vs_vw") > 0.0, "{text}");
+        assert!(value("train.text.process.1s1w.cpu_vs_vw") > 0.0, "{text}");
+        // Each way that trains epochs says when it first reached VW's AUC, or that it did not.
+        for way in ["floor", "mem.1s1w", "text.mem.2s2w"] {
+            let said = format!("train.{way}: VW's test AUC");
+            if !stderr.contains(&said) {
+                let epochs = value(&format!("train.{way}.epochs_to_vw_auc"));
+                assert!((1.0..=2.0).contains(&epochs), "{way}: {text}");
+                assert!(
+                    value(&format!("train.{way}.secs_to_vw_auc")) > 0.0,
+                    "{text}"
+                );
+            }
+        }
     } else {
         assert!(stderr.contains("vw: skipped"), "{stderr}");
     }

@@ -6,6 +6,7 @@
 //! Every measure is one `name value unit` line; [`Measure::line`] gives it.
 
 mod checkpoint;
+mod child;
 mod filters;
 mod loopback;
 mod options;
@@ -63,13 +64,17 @@ enum BenchMode {
     Push(PushArgs),
     /// Training throughput and test AUC next to a plain loop and Vowpal Wabbit.
     ///
-    /// Logistic regression on a generated problem (500,000 rows of 4M features, 3 epochs;
-    /// 20,000 rows with --quick), by a floor (the same update rule over a flat array in one
-    /// thread), by Vowpal Wabbit (one pass, when the vw command or the vowpalwabbit Python
-    /// module is installed) and by pserver train with 1 server and 1 worker over mem, 2 and 2
-    /// over mem, and 1 and 1 over tcp: rows/s overall and per epoch (parsing apart),
-    /// CPU-seconds per million rows, peak RSS, test AUC, and each figure's ratio to the floor
-    /// and to VW.
+    /// Logistic regression on a generated click-shaped problem (500,000 rows of 4M features,
+    /// 3 epochs; 20,000 rows with --quick) and then on a text-shaped one (`train.text.*`:
+    /// 20,000 rows of 90 valued words of 100,000, 5 epochs; 5,000 rows with --quick), by a
+    /// floor (the same update rule over a flat array in one thread), by Vowpal Wabbit (one
+    /// pass, when the vw command or the vowpalwabbit Python module is installed) and by
+    /// pserver train with 1 server and 1 worker over mem, 2 and 2 over mem, and 1 and 1 over
+    /// tcp: rows/s overall and per epoch (parsing apart), CPU-seconds per million rows, peak
+    /// RSS, test AUC after each epoch, the epoch and the seconds at which it first reached
+    /// VW's AUC, and each figure's ratio to the floor and to VW. Then `pserver train` as a
+    /// process of its own for one epoch, 1 + 1 and 2 + 2, measured from outside as VW is:
+    /// rows/s and CPU per row with parsing and startup, and their ratios to VW's.
     Train(TrainBenchArgs),
     /// Straggler handling: time and test AUC with slow and transient stragglers.
     ///

@@ -12,4 +12,38 @@ pub(super) struct Reached {
     pub(super) auc: f64,
     /// Seconds an epoch's measurement of the model took, besides its steps.
     pub(super) measure_secs: Option<f64>,
+    /// After each epoch: the seconds of training so far and the test AUC then.
+    pub(super) curve: Vec<(f64, f64)>,
+}
+
+impl Reached {
+    /// The first epoch (from 1) whose test AUC is at least `target`, and the seconds of
+    /// training until its end; `None` if no epoch reached it.
+    pub(super) fn first_reaching(&self, target: f64) -> Option<(usize, f64)> {
+        self.curve
+            .iter()
+            .position(|&(_, auc)| auc >= target)
+            .map(|at| (at + 1, self.curve[at].0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_epoch_at_or_above_the_target_is_the_one_reached() {
+        let reached = Reached {
+            rows_per_sec: 1.0,
+            epochs: vec![1.0; 3],
+            cpu_secs_per_mrow: None,
+            peak_rss_mb: None,
+            auc: 0.8,
+            measure_secs: None,
+            curve: vec![(1.0, 0.70), (2.5, 0.75), (3.0, 0.74)],
+        };
+        assert_eq!(reached.first_reaching(0.75), Some((2, 2.5)));
+        assert_eq!(reached.first_reaching(0.70), Some((1, 1.0)));
+        assert_eq!(reached.first_reaching(0.76), None);
+    }
 }

@@ -1,23 +1,34 @@
-//! `pserver bench --train`: training throughput, next to a floor measured in the same run.
+//! `pserver bench train`: training throughput and what it learns, next to a floor and to
+//! Vowpal Wabbit measured in the same run, on two shapes of generated data: click-like binary
+//! rows, and text-like rows of valued words (`train.text.*`).
 //!
 //! The floor is the same update rule (FTRL-Proximal with the job's rates, the intercept exempt
 //! from regularization) over the same rows in the same minibatches, in one thread, with the
-//! weights in a flat array: no parameter server at all. Every pserver figure reads as a ratio
-//! to it. Parsing is timed apart, and is in no rows/s figure. Vowpal Wabbit, when installed,
-//! trains one pass over the same rows in the same run (its figure includes its own parsing,
-//! which it does on a thread of its own).
+//! weights in a flat array: no parameter server at all. Every in-process pserver figure reads
+//! as a ratio to it. Parsing is timed apart, and is in no in-process rows/s figure. Vowpal
+//! Wabbit, when installed, trains one pass over the same rows in the same run (its figure
+//! includes its own parsing, which it does on a thread of its own). `pserver train` is also
+//! run as a user runs it, a process of its own on the same files for one epoch
+//! (`process.*`), measured from outside as VW is: parsing, startup and evaluation included.
+//!
+//! Each way that trains several epochs says after which epoch, and after how many seconds of
+//! training, its test AUC first reached VW's after its one pass (`epochs_to_vw_auc`,
+//! `secs_to_vw_auc`).
 
+use std::ffi::OsString;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use pserver_core::{Key, KvPairs, UpdateRule};
 
+use super::child::{self, Scratch};
 use super::reached::Reached;
 use super::usage::{cpu_secs, peak_rss_mb, reset_peak_rss};
 use super::{BenchError, Measure, runtime_err, vw};
 use crate::apps::lr::{BIAS_KEY, LrConfig, Slowdowns, Wire, evaluate, train_local};
 use crate::data::libsvm::{Examples, IndexBase, parse};
-use crate::data::synthetic::{GenConfig, write};
+use crate::data::synthetic::{GenConfig, Shape, write};
 
 /// The size of the generated problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +41,10 @@ pub(super) struct TrainSize {
     pub(super) features: u64,
     /// Passes over the training rows.
     pub(super) epochs: u32,
+    /// Features of a row.
+    pub(super) per_row: usize,
+    /// Binary click features or valued words.
+    pub(super) shape: Shape,
 }
 
 impl TrainSize {
@@ -54,6 +69,8 @@ impl TrainSize {
                 test_rows: 5_000,
                 features: 1 << 16,
                 epochs: 2,
+                per_row: 30,
+                shape: Shape::Click,
             }
         } else {
             TrainSize {
@@ -61,7 +78,30 @@ impl TrainSize {
                 test_rows: 50_000,
                 features: 1 << 22,
                 epochs: 3,
+                per_row: 30,
+                shape: Shape::Click,
             }
+        }
+    }
+
+    /// The text-shaped problem: 20,000 rows of 90 words of 100,000, as a set of product
+    /// reviews is (`pserver gen --shape text`); a quarter as many rows with `quick`.
+    pub(super) fn text(quick: bool) -> Self {
+        TrainSize {
+            rows: if quick { 5_000 } else { 20_000 },
+            test_rows: if quick { 2_000 } else { 5_000 },
+            features: 100_000,
+            epochs: if quick { 2 } else { 5 },
+            per_row: 90,
+            shape: Shape::Text,
+        }
+    }
+
+    /// What the names of this problem's measures start with after `train.`.
+    fn prefix(&self) -> &'static str {
+        match self.shape {
+            Shape::Click => "",
+            Shape::Text => "text.",
         }
     }
 }
@@ -71,12 +111,24 @@ pub(super) fn data(
     size: TrainSize,
     emit: &mut impl FnMut(Measure),
 ) -> Result<(Examples, Examples), BenchError> {
+    data_in(size, None, emit)
+}
+
+/// As [`data`], and with `files` also writes the two sets there as `train.svm` and
+/// `test.svm`, for the programs run on them.
+fn data_in(
+    size: TrainSize,
+    files: Option<&Path>,
+    emit: &mut impl FnMut(Measure),
+) -> Result<(Examples, Examples), BenchError> {
     let text = |rows: u64, first_row: u64| -> Result<Vec<u8>, BenchError> {
         let cfg = GenConfig {
             rows,
             features: size.features,
+            per_row: size.per_row,
             first_row,
             seed: 1,
+            shape: size.shape,
             ..GenConfig::default()
         };
         let mut out = Vec::new();
@@ -84,12 +136,16 @@ pub(super) fn data(
         Ok(out)
     };
     let (train, test) = (text(size.rows, 0)?, text(size.test_rows, size.rows)?);
+    if let Some(dir) = files {
+        std::fs::write(dir.join("train.svm"), &train)?;
+        std::fs::write(dir.join("test.svm"), &test)?;
+    }
     let began = Instant::now();
     let train = parse("train", &train, IndexBase::Zero).map_err(runtime_err)?;
     let secs = began.elapsed().as_secs_f64();
     let test = parse("test", &test, IndexBase::Zero).map_err(runtime_err)?;
     emit(Measure {
-        name: "train.parse.rows_per_sec".into(),
+        name: format!("train.{}parse.rows_per_sec", size.prefix()),
         value: train.len() as f64 / secs.max(1e-9),
         unit: "rows/s",
     });
@@ -127,7 +183,39 @@ fn emit_reached(name: &str, r: &Reached, emit: &mut impl FnMut(Measure)) {
     if let Some(secs) = r.measure_secs {
         put("measure_secs_per_epoch".into(), secs, "s");
     }
+    if r.curve.len() > 1 {
+        for (i, &(_, auc)) in r.curve.iter().enumerate() {
+            put(format!("epoch{}.test_auc", i + 1), auc, "auc");
+        }
+    }
     put("test_auc".into(), r.auc, "auc");
+}
+
+/// When `r` first reached VW's test AUC: the epoch, the seconds of training until then, and
+/// those seconds over VW's whole run; said on stderr when it never did.
+fn emit_reaching_vw(name: &str, r: &Reached, vw: &Reached, emit: &mut impl FnMut(Measure)) {
+    let Some(&(vw_secs, target)) = vw.curve.last() else {
+        return;
+    };
+    match r.first_reaching(target) {
+        Some((epoch, secs)) => {
+            for (what, value, unit) in [
+                ("epochs_to_vw_auc", epoch as f64, "epochs"),
+                ("secs_to_vw_auc", secs, "s"),
+                ("secs_to_vw_auc_vs_vw", secs / vw_secs.max(1e-9), "ratio"),
+            ] {
+                emit(Measure {
+                    name: format!("train.{name}.{what}"),
+                    value,
+                    unit,
+                });
+            }
+        }
+        None => eprintln!(
+            "train.{name}: VW's test AUC {target:.4} not reached in {} epochs",
+            r.curve.len()
+        ),
+    }
 }
 
 /// The floor: FTRL over a flat weight array in one thread, minibatch by minibatch in file
@@ -140,9 +228,19 @@ fn floor(cfg: &LrConfig, train: &Examples, test: &Examples) -> Reached {
     let free = UpdateRule::<f32>::unregularized(&rule);
     let mut grad = vec![0f32; dims + 1];
     let mut touched: Vec<usize> = Vec::new();
-    let (cpu0, began) = (cpu_secs(), Instant::now());
+    let cpu0 = cpu_secs();
     let batch = cfg.batch.max(1);
     let mut epochs = Vec::new();
+    let (mut curve, mut trained_secs, mut measure_cpu) = (Vec::new(), 0.0, 0.0);
+    let model = |w: &[f32]| {
+        let (keys, weights): (Vec<Key>, Vec<f32>) = w
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| **x != 0.0)
+            .map(|(k, &x)| (if k == bias { BIAS_KEY } else { k as Key }, x))
+            .unzip();
+        KvPairs::new(keys, weights, 1).map_or(0.5, |m| evaluate(&m, test).1)
+    };
     for _ in 0..cfg.epochs {
         let epoch_began = Instant::now();
         for from in (0..train.len()).step_by(batch) {
@@ -173,25 +271,24 @@ fn floor(cfg: &LrConfig, train: &Examples, test: &Examples) -> Reached {
             free.apply(&mut w[bias], &mut aux[2 * bias..2 * bias + 2], grad[bias]);
             grad[bias] = 0.0;
         }
-        epochs.push(train.len() as f64 / epoch_began.elapsed().as_secs_f64().max(1e-9));
+        let epoch_secs = epoch_began.elapsed().as_secs_f64();
+        epochs.push(train.len() as f64 / epoch_secs.max(1e-9));
+        trained_secs += epoch_secs;
+        // Measured apart: neither its time nor its CPU is the floor's training.
+        let measuring = cpu_secs();
+        curve.push((trained_secs, model(&w)));
+        measure_cpu += cpu_secs().zip(measuring).map_or(0.0, |(b, a)| b - a);
     }
-    let secs = began.elapsed().as_secs_f64();
-    let cpu = cpu_secs().zip(cpu0).map(|(b, a)| b - a);
-    let (keys, weights): (Vec<Key>, Vec<f32>) = w
-        .iter()
-        .enumerate()
-        .filter(|(_, x)| **x != 0.0)
-        .map(|(k, &x)| (if k == bias { BIAS_KEY } else { k as Key }, x))
-        .unzip();
-    let auc = KvPairs::new(keys, weights, 1).map_or(0.5, |m| evaluate(&m, test).1);
+    let cpu = cpu_secs().zip(cpu0).map(|(b, a)| b - a - measure_cpu);
     let rows = train.len() as f64 * f64::from(cfg.epochs);
     Reached {
-        rows_per_sec: rows / secs.max(1e-9),
+        rows_per_sec: rows / trained_secs.max(1e-9),
         epochs,
         cpu_secs_per_mrow: cpu.map(|c| c / rows * 1e6),
         peak_rss_mb: peak_rss_mb(),
-        auc,
+        auc: curve.last().map_or(0.5, |&(_, auc)| auc),
         measure_secs: None,
+        curve,
     }
 }
 
@@ -232,17 +329,84 @@ async fn pserver(
         cpu_secs_per_mrow: cpu.map(|c| c / rows.max(1) as f64 * 1e6),
         peak_rss_mb: peak_rss_mb(),
         auc: trained.reports.last().map_or(0.5, |r| r.test_auc),
+        curve: trained
+            .reports
+            .iter()
+            .scan(0.0, |secs, r| {
+                *secs += r.train_secs;
+                Some((*secs, r.test_auc))
+            })
+            .collect(),
     })
 }
 
-/// Runs the training measures on a generated problem of `size`. Each way of training
-/// reports its own peak RSS, over the data every way shares (generated and parsed before).
+/// `pserver train` as a process of its own, as a user runs it, for one epoch with `servers`
+/// and `workers` on the files in `dir` (of `rows` training rows), measured from outside.
+fn process(
+    dir: &Path,
+    (servers, workers): (usize, usize),
+    rows: usize,
+) -> Result<Reached, BenchError> {
+    let exe = std::env::current_exe()?;
+    let os = |s: &str| OsString::from(s);
+    let (secs, cpu, peak, out) = child::run(
+        &[exe.into_os_string()],
+        &[
+            os("train"),
+            os("--data"),
+            dir.join("train.svm").into_os_string(),
+            os("--test"),
+            dir.join("test.svm").into_os_string(),
+            os("--index-base"),
+            os("0"),
+            os("--servers"),
+            os(&servers.to_string()),
+            os("--workers"),
+            os(&workers.to_string()),
+            os("--epochs"),
+            os("1"),
+        ],
+        &dir.join("train.log"),
+    )?;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("iter=1 "))
+        .ok_or_else(|| BenchError::Inexact(format!("pserver train printed no epoch: {out}")))?;
+    let auc: f64 = line
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("test_auc="))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| BenchError::Inexact(format!("no test_auc in {line}")))?;
+    let rows = rows as f64;
+    Ok(Reached {
+        rows_per_sec: rows / secs.max(1e-9),
+        epochs: vec![rows / secs.max(1e-9)],
+        cpu_secs_per_mrow: cpu.map(|c| c / rows * 1e6),
+        peak_rss_mb: peak,
+        auc,
+        measure_secs: None,
+        curve: vec![(secs, auc)],
+    })
+}
+
+/// Runs the training measures on the generated problem of `size` and then on the
+/// text-shaped one. Each way of training reports its own peak RSS, over the data every way
+/// shares (generated and parsed before).
 pub(super) async fn run_train_bench(
     size: TrainSize,
     emit: &mut impl FnMut(Measure),
 ) -> Result<(), BenchError> {
-    let (train, test) = data(size, emit)?;
+    let quick = size.rows < 100_000;
+    run_shape(size, emit).await?;
+    run_shape(TrainSize::text(quick), emit).await
+}
+
+/// The training measures on one generated problem.
+async fn run_shape(size: TrainSize, emit: &mut impl FnMut(Measure)) -> Result<(), BenchError> {
+    let dir = Scratch::new("train")?;
+    let (train, test) = data_in(size, Some(&dir.0), emit)?;
     let (train, test) = (Arc::new(train), Arc::new(test));
+    let prefix = size.prefix();
     let cfg = LrConfig {
         epochs: size.epochs,
         // In file order, as the floor: the generated rows are in random order already.
@@ -252,7 +416,7 @@ pub(super) async fn run_train_bench(
     let own_peaks = reset_peak_rss();
     if let Some(mb) = peak_rss_mb() {
         emit(Measure {
-            name: "train.data_rss".into(),
+            name: format!("train.{prefix}data_rss"),
             value: mb,
             unit: "MB",
         });
@@ -265,13 +429,13 @@ pub(super) async fn run_train_bench(
         r
     };
     let floor = own(floor(&cfg, &train, &test));
-    emit_reached("floor", &floor, emit);
+    emit_reached(&format!("{prefix}floor"), &floor, emit);
     let vw = match vw::command() {
         Some(command) => match vw::reached(&command, &train, &test) {
             Ok(reached) => {
                 let vs_floor = reached.rows_per_sec / floor.rows_per_sec;
-                emit_reached("vw", &reached, emit);
-                emit_ratio("vw", "vs_floor", vs_floor, emit);
+                emit_reached(&format!("{prefix}vw"), &reached, emit);
+                emit_ratio(&format!("{prefix}vw"), "vs_floor", vs_floor, emit);
                 Some(reached)
             }
             // A baseline that breaks is not a reason to lose pserver's figures.
@@ -287,6 +451,9 @@ pub(super) async fn run_train_bench(
             None
         }
     };
+    if let Some(vw) = &vw {
+        emit_reaching_vw(&format!("{prefix}floor"), &floor, vw, emit);
+    }
     for (name, shape) in [
         ("mem.1s1w", (1, 1, Wire::Mem)),
         ("mem.2s2w", (2, 2, Wire::Mem)),
@@ -295,21 +462,34 @@ pub(super) async fn run_train_bench(
         if own_peaks {
             reset_peak_rss();
         }
+        let name = format!("{prefix}{name}");
         let reached = own(pserver(&cfg, shape, &train, &test).await?);
-        emit_reached(name, &reached, emit);
+        emit_reached(&name, &reached, emit);
         emit_ratio(
-            name,
+            &name,
             "vs_floor",
             reached.rows_per_sec / floor.rows_per_sec,
             emit,
         );
         if let Some(vw) = &vw {
-            emit_ratio(name, "vs_vw", reached.rows_per_sec / vw.rows_per_sec, emit);
+            emit_ratio(&name, "vs_vw", reached.rows_per_sec / vw.rows_per_sec, emit);
+            emit_reaching_vw(&name, &reached, vw, emit);
+        }
+    }
+    for (name, nodes) in [("process.1s1w", (1, 1)), ("process.2s2w", (2, 2))] {
+        let name = format!("{prefix}{name}");
+        let reached = process(&dir.0, nodes, train.len())?;
+        emit_reached(&name, &reached, emit);
+        if let Some(vw) = &vw {
+            emit_ratio(&name, "vs_vw", reached.rows_per_sec / vw.rows_per_sec, emit);
+            if let (Some(cpu), Some(vw_cpu)) = (reached.cpu_secs_per_mrow, vw.cpu_secs_per_mrow) {
+                emit_ratio(&name, "cpu_vs_vw", cpu / vw_cpu, emit);
+            }
         }
     }
     if let Some(mb) = peak_rss_mb().filter(|_| !own_peaks) {
         emit(Measure {
-            name: "train.peak_rss".into(),
+            name: format!("train.{prefix}peak_rss"),
             value: mb,
             unit: "MB",
         });
@@ -336,24 +516,62 @@ pub(super) fn print_table(measures: &[Measure]) {
         |x: Option<f64>, digits: usize| x.map_or("-".to_owned(), |x| format!("{x:.digits$}"));
     println!();
     println!(
-        "{:<10} {:>12} {:>9} {:>7} {:>11} {:>13} {:>10} {:>9}",
-        "way", "rows/s", "vs floor", "vs VW", "CPU s/Mrow", "1st/later ep", "peak MB", "test AUC"
+        "{:<18} {:>10} {:>9} {:>7} {:>11} {:>8} {:>9} {:>9} {:>12}",
+        "way",
+        "rows/s",
+        "vs floor",
+        "vs VW",
+        "CPU s/Mrow",
+        "peak MB",
+        "AUC ep 1",
+        "test AUC",
+        "to VW's AUC"
     );
-    for way in ["floor", "vw", "mem.1s1w", "mem.2s2w", "tcp.1s1w"] {
+    let ways = [
+        "floor",
+        "vw",
+        "mem.1s1w",
+        "mem.2s2w",
+        "tcp.1s1w",
+        "process.1s1w",
+        "process.2s2w",
+    ];
+    for way in ways
+        .iter()
+        .map(|w| w.to_string())
+        .chain(ways.iter().map(|w| format!("text.{w}")))
+    {
+        let way = way.as_str();
         let Some(rate) = get(way, "rows_per_sec") else {
             continue;
         };
-        let (floor, vw) = (get("floor", "rows_per_sec"), get("vw", "rows_per_sec"));
+        let shape = if way.starts_with("text.") {
+            "text."
+        } else {
+            ""
+        };
+        let (floor, vw) = (
+            get(&format!("{shape}floor"), "rows_per_sec"),
+            get(&format!("{shape}vw"), "rows_per_sec"),
+        );
+        let reach = match (
+            get(way, "epochs_to_vw_auc"),
+            get(way, "secs_to_vw_auc_vs_vw"),
+        ) {
+            (Some(epochs), Some(ratio)) => format!("ep {epochs:.0}, {ratio:.2}x"),
+            _ => "-".to_owned(),
+        };
         println!(
-            "{:<10} {:>12.0} {:>9} {:>7} {:>11} {:>13} {:>10} {:>9}",
+            "{:<18} {:>10.0} {:>9} {:>7} {:>11} {:>8} {:>9} {:>9} {:>12}",
             way,
             rate,
             show(floor.map(|f| rate / f), 3),
             show(vw.map(|v| rate / v), 3),
             show(get(way, "cpu_secs_per_mrow"), 2),
-            show(get(way, "first_epoch_vs_later"), 2),
             show(get(way, "peak_rss"), 0),
+            show(get(way, "epoch1.test_auc").or(get(way, "test_auc")), 4),
             show(get(way, "test_auc"), 4),
+            reach,
         );
     }
 }

@@ -4,13 +4,12 @@
 
 use std::ffi::OsString;
 use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use super::BenchError;
+use super::child::{Scratch, run};
 use super::reached::Reached;
-use super::usage::{cpu_secs_of_children, peak_rss_mb_of};
 use crate::apps::lr::auc;
 use crate::data::libsvm::Examples;
 
@@ -47,64 +46,13 @@ fn write_vw(data: &Examples, path: &Path) -> Result<(), BenchError> {
     Ok(())
 }
 
-/// Runs `vw` with `args` to its end; returns its wall-clock seconds, CPU seconds and peak
-/// RSS. The peak is read while it runs (the last reading before it exits: a few
-/// milliseconds of growth may be missed).
-fn run(
-    vw: &[OsString],
-    args: &[OsString],
-    log: &Path,
-) -> Result<(f64, Option<f64>, Option<f64>), BenchError> {
-    let (program, first) = vw
-        .split_first()
-        .ok_or_else(|| BenchError::Inexact("no vw command".into()))?;
-    let cpu0 = cpu_secs_of_children();
-    let began = Instant::now();
-    let mut child = Command::new(program)
-        .args(first)
-        .args(args)
-        .stdout(Stdio::null())
-        // Read only once it ends: a pipe it filled with warnings would stall it.
-        .stderr(Stdio::from(std::fs::File::create(log)?))
-        .spawn()?;
-    let mut peak = None;
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        peak = peak_rss_mb_of(child.id()).or(peak);
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let secs = began.elapsed().as_secs_f64();
-    if !status.success() {
-        let said = std::fs::read_to_string(log).unwrap_or_default();
-        let last = said.lines().last().unwrap_or("").to_owned();
-        return Err(BenchError::Inexact(format!(
-            "vw exited with {status}: {last}"
-        )));
-    }
-    let cpu = cpu_secs_of_children().zip(cpu0).map(|(b, a)| b - a);
-    Ok((secs, cpu, peak))
-}
-
-/// A scratch directory removed when dropped.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// One pass of VW with logistic loss over `train`, its test AUC on `test`.
 pub(super) fn reached(
     vw: &[OsString],
     train: &Examples,
     test: &Examples,
 ) -> Result<Reached, BenchError> {
-    let dir =
-        Scratch(std::env::temp_dir().join(format!("pserver-bench-vw-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0)?;
+    let dir = Scratch::new("vw")?;
     let (train_file, test_file) = (dir.0.join("train.vw"), dir.0.join("test.vw"));
     let (model, predictions) = (dir.0.join("vw.model"), dir.0.join("vw.predictions"));
     write_vw(train, &train_file)?;
@@ -114,7 +62,7 @@ pub(super) fn reached(
     let dims = train.dimensions().max(test.dimensions()).max(1);
     let bits = (64 - dims.leading_zeros() + 1).max(18);
     let os = |s: &str| OsString::from(s);
-    let (secs, cpu, peak) = run(
+    let (secs, cpu, peak, _) = run(
         vw,
         &[
             os("-d"),
@@ -155,12 +103,14 @@ pub(super) fn reached(
         )));
     }
     let rows = train.len() as f64;
+    let auc = auc(&scores, test.labels());
     Ok(Reached {
         rows_per_sec: rows / secs.max(1e-9),
         epochs: vec![rows / secs.max(1e-9)],
         cpu_secs_per_mrow: cpu.map(|c| c / rows * 1e6),
         peak_rss_mb: peak,
-        auc: auc(&scores, test.labels()),
+        auc,
         measure_secs: None,
+        curve: vec![(secs, auc)],
     })
 }
