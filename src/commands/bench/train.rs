@@ -340,6 +340,46 @@ async fn pserver(
     })
 }
 
+/// Loaded runs of VW and of 2 + 2 in the contention measure.
+const CONTENDED_PAIRS: usize = 3;
+
+/// A busy loop on a thread per core, the competing load of a shared machine, until dropped.
+struct Busy {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Busy {
+    fn on_every_core() -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..cores)
+            .map(|_| {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                        );
+                    }
+                })
+            })
+            .collect();
+        Busy { stop, threads }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// `pserver train` as a process of its own, as a user runs it, for one epoch with `servers`
 /// and `workers` on the files in `dir` (of `rows` training rows), measured from outside.
 fn process(
@@ -476,6 +516,7 @@ async fn run_shape(size: TrainSize, emit: &mut impl FnMut(Measure)) -> Result<()
             emit_reaching_vw(&name, &reached, vw, emit);
         }
     }
+    let mut two = None;
     for (name, nodes) in [("process.1s1w", (1, 1)), ("process.2s2w", (2, 2))] {
         let name = format!("{prefix}{name}");
         let reached = process(&dir.0, nodes, train.len())?;
@@ -486,6 +527,33 @@ async fn run_shape(size: TrainSize, emit: &mut impl FnMut(Measure)) -> Result<()
                 emit_ratio(&name, "cpu_vs_vw", cpu / vw_cpu, emit);
             }
         }
+        two = Some(reached);
+    }
+    // Under contention, on the click shape: VW and 2 + 2 again while every core also runs
+    // a busy loop, each slowdown its loaded time over its quiet one; the median of three
+    // pairs, as one loaded run moves with the scheduler by tens of percent.
+    if let (Shape::Click, Some(vw), Some(two), Some(command)) =
+        (size.shape, &vw, &two, vw::command())
+    {
+        let slowdown = |quiet: &Reached, loaded: &Reached| quiet.rows_per_sec / loaded.rows_per_sec;
+        let mut pairs = Vec::new();
+        for _ in 0..CONTENDED_PAIRS {
+            let busy = Busy::on_every_core();
+            let vw_loaded = vw::reached(&command, &train, &test)?;
+            let two_loaded = process(&dir.0, (2, 2), train.len())?;
+            drop(busy);
+            pairs.push((slowdown(vw, &vw_loaded), slowdown(two, &two_loaded)));
+        }
+        pairs.sort_by(|a, b| (a.1 / a.0).total_cmp(&(b.1 / b.0)));
+        let (vw_slowdown, two_slowdown) = pairs[pairs.len() / 2];
+        emit_ratio("contended.vw", "slowdown", vw_slowdown, emit);
+        emit_ratio("contended.process.2s2w", "slowdown", two_slowdown, emit);
+        emit_ratio(
+            "contended.process.2s2w",
+            "slowdown_vs_vw",
+            two_slowdown / vw_slowdown,
+            emit,
+        );
     }
     if let Some(mb) = peak_rss_mb().filter(|_| !own_peaks) {
         emit(Measure {
