@@ -1365,7 +1365,9 @@ fn the_cluster_job_trains_every_row_of_a_skewed_share_and_saves_the_best_epoch()
     let dir = std::env::temp_dir().join(format!("pserver-lr-skewed-{}", std::process::id()));
     // The second half's values spelt out at length: cut by bytes, the first worker's share
     // holds far more rows than the second's.
-    let (config, roles) = lr_cluster_with(&dir, 2, EPOCHS, "save = \"model.bin\"\n", |rows| {
+    // Every row trained: none held out to choose the epoch, which the test rows choose.
+    let job = "save = \"model.bin\"\nvalidation_fraction = 0\n";
+    let (config, roles) = lr_cluster_with(&dir, 2, EPOCHS, job, |rows| {
         let half = rows.len() / 2;
         for row in &mut rows[half..] {
             *row = row.replace(":1", ":1.000000000000");
@@ -1960,6 +1962,64 @@ fn worker_fields(stdout: &str, name: &str) -> Vec<f64> {
         .map(|l| format!("{l}\n"))
         .collect();
     fields(&lines, name)
+}
+
+/// With a model to save from several epochs, a cluster job holds a tenth of its training rows
+/// out, drawn from the seed by their place in the file whichever worker reads them, and keeps
+/// the epoch with the lowest log loss on them: the test rows never choose.
+#[test]
+fn the_cluster_job_saves_the_epoch_with_the_lowest_validation_logloss() {
+    const EPOCHS: u32 = 4;
+    let dir = std::env::temp_dir().join(format!("pserver-lr-valid-{}", std::process::id()));
+    let (config, roles) = lr_cluster_with(&dir, 2, EPOCHS, "save = \"model.bin\"\n", |_| {});
+    let mut children = start_all(&config, &roles);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut outputs = Vec::new();
+    for (name, mut child) in children.0.drain(2..) {
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{name}: {}", text_of(&out.stderr));
+        outputs.push(text_of(&out.stdout));
+    }
+    // Each epoch the workers train the same rows, about nine in ten of the file's.
+    let trained: Vec<f64> = (0..EPOCHS as usize)
+        .map(|e| outputs.iter().map(|o| fields(o, "rows=")[e]).sum())
+        .collect();
+    let all = LR_ROWS as f64;
+    assert!(trained.iter().all(|&r| r == trained[0]), "{trained:?}");
+    assert!(
+        trained[0] > 0.85 * all && trained[0] < 0.95 * all,
+        "{trained:?} of {all}"
+    );
+    let lead = outputs
+        .iter()
+        .find(|o| o.contains("valid_logloss="))
+        .unwrap_or_else(|| panic!("no worker measured validation rows: {outputs:?}"));
+    let (valid, test) = (
+        fields(lead, "valid_logloss="),
+        fields(lead, "test_logloss="),
+    );
+    assert_eq!(
+        (valid.len(), test.len()),
+        (EPOCHS as usize, EPOCHS as usize),
+        "{lead}"
+    );
+    let chosen = (0..valid.len()).fold(0, |best, e| if valid[e] < valid[best] { e } else { best });
+    let predicted = Command::new(assert_cmd::cargo::cargo_bin("pserver"))
+        .args(["predict", "--model"])
+        .arg(dir.join("model.bin"))
+        .arg("--data")
+        .arg(dir.join("test.svm"))
+        .output()
+        .unwrap();
+    let predicted = text_of(&predicted.stdout);
+    assert_eq!(
+        fields(&predicted, "logloss="),
+        vec![test[chosen]],
+        "{predicted} {lead}"
+    );
+    children.interrupt();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A cluster job that names a saved model with `init` starts there: every server starts its

@@ -32,8 +32,8 @@ use crate::apps::lr::{
 use crate::apps::mf;
 use crate::apps::mf_file::{load_mf, save_mf};
 use crate::data::libsvm::{
-    DataError, Examples, IndexBase, count_rows, holds_rows, lines_before, max_index, no_examples,
-    parse_lines, parse_whole, read_bytes, shard,
+    DataError, Examples, IndexBase, count_rows, held_out, holds_rows, lines_before, max_index,
+    no_examples, parse_lines, parse_whole, read_bytes, shard,
 };
 use std::collections::BTreeMap;
 
@@ -435,6 +435,10 @@ struct LrData {
     shares: BTreeMap<usize, Arc<Examples>>,
     steps: usize,
     test: Option<Examples>,
+    /// The fraction of the file's rows held out of training and the seed that draws them.
+    held: Option<(f64, u64)>,
+    /// The held-out rows of the whole file, which choose the epoch saved.
+    validation: Option<Examples>,
 }
 
 impl LrData {
@@ -490,6 +494,15 @@ impl LrData {
             Some((test_name, test_text)) => Some(parse_whole(&test_name, &test_text, base)?),
             None => None,
         };
+        let held = job.cfg.validation.map(|f| (f, job.cfg.seed));
+        // Any worker may come to hold the first share and measure: each draws the held-out
+        // rows of the whole file, as `pserver train` draws them from its rows.
+        let validation = match held {
+            Some((fraction, seed)) => {
+                Some(parse_whole(&name, &text, base)?.hold_out(fraction, seed).1)
+            }
+            None => None,
+        };
         let mut data = LrData {
             name,
             keys_below,
@@ -499,26 +512,42 @@ impl LrData {
             shares: BTreeMap::new(),
             steps,
             test,
+            held,
+            validation,
         };
         data.share(index)?;
         Ok(data)
     }
 
-    /// The rows of share `share`, parsed on first use.
+    /// The rows of share `share`, parsed on first use, and which of them are trained: all but
+    /// those held out for validation.
     fn share(&mut self, share: usize) -> Result<ShareRows, DataError> {
-        if let Some(rows) = self.shares.get(&share) {
-            return Ok((rows.clone(), (0..rows.len()).collect()));
-        }
         let range = shard(&self.text, share, self.workers);
-        let before = lines_before(&self.text, range.start);
-        let rows = Arc::new(parse_lines(
-            &self.name,
-            &self.text[range],
-            self.base,
-            before,
-        )?);
-        self.shares.insert(share, rows.clone());
-        Ok((rows.clone(), (0..rows.len()).collect()))
+        let rows = match self.shares.get(&share) {
+            Some(rows) => rows.clone(),
+            None => {
+                let before = lines_before(&self.text, range.start);
+                let rows = Arc::new(parse_lines(
+                    &self.name,
+                    &self.text[range.clone()],
+                    self.base,
+                    before,
+                )?);
+                self.shares.insert(share, rows.clone());
+                rows
+            }
+        };
+        let trained = match self.held {
+            Some((fraction, seed)) => {
+                // A row's place in the whole file, which draws it in or out.
+                let first = count_rows(&self.text[..range.start]);
+                (0..rows.len())
+                    .filter(|r| !held_out(first + r, fraction, seed))
+                    .collect()
+            }
+            None => (0..rows.len()).collect(),
+        };
+        Ok((rows, trained))
     }
 }
 
@@ -717,6 +746,7 @@ async fn train_lr_worker(
     data: &mut LrData,
 ) -> Result<u32, RunError> {
     let test = data.test.take();
+    let validation = data.validation.take();
     let (steps, base) = (data.steps, data.base);
     // Epoch 1's time starts when the job does, not while the nodes are still joining.
     worker.ready().await?;
@@ -729,7 +759,7 @@ async fn train_lr_worker(
     };
     let measure = MeasureSpec {
         test: test.as_ref(),
-        validation: None,
+        validation: validation.as_ref(),
         model: job.save.is_some(),
     };
     let mut epochs = 0;
@@ -755,14 +785,18 @@ async fn train_lr_worker(
                 line += &format!(" test_logloss={loss:.4} test_auc={auc:.4}");
             }
             line += &format!(" nnz={}", model.nnz);
-            // The best epoch by test log loss, or the latest without a test set; written as
-            // soon as it is known, so that a later failure cannot lose it.
-            let loss = model.test.map(|(loss, _)| loss);
+            if let Some(loss) = model.validation {
+                line += &format!(" valid_logloss={loss:.4}");
+            }
+            // The best epoch by validation log loss, else by test log loss, or the latest
+            // without either; written as soon as it is known, so that a later failure cannot
+            // lose it.
+            let loss = model.validation.or(model.test.map(|(loss, _)| loss));
             if took_over
                 && best.is_none()
-                && let (Some(path), Some(test)) = (&job.save, &test)
+                && let (Some(path), Some(rows)) = (&job.save, validation.as_ref().or(test.as_ref()))
             {
-                best = saved_loss(path, base, test);
+                best = saved_loss(path, base, rows);
             }
             let better = match (loss, best) {
                 (Some(loss), _) if loss.is_nan() => false,
@@ -793,10 +827,11 @@ async fn train_lr_worker(
     }
 }
 
-/// The test log loss of the model saved at `path`, if there is one read with `base`.
-fn saved_loss(path: &std::path::Path, base: IndexBase, test: &Examples) -> Option<f64> {
+/// The log loss on `rows` (the validation rows, or else the test rows) of the model saved at
+/// `path`, if there is one read with `base`.
+fn saved_loss(path: &std::path::Path, base: IndexBase, rows: &Examples) -> Option<f64> {
     let saved = load_model(path).ok()?;
-    (saved.base == base).then(|| evaluate(&saved.weights, test).0)
+    (saved.base == base).then(|| evaluate(&saved.weights, rows).0)
 }
 
 /// Writes the model to a file beside `path`, then renames it over `path`: a reader never sees

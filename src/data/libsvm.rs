@@ -466,8 +466,7 @@ impl Examples {
     pub(crate) fn hold_out(&self, fraction: f64, seed: u64) -> (Examples, Examples) {
         let (mut kept, mut held) = (Vec::new(), Vec::new());
         for r in 0..self.len() {
-            let draw = mix(seed ^ mix(r as u64 ^ 0x4e1d));
-            if unit(draw) < fraction {
+            if held_out(r, fraction, seed) {
                 held.push(r);
             } else {
                 kept.push(r);
@@ -484,6 +483,13 @@ impl Examples {
         };
         max.map_or(0, |m| m + 1)
     }
+}
+
+/// Whether row `r` of a file (counted from 0 over the rows the parser makes, blank and comment
+/// lines left out) is held out by [`Examples::hold_out`] with `fraction` and `seed`: a worker
+/// that parses only its share of the file tells its held rows by their place in the file.
+pub(crate) fn held_out(r: usize, fraction: f64, seed: u64) -> bool {
+    unit(mix(seed ^ mix(r as u64 ^ 0x4e1d))) < fraction
 }
 
 /// Why a data file could not be read.

@@ -796,6 +796,17 @@ fn job(
         )
     })?;
     spec.job.store = LrConfig::default().job.store;
+    // As `pserver train`: with a model to save from several epochs, a tenth of the training
+    // rows chooses the epoch kept, so that the test rows never do.
+    let validation = match job.validation_fraction {
+        // Every row trained, the test rows choosing, as before there was a choice.
+        Some(0.0) => 0.0,
+        Some(given) => Fraction::new(given)
+            .map_err(|e| origin.invalid("job.validation_fraction", e))?
+            .get(),
+        None if job.save.is_some() && job.epochs > 1 => 0.1,
+        None => 0.0,
+    };
     let cfg = LrConfig {
         job: spec.job.clone(),
         epochs: job.epochs,
@@ -806,7 +817,7 @@ fn job(
         seed: job.seed,
         keep: Keep::Best,
         early_stop: None,
-        validation: None,
+        validation: (validation > 0.0).then_some(validation),
         pipeline: true,
         initial: None,
         checkpoints: None,
@@ -846,6 +857,7 @@ fn mf_job(
     for (field, given) in [
         ("job.alpha", job.alpha.is_some()),
         ("job.l1", job.l1.is_some()),
+        ("job.validation_fraction", job.validation_fraction.is_some()),
     ] {
         if given {
             return Err(origin.invalid(field, "not used by an mf job"));

@@ -113,6 +113,7 @@ pub(super) struct RawJob {
     pub(super) stall_limit_secs: u64,
     pub(super) rank: Option<u32>,
     pub(super) test_fraction: Option<f64>,
+    pub(super) validation_fraction: Option<f64>,
     #[serde(default)]
     pub(super) checkpoint_every: u32,
 }
@@ -229,6 +230,7 @@ impl Default for RawJob {
             stall_limit_secs: default_stall_limit_secs(),
             rank: None,
             test_fraction: None,
+            validation_fraction: None,
             checkpoint_every: 0,
         }
     }

@@ -105,6 +105,41 @@ fn lr_job_with(field: &str, value: &str) -> String {
 }
 
 #[test]
+fn an_lr_job_holds_rows_out_to_choose_the_epoch_it_saves_unless_told_not_to() {
+    let validation = |lines: &str| {
+        let text = GOOD.replace(
+            "keys = 10",
+            &format!("app = \"lr\"\ndata = \"t.svm\"\n{lines}\nkeys = 10"),
+        );
+        match parse(&text).map(|f| f.job) {
+            Ok(Job::Lr(job)) => Ok(job.cfg.validation),
+            Ok(_) => panic!("not an lr job"),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    // A tenth by default where an epoch is chosen among several to save.
+    assert_eq!(validation("save = \"m.bin\""), Ok(Some(0.1)));
+    assert_eq!(validation("save = \"m.bin\"\nepochs = 1"), Ok(None));
+    assert_eq!(validation(""), Ok(None));
+    assert_eq!(
+        validation("save = \"m.bin\"\nvalidation_fraction = 0.25"),
+        Ok(Some(0.25))
+    );
+    // 0: every row trained.
+    assert_eq!(
+        validation("save = \"m.bin\"\nvalidation_fraction = 0"),
+        Ok(None)
+    );
+    for bad in ["1", "-0.1", "nan"] {
+        let e = validation(&format!("validation_fraction = {bad}")).unwrap_err();
+        assert!(
+            e.starts_with("/etc/pserver/c.toml: job.validation_fraction: "),
+            "{bad}: {e}"
+        );
+    }
+}
+
+#[test]
 fn a_cluster_file_with_a_zero_batch_is_refused_naming_the_field() {
     let e = parse(&lr_job_with("batch", "0")).unwrap_err().to_string();
     assert_eq!(e, "/etc/pserver/c.toml: job.batch: must be at least 1");
@@ -523,6 +558,10 @@ fn an_mf_job_takes_its_rank_and_rates_and_refuses_what_it_does_not_use() {
         ),
         ("alpha = 1", "job.alpha: not used by an mf job"),
         ("l1 = 1", "job.l1: not used by an mf job"),
+        (
+            "validation_fraction = 0.2",
+            "job.validation_fraction: not used by an mf job",
+        ),
         ("rank = 0", "job.rank: 0 is not a rank"),
         ("lr = -1", "job.lr"),
         ("test_fraction = 1.0", "job.test_fraction"),
