@@ -162,6 +162,173 @@ fn refused(args: &[&str], what: &[&str]) {
     assert!(!err.contains("panicked"), "{args:?}: {err}");
 }
 
+/// Ratings shaped like MovieLens 100k: 943 users and 1,682 items, some users far more active
+/// and some items far more popular than others, user and item biases, rank-3 taste, noise,
+/// whole stars.
+fn movielens_shaped(n: usize, seed: u64) -> Vec<(usize, usize, u8)> {
+    let (users, items) = (943, 1682);
+    let mut rng = Rng(seed);
+    let mut factors = |count: usize| -> Vec<[f64; 4]> {
+        (0..count)
+            .map(|_| {
+                [
+                    0.4 * rng.normal(),
+                    0.5 * rng.normal(),
+                    0.5 * rng.normal(),
+                    0.5 * rng.normal(),
+                ]
+            })
+            .collect()
+    };
+    let (p, q) = (factors(users), factors(items));
+    (0..n)
+        .map(|_| {
+            let u = ((users as f64 * rng.unit().powi(2)) as usize).min(users - 1);
+            let i = ((items as f64 * rng.unit().powi(3)) as usize).min(items - 1);
+            let taste: f64 = (1..4).map(|j| p[u][j] * q[i][j]).sum();
+            let x = 3.5 + p[u][0] + q[i][0] + taste + 0.5 * rng.normal();
+            (u, i, x.round().clamp(1.0, 5.0) as u8)
+        })
+        .collect()
+}
+
+/// The textbook biased model trained by per-rating SGD in one thread (Koren, Bell and
+/// Volinsky), as its users run it: a tenth of `train` held out, up to `epochs` epochs, the
+/// epoch of the lowest RMSE on those held-out ratings kept; its test RMSE. Rank 0 is the
+/// bias-only model.
+fn reference_rmse(
+    train: &[(usize, usize, u8)],
+    test: &[(usize, usize, u8)],
+    rank: usize,
+    epochs: usize,
+) -> f64 {
+    let (lr, l2) = (0.02, 0.05);
+    let (held, fit) = train.split_at(train.len() / 10);
+    let mean = fit.iter().map(|r| f64::from(r.2)).sum::<f64>() / fit.len() as f64;
+    let mut rng = Rng(7);
+    let mut factors = |n: usize| -> Vec<Vec<f64>> {
+        (0..n)
+            .map(|_| (0..rank).map(|_| 0.1 * rng.normal()).collect())
+            .collect()
+    };
+    let (mut p, mut q) = (factors(943), factors(1682));
+    let (mut bu, mut bi) = (vec![0.0; 943], vec![0.0; 1682]);
+    let mut order: Vec<usize> = (0..fit.len()).collect();
+    let mut rng = Rng(8);
+    let (mut best_held, mut kept) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..epochs {
+        for k in (1..order.len()).rev() {
+            order.swap(k, (rng.next() % (k as u64 + 1)) as usize);
+        }
+        for &at in &order {
+            let (u, i, r) = fit[at];
+            let dot: f64 = p[u].iter().zip(&q[i]).map(|(a, b)| a * b).sum();
+            let e = f64::from(r) - (mean + bu[u] + bi[i] + dot);
+            bu[u] += lr * (e - l2 * bu[u]);
+            bi[i] += lr * (e - l2 * bi[i]);
+            for j in 0..rank {
+                let (pj, qj) = (p[u][j], q[i][j]);
+                p[u][j] += lr * (e * qj - l2 * pj);
+                q[i][j] += lr * (e * pj - l2 * qj);
+            }
+        }
+        let rmse = |ratings: &[(usize, usize, u8)]| {
+            let squared: f64 = ratings
+                .iter()
+                .map(|&(u, i, r)| {
+                    let dot: f64 = p[u].iter().zip(&q[i]).map(|(a, b)| a * b).sum();
+                    (f64::from(r) - (mean + bu[u] + bi[i] + dot)).powi(2)
+                })
+                .sum();
+            (squared / ratings.len() as f64).sqrt()
+        };
+        let on_held = rmse(held);
+        if on_held < best_held {
+            (best_held, kept) = (on_held, rmse(test));
+        }
+    }
+    kept
+}
+
+/// The target for matrix factorization, on MovieLens-100k-shaped ratings split 90/10: with
+/// its defaults (a tenth of the training ratings held out, early stopping on them, the best
+/// epoch saved), `pserver train mf` beats a bias-only model and comes within 0.01 of the
+/// textbook biased model trained per rating, both of those choosing their epoch of 30 on a
+/// tenth of the training ratings as pserver does.
+#[test]
+fn defaults_beat_a_bias_only_model_and_come_within_0_01_of_a_reference_biased_mf() {
+    let dir = Scratch::new("reference");
+    let ratings = movielens_shaped(100_000, 5);
+    let (test, train) = ratings.split_at(10_000);
+    let train_file = dir.file("train.data", &movielens(train));
+    let test_file = dir.file("test.data", &movielens(test));
+    let model = dir.0.join("m.mf");
+    let out = pserver(&[
+        "train",
+        "mf",
+        "--data",
+        path(&train_file),
+        "--test",
+        path(&test_file),
+        "--save",
+        path(&model),
+    ]);
+    let (stdout, stderr) = (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    );
+    assert!(out.status.success(), "{stderr}");
+    let counted = |what: &str| -> usize {
+        let at = stderr
+            .find(what)
+            .unwrap_or_else(|| panic!("no {what} in {stderr}"));
+        stderr[..at].rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let (kept, held) = (counted(" train ratings"), counted(" validation ratings"));
+    assert_eq!(kept + held, 90_000, "{stderr}");
+    assert!((8_000..10_000).contains(&held), "{stderr}");
+    let field = |line: &str, name: &str| -> f64 {
+        line.split(' ')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+            .parse()
+            .unwrap()
+    };
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("iter=")).collect();
+    let valid: Vec<f64> = lines.iter().map(|l| field(l, "valid_rmse")).collect();
+    let tests: Vec<f64> = lines.iter().map(|l| field(l, "test_rmse")).collect();
+    // The run stopped early, three epochs after its lowest validation RMSE, and saved that
+    // epoch.
+    let chosen = (0..valid.len()).fold(0, |b, e| if valid[e] < valid[b] { e } else { b });
+    eprintln!("test RMSE per epoch {tests:?}, validation {valid:?}");
+    assert!(lines.len() < 20, "{stdout}");
+    assert_eq!(chosen + 4, lines.len(), "{stdout}");
+    assert!(
+        stderr.contains("early stop: no lower validation RMSE"),
+        "{stderr}"
+    );
+    let predicted = pserver(&[
+        "predict",
+        "--model",
+        path(&model),
+        "--data",
+        path(&test_file),
+    ]);
+    let predicted = String::from_utf8(predicted.stdout).unwrap();
+    let ours = field(predicted.trim(), "rmse");
+    assert_eq!(ours, tests[chosen], "{predicted} {stdout}");
+    let (bias_only, reference) = (
+        reference_rmse(train, test, 0, 30),
+        reference_rmse(train, test, 10, 30),
+    );
+    eprintln!("pserver {ours} bias-only {bias_only} reference {reference}");
+    assert!(ours < bias_only, "pserver {ours}, bias-only {bias_only}");
+    assert!(
+        ours <= reference + 0.01,
+        "pserver {ours}, reference {reference}"
+    );
+}
+
 #[test]
 fn train_mf_on_a_movielens_file_beats_the_global_mean() {
     let dir = Scratch::new("movielens");
@@ -206,7 +373,7 @@ fn a_csv_file_with_a_header_and_a_separate_test_file_trains_on_shared_ids() {
     ]);
     assert!(
         err.contains(
-            "13500 train ratings, 1501 test ratings (1 with a user or item unseen in training)"
+            "validation ratings, 1501 test ratings (1 with a user or item unseen in training)"
         ),
         "{err}"
     );
@@ -374,7 +541,7 @@ fn a_saved_factorization_predicts_as_trained_and_starts_a_run_where_it_ended() {
     );
     let warm = run(&["--epochs", "1", "--init", path(&model)]);
     assert!(
-        warm[0].test_rmse < saved[0].test_rmse && (warm[0].test_rmse - last).abs() < 0.02,
+        warm[0].test_rmse < saved[0].test_rmse && warm[0].test_rmse < last + 0.005,
         "first epoch {} from the model, {} from the start; the model's {last}",
         warm[0].test_rmse,
         saved[0].test_rmse

@@ -57,6 +57,11 @@ pub(crate) struct MfConfig {
     pub l2: f64,
     /// Seed of the initial factors and of the order in which workers visit their ratings.
     pub seed: u64,
+    /// Stop after this many epochs in a row without a lower validation RMSE.
+    pub early_stop: Option<u32>,
+    /// End with the epoch of the lowest validation RMSE (where there are validation
+    /// ratings), not the last.
+    pub keep_best: bool,
 }
 
 impl Default for MfConfig {
@@ -71,6 +76,8 @@ impl Default for MfConfig {
             lr: 0.05,
             l2: 0.01,
             seed: 0,
+            early_stop: None,
+            keep_best: true,
         }
     }
 }
@@ -83,6 +90,9 @@ pub(crate) struct MfData {
     pub train: Vec<Rating>,
     /// What the model is measured on after every epoch.
     pub test: Vec<Rating>,
+    /// Ratings held out of `train` that choose the epoch kept and when to stop early, so
+    /// that the test ratings choose neither (none by default).
+    pub validation: Vec<Rating>,
     /// The ids the ratings files gave the users and items, by number (none for a generated
     /// problem, whose numbers are its ids).
     pub ids: Ids,
@@ -146,7 +156,28 @@ impl MfData {
     }
 
     fn all(&self) -> impl Iterator<Item = &Rating> {
-        self.train.iter().chain(&self.test)
+        self.train.iter().chain(&self.test).chain(&self.validation)
+    }
+
+    /// Moves a seeded `fraction` of the training ratings to [`MfData::validation`]; an error
+    /// when that leaves none to train on or none held out.
+    pub(crate) fn hold_out_validation(&mut self, fraction: f64, seed: u64) -> Result<(), String> {
+        // Another stream of the seed than the test split's, which drew from the same file.
+        let (train, held) = crate::data::ratings::split(&self.train, fraction, seed ^ 0x7a11_da7e);
+        if train.is_empty() || held.is_empty() {
+            return Err(format!(
+                "holding out --validation-fraction {fraction} of the {} training ratings leaves none to {}: give more ratings or another fraction",
+                self.train.len(),
+                if train.is_empty() {
+                    "train on"
+                } else {
+                    "validate on"
+                }
+            ));
+        }
+        self.train = train;
+        self.validation = held;
+        Ok(())
     }
 }
 
@@ -218,6 +249,7 @@ impl Generated {
         MfData {
             train: self.generate(self.ratings, 1),
             test: self.generate(self.ratings / 10, 2),
+            validation: Vec::new(),
             ids: Ids::new(),
             center: None,
         }
@@ -245,6 +277,8 @@ pub(crate) struct MfReport {
     pub test_rmse: f64,
     /// Test RMSE of predicting the training mean: [`MfData::baseline_rmse`].
     pub baseline_rmse: f64,
+    /// With validation ratings: their RMSE.
+    pub validation_rmse: Option<f64>,
     /// Seconds since training began.
     pub secs: f64,
     /// Training ratings per second in this epoch's training, without measuring the model.
@@ -375,6 +409,7 @@ pub(crate) fn load(
     Ok(MfData {
         train,
         test,
+        validation: Vec::new(),
         ids,
         center: None,
     })
@@ -450,8 +485,11 @@ pub(crate) async fn train_share(
         let factors = model(cfg, &keys, pulled.values());
         let w = width(cfg.rank);
         let mut grad = vec![0f32; keys.len() * w];
+        let mut counts = vec![0u32; keys.len()];
         for &i in batch {
             let (e, a, b) = error(&keys, &factors, cfg.rank, mean, &ratings[i]);
+            counts[a / w] += 1;
+            counts[b / w] += 1;
             for j in 0..cfg.rank {
                 let (p, q) = (factors[a + j], factors[b + j]);
                 grad[a + j] += (e * q + cfg.l2 * p) as f32;
@@ -460,6 +498,15 @@ pub(crate) async fn train_share(
             let (bu, bi) = (factors[a + cfg.rank], factors[b + cfg.rank]);
             grad[a + cfg.rank] += (e + cfg.l2 * bu) as f32;
             grad[b + cfg.rank] += (e + cfg.l2 * bi) as f32;
+        }
+        // Each row's step is the mean over the batch's ratings of its user or item: a user
+        // rated once steps as for that rating alone, however large the batch, and a popular
+        // item's many ratings are one step, not one each on the same stale factors (which
+        // diverged with four workers at the default rate).
+        for (row, &n) in grad.chunks_exact_mut(w).zip(&counts) {
+            if n > 1 {
+                row.iter_mut().for_each(|g| *g /= n as f32);
+            }
         }
         let kvs = KvPairs::new(keys, grad, w).map_err(config)?;
         pushes.push_back(handle.start_push(kvs).await?);
@@ -723,6 +770,7 @@ pub(crate) async fn train_model(
     let cluster: LocalCluster<f32> = LocalCluster::start(&spec, &MemNetwork::reliable())?;
     let shares = Shares::of(&data, cfg.workers, cfg);
     let mut reports = Vec::new();
+    let mut best: Option<(f64, u32, Model)> = None;
     for epoch in start.done + 1..=cfg.epochs {
         let epoch_began = Instant::now();
         let mut tasks = Vec::new();
@@ -737,17 +785,27 @@ pub(crate) async fn train_model(
             t.await.map_err(|_| RuntimeError::ShutDown)??;
         }
         let trained_secs = epoch_began.elapsed().as_secs_f64();
-        let (train_rmse, test_rmse) = measure(&cluster.workers[0], cfg, &data).await?;
+        let model = Model::pull(&cluster.workers[0], cfg, &data).await?;
+        let mean = data.mean();
+        let validation_rmse =
+            (!data.validation.is_empty()).then(|| model.rmse(&data.validation, mean));
         let report = MfReport {
             epoch,
-            train_rmse,
-            test_rmse,
+            train_rmse: model.rmse(&data.train, mean),
+            test_rmse: model.rmse(&data.test, mean),
             baseline_rmse,
+            validation_rmse,
             secs: began.elapsed().as_secs_f64(),
             rows_per_sec: data.train.len() as f64 / trained_secs.max(1e-9),
         };
         on_epoch(&report);
         reports.push(report);
+        // The first epoch with the lowest validation RMSE is kept; a NaN is never better.
+        if let Some(rmse) = validation_rmse
+            && best.as_ref().is_none_or(|(lowest, _, _)| rmse < *lowest)
+        {
+            best = Some((rmse, epoch, model));
+        }
         if let Some(dir) = &start.checkpoints {
             let payload = checkpoint_payload(&cluster.workers[0], cfg, &data).await?;
             dir.write(u64::from(epoch), &payload).map_err(|e| {
@@ -757,8 +815,24 @@ pub(crate) async fn train_model(
                 ))
             })?;
         }
+        if let (Some(patience), Some((_, at, _))) = (cfg.early_stop, &best)
+            && epoch - at >= patience
+        {
+            eprintln!(
+                "early stop: no lower validation RMSE in the {patience} epochs after epoch {at}"
+            );
+            break;
+        }
     }
-    let trained = Model::pull(&cluster.workers[0], cfg, &data).await?;
+    let trained = match best {
+        Some((_, at, model)) if cfg.keep_best => {
+            if reports.last().is_some_and(|r| r.epoch != at) {
+                eprintln!("kept: epoch {at}, of the lowest validation RMSE");
+            }
+            model
+        }
+        _ => Model::pull(&cluster.workers[0], cfg, &data).await?,
+    };
     cluster.shutdown().await?;
     Ok((reports, trained))
 }
@@ -772,12 +846,46 @@ mod tests {
     }
 
     #[test]
+    fn validation_ratings_are_a_seeded_part_of_the_training_ratings_moved_out_of_them() {
+        let train: Vec<Rating> = (0..1000).map(|n| rating(n % 37, n % 53, 3.0)).collect();
+        let held = |seed| {
+            let mut data = MfData {
+                train: train.clone(),
+                ..MfData::default()
+            };
+            data.hold_out_validation(0.1, seed).unwrap();
+            data
+        };
+        let data = held(4);
+        assert_eq!(data.train.len() + data.validation.len(), train.len());
+        assert!(
+            (50..150).contains(&data.validation.len()),
+            "{}",
+            data.validation.len()
+        );
+        let mut both: Vec<Rating> = data.train.iter().chain(&data.validation).copied().collect();
+        let mut all = train.clone();
+        let key = |r: &Rating| (r.user, r.item);
+        both.sort_by_key(key);
+        all.sort_by_key(key);
+        assert_eq!(both, all);
+        assert_eq!(held(4), data);
+        assert_ne!(held(5).validation, data.validation);
+        // Nothing left on either side is refused, naming the option.
+        let mut tiny = MfData {
+            train: vec![rating(0, 0, 1.0)],
+            ..MfData::default()
+        };
+        let e = tiny.hold_out_validation(0.5, 0).unwrap_err();
+        assert!(e.contains("--validation-fraction 0.5"), "{e}");
+    }
+
+    #[test]
     fn the_baseline_predicts_the_training_mean() {
         let data = MfData {
             train: vec![rating(0, 0, 1.0), rating(1, 0, 3.0)],
             test: vec![rating(0, 1, 4.0), rating(2, 0, 2.0)],
-            ids: Ids::new(),
-            center: None,
+            ..MfData::default()
         };
         assert_eq!(data.mean(), 2.0);
         // Errors 2 and 0.

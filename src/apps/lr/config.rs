@@ -50,7 +50,8 @@ pub(crate) struct LrConfig {
 /// Which epoch's model a training run ends with.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Keep {
-    /// The epoch with the lowest test log loss.
+    /// The epoch with the lowest loss on the rows held out for validation (without any, on
+    /// the test rows).
     #[default]
     Best,
     /// The last epoch.

@@ -890,6 +890,9 @@ fn mf_job(
         lr: lr.get(),
         l2: l2.get(),
         seed: job.seed,
+        // A cluster job saves its last epoch: it holds no ratings out to choose another.
+        early_stop: None,
+        keep_best: false,
     };
     mf::job_of(&cfg, &mut spec.job);
     Ok(Job::Mf(Box::new(MfJob {

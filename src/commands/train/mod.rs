@@ -37,7 +37,7 @@ pub(crate) struct TrainArgs {
 #[derive(clap::Subcommand, Debug)]
 enum App {
     Lr(Box<LrArgs>),
-    Mf(MfArgs),
+    Mf(Box<MfArgs>),
     Sketch(SketchArgs),
 }
 
