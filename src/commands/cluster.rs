@@ -28,6 +28,7 @@ use super::script::{Script, WorkerSummary};
 use super::signals::Stop;
 use crate::apps::lr::{
     MeasureSpec, ShareRows, WorkerRun, base_for_init, evaluate, load_model, run_shares, save_model,
+    whole_shares,
 };
 use crate::apps::mf;
 use crate::apps::mf_file::{load_mf, save_mf};
@@ -770,7 +771,7 @@ async fn train_lr_worker(
         measure,
         ..WorkerRun::default()
     };
-    run_shares(&job.cfg, worker, rows_of, steps, run, |e| {
+    run_shares(&job.cfg, worker, whole_shares(rows_of), steps, run, |e| {
         epochs = e.epoch;
         let secs = began.elapsed().as_secs_f64();
         began = Instant::now();

@@ -380,6 +380,21 @@ impl Examples {
         self.labels.len()
     }
 
+    /// Drops every example, keeping the memory for the next ones: a streamed file's window
+    /// reuses the one before the last.
+    pub(crate) fn clear(&mut self) {
+        self.labels.clear();
+        self.offsets.clear();
+        self.offsets.push(0);
+        match &mut self.ids {
+            Ids::Narrow(v) => v.clear(),
+            Ids::Wide(v) => v.clear(),
+        }
+        if let Some(values) = &mut self.values {
+            values.clear();
+        }
+    }
+
     /// True when there are no examples.
     pub(crate) fn is_empty(&self) -> bool {
         self.labels.is_empty()
@@ -597,11 +612,7 @@ pub(crate) fn holds_rows(text: &[u8]) -> bool {
 /// parser turns into one example each.
 pub(crate) fn count_rows(text: &[u8]) -> usize {
     text.split(|&b| b == b'\n')
-        .filter(|line| {
-            line.iter()
-                .take_while(|&&b| b != b'#')
-                .any(|b| !b.is_ascii_whitespace())
-        })
+        .filter(|line| is_row(line))
         .count()
 }
 
@@ -644,6 +655,43 @@ pub(crate) fn parse_lines(
     };
     parse_into(&mut out, name, text, form, lines_before)?;
     Ok(out)
+}
+
+/// Appends to `out` the rows of `text`, whole lines of the file `name` after its first
+/// `lines_before`, with indices from 1 when `one_based` and binary labels or those `labels`
+/// names positive: a window of a streamed file.
+pub(crate) fn parse_part(
+    out: &mut Examples,
+    name: &str,
+    text: &[u8],
+    one_based: bool,
+    labels: Labels,
+    lines_before: usize,
+) -> Result<(), DataError> {
+    parse_into(out, name, text, Form { one_based, labels }, lines_before)
+}
+
+/// Whether `line` holds a row, as the parser reads it: anything besides blanks before a
+/// comment.
+pub(crate) fn is_row(line: &[u8]) -> bool {
+    line.iter()
+        .take_while(|&&b| b != b'#')
+        .any(|b| !b.is_ascii_whitespace())
+}
+
+/// Opens `path` for reading a line at a time, decompressed if its name ends in `.gz`.
+pub(crate) fn open_lines(path: &Path) -> Result<Box<dyn std::io::BufRead + Send>, DataError> {
+    let file =
+        std::fs::File::open(path).map_err(|e| file_error(path, format!("cannot read: {e}")))?;
+    let gz = path.extension().is_some_and(|e| e == "gz");
+    Ok(if gz {
+        Box::new(std::io::BufReader::with_capacity(
+            1 << 20,
+            flate2::read::MultiGzDecoder::new(std::io::BufReader::new(file)),
+        ))
+    } else {
+        Box::new(std::io::BufReader::with_capacity(1 << 20, file))
+    })
 }
 
 /// Appends the examples of `text`, whole lines of the file `name` after its first

@@ -143,18 +143,26 @@ impl Batch {
     }
 }
 
-/// The order in which a share's rows `rows` are visited in `epoch`: shuffled by a seed drawn
-/// from the job's seed, the share and the epoch, or as given.
+/// The order in which the rows `rows` of window `window` of a share are visited in `epoch`:
+/// shuffled by a seed drawn from the job's seed, the share, the epoch and the window, or as
+/// given. Rows held in memory are one window, 0, of the whole share; a streamed share is
+/// shuffled within each window, as Vowpal Wabbit shuffles within its buffer.
 pub(crate) fn visiting_order(
     cfg: &LrConfig,
     share: usize,
     epoch: u32,
+    window: usize,
     rows: Vec<usize>,
 ) -> Vec<usize> {
     let mut order = rows;
     if cfg.shuffle {
         let seed = crate::seeded::mix(cfg.seed ^ crate::seeded::mix(share as u64))
-            ^ u64::from(epoch).rotate_left(32);
+            ^ u64::from(epoch).rotate_left(32)
+            ^ if window == 0 {
+                0
+            } else {
+                crate::seeded::mix(window as u64 ^ 0x3d1f)
+            };
         crate::seeded::shuffle(&mut order, seed);
     }
     order
@@ -245,19 +253,24 @@ mod tests {
     #[test]
     fn each_epoch_and_each_share_visit_their_rows_in_their_own_order() {
         let cfg = LrConfig::default();
-        let order = |share, epoch| visiting_order(&cfg, share, epoch, (0..50).collect());
+        let order = |share, epoch| visiting_order(&cfg, share, epoch, 0, (0..50).collect());
         let mut sorted = order(0, 1);
         sorted.sort_unstable();
         assert_eq!(sorted, (0..50).collect::<Vec<_>>());
         assert_ne!(order(0, 1), order(0, 2));
         assert_ne!(order(0, 1), order(1, 1));
         assert_eq!(order(3, 4), order(3, 4));
+        assert_ne!(
+            visiting_order(&cfg, 0, 1, 1, (0..50).collect()),
+            order(0, 1),
+            "each window of a streamed share in its own order"
+        );
         let in_file = LrConfig {
             shuffle: false,
             ..LrConfig::default()
         };
         assert_eq!(
-            visiting_order(&in_file, 2, 5, (10..20).collect()),
+            visiting_order(&in_file, 2, 5, 3, (10..20).collect()),
             (10..20).collect::<Vec<_>>()
         );
     }

@@ -15,7 +15,10 @@ use super::config::{LrConfig, Wire, config_error};
 use super::epochs::{EpochReport, Epochs, Trained, WorkerMessage};
 use super::pace::PaceWatch;
 use super::slowdown::{Slowdowns, Transient};
-use super::worker::{MeasureSpec, MeasuredModel, RowsTrained, WorkerRun, run_shares};
+use super::stream::{StreamedFile, WindowReader};
+use super::worker::{
+    MeasureSpec, MeasuredModel, Rows, RowsTrained, WorkerEpoch, WorkerRun, run_shares, whole_shares,
+};
 use crate::apps::loopback::{self, Bound, Sockets};
 use crate::data::libsvm::Examples;
 
@@ -33,12 +36,58 @@ fn run_secret() -> Secret {
     Secret::new(secret)
 }
 
-/// A run's rows, shared by its workers: training rows, the permutation of them dealt into
-/// shares, and test rows.
+/// The training rows of a run: held in memory, or read from a file a window at a time.
+#[derive(Clone)]
+pub(crate) enum TrainRows {
+    /// Every row, parsed.
+    Memory(Arc<Examples>),
+    /// A file streamed through (`pserver train --stream`).
+    Stream(Arc<StreamedFile>),
+}
+
+impl TrainRows {
+    /// Rows the training data holds.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            TrainRows::Memory(rows) => rows.len(),
+            TrainRows::Stream(file) => file.rows(),
+        }
+    }
+}
+
+impl From<Examples> for TrainRows {
+    fn from(rows: Examples) -> Self {
+        TrainRows::Memory(Arc::new(rows))
+    }
+}
+
+impl From<Arc<Examples>> for TrainRows {
+    fn from(rows: Arc<Examples>) -> Self {
+        TrainRows::Memory(rows)
+    }
+}
+
+impl From<StreamedFile> for TrainRows {
+    fn from(file: StreamedFile) -> Self {
+        TrainRows::Stream(Arc::new(file))
+    }
+}
+
+/// How a run's workers find their training rows: in memory, with the permutation of them
+/// dealt into shares, or in a streamed file.
+#[derive(Clone)]
+enum Dealt {
+    Memory {
+        train: Arc<Examples>,
+        dealt: Arc<Vec<usize>>,
+    },
+    Stream(Arc<StreamedFile>),
+}
+
+/// A run's rows, shared by its workers: training rows, test rows and validation rows.
 #[derive(Clone)]
 struct RunData {
-    train: Arc<Examples>,
-    dealt: Arc<Vec<usize>>,
+    train: Dealt,
     test: Arc<Examples>,
     validation: Option<Arc<Examples>>,
 }
@@ -48,7 +97,6 @@ async fn run_worker(
     handle: WorkerHandle<f32>,
     RunData {
         train,
-        dealt,
         test,
         validation,
     }: RunData,
@@ -56,12 +104,11 @@ async fn run_worker(
     counter: RowsTrained,
     (slowdown, transient): (f64, Option<Transient>),
 ) -> Result<(), RuntimeError> {
-    let per = cfg.share_rows(train.len());
-    let rows_of = |share: usize| {
-        let share = (share * per).min(train.len())..((share + 1) * per).min(train.len());
-        Ok((train.clone(), dealt[share].to_vec()))
+    let rows = match &train {
+        Dealt::Memory { train, .. } => train.len(),
+        Dealt::Stream(file) => file.rows(),
     };
-    let steps = per.div_ceil(cfg.share_batch());
+    let steps = cfg.share_rows(rows).div_ceil(cfg.share_batch());
     let run = WorkerRun {
         measure: MeasureSpec {
             test: Some(&*test),
@@ -72,7 +119,7 @@ async fn run_worker(
         slowdown,
         transient,
     };
-    run_shares(&cfg, &handle, rows_of, steps, run, |e| {
+    let report = |e: WorkerEpoch| {
         let _ = messages.send(WorkerMessage::Loss {
             epoch: e.epoch,
             loss: e.loss,
@@ -98,8 +145,26 @@ async fn run_worker(
                 weights,
             });
         }
-    })
-    .await
+    };
+    match train {
+        Dealt::Memory { train, dealt } => {
+            let per = cfg.share_rows(train.len());
+            let rows_of = |share: usize| {
+                let share = (share * per).min(train.len())..((share + 1) * per).min(train.len());
+                Ok((train.clone(), dealt[share].to_vec()))
+            };
+            run_shares(&cfg, &handle, whole_shares(rows_of), steps, run, report).await
+        }
+        Dealt::Stream(file) => {
+            let window_steps = file.window_steps(&cfg);
+            let mut reader = WindowReader::new(file);
+            let rows = Rows {
+                of: |share, window| reader.window(share, window),
+                window_steps,
+            };
+            run_shares(&cfg, &handle, rows, steps, run, report).await
+        }
+    }
 }
 
 /// The epochs a resumed job's checkpoint holds: the iteration it resumed from, in epochs of
@@ -128,7 +193,7 @@ async fn epochs_done(cluster: &LocalCluster<f32>, steps: usize) -> Result<u32, R
 pub(crate) async fn train_local(
     cfg: &LrConfig,
     slowdowns: Slowdowns,
-    train: impl Into<Arc<Examples>>,
+    train: impl Into<TrainRows>,
     test: impl Into<Arc<Examples>>,
     on_epoch: impl FnMut(&EpochReport),
 ) -> Result<Trained, RuntimeError> {
@@ -145,13 +210,37 @@ pub(crate) async fn train_local(
     .await
 }
 
+/// Splits the rows that choose the epoch kept and when to stop out of `train`, as
+/// `cfg.validation` says, so that the test rows decide neither.
+fn held_out(
+    cfg: &LrConfig,
+    train: Arc<Examples>,
+) -> Result<(Arc<Examples>, Option<Arc<Examples>>), RuntimeError> {
+    let Some(fraction) = cfg.validation else {
+        return Ok((train, None));
+    };
+    let (rest, held) = train.hold_out(fraction, crate::seeded::mix(cfg.seed ^ 0x7a1d));
+    if rest.is_empty() || held.is_empty() {
+        return Err(config_error(format!(
+            "holding out {fraction} of the {} training rows to choose the epoch leaves none to {}: give more rows, another --validation-fraction, or --keep last",
+            train.len(),
+            if rest.is_empty() {
+                "train on"
+            } else {
+                "choose with"
+            }
+        )));
+    }
+    Ok((Arc::new(rest), Some(Arc::new(held))))
+}
+
 /// [`train_local`], ending early when `stop` completes (Ctrl-C, say): the result then holds the
 /// epochs finished so far, and the model of the last of them.
 /// `counter` counts the rows trained as training goes.
 pub(crate) async fn train_local_until(
     cfg: &LrConfig,
     slowdowns: Slowdowns,
-    train: impl Into<Arc<Examples>>,
+    train: impl Into<TrainRows>,
     test: impl Into<Arc<Examples>>,
     counter: &RowsTrained,
     mut on_epoch: impl FnMut(&EpochReport),
@@ -159,34 +248,35 @@ pub(crate) async fn train_local_until(
 ) -> Result<Trained, RuntimeError> {
     let began = Instant::now();
     // Shared, never copied: a run holds one copy of the rows, however many runs share it.
-    let (train, test): (Arc<Examples>, Arc<Examples>) = (train.into(), test.into());
-    // Rows that choose the epoch kept and when to stop, held out of training, so that the
-    // test rows decide neither.
-    let (train, validation) = match cfg.validation {
-        Some(fraction) => {
-            let (rest, held) = train.hold_out(fraction, crate::seeded::mix(cfg.seed ^ 0x7a1d));
-            if rest.is_empty() || held.is_empty() {
-                return Err(config_error(format!(
-                    "holding out {fraction} of the {} training rows to choose the epoch leaves none to {}: give more rows, another --validation-fraction, or --keep last",
-                    train.len(),
-                    if rest.is_empty() {
-                        "train on"
-                    } else {
-                        "choose with"
-                    }
-                )));
+    let (train, test): (TrainRows, Arc<Examples>) = (train.into(), test.into());
+    let (train, rows, dimensions, validation) = match train {
+        TrainRows::Memory(train) => {
+            let (train, validation) = held_out(cfg, train)?;
+            // Shares are contiguous runs of a seeded permutation of the rows: each holds a
+            // fair sample of a file sorted by label (or by anything else), not one end of it.
+            // The permutation is what is dealt; the rows themselves are not copied.
+            let mut dealt: Vec<usize> = (0..train.len()).collect();
+            if cfg.shuffle {
+                crate::seeded::shuffle(&mut dealt, crate::seeded::mix(cfg.seed ^ 0x5a17));
             }
-            (Arc::new(rest), Some(Arc::new(held)))
+            let (rows, dimensions) = (train.len(), train.dimensions());
+            let dealt = Arc::new(dealt);
+            (Dealt::Memory { train, dealt }, rows, dimensions, validation)
         }
-        None => (train, None),
+        TrainRows::Stream(file) => {
+            if cfg.validation.is_some() {
+                return Err(config_error(
+                    "--stream: no rows are held out of a streamed file to choose the epoch yet: leave out --validation-fraction, or train without --stream",
+                ));
+            }
+            let (rows, dimensions) = (file.rows(), file.dimensions());
+            (Dealt::Stream(file), rows, dimensions, None)
+        }
     };
     let mut spec = ClusterSpec::of(cfg.protocol_job());
     spec.initial = cfg.initial.clone();
     // A checkpoint after every epoch: a resumed run starts where an epoch begins.
-    let steps = cfg
-        .share_rows(train.len())
-        .div_ceil(cfg.share_batch())
-        .max(1);
+    let steps = cfg.share_rows(rows).div_ceil(cfg.share_batch()).max(1);
     if cfg.checkpoints.is_some() {
         spec.job.checkpoint_every = steps as pserver_core::Iteration;
     }
@@ -195,7 +285,7 @@ pub(crate) async fn train_local_until(
     // The job's keys are the data's features: the ring spreads them over every server, where
     // over the whole 64-bit key space they would all fall to one.
     if spec.job.ring.key_space == u64::MAX {
-        spec.job.ring.key_space = train.dimensions().max(test.dimensions()).max(1);
+        spec.job.ring.key_space = dimensions.max(test.dimensions()).max(1);
     }
     // Held pulls wait for the slowest worker; never declare a busy worker dead for that, nor
     // take a coordinator whose loop is as busy for a silent one.
@@ -236,16 +326,8 @@ pub(crate) async fn train_local_until(
     };
     let done = epochs_done(&cluster, steps).await?;
     let (tx, mut rx) = mpsc::unbounded_channel();
-    // Shares are contiguous runs of a seeded permutation of the rows: each holds a fair
-    // sample of a file sorted by label (or by anything else), not one end of it. The
-    // permutation is what is dealt; the rows themselves are not copied.
-    let mut dealt: Vec<usize> = (0..train.len()).collect();
-    if cfg.shuffle {
-        crate::seeded::shuffle(&mut dealt, crate::seeded::mix(cfg.seed ^ 0x5a17));
-    }
     let data = RunData {
-        train: train.clone(),
-        dealt: Arc::new(dealt),
+        train,
         test: test.clone(),
         validation,
     };
@@ -267,7 +349,7 @@ pub(crate) async fn train_local_until(
         })
         .collect();
     drop(tx);
-    let mut epochs = Epochs::new(cfg, train.len()).after(done);
+    let mut epochs = Epochs::new(cfg, rows).after(done);
     let pace = PaceWatch::new(&cluster, &spec.job);
     let mut stop = std::pin::pin!(stop);
     loop {

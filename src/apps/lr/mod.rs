@@ -15,18 +15,19 @@
 //!
 //! **Regularization.** FTRL-Proximal minimizes the sum of the losses it is pushed plus one
 //! `l1 |w| + l2 w^2 / 2` for the whole run: the regularizer is charged once, not once per
-//! push. Each push is the gradient of the *mean* log loss of a minibatch, so every row counts
-//! `1 / batch` in the data term: against a per-row formulation with the same `l1` (VW's, whose
-//! updates are one row each), the regularizer is `batch` times stronger. And the data term
-//! grows with every epoch while the regularizer does not, so the regularization weakens as
-//! training goes on. The test `l1_is_charged_once_against_minibatch_means` (in [`config`]) pins
-//! this down.
+//! push. Each push is the *sum* of a minibatch's per-row gradients, so every row counts once in
+//! the data term, as in a per-row learner (VW's updates are one row each), whatever the batch
+//! size; a feature's step does not shrink with the batch. The data term grows with every epoch
+//! while the regularizer does not, so the regularization weakens as training goes on. The
+//! tests `a_rare_features_step_does_not_shrink_with_the_batch_size` and
+//! `l1_holds_a_weight_at_zero_until_its_summed_gradients_pass_it_whatever_the_batch` (in
+//! [`config`]) pin this down.
 //!
 //! **Modules**, each one idea, in dependency order: [`config`] (how to train), [`slowdown`]
 //! (slowness a measurement injects), [`metrics`] (the maths and the test measures), [`batch`]
 //! (a minibatch and its gradient), [`model_file`] (the saved model), [`worker`] (the worker
-//! loop), [`pace`] (straggler counts), [`epochs`] (a run's epoch accounting) and
-//! [`local_cluster`] (a run in one process). The rest of the crate reaches them through the
+//! loop), [`stream`] (rows read from a file a window at a time), [`pace`] (straggler counts),
+//! [`epochs`] (a run's epoch accounting) and [`local_cluster`] (a run in one process). The rest of the crate reaches them through the
 //! names re-exported here.
 
 mod batch;
@@ -37,17 +38,19 @@ mod metrics;
 mod model_file;
 mod pace;
 mod slowdown;
+mod stream;
 mod worker;
 
 pub(crate) use config::{
     BIAS_KEY, DEFAULT_L1, DEFAULT_L2, Keep, LrConfig, Rates, Rule, Wire, ftrl,
 };
 pub(crate) use epochs::{EpochReport, Trained};
-pub(crate) use local_cluster::{train_local, train_local_until};
+pub(crate) use local_cluster::{TrainRows, train_local, train_local_until};
 pub(crate) use metrics::{auc, evaluate, scores};
 pub(crate) use model_file::{SavedModel, base_for_init, load_model, save_model};
 pub(crate) use slowdown::{SlowWorker, Slowdowns};
-pub(crate) use worker::{MeasureSpec, RowsTrained, ShareRows, WorkerRun, run_shares};
+pub(crate) use stream::StreamedFile;
+pub(crate) use worker::{MeasureSpec, RowsTrained, ShareRows, WorkerRun, run_shares, whole_shares};
 
 #[cfg(test)]
 mod end_to_end;

@@ -114,6 +114,35 @@ impl RowsTrained {
 /// The rows of one share of the training data: the examples that hold them, and which.
 pub(crate) type ShareRows = (Arc<Examples>, Vec<usize>);
 
+/// Where a worker finds its rows: window `w` of share `s` is the share's rows of steps
+/// `w * window_steps..(w + 1) * window_steps` of an epoch, which `of(s, w)` gives with the rows
+/// the whole share trains an epoch. Rows held in memory are one window of the whole share
+/// ([`Rows::whole`]); a streamed file is read a window at a time, so that a worker holds no
+/// more of it than that (`crate::apps::lr::stream`).
+pub(crate) struct Rows<F> {
+    /// Window `w` of share `s`, and the share's rows in an epoch.
+    pub of: F,
+    /// Steps of an epoch in each window.
+    pub window_steps: usize,
+}
+
+/// Every row of a share in one window, as `rows_of(share)` gives them: rows held in memory.
+pub(crate) fn whole_shares<F>(
+    mut rows_of: F,
+) -> Rows<impl FnMut(usize, usize) -> Result<(ShareRows, usize), RuntimeError>>
+where
+    F: FnMut(usize) -> Result<ShareRows, RuntimeError>,
+{
+    Rows {
+        of: move |share, _| {
+            let rows = rows_of(share)?;
+            let len = rows.1.len();
+            Ok((rows, len))
+        },
+        window_steps: usize::MAX,
+    }
+}
+
 /// Trains on one worker for `cfg.epochs` epochs of `steps` minibatches each; after every
 /// epoch, the worker holding the first share pulls the whole model and measures it as
 /// `run.measure` says. Each step takes the next minibatch of every share of the data the
@@ -129,7 +158,7 @@ pub(crate) type ShareRows = (Arc<Examples>, Vec<usize>);
 pub(crate) async fn run_shares(
     cfg: &LrConfig,
     handle: &WorkerHandle<f32>,
-    rows_of: impl FnMut(usize) -> Result<ShareRows, RuntimeError>,
+    rows: Rows<impl FnMut(usize, usize) -> Result<(ShareRows, usize), RuntimeError>>,
     steps: usize,
     run: WorkerRun<'_>,
     mut on_epoch: impl FnMut(WorkerEpoch),
@@ -148,7 +177,8 @@ pub(crate) async fn run_shares(
         handle,
         first,
         steps: steps as pserver_core::Iteration,
-        rows_of,
+        rows_of: rows.of,
+        window_steps: rows.window_steps.max(1),
         held: Vec::new(),
         orders: BTreeMap::new(),
         sizes: BTreeMap::new(),
@@ -368,10 +398,12 @@ struct Shares<'a, F> {
     first: pserver_core::Iteration,
     steps: pserver_core::Iteration,
     rows_of: F,
+    /// Steps of an epoch in each window of a share's rows.
+    window_steps: usize,
     /// The shares of the last step.
     held: Vec<usize>,
-    /// Per share: its rows, in this epoch's order.
-    orders: BTreeMap<usize, (Arc<Examples>, Vec<usize>)>,
+    /// Per share: the window it holds, and that window's rows in this epoch's order.
+    orders: BTreeMap<usize, (usize, Arc<Examples>, Vec<usize>)>,
     /// Per share seen: its rows.
     sizes: BTreeMap<usize, usize>,
     scratch: Vec<u64>,
@@ -379,7 +411,7 @@ struct Shares<'a, F> {
     prepared: Duration,
 }
 
-impl<F: FnMut(usize) -> Result<ShareRows, RuntimeError>> Shares<'_, F> {
+impl<F: FnMut(usize, usize) -> Result<(ShareRows, usize), RuntimeError>> Shares<'_, F> {
     /// Prepares the minibatch of `step` of every share the worker holds now, and sends their
     /// pulls.
     async fn send(&mut self, epoch: u32, step: usize) -> Result<Vec<InFlight>, RuntimeError> {
@@ -411,22 +443,32 @@ impl<F: FnMut(usize) -> Result<ShareRows, RuntimeError>> Shares<'_, F> {
         let mut groups: Vec<(Arc<Examples>, Vec<usize>, Vec<ShareStep>)> = Vec::new();
         for r in shares {
             let share = r.share;
-            let (first_seen, (data, order)) = match self.orders.entry(share) {
-                Entry::Occupied(e) => (false, e.into_mut()),
-                Entry::Vacant(e) => {
-                    let (data, mine) = (self.rows_of)(share)?;
-                    self.sizes.insert(share, mine.len());
-                    (
-                        true,
-                        e.insert((data, visiting_order(self.cfg, share, epoch, mine))),
-                    )
-                }
-            };
+            let first_seen = !self.orders.contains_key(&share);
             // A share moved here for this epoch, learned of mid-epoch: its steps before this
             // one are done now, since the worker it came from stopped where the epoch began.
             let from_step = if first_seen && r.from_start { 0 } else { step };
             for at in from_step..=step {
-                let from = (at * batch).min(order.len());
+                let window = at / self.window_steps;
+                let (data, order) = match self.orders.entry(share) {
+                    Entry::Occupied(e) if e.get().0 == window => {
+                        let (_, data, order) = e.into_mut();
+                        (&*data, &*order)
+                    }
+                    entry => {
+                        // The window before is dropped first: a streamed share holds one.
+                        if let Entry::Occupied(e) = entry {
+                            e.remove();
+                        }
+                        let ((data, mine), len) = (self.rows_of)(share, window)?;
+                        self.sizes.insert(share, len);
+                        let order = visiting_order(self.cfg, share, epoch, window, mine);
+                        let (_, data, order) =
+                            self.orders.entry(share).or_insert((window, data, order));
+                        (&*data, &*order)
+                    }
+                };
+                let at_in_window = at - window * self.window_steps;
+                let from = (at_in_window * batch).min(order.len());
                 let rows = &order[from..(from + batch).min(order.len())];
                 if rows.is_empty() {
                     continue;

@@ -13,8 +13,8 @@ use tokio::runtime::Runtime;
 
 use super::NodesArgs;
 use crate::apps::lr::{
-    Keep, LrConfig, Rates, RowsTrained, SavedModel, SlowWorker, Slowdowns, Trained, Wire,
-    base_for_init, load_model, save_model, train_local_until,
+    Keep, LrConfig, Rates, RowsTrained, SavedModel, SlowWorker, Slowdowns, StreamedFile, TrainRows,
+    Trained, Wire, base_for_init, load_model, save_model, train_local_until,
 };
 use crate::apps::plot::{Curve, write_svg};
 use crate::commands::groups::{FilterArgs, StragglerArgs};
@@ -56,6 +56,21 @@ pub(crate) struct LrArgs {
         allow_negative_numbers = true
     )]
     test_fraction: Option<Fraction>,
+    /// Read the training file a window of rows at a time, each window shuffled within itself,
+    /// instead of whole: memory holds the model and a window per share, not the file. Needs
+    /// --test with --data (no rows are held out of a streamed file yet).
+    #[arg(long)]
+    stream: bool,
+    /// Rows in each window of a share with --stream (rounded up to whole minibatches).
+    #[arg(
+        long,
+        value_name = "ROWS",
+        default_value_t = 20_000,
+        requires = "stream",
+        value_parser = at_least_one,
+        allow_negative_numbers = true
+    )]
+    window: usize,
     #[command(flatten)]
     nodes: NodesArgs,
     /// Consistency models, comma-separated (sequential, bounded:TAU, eventual): one training
@@ -205,6 +220,11 @@ impl RuleArgs {
 /// and saves the model asked for. Ctrl-C or SIGTERM keeps the epochs finished so far (exit
 /// status 130 or 143).
 pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
+    if args.stream && args.validation_fraction.is_some() {
+        return Err(CliError::input(
+            "--validation-fraction: no rows are held out of a streamed file yet: leave it out with --stream (the test rows then choose the epoch kept)",
+        ));
+    }
     // Options first: a mistake in them is reported before a large file is read.
     let mut configs = args
         .consistency
@@ -245,7 +265,7 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
         }
     }
     // One copy of the rows, shared by every run.
-    let (train, test) = (Arc::new(train), Arc::new(test));
+    let test = Arc::new(test);
     let slowdowns = Slowdowns {
         slow_worker: args.stragglers.slow_worker.map(|s| SlowWorker {
             worker: s.worker,
@@ -258,8 +278,13 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
     let mut stopped = None;
     for (consistency, cfg) in configs {
         eprintln!(
-            "train: {} rows, test: {} rows, {} servers, {} workers, {}, {}",
+            "train: {} rows{}, test: {} rows, {} servers, {} workers, {}, {}",
             train.len(),
+            match &train {
+                TrainRows::Stream(_) =>
+                    format!(" streamed in windows of {} per share", args.window),
+                TrainRows::Memory(_) => String::new(),
+            },
             test.len(),
             cfg.job.servers,
             cfg.job.workers,
@@ -389,7 +414,10 @@ const TEST_FRACTION: f64 = 0.1;
 
 /// Reads the training and test rows, with one index base decided over every file read: the
 /// shipped data without --data; --data and --test; or --data with a seeded part held out.
-fn load(args: &LrArgs, index_base: IndexBase) -> Result<(Examples, Examples, IndexBase), CliError> {
+fn load(
+    args: &LrArgs,
+    index_base: IndexBase,
+) -> Result<(TrainRows, Examples, IndexBase), CliError> {
     let (data, test) = match (&args.data, &args.test) {
         (Some(data), test) => (data.clone(), test.clone()),
         (None, _) => (PathBuf::from(SHIPPED.0), Some(PathBuf::from(SHIPPED.1))),
@@ -403,6 +431,20 @@ fn load(args: &LrArgs, index_base: IndexBase) -> Result<(Examples, Examples, Ind
         .resolve_files(files.iter().copied())
         .map_err(CliError::input)?;
     let labels = args.positive.map_or(Labels::Binary, Labels::Positive);
+    if args.stream {
+        let Some(test) = &test else {
+            return Err(CliError::input(
+                "--stream: give --test FILE: no rows are held out of a streamed file yet",
+            ));
+        };
+        let test = read_streaming(test, base, labels).map_err(CliError::input)?;
+        let cfg = config(args, Consistency::Eventual)?;
+        let file = StreamedFile::open(&data, base == IndexBase::One, labels, &cfg, args.window)
+            .map_err(CliError::input)?;
+        say_base(index_base, zero, &files);
+        say_if_one_class(&test);
+        return Ok((file.into(), test, base));
+    }
     let whole = read_streaming(&data, base, labels).map_err(CliError::input)?;
     if let Some(label) = args.positive
         && !whole.labels().contains(&1.0)
@@ -442,6 +484,17 @@ fn load(args: &LrArgs, index_base: IndexBase) -> Result<(Examples, Examples, Ind
             (train, held)
         }
     };
+    say_base(index_base, zero, &files);
+    say_if_one_class(&test);
+    Ok((train.into(), test, base))
+}
+
+/// Says how the index base was decided, where it was left to the files.
+fn say_base(
+    index_base: IndexBase,
+    zero: Option<crate::data::libsvm::ZeroAt>,
+    files: &[&std::path::Path],
+) {
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     match (index_base, zero) {
         (IndexBase::Auto, Some((file, line, column))) => {
@@ -453,8 +506,6 @@ fn load(args: &LrArgs, index_base: IndexBase) -> Result<(Examples, Examples, Ind
         ),
         _ => {}
     }
-    say_if_one_class(&test);
-    Ok((train, test, base))
 }
 
 /// Says when the test rows hold one class only: their AUC means nothing then (it reads 0.5),
@@ -540,7 +591,9 @@ const VALIDATION_FRACTION: f64 = 0.1;
 /// default where an epoch is chosen among several (the model --save keeps the best, or
 /// --early-stop).
 fn validation_of(args: &LrArgs) -> Option<f64> {
+    // A streamed file holds nothing out yet: the test rows choose, as without a fraction.
     let chooses = args.epochs > 1
+        && !args.stream
         && ((args.save.is_some() && args.keep == Keep::Best) || args.early_stop.is_some());
     match args.validation_fraction {
         Some(f) => Some(f.get()),
@@ -555,7 +608,7 @@ fn train_until_stopped(
     rt: &Runtime,
     cfg: &LrConfig,
     slowdowns: Slowdowns,
-    (train, test): (&Arc<Examples>, &Arc<Examples>),
+    (train, test): (&TrainRows, &Arc<Examples>),
     prefix: &str,
     every: Duration,
 ) -> Result<(Trained, Option<Stop>), CliError> {
@@ -578,7 +631,7 @@ fn train_until_stopped(
     let training = train_local_until(
         cfg,
         slowdowns,
-        Arc::clone(train),
+        train.clone(),
         Arc::clone(test),
         &counter,
         |r| {
