@@ -609,8 +609,9 @@ fn a_file_with_three_classes_is_refused_naming_its_line() {
 }
 
 /// Three classes, each with a feature of its own and a feature of noise: `--positive 2`
-/// trains class 2 against the other two, which its feature tells apart, and a label no row
-/// holds is refused.
+/// trains class 2 against the other two, which its feature tells apart, `pserver predict
+/// --positive 2` scores the saved model as training measured it, and a label no row holds is
+/// refused.
 #[test]
 fn positive_trains_one_of_three_classes_against_the_rest_and_refuses_a_label_no_row_holds() {
     let dir = scratch("positive");
@@ -626,6 +627,7 @@ fn positive_trains_one_of_three_classes_against_the_rest_and_refuses_a_label_no_
     };
     std::fs::write(&train, classes(600, 1)).unwrap();
     std::fs::write(&test, classes(150, 2)).unwrap();
+    let model = dir.join("m.bin");
     let (stdout, _) = run_ok(&[
         "train",
         "--data",
@@ -636,9 +638,39 @@ fn positive_trains_one_of_three_classes_against_the_rest_and_refuses_a_label_no_
         "2",
         "--epochs",
         "3",
+        "--keep",
+        "last",
+        "--save",
+        s(&model),
     ]);
     let last = *epochs_of(&stdout).last().unwrap();
     assert!(field(last, "test_auc") > 0.99, "{stdout}");
+    let (predicted, _) = run_ok(&[
+        "predict",
+        "--model",
+        s(&model),
+        "--data",
+        s(&test),
+        "--positive",
+        "2",
+    ]);
+    assert_eq!(
+        field(&predicted, "auc"),
+        field(last, "test_auc"),
+        "{predicted}"
+    );
+    assert_eq!(field(&predicted, "logloss"), field(last, "test_logloss"));
+    // Without it, predict reads the labels as binary and refuses a third class.
+    let out = pserver()
+        .args(["predict", "--model", s(&model), "--data", s(&test)])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("test.svm:2:1: expected a binary label"),
+        "{stderr}"
+    );
     let out = pserver()
         .args(["train", "--data", s(&train), "--positive", "7"])
         .output()

@@ -33,8 +33,8 @@ use crate::apps::lr::{
 use crate::apps::mf;
 use crate::apps::mf_file::{load_mf, save_mf};
 use crate::data::libsvm::{
-    DataError, Examples, IndexBase, count_rows, held_out, holds_rows, lines_before, max_index,
-    no_examples, parse_lines, parse_whole, read_bytes, shard,
+    DataError, Examples, IndexBase, Labels, count_rows, held_out, holds_rows, lines_before,
+    max_index, no_examples, parse_lines, parse_whole, read_bytes, shard,
 };
 use std::collections::BTreeMap;
 
@@ -433,6 +433,8 @@ struct LrData {
     workers: usize,
     text: Vec<u8>,
     base: IndexBase,
+    /// How the files' labels read.
+    labels: Labels,
     shares: BTreeMap<usize, Arc<Examples>>,
     steps: usize,
     test: Option<Examples>,
@@ -492,16 +494,20 @@ impl LrData {
             .unwrap_or(0)
             .div_ceil(job.cfg.batch.max(1));
         let test = match test {
-            Some((test_name, test_text)) => Some(parse_whole(&test_name, &test_text, base)?),
+            Some((test_name, test_text)) => {
+                Some(parse_whole(&test_name, &test_text, base, job.labels)?)
+            }
             None => None,
         };
         let held = job.cfg.validation.map(|f| (f, job.cfg.seed));
         // Any worker may come to hold the first share and measure: each draws the held-out
         // rows of the whole file, as `pserver train` draws them from its rows.
         let validation = match held {
-            Some((fraction, seed)) => {
-                Some(parse_whole(&name, &text, base)?.hold_out(fraction, seed).1)
-            }
+            Some((fraction, seed)) => Some(
+                parse_whole(&name, &text, base, job.labels)?
+                    .hold_out(fraction, seed)
+                    .1,
+            ),
             None => None,
         };
         let mut data = LrData {
@@ -510,6 +516,7 @@ impl LrData {
             workers,
             text,
             base,
+            labels: job.labels,
             shares: BTreeMap::new(),
             steps,
             test,
@@ -533,6 +540,7 @@ impl LrData {
                     &self.text[range.clone()],
                     self.base,
                     before,
+                    self.labels,
                 )?);
                 self.shares.insert(share, rows.clone());
                 rows
@@ -1122,6 +1130,7 @@ mod tests {
             save: None,
             init: None,
             index_base: IndexBase::Auto,
+            labels: Labels::Binary,
             cfg,
         };
         let mut data = LrData::read(&job, 1, job.index_base).unwrap();
@@ -1133,6 +1142,42 @@ mod tests {
         assert_eq!(first.len() + second.len(), whole.len());
         assert_eq!(first.row(0), whole.row(0));
         assert_eq!(second.row(second.len() - 1), whole.row(whole.len() - 1));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_job_naming_its_positive_label_reads_every_other_label_as_negative() {
+        let dir = std::env::temp_dir().join(format!("pserver-positive-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (train, test) = (dir.join("train.svm"), dir.join("test.svm"));
+        std::fs::write(&train, "3 1:1\n2 2:1\n1 3:1\n3 1:1\n").unwrap();
+        std::fs::write(&test, "3 1:1\n2 1:1\n").unwrap();
+        let mut cfg = LrConfig::default();
+        cfg.job.workers = 2;
+        let mut job = LrJob {
+            data: train,
+            test: Some(test),
+            save: None,
+            init: None,
+            index_base: IndexBase::One,
+            labels: Labels::Positive(3.0),
+            cfg,
+        };
+        let mut data = LrData::read(&job, 0, IndexBase::One).unwrap();
+        let mut labels = Vec::new();
+        for share in 0..2 {
+            let (rows, _) = data.share(share).unwrap();
+            labels.extend_from_slice(rows.labels());
+        }
+        assert_eq!(labels, [1.0, 0.0, 0.0, 1.0]);
+        assert_eq!(data.test.as_ref().unwrap().labels(), [1.0, 0.0]);
+        // Without it, a third class is refused, naming its line.
+        job.labels = Labels::Binary;
+        let e = match LrData::read(&job, 0, IndexBase::One) {
+            Ok(_) => panic!("a third class was read"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("test.svm:1:1: expected a binary label"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::CliError;
 use crate::apps::lr::{auc, load_model, scores};
 use crate::apps::mf_file::{is_mf, load_mf};
-use crate::data::libsvm::{IndexBase, read};
+use crate::data::libsvm::{IndexBase, Labels, read_streaming};
 use crate::data::ratings::{Ids, read as read_ratings};
 
 /// Score a LIBSVM data set with a model saved by `pserver train --save`, or a ratings file
@@ -33,6 +33,10 @@ pub(crate) struct PredictArgs {
     /// auto means the model's.
     #[arg(long, value_enum)]
     index_base: Option<IndexBase>,
+    /// Rows labelled LABEL are positive and every other row negative, as `pserver train
+    /// --positive` trained them; without it labels must be 0/1 or -1/+1.
+    #[arg(long, value_name = "LABEL", allow_negative_numbers = true)]
+    positive: Option<f32>,
 }
 
 /// Runs `pserver predict`.
@@ -59,7 +63,8 @@ pub(crate) fn run(args: PredictArgs) -> Result<(), CliError> {
         }
         (recorded, _) => recorded,
     };
-    let data = read(&args.data, base).map_err(CliError::input)?;
+    let labels = args.positive.map_or(Labels::Binary, Labels::Positive);
+    let data = read_streaming(&args.data, base, labels).map_err(CliError::input)?;
     let s = scores(&model.weights, &data);
     if args.scores {
         print_probabilities(&s);

@@ -590,12 +590,18 @@ pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>, DataError> {
 pub(crate) fn read(path: &Path, base: IndexBase) -> Result<Examples, DataError> {
     let name = path.display().to_string();
     let text = read_bytes(path)?;
-    parse_whole(&name, &text, base)
+    parse_whole(&name, &text, base, Labels::Binary)
 }
 
-/// Parses the whole file `name` (text `text`), which must hold at least one example.
-pub(crate) fn parse_whole(name: &str, text: &[u8], base: IndexBase) -> Result<Examples, DataError> {
-    let examples = parse(name, text, base)?;
+/// Parses the whole file `name` (text `text`), which must hold at least one example, with
+/// binary labels or those `labels` names positive.
+pub(crate) fn parse_whole(
+    name: &str,
+    text: &[u8],
+    base: IndexBase,
+    labels: Labels,
+) -> Result<Examples, DataError> {
+    let examples = parse_lines(name, text, base, 0, labels)?;
     if examples.is_empty() {
         return Err(no_examples(name.to_owned()));
     }
@@ -628,7 +634,7 @@ pub(crate) fn no_examples(name: String) -> DataError {
 
 /// Parses `text` (named `name` in errors); `Auto` decides the base over `text` alone.
 pub(crate) fn parse(name: &str, text: &[u8], base: IndexBase) -> Result<Examples, DataError> {
-    parse_lines(name, text, base, 0)
+    parse_lines(name, text, base, 0, Labels::Binary)
 }
 
 /// Parses `text`, a part of the file `name` that starts after its first `lines_before`
@@ -638,6 +644,7 @@ pub(crate) fn parse_lines(
     text: &[u8],
     base: IndexBase,
     lines_before: usize,
+    labels: Labels,
 ) -> Result<Examples, DataError> {
     // Only `Auto` needs a first pass; under `One` the parser itself refuses an index 0.
     let one_based = match base {
@@ -649,10 +656,7 @@ pub(crate) fn parse_lines(
     // Every feature has a colon: room for them all at once, where growing by doubling would
     // hold the old and the new array together and leave up to half of the new one unused.
     out.ids.reserve(text.iter().filter(|&&b| b == b':').count());
-    let form = Form {
-        one_based,
-        labels: Labels::Binary,
-    };
+    let form = Form { one_based, labels };
     parse_into(&mut out, name, text, form, lines_before)?;
     Ok(out)
 }
@@ -1224,7 +1228,14 @@ mod tests {
 
     #[test]
     fn index_zero_in_a_one_based_file_names_its_line_in_the_whole_file() {
-        let e = parse_lines("big.svm", b"1 2:1\n0 0:1\n", IndexBase::One, 40).unwrap_err();
+        let e = parse_lines(
+            "big.svm",
+            b"1 2:1\n0 0:1\n",
+            IndexBase::One,
+            40,
+            Labels::Binary,
+        )
+        .unwrap_err();
         assert_eq!((e.line, e.column), (42, 3), "{e}");
         assert!(e.message.contains("index 0"), "{e}");
         assert_eq!(lines_before(b"a\nb\nc", 4), 2);

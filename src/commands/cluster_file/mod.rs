@@ -57,7 +57,7 @@ use super::values::{
 };
 use crate::apps::lr::{Keep, LrConfig, Rates, Wire};
 use crate::apps::mf::{self, MfConfig};
-use crate::data::libsvm::IndexBase;
+use crate::data::libsvm::{IndexBase, Labels};
 use raw::{App, Choice, Raw, RawBase, RawFilters, RawJob, RawNode, RawRing};
 
 /// The environment variable that may carry the secret instead of a file.
@@ -159,6 +159,9 @@ pub(crate) struct LrJob {
     pub init: Option<PathBuf>,
     /// How every file of the job counts its feature indices.
     pub index_base: IndexBase,
+    /// How every file's labels read: binary, or rows of this label positive and the rest
+    /// negative (`pserver train --positive`).
+    pub labels: Labels,
     /// How to train.
     pub cfg: crate::apps::lr::LrConfig,
 }
@@ -807,6 +810,17 @@ fn job(
         None if job.save.is_some() && job.epochs > 1 => 0.1,
         None => 0.0,
     };
+    let labels = match job.positive {
+        None => Labels::Binary,
+        // As the data file's labels are read: to the nearest f32.
+        Some(label) if label.is_finite() => Labels::Positive(label as f32),
+        Some(label) => {
+            return Err(origin.invalid(
+                "job.positive",
+                format!("{label} is not a label a data file can hold"),
+            ));
+        }
+    };
     let cfg = LrConfig {
         job: spec.job.clone(),
         epochs: job.epochs,
@@ -833,6 +847,7 @@ fn job(
         save: job.save.map(|f| origin.relative(f)),
         init: job.init.map(|f| origin.relative(f)),
         index_base,
+        labels,
         cfg,
     })))
 }
@@ -858,6 +873,7 @@ fn mf_job(
         ("job.alpha", job.alpha.is_some()),
         ("job.l1", job.l1.is_some()),
         ("job.validation_fraction", job.validation_fraction.is_some()),
+        ("job.positive", job.positive.is_some()),
     ] {
         if given {
             return Err(origin.invalid(field, "not used by an mf job"));

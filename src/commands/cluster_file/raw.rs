@@ -114,6 +114,7 @@ pub(super) struct RawJob {
     pub(super) rank: Option<u32>,
     pub(super) test_fraction: Option<f64>,
     pub(super) validation_fraction: Option<f64>,
+    pub(super) positive: Option<f64>,
     #[serde(default)]
     pub(super) checkpoint_every: u32,
 }
@@ -231,6 +232,7 @@ impl Default for RawJob {
             rank: None,
             test_fraction: None,
             validation_fraction: None,
+            positive: None,
             checkpoint_every: 0,
         }
     }

@@ -105,6 +105,26 @@ fn lr_job_with(field: &str, value: &str) -> String {
 }
 
 #[test]
+fn an_lr_job_names_the_label_of_its_positive_rows_or_reads_labels_as_binary() {
+    let labels = |lines: &str| {
+        let text = GOOD.replace(
+            "keys = 10",
+            &format!("app = \"lr\"\ndata = \"t.svm\"\n{lines}\nkeys = 10"),
+        );
+        match parse(&text).map(|f| f.job) {
+            Ok(Job::Lr(job)) => Ok(job.labels),
+            Ok(_) => panic!("not an lr job"),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    assert_eq!(labels(""), Ok(Labels::Binary));
+    assert_eq!(labels("positive = 3"), Ok(Labels::Positive(3.0)));
+    assert_eq!(labels("positive = -1.5"), Ok(Labels::Positive(-1.5)));
+    let e = labels("positive = nan").unwrap_err();
+    assert!(e.starts_with("/etc/pserver/c.toml: job.positive: "), "{e}");
+}
+
+#[test]
 fn an_lr_job_holds_rows_out_to_choose_the_epoch_it_saves_unless_told_not_to() {
     let validation = |lines: &str| {
         let text = GOOD.replace(
@@ -562,6 +582,7 @@ fn an_mf_job_takes_its_rank_and_rates_and_refuses_what_it_does_not_use() {
             "validation_fraction = 0.2",
             "job.validation_fraction: not used by an mf job",
         ),
+        ("positive = 2", "job.positive: not used by an mf job"),
         ("rank = 0", "job.rank: 0 is not a rank"),
         ("lr = -1", "job.lr"),
         ("test_fraction = 1.0", "job.test_fraction"),
