@@ -945,9 +945,10 @@ fn a_streamed_file_trains_every_row_in_memory_that_does_not_grow_with_the_file()
     eprintln!(
         "peak kB: streamed {stream_short} then {stream_long}, whole {whole_short} then {whole_long}"
     );
-    // 150,000 more rows of 30 features: 18 MB more parsed rows held whole, none streamed.
+    // 150,000 more rows of 30 features: 18 MB more parsed rows held whole (11.5-17 MB more
+    // at the peak when measured, the allocator's pages moving it), none streamed.
     assert!(
-        whole_long > whole_short + 12_000,
+        whole_long > whole_short + 8_000,
         "whole: {whole_short} then {whole_long} kB"
     );
     assert!(

@@ -802,6 +802,7 @@ pub(crate) async fn train_model(
         reports.push(report);
         // The first epoch with the lowest validation RMSE is kept; a NaN is never better.
         if let Some(rmse) = validation_rmse
+            && !rmse.is_nan()
             && best.as_ref().is_none_or(|(lowest, _, _)| rmse < *lowest)
         {
             best = Some((rmse, epoch, model));

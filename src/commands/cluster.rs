@@ -503,11 +503,28 @@ impl LrData {
         // Any worker may come to hold the first share and measure: each draws the held-out
         // rows of the whole file, as `pserver train` draws them from its rows.
         let validation = match held {
-            Some((fraction, seed)) => Some(
-                parse_whole(&name, &text, base, job.labels)?
-                    .hold_out(fraction, seed)
-                    .1,
-            ),
+            Some((fraction, seed)) => {
+                let whole = parse_whole(&name, &text, base, job.labels)?;
+                let (rest, held) = whole.hold_out(fraction, seed);
+                if rest.is_empty() || held.is_empty() {
+                    // No rows to choose with: every epoch would measure a loss of 0.
+                    return Err(DataError {
+                        path: name,
+                        line: 0,
+                        column: 0,
+                        message: format!(
+                            "holding out job.validation_fraction {fraction} of its {} rows to choose the epoch saved leaves none to {}: give more rows, another fraction, or validation_fraction = 0",
+                            whole.len(),
+                            if rest.is_empty() {
+                                "train on"
+                            } else {
+                                "choose with"
+                            }
+                        ),
+                    });
+                }
+                Some(held)
+            }
             None => None,
         };
         let mut data = LrData {
@@ -1178,6 +1195,32 @@ mod tests {
             Err(e) => e.to_string(),
         };
         assert!(e.contains("test.svm:1:1: expected a binary label"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_job_whose_validation_draw_holds_no_row_is_refused_not_saved_from_epoch_one() {
+        let dir = std::env::temp_dir().join(format!("pserver-nodraw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let train = dir.join("train.svm");
+        std::fs::write(&train, "1 1:1\n0 2:1\n1 3:1\n0 1:1\n").unwrap();
+        let mut cfg = LrConfig::default();
+        cfg.job.workers = 2;
+        cfg.validation = Some(0.001);
+        let job = LrJob {
+            data: train,
+            test: None,
+            save: None,
+            init: None,
+            index_base: IndexBase::One,
+            labels: Labels::Binary,
+            cfg,
+        };
+        let e = match LrData::read(&job, 0, IndexBase::One) {
+            Ok(_) => panic!("four rows held one out at 0.001"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("leaves none to choose with"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

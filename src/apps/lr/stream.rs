@@ -39,7 +39,10 @@ pub(crate) struct StreamedFile {
 impl StreamedFile {
     /// Reads `path` once to count its rows and find its largest index, for a job of `cfg`
     /// whose windows hold about `window` rows each; `one_based` and `labels` say how its lines
-    /// read. A file without rows is an error naming it.
+    /// read. Every line is parsed as it is counted, so that a bad one is an error naming its
+    /// line before training starts, not a failure of one worker mid-epoch while the others
+    /// wait for it; so is a file without rows, and with `labels` naming a positive label, a
+    /// file without a row of it.
     pub(crate) fn open(
         path: &Path,
         one_based: bool,
@@ -50,6 +53,7 @@ impl StreamedFile {
         let name = path.display().to_string();
         let mut lines = open_lines(path)?;
         let (mut rows, mut largest, mut line) = (0usize, None, Vec::new());
+        let (mut number, mut positives, mut scratch) = (0, 0usize, Examples::new());
         loop {
             line.clear();
             let read = lines.read_until(b'\n', &mut line).map_err(|e| DataError {
@@ -64,10 +68,23 @@ impl StreamedFile {
             if is_row(&line) {
                 rows += 1;
                 largest = largest.max(max_index(&line));
+                parse_part(&mut scratch, &name, &line, one_based, labels, number)?;
+                positives += scratch.labels().iter().filter(|&&l| l > 0.0).count();
+                scratch.clear();
             }
+            number += 1;
         }
         if rows == 0 {
             return Err(crate::data::libsvm::no_examples(name));
+        }
+        if let (Labels::Positive(label), 0) = (labels, positives) {
+            // One class is nothing to learn: most likely a label mistyped.
+            return Err(DataError {
+                path: name,
+                line: 0,
+                column: 0,
+                message: format!("no row is labelled {label}, the label --positive names"),
+            });
         }
         let batch = cfg.share_batch().max(1);
         Ok(StreamedFile {

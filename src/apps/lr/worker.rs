@@ -117,7 +117,7 @@ pub(crate) type ShareRows = (Arc<Examples>, Vec<usize>);
 /// Where a worker finds its rows: window `w` of share `s` is the share's rows of steps
 /// `w * window_steps..(w + 1) * window_steps` of an epoch, which `of(s, w)` gives with the rows
 /// the whole share trains an epoch. Rows held in memory are one window of the whole share
-/// ([`Rows::whole`]); a streamed file is read a window at a time, so that a worker holds no
+/// ([`whole_shares`]); a streamed file is read a window at a time, so that a worker holds no
 /// more of it than that (`crate::apps::lr::stream`).
 pub(crate) struct Rows<F> {
     /// Window `w` of share `s`, and the share's rows in an epoch.

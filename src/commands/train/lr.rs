@@ -220,6 +220,14 @@ impl RuleArgs {
 /// and saves the model asked for. Ctrl-C or SIGTERM keeps the epochs finished so far (exit
 /// status 130 or 143).
 pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
+    if args.stream
+        && args.epochs > 1
+        && ((args.save.is_some() && args.keep == Keep::Best) || args.early_stop.is_some())
+    {
+        eprintln!(
+            "warning: --stream holds no rows out of the file yet: the test rows choose the epoch --save keeps and when --early-stop ends the run (--keep last keeps the last)"
+        );
+    }
     if args.stream && args.validation_fraction.is_some() {
         return Err(CliError::input(
             "--validation-fraction: no rows are held out of a streamed file yet: leave it out with --stream (the test rows then choose the epoch kept)",

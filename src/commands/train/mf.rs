@@ -73,8 +73,9 @@ pub(crate) struct MfArgs {
     /// the run; 8 on the generated problem].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..), allow_negative_numbers = true)]
     epochs: Option<u32>,
-    /// Stop after N epochs in a row without a lower validation RMSE [default: 3 with --data,
-    /// where ratings are held out for validation; none on the generated problem].
+    /// Stop after N epochs in a row without a lower validation RMSE [default: 3 with --data and
+    /// --keep best, where ratings are held out for validation; none with --keep last or on the
+    /// generated problem].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     early_stop: Option<u32>,
     /// Fraction of the training ratings held out, drawn from --seed, to choose the epoch kept
@@ -134,9 +135,12 @@ fn config(args: &MfArgs) -> MfConfig {
             .l2
             .map_or(if real { 0.05 } else { 0.01 }, Strength::get),
         seed: args.seed,
-        early_stop: args
-            .early_stop
-            .or((real && validation_of(args).is_some()).then_some(EARLY_STOP)),
+        // By default only where the best epoch is kept: with --keep last the run trains every
+        // epoch asked for.
+        early_stop: args.early_stop.or((real
+            && args.keep == Keep::Best
+            && validation_of(args).is_some())
+        .then_some(EARLY_STOP)),
         keep_best: args.keep == Keep::Best,
     }
 }
@@ -351,6 +355,15 @@ mod tests {
             keep_best: true,
         };
         assert_eq!(cfg, want);
+    }
+
+    #[test]
+    fn a_run_keeping_its_last_epoch_trains_every_epoch_asked_for() {
+        assert_eq!(config_of(&["--data", "u.data"]).early_stop, Some(3));
+        let last = config_of(&["--data", "u.data", "--keep", "last"]);
+        assert_eq!((last.early_stop, last.keep_best), (None, false));
+        let told = config_of(&["--data", "u.data", "--keep", "last", "--early-stop", "2"]);
+        assert_eq!(told.early_stop, Some(2));
     }
 
     #[test]
