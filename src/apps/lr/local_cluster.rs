@@ -331,30 +331,54 @@ pub(crate) async fn train_local_until(
         test: test.clone(),
         validation,
     };
-    let tasks: Vec<_> = cluster
+    // A worker that fails says so at once: the others may be waiting for it at a consistency
+    // bound, and would wait for ever.
+    let (failed_tx, mut failed) = mpsc::unbounded_channel::<usize>();
+    let mut tasks: Vec<_> = cluster
         .workers
         .iter()
         .enumerate()
         .map(|(i, h)| {
             let slowdown = slowdowns.factor_of(i);
             let transient = slowdowns.transient_of(i, cfg.job.workers, cfg.seed);
-            tokio::spawn(run_worker(
+            let worker = run_worker(
                 cfg.clone(),
                 h.clone(),
                 data.clone(),
                 tx.clone(),
                 counter.clone(),
                 (slowdown, transient),
-            ))
+            );
+            let failed_tx = failed_tx.clone();
+            tokio::spawn(async move {
+                let result = worker.await;
+                if result.is_err() {
+                    let _ = failed_tx.send(i);
+                }
+                result
+            })
         })
         .collect();
-    drop(tx);
+    drop((tx, failed_tx));
     let mut epochs = Epochs::new(cfg, rows).after(done);
     let pace = PaceWatch::new(&cluster, &spec.job);
     let mut stop = std::pin::pin!(stop);
     loop {
         let message = tokio::select! {
             message = rx.recv() => message,
+            Some(worker) = failed.recv() => {
+                for (i, t) in tasks.iter().enumerate() {
+                    if i != worker {
+                        t.abort();
+                    }
+                }
+                let failure = tasks.swap_remove(worker).await;
+                drop(cluster);
+                return Err(match failure {
+                    Ok(Err(e)) => e,
+                    _ => RuntimeError::ShutDown,
+                });
+            }
             () = &mut stop => {
                 // Workers may be waiting on each other at a consistency bound: end them all at
                 // once rather than one by one.

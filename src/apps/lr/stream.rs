@@ -333,4 +333,43 @@ mod tests {
         assert!(e.contains(":11:"), "{e}");
         let _ = std::fs::remove_file(&path);
     }
+
+    /// A worker that fails ends the run with its error: the others, waiting for it at the
+    /// consistency bound, are not left to wait for ever.
+    #[test]
+    fn a_file_cut_short_while_training_ends_the_run_with_the_worker_s_error() {
+        let mut text = String::new();
+        for r in 0..400 {
+            text += &format!("{} {}:1 {}:1\n", r % 2, r % 7 + 1, r % 11 + 8);
+        }
+        let path = file_of(&text, "cut");
+        let mut cfg = cfg(2, 10);
+        cfg.job.consistency = pserver_core::Consistency::BoundedDelay(1);
+        cfg.epochs = 3;
+        let file = StreamedFile::open(&path, true, Labels::Binary, &cfg, 50).unwrap();
+        // The second worker's share is gone by the time it reads it.
+        std::fs::write(&path, &text[..text.len() / 3]).unwrap();
+        let test =
+            crate::data::libsvm::parse("t", b"1 1:1\n0 8:1\n", crate::data::libsvm::IndexBase::One)
+                .unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let trained = rt.block_on(async {
+            tokio::time::timeout(
+                std::time::Duration::from_secs(60),
+                super::super::train_local(&cfg, Default::default(), file, test, |_| {}),
+            )
+            .await
+        });
+        let e = match trained {
+            Err(_) => panic!("the run hung after a worker failed"),
+            Ok(Ok(_)) => panic!("a run on a file cut short ended well"),
+            Ok(Err(e)) => e.to_string(),
+        };
+        assert!(e.contains("changed while training"), "{e}");
+        let _ = std::fs::remove_file(&path);
+    }
 }
