@@ -33,8 +33,8 @@ use crate::apps::lr::{
 use crate::apps::mf;
 use crate::apps::mf_file::{load_mf, save_mf};
 use crate::data::libsvm::{
-    DataError, Examples, IndexBase, Labels, count_rows, held_out, holds_rows, lines_before,
-    max_index, no_examples, parse_lines, parse_whole, read_bytes, shard,
+    DataError, Examples, IndexBase, Labels, count_rows, held_out, holds_rows, is_row, lines_before,
+    max_index, no_examples, parse_lines, parse_part, parse_whole, read_bytes, shard,
 };
 use std::collections::BTreeMap;
 
@@ -504,21 +504,30 @@ impl LrData {
         // rows of the whole file, as `pserver train` draws them from its rows.
         let validation = match held {
             Some((fraction, seed)) => {
-                let whole = parse_whole(&name, &text, base, job.labels)?;
-                let (rest, held) = whole.hold_out(fraction, seed);
-                if rest.is_empty() || held.is_empty() {
+                // Only the held rows are parsed: the worker's own rows are its share's.
+                let (mut held, mut rows) = (Examples::new(), 0);
+                for (number, line) in text.split(|&b| b == b'\n').enumerate() {
+                    if !is_row(line) {
+                        continue;
+                    }
+                    if held_out(rows, fraction, seed) {
+                        let one_based = base == IndexBase::One;
+                        parse_part(&mut held, &name, line, one_based, job.labels, number)?;
+                    }
+                    rows += 1;
+                }
+                if held.is_empty() || held.len() == rows {
                     // No rows to choose with: every epoch would measure a loss of 0.
                     return Err(DataError {
                         path: name,
                         line: 0,
                         column: 0,
                         message: format!(
-                            "holding out job.validation_fraction {fraction} of its {} rows to choose the epoch saved leaves none to {}: give more rows, another fraction, or validation_fraction = 0",
-                            whole.len(),
-                            if rest.is_empty() {
-                                "train on"
-                            } else {
+                            "holding out job.validation_fraction {fraction} of its {rows} rows to choose the epoch saved leaves none to {}: give more rows, another fraction, or validation_fraction = 0",
+                            if held.is_empty() {
                                 "choose with"
+                            } else {
+                                "train on"
                             }
                         ),
                     });
@@ -1195,6 +1204,53 @@ mod tests {
             Err(e) => e.to_string(),
         };
         assert!(e.contains("test.svm:1:1: expected a binary label"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_validation_rows_are_those_the_whole_file_holds_out_and_no_share_trains() {
+        let dir = std::env::temp_dir().join(format!("pserver-held-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let train = dir.join("train.svm");
+        let text: String = (0..200)
+            .map(|r| {
+                format!(
+                    "{} {}:1\n{}",
+                    r % 2,
+                    r + 1,
+                    if r % 50 == 7 { "# note\n\n" } else { "" }
+                )
+            })
+            .collect();
+        std::fs::write(&train, &text).unwrap();
+        let mut cfg = LrConfig::default();
+        cfg.job.workers = 3;
+        cfg.validation = Some(0.3);
+        cfg.seed = 5;
+        let job = LrJob {
+            data: train,
+            test: None,
+            save: None,
+            init: None,
+            index_base: IndexBase::One,
+            labels: Labels::Binary,
+            cfg,
+        };
+        let mut data = LrData::read(&job, 0, IndexBase::One).unwrap();
+        let whole = parse("train", text.as_bytes(), IndexBase::One).unwrap();
+        let (_, held) = whole.hold_out(0.3, 5);
+        assert_eq!(data.validation.as_ref(), Some(&held));
+        // Every row is trained by one share or held out, never both.
+        let mut trained = 0;
+        for share in 0..3 {
+            let (rows, mine) = data.share(share).unwrap();
+            trained += mine.len();
+            for r in mine {
+                let id = rows.row(r).ids().next().unwrap();
+                assert!((0..held.len()).all(|h| held.row(h).ids().next() != Some(id)));
+            }
+        }
+        assert_eq!(trained + held.len(), whole.len());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
