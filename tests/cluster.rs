@@ -1359,6 +1359,21 @@ fn start_all(config: &str, roles: &[&str]) -> Children {
     children
 }
 
+/// Waits (up to two minutes) for the workers of `children`, started by [`start_all`] after a
+/// coordinator and a server, to end well; returns each one's stdout. The coordinator and the
+/// server stay in `children`.
+fn workers_stdout(children: &mut Children) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut outputs = Vec::new();
+    for (name, mut child) in children.0.drain(2..) {
+        wait_for(&mut child, deadline, &name);
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{name}: {}", text_of(&out.stderr));
+        outputs.push(text_of(&out.stdout));
+    }
+    outputs
+}
+
 #[test]
 fn the_cluster_job_trains_every_row_of_a_skewed_share_and_saves_the_best_epoch() {
     const EPOCHS: u32 = 3;
@@ -1374,14 +1389,7 @@ fn the_cluster_job_trains_every_row_of_a_skewed_share_and_saves_the_best_epoch()
         }
     });
     let mut children = start_all(&config, &roles);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut outputs = Vec::new();
-    for (name, mut child) in children.0.drain(2..) {
-        wait_for(&mut child, deadline, &name);
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{name}: {}", text_of(&out.stderr));
-        outputs.push(text_of(&out.stdout));
-    }
+    let outputs = workers_stdout(&mut children);
     // Every row of the file is trained once an epoch, by the one worker whose share holds it.
     let text = std::fs::read_to_string(dir.join("train.svm")).unwrap();
     let file_rows = text.lines().filter(|l| !l.trim().is_empty()).count() as f64;
@@ -1973,14 +1981,7 @@ fn the_cluster_job_saves_the_epoch_with_the_lowest_validation_logloss() {
     let dir = std::env::temp_dir().join(format!("pserver-lr-valid-{}", std::process::id()));
     let (config, roles) = lr_cluster_with(&dir, 2, EPOCHS, "save = \"model.bin\"\n", |_| {});
     let mut children = start_all(&config, &roles);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut outputs = Vec::new();
-    for (name, mut child) in children.0.drain(2..) {
-        wait_for(&mut child, deadline, &name);
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{name}: {}", text_of(&out.stderr));
-        outputs.push(text_of(&out.stdout));
-    }
+    let outputs = workers_stdout(&mut children);
     // Each epoch the workers train the same rows, about nine in ten of the file's.
     let trained: Vec<f64> = (0..EPOCHS as usize)
         .map(|e| outputs.iter().map(|o| fields(o, "rows=")[e]).sum())

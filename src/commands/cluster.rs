@@ -1150,15 +1150,7 @@ mod tests {
         std::fs::write(&test, "1 0:1 1:1\n").unwrap();
         let mut cfg = LrConfig::default();
         cfg.job.workers = 2;
-        let job = LrJob {
-            data: train.clone(),
-            test: Some(test),
-            save: None,
-            init: None,
-            index_base: IndexBase::Auto,
-            labels: Labels::Binary,
-            cfg,
-        };
+        let job = job_on(train.clone(), Some(test), IndexBase::Auto, cfg);
         let mut data = LrData::read(&job, 1, job.index_base).unwrap();
         assert_eq!(data.base, IndexBase::Zero);
         let text = std::fs::read(&train).unwrap();
@@ -1171,6 +1163,20 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// An lr job of `cfg` on `data` (and `test`), read with `index_base`: binary labels,
+    /// nothing saved or started from.
+    fn job_on(data: PathBuf, test: Option<PathBuf>, index_base: IndexBase, cfg: LrConfig) -> LrJob {
+        LrJob {
+            data,
+            test,
+            save: None,
+            init: None,
+            index_base,
+            labels: Labels::Binary,
+            cfg,
+        }
+    }
+
     #[test]
     fn a_job_naming_its_positive_label_reads_every_other_label_as_negative() {
         let dir = std::env::temp_dir().join(format!("pserver-positive-{}", std::process::id()));
@@ -1180,15 +1186,8 @@ mod tests {
         std::fs::write(&test, "3 1:1\n2 1:1\n").unwrap();
         let mut cfg = LrConfig::default();
         cfg.job.workers = 2;
-        let mut job = LrJob {
-            data: train,
-            test: Some(test),
-            save: None,
-            init: None,
-            index_base: IndexBase::One,
-            labels: Labels::Positive(3.0),
-            cfg,
-        };
+        let mut job = job_on(train, Some(test), IndexBase::One, cfg);
+        job.labels = Labels::Positive(3.0);
         let mut data = LrData::read(&job, 0, IndexBase::One).unwrap();
         let mut labels = Vec::new();
         for share in 0..2 {
@@ -1227,15 +1226,7 @@ mod tests {
         cfg.job.workers = 3;
         cfg.validation = Some(0.3);
         cfg.seed = 5;
-        let job = LrJob {
-            data: train,
-            test: None,
-            save: None,
-            init: None,
-            index_base: IndexBase::One,
-            labels: Labels::Binary,
-            cfg,
-        };
+        let job = job_on(train, None, IndexBase::One, cfg);
         let mut data = LrData::read(&job, 0, IndexBase::One).unwrap();
         let whole = parse("train", text.as_bytes(), IndexBase::One).unwrap();
         let (_, held) = whole.hold_out(0.3, 5);
@@ -1263,15 +1254,7 @@ mod tests {
         let mut cfg = LrConfig::default();
         cfg.job.workers = 2;
         cfg.validation = Some(0.001);
-        let job = LrJob {
-            data: train,
-            test: None,
-            save: None,
-            init: None,
-            index_base: IndexBase::One,
-            labels: Labels::Binary,
-            cfg,
-        };
+        let job = job_on(train, None, IndexBase::One, cfg);
         let e = match LrData::read(&job, 0, IndexBase::One) {
             Ok(_) => panic!("four rows held one out at 0.001"),
             Err(e) => e.to_string(),

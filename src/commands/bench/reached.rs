@@ -17,6 +17,27 @@ pub(super) struct Reached {
 }
 
 impl Reached {
+    /// One pass of `rows` rows by a program measured from outside: `secs` of wall clock, its
+    /// CPU seconds and peak RSS where known, and the test AUC it reached.
+    pub(super) fn one_pass(
+        rows: usize,
+        secs: f64,
+        cpu: Option<f64>,
+        peak_rss_mb: Option<f64>,
+        auc: f64,
+    ) -> Self {
+        let rows = rows as f64;
+        Reached {
+            rows_per_sec: rows / secs.max(1e-9),
+            epochs: vec![rows / secs.max(1e-9)],
+            cpu_secs_per_mrow: cpu.map(|c| c / rows * 1e6),
+            peak_rss_mb,
+            auc,
+            measure_secs: None,
+            curve: vec![(secs, auc)],
+        }
+    }
+
     /// The first epoch (from 1) whose test AUC is at least `target`, and the seconds of
     /// training until its end; `None` if no epoch reached it.
     pub(super) fn first_reaching(&self, target: f64) -> Option<(usize, f64)> {

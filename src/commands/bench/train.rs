@@ -417,16 +417,7 @@ fn process(
         .find_map(|f| f.strip_prefix("test_auc="))
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| BenchError::Inexact(format!("no test_auc in {line}")))?;
-    let rows = rows as f64;
-    Ok(Reached {
-        rows_per_sec: rows / secs.max(1e-9),
-        epochs: vec![rows / secs.max(1e-9)],
-        cpu_secs_per_mrow: cpu.map(|c| c / rows * 1e6),
-        peak_rss_mb: peak,
-        auc,
-        measure_secs: None,
-        curve: vec![(secs, auc)],
-    })
+    Ok(Reached::one_pass(rows, secs, cpu, peak, auc))
 }
 
 /// Runs the training measures on the generated problem of `size` and then on the

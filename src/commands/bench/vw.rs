@@ -102,15 +102,6 @@ pub(super) fn reached(
             test.len()
         )));
     }
-    let rows = train.len() as f64;
     let auc = auc(&scores, test.labels());
-    Ok(Reached {
-        rows_per_sec: rows / secs.max(1e-9),
-        epochs: vec![rows / secs.max(1e-9)],
-        cpu_secs_per_mrow: cpu.map(|c| c / rows * 1e6),
-        peak_rss_mb: peak,
-        auc,
-        measure_secs: None,
-        curve: vec![(secs, auc)],
-    })
+    Ok(Reached::one_pass(train.len(), secs, cpu, peak, auc))
 }
