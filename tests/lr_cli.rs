@@ -887,7 +887,7 @@ fn peak_kb(args: &[&str]) -> (u64, String, String) {
     (peak, stdout, stderr)
 }
 
-/// `--stream` reads the training file a window at a time: a run on a file four times as long
+/// `--stream` reads the training file a window at a time: a run on a file eight times as long
 /// peaks at about the same memory, where a run that reads the file whole grows with it, and
 /// it trains every row of every epoch to what that run reaches.
 #[test]
@@ -912,9 +912,9 @@ fn a_streamed_file_trains_every_row_in_memory_that_does_not_grow_with_the_file()
     };
     let (short, long) = (
         generate("50000", "0", "short.svm"),
-        generate("200000", "0", "long.svm"),
+        generate("400000", "0", "long.svm"),
     );
-    let test = generate("5000", "200000", "test.svm");
+    let test = generate("5000", "400000", "test.svm");
     let train = |data: &Path, stream: bool| {
         let mut args = vec![
             "train",
@@ -945,18 +945,19 @@ fn a_streamed_file_trains_every_row_in_memory_that_does_not_grow_with_the_file()
     eprintln!(
         "peak kB: streamed {stream_short} then {stream_long}, whole {whole_short} then {whole_long}"
     );
-    // 150,000 more rows of 30 features: 18 MB more parsed rows held whole (11.5-17 MB more
-    // at the peak when measured, the allocator's pages moving it), none streamed.
+    // 350,000 more rows of 30 features: 42 MB more parsed rows held whole, none streamed.
+    // The peak of a run moves by up to 12 MB between runs on the same file (the allocator's
+    // pages, frames in flight), so the margins are wide.
     assert!(
-        whole_long > whole_short + 8_000,
+        whole_long > whole_short + 20_000,
         "whole: {whole_short} then {whole_long} kB"
     );
     assert!(
-        stream_long < stream_short + 4_000,
+        stream_long < stream_short + 10_000,
         "streamed: {stream_short} then {stream_long} kB"
     );
     assert!(
-        err.contains("train: 200000 rows streamed in windows of 5000"),
+        err.contains("train: 400000 rows streamed in windows of 5000"),
         "{err}"
     );
     // What a streamed file cannot do yet is refused, not ignored.
