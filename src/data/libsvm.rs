@@ -149,9 +149,28 @@ fn zero_in_one_based(name: &str, line: usize, column: usize) -> DataError {
     }
 }
 
+/// The lines of `text` as splitting it at each newline gives them (the piece after the last
+/// newline included, empty or not), each newline found at `memchr`'s speed.
+fn lines(text: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(text);
+    std::iter::from_fn(move || {
+        let text = rest?;
+        Some(match memchr::memchr(b'\n', text) {
+            Some(end) => {
+                rest = Some(&text[end + 1..]);
+                &text[..end]
+            }
+            None => {
+                rest = None;
+                text
+            }
+        })
+    })
+}
+
 /// A line without its comment (`#` to the end).
 fn without_comment(line: &[u8]) -> &[u8] {
-    match line.iter().position(|&b| b == b'#') {
+    match memchr::memchr(b'#', line) {
         Some(p) => &line[..p],
         None => line,
     }
@@ -173,10 +192,10 @@ fn indices(line: &[u8]) -> impl Iterator<Item = (usize, u64)> + '_ {
 /// The line and column (from 1) of the first index 0 in `text`, comments and `qid:` tokens
 /// aside: the same tokens the parser reads as indices.
 pub(crate) fn first_index_zero(text: &[u8]) -> Option<(usize, usize)> {
-    for (n, line) in text.split(|&b| b == b'\n').enumerate() {
+    for (n, line) in lines(text).enumerate() {
         let line = without_comment(line);
         // A line without `0:` cannot hold an index 0: most lines are passed over at memchr speed.
-        if !line.windows(2).any(|w| w == b"0:") {
+        if memchr::memmem::find(line, b"0:").is_none() {
             continue;
         }
         if let Some((col, _)) = indices(line).find(|&(_, index)| index == 0) {
@@ -189,7 +208,7 @@ pub(crate) fn first_index_zero(text: &[u8]) -> Option<(usize, usize)> {
 /// The largest feature index `text` names, as written (before the index base is applied);
 /// `None` for a text without features.
 pub(crate) fn max_index(text: &[u8]) -> Option<u64> {
-    text.split(|&b| b == b'\n')
+    lines(text)
         .flat_map(|line| indices(without_comment(line)))
         .map(|(_, index)| index)
         .max()
@@ -617,9 +636,7 @@ pub(crate) fn holds_rows(text: &[u8]) -> bool {
 /// The rows `text` holds: its lines with anything besides blanks and a comment, which the
 /// parser turns into one example each.
 pub(crate) fn count_rows(text: &[u8]) -> usize {
-    text.split(|&b| b == b'\n')
-        .filter(|line| is_row(line))
-        .count()
+    lines(text).filter(|line| is_row(line)).count()
 }
 
 /// The error for a file named `name` that holds no rows.
@@ -655,7 +672,7 @@ pub(crate) fn parse_lines(
     let mut out = Examples::new();
     // Every feature has a colon: room for them all at once, where growing by doubling would
     // hold the old and the new array together and leave up to half of the new one unused.
-    out.ids.reserve(text.iter().filter(|&&b| b == b':').count());
+    out.ids.reserve(memchr::memchr_iter(b':', text).count());
     let form = Form { one_based, labels };
     parse_into(&mut out, name, text, form, lines_before)?;
     Ok(out)
@@ -707,7 +724,7 @@ fn parse_into(
     form: Form,
     lines_before: usize,
 ) -> Result<(), DataError> {
-    for (n, line) in text.split(|&b| b == b'\n').enumerate() {
+    for (n, line) in lines(text).enumerate() {
         parse_line(line, out, form).map_err(|(column, message)| DataError {
             path: name.to_owned(),
             line: lines_before + n + 1,
@@ -785,7 +802,7 @@ fn chunks_of(
         if let Some(last) = buf[..filled].iter().rposition(|&b| b == b'\n') {
             let whole = &buf[..=last];
             f(whole, lines)?;
-            lines += whole.iter().filter(|&&b| b == b'\n').count();
+            lines += memchr::memchr_iter(b'\n', whole).count();
             buf.copy_within(last + 1..filled, 0);
             filled -= last + 1;
         }
@@ -841,10 +858,7 @@ fn read_in_chunks(
 
 /// The lines of `text` before byte `at`.
 pub(crate) fn lines_before(text: &[u8], at: usize) -> usize {
-    text[..at.min(text.len())]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
+    memchr::memchr_iter(b'\n', &text[..at.min(text.len())]).count()
 }
 
 type LineError = (usize, String);
@@ -864,7 +878,7 @@ fn found(token: &[u8]) -> String {
 /// Appends the example on `line` (if any) to `out`. Errors carry the 0-based column.
 fn parse_line(line: &[u8], out: &mut Examples, form: Form) -> Result<(), LineError> {
     let one_based = form.one_based;
-    let line = match line.iter().position(|&b| b == b'#') {
+    let line = match memchr::memchr(b'#', line) {
         Some(p) => &line[..p],
         None => line,
     };
@@ -893,64 +907,30 @@ fn parse_line(line: &[u8], out: &mut Examples, form: Form) -> Result<(), LineErr
     };
     let start = out.ids.len();
     let mut last: Option<u64> = None;
-    for (col, token) in tokens {
-        if token.starts_with(b"qid:") {
-            continue;
-        }
-        let Some(colon) = token.iter().position(|&b| b == b':') else {
-            return Err(rollback(
-                out,
-                start,
-                col,
-                format!("expected 'index:value', {}", found(token)),
-            ));
-        };
-        let (idx, val) = (&token[..colon], &token[colon + 1..]);
-        let index = match parse_u64(idx) {
-            Some(i) if i < MAX_KEY => i,
-            Some(_) | None if !idx.is_empty() && idx.iter().all(u8::is_ascii_digit) => {
-                return Err(rollback(
-                    out,
-                    start,
-                    col,
-                    format!(
-                        "index {} is out of range (at most {})",
-                        shown(idx),
-                        MAX_KEY - 1
-                    ),
-                ));
+    loop {
+        // Most tokens are plain `index:count` pairs: read those in one pass over their bytes,
+        // and hand anything else (a decimal value, `qid:`, a malformed token) to the full
+        // reader below, which says what is wrong with it.
+        let (col, index, value) = match plain_pair(line, tokens.at) {
+            Some((col, index, value, end)) => {
+                tokens.at = end;
+                (col, index, value)
             }
-            _ => {
-                return Err(rollback(
-                    out,
-                    start,
-                    col,
-                    format!("expected an index, {}", found(idx)),
-                ));
+            None => {
+                let Some((col, token)) = tokens.next() else {
+                    break;
+                };
+                match feature(token, col, last) {
+                    Ok(Some((index, value))) => (col, index, value),
+                    Ok(None) => continue,
+                    Err(e) => return Err(rollback(out, start, e.0, e.1)),
+                }
             }
         };
         if last.is_some_and(|l| index <= l) {
-            return Err(rollback(
-                out,
-                start,
-                col,
-                format!(
-                    "indices must increase along a line; {index} follows {}",
-                    last.unwrap_or(0)
-                ),
-            ));
+            return Err(rollback(out, start, col, out_of_order(index, last)));
         }
         last = Some(index);
-        let value = parse_f32(val).ok_or_else(|| {
-            (
-                col + colon + 1,
-                format!("expected a numeric value after ':', {}", found(val)),
-            )
-        });
-        let value = match value {
-            Ok(v) => v,
-            Err(e) => return Err(rollback(out, start, e.0, e.1)),
-        };
         let index = match (one_based, index) {
             (false, i) => i,
             (true, 0) => return Err(rollback(out, start, col, ZERO_IN_ONE_BASED.into())),
@@ -960,6 +940,116 @@ fn parse_line(line: &[u8], out: &mut Examples, form: Form) -> Result<(), LineErr
     }
     out.end_row(label);
     Ok(())
+}
+
+/// The error for `index` after `last` on one line.
+fn out_of_order(index: u64, last: Option<u64>) -> String {
+    format!(
+        "indices must increase along a line; {index} follows {}",
+        last.unwrap_or(0)
+    )
+}
+
+/// The token at or after byte `at` of `line` (its comment removed) when it is a plain
+/// `index:value` pair (an index below [`MAX_KEY`] in decimal digits, a [`plain_value`])
+/// ended by a blank or the line's end: its column, index, value and the byte after it.
+/// `None` for anything else, and at the line's end.
+fn plain_pair(line: &[u8], at: usize) -> Option<(usize, u64, f32, usize)> {
+    let mut i = at;
+    while i < line.len() && line[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    let col = i;
+    // At most 18 digits: no overflow to check, and larger indices take the full reader.
+    let (index, i) = digits(line, i, 18)?;
+    if index >= MAX_KEY || line.get(i) != Some(&b':') {
+        return None;
+    }
+    let (value, end) = plain_value(line, i + 1)?;
+    if line.get(end).is_some_and(|b| !b.is_ascii_whitespace()) {
+        return None;
+    }
+    Some((col, index, value, end))
+}
+
+/// Powers of ten an `f32` holds exactly (5^10 < 2^24).
+const EXACT_TENS: [f64; 11] = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10];
+
+/// The value written at byte `at` of `line` when it is digits, or digits, a point and digits,
+/// whose digits read as an integer `m` below 2^24 with at most 10 after the point, and the
+/// byte after it. Such a value is `m / 10^k` with both `m` and `10^k` exact in an `f32`, so
+/// dividing in `f64` and rounding to `f32` gives the correctly rounded value (double rounding
+/// is innocuous for a quotient when the wider format has at least 2p + 2 bits, Figueroa 1995),
+/// the one `str::parse::<f32>` gives. Anything else is left to the full parser.
+fn plain_value(line: &[u8], at: usize) -> Option<(f32, usize)> {
+    let (whole, i) = digits(line, at, 18)?;
+    if line.get(i) != Some(&b'.') {
+        return (whole < 1 << 24).then_some((whole as f32, i));
+    }
+    let (fraction, end) = digits(line, i + 1, 18 - (i - at))?;
+    let places = end - (i + 1);
+    let m = whole * 10u64.pow(u32::try_from(places).ok()?) + fraction;
+    if m >= 1 << 24 || places >= EXACT_TENS.len() {
+        return None;
+    }
+    Some(((m as f64 / EXACT_TENS[places]) as f32, end))
+}
+
+/// The decimal number of 1 to `most` digits at byte `at` of `line`, and the byte after it.
+fn digits(line: &[u8], at: usize, most: usize) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    let mut i = at;
+    while let Some(d) = line
+        .get(i)
+        .map(|b| b.wrapping_sub(b'0'))
+        .filter(|&d| d <= 9)
+    {
+        if i - at == most {
+            return None;
+        }
+        value = value * 10 + u64::from(d);
+        i += 1;
+    }
+    (i > at).then_some((value, i))
+}
+
+/// Reads one feature token (at column `col`, after index `last` on its line): its index as
+/// written and its value, `None` for a `qid:` token, or the column and message of what is
+/// wrong with it.
+fn feature(token: &[u8], col: usize, last: Option<u64>) -> Result<Option<(u64, f32)>, LineError> {
+    if token.starts_with(b"qid:") {
+        return Ok(None);
+    }
+    let Some(colon) = token.iter().position(|&b| b == b':') else {
+        return Err((col, format!("expected 'index:value', {}", found(token))));
+    };
+    let (idx, val) = (&token[..colon], &token[colon + 1..]);
+    let index = match parse_u64(idx) {
+        Some(i) if i < MAX_KEY => i,
+        Some(_) | None if !idx.is_empty() && idx.iter().all(u8::is_ascii_digit) => {
+            return Err((
+                col,
+                format!(
+                    "index {} is out of range (at most {})",
+                    shown(idx),
+                    MAX_KEY - 1
+                ),
+            ));
+        }
+        _ => return Err((col, format!("expected an index, {}", found(idx)))),
+    };
+    // An index out of order is said before a bad value, as a reader going left to right
+    // meets them.
+    if last.is_some_and(|l| index <= l) {
+        return Err((col, out_of_order(index, last)));
+    }
+    let value = parse_f32(val).ok_or_else(|| {
+        (
+            col + colon + 1,
+            format!("expected a numeric value after ':', {}", found(val)),
+        )
+    })?;
+    Ok(Some((index, value)))
 }
 
 /// Undoes a half-parsed line before reporting it.
@@ -1332,5 +1422,76 @@ mod tests {
             assert_eq!(end, text.len());
             assert_eq!(total, 997);
         }
+    }
+
+    /// The reader of each token in full: what every feature token read before the one-pass
+    /// reader of plain pairs, and still reads the rest.
+    fn by_tokens(line: &[u8]) -> Result<Vec<(u64, f32)>, LineError> {
+        let mut last = None;
+        let mut read = Vec::new();
+        for (col, token) in (Tokens { line, at: 0 }).skip(1) {
+            if let Some((index, value)) = feature(token, col, last)? {
+                last = Some(index);
+                read.push((index, value));
+            }
+        }
+        Ok(read)
+    }
+
+    fn by_parser(line: &[u8]) -> Result<Vec<(u64, f32)>, LineError> {
+        let mut out = Examples::new();
+        parse_line(
+            line,
+            &mut out,
+            Form {
+                one_based: false,
+                labels: Labels::Binary,
+            },
+        )?;
+        Ok(out.row(0).iter().collect())
+    }
+
+    /// Plain pairs are read in one pass for speed: every token reads as the full reader of
+    /// each token reads it, to the bit of each value, and whatever is wrong with a line is said
+    /// as it was, at the same column.
+    #[test]
+    fn plain_pairs_read_in_one_pass_as_each_token_reads_in_full() {
+        let edge = [
+            "1 3:1 7:0.5 9:+1 10:1e3 11:.5 12:5. 13:007 014:1",
+            "1 3:16777215 4:16777216 5:16777217 6:0.0000000001 7:0.00000000001",
+            "1 3:1.6777215 4:1.6777217 5:123456789.5 6:0.1 7:0.3 8:2.675 9:1.1754944",
+            "1 3:1\t4:2\r",
+            "1 999999999999999999:1",
+            "1 9999999999999999999:1",
+            "1 99999999999999999999:1",
+            "1 3:1x 4:1",
+            "1 3:1:2",
+            "1 3:- 4:1",
+            "1 4:1 3:1",
+            "1 4:1 3:x",
+            "1 4:1 4:1",
+            "1 qid:7 3:1",
+            "1 3:1 qid:9 4:1",
+            "1 a:1",
+            "1 3",
+            "1 3: 4:1",
+        ];
+        for line in edge {
+            assert_eq!(
+                by_parser(line.as_bytes()),
+                by_tokens(line.as_bytes()),
+                "{line}"
+            );
+        }
+        proptest::proptest!(|(m in 0u64..1 << 25, places in 0usize..13, index in 0u64..1 << 40)| {
+            let digits = format!("{m:0width$}", width = places + 1);
+            let (whole, fraction) = digits.split_at(digits.len() - places);
+            let value = if places == 0 { whole.to_owned() } else { format!("{whole}.{fraction}") };
+            let line = format!("0 {index}:{value} {}:{value}", index + 1);
+            let read = by_parser(line.as_bytes()).unwrap();
+            let expect: f32 = value.parse().unwrap();
+            proptest::prop_assert_eq!(read[0].1.to_bits(), expect.to_bits(), "{}", line);
+            proptest::prop_assert_eq!(read, by_tokens(line.as_bytes()).unwrap());
+        });
     }
 }
