@@ -782,7 +782,7 @@ async fn train_lr_worker(
 ) -> Result<u32, RunError> {
     let test = data.test.take();
     let validation = data.validation.take();
-    let (steps, base) = (data.steps, data.base);
+    let (steps, base, keys_below) = (data.steps, data.base, data.keys_below);
     // Epoch 1's time starts when the job does, not while the nodes are still joining.
     worker.ready().await?;
     // A worker that takes over the first share, or goes on from a checkpoint, starts from the
@@ -796,6 +796,7 @@ async fn train_lr_worker(
         test: test.as_ref(),
         validation: validation.as_ref(),
         model: job.save.is_some(),
+        keys_below,
     };
     let mut epochs = 0;
     let mut best: Option<f64> = None;

@@ -104,9 +104,9 @@ async fn run_worker(
     counter: RowsTrained,
     (slowdown, transient): (f64, Option<Transient>),
 ) -> Result<(), RuntimeError> {
-    let rows = match &train {
-        Dealt::Memory { train, .. } => train.len(),
-        Dealt::Stream(file) => file.rows(),
+    let (rows, dimensions) = match &train {
+        Dealt::Memory { train, .. } => (train.len(), train.dimensions()),
+        Dealt::Stream(file) => (file.rows(), file.dimensions()),
     };
     let steps = cfg.share_rows(rows).div_ceil(cfg.share_batch());
     let run = WorkerRun {
@@ -114,6 +114,7 @@ async fn run_worker(
             test: Some(&*test),
             validation: validation.as_deref(),
             model: true,
+            keys_below: Some(dimensions.max(test.dimensions())),
         },
         counter: Some(&counter),
         slowdown,
@@ -282,6 +283,10 @@ pub(crate) async fn train_local_until(
     }
     spec.checkpoints = cfg.checkpoints.clone();
     spec.runtime.resume = cfg.resume;
+    // Every node lives and dies with this one process: a replica on a server beside its
+    // primary would survive nothing its primary does not, and would double the model's memory
+    // and the servers' work. A run survives a crash through its checkpoints.
+    spec.job.ring.replicas = 0;
     // The job's keys are the data's features: the ring spreads them over every server, where
     // over the whole 64-bit key space they would all fall to one.
     if spec.job.ring.key_space == u64::MAX {

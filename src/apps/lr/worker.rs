@@ -66,7 +66,14 @@ pub(crate) struct MeasureSpec<'a> {
     pub validation: Option<&'a Examples>,
     /// Pull the model even without a test set (to save it).
     pub model: bool,
+    /// Where the job's features end, if known: the model is pulled a part of the keys below
+    /// at a time ([`MODEL_PIECE`]), then the keys above, so that measuring costs the memory
+    /// of the model's nonzero weights and one part, not of every row the servers store.
+    pub keys_below: Option<Key>,
 }
+
+/// Keys pulled at a time when measuring a model whose features end where the job knows.
+pub(crate) const MODEL_PIECE: Key = 1 << 20;
 
 /// How one worker runs, besides what it trains on.
 #[derive(Clone, Copy, Debug)]
@@ -300,14 +307,19 @@ async fn measure_model(
     if !wanted || !handle.leads().await? {
         return Ok(None);
     }
-    let everything = RangeList::new(vec![KeyRange::FULL]).map_err(config_error)?;
-    let pulled = handle.pull(KeySelection::Ranges(everything)).await?;
-    // Only the weights that are not zero: a weight absent reads as zero, and an L1-regularized
-    // model keeps a few of the millions of rows the servers store.
-    let (keys, values): (Vec<Key>, Vec<f32>) = pulled
-        .iter()
-        .filter_map(|(k, w)| w.first().filter(|&&w| w != 0.0).map(|&w| (k, w)))
-        .unzip();
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    for piece in model_pieces(measure.keys_below) {
+        let piece = RangeList::new(vec![piece]).map_err(config_error)?;
+        let pulled = handle.pull(KeySelection::Ranges(piece)).await?;
+        // Only the weights that are not zero: a weight absent reads as zero, and an
+        // L1-regularized model keeps a few of the millions of rows the servers store.
+        for (k, w) in pulled.iter() {
+            if let Some(&w) = w.first().filter(|&&w| w != 0.0) {
+                keys.push(k);
+                values.push(w);
+            }
+        }
+    }
     let weights = KvPairs::new(keys, values, 1).map_err(config_error)?;
     Ok(Some(MeasuredModel {
         test: measure.test.map(|test| evaluate(&weights, test)),
@@ -315,6 +327,19 @@ async fn measure_model(
         nnz: weights.len(),
         weights,
     }))
+}
+
+/// The ranges, in key order, that a model whose features lie below `keys_below` (if known) is
+/// pulled in: together the whole key space, each once.
+fn model_pieces(keys_below: Option<Key>) -> Vec<KeyRange> {
+    let below = keys_below.unwrap_or(0).min(KeyRange::FULL.end());
+    let mut pieces: Vec<KeyRange> = (0..below.div_ceil(MODEL_PIECE))
+        .map(|i| (i * MODEL_PIECE, ((i + 1) * MODEL_PIECE).min(below)))
+        .chain([(below, KeyRange::FULL.end())])
+        .filter_map(|(start, end)| KeyRange::new(start, end).ok())
+        .collect();
+    pieces.retain(|r| r.start() < r.end());
+    pieces
 }
 
 /// What a worker has done so far in one epoch.
@@ -514,5 +539,38 @@ impl<F: FnMut(usize, usize) -> Result<(ShareRows, usize), RuntimeError>> Shares<
             .filter_map(|s| self.sizes.get(s))
             .map(|&len| len.saturating_sub(step * batch).min(batch))
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model is pulled a bounded part at a time where the job knows its features, and the
+    /// parts cover every key once, those past the features (the intercept's) included.
+    #[test]
+    fn a_model_is_pulled_in_parts_that_cover_every_key_once() {
+        for below in [
+            None,
+            Some(0),
+            Some(1),
+            Some(MODEL_PIECE),
+            Some(5 * MODEL_PIECE / 2),
+        ] {
+            let pieces = model_pieces(below);
+            let mut next = 0;
+            for piece in &pieces {
+                assert_eq!(piece.start(), next, "{below:?}: {pieces:?}");
+                assert!(piece.start() < piece.end(), "{below:?}: {pieces:?}");
+                if piece.end() <= below.unwrap_or(0) {
+                    assert!(piece.end() - piece.start() <= MODEL_PIECE, "{pieces:?}");
+                }
+                next = piece.end();
+            }
+            assert_eq!(next, KeyRange::FULL.end(), "{below:?}: {pieces:?}");
+            let expected = below.unwrap_or(0).div_ceil(MODEL_PIECE) as usize + 1;
+            assert_eq!(pieces.len(), expected, "{below:?}: {pieces:?}");
+        }
+        assert!(super::super::BIAS_KEY < KeyRange::FULL.end());
     }
 }
