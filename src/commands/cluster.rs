@@ -27,8 +27,8 @@ use super::metrics::{Sources, TransportCounters};
 use super::script::{Script, WorkerSummary};
 use super::signals::Stop;
 use crate::apps::lr::{
-    MeasureSpec, ShareRows, WorkerRun, base_for_init, evaluate, load_model, run_shares, save_model,
-    whole_shares,
+    MeasureSpec, ShareRows, TestRows, WorkerRun, base_for_init, evaluate, load_model, run_shares,
+    save_model, whole_shares,
 };
 use crate::apps::mf;
 use crate::apps::mf_file::{load_mf, save_mf};
@@ -780,7 +780,7 @@ async fn train_lr_worker(
     worker: &WorkerHandle<f32>,
     data: &mut LrData,
 ) -> Result<u32, RunError> {
-    let test = data.test.take();
+    let test = data.test.take().map(TestRows::from);
     let validation = data.validation.take();
     let (steps, base, keys_below) = (data.steps, data.base, data.keys_below);
     // Epoch 1's time starts when the job does, not while the nodes are still joining.
@@ -830,9 +830,9 @@ async fn train_lr_worker(
             let loss = model.validation.or(model.test.map(|(loss, _)| loss));
             if took_over
                 && best.is_none()
-                && let (Some(path), Some(rows)) = (&job.save, validation.as_ref().or(test.as_ref()))
+                && let Some(path) = &job.save
             {
-                best = saved_loss(path, base, rows);
+                best = saved_loss(path, base, validation.as_ref(), test.as_ref());
             }
             let better = match (loss, best) {
                 (Some(loss), _) if loss.is_nan() => false,
@@ -863,11 +863,23 @@ async fn train_lr_worker(
     }
 }
 
-/// The log loss on `rows` (the validation rows, or else the test rows) of the model saved at
-/// `path`, if there is one read with `base`.
-fn saved_loss(path: &std::path::Path, base: IndexBase, rows: &Examples) -> Option<f64> {
+/// The log loss on the validation rows, or else the test rows, of the model saved at `path`,
+/// if there is one read with `base`.
+fn saved_loss(
+    path: &std::path::Path,
+    base: IndexBase,
+    validation: Option<&Examples>,
+    test: Option<&TestRows>,
+) -> Option<f64> {
     let saved = load_model(path).ok()?;
-    (saved.base == base).then(|| evaluate(&saved.weights, rows).0)
+    if saved.base != base {
+        return None;
+    }
+    match (validation, test) {
+        (Some(rows), _) => Some(evaluate(&saved.weights, rows).0),
+        (None, Some(test)) => test.evaluate(&saved.weights).ok().map(|(loss, _)| loss),
+        (None, None) => None,
+    }
 }
 
 /// Writes the model to a file beside `path`, then renames it over `path`: a reader never sees
@@ -1271,12 +1283,19 @@ mod tests {
         let test = parse("test", b"1 1:1\n0 2:1\n", IndexBase::Zero).unwrap();
         let weights = pserver_core::KvPairs::new(vec![1, 2], vec![2.0f32, -2.0], 1).unwrap();
         let path = dir.join("model.bin");
-        assert_eq!(saved_loss(&path, IndexBase::Zero, &test), None);
+        let held = TestRows::from(test.clone());
+        assert_eq!(saved_loss(&path, IndexBase::Zero, None, Some(&held)), None);
         save_replacing(&path, &weights, IndexBase::Zero).unwrap();
-        let loss = saved_loss(&path, IndexBase::Zero, &test).unwrap();
+        let loss = saved_loss(&path, IndexBase::Zero, None, Some(&held)).unwrap();
         assert_eq!(loss, evaluate(&weights, &test).0);
+        // The validation rows choose before the test rows, and nothing without either.
+        let validation = parse("valid", b"0 1:1\n", IndexBase::Zero).unwrap();
+        let on_validation = saved_loss(&path, IndexBase::Zero, Some(&validation), Some(&held));
+        assert_eq!(on_validation, Some(evaluate(&weights, &validation).0));
+        assert_ne!(on_validation, Some(loss));
+        assert_eq!(saved_loss(&path, IndexBase::Zero, None, None), None);
         // A model read with another base says nothing about this job's.
-        assert_eq!(saved_loss(&path, IndexBase::One, &test), None);
+        assert_eq!(saved_loss(&path, IndexBase::One, None, Some(&held)), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

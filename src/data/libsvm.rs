@@ -856,6 +856,25 @@ fn read_in_chunks(
     Ok(out)
 }
 
+/// Calls `f` on the rows of the file at `path` a few megabytes at a time, each part parsed
+/// into the same reused [`Examples`] (indices from 1 when `one_based`, the labels `labels`
+/// says), so that a pass over a file of any length holds one part of it.
+pub(crate) fn for_each_part(
+    path: &Path,
+    one_based: bool,
+    labels: Labels,
+    mut f: impl FnMut(&Examples) -> Result<(), DataError>,
+) -> Result<(), DataError> {
+    let name = path.display().to_string();
+    let form = Form { one_based, labels };
+    let mut part = Examples::new();
+    for_each_chunk(path, |text, lines| {
+        part.clear();
+        parse_into(&mut part, &name, text, form, lines)?;
+        f(&part)
+    })
+}
+
 /// The lines of `text` before byte `at`.
 pub(crate) fn lines_before(text: &[u8], at: usize) -> usize {
     memchr::memchr_iter(b'\n', &text[..at.min(text.len())]).count()

@@ -16,6 +16,7 @@ use super::epochs::{EpochReport, Epochs, Trained, WorkerMessage};
 use super::pace::PaceWatch;
 use super::slowdown::{Slowdowns, Transient};
 use super::stream::{StreamedFile, WindowReader};
+use super::test_rows::TestRows;
 use super::worker::{
     MeasureSpec, MeasuredModel, Rows, RowsTrained, WorkerEpoch, WorkerRun, run_shares, whole_shares,
 };
@@ -88,7 +89,7 @@ enum Dealt {
 #[derive(Clone)]
 struct RunData {
     train: Dealt,
-    test: Arc<Examples>,
+    test: Arc<TestRows>,
     validation: Option<Arc<Examples>>,
 }
 
@@ -195,7 +196,7 @@ pub(crate) async fn train_local(
     cfg: &LrConfig,
     slowdowns: Slowdowns,
     train: impl Into<TrainRows>,
-    test: impl Into<Arc<Examples>>,
+    test: impl Into<TestRows>,
     on_epoch: impl FnMut(&EpochReport),
 ) -> Result<Trained, RuntimeError> {
     let counter = RowsTrained::default();
@@ -242,14 +243,14 @@ pub(crate) async fn train_local_until(
     cfg: &LrConfig,
     slowdowns: Slowdowns,
     train: impl Into<TrainRows>,
-    test: impl Into<Arc<Examples>>,
+    test: impl Into<TestRows>,
     counter: &RowsTrained,
     mut on_epoch: impl FnMut(&EpochReport),
     stop: impl Future<Output = ()>,
 ) -> Result<Trained, RuntimeError> {
     let began = Instant::now();
     // Shared, never copied: a run holds one copy of the rows, however many runs share it.
-    let (train, test): (TrainRows, Arc<Examples>) = (train.into(), test.into());
+    let (train, test): (TrainRows, Arc<TestRows>) = (train.into(), Arc::new(test.into()));
     let (train, rows, dimensions, validation) = match train {
         TrainRows::Memory(train) => {
             let (train, validation) = held_out(cfg, train)?;

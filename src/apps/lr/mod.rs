@@ -26,7 +26,8 @@
 //! **Modules**, each one idea, in dependency order: [`config`] (how to train), [`slowdown`]
 //! (slowness a measurement injects), [`metrics`] (the maths and the test measures), [`batch`]
 //! (a minibatch and its gradient), [`model_file`] (the saved model), [`worker`] (the worker
-//! loop), [`stream`] (rows read from a file a window at a time), [`pace`] (straggler counts),
+//! loop), [`stream`] (rows read from a file a window at a time), [`test_rows`] (the rows a
+//! model is measured on, held or read a part at a time), [`pace`] (straggler counts),
 //! [`epochs`] (a run's epoch accounting) and [`local_cluster`] (a run in one process). The rest of the crate reaches them through the
 //! names re-exported here.
 
@@ -39,6 +40,7 @@ mod model_file;
 mod pace;
 mod slowdown;
 mod stream;
+mod test_rows;
 mod worker;
 
 pub(crate) use config::{
@@ -50,6 +52,7 @@ pub(crate) use metrics::{auc, evaluate, scores};
 pub(crate) use model_file::{SavedModel, base_for_init, load_model, save_model};
 pub(crate) use slowdown::{SlowWorker, Slowdowns};
 pub(crate) use stream::StreamedFile;
+pub(crate) use test_rows::{StreamedTest, TestRows};
 pub(crate) use worker::{MeasureSpec, RowsTrained, ShareRows, WorkerRun, run_shares, whole_shares};
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use super::batch::{Batch, ShareStep, visiting_order};
 use super::config::{LrConfig, config_error};
 use super::metrics::evaluate;
 use super::slowdown::{SleepDebt, Transient};
+use super::test_rows::TestRows;
 use crate::data::libsvm::Examples;
 
 /// What a worker measured in one epoch.
@@ -61,7 +62,7 @@ pub(crate) struct MeasuredModel {
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct MeasureSpec<'a> {
     /// Measure the model on this test set.
-    pub test: Option<&'a Examples>,
+    pub test: Option<&'a TestRows>,
     /// And on these validation rows, which choose the epoch kept.
     pub validation: Option<&'a Examples>,
     /// Pull the model even without a test set (to save it).
@@ -322,7 +323,10 @@ async fn measure_model(
     }
     let weights = KvPairs::new(keys, values, 1).map_err(config_error)?;
     Ok(Some(MeasuredModel {
-        test: measure.test.map(|test| evaluate(&weights, test)),
+        test: match measure.test {
+            Some(test) => Some(test.evaluate(&weights).map_err(config_error)?),
+            None => None,
+        },
         validation: measure.validation.map(|rows| evaluate(&weights, rows).0),
         nnz: weights.len(),
         weights,

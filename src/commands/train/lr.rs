@@ -13,8 +13,9 @@ use tokio::runtime::Runtime;
 
 use super::NodesArgs;
 use crate::apps::lr::{
-    Keep, LrConfig, Rates, RowsTrained, SavedModel, SlowWorker, Slowdowns, StreamedFile, TrainRows,
-    Trained, Wire, base_for_init, load_model, save_model, train_local_until,
+    Keep, LrConfig, Rates, RowsTrained, SavedModel, SlowWorker, Slowdowns, StreamedFile,
+    StreamedTest, TestRows, TrainRows, Trained, Wire, base_for_init, load_model, save_model,
+    train_local_until,
 };
 use crate::apps::plot::{Curve, write_svg};
 use crate::commands::groups::{FilterArgs, StragglerArgs};
@@ -23,7 +24,7 @@ use crate::commands::values::{
     Factor, Fraction, Rate, Seconds, Strength, Transport, UpdateRule, at_least_one, output_file,
 };
 use crate::commands::{CliError, runtime};
-use crate::data::libsvm::{Examples, IndexBase, Labels, read_streaming};
+use crate::data::libsvm::{IndexBase, Labels, read_streaming};
 use pserver_runtime::checkpoint::CheckpointDir;
 
 /// Train sparse logistic regression on LIBSVM data (the default application).
@@ -272,8 +273,6 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
             cfg.initial = Some(Arc::clone(&rows));
         }
     }
-    // One copy of the rows, shared by every run.
-    let test = Arc::new(test);
     let slowdowns = Slowdowns {
         slow_worker: args.stragglers.slow_worker.map(|s| SlowWorker {
             worker: s.worker,
@@ -425,7 +424,7 @@ const TEST_FRACTION: f64 = 0.1;
 fn load(
     args: &LrArgs,
     index_base: IndexBase,
-) -> Result<(TrainRows, Examples, IndexBase), CliError> {
+) -> Result<(TrainRows, TestRows, IndexBase), CliError> {
     let (data, test) = match (&args.data, &args.test) {
         (Some(data), test) => (data.clone(), test.clone()),
         (None, _) => (PathBuf::from(SHIPPED.0), Some(PathBuf::from(SHIPPED.1))),
@@ -445,9 +444,12 @@ fn load(
                 "--stream: give --test FILE: no rows are held out of a streamed file yet",
             ));
         };
-        let test = read_streaming(test, base, labels).map_err(CliError::input)?;
+        // The test file too is read a part at a time, each time the model is measured.
+        let one_based = base == IndexBase::One;
+        let test = StreamedTest::open(test, one_based, labels).map_err(CliError::input)?;
+        let test = TestRows::Streamed(test);
         let cfg = config(args, Consistency::Eventual)?;
-        let file = StreamedFile::open(&data, base == IndexBase::One, labels, &cfg, args.window)
+        let file = StreamedFile::open(&data, one_based, labels, &cfg, args.window)
             .map_err(CliError::input)?;
         say_base(index_base, zero, &files);
         say_if_one_class(&test);
@@ -492,6 +494,7 @@ fn load(
             (train, held)
         }
     };
+    let test = TestRows::from(test);
     say_base(index_base, zero, &files);
     say_if_one_class(&test);
     Ok((train.into(), test, base))
@@ -518,9 +521,8 @@ fn say_base(
 
 /// Says when the test rows hold one class only: their AUC means nothing then (it reads 0.5),
 /// and their log loss says little.
-fn say_if_one_class(test: &Examples) {
-    let positive = test.labels().iter().filter(|&&l| l > 0.0).count();
-    let class = match positive {
+fn say_if_one_class(test: &TestRows) {
+    let class = match test.positives() {
         0 => "negative",
         p if p == test.len() => "positive",
         _ => return,
@@ -616,7 +618,7 @@ fn train_until_stopped(
     rt: &Runtime,
     cfg: &LrConfig,
     slowdowns: Slowdowns,
-    (train, test): (&TrainRows, &Arc<Examples>),
+    (train, test): (&TrainRows, &TestRows),
     prefix: &str,
     every: Duration,
 ) -> Result<(Trained, Option<Stop>), CliError> {
@@ -640,7 +642,7 @@ fn train_until_stopped(
         cfg,
         slowdowns,
         train.clone(),
-        Arc::clone(test),
+        test.clone(),
         &counter,
         |r| {
             bar.suspend(|| {

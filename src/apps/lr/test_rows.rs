@@ -1,0 +1,178 @@
+//! The rows a model is measured on after each epoch: held in memory, or read from their file
+//! a few megabytes at a time when the training rows are streamed (`pserver train --stream`),
+//! so that a streamed run's memory is the model and its windows, whatever the length of
+//! either file.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pserver_core::KvPairs;
+
+use super::metrics::{auc, logloss, scores, sigmoid};
+use crate::data::libsvm::{DataError, Examples, Labels, for_each_part};
+
+/// Test rows, held or streamed.
+#[derive(Clone, Debug)]
+pub(crate) enum TestRows {
+    /// Parsed and held.
+    Held(Arc<Examples>),
+    /// Read from a file each time the model is measured.
+    Streamed(StreamedTest),
+}
+
+/// A test file read a part at a time, counted once when it was opened.
+#[derive(Clone, Debug)]
+pub(crate) struct StreamedTest {
+    path: PathBuf,
+    one_based: bool,
+    labels: Labels,
+    rows: usize,
+    positives: usize,
+    dimensions: u64,
+}
+
+impl StreamedTest {
+    /// Reads the file at `path` once, a part at a time, to count its rows and classes and find
+    /// its dimension; each line is parsed, so that a bad one is an error naming it before
+    /// training starts. A file without rows is an error.
+    pub(crate) fn open(path: &Path, one_based: bool, labels: Labels) -> Result<Self, DataError> {
+        let (mut rows, mut positives, mut dimensions) = (0, 0, 0);
+        for_each_part(path, one_based, labels, |part| {
+            rows += part.len();
+            positives += part.labels().iter().filter(|&&l| l > 0.0).count();
+            dimensions = dimensions.max(part.dimensions());
+            Ok(())
+        })?;
+        if rows == 0 {
+            return Err(crate::data::libsvm::no_examples(path.display().to_string()));
+        }
+        Ok(StreamedTest {
+            path: path.to_path_buf(),
+            one_based,
+            labels,
+            rows,
+            positives,
+            dimensions,
+        })
+    }
+}
+
+impl From<Examples> for TestRows {
+    fn from(rows: Examples) -> Self {
+        TestRows::Held(Arc::new(rows))
+    }
+}
+
+impl From<Arc<Examples>> for TestRows {
+    fn from(rows: Arc<Examples>) -> Self {
+        TestRows::Held(rows)
+    }
+}
+
+impl TestRows {
+    /// The rows there are.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            TestRows::Held(rows) => rows.len(),
+            TestRows::Streamed(file) => file.rows,
+        }
+    }
+
+    /// The rows labelled positive.
+    pub(crate) fn positives(&self) -> usize {
+        match self {
+            TestRows::Held(rows) => rows.labels().iter().filter(|&&l| l > 0.0).count(),
+            TestRows::Streamed(file) => file.positives,
+        }
+    }
+
+    /// The keys below which every feature of the rows lies.
+    pub(crate) fn dimensions(&self) -> u64 {
+        match self {
+            TestRows::Held(rows) => rows.dimensions(),
+            TestRows::Streamed(file) => file.dimensions,
+        }
+    }
+
+    /// The mean log loss and the AUC of `model` over the rows. A streamed file is read again,
+    /// a part at a time; one that no longer holds the rows counted is an error.
+    pub(crate) fn evaluate(&self, model: &KvPairs<f32>) -> Result<(f64, f64), DataError> {
+        let file = match self {
+            TestRows::Held(rows) => return Ok(super::metrics::evaluate(model, rows)),
+            TestRows::Streamed(file) => file,
+        };
+        let (mut all, mut labels) = (Vec::with_capacity(file.rows), Vec::new());
+        labels.reserve(file.rows);
+        for_each_part(&file.path, file.one_based, file.labels, |part| {
+            all.extend(scores(model, part));
+            labels.extend_from_slice(part.labels());
+            Ok(())
+        })?;
+        if all.len() != file.rows {
+            return Err(DataError {
+                path: file.path.display().to_string(),
+                line: 0,
+                column: 0,
+                message: format!(
+                    "changed while training: held {} test rows, now {}",
+                    file.rows,
+                    all.len()
+                ),
+            });
+        }
+        let loss: f64 = all
+            .iter()
+            .zip(&labels)
+            .map(|(&z, &y)| logloss(sigmoid(z), y))
+            .sum();
+        Ok((loss / all.len().max(1) as f64, auc(&all, &labels)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::libsvm::{IndexBase, parse};
+
+    /// A test file measured a part at a time gives the log loss and AUC of the same rows held
+    /// whole, and says so when it changed under the run.
+    #[test]
+    fn a_streamed_test_file_measures_as_the_same_rows_held() {
+        let mut text = String::new();
+        for r in 0..3000u64 {
+            // Labelled by the first feature, one row in five the other way.
+            let label = u64::from(r % 17 < 8) ^ u64::from(r % 5 == 0);
+            text += &format!("{label} {}:1 {}:0.5\n", r % 17 + 1, r % 29 + 20);
+        }
+        let path =
+            std::env::temp_dir().join(format!("pserver-test-rows-{}.svm", std::process::id()));
+        std::fs::write(&path, &text).unwrap();
+        let model = KvPairs::new(
+            (0..60).collect(),
+            (0..60)
+                .map(|k| if k < 8 { 1.0 } else { (k % 3) as f32 / -4.0 })
+                .collect(),
+            1,
+        )
+        .unwrap();
+        let held = TestRows::from(parse("t", text.as_bytes(), IndexBase::One).unwrap());
+        let streamed = TestRows::Streamed(StreamedTest::open(&path, true, Labels::Binary).unwrap());
+        assert_eq!(streamed.len(), 3000);
+        assert_eq!(streamed.positives(), held.positives());
+        assert_eq!(streamed.dimensions(), held.dimensions());
+        let (a, b) = (
+            held.evaluate(&model).unwrap(),
+            streamed.evaluate(&model).unwrap(),
+        );
+        assert!(
+            (a.0 - b.0).abs() < 1e-12 && (a.1 - b.1).abs() < 1e-12,
+            "{a:?} {b:?}"
+        );
+        assert!(a.1 > 0.5 && a.1 < 1.0, "{a:?}");
+        let half = text[..text.len() / 2].rfind('\n').unwrap() + 1;
+        std::fs::write(&path, &text[..half]).unwrap();
+        let e = streamed.evaluate(&model).unwrap_err().to_string();
+        assert!(e.contains("changed while training"), "{e}");
+        let _ = std::fs::remove_file(&path);
+    }
+}
