@@ -807,8 +807,8 @@ fn measure(text: &str, name: &str) -> f64 {
 }
 
 /// `bench --train --quick` measures the floor, three ways of running pserver train in the
-/// process and two as processes of their own on the same generated rows, click-shaped and
-/// text-shaped, one `name value unit` line each.
+/// process and three as processes of their own (one streaming) on the same generated rows,
+/// click-shaped and text-shaped, one `name value unit` line each.
 #[test]
 fn bench_train_measures_pserver_against_a_floor_on_the_same_rows() {
     let out = pserver()
@@ -852,13 +852,15 @@ fn bench_train_measures_pserver_against_a_floor_on_the_same_rows() {
             // Every epoch's AUC, the last of which is the one reported.
             assert_eq!(value(&format!("train.{shape}{way}.epoch2.test_auc")), auc);
         }
-        for way in ["process.1s1w", "process.2s2w"] {
+        for way in ["process.1s1w", "process.2s2w", "process.stream"] {
             assert!(
                 value(&format!("train.{shape}{way}.test_auc")) > 0.6,
                 "{text}"
             );
             assert!(value(&format!("train.{shape}{way}.cpu_secs_per_mrow")) > 0.0);
         }
+        // A streamed run's peak against its file's size.
+        assert!(value(&format!("train.{shape}process.stream.rss_vs_file")) > 0.0);
     }
     // VW runs on the same rows when it is installed, and is said to be skipped when not.
     let stderr = String::from_utf8_lossy(&out.stderr);

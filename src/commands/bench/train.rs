@@ -380,34 +380,42 @@ impl Drop for Busy {
     }
 }
 
-/// `pserver train` as a process of its own, as a user runs it, for one epoch with `servers`
-/// and `workers` on the files in `dir` (of `rows` training rows), measured from outside.
-fn process(
-    dir: &Path,
-    (servers, workers): (usize, usize),
-    rows: usize,
-) -> Result<Reached, BenchError> {
+/// How a `pserver train` process runs.
+#[derive(Clone, Copy, Debug)]
+enum Run {
+    /// With these servers and workers, its rows held.
+    Nodes(usize, usize),
+    /// With its default nodes, its training and test files read a part at a time.
+    Streamed,
+}
+
+/// `pserver train` as a process of its own, as a user runs it, for one epoch on the files in
+/// `dir` (of `rows` training rows) with `how` (its nodes, streaming), measured from outside.
+fn process(dir: &Path, how: Run, rows: usize) -> Result<Reached, BenchError> {
     let exe = std::env::current_exe()?;
     let os = |s: &str| OsString::from(s);
-    let (secs, cpu, peak, out) = child::run(
-        &[exe.into_os_string()],
-        &[
-            os("train"),
-            os("--data"),
-            dir.join("train.svm").into_os_string(),
-            os("--test"),
-            dir.join("test.svm").into_os_string(),
-            os("--index-base"),
-            os("0"),
+    let mut args = vec![
+        os("train"),
+        os("--data"),
+        dir.join("train.svm").into_os_string(),
+        os("--test"),
+        dir.join("test.svm").into_os_string(),
+        os("--index-base"),
+        os("0"),
+        os("--epochs"),
+        os("1"),
+    ];
+    match how {
+        Run::Nodes(servers, workers) => args.extend([
             os("--servers"),
             os(&servers.to_string()),
             os("--workers"),
             os(&workers.to_string()),
-            os("--epochs"),
-            os("1"),
-        ],
-        &dir.join("train.log"),
-    )?;
+        ]),
+        Run::Streamed => args.push(os("--stream")),
+    }
+    let (secs, cpu, peak, out) =
+        child::run(&[exe.into_os_string()], &args, &dir.join("train.log"))?;
     let line = out
         .lines()
         .find(|l| l.starts_with("iter=1 "))
@@ -508,9 +516,12 @@ async fn run_shape(size: TrainSize, emit: &mut impl FnMut(Measure)) -> Result<()
         }
     }
     let mut two = None;
-    for (name, nodes) in [("process.1s1w", (1, 1)), ("process.2s2w", (2, 2))] {
+    for (name, how) in [
+        ("process.1s1w", Run::Nodes(1, 1)),
+        ("process.2s2w", Run::Nodes(2, 2)),
+    ] {
         let name = format!("{prefix}{name}");
-        let reached = process(&dir.0, nodes, train.len())?;
+        let reached = process(&dir.0, how, train.len())?;
         emit_reached(&name, &reached, emit);
         if let Some(vw) = &vw {
             emit_ratio(&name, "vs_vw", reached.rows_per_sec / vw.rows_per_sec, emit);
@@ -519,6 +530,14 @@ async fn run_shape(size: TrainSize, emit: &mut impl FnMut(Measure)) -> Result<()
             }
         }
         two = Some(reached);
+    }
+    // Streamed, with the defaults: its peak against the file's size, which it must not follow.
+    let name = format!("{prefix}process.stream");
+    let streamed = process(&dir.0, Run::Streamed, train.len())?;
+    emit_reached(&name, &streamed, emit);
+    let file_mb = std::fs::metadata(dir.0.join("train.svm"))?.len() as f64 / f64::from(1 << 20);
+    if let Some(mb) = streamed.peak_rss_mb {
+        emit_ratio(&name, "rss_vs_file", mb / file_mb, emit);
     }
     // Under contention, on the click shape: VW and 2 + 2 again while every core also runs
     // a busy loop, each slowdown its loaded time over its quiet one; the median of three
@@ -531,7 +550,7 @@ async fn run_shape(size: TrainSize, emit: &mut impl FnMut(Measure)) -> Result<()
         for _ in 0..CONTENDED_PAIRS {
             let busy = Busy::on_every_core();
             let vw_loaded = vw::reached(&command, &train, &test)?;
-            let two_loaded = process(&dir.0, (2, 2), train.len())?;
+            let two_loaded = process(&dir.0, Run::Nodes(2, 2), train.len())?;
             drop(busy);
             pairs.push((slowdown(vw, &vw_loaded), slowdown(two, &two_loaded)));
         }
