@@ -961,26 +961,116 @@ fn a_streamed_file_trains_every_row_in_memory_that_does_not_grow_with_the_file()
         "{err}"
     );
     // What a streamed file cannot do yet is refused, not ignored.
-    for (extra, said) in [
-        (&[][..], "--stream: give --test FILE"),
-        (
-            &["--test", s(&test), "--validation-fraction", "0.1"][..],
-            "--validation-fraction: no rows are held out of a streamed file yet",
-        ),
-    ] {
-        let out = pserver()
-            .args([&["train", "--data", s(&short), "--stream"][..], extra].concat())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8(out.stderr).unwrap();
-        assert_eq!(out.status.code(), Some(2), "{stderr}");
-        assert!(stderr.contains(said), "{stderr}");
-    }
+    let refused = pserver()
+        .args([
+            "train",
+            "--data",
+            s(&short),
+            "--stream",
+            "--test",
+            s(&test),
+            "--validation-fraction",
+            "0.1",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(refused.stderr).unwrap();
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--validation-fraction: a streamed file holds no validation rows out yet"),
+        "{stderr}"
+    );
     let (streamed, whole) = (epochs_of(&out), epochs_of(&whole_out));
     assert_eq!(streamed.len(), 2, "{out}");
     for (a, b) in streamed.iter().zip(&whole) {
         assert!(
             (field(a, "test_auc") - field(b, "test_auc")).abs() < 0.005,
+            "streamed {a}\nwhole {b}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Without `--test`, a streamed run holds out of its file the rows a run reading it whole holds
+/// out, trains on the others and measures its model on those, read from the file each epoch.
+#[test]
+fn a_streamed_file_without_a_test_file_holds_out_the_rows_a_whole_run_holds_out() {
+    let dir = scratch("stream-held");
+    let data = dir.join("data.svm");
+    run_ok(&[
+        "gen",
+        "--rows",
+        "20000",
+        "--features",
+        "4096",
+        "--seed",
+        "5",
+        "--out",
+        s(&data),
+    ]);
+    let run = |stream: bool| {
+        let mut args = vec![
+            "train",
+            "--data",
+            s(&data),
+            "--index-base",
+            "0",
+            "--epochs",
+            "2",
+            "--servers",
+            "1",
+            "--workers",
+            "1",
+            "--consistency",
+            "sequential",
+        ];
+        if stream {
+            args.extend(["--stream", "--window", "1000"]);
+        }
+        let out = pserver().args(&args).output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        );
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        (stdout, stderr)
+    };
+    let ((streamed, streamed_err), (whole, whole_err)) = (run(true), run(false));
+    // The same rows held out, the same left to train: "test: N rows held out of ..." and
+    // "train: N rows ..." agree.
+    let count = |err: &str, prefix: &str| -> usize {
+        let line = err
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no '{prefix}' line: {err}"));
+        line[prefix.len()..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let held = count(&streamed_err, "test: ");
+    assert!(streamed_err.contains("rows held out of"), "{streamed_err}");
+    assert_eq!(
+        held,
+        count(&whole_err, "test: "),
+        "{streamed_err}\n{whole_err}"
+    );
+    assert!((1500..2500).contains(&held), "{streamed_err}");
+    let trained = count(&streamed_err, "train: ");
+    assert_eq!(trained, 20000 - held, "{streamed_err}");
+    assert_eq!(trained, count(&whole_err, "train: "), "{whole_err}");
+    assert!(
+        streamed_err.contains("streamed in windows of 1000 per share"),
+        "{streamed_err}"
+    );
+    // Trained on the same rows and measured on the same rows, to float rounding of the order.
+    let (a, b) = (epochs_of(&streamed), epochs_of(&whole));
+    assert_eq!(a.len(), 2, "{streamed}");
+    for (a, b) in a.iter().zip(&b) {
+        assert!(
+            (field(a, "test_auc") - field(b, "test_auc")).abs() < 0.01,
             "streamed {a}\nwhole {b}"
         );
     }

@@ -47,11 +47,11 @@ pub(crate) enum TrainRows {
 }
 
 impl TrainRows {
-    /// Rows the training data holds.
+    /// Rows an epoch trains: those held, or the streamed file's but those it holds out.
     pub(crate) fn len(&self) -> usize {
         match self {
             TrainRows::Memory(rows) => rows.len(),
-            TrainRows::Stream(file) => file.rows(),
+            TrainRows::Stream(file) => file.trained_rows(),
         }
     }
 }
@@ -268,7 +268,7 @@ pub(crate) async fn train_local_until(
         TrainRows::Stream(file) => {
             if cfg.validation.is_some() {
                 return Err(config_error(
-                    "--stream: no rows are held out of a streamed file to choose the epoch yet: leave out --validation-fraction, or train without --stream",
+                    "--stream: a streamed file holds no rows out to choose the epoch yet: leave out --validation-fraction, or train without --stream",
                 ));
             }
             let (rows, dimensions) = (file.rows(), file.dimensions());

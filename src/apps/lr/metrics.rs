@@ -62,17 +62,18 @@ pub(crate) fn evaluate(weights: &KvPairs<f32>, test: &Examples) -> (f64, f64) {
 /// The raw score (log-odds) of every example of `data` under `model`, its intercept (the
 /// weight at [`BIAS_KEY`], if any) included.
 pub(crate) fn scores(model: &KvPairs<f32>, data: &Examples) -> Vec<f64> {
+    (0..data.len()).map(|i| score(model, data, i)).collect()
+}
+
+/// The raw score of example `i` of `data` under `model`, as [`scores`] gives it.
+pub(crate) fn score(model: &KvPairs<f32>, data: &Examples, i: usize) -> f64 {
     let intercept = model.get(BIAS_KEY).map_or(0.0, |w| f64::from(w[0]));
-    (0..data.len())
-        .map(|i| {
-            intercept
-                + data
-                    .row(i)
-                    .iter()
-                    .map(|(k, v)| model.get(k).map_or(0.0, |w| f64::from(w[0]) * f64::from(v)))
-                    .sum::<f64>()
-        })
-        .collect()
+    intercept
+        + data
+            .row(i)
+            .iter()
+            .map(|(k, v)| model.get(k).map_or(0.0, |w| f64::from(w[0]) * f64::from(v)))
+            .sum::<f64>()
 }
 
 #[cfg(test)]

@@ -18,7 +18,9 @@ use pserver_runtime::RuntimeError;
 
 use super::config::{LrConfig, config_error};
 use super::worker::ShareRows;
-use crate::data::libsvm::{DataError, Examples, Labels, is_row, max_index, open_lines, parse_part};
+use crate::data::libsvm::{
+    DataError, Examples, Labels, held_out, is_row, max_index, open_lines, parse_part,
+};
 
 /// A training file read a window at a time.
 #[derive(Clone, Debug)]
@@ -34,6 +36,11 @@ pub(crate) struct StreamedFile {
     per: usize,
     /// Rows in each window of a share: a whole number of the job's share minibatches.
     window_rows: usize,
+    /// The fraction and seed of the rows held out of training to measure the model on
+    /// ([`held_out`]), if any.
+    held: Option<(f64, u64)>,
+    /// Per share, the rows it trains: all of its rows but those held out.
+    trained: Vec<usize>,
 }
 
 impl StreamedFile {
@@ -43,12 +50,16 @@ impl StreamedFile {
     /// line before training starts, not a failure of one worker mid-epoch while the others
     /// wait for it; so is a file without rows, and with `labels` naming a positive label, a
     /// file without a row of it.
+    ///
+    /// With `held`, a fraction and a seed, the rows [`held_out`] names are left out of
+    /// training: a run without a test file measures its model on them ([`StreamedTest::held`]).
     pub(crate) fn open(
         path: &Path,
         one_based: bool,
         labels: Labels,
         cfg: &LrConfig,
         window: usize,
+        held: Option<(f64, u64)>,
     ) -> Result<Self, DataError> {
         let name = path.display().to_string();
         let mut lines = open_lines(path)?;
@@ -87,7 +98,7 @@ impl StreamedFile {
             });
         }
         let batch = cfg.share_batch().max(1);
-        Ok(StreamedFile {
+        let mut file = StreamedFile {
             path: path.to_path_buf(),
             one_based,
             labels,
@@ -95,12 +106,63 @@ impl StreamedFile {
             largest,
             per: cfg.share_rows(rows),
             window_rows: window.max(1).div_ceil(batch) * batch,
-        })
+            held,
+            trained: Vec::new(),
+        };
+        let shares = rows.div_ceil(file.per.max(1));
+        file.trained = (0..shares)
+            .map(|share| {
+                let (first, last) = file.share(share);
+                (first..last).filter(|&r| !file.is_held(r)).count()
+            })
+            .collect();
+        if file.trained.iter().sum::<usize>() == 0 {
+            return Err(DataError {
+                path: name,
+                line: 0,
+                column: 0,
+                message: format!(
+                    "holding out rows to test on leaves none of its {rows} to train on: give more rows, another --test-fraction or --test"
+                ),
+            });
+        }
+        Ok(file)
+    }
+
+    /// Whether row `r` of the file is held out of training.
+    fn is_held(&self, r: usize) -> bool {
+        self.held
+            .is_some_and(|(fraction, seed)| held_out(r, fraction, seed))
+    }
+
+    /// The path of the file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether its indices count from 1.
+    pub(crate) fn one_based(&self) -> bool {
+        self.one_based
+    }
+
+    /// Which of its rows are positive.
+    pub(crate) fn labels(&self) -> Labels {
+        self.labels
     }
 
     /// Rows the file holds.
     pub(crate) fn rows(&self) -> usize {
         self.rows
+    }
+
+    /// Rows an epoch trains: the file's rows but those held out.
+    pub(crate) fn trained_rows(&self) -> usize {
+        self.trained.iter().sum()
+    }
+
+    /// Rows in each window of a share, rounded up to whole minibatches.
+    pub(crate) fn window_rows(&self) -> usize {
+        self.window_rows
     }
 
     /// The keys below which every feature of the file lies.
@@ -165,8 +227,8 @@ impl WindowReader {
         }
     }
 
-    /// Window `window` of share `share` (every row of it trained), and the rows the share
-    /// holds in all.
+    /// Window `window` of share `share` (every row of it trained but those held out), and the
+    /// rows the share trains in all.
     pub(crate) fn window(
         &mut self,
         share: usize,
@@ -264,12 +326,15 @@ impl WindowReader {
                 ),
             });
         }
-        let trained = (0..rows.len()).collect();
+        let trained = (0..rows.len())
+            .filter(|&i| !file.is_held(start + i))
+            .collect();
         kept.push(Arc::clone(&rows));
         if kept.len() > KEPT_WINDOWS {
             kept.remove(0);
         }
-        Ok(((rows, trained), last - first))
+        let share_trains = file.trained.get(share).copied().unwrap_or(0);
+        Ok(((rows, trained), share_trains))
     }
 }
 
@@ -305,7 +370,8 @@ mod tests {
         }
         let path = file_of(&text, "windows");
         let cfg = cfg(2, 2);
-        let file = Arc::new(StreamedFile::open(&path, true, Labels::Binary, &cfg, 3).unwrap());
+        let file =
+            Arc::new(StreamedFile::open(&path, true, Labels::Binary, &cfg, 3, None).unwrap());
         assert_eq!((file.rows(), file.dimensions()), (10, 10));
         // Windows round up to whole minibatches: 4 rows, 2 steps.
         assert_eq!(file.window_steps(&cfg), 2);
@@ -346,7 +412,7 @@ mod tests {
         let mut cfg = cfg(2, 10);
         cfg.job.consistency = pserver_core::Consistency::BoundedDelay(1);
         cfg.epochs = 3;
-        let file = StreamedFile::open(&path, true, Labels::Binary, &cfg, 50).unwrap();
+        let file = StreamedFile::open(&path, true, Labels::Binary, &cfg, 50, None).unwrap();
         // The second worker's share is gone by the time it reads it.
         std::fs::write(&path, &text[..text.len() / 3]).unwrap();
         let test =

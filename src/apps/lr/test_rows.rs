@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use pserver_core::KvPairs;
 
-use super::metrics::{auc, logloss, scores, sigmoid};
-use crate::data::libsvm::{DataError, Examples, Labels, for_each_part};
+use super::metrics::{auc, logloss, score, sigmoid};
+use super::stream::StreamedFile;
+use crate::data::libsvm::{DataError, Examples, Labels, for_each_part, held_out};
 
 /// Test rows, held or streamed.
 #[derive(Clone, Debug)]
@@ -26,6 +27,9 @@ pub(crate) struct StreamedTest {
     path: PathBuf,
     one_based: bool,
     labels: Labels,
+    /// Only the rows of the file [`held_out`] names with this fraction and seed, if given: the
+    /// rows a streamed training file holds out of training.
+    only: Option<(f64, u64)>,
     rows: usize,
     positives: usize,
     dimensions: u64,
@@ -36,23 +40,79 @@ impl StreamedTest {
     /// its dimension; each line is parsed, so that a bad one is an error naming it before
     /// training starts. A file without rows is an error.
     pub(crate) fn open(path: &Path, one_based: bool, labels: Labels) -> Result<Self, DataError> {
-        let (mut rows, mut positives, mut dimensions) = (0, 0, 0);
-        for_each_part(path, one_based, labels, |part| {
-            rows += part.len();
-            positives += part.labels().iter().filter(|&&l| l > 0.0).count();
-            dimensions = dimensions.max(part.dimensions());
-            Ok(())
-        })?;
-        if rows == 0 {
-            return Err(crate::data::libsvm::no_examples(path.display().to_string()));
-        }
-        Ok(StreamedTest {
+        Self::open_rows(path, one_based, labels, None)
+    }
+
+    /// The rows of the training file `file` that [`held_out`] names with `fraction` and
+    /// `seed` (those it was opened to leave out of training), read from it a part at a time as
+    /// [`StreamedTest::open`] reads a test file.
+    pub(crate) fn held(file: &StreamedFile, fraction: f64, seed: u64) -> Result<Self, DataError> {
+        Self::open_rows(
+            file.path(),
+            file.one_based(),
+            file.labels(),
+            Some((fraction, seed)),
+        )
+    }
+
+    /// The rows there are.
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn open_rows(
+        path: &Path,
+        one_based: bool,
+        labels: Labels,
+        only: Option<(f64, u64)>,
+    ) -> Result<Self, DataError> {
+        let mut test = StreamedTest {
             path: path.to_path_buf(),
             one_based,
             labels,
-            rows,
-            positives,
-            dimensions,
+            only,
+            rows: 0,
+            positives: 0,
+            dimensions: 0,
+        };
+        let (mut rows, mut positives, mut dimensions) = (0, 0, 0);
+        test.for_each_row(|part, r| {
+            rows += 1;
+            positives += usize::from(part.labels()[r] > 0.0);
+            dimensions = dimensions.max(part.row(r).ids().max().map_or(0, |k| k + 1));
+        })?;
+        if rows == 0 {
+            return Err(match only {
+                None => crate::data::libsvm::no_examples(path.display().to_string()),
+                Some((fraction, _)) => DataError {
+                    path: path.display().to_string(),
+                    line: 0,
+                    column: 0,
+                    message: format!(
+                        "holding out --test-fraction {fraction} of its rows leaves none to test on: give more rows, another fraction or --test"
+                    ),
+                },
+            });
+        }
+        (test.rows, test.positives, test.dimensions) = (rows, positives, dimensions);
+        Ok(test)
+    }
+
+    /// Calls `f` with each row of the test set: the part of the file that holds it and its
+    /// place there.
+    fn for_each_row(&self, mut f: impl FnMut(&Examples, usize)) -> Result<(), DataError> {
+        let mut row = 0;
+        for_each_part(&self.path, self.one_based, self.labels, |part| {
+            for r in 0..part.len() {
+                if self
+                    .only
+                    .is_none_or(|(fraction, seed)| held_out(row + r, fraction, seed))
+                {
+                    f(part, r);
+                }
+            }
+            row += part.len();
+            Ok(())
         })
     }
 }
@@ -103,10 +163,9 @@ impl TestRows {
         };
         let (mut all, mut labels) = (Vec::with_capacity(file.rows), Vec::new());
         labels.reserve(file.rows);
-        for_each_part(&file.path, file.one_based, file.labels, |part| {
-            all.extend(scores(model, part));
-            labels.extend_from_slice(part.labels());
-            Ok(())
+        file.for_each_row(|part, r| {
+            all.push(score(model, part, r));
+            labels.push(part.labels()[r]);
         })?;
         if all.len() != file.rows {
             return Err(DataError {

@@ -58,8 +58,9 @@ pub(crate) struct LrArgs {
     )]
     test_fraction: Option<Fraction>,
     /// Read the training file a window of rows at a time, each window shuffled within itself,
-    /// instead of whole: memory holds the model and a window per share, not the file. Needs
-    /// --test with --data (no rows are held out of a streamed file yet).
+    /// instead of whole: memory holds the model and a window per share, not the file. The test
+    /// file, or without one the rows --test-fraction holds out of it, is read a part at a time
+    /// too.
     #[arg(long)]
     stream: bool,
     /// Rows in each window of a share with --stream (rounded up to whole minibatches).
@@ -226,12 +227,12 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
         && ((args.save.is_some() && args.keep == Keep::Best) || args.early_stop.is_some())
     {
         eprintln!(
-            "warning: --stream holds no rows out of the file yet: the test rows choose the epoch --save keeps and when --early-stop ends the run (--keep last keeps the last)"
+            "warning: --stream holds no validation rows out of the file yet: the test rows choose the epoch --save keeps and when --early-stop ends the run (--keep last keeps the last)"
         );
     }
     if args.stream && args.validation_fraction.is_some() {
         return Err(CliError::input(
-            "--validation-fraction: no rows are held out of a streamed file yet: leave it out with --stream (the test rows then choose the epoch kept)",
+            "--validation-fraction: a streamed file holds no validation rows out yet: leave it out with --stream (the test rows then choose the epoch kept)",
         ));
     }
     // Options first: a mistake in them is reported before a large file is read.
@@ -288,8 +289,8 @@ pub(super) fn run(args: &LrArgs) -> Result<(), CliError> {
             "train: {} rows{}, test: {} rows, {} servers, {} workers, {}, {}",
             train.len(),
             match &train {
-                TrainRows::Stream(_) =>
-                    format!(" streamed in windows of {} per share", args.window),
+                TrainRows::Stream(file) =>
+                    format!(" streamed in windows of {} per share", file.window_rows()),
                 TrainRows::Memory(_) => String::new(),
             },
             test.len(),
@@ -439,18 +440,29 @@ fn load(
         .map_err(CliError::input)?;
     let labels = args.positive.map_or(Labels::Binary, Labels::Positive);
     if args.stream {
-        let Some(test) = &test else {
-            return Err(CliError::input(
-                "--stream: give --test FILE: no rows are held out of a streamed file yet",
-            ));
-        };
-        // The test file too is read a part at a time, each time the model is measured.
+        // The test file too is read a part at a time, each time the model is measured; without
+        // one, the rows the seed names are held out of the streamed file and read from it.
         let one_based = base == IndexBase::One;
-        let test = StreamedTest::open(test, one_based, labels).map_err(CliError::input)?;
-        let test = TestRows::Streamed(test);
+        let fraction = args.test_fraction.map_or(TEST_FRACTION, Fraction::get);
+        let held = test.is_none().then_some((fraction, args.seed));
         let cfg = config(args, Consistency::Eventual)?;
-        let file = StreamedFile::open(&data, one_based, labels, &cfg, args.window)
+        let file = StreamedFile::open(&data, one_based, labels, &cfg, args.window, held)
             .map_err(CliError::input)?;
+        let test = match &test {
+            Some(test) => StreamedTest::open(test, one_based, labels).map_err(CliError::input)?,
+            None => {
+                let held =
+                    StreamedTest::held(&file, fraction, args.seed).map_err(CliError::input)?;
+                eprintln!(
+                    "test: {} rows held out of {} (--test-fraction {fraction}, --seed {})",
+                    held.rows(),
+                    data.display(),
+                    args.seed
+                );
+                held
+            }
+        };
+        let test = TestRows::Streamed(test);
         say_base(index_base, zero, &files);
         say_if_one_class(&test);
         return Ok((file.into(), test, base));
