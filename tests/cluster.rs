@@ -1977,9 +1977,40 @@ fn worker_fields(stdout: &str, name: &str) -> Vec<f64> {
 /// the epoch with the lowest log loss on them: the test rows never choose.
 #[test]
 fn the_cluster_job_saves_the_epoch_with_the_lowest_validation_logloss() {
+    saves_the_epoch_with_the_lowest_validation_logloss("valid", "");
+}
+
+/// A streamed cluster job (`stream = true`) trains each worker's shares a window at a time,
+/// never holding the file, and holds its validation rows out as a job reading the file whole
+/// does, reading them back from the file to choose the epoch it saves. Its shares are runs of
+/// rows, not of bytes: on a file whose second half spells its values at length, the workers
+/// still train as many rows each.
+#[test]
+fn a_streamed_cluster_job_trains_every_row_but_those_held_out_a_window_at_a_time() {
+    let outputs = saves_the_epoch_with_the_lowest_validation_logloss(
+        "stream",
+        "stream = true\nwindow = 64\n",
+    );
+    let first: Vec<f64> = outputs.iter().map(|o| fields(o, "rows=")[0]).collect();
+    assert_eq!(first.len(), 2, "{outputs:?}");
+    assert!(
+        (first[0] - first[1]).abs() < 0.1 * first[0],
+        "rows per worker {first:?}"
+    );
+}
+
+/// Runs a two-worker job with `job` in its file (on a file whose second half spells its
+/// values at length) and checks the epoch it saves; returns the workers' outputs.
+fn saves_the_epoch_with_the_lowest_validation_logloss(name: &str, job: &str) -> Vec<String> {
     const EPOCHS: u32 = 4;
-    let dir = std::env::temp_dir().join(format!("pserver-lr-valid-{}", std::process::id()));
-    let (config, roles) = lr_cluster_with(&dir, 2, EPOCHS, "save = \"model.bin\"\n", |_| {});
+    let dir = std::env::temp_dir().join(format!("pserver-lr-{name}-{}", std::process::id()));
+    let job = format!("save = \"model.bin\"\n{job}");
+    let (config, roles) = lr_cluster_with(&dir, 2, EPOCHS, &job, |rows| {
+        let half = rows.len() / 2;
+        for row in &mut rows[half..] {
+            *row = row.replace(":1", ":1.000000000000");
+        }
+    });
     let mut children = start_all(&config, &roles);
     let outputs = workers_stdout(&mut children);
     // Each epoch the workers train the same rows, about nine in ten of the file's.
@@ -2021,6 +2052,7 @@ fn the_cluster_job_saves_the_epoch_with_the_lowest_validation_logloss() {
     );
     children.interrupt();
     let _ = std::fs::remove_dir_all(&dir);
+    outputs
 }
 
 /// A cluster job that names a saved model with `init` starts there: every server starts its

@@ -27,8 +27,8 @@ use super::metrics::{Sources, TransportCounters};
 use super::script::{Script, WorkerSummary};
 use super::signals::Stop;
 use crate::apps::lr::{
-    MeasureSpec, ShareRows, TestRows, WorkerRun, base_for_init, evaluate, load_model, run_shares,
-    save_model, whole_shares,
+    MeasureSpec, Rows, ShareRows, StreamedFile, StreamedTest, TestRows, WindowReader, WorkerRun,
+    base_for_init, load_model, run_shares, save_model, whole_shares,
 };
 use crate::apps::mf;
 use crate::apps::mf_file::{load_mf, save_mf};
@@ -586,6 +586,101 @@ impl LrData {
     }
 }
 
+/// What a logistic-regression worker trains on: the file held, or streamed.
+enum LrInput {
+    /// The training file's text held, its shares parsed as they are needed.
+    Held(LrData),
+    /// The training file read a window of a share at a time (`job.stream`).
+    Streamed(StreamedLr),
+}
+
+impl LrInput {
+    fn keys_below(&self) -> Option<Key> {
+        match self {
+            LrInput::Held(data) => data.keys_below,
+            LrInput::Streamed(data) => Some(data.keys_below),
+        }
+    }
+}
+
+/// What a worker of a streamed logistic-regression job reads before it joins: the training
+/// file counted (every line parsed), and its test and validation rows, read again from their
+/// files a part at a time whenever the model is measured. Shares are runs of the file's rows
+/// (`crate::apps::lr::StreamedFile`), not byte ranges as [`LrData`]'s are, so that each worker
+/// reads only the windows of the shares it trains.
+struct StreamedLr {
+    keys_below: Key,
+    base: IndexBase,
+    steps: usize,
+    window_steps: usize,
+    reader: WindowReader,
+    test: Option<TestRows>,
+    validation: Option<TestRows>,
+    /// Whether the worker's own shares include the first.
+    holds_first: bool,
+}
+
+impl StreamedLr {
+    /// Reads the files of `job` for worker `index`, deciding the index base over the training
+    /// and test files as `pserver train` does, and reading windows of `window` rows.
+    fn read(
+        job: &LrJob,
+        index: usize,
+        base: IndexBase,
+        window: usize,
+    ) -> Result<StreamedLr, DataError> {
+        if let Some(path) = &job.save
+            && let Err(why) = output_file(&path.display().to_string())
+        {
+            return Err(DataError {
+                path: path.display().to_string(),
+                line: 0,
+                column: 0,
+                message: format!("cannot save the model there: {why}"),
+            });
+        }
+        let files = std::iter::once(job.data.as_path()).chain(job.test.as_deref());
+        let (base, _) = base.resolve_files(files)?;
+        let one_based = base == IndexBase::One;
+        let held = job.cfg.validation.map(|f| (f, job.cfg.seed));
+        let file = StreamedFile::open(&job.data, one_based, job.labels, &job.cfg, window, held)?;
+        let validation = match held {
+            Some((fraction, seed)) => {
+                let rows = StreamedTest::held(&file, fraction, seed).map_err(|mut e| {
+                    e.message = format!("job.validation_fraction: {}", e.message);
+                    e
+                })?;
+                Some(TestRows::Streamed(rows))
+            }
+            None => None,
+        };
+        let test = match &job.test {
+            Some(path) => Some(TestRows::Streamed(StreamedTest::open(
+                path, one_based, job.labels,
+            )?)),
+            None => None,
+        };
+        let keys_below = test
+            .iter()
+            .map(TestRows::dimensions)
+            .fold(file.dimensions(), u64::max)
+            .max(1);
+        Ok(StreamedLr {
+            keys_below,
+            base,
+            steps: job
+                .cfg
+                .share_rows(file.rows())
+                .div_ceil(job.cfg.share_batch()),
+            window_steps: file.window_steps(&job.cfg),
+            reader: WindowReader::new(Arc::new(file)),
+            test,
+            validation,
+            holds_first: index == 0,
+        })
+    }
+}
+
 /// A logistic-regression node. A worker reads the byte range of the training file that is its
 /// share (cut at line boundaries), trains on it, and prints one line per epoch; whoever holds
 /// the first share also measures the whole model on the test file and saves it. A worker
@@ -616,13 +711,16 @@ async fn run_lr_node(
     // Read before joining, so that a bad file is reported at once.
     let data = match index {
         Some(index) => {
-            let read = LrData::read(job, index, base);
+            let read = match job.window {
+                None => LrData::read(job, index, base).map(LrInput::Held),
+                Some(window) => StreamedLr::read(job, index, base, window).map(LrInput::Streamed),
+            };
             Some(read.map_err(|e| RunError::Data(e.to_string()))?)
         }
         None => None,
     };
-    let keys_below = data.as_ref().and_then(|d| d.keys_below);
-    let train = async |worker: &WorkerHandle<f32>, mut data: LrData| {
+    let keys_below = data.as_ref().and_then(LrInput::keys_below);
+    let train = async |worker: &WorkerHandle<f32>, mut data: LrInput| {
         train_lr_worker(job, id, worker, &mut data).await
     };
     run_model_node(file, id, options, (data, initial), keys_below, train).await
@@ -778,20 +876,73 @@ async fn train_lr_worker(
     job: &LrJob,
     id: NodeId,
     worker: &WorkerHandle<f32>,
-    data: &mut LrData,
+    data: &mut LrInput,
 ) -> Result<u32, RunError> {
-    let test = data.test.take().map(TestRows::from);
-    let validation = data.validation.take();
-    let (steps, base, keys_below) = (data.steps, data.base, data.keys_below);
+    let config = |e: DataError| RuntimeError::Config(e.to_string());
+    match data {
+        LrInput::Held(data) => {
+            let measured = Measured {
+                test: data.test.take().map(TestRows::from),
+                validation: data.validation.take().map(TestRows::from),
+                keys_below: data.keys_below,
+                base: data.base,
+                holds_first: data.shares.contains_key(&0),
+            };
+            let steps = data.steps;
+            let rows = whole_shares(|share| data.share(share).map_err(config));
+            train_lr_rows(job, id, worker, measured, (rows, steps)).await
+        }
+        LrInput::Streamed(data) => {
+            let measured = Measured {
+                test: data.test.take(),
+                validation: data.validation.take(),
+                keys_below: Some(data.keys_below),
+                base: data.base,
+                holds_first: data.holds_first,
+            };
+            let reader = &mut data.reader;
+            let rows = Rows {
+                of: |share, window| reader.window(share, window),
+                window_steps: data.window_steps,
+            };
+            train_lr_rows(job, id, worker, measured, (rows, data.steps)).await
+        }
+    }
+}
+
+/// What the worker of an lr job measures its model on, and where it saves it.
+struct Measured {
+    test: Option<TestRows>,
+    validation: Option<TestRows>,
+    keys_below: Option<Key>,
+    base: IndexBase,
+    /// Whether the worker holds the first share from the start, rather than taking it over.
+    holds_first: bool,
+}
+
+/// [`train_lr_worker`] on `rows`, `steps` minibatches an epoch.
+async fn train_lr_rows(
+    job: &LrJob,
+    id: NodeId,
+    worker: &WorkerHandle<f32>,
+    measured: Measured,
+    (rows, steps): (
+        Rows<impl FnMut(usize, usize) -> Result<(ShareRows, usize), RuntimeError>>,
+        usize,
+    ),
+) -> Result<u32, RunError> {
+    let Measured {
+        test,
+        validation,
+        keys_below,
+        base,
+        holds_first,
+    } = measured;
     // Epoch 1's time starts when the job does, not while the nodes are still joining.
     worker.ready().await?;
     // A worker that takes over the first share, or goes on from a checkpoint, starts from the
     // model saved before, so that it replaces it only with a better one.
-    let took_over = !data.shares.contains_key(&0) || worker.resumed_from().await?.is_some();
-    let rows_of = |share: usize| {
-        data.share(share)
-            .map_err(|e| RuntimeError::Config(e.to_string()))
-    };
+    let took_over = !holds_first || worker.resumed_from().await?.is_some();
     let measure = MeasureSpec {
         test: test.as_ref(),
         validation: validation.as_ref(),
@@ -806,7 +957,7 @@ async fn train_lr_worker(
         measure,
         ..WorkerRun::default()
     };
-    run_shares(&job.cfg, worker, whole_shares(rows_of), steps, run, |e| {
+    run_shares(&job.cfg, worker, rows, steps, run, |e| {
         epochs = e.epoch;
         let secs = began.elapsed().as_secs_f64();
         began = Instant::now();
@@ -868,18 +1019,15 @@ async fn train_lr_worker(
 fn saved_loss(
     path: &std::path::Path,
     base: IndexBase,
-    validation: Option<&Examples>,
+    validation: Option<&TestRows>,
     test: Option<&TestRows>,
 ) -> Option<f64> {
     let saved = load_model(path).ok()?;
     if saved.base != base {
         return None;
     }
-    match (validation, test) {
-        (Some(rows), _) => Some(evaluate(&saved.weights, rows).0),
-        (None, Some(test)) => test.evaluate(&saved.weights).ok().map(|(loss, _)| loss),
-        (None, None) => None,
-    }
+    let rows = validation.or(test)?;
+    rows.evaluate(&saved.weights).ok().map(|(loss, _)| loss)
 }
 
 /// Writes the model to a file beside `path`, then renames it over `path`: a reader never sees
@@ -1150,7 +1298,7 @@ pub(crate) fn dump_totals(path: &PathBuf, totals: &[i64]) -> std::io::Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apps::lr::LrConfig;
+    use crate::apps::lr::{LrConfig, evaluate};
     use crate::data::libsvm::parse;
 
     #[test]
@@ -1186,6 +1334,7 @@ mod tests {
             init: None,
             index_base,
             labels: Labels::Binary,
+            window: None,
             cfg,
         }
     }
@@ -1290,7 +1439,8 @@ mod tests {
         assert_eq!(loss, evaluate(&weights, &test).0);
         // The validation rows choose before the test rows, and nothing without either.
         let validation = parse("valid", b"0 1:1\n", IndexBase::Zero).unwrap();
-        let on_validation = saved_loss(&path, IndexBase::Zero, Some(&validation), Some(&held));
+        let valid = TestRows::from(validation.clone());
+        let on_validation = saved_loss(&path, IndexBase::Zero, Some(&valid), Some(&held));
         assert_eq!(on_validation, Some(evaluate(&weights, &validation).0));
         assert_ne!(on_validation, Some(loss));
         assert_eq!(saved_loss(&path, IndexBase::Zero, None, None), None);

@@ -90,7 +90,7 @@ enum Dealt {
 struct RunData {
     train: Dealt,
     test: Arc<TestRows>,
-    validation: Option<Arc<Examples>>,
+    validation: Option<Arc<TestRows>>,
 }
 
 async fn run_worker(
@@ -263,6 +263,7 @@ pub(crate) async fn train_local_until(
             }
             let (rows, dimensions) = (train.len(), train.dimensions());
             let dealt = Arc::new(dealt);
+            let validation = validation.map(|rows| Arc::new(TestRows::Held(rows)));
             (Dealt::Memory { train, dealt }, rows, dimensions, validation)
         }
         TrainRows::Stream(file) => {

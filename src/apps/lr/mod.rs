@@ -51,9 +51,11 @@ pub(crate) use local_cluster::{TrainRows, train_local, train_local_until};
 pub(crate) use metrics::{auc, evaluate, scores};
 pub(crate) use model_file::{SavedModel, base_for_init, load_model, save_model};
 pub(crate) use slowdown::{SlowWorker, Slowdowns};
-pub(crate) use stream::StreamedFile;
+pub(crate) use stream::{StreamedFile, WindowReader};
 pub(crate) use test_rows::{StreamedTest, TestRows};
-pub(crate) use worker::{MeasureSpec, RowsTrained, ShareRows, WorkerRun, run_shares, whole_shares};
+pub(crate) use worker::{
+    MeasureSpec, Rows, RowsTrained, ShareRows, WorkerRun, run_shares, whole_shares,
+};
 
 #[cfg(test)]
 mod end_to_end;

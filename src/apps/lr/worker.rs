@@ -16,7 +16,6 @@ use tracing::{info, warn};
 
 use super::batch::{Batch, ShareStep, visiting_order};
 use super::config::{LrConfig, config_error};
-use super::metrics::evaluate;
 use super::slowdown::{SleepDebt, Transient};
 use super::test_rows::TestRows;
 use crate::data::libsvm::Examples;
@@ -64,7 +63,7 @@ pub(crate) struct MeasureSpec<'a> {
     /// Measure the model on this test set.
     pub test: Option<&'a TestRows>,
     /// And on these validation rows, which choose the epoch kept.
-    pub validation: Option<&'a Examples>,
+    pub validation: Option<&'a TestRows>,
     /// Pull the model even without a test set (to save it).
     pub model: bool,
     /// Where the job's features end, if known: the model is pulled a part of the keys below
@@ -327,7 +326,10 @@ async fn measure_model(
             Some(test) => Some(test.evaluate(&weights).map_err(config_error)?),
             None => None,
         },
-        validation: measure.validation.map(|rows| evaluate(&weights, rows).0),
+        validation: match measure.validation {
+            Some(rows) => Some(rows.evaluate(&weights).map_err(config_error)?.0),
+            None => None,
+        },
         nnz: weights.len(),
         weights,
     }))

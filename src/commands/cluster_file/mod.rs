@@ -14,7 +14,7 @@
 //! key_space = 1048576          # the job's keys are 0..key_space (an lr job: the data's
 //!                              # dimension), spread over every server; default all of u64
 //!
-//! [job]
+//! [job]                        # app = "lr" and "mf" take data files: docs/operating.md
 //! keys = 1000
 //! iterations = 20
 //! checkpoint_every = 0         # iterations between whole-job checkpoints (servers started
@@ -162,6 +162,9 @@ pub(crate) struct LrJob {
     /// How every file's labels read: binary, or rows of this label positive and the rest
     /// negative (`pserver train --positive`).
     pub labels: Labels,
+    /// With `stream`, the rows of a window each worker reads of its share at a time
+    /// (`pserver train --stream --window`): the worker then never holds the file.
+    pub window: Option<usize>,
     /// How to train.
     pub cfg: crate::apps::lr::LrConfig,
 }
@@ -810,6 +813,18 @@ fn job(
         None if job.save.is_some() && job.epochs > 1 => 0.1,
         None => 0.0,
     };
+    let window = match (job.stream, job.window) {
+        (false, Some(_)) => {
+            return Err(origin.invalid(
+                "job.window",
+                "the rows a streamed job reads at a time: set job.stream = true, or leave it out",
+            ));
+        }
+        (false, None) => None,
+        (true, None) => Some(DEFAULT_WINDOW),
+        (true, Some(0)) => return Err(origin.invalid("job.window", "must be at least 1")),
+        (true, Some(rows)) => Some(usize::try_from(rows).unwrap_or(usize::MAX)),
+    };
     let labels = match job.positive {
         None => Labels::Binary,
         // As the data file's labels are read: to the nearest f32.
@@ -848,9 +863,13 @@ fn job(
         init: job.init.map(|f| origin.relative(f)),
         index_base,
         labels,
+        window,
         cfg,
     })))
 }
+
+/// Rows of a window with `job.stream` and no `job.window`, as `pserver train --window`.
+const DEFAULT_WINDOW: usize = 20_000;
 
 /// A matrix-factorization job: SGD on the servers, factors of width `rank`.
 fn mf_job(
@@ -874,6 +893,8 @@ fn mf_job(
         ("job.l1", job.l1.is_some()),
         ("job.validation_fraction", job.validation_fraction.is_some()),
         ("job.positive", job.positive.is_some()),
+        ("job.stream", job.stream),
+        ("job.window", job.window.is_some()),
     ] {
         if given {
             return Err(origin.invalid(field, "not used by an mf job"));

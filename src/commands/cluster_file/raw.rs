@@ -117,6 +117,9 @@ pub(super) struct RawJob {
     pub(super) positive: Option<f64>,
     #[serde(default)]
     pub(super) checkpoint_every: u32,
+    #[serde(default)]
+    pub(super) stream: bool,
+    pub(super) window: Option<u64>,
 }
 
 /// A worker that sees nothing complete for five minutes gives up.
@@ -234,6 +237,8 @@ impl Default for RawJob {
             validation_fraction: None,
             positive: None,
             checkpoint_every: 0,
+            stream: false,
+            window: None,
         }
     }
 }

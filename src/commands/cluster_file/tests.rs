@@ -125,6 +125,35 @@ fn an_lr_job_names_the_label_of_its_positive_rows_or_reads_labels_as_binary() {
 }
 
 #[test]
+fn an_lr_job_streams_its_file_in_windows_only_when_told_to() {
+    let window = |app: &str, lines: &str| {
+        let text = GOOD.replace(
+            "keys = 10",
+            &format!("app = \"{app}\"\ndata = \"t.svm\"\n{lines}\nkeys = 10"),
+        );
+        match parse(&text).map(|f| f.job) {
+            Ok(Job::Lr(job)) => Ok(job.window),
+            Ok(_) => Err("not an lr job".to_owned()),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    assert_eq!(window("lr", ""), Ok(None));
+    assert_eq!(window("lr", "stream = true"), Ok(Some(20_000)));
+    assert_eq!(window("lr", "stream = true\nwindow = 500"), Ok(Some(500)));
+    for (app, lines, field) in [
+        ("lr", "window = 500", "job.window"),
+        ("lr", "stream = true\nwindow = 0", "job.window"),
+        ("mf", "stream = true", "job.stream"),
+    ] {
+        let e = window(app, lines).unwrap_err();
+        assert!(
+            e.starts_with(&format!("/etc/pserver/c.toml: {field}: ")),
+            "{lines}: {e}"
+        );
+    }
+}
+
+#[test]
 fn an_lr_job_holds_rows_out_to_choose_the_epoch_it_saves_unless_told_not_to() {
     let validation = |lines: &str| {
         let text = GOOD.replace(
