@@ -423,6 +423,22 @@ async fn run_script_node(
     Ok(outcome)
 }
 
+/// Any worker of an lr job may come to hold the first share and save: each checks at once
+/// that it could.
+fn can_save(job: &LrJob) -> Result<(), DataError> {
+    match &job.save {
+        Some(path) => output_file(&path.display().to_string())
+            .map(drop)
+            .map_err(|why| DataError {
+                path: path.display().to_string(),
+                line: 0,
+                column: 0,
+                message: format!("cannot save the model there: {why}"),
+            }),
+        None => Ok(()),
+    }
+}
+
 /// What a logistic-regression worker reads before it joins: the training file's text, its
 /// own share of the rows, the steps every worker takes per epoch, and the test set.
 struct LrData {
@@ -449,18 +465,7 @@ impl LrData {
     /// and test files as `pserver train` does.
     fn read(job: &LrJob, index: usize, base: IndexBase) -> Result<LrData, DataError> {
         let name = job.data.display().to_string();
-        // Any worker may come to hold the first share and save: each checks at once that it
-        // could.
-        if let Some(path) = &job.save
-            && let Err(why) = output_file(&path.display().to_string())
-        {
-            return Err(DataError {
-                path: path.display().to_string(),
-                line: 0,
-                column: 0,
-                message: format!("cannot save the model there: {why}"),
-            });
-        }
+        can_save(job)?;
         let text = read_bytes(&job.data)?;
         if !holds_rows(&text) {
             return Err(no_examples(name));
@@ -629,16 +634,7 @@ impl StreamedLr {
         base: IndexBase,
         window: usize,
     ) -> Result<StreamedLr, DataError> {
-        if let Some(path) = &job.save
-            && let Err(why) = output_file(&path.display().to_string())
-        {
-            return Err(DataError {
-                path: path.display().to_string(),
-                line: 0,
-                column: 0,
-                message: format!("cannot save the model there: {why}"),
-            });
-        }
+        can_save(job)?;
         let files = std::iter::once(job.data.as_path()).chain(job.test.as_deref());
         let (base, _) = base.resolve_files(files)?;
         let one_based = base == IndexBase::One;
