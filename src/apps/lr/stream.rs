@@ -52,7 +52,8 @@ impl StreamedFile {
     /// file without a row of it.
     ///
     /// With `held`, a fraction and a seed, the rows [`held_out`] names are left out of
-    /// training: a run without a test file measures its model on them ([`StreamedTest::held`]).
+    /// training: a run without a test file measures its model on them
+    /// ([`StreamedTest::held`](super::StreamedTest::held)).
     pub(crate) fn open(
         path: &Path,
         one_based: bool,

@@ -172,3 +172,26 @@ async fn frames_left_incomplete_are_counted_each_and_logged_once_a_window() {
     assert_eq!(lines.len(), 1, "{lines:#?}");
     assert!(lines[0].contains("reassembly timeout"), "{lines:#?}");
 }
+
+/// A datagram whose MAC differs from the right one in any single byte, by any bit, is refused,
+/// as is one cut short by a byte; the right one is accepted. A check of part of the tag would
+/// let half of these through.
+#[test]
+fn a_mac_differing_from_the_right_one_in_any_byte_is_refused() {
+    let key = Hmac::<Sha256>::new_from_slice(b"the job's secret").unwrap();
+    let body = b"a fragment of a frame";
+    let datagram = with_mac(&key, body);
+    assert_eq!(datagram.len(), body.len() + MAC_LEN);
+    assert_eq!(verified(&key, &datagram), Some(&body[..]));
+    for at in 0..datagram.len() {
+        for bit in 0..8 {
+            let mut altered = datagram.to_vec();
+            altered[at] ^= 1 << bit;
+            assert_eq!(verified(&key, &altered), None, "byte {at}, bit {bit}");
+        }
+    }
+    assert_eq!(verified(&key, &datagram[..datagram.len() - 1]), None);
+    assert_eq!(verified(&key, &datagram[..MAC_LEN - 1]), None);
+    let other = Hmac::<Sha256>::new_from_slice(b"another secret").unwrap();
+    assert_eq!(verified(&other, &datagram), None);
+}
