@@ -642,7 +642,8 @@ impl StreamedLr {
         let file = StreamedFile::open(&job.data, one_based, job.labels, &job.cfg, window, held)?;
         let validation = match held {
             Some((fraction, seed)) => {
-                let rows = StreamedTest::held(&file, fraction, seed).map_err(|mut e| {
+                let rows = StreamedTest::held(&job.data, one_based, job.labels, (fraction, seed));
+                let rows = rows.map_err(|mut e| {
                     e.message = format!("job.validation_fraction: {}", e.message);
                     e
                 })?;

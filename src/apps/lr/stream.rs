@@ -136,21 +136,6 @@ impl StreamedFile {
             .is_some_and(|(fraction, seed)| held_out(r, fraction, seed))
     }
 
-    /// The path of the file.
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Whether its indices count from 1.
-    pub(crate) fn one_based(&self) -> bool {
-        self.one_based
-    }
-
-    /// Which of its rows are positive.
-    pub(crate) fn labels(&self) -> Labels {
-        self.labels
-    }
-
     /// Rows the file holds.
     pub(crate) fn rows(&self) -> usize {
         self.rows

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use pserver_core::KvPairs;
 
 use super::metrics::{auc, logloss, score, sigmoid};
-use super::stream::StreamedFile;
 use crate::data::libsvm::{DataError, Examples, Labels, for_each_part, held_out};
 
 /// Test rows, held or streamed.
@@ -43,16 +42,16 @@ impl StreamedTest {
         Self::open_rows(path, one_based, labels, None)
     }
 
-    /// The rows of the training file `file` that [`held_out`] names with `fraction` and
-    /// `seed` (those it was opened to leave out of training), read from it a part at a time as
-    /// [`StreamedTest::open`] reads a test file.
-    pub(crate) fn held(file: &StreamedFile, fraction: f64, seed: u64) -> Result<Self, DataError> {
-        Self::open_rows(
-            file.path(),
-            file.one_based(),
-            file.labels(),
-            Some((fraction, seed)),
-        )
+    /// The rows of the training file at `path` that [`held_out`] names with `fraction` and
+    /// `seed` (those a streamed file opened with them leaves out of training), read from it a
+    /// part at a time as [`StreamedTest::open`] reads a test file.
+    pub(crate) fn held(
+        path: &Path,
+        one_based: bool,
+        labels: Labels,
+        (fraction, seed): (f64, u64),
+    ) -> Result<Self, DataError> {
+        Self::open_rows(path, one_based, labels, Some((fraction, seed)))
     }
 
     /// The rows there are.

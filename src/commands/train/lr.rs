@@ -451,8 +451,8 @@ fn load(
         let test = match &test {
             Some(test) => StreamedTest::open(test, one_based, labels).map_err(CliError::input)?,
             None => {
-                let held =
-                    StreamedTest::held(&file, fraction, args.seed).map_err(CliError::input)?;
+                let held = StreamedTest::held(&data, one_based, labels, (fraction, args.seed))
+                    .map_err(CliError::input)?;
                 eprintln!(
                     "test: {} rows held out of {} (--test-fraction {fraction}, --seed {})",
                     held.rows(),
