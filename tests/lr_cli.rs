@@ -1018,6 +1018,17 @@ fn a_streamed_file_without_a_test_file_holds_out_the_rows_a_whole_run_holds_out(
         "--out",
         s(&data),
     ]);
+    // Comment and blank lines between the rows: rows are counted, not lines.
+    let text = std::fs::read_to_string(&data).unwrap();
+    let mut spaced = String::new();
+    for (i, line) in text.lines().enumerate() {
+        if i % 7 == 3 {
+            spaced += "# a comment\n\n";
+        }
+        spaced += line;
+        spaced += "\n";
+    }
+    std::fs::write(&data, spaced).unwrap();
     let run = |stream: bool| {
         let mut args = vec![
             "train",
@@ -1075,6 +1086,8 @@ fn a_streamed_file_without_a_test_file_holds_out_the_rows_a_whole_run_holds_out(
         streamed_err.contains("streamed in windows of 1000 per share"),
         "{streamed_err}"
     );
+    // Every row trained but those held out: none reported skipped.
+    assert!(!streamed.contains("skipped_rows"), "{streamed}");
     // Trained on the same rows and measured on the same rows, in orders shuffled apart.
     same_test_auc((&streamed, &whole), 2, 0.01);
     let _ = std::fs::remove_dir_all(&dir);

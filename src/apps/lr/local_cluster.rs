@@ -251,7 +251,8 @@ pub(crate) async fn train_local_until(
     let began = Instant::now();
     // Shared, never copied: a run holds one copy of the rows, however many runs share it.
     let (train, test): (TrainRows, Arc<TestRows>) = (train.into(), Arc::new(test.into()));
-    let (train, rows, dimensions, validation) = match train {
+    // `rows` lays out the steps of an epoch; `trained` is what an epoch trains of them.
+    let (train, rows, trained, dimensions, validation) = match train {
         TrainRows::Memory(train) => {
             let (train, validation) = held_out(cfg, train)?;
             // Shares are contiguous runs of a seeded permutation of the rows: each holds a
@@ -264,7 +265,13 @@ pub(crate) async fn train_local_until(
             let (rows, dimensions) = (train.len(), train.dimensions());
             let dealt = Arc::new(dealt);
             let validation = validation.map(|rows| Arc::new(TestRows::Held(rows)));
-            (Dealt::Memory { train, dealt }, rows, dimensions, validation)
+            (
+                Dealt::Memory { train, dealt },
+                rows,
+                rows,
+                dimensions,
+                validation,
+            )
         }
         TrainRows::Stream(file) => {
             if cfg.validation.is_some() {
@@ -272,8 +279,10 @@ pub(crate) async fn train_local_until(
                     "--stream: a streamed file holds no rows out to choose the epoch yet: leave out --validation-fraction, or train without --stream",
                 ));
             }
-            let (rows, dimensions) = (file.rows(), file.dimensions());
-            (Dealt::Stream(file), rows, dimensions, None)
+            // Rows held out to test on keep their places in the windows, untrained.
+            let (rows, trained) = (file.rows(), file.trained_rows());
+            let dimensions = file.dimensions();
+            (Dealt::Stream(file), rows, trained, dimensions, None)
         }
     };
     let mut spec = ClusterSpec::of(cfg.protocol_job());
@@ -367,7 +376,7 @@ pub(crate) async fn train_local_until(
         })
         .collect();
     drop((tx, failed_tx));
-    let mut epochs = Epochs::new(cfg, rows).after(done);
+    let mut epochs = Epochs::new(cfg, trained).after(done);
     let pace = PaceWatch::new(&cluster, &spec.job);
     let mut stop = std::pin::pin!(stop);
     loop {

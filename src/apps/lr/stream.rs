@@ -123,7 +123,7 @@ impl StreamedFile {
                 line: 0,
                 column: 0,
                 message: format!(
-                    "holding out rows to test on leaves none of its {rows} to train on: give more rows, another --test-fraction or --test"
+                    "holding out a fraction of its {rows} rows leaves none to train on: give more rows or a smaller fraction"
                 ),
             });
         }

@@ -88,7 +88,7 @@ impl StreamedTest {
                     line: 0,
                     column: 0,
                     message: format!(
-                        "holding out --test-fraction {fraction} of its rows leaves none to test on: give more rows, another fraction or --test"
+                        "holding out {fraction} of its rows leaves none to measure the model on: give more rows or a larger fraction"
                     ),
                 },
             });

@@ -336,17 +336,30 @@ async fn measure_model(
 }
 
 /// The ranges, in key order, that a model whose features lie below `keys_below` (if known) is
-/// pulled in: together the whole key space, each once.
+/// pulled in: together the whole key space, each once. At most [`MOST_PIECES`] below
+/// `keys_below`, each wider than [`MODEL_PIECE`] if it must be: a sparse job's hashed indices
+/// may reach far past the rows it holds.
 fn model_pieces(keys_below: Option<Key>) -> Vec<KeyRange> {
-    let below = keys_below.unwrap_or(0).min(KeyRange::FULL.end());
-    let mut pieces: Vec<KeyRange> = (0..below.div_ceil(MODEL_PIECE))
-        .map(|i| (i * MODEL_PIECE, ((i + 1) * MODEL_PIECE).min(below)))
-        .chain([(below, KeyRange::FULL.end())])
-        .filter_map(|(start, end)| KeyRange::new(start, end).ok())
-        .collect();
-    pieces.retain(|r| r.start() < r.end());
+    let end = KeyRange::FULL.end();
+    let below = keys_below.unwrap_or(0).min(end);
+    let width = MODEL_PIECE.max(below.div_ceil(MOST_PIECES));
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    while start < below {
+        let stop = start.saturating_add(width).min(below);
+        pieces.extend(KeyRange::new(start, stop).ok());
+        start = stop;
+    }
+    pieces.extend(
+        KeyRange::new(below, end)
+            .ok()
+            .filter(|r| r.start() < r.end()),
+    );
     pieces
 }
+
+/// Most pulls a model is measured in below the job's features.
+const MOST_PIECES: Key = 64;
 
 /// What a worker has done so far in one epoch.
 struct EpochProgress {
@@ -560,6 +573,9 @@ mod tests {
             None,
             Some(0),
             Some(1),
+            Some(1 << 40),
+            Some(u64::MAX - 1),
+            Some(u64::MAX),
             Some(MODEL_PIECE),
             Some(5 * MODEL_PIECE / 2),
         ] {
@@ -568,15 +584,30 @@ mod tests {
             for piece in &pieces {
                 assert_eq!(piece.start(), next, "{below:?}: {pieces:?}");
                 assert!(piece.start() < piece.end(), "{below:?}: {pieces:?}");
-                if piece.end() <= below.unwrap_or(0) {
-                    assert!(piece.end() - piece.start() <= MODEL_PIECE, "{pieces:?}");
-                }
                 next = piece.end();
             }
             assert_eq!(next, KeyRange::FULL.end(), "{below:?}: {pieces:?}");
-            let expected = below.unwrap_or(0).div_ceil(MODEL_PIECE) as usize + 1;
-            assert_eq!(pieces.len(), expected, "{below:?}: {pieces:?}");
+            // A bounded number of pulls, however far the features reach.
+            assert!(
+                pieces.len() <= MOST_PIECES as usize + 1,
+                "{below:?}: {pieces:?}"
+            );
+            let bias = super::super::BIAS_KEY;
+            assert!(
+                pieces.iter().any(|p| p.start() <= bias && bias < p.end()),
+                "{below:?}: {pieces:?}"
+            );
+            // Features that fit the pieces' number are pulled a piece of 2^20 keys at a time.
+            let below = below.unwrap_or(0);
+            if below <= MOST_PIECES * MODEL_PIECE {
+                let parts = &pieces[..pieces.len() - 1];
+                assert!(parts.iter().all(|p| p.end() - p.start() <= MODEL_PIECE));
+                assert_eq!(
+                    parts.len() as u64,
+                    below.div_ceil(MODEL_PIECE),
+                    "{pieces:?}"
+                );
+            }
         }
-        assert!(super::super::BIAS_KEY < KeyRange::FULL.end());
     }
 }
