@@ -329,6 +329,7 @@ impl JobSpec {
         cfg.width = self.width;
         cfg.timing = self.timing;
         cfg.max_reply_bytes = self.max_reply_bytes;
+        cfg.max_frame = self.max_frame;
         cfg.unregularized = self.unregularized;
         cfg.store = self.store;
         cfg.push_slots = self.push_slots;
@@ -413,6 +414,8 @@ mod tests {
             assert_eq!(d.codec(), job.codec());
         }
         assert_eq!(job.server_config(NodeId(1)).max_reply_bytes, 1 << 16);
+        job.max_frame = 1 << 20;
+        assert_eq!(job.server_config(NodeId(1)).max_frame, 1 << 20);
         assert_eq!(job.worker_config(NodeId(3)).width, 3);
     }
 

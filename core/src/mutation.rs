@@ -78,11 +78,16 @@ pub enum Mutation {
     /// even when that one would then be no quicker than the giver was (breaks the simulator's
     /// share-move: with equal speeds, a share goes to a worker holding as many as the giver).
     MoveWithoutGain,
+    /// A replica applies the steps of only the first shard in a replication batch that holds
+    /// several shards' steps, and acknowledges the others as applied (breaks replica
+    /// convergence, and durability once the primary fails: the replica lacks what it
+    /// acknowledged).
+    PartialBatch,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 19] = [
+    pub const ALL: [Mutation; 20] = [
         Mutation::NoDedupe,
         Mutation::NoGating,
         Mutation::NoRetransmit,
@@ -102,6 +107,7 @@ impl Mutation {
         Mutation::TauPastRange,
         Mutation::SharesPastBounds,
         Mutation::MoveWithoutGain,
+        Mutation::PartialBatch,
     ];
 }
 
@@ -127,6 +133,7 @@ impl fmt::Display for Mutation {
             Mutation::TauPastRange => "tau-past-range",
             Mutation::SharesPastBounds => "shares-past-bounds",
             Mutation::MoveWithoutGain => "move-without-gain",
+            Mutation::PartialBatch => "partial-batch",
         })
     }
 }

@@ -45,6 +45,12 @@ struct Cluster {
     /// Values sent in pushes, and in replication steps.
     pushed_values: usize,
     replicated_values: usize,
+    /// Frames sent of pushes, of replication batches and of their acknowledgements.
+    push_frames: u64,
+    replicate_frames: u64,
+    replicate_ack_frames: u64,
+    /// The largest frame any node sent.
+    largest_frame: usize,
     drop_every: u64,
     dup_every: u64,
     /// Copies of the range holding this key sent to this server are lost.
@@ -68,14 +74,26 @@ impl Cluster {
         consistency: Consistency,
         frame: usize,
     ) -> Self {
-        Cluster::build(servers, workers, replicas, consistency, frame, 0)
+        Cluster::build(servers, workers, replicas, consistency, frame, 0, 4)
+    }
+
+    /// As `new`, with `vnodes` points on the ring per server.
+    fn with_vnodes(
+        servers: u32,
+        workers: u32,
+        replicas: u32,
+        consistency: Consistency,
+        vnodes: u32,
+    ) -> Self {
+        let frame = DEFAULT_MAX_FRAME;
+        Cluster::build(servers, workers, replicas, consistency, frame, 0, vnodes)
     }
 
     /// As `new`, with a coordinator that keeps at least `min_replicas` replicas.
     fn keeping(servers: u32, workers: u32, replicas: u32, min_replicas: u32) -> Self {
         let frame = DEFAULT_MAX_FRAME;
         let eventual = Consistency::Eventual;
-        Cluster::build(servers, workers, replicas, eventual, frame, min_replicas)
+        Cluster::build(servers, workers, replicas, eventual, frame, min_replicas, 4)
     }
 
     fn build(
@@ -85,6 +103,7 @@ impl Cluster {
         consistency: Consistency,
         frame: usize,
         min_replicas: u32,
+        vnodes: u32,
     ) -> Self {
         let codec = Codec::new(frame);
         let part = (frame / 2).min(DEFAULT_MAX_SLICE_BYTES);
@@ -92,7 +111,7 @@ impl Cluster {
         let worker_ids: Vec<NodeId> = (servers + 1..=servers + workers).map(NodeId).collect();
         let mut job = CoordinatorConfig::new(COORD, 0, 0);
         job.ring = RingConfig {
-            vnodes: 4,
+            vnodes,
             replicas,
             seed: 3,
             ..RingConfig::default()
@@ -129,6 +148,10 @@ impl Cluster {
             transfers: 0,
             pushed_values: 0,
             replicated_values: 0,
+            push_frames: 0,
+            replicate_frames: 0,
+            replicate_ack_frames: 0,
+            largest_frame: 0,
             drop_every: 0,
             dup_every: 0,
             lost_copies: None,
@@ -159,12 +182,18 @@ impl Cluster {
                     continue;
                 }
                 self.sent += 1;
+                self.largest_frame = self.largest_frame.max(t.frame.len());
                 let body = Codec::new(usize::MAX)
                     .decode::<i64>(&t.frame)
                     .map(|e| e.body);
                 match &body {
-                    Ok(Message::Push(push)) => self.pushed_values += push.kvs.values().len(),
+                    Ok(Message::Push(push)) => {
+                        self.push_frames += 1;
+                        self.pushed_values += push.kvs.values().len();
+                    }
+                    Ok(Message::ReplicateAck { .. }) => self.replicate_ack_frames += 1,
                     Ok(Message::Replicate { updates }) => {
+                        self.replicate_frames += 1;
                         for u in updates {
                             if let ShardUpdate::Apply(kvs) | ShardUpdate::Buffer { kvs, .. } =
                                 &u.update
@@ -925,6 +954,97 @@ fn a_shard_larger_than_a_frame_is_copied_in_parts_that_fit() {
         .map(|&s| c.server(s).shards().count())
         .sum();
     assert!(shards > 24, "copies were cut into {shards} shards");
+}
+
+/// With 64 points per server on the ring, a push crosses dozens of ring segments; the
+/// primary replicates it with one batch per replica server, not one message per segment, and
+/// each batch is acknowledged once.
+#[test]
+fn a_push_across_many_ring_segments_is_replicated_with_a_batch_per_replica_server() {
+    for (servers, consistency) in [
+        (2, Consistency::Eventual),
+        (3, Consistency::Eventual),
+        (3, Consistency::BoundedDelay(1)),
+    ] {
+        let mut c = Cluster::with_vnodes(servers, 2, 1, consistency, 64);
+        let keys = Cluster::keys(4_000);
+        let (w1, w2) = (NodeId(servers + 1), NodeId(servers + 2));
+        for _ in 0..5 {
+            c.push(w1, &keys, 1);
+            c.push(w2, &keys, 2);
+        }
+        assert!(c.run_until(60_000 * MS, |c| c.pushes_done(w1) == 5
+            && c.pushes_done(w2) == 5));
+        assert!(c.all_hold(&keys, 15));
+        c.assert_converged(&keys);
+        // Each primary's ranges are replicated on every other server.
+        let replica_servers = u64::from(servers - 1);
+        let segments: usize = (1..=servers)
+            .map(|s| c.server(NodeId(s)).shards().filter(|&(_, p)| p).count())
+            .sum();
+        assert!(segments > 64, "{segments} primary shards");
+        assert!(c.push_frames > 0);
+        assert!(
+            c.replicate_frames <= c.push_frames * replica_servers,
+            "{servers} servers, {consistency:?}: {} batches for {} push frames",
+            c.replicate_frames,
+            c.push_frames
+        );
+        assert!(
+            c.replicate_ack_frames <= c.replicate_frames,
+            "{} acknowledgements of {} batches",
+            c.replicate_ack_frames,
+            c.replicate_frames
+        );
+    }
+}
+
+/// An embedder's transport carries datagrams of at most 1,472 bytes and loses one frame in
+/// ten: every message a node builds fits, replication batches included, and every push is
+/// applied exactly once.
+#[test]
+fn frames_of_a_datagram_on_a_lossy_network_carry_every_push_exactly_once() {
+    const DATAGRAM: usize = 1_472;
+    for consistency in [Consistency::Eventual, Consistency::BoundedDelay(1)] {
+        let mut c = Cluster::with_frames(3, 2, 1, consistency, DATAGRAM);
+        c.drop_every = 10;
+        let keys = Cluster::keys(600);
+        let (w1, w2) = (NodeId(4), NodeId(5));
+        for _ in 0..4 {
+            c.push(w1, &keys, 1);
+            c.push(w2, &keys[100..], 2);
+        }
+        assert!(
+            c.run_until(120_000 * MS, |c| c.pushes_done(w1) == 4
+                && c.pushes_done(w2) == 4),
+            "{consistency:?}: every push completes"
+        );
+        for (j, &k) in keys.iter().enumerate() {
+            let want = 4 + if j >= 100 { 8 } else { 0 };
+            assert_eq!(c.primary_value(k), want, "key {k}, {consistency:?}");
+        }
+        assert!(c.replicate_frames > 0);
+        assert!(
+            c.largest_frame <= DATAGRAM,
+            "{consistency:?}: a frame of {} bytes",
+            c.largest_frame
+        );
+        for d in c.nodes.values() {
+            assert_eq!(
+                d.refusals().unencodable,
+                0,
+                "{} built a frame too large",
+                d.id()
+            );
+        }
+        assert!(c.run_until(30_000 * MS, |c| {
+            c.ring()
+                .servers()
+                .iter()
+                .all(|&s| c.server(s).unreplicated_pushes() == 0)
+        }));
+        c.assert_converged(&keys);
+    }
 }
 
 /// A server joins a job whose data was written before: after the switch, the key's primary

@@ -178,7 +178,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .partition(|e| matches!(e.body, Message::Config(_)));
         self.early = rest;
         for env in configs {
-            self.on_message(now, env, out);
+            self.take_message(now, env, out);
         }
         self.replay_early(now, out);
         self.answer_held(out);

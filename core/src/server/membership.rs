@@ -72,8 +72,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .is_some_and(|c| c.config.job_finished());
         self.lost_unlisted
             .retain(|r| cluster.config.lost.binary_search(r).is_err());
-        // What is queued goes to the replicas of the ring it was taken in under.
-        self.ship_queued(out);
+        // What is queued or gathered goes to the replicas of the ring it was taken in under.
+        self.ship_queued();
+        self.send_batches(true, out);
         self.cluster = Some(cluster);
         if was_member && !self.is_member() {
             // It left, or the coordinator declared it dead: its ranges are served elsewhere
@@ -180,7 +181,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .partition(|e| e.epoch <= epoch);
         self.early = later;
         for env in ready {
-            self.on_message(now, env, out);
+            self.take_message(now, env, out);
         }
     }
 }

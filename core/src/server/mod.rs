@@ -1,6 +1,7 @@
 //! The server: holds shards of the parameters, applies pushes through its update rule,
 //! replicates them, and answers pulls once the job's consistency model allows.
 
+mod batches;
 mod cached;
 mod checkpoint;
 mod membership;
@@ -32,6 +33,7 @@ use crate::value::Value;
 use crate::watch::CoordinatorWatch;
 use crate::wire::{ClusterConfig, Envelope, Message, SliceRef};
 
+use batches::Batches;
 pub use checkpoint::CheckpointError;
 use checkpoint::Checkpointing;
 use progress::Taken;
@@ -65,6 +67,13 @@ pub struct ServerConfig {
     /// sent in parts (see [`PullReply::resume`](crate::wire::PullReply::resume)). Copies of
     /// shards for new replicas are cut to the same size. Keep it below the codec's frame limit.
     pub max_reply_bytes: usize,
+    /// The largest frame this server's messages may take: its replication batches are cut to
+    /// fit it. A [`Driver`](crate::Driver) lowers it to its codec's limit. Default:
+    /// [`DEFAULT_MAX_FRAME`](crate::wire::DEFAULT_MAX_FRAME).
+    pub max_frame: usize,
+    /// Replication batches a primary keeps unacknowledged per replica server; the steps made
+    /// meanwhile wait, and go out together at the next acknowledgement. Default 8.
+    pub replication_in_flight: u32,
     /// Keys the update rule applies without its regularizer ([`UpdateRule::unregularized`]).
     pub unregularized: Option<KeyRange>,
     /// How the rows are laid out ([`StoreLayout`]). Default: in key order.
@@ -90,6 +99,8 @@ impl ServerConfig {
             timing: Timing::default(),
             incarnation: 0,
             max_reply_bytes: crate::worker::DEFAULT_MAX_SLICE_BYTES,
+            max_frame: crate::wire::DEFAULT_MAX_FRAME,
+            replication_in_flight: 8,
             unregularized: None,
             store: StoreLayout::Ordered,
             push_slots: None,
@@ -161,6 +172,8 @@ pub struct Server<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store
     /// Push slices taken in but not acknowledged yet: each waits until every replica of the
     /// named shards has applied the named update.
     unreplicated: BTreeMap<(NodeId, SliceRef), Vec<(KeyRange, u64)>>,
+    /// Replication steps on their way to each replica server (`batches`).
+    batches: Batches<V>,
     /// Whether the replication timer is set.
     replication_timer: bool,
     /// Replication timer firings in a row that found a replica behind.
@@ -220,6 +233,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> PartialEq for Server<V, U, S>
             && self.progress == other.progress
             && self.held == other.held
             && self.unreplicated == other.unreplicated
+            && self.batches == other.batches
             && self.replication_timer == other.replication_timer
             && self.replication_attempts == other.replication_attempts
             && self.started_configured == other.started_configured
@@ -250,6 +264,7 @@ impl<V: Value + Hash, U: UpdateRule<V>, S: ParamStore<V>> Hash for Server<V, U, 
         self.progress.hash(state);
         self.held.hash(state);
         self.unreplicated.hash(state);
+        self.batches.hash(state);
         self.replication_timer.hash(state);
         self.replication_attempts.hash(state);
         self.started_configured.hash(state);
@@ -290,6 +305,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             progress: BTreeMap::new(),
             held: BTreeMap::new(),
             unreplicated: BTreeMap::new(),
+            batches: Batches::default(),
             replication_timer: false,
             replication_attempts: 0,
             started_configured: false,
@@ -465,6 +481,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         (self.slots.granted(), self.slots.waiting())
     }
 
+    /// Cuts this server's messages to frames of at most `max_frame` bytes, where its
+    /// configuration allowed larger ones.
+    pub(crate) fn fit_frames(&mut self, max_frame: usize) {
+        self.cfg.max_frame = self.cfg.max_frame.min(max_frame);
+    }
+
     /// Registers with the coordinator and starts heartbeats. Call once, first.
     pub fn start(&mut self, now: Time, out: &mut Effects<V>) {
         self.register(now, out);
@@ -482,6 +504,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.started_configured = true;
         self.adopt(now, config.coordinator, config, out);
         out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
+        self.send_batches(false, out);
     }
 
     /// Asks the coordinator to take this server out of the job. Its ranges are copied to the
@@ -540,10 +563,18 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
 
     /// Call when a timer this server set fires.
     pub fn on_timer(&mut self, now: Time, timer: TimerId, out: &mut Effects<V>) {
+        self.timer_fired(now, timer, out);
+        self.send_batches(false, out);
+    }
+
+    fn timer_fired(&mut self, now: Time, timer: TimerId, out: &mut Effects<V>) {
         match timer {
             TimerId::Register if !self.listed => self.register(now, out),
             TimerId::Replicate => {
                 self.replication_timer = false;
+                // Batches or their acknowledgements went missing: what each replica lacks
+                // goes again from the log.
+                self.batches.forget();
                 self.resend_replication(Resend::Lost, out);
                 self.arm_replication(now, out);
             }
@@ -561,7 +592,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     .is_some_and(|c| !c.config.standbys.is_empty());
                 self.coordinator
                     .heartbeat_sent(&self.cfg.timing, standbys, out);
-                self.ship_idle_queues(out);
+                self.ship_idle_queues();
                 self.arm_replication(now, out);
                 // Either may have been lost; the coordinator waits for both.
                 self.report_caught_up(out);
@@ -580,6 +611,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
 
     /// Call for every message addressed to this server.
     pub fn on_message(&mut self, now: Time, env: Envelope<V>, out: &mut Effects<V>) {
+        self.take_message(now, env, out);
+        self.send_batches(false, out);
+    }
+
+    fn take_message(&mut self, now: Time, env: Envelope<V>, out: &mut Effects<V>) {
         let from = env.from;
         if env.to != self.cfg.id {
             return out.refuse(from, Refusal::Misaddressed { to: env.to });

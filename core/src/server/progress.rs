@@ -130,7 +130,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .collect();
         let any = !behind.is_empty();
         for entry in behind {
-            self.commit(entry, out);
+            self.commit(entry);
         }
         if any {
             self.arm_replication(now, out);

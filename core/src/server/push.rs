@@ -104,7 +104,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             waits.push((shard.range, shard.seq + u64::from(!fresh.is_empty())));
         }
         for entry in updates {
-            self.commit(entry, out);
+            self.commit(entry);
         }
         waits.retain(|&(range, seq)| !self.replicated(range, seq));
         if waits.is_empty() || mutated!(self, AckBeforeReplicate) {

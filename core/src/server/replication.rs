@@ -8,7 +8,9 @@
 //! function (`Shard::apply_update`) that its replicas use. A replica applies a step ending at `seq`
 //! only right after `seq - span`, through the same update rule, so it reproduces the primary's
 //! values and updater state bit for bit. A gap is repaired from the primary's log, or with a whole
-//! copy (`Transfer`) once the log no longer reaches back, never skipped.
+//! copy (`Transfer`) once the log no longer reaches back, never skipped. Steps travel to each
+//! replica server in batches, one per call and replica server, whatever shards they belong to
+//! (`super::batches`).
 //!
 //! Copies are cut into parts and sent again, so they can arrive out of order: a replica installs a
 //! copy only around the parts it already holds a newer copy of, from the same primary, and
@@ -88,57 +90,52 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// Applies `entry` to the primary shard it names and streams it to the replicas that are
     /// in step (or queues it, [`Shard::take_step`]); the others catch up from the log or a
     /// copy.
-    pub(super) fn commit(&mut self, entry: Replicate<V>, out: &mut Effects<V>) {
+    pub(super) fn commit(&mut self, entry: Replicate<V>) {
         let width = self.cfg.width;
         let Some(shard) = self.shards.get_mut(&entry.range.start()) else {
             return;
         };
         let steps = shard.take_step(entry, Rule::of(&self.updater, &self.cfg), width);
         let in_step = shard.ship(&steps);
-        self.send_steps(&in_step, steps, out);
+        self.gather_steps(&in_step, steps);
     }
 
-    fn send_steps(&self, to: &[NodeId], steps: Vec<Replicate<V>>, out: &mut Effects<V>) {
+    /// Adds `steps` to the batches of the replica servers `to` (`super::batches`).
+    fn gather_steps(&mut self, to: &[NodeId], steps: Vec<Replicate<V>>) {
         if steps.is_empty() {
             return;
         }
         for &replica in to {
-            let body = Message::Replicate {
-                updates: steps.clone(),
-            };
-            self.send(replica, body, out);
+            self.batches.gather(replica, steps.iter().cloned());
         }
     }
 
     /// Ships the queued buffered pushes of every primary shard: before a copy is cut or the
     /// ring changes.
-    pub(super) fn ship_queued(&mut self, out: &mut Effects<V>) {
-        self.ship_queues_where(|_, _| true, out);
+    pub(super) fn ship_queued(&mut self) {
+        self.ship_queues_where(|_, _| true);
     }
 
     /// Heartbeat: ships the queues that did not grow since the last heartbeat. Pushes of an
     /// iteration that never finishes (the last, which no worker advances past) reach the
     /// replicas that way and are acknowledged after all, while an iteration still under way
     /// keeps gathering its pushes into one sum.
-    pub(super) fn ship_idle_queues(&mut self, out: &mut Effects<V>) {
+    pub(super) fn ship_idle_queues(&mut self) {
         let seen = core::mem::take(&mut self.queue_seen);
         let mut grew = BTreeMap::new();
-        self.ship_queues_where(
-            |start, seq| {
-                let idle = seen.get(&start) == Some(&seq);
-                if !idle {
-                    grew.insert(start, seq);
-                }
-                idle
-            },
-            out,
-        );
+        self.ship_queues_where(|start, seq| {
+            let idle = seen.get(&start) == Some(&seq);
+            if !idle {
+                grew.insert(start, seq);
+            }
+            idle
+        });
         self.queue_seen = grew;
     }
 
     /// Ships the queue of every primary shard with one that `pick` (given the shard's start
     /// and last step) chooses.
-    fn ship_queues_where(&mut self, mut pick: impl FnMut(Key, u64) -> bool, out: &mut Effects<V>) {
+    fn ship_queues_where(&mut self, mut pick: impl FnMut(Key, u64) -> bool) {
         let width = self.cfg.width;
         let mut sends = Vec::new();
         for (&start, shard) in &mut self.shards {
@@ -149,7 +146,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             }
         }
         for (to, steps) in sends {
-            self.send_steps(&to, steps, out);
+            self.gather_steps(&to, steps);
         }
     }
 
@@ -221,7 +218,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// only when the timer says it was lost.
     pub(super) fn resend_replication(&mut self, scope: Resend, out: &mut Effects<V>) {
         // Copies are cut from the shards as they stand: nothing may stay queued behind them.
-        self.ship_queued(out);
+        self.ship_queued();
         self.cut_for_copies();
         let width = self.cfg.width;
         let aux_width = self.updater.aux_width();
@@ -242,8 +239,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                         ReplicaState::Acked(a)
                             if log.first().is_some_and(|e| first_step(e) <= a + 1) =>
                         {
-                            let updates = log.iter().filter(|e| e.seq > a).cloned().collect();
-                            sends.push((n, Message::Replicate { updates }));
+                            let updates = log.iter().filter(|e| e.seq > a).cloned();
+                            self.batches.gather(n, updates);
                             None
                         }
                         ReplicaState::Copying(_) if scope != Resend::Lost => None,
@@ -329,7 +326,10 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
         match env.body {
             Message::Replicate { updates } => self.on_replicate(from, updates, out),
-            Message::ReplicateAck { acks } => self.on_replicate_ack(now, from, &acks, out),
+            Message::ReplicateAck { acks } => {
+                self.batches.acked(from);
+                self.on_replicate_ack(now, from, &acks, out);
+            }
             Message::Transfer(copy) => self.on_transfer(from, copy, out),
             Message::TransferAck { range, seq } => {
                 self.on_transfer_ack(now, from, range, seq, out);
@@ -341,7 +341,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// A replica takes in its primary's updates, in order, and says how far it has come.
     fn on_replicate(&mut self, from: NodeId, updates: Vec<Replicate<V>>, out: &mut Effects<V>) {
         let mut acks = Vec::new();
+        let first_range = updates.first().map(|e| e.range);
         for entry in updates {
+            if mutated!(self, PartialBatch) && Some(entry.range) != first_range {
+                acks.push(ShardAck {
+                    range: entry.range,
+                    seq: Some(entry.seq),
+                });
+                continue;
+            }
             if entry.span == 0 || entry.span > entry.seq || !self.is_replica_of(from, entry.range) {
                 out.refuse(from, Refusal::Unexpected);
                 continue;
