@@ -109,13 +109,38 @@ fn a_push_far_larger_than_a_frame_is_cut_into_slices_that_fit_and_applied_once()
     }
 }
 
+/// A worker configured for slices larger than its codec's frames has them cut to fit by its
+/// driver: nothing is refused on the way out.
 #[test]
-fn a_slice_size_that_does_not_fit_the_frame_is_visible_not_silent() {
+fn a_slice_size_larger_than_the_frame_is_cut_to_fit_it() {
     let codec = Codec::new(1 << 10);
     let cfg = config(&[W1], Consistency::Eventual);
     let mut w = worker(W1, &cfg, codec, 64 << 10, 4);
     let keys: Vec<Key> = (0..5_000).collect();
     w.push(0, KvPairs::new(keys, vec![1; 5_000], 1).unwrap())
+        .unwrap();
+    let mut frames = 0;
+    while let Some(t) = w.poll_transmit() {
+        assert!(
+            t.frame.len() <= 1 << 10,
+            "a frame of {} bytes",
+            t.frame.len()
+        );
+        frames += 1;
+    }
+    assert!(frames >= 4, "{frames} frames");
+    assert_eq!(w.refusals().unencodable, 0);
+}
+
+/// A frame limit no message fits: what the codec refuses is counted and kept, not dropped
+/// silently.
+#[test]
+fn a_frame_the_codec_refuses_is_visible_not_silent() {
+    let codec = Codec::new(16);
+    let cfg = config(&[W1], Consistency::Eventual);
+    let mut w = worker(W1, &cfg, codec, 64 << 10, 4);
+    let keys: Vec<Key> = (0..50).collect();
+    w.push(0, KvPairs::new(keys, vec![1; 50], 1).unwrap())
         .unwrap();
     while w.poll_transmit().is_some() {}
     assert!(w.refusals().unencodable > 0);

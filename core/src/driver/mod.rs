@@ -183,9 +183,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
     /// Drives `node`, encoding and decoding frames with `codec` (its frame limit).
     pub fn with_codec(node: impl Into<Node<V, U, S>>, codec: Codec) -> Self {
         let mut node = node.into();
-        if let Node::Server(server) = &mut node {
-            // A batch the codec would refuse is a batch the replica never gets.
-            server.fit_frames(codec.max_frame());
+        // A message the codec would refuse is a message its peer never gets.
+        match &mut node {
+            Node::Server(server) => server.fit_frames(codec.max_frame()),
+            Node::Worker(worker) => worker.fit_frames(codec.max_frame()),
+            Node::Coordinator(_) => {}
         }
         Driver {
             node,

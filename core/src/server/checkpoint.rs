@@ -182,6 +182,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
         self.replay_early(now, out);
         self.answer_held(out);
+        self.send_batches(false, out);
         Ok(())
     }
 

@@ -65,7 +65,8 @@ pub struct ServerConfig {
     pub incarnation: u64,
     /// Largest answer, in bytes of keys and values, to a pull of key ranges; a larger answer is
     /// sent in parts (see [`PullReply::resume`](crate::wire::PullReply::resume)). Copies of
-    /// shards for new replicas are cut to the same size. Keep it below the codec's frame limit.
+    /// shards for new replicas are cut to the same size. A [`Driver`](crate::Driver) lowers it
+    /// to its codec's frame limit.
     pub max_reply_bytes: usize,
     /// The largest frame this server's messages may take: its replication batches are cut to
     /// fit it. A [`Driver`](crate::Driver) lowers it to its codec's limit. Default:
@@ -482,9 +483,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     }
 
     /// Cuts this server's messages to frames of at most `max_frame` bytes, where its
-    /// configuration allowed larger ones.
+    /// configuration allowed larger ones: replication batches, answers to range pulls and
+    /// copies of shards.
     pub(crate) fn fit_frames(&mut self, max_frame: usize) {
         self.cfg.max_frame = self.cfg.max_frame.min(max_frame);
+        self.cfg.max_reply_bytes = self.cfg.max_reply_bytes.min(max_frame);
     }
 
     /// Registers with the coordinator and starts heartbeats. Call once, first.

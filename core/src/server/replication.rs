@@ -95,7 +95,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let Some(shard) = self.shards.get_mut(&entry.range.start()) else {
             return;
         };
-        let steps = shard.take_step(entry, Rule::of(&self.updater, &self.cfg), width);
+        let room = crate::sizes::steps_within(self.cfg.max_frame);
+        let steps = shard.take_step(entry, Rule::of(&self.updater, &self.cfg), width, room);
         let in_step = shard.ship(&steps);
         self.gather_steps(&in_step, steps);
     }
@@ -326,10 +327,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
         match env.body {
             Message::Replicate { updates } => self.on_replicate(from, updates, out),
-            Message::ReplicateAck { acks } => {
-                self.batches.acked(from);
-                self.on_replicate_ack(now, from, &acks, out);
-            }
+            Message::ReplicateAck { acks } => self.on_replicate_ack(now, from, &acks, out),
             Message::Transfer(copy) => self.on_transfer(from, copy, out),
             Message::TransferAck { range, seq } => {
                 self.on_transfer_ack(now, from, range, seq, out);

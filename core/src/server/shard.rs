@@ -301,15 +301,27 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
     /// the iteration is applied, so that replication carries one update per iteration where
     /// the workers pushed many. Any other step ships the queue first, then itself: an
     /// iteration is applied (`ApplyBelow`) only after its buffered pushes were shipped, in
-    /// the form both sides sum.
+    /// the form both sides sum. A queue ships early rather than sum past `room` bytes of a
+    /// frame.
     pub(crate) fn take_step<U: UpdateRule<V>>(
         &mut self,
         entry: Replicate<V>,
         rule: Rule<'_, U>,
         width: usize,
+        room: usize,
     ) -> Vec<Replicate<V>> {
         let buffered = matches!(entry.update, ShardUpdate::Buffer { .. });
-        let mut ship = if buffered {
+        let queued_bytes = match &self.role {
+            ShardRole::Primary { queued, .. } => {
+                queued.iter().map(crate::sizes::step_bytes).sum::<usize>()
+            }
+            ShardRole::Replica { .. } => 0,
+        };
+        // A queue ships before its sum would outgrow a frame, and before this push is
+        // buffered behind it (its sum takes the place of the parts it sums): the rest of the
+        // iteration follows as another part of its sum, as pushes arriving after a ship do.
+        let full = queued_bytes.saturating_add(crate::sizes::step_bytes(&entry)) > room;
+        let mut ship = if buffered && !full {
             Vec::new()
         } else {
             self.ship_queued(width)

@@ -43,7 +43,8 @@ pub struct WorkerConfig {
     pub timing: Timing,
     /// Largest slice, in bytes of keys and values, that the worker puts in one message. Requests
     /// are split by owner and then by size, so that every slice (and every pull answer to a
-    /// slice of keys) fits a frame; keep it below the codec's frame limit.
+    /// slice of keys) fits a frame. A [`Driver`](crate::Driver) lowers it to its codec's frame
+    /// limit.
     pub max_slice_bytes: usize,
     /// Push slices, and separately pull slices, that the worker has on the network at once;
     /// further slices wait for earlier ones to be answered. Pushes never wait behind pulls (a

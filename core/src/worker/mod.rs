@@ -100,6 +100,12 @@ impl<V: Value> Worker<V> {
         self
     }
 
+    /// Cuts this worker's slices to frames of at most `max_frame` bytes, where its
+    /// configuration allowed larger ones.
+    pub(crate) fn fit_frames(&mut self, max_frame: usize) {
+        self.cfg.max_slice_bytes = self.cfg.max_slice_bytes.min(max_frame);
+    }
+
     /// A worker that has not yet registered.
     pub fn new(cfg: WorkerConfig) -> Self {
         Worker {
