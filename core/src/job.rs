@@ -141,6 +141,16 @@ pub enum JobError {
         /// The frame limit.
         max_frame: usize,
     },
+    /// A frame limit some message of the job can never meet.
+    #[error(
+        "frames of at most {max_frame} bytes cannot carry every message of this job (its configuration, or one row with its state and de-duplication records): it needs a frame limit of at least {smallest} bytes"
+    )]
+    FrameTooSmall {
+        /// The frame limit asked for.
+        max_frame: usize,
+        /// The smallest limit every message of the job fits ([`JobSpec::smallest_frame`]).
+        smallest: usize,
+    },
     /// A straggler policy the job cannot follow.
     #[error("{0}")]
     Stragglers(&'static str),
@@ -238,6 +248,13 @@ impl JobSpec {
         if self.push_slots.is_some_and(|s| s.at_once == 0) {
             return Err(JobError::NoPushSlots);
         }
+        let smallest = self.smallest_frame::<V>();
+        if self.max_frame < smallest {
+            return Err(JobError::FrameTooSmall {
+                max_frame: self.max_frame,
+                smallest,
+            });
+        }
         let needed = self
             .worker_config(self.layout().coordinator())
             .frame_needed::<V>();
@@ -251,6 +268,110 @@ impl JobSpec {
             });
         }
         Ok(())
+    }
+
+    /// The smallest frame limit under which every message of the job fits, each cut as far
+    /// as it can be: its configuration with every member listed and every number at its
+    /// longest, and a slice, an answer, a replication step and a copy of a shard of one row,
+    /// the copy with the row's update-rule state and a de-duplication record and a clock for
+    /// every worker. Slices, answers, batches and copies are cut to the frame limit; what
+    /// cannot be cut must fit. Below this limit no run of the job can work; at it, a run
+    /// without failures does. Copies are cut by their rows only: their de-duplication
+    /// records (a span per request each worker has unsettled on the range) and, in
+    /// sequential mode, the buffered pushes of unfinished iterations may take a copy made
+    /// after a fail-over past a tight limit (1,608 bytes where a small job needs 232).
+    pub fn smallest_frame<V: Value>(&self) -> usize {
+        use crate::wire::{
+            AppliedSpan, ClockRecord, DedupeRecord, Envelope, Message, PullReply, Push, Replicate,
+            ShardUpdate, SliceRef, Transfer,
+        };
+        const MAX_ID: NodeId = NodeId(u32::MAX);
+        let width = self.width.max(1);
+        let aux = crate::updater::UpdateRule::<V>::aux_width(&self.updater);
+        let row =
+            |n: usize| crate::kv::KvPairs::new(vec![Key::MAX - 1], vec![V::default(); n], n).ok();
+        let Some(one) = row(width) else {
+            return 0;
+        };
+        let state = if aux > 0 { row(width * aux) } else { None };
+        let range = KeyRange::new(Key::MAX - 2, Key::MAX).unwrap_or(KeyRange::FULL);
+        let slice = SliceRef {
+            request: u64::MAX,
+            slice: u32::MAX,
+        };
+        let record = |worker| DedupeRecord {
+            worker,
+            settled_below: u64::MAX,
+            applied: vec![AppliedSpan {
+                request: u64::MAX,
+                first: Key::MAX - 1,
+                last: Key::MAX - 1,
+            }],
+        };
+        let workers: Vec<NodeId> = self.layout().workers().collect();
+        let mut bodies = vec![
+            Message::Push(Push {
+                slice,
+                iteration: Iteration::MAX,
+                covers: crate::pace::Coverage::WHOLE,
+                settled_below: u64::MAX,
+                kvs: one.clone(),
+            }),
+            Message::PullReply(PullReply {
+                slice,
+                complete_below: Iteration::MAX,
+                kvs: one.clone(),
+                resume: Some(Key::MAX),
+            }),
+            Message::Replicate {
+                updates: vec![Replicate {
+                    range,
+                    seq: u64::MAX,
+                    span: u64::MAX,
+                    update: ShardUpdate::Buffer {
+                        iteration: Iteration::MAX,
+                        kvs: one.clone(),
+                    },
+                    dedupe: vec![record(MAX_ID)],
+                }],
+            },
+            Message::Transfer(Transfer {
+                range,
+                seq: u64::MAX,
+                values: one,
+                state,
+                pending: Vec::new(),
+                applied_below: Iteration::MAX,
+                dedupe: workers.iter().map(|&w| record(w)).collect(),
+                clocks: workers
+                    .iter()
+                    .map(|&worker| ClockRecord {
+                        worker,
+                        segments: vec![(range, Iteration::MAX)],
+                    })
+                    .collect(),
+            }),
+        ];
+        let coordinator = self.coordinator_config();
+        let servers: Vec<NodeId> = self.layout().servers().collect();
+        if let Ok(c) = Coordinator::bootstrapped(coordinator, &servers, &workers)
+            && let Some(config) = c.config()
+        {
+            let mut config = config.clone();
+            config.epoch = u64::MAX;
+            config.term = u64::MAX;
+            config.incarnations = servers.iter().map(|&s| (s, u64::MAX)).collect();
+            bodies.push(Message::Config(config));
+        }
+        let codec = Codec::new(usize::MAX);
+        bodies
+            .into_iter()
+            .filter_map(|body| {
+                let env = Envelope::new(MAX_ID, MAX_ID, u64::MAX, body);
+                codec.encode(&env).ok().map(|frame| frame.len())
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     fn validate_stragglers(&self) -> Result<(), JobError> {
@@ -514,6 +635,16 @@ mod tests {
             }),
             Some(JobError::NoPushSlots)
         );
+        let mut tight = JobSpec::new(2, 2);
+        let smallest = tight.smallest_frame::<f32>();
+        tight.max_frame = smallest - 1;
+        assert_eq!(
+            tight.validate::<f32>(),
+            Err(JobError::FrameTooSmall {
+                max_frame: smallest - 1,
+                smallest
+            })
+        );
         assert_eq!(bad(|_| {}), None);
     }
 
@@ -529,5 +660,43 @@ mod tests {
             job.driver::<f32>(NodeId(3), 0),
             Err(JobError::NotInJob { last: 2, .. })
         ));
+    }
+
+    /// A datagram's 1,472 bytes carry every message of a small job, not of one with a thousand
+    /// workers (its configuration lists them all); the error names the limit that works.
+    #[test]
+    fn the_smallest_frame_grows_with_the_job_and_is_named_when_refused() {
+        let fitted = |mut job: JobSpec, frame: usize| {
+            job.max_frame = frame;
+            job.max_slice_bytes = frame;
+            job.max_reply_bytes = frame;
+            job
+        };
+        let small = fitted(JobSpec::new(3, 2), 1_472);
+        assert!(small.smallest_frame::<f32>() < 1_472);
+        assert_eq!(small.validate::<f32>(), Ok(()));
+        let mut wide = JobSpec::new(3, 2);
+        wide.width = 100;
+        wide.updater = Updater::FtrlProximal {
+            alpha: 0.1,
+            beta: 1.0,
+            l1: 0.0,
+            l2: 0.0,
+        };
+        // One row and its state: 300 values of 8 bytes.
+        assert!(wide.smallest_frame::<f64>() > 2_400);
+        let crowd = fitted(JobSpec::new(3, 1_000), 1_472);
+        let smallest = crowd.smallest_frame::<f32>();
+        assert!(smallest > 1_472, "{smallest}");
+        let err = crowd.validate::<f32>().unwrap_err();
+        assert_eq!(
+            err,
+            JobError::FrameTooSmall {
+                max_frame: 1_472,
+                smallest
+            }
+        );
+        assert!(err.to_string().contains(&smallest.to_string()), "{err}");
+        assert_eq!(fitted(crowd, smallest).validate::<f32>(), Ok(()));
     }
 }

@@ -6,6 +6,7 @@ mod codec;
 mod common;
 mod driver;
 mod filters;
+mod frames;
 mod nodes;
 mod replication;
 mod ring;
