@@ -89,6 +89,15 @@ pub enum Event<V: Value> {
     /// once it has left ([`crate::node::Server::leave`]) or was declared dead while still running;
     /// started again (with a new incarnation), it joins as a new member.
     Fenced,
+    /// A message this node built could not be encoded (larger than the codec's frame limit),
+    /// and was not sent: it reaches its addressee only if the node builds it again smaller.
+    /// Counted in [`crate::Refusals::unencodable`] too.
+    Unencodable {
+        /// Whom it was for.
+        to: NodeId,
+        /// Why.
+        error: crate::wire::EncodeError,
+    },
     /// A server became the primary of a range that no live server held a copy of (more
     /// servers failed than the ring has replicas, faster than copies were refilled): the range
     /// starts again from zero. Every value pushed to it before is lost. Emitted on that

@@ -217,8 +217,8 @@ impl Net {
                     self.durable,
                     self.largest,
                     self.nodes
-                        .values_mut()
-                        .map(|d| (d.id(), d.refusals().unencodable, d.poll_encode_error()))
+                        .values()
+                        .map(|d| (d.id(), d.refusals().unencodable))
                         .collect::<Vec<_>>()
                 ),
             }

@@ -735,9 +735,6 @@ where
                 self.failed_sends.dropped("send failed", detail);
             }
         }
-        while let Some((to, e)) = self.driver.poll_encode_error() {
-            warn!(to = %to, error = %e, "message not sent: it does not fit a frame");
-        }
         // Whether the configuration changed while requests were open is read before the
         // events: a completion in the same step must not hide the change, nor end it at once.
         let epoch = self.driver.node().epoch();
@@ -909,6 +906,9 @@ where
                 self.fenced = true;
             }
             Event::WorkerLeft(node) => info!(node = %node, "worker left the job"),
+            Event::Unencodable { to, error } => {
+                warn!(to = %to, error = %error, "message not sent: it does not fit a frame");
+            }
             Event::CheckpointDue { cut, shards } => self.write_checkpoint(cut, shards),
             Event::CheckpointTaken { cut } => {
                 debug!(

@@ -168,7 +168,7 @@ pub struct Driver<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store
     events: VecDeque<Event<V>>,
     refusals: Refusals,
     retransmissions: u64,
-    encode_errors: VecDeque<(NodeId, EncodeError)>,
+
     /// The node's mutation, in force on this thread while the node is driven.
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
@@ -198,7 +198,6 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
             events: VecDeque::new(),
             refusals: Refusals::default(),
             retransmissions: 0,
-            encode_errors: VecDeque::new(),
             #[cfg(feature = "mutations")]
             mutation: None,
         }
@@ -380,15 +379,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
     }
 
     /// The next frame to send. An envelope the codec cannot encode (larger than the frame
-    /// limit) is skipped and counted in [`Refusals::unencodable`]; [`Driver::poll_encode_error`]
-    /// says which.
+    /// limit) is skipped, counted in [`Refusals::unencodable`] and said with
+    /// [`Event::Unencodable`].
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.poll_encoded(Codec::encode)
             .map(|(to, frame)| Transmit { to, frame })
     }
 
     /// The next envelope that `encode` accepts, encoded, and its addressee; the ones refused
-    /// on the way are counted and kept for [`Driver::poll_encode_error`].
+    /// on the way are counted and said as events.
     fn poll_encoded<F>(
         &mut self,
         encode: impl Fn(&Codec, &Envelope<V>) -> Result<F, EncodeError>,
@@ -396,9 +395,10 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         while let Some(env) = self.outbox.pop_front() {
             match encode(&self.codec, &env) {
                 Ok(frame) => return Some((env.to, frame)),
-                Err(e) => {
+                Err(error) => {
                     self.refusals.unencodable += 1;
-                    self.encode_errors.push_back((env.to, e));
+                    self.events
+                        .push_back(Event::Unencodable { to: env.to, error });
                 }
             }
         }
@@ -418,11 +418,6 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
     #[cfg(feature = "testing")]
     pub fn poll_message(&mut self) -> Option<Envelope<V>> {
         self.outbox.pop_front()
-    }
-
-    /// The next envelope that could not be encoded: its addressee and why.
-    pub fn poll_encode_error(&mut self) -> Option<(NodeId, EncodeError)> {
-        self.encode_errors.pop_front()
     }
 
     /// The next event for the application.

@@ -94,7 +94,7 @@ pub enum DecodeError {
 }
 
 /// Why an envelope could not be encoded.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Error)]
 pub enum EncodeError {
     /// The encoded frame would exceed the limit; split the request into smaller ones.
     #[error(

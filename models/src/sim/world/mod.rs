@@ -853,15 +853,18 @@ impl<'a> World<'a> {
                 while let Some(t) = d.poll_transmit() {
                     packets.push((t.to, Packet::Frame(t.frame)));
                 }
-                if let Some((to, e)) = d.poll_encode_error() {
-                    return Err(self.fail(Invariant::Codec, format!("{node} -> {to}: {e}")));
-                }
             } else {
                 while let Some(env) = d.poll_message() {
                     packets.push((env.to, Packet::Envelope(Box::new(env))));
                 }
             }
             let events: Vec<Event<f64>> = std::iter::from_fn(|| d.poll_event()).collect();
+            if let Some(Event::Unencodable { to, error }) = events
+                .iter()
+                .find(|e| matches!(e, Event::Unencodable { .. }))
+            {
+                return Err(self.fail(Invariant::Codec, format!("{node} -> {to}: {error}")));
+            }
             let deadline = d.poll_timeout();
             let applied_below = d.node().as_server().map(Server::applied_below);
             for (to, packet) in packets {
