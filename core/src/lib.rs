@@ -53,7 +53,11 @@
 //! (the push counts for its iteration), [`Event::PushDurable`] (every replica holds it),
 //! [`Event::PullDone`] (the values), [`Event::Advanced`] (the next iteration began, as soon as
 //! the consistency model allows). Input a node will not use is never dropped silently: it is
-//! reported as [`Event::Refused`] and counted in [`Driver::refusals`].
+//! reported as [`Event::Refused`] and counted in [`Driver::refusals`]; nor is output that does
+//! not fit the codec's frames ([`Event::Unencodable`]). Give the driver a codec whose frame
+//! limit your transport carries ([`Driver::with_codec`], or [`JobSpec::max_frame`], which
+//! [`JobSpec::validate`] checks against [`JobSpec::smallest_frame`]): the driver fits workers'
+//! slices, servers' answers, copies and replication batches to it.
 //!
 //! Here is the whole loop for a coordinator, one server and one worker, with a "network" that
 //! delivers every frame a millisecond after it is sent:
