@@ -16,6 +16,6 @@ pub use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
 pub use crate::driver::Node;
 pub use crate::effects::{Effects, NoGrant, TimerCmd, TimerId};
 pub use crate::ids::{EPOCHS_PER_TERM, NodeLayout, Standbys, TooManyStandbys, first_epoch_of_term};
-pub use crate::server::{CheckpointError, Server, ServerConfig, StartFromError};
+pub use crate::server::{CheckpointError, RangeRead, Server, ServerConfig, StartFromError};
 pub use crate::status::Phase;
 pub use crate::worker::{DEFAULT_MAX_SLICE_BYTES, Wait, Worker, WorkerConfig};

@@ -1050,6 +1050,44 @@ fn frames_of_a_datagram_on_a_lossy_network_carry_every_push_exactly_once() {
     }
 }
 
+/// An embedder reads each server's values through its driver: the servers' led parts tile the
+/// key space, each key's value is read from the one server that leads it, and replicas are
+/// left out. A worker holds nothing to read.
+#[test]
+fn reading_every_server_gives_each_key_once_from_its_primary() {
+    let mut c = Cluster::new(3, 2, 1, Consistency::Eventual);
+    let keys = Cluster::keys(60);
+    let (w1, w2) = (NodeId(4), NodeId(5));
+    c.push(w1, &keys, 2);
+    c.push(w2, &keys[10..], 5);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w1) == 1
+        && c.pushes_done(w2) == 1));
+    let reads: Vec<(NodeId, RangeRead<i64>)> = (1..=3)
+        .map(|s| (NodeId(s), c.nodes[&NodeId(s)].read(KeyRange::FULL).unwrap()))
+        .collect();
+    let mut led: Vec<KeyRange> = reads.iter().flat_map(|(_, r)| r.led.clone()).collect();
+    led.sort_by_key(|r| r.start());
+    assert_eq!(led.first().map(|r| r.start()), Some(KeyRange::FULL.start()));
+    assert_eq!(led.last().map(|r| r.end()), Some(KeyRange::FULL.end()));
+    for pair in led.windows(2) {
+        assert_eq!(pair[0].end(), pair[1].start(), "{led:?}");
+    }
+    let ring = c.ring();
+    for (j, &k) in keys.iter().enumerate() {
+        let want = 2 + if j >= 10 { 5 } else { 0 };
+        for (s, read) in &reads {
+            let leads = read.led.iter().any(|r| r.contains(k));
+            assert_eq!(leads, ring.primary(k) == *s, "key {k} on {s}");
+            let got = read.rows.get(k).map(|v| v[0]);
+            assert_eq!(got, leads.then_some(want), "key {k} on {s}");
+        }
+    }
+    assert_eq!(
+        c.nodes[&w1].read(KeyRange::FULL).unwrap_err(),
+        DriverError::NotAServer(w1)
+    );
+}
+
 /// A server joins a job whose data was written before: after the switch, the key's primary
 /// holds the value. With `promote-stale-replica` the new server takes itself to be in step
 /// without copying anything and is made primary of ranges it holds nothing of.
@@ -1183,6 +1221,10 @@ fn replica_convergence_an_iterations_pushes_are_replicated_as_their_sum() {
     }));
     for &k in &keys {
         assert_eq!(c.primary_value(k), 12, "key {k}");
+        // Read from outside, the primary's rows are the job's values below iteration 3.
+        let read = c.nodes[&c.ring().primary(k)].read(KeyRange::FULL).unwrap();
+        assert!(read.applied_below >= 3, "{}", read.applied_below);
+        assert_eq!(read.rows.get(k), Some(&[12][..]), "key {k}");
     }
     assert!(c.run_until(10_000 * MS, |c| {
         workers.iter().all(|&w| c.pushes_done(w) == 3)

@@ -59,11 +59,11 @@ use thiserror::Error;
 
 use crate::effects::{Effects, Event, Refusal, TimerCmd, TimerId};
 use crate::ids::{Iteration, NodeId, Time};
-use crate::key::Key;
+use crate::key::{Key, KeyRange};
 use crate::kv::KvPairs;
 use crate::pace::Coverage;
 use crate::selection::KeySelection;
-use crate::server::{CheckpointError, Server};
+use crate::server::{CheckpointError, RangeRead, Server};
 use crate::store::{ParamStore, Store};
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
@@ -92,6 +92,9 @@ pub enum DriverError {
     /// The coordinator cannot leave its own job.
     #[error("node {0} is the coordinator: only servers and workers leave a job")]
     CannotLeave(NodeId),
+    /// The node holds no values: only servers are read.
+    #[error("node {0} is not a server: only servers hold values to read")]
+    NotAServer(NodeId),
     /// The worker refused the call.
     #[error(transparent)]
     Worker(#[from] WorkerError),
@@ -292,6 +295,15 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
                 Node::Server(s) => !s.writing_checkpoint(),
                 Node::Coordinator(_) => true,
             }
+    }
+
+    /// A server's rows of `range`, where it leads them ([`Server::read`]): what an embedder
+    /// reads to inspect or save values without reaching into the node.
+    pub fn read(&self, range: KeyRange) -> Result<RangeRead<V>, DriverError> {
+        match &self.node {
+            Node::Server(server) => Ok(server.read(range)),
+            _ => Err(DriverError::NotAServer(self.id())),
+        }
     }
 
     /// Refused input so far.

@@ -8,6 +8,7 @@ mod membership;
 mod progress;
 mod pull;
 mod push;
+mod read;
 mod replication;
 mod shard;
 mod slots;
@@ -38,6 +39,7 @@ pub use checkpoint::CheckpointError;
 use checkpoint::Checkpointing;
 use progress::Taken;
 use pull::HeldPull;
+pub use read::RangeRead;
 use replication::Resend;
 use shard::Shard;
 
