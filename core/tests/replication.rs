@@ -300,6 +300,14 @@ impl Cluster {
         keys.iter().all(|&k| self.primary_value(k) == value)
     }
 
+    /// True when every server on the ring has every push it took in replicated.
+    fn all_replicated(&self) -> bool {
+        self.ring()
+            .servers()
+            .iter()
+            .all(|&s| self.server(s).unreplicated_pushes() == 0)
+    }
+
     /// True when every live server has adopted `epoch`.
     fn servers_at_epoch(&self, epoch: Epoch) -> bool {
         self.config()
@@ -491,12 +499,7 @@ fn exactly_once_across_fail_over_on_a_lossy_duplicating_network() {
             );
         }
         c.assert_single_owner(&keys);
-        assert!(c.run_until(30_000 * MS, |c| {
-            c.ring()
-                .servers()
-                .iter()
-                .all(|&s| c.server(s).unreplicated_pushes() == 0)
-        }));
+        assert!(c.run_until(30_000 * MS, |c| { c.all_replicated() }));
         c.assert_converged(&keys);
     }
 }
@@ -702,11 +705,7 @@ fn a_joining_server_takes_its_ranges_with_their_data_and_exactly_once_holds() {
         }
         assert!(
             c.run_until(60_000 * MS, |c| {
-                c.ring()
-                    .servers()
-                    .iter()
-                    .all(|&s| c.server(s).unreplicated_pushes() == 0)
-                    && c.all_hold(&keys, 5)
+                c.all_replicated() && c.all_hold(&keys, 5)
             }),
             "every key holds each push once under {consistency:?}, drop 1/{drop_every}"
         );
@@ -923,12 +922,7 @@ fn a_shard_larger_than_a_frame_is_copied_in_parts_that_fit() {
     let victim = c.ring().primary(keys[0]);
     c.crash(victim);
     assert!(c.run_until(60_000 * MS, |c| {
-        !c.config().servers.contains(&victim)
-            && c.servers_at_epoch(2)
-            && c.ring()
-                .servers()
-                .iter()
-                .all(|&s| c.server(s).unreplicated_pushes() == 0)
+        !c.config().servers.contains(&victim) && c.servers_at_epoch(2) && c.all_replicated()
     }));
     c.push(w, &keys, 1);
     assert!(c.run_until(60_000 * MS, |c| c.pushes_done(w) == 2));
@@ -1040,12 +1034,7 @@ fn frames_of_a_datagram_on_a_lossy_network_carry_every_push_exactly_once() {
                 d.id()
             );
         }
-        assert!(c.run_until(30_000 * MS, |c| {
-            c.ring()
-                .servers()
-                .iter()
-                .all(|&s| c.server(s).unreplicated_pushes() == 0)
-        }));
+        assert!(c.run_until(30_000 * MS, |c| { c.all_replicated() }));
         c.assert_converged(&keys);
     }
 }

@@ -171,7 +171,6 @@ pub struct Driver<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store
     events: VecDeque<Event<V>>,
     refusals: Refusals,
     retransmissions: u64,
-
     /// The node's mutation, in force on this thread while the node is driven.
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,

@@ -98,11 +98,13 @@ impl<V: Value> Batches<V> {
             while rest.peek().is_some() && (all || in_flight.len() < bound) {
                 let mut batch = Vec::new();
                 let mut bytes = 0usize;
-                while let Some(step) = rest.next_if(|s| {
-                    batch.is_empty() || bytes.saturating_add(sizes::step_bytes(s)) <= room
-                }) {
-                    bytes = bytes.saturating_add(sizes::step_bytes(&step));
-                    batch.push(step);
+                while let Some(step) = rest.peek() {
+                    let more = bytes.saturating_add(sizes::step_bytes(step));
+                    if !batch.is_empty() && more > room {
+                        break;
+                    }
+                    bytes = more;
+                    batch.extend(rest.next());
                 }
                 if let Some(last) = batch.last() {
                     in_flight.push((last.range, last.seq));

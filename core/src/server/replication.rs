@@ -103,12 +103,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
 
     /// Adds `steps` to the batches of the replica servers `to` (`super::batches`).
     fn gather_steps(&mut self, to: &[NodeId], steps: Vec<Replicate<V>>) {
-        if steps.is_empty() {
+        let Some((&last, others)) = to.split_last() else {
             return;
-        }
-        for &replica in to {
+        };
+        for &replica in others {
             self.batches.gather(replica, steps.iter().cloned());
         }
+        self.batches.gather(last, steps);
     }
 
     /// Ships the queued buffered pushes of every primary shard: before a copy is cut or the

@@ -311,17 +311,18 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         room: usize,
     ) -> Vec<Replicate<V>> {
         let buffered = matches!(entry.update, ShardUpdate::Buffer { .. });
-        let queued_bytes = match &self.role {
-            ShardRole::Primary { queued, .. } => {
-                queued.iter().map(crate::sizes::step_bytes).sum::<usize>()
-            }
-            ShardRole::Replica { .. } => 0,
-        };
         // A queue ships before its sum would outgrow a frame, and before this push is
         // buffered behind it (its sum takes the place of the parts it sums): the rest of the
         // iteration follows as another part of its sum, as pushes arriving after a ship do.
-        let full = queued_bytes.saturating_add(crate::sizes::step_bytes(&entry)) > room;
-        let mut ship = if buffered && !full {
+        let fits = |queued: &[Replicate<V>]| {
+            let bytes: usize = queued.iter().map(crate::sizes::step_bytes).sum();
+            bytes.saturating_add(crate::sizes::step_bytes(&entry)) <= room
+        };
+        let queue_fits = match &self.role {
+            ShardRole::Primary { queued, .. } => buffered && fits(queued),
+            ShardRole::Replica { .. } => buffered,
+        };
+        let mut ship = if queue_fits {
             Vec::new()
         } else {
             self.ship_queued(width)
