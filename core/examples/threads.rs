@@ -4,11 +4,12 @@
 //! [`Driver`], and this loop around it is everything a network stack has to provide:
 //!
 //! 1. once, first: `driver.start(now)` (servers and workers register with the coordinator);
-//! 2. a frame arrived from peer `from`: `driver.handle_frame(now, from, &frame)`;
-//! 3. the deadline `driver.poll_timeout()` passed: `driver.handle_timeout(now)`;
-//! 4. after every call, send each `driver.poll_transmit()` to its `to`, then act on each
-//!    `driver.poll_event()`; the application pushes, pulls and advances from there;
-//! 5. sleep until the next frame or the next deadline, whichever comes first.
+//! 2. a frame arrived from peer `from`: `driver.handle_frame_bytes(now, from, &frame)`;
+//! 3. the deadline passed: `driver.handle_timeout(now)`;
+//! 4. after every call, poll `driver.poll_output()` until it says `Output::Wait`: send each
+//!    `Output::Transmit` to its `to`, act on each `Output::Event` (a worker's application
+//!    pushes, pulls and advances from there, through `driver.worker()?`);
+//! 5. sleep until the next frame or the deadline `Output::Wait` gave, whichever comes first.
 //!
 //! Bytes and time go in; frames, one deadline and events come out. The transport may lose,
 //! duplicate or reorder frames like UDP (the nodes retransmit and de-duplicate); it only has to
@@ -19,6 +20,7 @@
 //! to each of 100 keys per iteration for 10 iterations, pulling before each push; at the end
 //! every key must hold exactly 30.
 
+use pserver_core::events::WorkerEvent;
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::process::ExitCode;
@@ -28,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use pserver_core::{
     Bytes, Consistency, Driver, Event, Iteration, JobSpec, Key, KeyList, KeySelection, KvPairs,
-    NodeId, RequestId, Time,
+    NodeId, Output, RequestId, Time,
 };
 
 const SERVERS: [NodeId; 2] = [NodeId(1), NodeId(2)];
@@ -123,28 +125,31 @@ impl Workload {
     ) -> Result<(), BoxError> {
         match (self.phase, event) {
             (Phase::Registering, Event::Ready { .. }) => self.work(d, now)?,
-            (Phase::Advancing, Event::Advanced(i)) if i < ITERATIONS => {
+            (Phase::Advancing, Event::Worker(WorkerEvent::Advanced(i))) if i < ITERATIONS => {
                 let keys = KeySelection::Keys(KeyList::new(self.keys.clone())?);
-                let request = d.pull(now, keys)?;
+                let request = d.worker()?.pull(now, keys)?;
                 self.phase = Phase::Pulling {
                     request,
                     iteration: i,
                 };
             }
-            (Phase::Advancing, Event::Advanced(_)) => {
+            (Phase::Advancing, Event::Worker(WorkerEvent::Advanced(_))) => {
                 self.phase = Phase::Draining;
                 self.finish_if_drained();
             }
-            (Phase::Pulling { request, iteration }, Event::PullDone(id, kvs)) if id == request => {
+            (
+                Phase::Pulling { request, iteration },
+                Event::Worker(WorkerEvent::PullDone(id, kvs)),
+            ) if id == request => {
                 self.check_pull(iteration, &kvs)?;
                 self.work(d, now)?;
             }
-            (_, Event::PushDone(_)) => {
+            (_, Event::Worker(WorkerEvent::PushDone(_))) => {
                 self.pushes_done += 1;
                 self.finish_if_drained();
             }
             // Follows `PushDone`; this job has no replicas to wait for.
-            (_, Event::PushDurable(_)) => {}
+            (_, Event::Worker(WorkerEvent::PushDurable(_))) => {}
             (_, Event::Refused { from, reason }) => note_refusal(d.id(), from, &reason),
             (phase, event) => return Err(format!("{event:?} while {phase:?}").into()),
         }
@@ -154,9 +159,10 @@ impl Workload {
     /// One iteration's work: push 1 to every key, then end the iteration.
     fn work(&mut self, d: &mut Driver<i64>, now: Time) -> Result<(), BoxError> {
         let ones = vec![1; self.keys.len()];
-        d.push(now, KvPairs::new(self.keys.clone(), ones, 1)?)?;
+        let mut worker = d.worker()?;
+        worker.push(now, KvPairs::new(self.keys.clone(), ones, 1)?)?;
         self.pushes_issued += 1;
-        d.advance(now)?;
+        worker.advance(now)?;
         self.phase = Phase::Advancing;
         Ok(())
     }
@@ -211,30 +217,29 @@ fn note_refusal(me: NodeId, from: NodeId, reason: &impl std::fmt::Display) {
     eprintln!("{me}: refused a message from {from}: {reason}");
 }
 
-/// Hands every queued frame to the network, then every queued event to the application, until
-/// both queues are empty (the application's calls may queue more of either).
+/// Hands every frame to the network and every event to the application until the driver
+/// says to wait (the application's calls may make more of either), and returns the deadline
+/// it gave.
 fn flush(
     d: &mut Driver<i64>,
     net: &Network,
     clock: Clock,
     app: &mut Option<Workload>,
-) -> Result<(), BoxError> {
+) -> Result<Option<Time>, BoxError> {
     loop {
-        while let Some(t) = d.poll_transmit() {
-            match net.get(t.to.0 as usize) {
+        match d.poll_output() {
+            Output::Transmit(t) => match net.get(t.to.0 as usize) {
                 // A peer that already stopped is a lost frame, which the protocol tolerates.
                 Some(peer) => {
                     let _ = peer.send(Inbox::Frame(d.id(), t.frame));
                 }
                 None => eprintln!("{}: no route to {}", d.id(), t.to),
-            }
-        }
-        let Some(event) = d.poll_event() else {
-            return Ok(());
-        };
-        match app {
-            Some(workload) => workload.on_event(d, clock.now(), event)?,
-            None => on_infrastructure_event(d, event)?,
+            },
+            Output::Event(event) => match app {
+                Some(workload) => workload.on_event(d, clock.now(), event)?,
+                None => on_infrastructure_event(d, event)?,
+            },
+            Output::Wait { until } => return Ok(until),
         }
     }
 }
@@ -248,17 +253,17 @@ fn run_node(
     mut app: Option<Workload>,
 ) -> Result<Driver<i64>, BoxError> {
     d.start(clock.now());
-    flush(&mut d, &net, clock, &mut app)?;
+    let mut deadline = flush(&mut d, &net, clock, &mut app)?;
     loop {
         let now = clock.now();
         // Checked before waiting, not only on a timeout: under steady traffic the wait would
         // rarely time out and retransmissions and heartbeats would starve.
-        if d.poll_timeout().is_some_and(|at| at <= now) {
+        if deadline.is_some_and(|at| at <= now) {
             d.handle_timeout(now);
-            flush(&mut d, &net, clock, &mut app)?;
+            deadline = flush(&mut d, &net, clock, &mut app)?;
             continue;
         }
-        let input = match d.poll_timeout() {
+        let input = match deadline {
             Some(at) => match inbox.recv_timeout(Duration::from_nanos(at - now)) {
                 Ok(input) => input,
                 Err(RecvTimeoutError::Timeout) => continue,
@@ -268,8 +273,8 @@ fn run_node(
         };
         match input {
             Inbox::Frame(from, frame) => {
-                d.handle_frame(clock.now(), from, &frame);
-                flush(&mut d, &net, clock, &mut app)?;
+                d.handle_frame_bytes(clock.now(), from, &frame);
+                deadline = flush(&mut d, &net, clock, &mut app)?;
             }
             Inbox::Stop => return Ok(d),
         }

@@ -42,29 +42,36 @@
 //! nanoseconds from an origin of your choosing, and must not go backwards.
 //!
 //! 1. Once: [`Driver::start`] (the node registers with the coordinator).
-//! 2. When a frame arrives from peer `from`: [`Driver::handle_frame`].
-//! 3. When the deadline of [`Driver::poll_timeout`] has passed: [`Driver::handle_timeout`].
-//! 4. After each of those: send every frame of [`Driver::poll_transmit`] to its addressee,
-//!    hand every [`Event`] of [`Driver::poll_event`] to the application, and ask
-//!    [`Driver::poll_timeout`] again.
+//! 2. When a frame arrives from peer `from`: [`Driver::handle_frame`] (from a buffer you
+//!    reuse) or [`Driver::handle_frame_bytes`] (from a buffer of its own, not copied).
+//! 3. When the deadline has passed: [`Driver::handle_timeout`].
+//! 4. After each of those, and after each call of the application: poll
+//!    [`Driver::poll_output`] until it says [`Output::Wait`]. Send each
+//!    [`Output::Transmit`] to its addressee, hand each [`Output::Event`] to the application,
+//!    and come back at the deadline `Wait` gives, or when a frame arrives.
 //!
-//! A worker's application calls [`Driver::push`], [`Driver::pull`] and [`Driver::advance`]
-//! between those steps, and learns of their completion through events: [`Event::PushDone`]
-//! (the push counts for its iteration), [`Event::PushDurable`] (every replica holds it),
-//! [`Event::PullDone`] (the values), [`Event::Advanced`] (the next iteration began, as soon as
-//! the consistency model allows). Input a node will not use is never dropped silently: it is
-//! reported as [`Event::Refused`] and counted in [`Driver::refusals`]; nor is output that does
-//! not fit the codec's frames ([`Event::Unencodable`]). Give the driver a codec whose frame
-//! limit your transport carries ([`Driver::with_codec`], or [`JobSpec::max_frame`], which
-//! [`JobSpec::validate`] checks against [`JobSpec::smallest_frame`]): the driver fits workers'
-//! slices, servers' answers, copies and replication batches to it.
+//! A worker's application borrows the worker's calls from its driver ([`Driver::worker`]:
+//! [`WorkerCalls::push`](driver::WorkerCalls::push), [`WorkerCalls::pull`](driver::WorkerCalls::pull), [`WorkerCalls::advance`](driver::WorkerCalls::advance)) once the worker
+//! said [`Event::Ready`], and learns of their completion through [`Event::Worker`] events:
+//! [`WorkerEvent::PushDone`](events::WorkerEvent::PushDone) (the push counts for its iteration),
+//! [`WorkerEvent::PushDurable`](events::WorkerEvent::PushDurable) (every replica holds it), [`WorkerEvent::PullDone`](events::WorkerEvent::PullDone) (the
+//! values), [`WorkerEvent::Advanced`](events::WorkerEvent::Advanced) (the next iteration began, as soon as the consistency
+//! model allows). A server's calls (reading values, checkpoints) are borrowed the same way
+//! ([`Driver::server`]), and a server's driver has no push to call. Input a node will not use
+//! is never dropped silently: it is reported as [`Event::Refused`] and counted in
+//! [`Driver::refusals`]; nor is output that does not fit the codec's frames
+//! ([`Event::Unencodable`]). Give the driver a codec whose frame limit your transport carries
+//! ([`Driver::with_codec`], or [`JobSpec::max_frame`], which [`JobSpec::validate`] checks
+//! against [`JobSpec::smallest_frame`]): the driver fits workers' slices, servers' answers,
+//! copies and replication batches to it.
 //!
 //! Here is the whole loop for a coordinator, one server and one worker, with a "network" that
 //! delivers every frame a millisecond after it is sent:
 //!
 //! ```
 //! use std::collections::VecDeque;
-//! use pserver_core::{Driver, Event, JobSpec, KeyList, KeySelection, KvPairs, Time};
+//! use pserver_core::{Driver, Event, JobSpec, KeyList, KeySelection, KvPairs, Output, Time};
+//! use pserver_core::events::WorkerEvent::{Advanced, PullDone, PushDone};
 //!
 //! let job = JobSpec::new(1, 1); // n0 coordinator, n1 server, n2 worker
 //! let mut nodes: Vec<Driver<f64>> = job
@@ -80,37 +87,41 @@
 //! // Frames on the wire: (arrival, from, to, bytes).
 //! let mut wire = VecDeque::new();
 //! let (mut push, mut pull, mut pulled) = (None, None, None);
+//! let mut deadlines = vec![None; nodes.len()];
 //! while pulled.is_none() && now < 10_000 * MS {
-//!     // Out: frames to the wire, events to the application.
-//!     for node in &mut nodes {
-//!         while let Some(t) = node.poll_transmit() {
-//!             wire.push_back((now + MS, node.id(), t.to, t.frame));
-//!         }
-//!     }
-//!     while let Some(event) = nodes[2].poll_event() {
-//!         match event {
-//!             // Registered and configured: push 1.5 to key 7.
-//!             Event::Ready { .. } => {
-//!                 let kvs = KvPairs::new(vec![7], vec![1.5], 1)?;
-//!                 push = Some(nodes[2].push(now, kvs)?);
+//!     // Out: frames to the wire, events to the application, until each node says to wait.
+//!     for (i, node) in nodes.iter_mut().enumerate() {
+//!         deadlines[i] = loop {
+//!             match node.poll_output() {
+//!                 Output::Transmit(t) => wire.push_back((now + MS, node.id(), t.to, t.frame)),
+//!                 // Registered and configured: push 1.5 to key 7.
+//!                 Output::Event(Event::Ready { .. }) if i == 2 => {
+//!                     let kvs = KvPairs::new(vec![7], vec![1.5], 1)?;
+//!                     push = Some(node.worker()?.push(now, kvs)?);
+//!                 }
+//!                 Output::Event(Event::Worker(PushDone(id))) if Some(id) == push => {
+//!                     node.worker()?.advance(now)?;
+//!                 }
+//!                 // In the next iteration: read key 7 back.
+//!                 Output::Event(Event::Worker(Advanced(_))) => {
+//!                     let keys = KeySelection::Keys(KeyList::new(vec![7])?);
+//!                     pull = Some(node.worker()?.pull(now, keys)?);
+//!                 }
+//!                 Output::Event(Event::Worker(PullDone(id, kvs))) if Some(id) == pull => {
+//!                     pulled = Some(kvs);
+//!                 }
+//!                 Output::Event(_) => {}
+//!                 Output::Wait { until } => break until,
 //!             }
-//!             Event::PushDone(id) if Some(id) == push => nodes[2].advance(now)?,
-//!             // In the next iteration: read key 7 back.
-//!             Event::Advanced(_) => {
-//!                 let keys = KeySelection::Keys(KeyList::new(vec![7])?);
-//!                 pull = Some(nodes[2].pull(now, keys)?);
-//!             }
-//!             Event::PullDone(id, kvs) if Some(id) == pull => pulled = Some(kvs),
-//!             _ => {}
-//!         }
+//!         };
 //!     }
 //!     // In: the next thing to happen, a frame arriving or a timer firing.
-//!     let timer = nodes.iter().filter_map(|n| n.poll_timeout()).min();
+//!     let timer = deadlines.iter().flatten().min().copied();
 //!     let frame = wire.front().map(|f| f.0);
 //!     if frame.is_some_and(|at| timer.is_none_or(|t| at <= t)) {
 //!         let (at, from, to, bytes) = wire.pop_front().ok_or("no frame")?;
 //!         now = now.max(at);
-//!         nodes[to.0 as usize].handle_frame(now, from, &bytes);
+//!         nodes[to.0 as usize].handle_frame_bytes(now, from, &bytes);
 //!     } else if let Some(t) = timer {
 //!         now = now.max(t);
 //!         for node in &mut nodes {
@@ -165,8 +176,9 @@ mod cluster;
 mod consistency;
 mod coordinator;
 mod dedupe;
-mod driver;
+pub mod driver;
 mod effects;
+pub mod events;
 pub mod filter;
 mod forms;
 mod hash;
@@ -197,8 +209,8 @@ pub mod wire;
 mod worker;
 
 pub use consistency::{Consistency, ParseConsistencyError};
-pub use driver::{Driver, DriverError, Refusals, Transmit};
-pub use effects::{Event, Refusal};
+pub use driver::{Driver, DriverError, Output};
+pub use events::Event;
 pub use ids::{Epoch, Iteration, NodeId, Role, Time};
 pub use job::{JobError, JobSpec};
 pub use key::{InvalidRange, Key, KeyRange, MAX_KEY};

@@ -14,7 +14,8 @@
 pub use crate::clock::RangeClock;
 pub use crate::coordinator::{Coordinator, CoordinatorConfig, CoordinatorError};
 pub use crate::driver::Node;
-pub use crate::effects::{Effects, NoGrant, TimerCmd, TimerId};
+pub use crate::effects::{Effects, TimerCmd, TimerId};
+pub use crate::events::NoGrant;
 pub use crate::ids::{EPOCHS_PER_TERM, NodeLayout, Standbys, TooManyStandbys, first_epoch_of_term};
 pub use crate::server::{CheckpointError, RangeRead, Server, ServerConfig, StartFromError};
 pub use crate::status::Phase;

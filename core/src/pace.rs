@@ -11,7 +11,7 @@
 //! covered, [`Coverage`]) with every heartbeat. At every failure check the coordinator finds the
 //! workers more than [`Detection::lag`] iterations behind the lower median of the others, or (with
 //! a rate check) slower than them by a factor over a window of checks, and says once
-//! `Event::Straggler { worker, behind }`, then `Event::StragglerCleared` when it keeps up. The
+//! `crate::events::CoordinatorEvent::Straggler { worker, behind }`, then `crate::events::CoordinatorEvent::StragglerCleared` when it keeps up. The
 //! runtime logs both and counts `pserver_stragglers_total`.
 //!
 //! # Skip-ahead (bounded delay)
@@ -19,7 +19,7 @@
 //! The coordinator publishes, for each straggler, the iteration the others are in as
 //! [`Pace::skipped_below`] in the next configuration. Every server counts the worker as having
 //! finished every iteration below it (`Server::finished_in`), so no pull waits for those iterations
-//! any more; the worker enters that iteration at once (`Event::SkippedAhead`, answering an
+//! any more; the worker enters that iteration at once (`crate::events::WorkerEvent::SkippedAhead`, answering an
 //! `advance` it waited on) and counts the iterations below as finished for its own in-flight bound.
 //! What it pushed of a skipped iteration still goes to the servers, exactly once, like any push;
 //! what it had not pushed is never sent. The skip only rises, and is forgotten with the worker.
@@ -33,7 +33,7 @@
 //! Within a [`TauRange`] the coordinator raises the bound to the top of the range at a check that
 //! finds a straggler and lowers it by one at each check that finds none: quick to give stragglers
 //! room, slow to take it back while they come and go, publishing it as [`Pace::tau`]
-//! (`Event::TauChanged`). The bound a server holds a pull to and the bound a worker's in-flight
+//! (`crate::events::CoordinatorEvent::TauChanged`). The bound a server holds a pull to and the bound a worker's in-flight
 //! count is held to are those of the configuration in force (`Cluster::consistency`).
 //!
 //! # Shares sized by speed (any consistency model)
@@ -45,7 +45,7 @@
 //! check, once every worker said one, the coordinator takes the worker whose step takes longest
 //! (shares held over speed) and gives its highest share to the worker that would be quickest with
 //! one more, if that one would still be quicker by a quarter; one share a check, never below
-//! [`Balance::fewest`] nor above [`Balance::most`] (`PaceWatch::rebalance`, `Event::ShareMoved`,
+//! [`Balance::fewest`] nor above [`Balance::most`] (`PaceWatch::rebalance`, `crate::events::CoordinatorEvent::ShareMoved`,
 //! `pserver_shares_moved_total`). A move always shortens the slowest step, so none moves back; the
 //! giver's own shares go before those it got by a move.
 //!

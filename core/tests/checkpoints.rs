@@ -5,6 +5,7 @@
 //! job restarted whole resumes from the newest cut every server holds, with the values it had
 //! there; a checkpoint written under another ring is refused.
 
+use pserver_core::events::{CoordinatorEvent, ServerEvent, WorkerEvent};
 use std::collections::{BTreeMap, VecDeque};
 
 use pserver_core::ring::RingConfig;
@@ -61,7 +62,11 @@ impl Cluster {
         {
             let mut driver = job.driver::<i64>(id, 1).unwrap();
             if let Some((_, cuts)) = offered.iter().find(|(s, _)| *s == id) {
-                driver.offer_checkpoints(cuts.clone()).unwrap();
+                driver
+                    .server()
+                    .unwrap()
+                    .offer_checkpoints(cuts.clone())
+                    .unwrap();
             }
             nodes.insert(id, driver);
         }
@@ -106,14 +111,14 @@ impl Cluster {
                     break;
                 };
                 match &event {
-                    Event::CheckpointDue { cut, shards } if self.writing => {
+                    Event::Server(ServerEvent::CheckpointDue { cut, shards }) if self.writing => {
                         let disk = self.disks.entry(id).or_default();
                         disk.insert(*cut, shards.clone());
-                        d.checkpoint_written(now, *cut).unwrap();
+                        d.server().unwrap().checkpoint_written(now, *cut).unwrap();
                     }
-                    Event::Restore { cut } => {
+                    Event::Server(ServerEvent::Restore { cut }) => {
                         let shards = self.disks[&id][cut].clone();
-                        d.restore(now, *cut, shards).unwrap();
+                        d.server().unwrap().restore(now, *cut, shards).unwrap();
                     }
                     _ => {}
                 }
@@ -158,13 +163,19 @@ impl Cluster {
             .iter()
             .rev()
             .find_map(|e| match e {
-                Event::CheckpointDue { cut, shards } => Some((*cut, shards.clone())),
+                Event::Server(ServerEvent::CheckpointDue { cut, shards }) => {
+                    Some((*cut, shards.clone()))
+                }
                 _ => None,
             })
             .expect("shards were handed out");
         self.disks.entry(server).or_default().insert(cut, shards);
         let now = self.now;
-        self.driver(server).checkpoint_written(now, cut).unwrap();
+        self.driver(server)
+            .server()
+            .unwrap()
+            .checkpoint_written(now, cut)
+            .unwrap();
         self.collect();
         cut
     }
@@ -175,7 +186,7 @@ impl Cluster {
             events
                 .iter()
                 .filter_map(|e| match e {
-                    Event::CheckpointDue { cut, .. } => Some(*cut),
+                    Event::Server(ServerEvent::CheckpointDue { cut, .. }) => Some(*cut),
                     _ => None,
                 })
                 .collect()
@@ -220,8 +231,8 @@ impl Cluster {
         let now = self.now;
         for w in self.workers() {
             let kvs = KvPairs::new(keys(), vec![value; keys().len()], 1).unwrap();
-            self.driver(w).push(now, kvs).unwrap();
-            self.driver(w).advance(now).unwrap();
+            self.driver(w).worker().unwrap().push(now, kvs).unwrap();
+            self.driver(w).worker().unwrap().advance(now).unwrap();
         }
         self.collect();
     }
@@ -241,6 +252,8 @@ impl Cluster {
         let list = KeyList::new(keys()).unwrap();
         let id = self
             .driver(worker)
+            .worker()
+            .unwrap()
             .pull(now, KeySelection::Keys(list))
             .unwrap();
         self.collect();
@@ -248,7 +261,9 @@ impl Cluster {
         let done = self.run_until(30 * SECOND, |c| {
             got = c.events.get(&worker).and_then(|events| {
                 events.iter().find_map(|e| match e {
-                    Event::PullDone(r, kvs) if *r == id => Some(kvs.values().to_vec()),
+                    Event::Worker(WorkerEvent::PullDone(r, kvs)) if *r == id => {
+                        Some(kvs.values().to_vec())
+                    }
                     _ => None,
                 })
             });
@@ -310,7 +325,7 @@ fn workers_go_on_once_every_server_took_its_copy_and_the_cut_is_complete_once_wr
     for w in c.workers() {
         let kvs = KvPairs::new(keys(), vec![2; keys().len()], 1).unwrap();
         let now = c.now;
-        c.driver(w).push(now, kvs).unwrap();
+        c.driver(w).worker().unwrap().push(now, kvs).unwrap();
     }
     c.collect();
     // The pushes of iteration 1 are in, and the workers have not asked to leave it: nobody
@@ -320,7 +335,7 @@ fn workers_go_on_once_every_server_took_its_copy_and_the_cut_is_complete_once_wr
     assert!(servers.iter().all(|&s| c.handed(s).is_empty()));
     for w in c.workers() {
         let now = c.now;
-        c.driver(w).advance(now).unwrap();
+        c.driver(w).worker().unwrap().advance(now).unwrap();
     }
     c.collect();
     assert!(
@@ -338,7 +353,7 @@ fn workers_go_on_once_every_server_took_its_copy_and_the_cut_is_complete_once_wr
     assert_eq!((recorded.taken, recorded.complete), (EVERY, 0));
     assert!(c.said(NodeId(0), |e| matches!(
         e,
-        Event::CheckpointTaken { cut: EVERY }
+        Event::Coordinator(CoordinatorEvent::CheckpointTaken { cut: EVERY })
     )));
     let status = c.status();
     assert!(
@@ -356,7 +371,7 @@ fn workers_go_on_once_every_server_took_its_copy_and_the_cut_is_complete_once_wr
         let rows = c.events[&s]
             .iter()
             .find_map(|e| match e {
-                Event::CheckpointDue { shards, .. } => Some(rows_of(shards)),
+                Event::Server(ServerEvent::CheckpointDue { shards, .. }) => Some(rows_of(shards)),
                 _ => None,
             })
             .unwrap_or_default();
@@ -376,7 +391,7 @@ fn workers_go_on_once_every_server_took_its_copy_and_the_cut_is_complete_once_wr
         let now = c.now;
         assert!(
             matches!(
-                c.driver(w).push(now, kvs),
+                c.driver(w).worker().unwrap().push(now, kvs),
                 Err(DriverError::Worker(WorkerError::AtCheckpoint { cut: 4 }))
             ),
             "a push while {w} waits at the cut is refused"
@@ -401,7 +416,10 @@ fn workers_go_on_once_every_server_took_its_copy_and_the_cut_is_complete_once_wr
         (EVERY, 0),
         "one server's write is not the ring's"
     );
-    assert!(!c.said(NodeId(0), |e| matches!(e, Event::CheckpointComplete { .. })));
+    assert!(!c.said(NodeId(0), |e| matches!(
+        e,
+        Event::Coordinator(CoordinatorEvent::CheckpointComplete { .. })
+    )));
     let second = servers[1];
     assert_eq!(c.write_due(second), EVERY);
     assert!(
@@ -410,7 +428,7 @@ fn workers_go_on_once_every_server_took_its_copy_and_the_cut_is_complete_once_wr
     );
     assert!(c.said(NodeId(0), |e| matches!(
         e,
-        Event::CheckpointComplete { cut: EVERY }
+        Event::Coordinator(CoordinatorEvent::CheckpointComplete { cut: EVERY })
     )));
     let recorded = c.recorded();
     assert_eq!((recorded.taken, recorded.complete), (2 * EVERY, EVERY));
@@ -427,7 +445,10 @@ fn workers_go_on_once_every_server_took_its_copy_and_the_cut_is_complete_once_wr
         assert!(c.nodes[&s].is_idle(), "{s} wrote everything it took");
         let now = c.now;
         assert!(matches!(
-            c.driver(s).checkpoint_written(now, 2 * EVERY),
+            c.driver(s)
+                .server()
+                .unwrap()
+                .checkpoint_written(now, 2 * EVERY),
             Err(node::CheckpointError::NotDue { cut: 4 })
         ));
     }
@@ -501,7 +522,7 @@ fn a_cut_whose_ring_changed_before_it_was_written_is_never_complete() {
     assert!(
         !c.said(coordinator, |e| matches!(
             e,
-            Event::CheckpointComplete { cut: EVERY }
+            Event::Coordinator(CoordinatorEvent::CheckpointComplete { cut: EVERY })
         )),
         "the first cut was never complete"
     );
@@ -527,7 +548,10 @@ fn a_job_restarted_whole_resumes_from_the_newest_cut_every_server_holds() {
     let mut c = Cluster::start(job(), disks, &offered);
     c.ready();
     for s in &servers {
-        assert!(c.said(*s, |e| matches!(e, Event::Restore { cut: 2 })));
+        assert!(c.said(*s, |e| matches!(
+            e,
+            Event::Server(ServerEvent::Restore { cut: 2 })
+        )));
     }
     for w in c.workers() {
         assert_eq!(c.iteration(w), 2, "{w} starts in the cut's iteration");
@@ -567,7 +591,7 @@ fn a_checkpoint_written_under_another_ring_is_refused() {
     other.ring.seed = 6;
     let server = done.servers()[0];
     let mut driver = other.driver::<i64>(server, 1).unwrap();
-    driver.offer_checkpoints(vec![2]).unwrap();
+    driver.server().unwrap().offer_checkpoints(vec![2]).unwrap();
     // The configuration of a job resuming from cut 2, on a ring of another seed.
     let servers: Vec<NodeId> = other.layout().servers().collect();
     let workers: Vec<NodeId> = other.layout().workers().collect();
@@ -576,11 +600,11 @@ fn a_checkpoint_written_under_another_ring_is_refused() {
     let mut config = coordinator.config().unwrap().clone();
     config.checkpoints.complete = 2;
     driver.start_configured(0, config);
-    let restore =
-        std::iter::from_fn(|| driver.poll_event()).any(|e| e == Event::Restore { cut: 2 });
+    let restore = std::iter::from_fn(|| driver.poll_event())
+        .any(|e| e == Event::Server(ServerEvent::Restore { cut: 2 }));
     assert!(restore);
     let shards = done.disks[&server][&2].clone();
-    let refused = driver.restore(0, 2, shards);
+    let refused = driver.server().unwrap().restore(0, 2, shards);
     assert!(
         matches!(
             refused,
@@ -600,7 +624,7 @@ fn a_configuration_that_comes_while_the_shards_are_read_is_adopted_after_them() 
     let server = done.servers()[0];
     let coordinator_id = job.layout().coordinator();
     let mut driver = job.driver::<i64>(server, 1).unwrap();
-    driver.offer_checkpoints(vec![2]).unwrap();
+    driver.server().unwrap().offer_checkpoints(vec![2]).unwrap();
     let servers: Vec<NodeId> = job.layout().servers().collect();
     let workers: Vec<NodeId> = job.layout().workers().collect();
     let coordinator =
@@ -608,8 +632,8 @@ fn a_configuration_that_comes_while_the_shards_are_read_is_adopted_after_them() 
     let mut config = coordinator.config().unwrap().clone();
     config.checkpoints.complete = 2;
     driver.start_configured(0, config.clone());
-    let restore =
-        std::iter::from_fn(|| driver.poll_event()).any(|e| e == Event::Restore { cut: 2 });
+    let restore = std::iter::from_fn(|| driver.poll_event())
+        .any(|e| e == Event::Server(ServerEvent::Restore { cut: 2 }));
     assert!(restore);
     let mut next = config;
     next.epoch += 1;
@@ -627,7 +651,11 @@ fn a_configuration_that_comes_while_the_shards_are_read_is_adopted_after_them() 
         "adopted before the shards were loaded"
     );
     let shards = done.disks[&server][&2].clone();
-    driver.restore(0, 2, shards.clone()).unwrap();
+    driver
+        .server()
+        .unwrap()
+        .restore(0, 2, shards.clone())
+        .unwrap();
     assert_eq!(driver.node().epoch(), 2, "not adopted once they were");
     let held = driver.node().as_server().unwrap();
     let mut rows = 0;

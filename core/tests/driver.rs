@@ -1,5 +1,7 @@
 //! The driver: frames, timers and refusals, and requests cut to fit the wire.
 
+use pserver_core::driver::Transmit;
+use pserver_core::events::{Refusal, WorkerEvent};
 use pserver_core::node::DEFAULT_MAX_SLICE_BYTES;
 use pserver_core::node::*;
 use pserver_core::ring::*;
@@ -75,7 +77,7 @@ fn a_push_far_larger_than_a_frame_is_cut_into_slices_that_fit_and_applied_once()
     let keys: Vec<Key> = (0..20_000).map(|k| k * 3).collect();
     let values: Vec<i64> = (0..20_000).map(|k| k % 7 + 1).collect();
     let kvs = KvPairs::new(keys.clone(), values.clone(), 1).unwrap();
-    let id = w.push(0, kvs).unwrap();
+    let id = w.worker().unwrap().push(0, kvs).unwrap();
     let mut done = 0;
     let mut frames = 0;
     for _ in 0..10_000 {
@@ -94,7 +96,7 @@ fn a_push_far_larger_than_a_frame_is_cut_into_slices_that_fit_and_applied_once()
         }
         done += drain_events(&mut w)
             .iter()
-            .filter(|e| **e == Event::PushDone(id))
+            .filter(|e| **e == Event::Worker(WorkerEvent::PushDone(id)))
             .count();
         if !moved {
             break;
@@ -117,7 +119,9 @@ fn a_slice_size_larger_than_the_frame_is_cut_to_fit_it() {
     let cfg = config(&[W1], Consistency::Eventual);
     let mut w = worker(W1, &cfg, codec, 64 << 10, 4);
     let keys: Vec<Key> = (0..5_000).collect();
-    w.push(0, KvPairs::new(keys, vec![1; 5_000], 1).unwrap())
+    w.worker()
+        .unwrap()
+        .push(0, KvPairs::new(keys, vec![1; 5_000], 1).unwrap())
         .unwrap();
     let mut frames = 0;
     while let Some(t) = w.poll_transmit() {
@@ -140,7 +144,9 @@ fn a_frame_the_codec_refuses_is_visible_not_silent() {
     let cfg = config(&[W1], Consistency::Eventual);
     let mut w = worker(W1, &cfg, codec, 64 << 10, 4);
     let keys: Vec<Key> = (0..50).collect();
-    w.push(0, KvPairs::new(keys, vec![1; 50], 1).unwrap())
+    w.worker()
+        .unwrap()
+        .push(0, KvPairs::new(keys, vec![1; 50], 1).unwrap())
         .unwrap();
     while w.poll_transmit().is_some() {}
     assert!(w.refusals().unencodable > 0);
@@ -181,24 +187,28 @@ fn pushes_never_wait_behind_pulls_that_the_consistency_model_holds() {
         }
     };
     // Iteration 0: push and advance; W1 may enter iteration 1 once its push is acknowledged.
-    w.push(0, KvPairs::new(vec![5], vec![1], 1).unwrap())
+    w.worker()
+        .unwrap()
+        .push(0, KvPairs::new(vec![5], vec![1], 1).unwrap())
         .unwrap();
-    w.advance(0).unwrap();
+    w.worker().unwrap().advance(0).unwrap();
     exchange(&mut w, &mut s);
-    assert!(drain_events(&mut w).contains(&Event::Advanced(1)));
+    assert!(drain_events(&mut w).contains(&Event::Worker(WorkerEvent::Advanced(1))));
     // Pulls in iteration 1 wait for W2, which never finishes iteration 0: the window fills.
     let keys = || KeySelection::Keys(KeyList::new(vec![5]).unwrap());
     for _ in 0..3 {
-        w.pull(0, keys()).unwrap();
+        w.worker().unwrap().pull(0, keys()).unwrap();
     }
     exchange(&mut w, &mut s);
     assert_eq!(w.node().as_worker().unwrap().slices_in_flight(), 2);
     assert_eq!(s.node().as_server().unwrap().held_pulls(), 2);
     let push = w
+        .worker()
+        .unwrap()
         .push(0, KvPairs::new(vec![5], vec![1], 1).unwrap())
         .unwrap();
     exchange(&mut w, &mut s);
-    assert!(drain_events(&mut w).contains(&Event::PushDone(push)));
+    assert!(drain_events(&mut w).contains(&Event::Worker(WorkerEvent::PushDone(push))));
 }
 
 #[test]
@@ -258,7 +268,9 @@ fn timers_fire_only_when_due_and_each_once_per_call() {
     let cfg = config(&[W1], Consistency::Eventual);
     let mut w = worker(W1, &cfg, Codec::default(), DEFAULT_MAX_SLICE_BYTES, 4);
     while w.poll_transmit().is_some() {}
-    w.push(0, KvPairs::new(vec![1], vec![1], 1).unwrap())
+    w.worker()
+        .unwrap()
+        .push(0, KvPairs::new(vec![1], vec![1], 1).unwrap())
         .unwrap();
     assert_eq!(w.poll_transmit().map(|t| t.to), Some(S1));
     let first = w
@@ -282,10 +294,14 @@ fn a_range_pull_whose_answer_exceeds_a_frame_is_answered_in_parts() {
     let mut w = worker(W1, &cfg, codec, 2 << 10, 4);
     let keys: Vec<Key> = (0..5_000).map(|k| k * 7).collect();
     let values: Vec<i64> = (0..5_000).map(|k| k % 5 + 1).collect();
-    w.push(0, KvPairs::new(keys.clone(), values.clone(), 1).unwrap())
+    w.worker()
+        .unwrap()
+        .push(0, KvPairs::new(keys.clone(), values.clone(), 1).unwrap())
         .unwrap();
     let all = KeyRange::new(0, 7 * 5_000).unwrap();
     let pull = w
+        .worker()
+        .unwrap()
         .pull(0, KeySelection::Ranges(RangeList::new(vec![all]).unwrap()))
         .unwrap();
     let mut pulled = None;
@@ -303,7 +319,7 @@ fn a_range_pull_whose_answer_exceeds_a_frame_is_answered_in_parts() {
             moved = true;
         }
         for e in drain_events(&mut w) {
-            if let Event::PullDone(id, kvs) = e {
+            if let Event::Worker(WorkerEvent::PullDone(id, kvs)) = e {
                 assert_eq!(id, pull);
                 assert!(pulled.replace(kvs).is_none(), "answered twice");
             }
@@ -327,6 +343,8 @@ fn a_stale_part_of_a_range_answer_is_refused_not_counted_twice() {
     while w.poll_transmit().is_some() {}
     let all = KeyRange::new(0, 100).unwrap();
     let pull = w
+        .worker()
+        .unwrap()
         .pull(0, KeySelection::Ranges(RangeList::new(vec![all]).unwrap()))
         .unwrap();
     let slice = SliceRef {
@@ -353,7 +371,7 @@ fn a_stale_part_of_a_range_answer_is_refused_not_counted_twice() {
     let done: Vec<&KvPairs<i64>> = events
         .iter()
         .filter_map(|e| match e {
-            Event::PullDone(_, kvs) => Some(kvs),
+            Event::Worker(WorkerEvent::PullDone(_, kvs)) => Some(kvs),
             _ => None,
         })
         .collect();
@@ -367,7 +385,9 @@ fn the_driver_counts_what_a_worker_sends_again_and_nothing_else() {
     let cfg = config(&[W1], Consistency::Eventual);
     let mut w = worker(W1, &cfg, Codec::default(), DEFAULT_MAX_SLICE_BYTES, 4);
     while w.poll_transmit().is_some() {}
-    w.push(0, KvPairs::new(vec![1], vec![1], 1).unwrap())
+    w.worker()
+        .unwrap()
+        .push(0, KvPairs::new(vec![1], vec![1], 1).unwrap())
         .unwrap();
     let (mut pushes, mut heartbeats) = (0, 0);
     // Nobody answers: the push goes out again and again, between heartbeats.
@@ -386,4 +406,149 @@ fn the_driver_counts_what_a_worker_sends_again_and_nothing_else() {
     }
     assert!(pushes > 2 && heartbeats > 0, "{pushes} {heartbeats}");
     assert_eq!(w.retransmissions(), pushes - 1);
+}
+
+/// Everything a driver has, through the one stream: frames first, then events, ended by the
+/// deadline to come back at.
+fn output(d: &mut Driver<i64>) -> (Vec<Transmit>, Vec<Event<i64>>, Option<Time>) {
+    let (mut frames, mut events) = (Vec::new(), Vec::new());
+    loop {
+        match d.poll_output() {
+            Output::Transmit(t) => frames.push(t),
+            Output::Event(e) => events.push(e),
+            Output::Wait { until } => return (frames, events, until),
+        }
+    }
+}
+
+#[test]
+fn one_output_stream_gives_every_frame_and_event_then_the_deadline() {
+    let codec = Codec::default();
+    let cfg = config(&[W1], Consistency::Eventual);
+    let mut s = server(&cfg, codec);
+    let mut w = worker(W1, &cfg, codec, DEFAULT_MAX_SLICE_BYTES, 4);
+    let (_, events, until) = output(&mut w);
+    assert_eq!(events, vec![Event::Ready { epoch: 1 }]);
+    assert_eq!(until, w.poll_timeout());
+    assert!(until.is_some(), "a configured worker beats");
+    output(&mut s);
+    let push = w
+        .worker()
+        .unwrap()
+        .push(0, KvPairs::new(vec![5, 9], vec![2, 3], 1).unwrap())
+        .unwrap();
+    let (frames, events, _) = output(&mut w);
+    assert_eq!(frames.len(), 1);
+    assert!(events.is_empty(), "{events:?}");
+    // The stream ends with Wait, and stays ended until something new happens.
+    assert!(matches!(w.poll_output(), Output::Wait { .. }));
+    for t in &frames {
+        assert_eq!(t.to, S1);
+        s.handle_frame(0, W1, &t.frame);
+    }
+    let (answers, _, _) = output(&mut s);
+    for t in &answers {
+        w.handle_frame_bytes(0, S1, &t.frame);
+    }
+    let (_, events, _) = output(&mut w);
+    assert_eq!(
+        events,
+        vec![
+            Event::Worker(WorkerEvent::PushDone(push)),
+            Event::Worker(WorkerEvent::PushDurable(push))
+        ]
+    );
+    let server = s.server().unwrap();
+    let read = server.read(KeyRange::FULL);
+    assert_eq!(read.rows.keys(), &[5, 9]);
+    assert_eq!(read.rows.values(), &[2, 3]);
+}
+
+#[test]
+fn a_frame_written_into_the_callers_buffer_is_the_frame_polled_as_bytes() {
+    let codec = Codec::default();
+    let cfg = config(&[W1], Consistency::Eventual);
+    let kvs = || KvPairs::new((0..300).collect(), vec![7; 300], 1).unwrap();
+    let (mut a, mut b) = (
+        worker(W1, &cfg, codec, DEFAULT_MAX_SLICE_BYTES, 4),
+        worker(W1, &cfg, codec, DEFAULT_MAX_SLICE_BYTES, 4),
+    );
+    for d in [&mut a, &mut b] {
+        output(d);
+        d.worker().unwrap().push(0, kvs()).unwrap();
+    }
+    let (frames, _, _) = output(&mut a);
+    let mut buf = Vec::with_capacity(1);
+    let mut written = Vec::new();
+    loop {
+        match b.poll_output_into(&mut buf) {
+            Output::Transmit(t) => {
+                assert_eq!(t.frame, buf.len());
+                written.push((t.to, buf.clone()));
+            }
+            Output::Event(_) => {}
+            Output::Wait { .. } => break,
+        }
+    }
+    let polled: Vec<(NodeId, Vec<u8>)> = frames
+        .into_iter()
+        .map(|t| (t.to, t.frame.to_vec()))
+        .collect();
+    assert_eq!(written, polled);
+    assert!(!written.is_empty());
+}
+
+#[test]
+fn a_role_lends_only_its_own_calls_and_a_worker_takes_none_before_it_is_ready() {
+    let codec = Codec::default();
+    let cfg = config(&[W1], Consistency::Eventual);
+    let mut s = server(&cfg, codec);
+    assert_eq!(s.worker().unwrap_err(), DriverError::NotAWorker(S1));
+    let mut w = Driver::<i64>::with_codec(Worker::new(WorkerConfig::new(W1, COORD)), codec);
+    assert_eq!(w.server().unwrap_err(), DriverError::NotAServer(W1));
+    // Started but not configured: registering, not ready.
+    w.start(0);
+    let kvs = KvPairs::new(vec![1], vec![1], 1).unwrap();
+    let mut calls = w.worker().unwrap();
+    assert!(!calls.is_ready());
+    assert_eq!(
+        calls.push(0, kvs),
+        Err(DriverError::Worker(WorkerError::NotReady))
+    );
+    assert_eq!(
+        calls.advance(0),
+        Err(DriverError::Worker(WorkerError::NotReady))
+    );
+    let (frames, events, _) = output(&mut w);
+    assert!(
+        frames.iter().all(|t| t.to == COORD),
+        "only registration goes out"
+    );
+    assert!(events.is_empty(), "{events:?}");
+}
+
+/// A frame read from a buffer the embedder reuses decodes as the same frame read in place.
+#[test]
+fn a_frame_from_a_reused_buffer_is_taken_as_from_its_own() {
+    let codec = Codec::default();
+    let cfg = config(&[W1], Consistency::Eventual);
+    let (mut a, mut b) = (server(&cfg, codec), server(&cfg, codec));
+    let mut w = worker(W1, &cfg, codec, DEFAULT_MAX_SLICE_BYTES, 4);
+    output(&mut w);
+    w.worker()
+        .unwrap()
+        .push(0, KvPairs::new(vec![3, 4], vec![5, 6], 1).unwrap())
+        .unwrap();
+    let (frames, _, _) = output(&mut w);
+    let mut reused = vec![0u8; 1 << 16];
+    for t in &frames {
+        a.handle_frame_bytes(0, W1, &t.frame);
+        reused[..t.frame.len()].copy_from_slice(&t.frame);
+        b.handle_frame(0, W1, &reused[..t.frame.len()]);
+        reused.fill(0xff);
+    }
+    let read = |d: &mut Driver<i64>| d.server().unwrap().read(KeyRange::FULL).rows;
+    assert_eq!(read(&mut a), read(&mut b));
+    assert_eq!(read(&mut b).values(), &[5, 6]);
+    assert_eq!(output(&mut a).0, output(&mut b).0);
 }

@@ -2,6 +2,7 @@
 //! hold back reaches the servers later, and nothing is lost once the worker flushes.
 
 use crate::common;
+use pserver_core::events::{Refusal, WorkerEvent};
 
 use common::config;
 use pserver_core::filter::{Filters, KeyCaching, KeysDigest, Kkt, Threshold};
@@ -69,7 +70,7 @@ impl Pair {
     fn settle(&mut self, mut out: Effects<i64>) {
         for _ in 0..1000 {
             for event in out.events.drain(..) {
-                if let Event::PullDone(_, kvs) = event {
+                if let Event::Worker(WorkerEvent::PullDone(_, kvs)) = event {
                     self.pulled.push(kvs);
                 }
             }

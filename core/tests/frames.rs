@@ -2,6 +2,7 @@
 //! frames: every message fits, replication batches and copies included, and every push is
 //! applied exactly once.
 
+use pserver_core::events::WorkerEvent;
 use std::collections::{BTreeMap, VecDeque};
 
 use pserver_core::ring::RingConfig;
@@ -70,7 +71,10 @@ fn a_job_at_its_smallest_frame_carries_every_push_exactly_once_over_a_lossy_netw
         let job = job(consistency, None);
         let mut c = Net::start(&job);
         let keys = keys();
-        c.run(|c| c.ready.len() == 2, consistency);
+        c.run(
+            |c| c.workers.iter().all(|w| c.ready.contains(w)),
+            consistency,
+        );
         c.push_all(&keys, 3);
         c.run(|c| c.durable_each(3), consistency);
         // Each push once: 3 x 1 from one worker, 3 x 2 from the other.
@@ -88,7 +92,10 @@ fn datagram_frames_carry_the_copies_of_a_fail_over() {
         let job = job(consistency, Some(DATAGRAM));
         let mut c = Net::start(&job);
         let keys = keys();
-        c.run(|c| c.ready.len() == 2, consistency);
+        c.run(
+            |c| c.workers.iter().all(|w| c.ready.contains(w)),
+            consistency,
+        );
         c.push_all(&keys, 3);
         c.run(|c| c.durable_each(3), consistency);
         c.down = Some(NodeId(1));
@@ -147,7 +154,13 @@ impl Net {
         for (i, &w) in self.workers.iter().enumerate() {
             for _ in 0..times {
                 let kvs = KvPairs::new(keys.to_vec(), vec![1 + i as i64; keys.len()], 1).unwrap();
-                self.nodes.get_mut(&w).unwrap().push(self.now, kvs).unwrap();
+                self.nodes
+                    .get_mut(&w)
+                    .unwrap()
+                    .worker()
+                    .unwrap()
+                    .push(self.now, kvs)
+                    .unwrap();
             }
         }
     }
@@ -170,7 +183,9 @@ impl Net {
             }
             while let Some(e) = d.poll_event() {
                 match e {
-                    Event::PushDurable(_) => *self.durable.entry(id).or_default() += 1,
+                    Event::Worker(WorkerEvent::PushDurable(_)) => {
+                        *self.durable.entry(id).or_default() += 1
+                    }
                     Event::Ready { .. } => {
                         self.ready.insert(id);
                     }

@@ -1,6 +1,7 @@
 //! The node state machines driven by hand, message by message (ARCHITECTURE.md §2-4).
 
 use crate::common;
+use pserver_core::events::{Refusal, WorkerEvent};
 
 use common::{COORD, config, deliver_config, ring};
 use pserver_core::node::CoordinatorError;
@@ -63,12 +64,17 @@ fn a_push_is_sliced_by_primary_and_completes_when_every_slice_is_acked() {
         };
         let ack = Envelope::new(env.to, W1, 1, Message::PushAck(p.slice));
         w.on_message(2, ack.clone(), &mut out);
-        let done = out.events.contains(&Event::PushDone(id));
+        let done = out
+            .events
+            .contains(&Event::Worker(WorkerEvent::PushDone(id)));
         assert_eq!(done, i == 2, "done only after the last ack");
         // A duplicated ack changes nothing.
         out.events.clear();
         w.on_message(2, ack, &mut out);
-        assert!(!out.events.contains(&Event::PushDone(id)));
+        assert!(
+            !out.events
+                .contains(&Event::Worker(WorkerEvent::PushDone(id)))
+        );
     }
 }
 
@@ -104,7 +110,7 @@ fn pull_answers_are_assembled_in_key_order() {
         .events
         .iter()
         .find_map(|e| match e {
-            Event::PullDone(id, kvs) if *id == pull => Some(kvs.clone()),
+            Event::Worker(WorkerEvent::PullDone(id, kvs)) if *id == pull => Some(kvs.clone()),
             _ => None,
         })
         .expect("the pull completes");
@@ -155,7 +161,7 @@ fn a_pull_of_many_keys_is_cut_into_slices_of_at_most_max_keys() {
         .events
         .iter()
         .find_map(|e| match e {
-            Event::PullDone(id, kvs) if *id == pull => Some(kvs.clone()),
+            Event::Worker(WorkerEvent::PullDone(id, kvs)) if *id == pull => Some(kvs.clone()),
             _ => None,
         })
         .expect("the pull completes");
@@ -210,7 +216,7 @@ fn a_pull_answer_with_other_keys_than_asked_for_is_not_taken() {
     let done = |out: &Effects<i64>| {
         out.events
             .iter()
-            .any(|e| matches!(e, Event::PullDone(id, _) if *id == pull))
+            .any(|e| matches!(e, Event::Worker(WorkerEvent::PullDone(id, _)) if *id == pull))
     };
     // The right width but a key missing, then a key too many: neither answers the slice.
     w.on_message(2, reply(vec![5]), &mut out);
@@ -323,7 +329,10 @@ fn a_slice_reaching_a_non_owner_is_redirected_and_resent_under_the_new_ring() {
         redirected,
         "some slice reached a server that no longer owns it"
     );
-    assert!(out.events.contains(&Event::PushDone(id)));
+    assert!(
+        out.events
+            .contains(&Event::Worker(WorkerEvent::PushDone(id)))
+    );
     for s in &servers {
         // Each key is held once, by its new primary.
         for &k in &spread(30) {
@@ -505,14 +514,16 @@ fn a_worker_never_has_more_than_tau_plus_one_iterations_in_flight() {
     w.push(1, kv(), &mut out).unwrap();
     w.advance(1, &mut out).unwrap();
     assert!(
-        out.events.contains(&Event::Advanced(1)),
+        out.events
+            .contains(&Event::Worker(WorkerEvent::Advanced(1))),
         "two in flight is allowed"
     );
     w.push(1, kv(), &mut out).unwrap();
     out.clear();
     w.advance(1, &mut out).unwrap();
     assert!(
-        !out.events.contains(&Event::Advanced(2)),
+        !out.events
+            .contains(&Event::Worker(WorkerEvent::Advanced(2))),
         "a third would exceed tau + 1"
     );
     assert_eq!(w.in_flight(), 2);
@@ -530,7 +541,10 @@ fn a_worker_never_has_more_than_tau_plus_one_iterations_in_flight() {
         ),
         &mut out,
     );
-    assert!(out.events.contains(&Event::Advanced(2)));
+    assert!(
+        out.events
+            .contains(&Event::Worker(WorkerEvent::Advanced(2)))
+    );
     assert_eq!(w.iteration(), 2);
 }
 

@@ -2,6 +2,7 @@
 //! on a queue with virtual time: durability, exactly-once across fail-over, replica
 //! convergence and single ownership.
 
+use pserver_core::events::{CoordinatorEvent, Refusal, WorkerEvent};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use pserver_core::node::*;
@@ -267,7 +268,12 @@ impl Cluster {
     fn push(&mut self, worker: NodeId, keys: &[Key], value: i64) -> RequestId {
         let kvs = KvPairs::new(keys.to_vec(), vec![value; keys.len()], 1).unwrap();
         let now = self.now;
-        let id = self.driver(worker).push(now, kvs).unwrap();
+        let id = self
+            .driver(worker)
+            .worker()
+            .unwrap()
+            .push(now, kvs)
+            .unwrap();
         self.collect();
         id
     }
@@ -276,7 +282,7 @@ impl Cluster {
     fn pushes_done(&self, worker: NodeId) -> usize {
         self.events.get(&worker).map_or(0, |e| {
             e.iter()
-                .filter(|e| matches!(e, Event::PushDurable(_)))
+                .filter(|e| matches!(e, Event::Worker(WorkerEvent::PushDurable(_))))
                 .count()
         })
     }
@@ -450,7 +456,7 @@ fn durability_an_acknowledged_push_survives_the_crash_of_its_primary() {
         assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 2));
         if consistency == Consistency::Sequential {
             let now = c.now;
-            c.driver(w).advance(now).unwrap();
+            c.driver(w).worker().unwrap().advance(now).unwrap();
             c.collect();
             assert!(c.run_until(10_000 * MS, |c| {
                 keys.iter()
@@ -579,12 +585,14 @@ fn one_of_two_servers_restarted_before_it_is_missed_rejoins_with_every_range() {
     c.assert_single_owner(&keys);
 }
 
-/// Every `(held, asked)` the coordinator said with `Event::ReplicasChanged`, in order.
+/// Every `(held, asked)` the coordinator said with `CoordinatorEvent::ReplicasChanged`, in order.
 fn replicas_changes(c: &Cluster) -> Vec<(u32, u32)> {
     c.events[&COORD]
         .iter()
         .filter_map(|e| match e {
-            Event::ReplicasChanged { held, asked } => Some((*held, *asked)),
+            Event::Coordinator(CoordinatorEvent::ReplicasChanged { held, asked }) => {
+                Some((*held, *asked))
+            }
             _ => None,
         })
         .collect()
@@ -700,7 +708,7 @@ fn a_joining_server_takes_its_ranges_with_their_data_and_exactly_once_holds() {
         assert!(c.run_until(60_000 * MS, |c| c.pushes_done(w) == 3));
         if consistency == Consistency::Sequential {
             let now = c.now;
-            c.driver(w).advance(now).unwrap();
+            c.driver(w).worker().unwrap().advance(now).unwrap();
             c.collect();
         }
         assert!(
@@ -1052,7 +1060,10 @@ fn reading_every_server_gives_each_key_once_from_its_primary() {
     assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w1) == 1
         && c.pushes_done(w2) == 1));
     let reads: Vec<(NodeId, RangeRead<i64>)> = (1..=3)
-        .map(|s| (NodeId(s), c.nodes[&NodeId(s)].read(KeyRange::FULL).unwrap()))
+        .map(|s| {
+            let server = c.nodes.get_mut(&NodeId(s)).unwrap().server().unwrap();
+            (NodeId(s), server.read(KeyRange::FULL))
+        })
         .collect();
     let mut led: Vec<KeyRange> = reads.iter().flat_map(|(_, r)| r.led.clone()).collect();
     led.sort_by_key(|r| r.start());
@@ -1072,7 +1083,7 @@ fn reading_every_server_gives_each_key_once_from_its_primary() {
         }
     }
     assert_eq!(
-        c.nodes[&w1].read(KeyRange::FULL).unwrap_err(),
+        c.nodes.get_mut(&w1).unwrap().server().unwrap_err(),
         DriverError::NotAServer(w1)
     );
 }
@@ -1170,7 +1181,7 @@ impl Cluster {
     fn iterate(&mut self, worker: NodeId, keys: &[Key]) {
         self.push(worker, keys, 1);
         let now = self.now;
-        self.driver(worker).advance(now).unwrap();
+        self.driver(worker).worker().unwrap().advance(now).unwrap();
         self.collect();
     }
 
@@ -1211,7 +1222,14 @@ fn replica_convergence_an_iterations_pushes_are_replicated_as_their_sum() {
     for &k in &keys {
         assert_eq!(c.primary_value(k), 12, "key {k}");
         // Read from outside, the primary's rows are the job's values below iteration 3.
-        let read = c.nodes[&c.ring().primary(k)].read(KeyRange::FULL).unwrap();
+        let primary = c.ring().primary(k);
+        let read = c
+            .nodes
+            .get_mut(&primary)
+            .unwrap()
+            .server()
+            .unwrap()
+            .read(KeyRange::FULL);
         assert!(read.applied_below >= 3, "{}", read.applied_below);
         assert_eq!(read.rows.get(k), Some(&[12][..]), "key {k}");
     }
@@ -1350,7 +1368,10 @@ fn a_worker_that_finishes_is_never_declared_dead() {
     }
     assert!(c.iteration(w1) >= 21, "the other worker went on");
     let said = &c.events[&COORD];
-    assert!(said.contains(&Event::WorkerLeft(w2)), "{said:?}");
+    assert!(
+        said.contains(&Event::Coordinator(CoordinatorEvent::WorkerLeft(w2))),
+        "{said:?}"
+    );
     assert!(!said.contains(&Event::NodeDead(w2)), "{said:?}");
     assert!(!c.coordinator().dead().contains(&w2));
     // Its share stays done: the worker still training is not given it.

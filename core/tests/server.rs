@@ -2,6 +2,7 @@
 //! which messages it takes, keeps or refuses, and the exact shape of what it answers.
 
 use crate::common;
+use pserver_core::events::Refusal;
 
 use common::{COORD, config, deliver_config};
 use pserver_core::node::*;

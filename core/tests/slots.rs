@@ -3,6 +3,7 @@
 //! the workers in turn, and takes a slot back when its slice arrives or its lease runs out.
 
 use crate::common;
+use pserver_core::events::{Refusal, WorkerEvent};
 
 use common::config;
 use pserver_core::node::*;
@@ -145,7 +146,10 @@ fn a_large_push_waits_for_its_grant_and_a_small_one_goes_at_once() {
     let mut done = Effects::new();
     let ack = Envelope::new(S1, W[0], 1, Message::PushAck(sref(large, 0)));
     w.on_message(due + 2, ack, &mut done);
-    assert!(done.events.contains(&Event::PushDone(large)));
+    assert!(
+        done.events
+            .contains(&Event::Worker(WorkerEvent::PushDone(large)))
+    );
 }
 
 #[test]
@@ -348,7 +352,13 @@ fn workers_pushing_together_all_complete_one_slot_at_a_time() {
     }
     let ids: Vec<RequestId> = W
         .iter()
-        .map(|w| nodes[w.0 as usize].push(0, rows(0, 10)).unwrap())
+        .map(|w| {
+            nodes[w.0 as usize]
+                .worker()
+                .unwrap()
+                .push(0, rows(0, 10))
+                .unwrap()
+        })
         .collect();
     let mut done = Vec::new();
     let mut most_waiting = 0;
@@ -371,7 +381,7 @@ fn workers_pushing_together_all_complete_one_slot_at_a_time() {
         for w in W {
             done.extend(
                 std::iter::from_fn(|| nodes[w.0 as usize].poll_event())
-                    .filter(|e| matches!(e, Event::PushDone(_))),
+                    .filter(|e| matches!(e, Event::Worker(WorkerEvent::PushDone(_)))),
             );
         }
         if !moved {
@@ -379,7 +389,10 @@ fn workers_pushing_together_all_complete_one_slot_at_a_time() {
         }
     }
     assert_eq!(most_waiting, 2, "the later workers waited their turn");
-    let mut expected: Vec<Event<i64>> = ids.iter().map(|&id| Event::PushDone(id)).collect();
+    let mut expected: Vec<Event<i64>> = ids
+        .iter()
+        .map(|&id| Event::Worker(WorkerEvent::PushDone(id)))
+        .collect();
     expected.dedup();
     assert_eq!(done.len(), 3);
     assert!(expected.iter().all(|e| done.contains(e)));

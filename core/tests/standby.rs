@@ -5,6 +5,7 @@
 //! from the members declares none dead for the silence that was its own; a configuration of an
 //! older term is refused by servers, workers and coordinators alike.
 
+use pserver_core::events::{CoordinatorEvent, WorkerEvent};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use pserver_core::node::*;
@@ -177,11 +178,19 @@ impl Cluster {
     fn push(&mut self, keys: &[Key], value: i64) {
         let kvs = KvPairs::new(keys.to_vec(), vec![value; keys.len()], 1).unwrap();
         let now = self.now;
-        let id = self.driver(WORKERS[0]).push(now, kvs).unwrap();
+        let id = self
+            .driver(WORKERS[0])
+            .worker()
+            .unwrap()
+            .push(now, kvs)
+            .unwrap();
         self.collect();
         let worker = WORKERS[0];
         let done = self.run_until(30 * SECOND, |c| {
-            c.said(worker, |e| matches!(e, Event::PushDurable(r) if *r == id))
+            c.said(
+                worker,
+                |e| matches!(e, Event::Worker(WorkerEvent::PushDurable(r)) if *r == id),
+            )
         });
         assert!(done, "push {id} completes");
     }
@@ -193,6 +202,8 @@ impl Cluster {
         let list = KeyList::new(keys.to_vec()).unwrap();
         let id = self
             .driver(worker)
+            .worker()
+            .unwrap()
             .pull(now, KeySelection::Keys(list))
             .unwrap();
         self.collect();
@@ -200,7 +211,9 @@ impl Cluster {
         let done = self.run_until(30 * SECOND, |c| {
             got = c.events.get(&worker).and_then(|events| {
                 events.iter().find_map(|e| match e {
-                    Event::PullDone(r, kvs) if *r == id => Some(kvs.values().to_vec()),
+                    Event::Worker(WorkerEvent::PullDone(r, kvs)) if *r == id => {
+                        Some(kvs.values().to_vec())
+                    }
                     _ => None,
                 })
             });
@@ -228,7 +241,7 @@ fn a_standby_takes_over_from_a_crashed_coordinator_and_handles_a_server_crash_af
     let first = first_epoch_of_term(1);
     assert!(c.said(STANDBY, |e| matches!(
         e,
-        Event::TookOver { from: ACTIVE, term: 1, epoch } if *epoch == first
+        Event::Coordinator(CoordinatorEvent::TookOver { from: ACTIVE, term: 1, epoch }) if *epoch == first
     )));
     let timeout = Timing::default().heartbeat_timeout;
     assert!(
@@ -261,7 +274,10 @@ fn a_standby_that_lost_contact_with_the_active_one_but_not_with_the_nodes_cannot
     c.cut_both_ways(ACTIVE, STANDBY);
     c.run_for(20 * SECOND);
     assert!(
-        !c.said(STANDBY, |e| matches!(e, Event::TookOver { .. })),
+        !c.said(STANDBY, |e| matches!(
+            e,
+            Event::Coordinator(CoordinatorEvent::TookOver { .. })
+        )),
         "no takeover while the members hear the active coordinator"
     );
     assert!(c.all_hold(|config| config.coordinator == ACTIVE && config.term == 0));
@@ -269,7 +285,8 @@ fn a_standby_that_lost_contact_with_the_active_one_but_not_with_the_nodes_cannot
         .map(|m| c.nodes[&m].refusals().term_not_granted)
         .sum();
     assert!(refused > 0, "the standby asked the members, who refused");
-    assert!(c.said(ACTIVE, |e| *e == Event::StandbyDropped(STANDBY)));
+    assert!(c.said(ACTIVE, |e| *e
+        == Event::Coordinator(CoordinatorEvent::StandbyDropped(STANDBY))));
     assert!(
         c.all_hold(|config| config.standbys.is_empty()),
         "the active coordinator publishes without the standby"
@@ -307,7 +324,8 @@ fn a_coordinator_taken_over_from_is_refused_by_every_member_and_becomes_the_stan
     // refuse once the links are back.
     c.run_for(10 * SECOND);
     assert!(!c.said(ACTIVE, |e| matches!(e, Event::NodeDead(_))));
-    assert!(c.said(ACTIVE, |e| *e == Event::StandbyDropped(STANDBY)));
+    assert!(c.said(ACTIVE, |e| *e
+        == Event::Coordinator(CoordinatorEvent::StandbyDropped(STANDBY))));
     let old = c.coordinator(ACTIVE).config().unwrap().clone();
     assert_eq!((old.term, old.coordinator), (0, ACTIVE));
     assert!(old.epoch > cut_at && old.standbys.is_empty());
@@ -324,7 +342,8 @@ fn a_coordinator_taken_over_from_is_refused_by_every_member_and_becomes_the_stan
         back,
         "the old coordinator steps down and is taken as the standby"
     );
-    assert!(c.said(ACTIVE, |e| *e == Event::SteppedDown { term: 1 }));
+    assert!(c.said(ACTIVE, |e| *e
+        == Event::Coordinator(CoordinatorEvent::SteppedDown { term: 1 })));
     assert!(!c.coordinator(ACTIVE).is_active());
     for m in Cluster::members() {
         assert!(
@@ -361,7 +380,10 @@ fn a_coordinator_cut_off_from_the_members_gives_each_a_whole_timeout_once_it_hea
         !c.said(ACTIVE, |e| matches!(e, Event::NodeDead(_))),
         "a member silent only while the coordinator was cut off is declared dead"
     );
-    assert!(!c.said(STANDBY, |e| matches!(e, Event::TookOver { .. })));
+    assert!(!c.said(STANDBY, |e| matches!(
+        e,
+        Event::Coordinator(CoordinatorEvent::TookOver { .. })
+    )));
     assert!(c.all_hold(|config| config.workers == WORKERS && config.servers == SERVERS));
 }
 

@@ -3,6 +3,7 @@
 //! and workers hold to.
 
 use crate::common;
+use pserver_core::events::{CoordinatorEvent, Refusal, WorkerEvent};
 
 use common::{COORD, config, deliver_config, ring};
 use pserver_core::node::*;
@@ -67,16 +68,19 @@ fn the_coordinator_flags_a_worker_lagging_the_median_once_and_says_when_it_keeps
     check(&mut c, [5, 5, 3], &mut out);
     assert_eq!(
         out.events,
-        [Event::Straggler {
+        [Event::Coordinator(CoordinatorEvent::Straggler {
             worker: W[2],
             behind: 2
-        }]
+        })]
     );
     out.clear();
     check(&mut c, [6, 6, 4], &mut out);
     assert!(out.events.is_empty(), "said once: {:?}", out.events);
     check(&mut c, [6, 6, 5], &mut out);
-    assert_eq!(out.events, [Event::StragglerCleared(W[2])]);
+    assert_eq!(
+        out.events,
+        [Event::Coordinator(CoordinatorEvent::StragglerCleared(W[2]))]
+    );
     // Detection alone decides nothing: no new configuration.
     assert_eq!(c.epoch(), 1);
 }
@@ -214,11 +218,11 @@ fn a_worker_told_to_skip_enters_the_others_iteration_and_what_it_pushed_still_go
     w.on_message(2, deliver_config(W[2], &skipped), &mut out);
     assert_eq!(
         out.events,
-        [Event::SkippedAhead {
+        [Event::Worker(WorkerEvent::SkippedAhead {
             from: 0,
             to: 4,
             covered: Coverage::parts(1, 2)
-        }]
+        })]
     );
     assert_eq!(w.iteration(), 4);
     // The part pushed is still open, and is not what holds the worker back: it enters
@@ -226,7 +230,7 @@ fn a_worker_told_to_skip_enters_the_others_iteration_and_what_it_pushed_still_go
     assert_eq!(w.open_requests(), 1);
     out.clear();
     w.advance(3, &mut out).unwrap();
-    assert_eq!(out.events, [Event::Advanced(5)]);
+    assert_eq!(out.events, [Event::Worker(WorkerEvent::Advanced(5))]);
     // ...and the part is acknowledged as any push, once.
     let ack = Message::PushAck(SliceRef {
         request: part,
@@ -234,7 +238,10 @@ fn a_worker_told_to_skip_enters_the_others_iteration_and_what_it_pushed_still_go
     });
     out.clear();
     w.on_message(4, Envelope::new(S1, W[2], 2, ack), &mut out);
-    assert!(out.events.contains(&Event::PushDone(part)));
+    assert!(
+        out.events
+            .contains(&Event::Worker(WorkerEvent::PushDone(part)))
+    );
     // A configuration that says nothing new moves nobody back.
     let mut again = skipped.clone();
     again.epoch = 3;
@@ -244,7 +251,7 @@ fn a_worker_told_to_skip_enters_the_others_iteration_and_what_it_pushed_still_go
     assert!(
         !out.events
             .iter()
-            .any(|e| matches!(e, Event::SkippedAhead { .. }))
+            .any(|e| matches!(e, Event::Worker(WorkerEvent::SkippedAhead { .. })))
     );
 }
 
@@ -268,12 +275,12 @@ fn an_advance_waiting_when_the_skip_arrives_is_answered_with_the_iteration_enter
     assert_eq!(
         out.events,
         [
-            Event::SkippedAhead {
+            Event::Worker(WorkerEvent::SkippedAhead {
                 from: 0,
                 to: 3,
                 covered: Coverage::WHOLE
-            },
-            Event::Advanced(3)
+            }),
+            Event::Worker(WorkerEvent::Advanced(3))
         ]
     );
 }
@@ -284,7 +291,13 @@ fn adaptive_tau_rises_with_stragglers_and_is_the_bound_servers_and_workers_hold_
     let mut c = coordinator(job, StragglerPolicy::adaptive(TauRange { min: 1, max: 2 }));
     let mut out = Effects::new();
     check(&mut c, [6, 6, 4], &mut out);
-    assert!(out.events.contains(&Event::TauChanged { from: 1, to: 2 }));
+    assert!(
+        out.events
+            .contains(&Event::Coordinator(CoordinatorEvent::TauChanged {
+                from: 1,
+                to: 2
+            }))
+    );
     let published = c.config().unwrap().clone();
     assert_eq!(published.pace.tau, Some(2));
     // A server on that configuration answers at once a pull of iteration 6 that tau 1 holds
@@ -327,7 +340,13 @@ fn adaptive_tau_rises_with_stragglers_and_is_the_bound_servers_and_workers_hold_
     // Once nobody lags, the bound falls back, one check at a time.
     out.clear();
     check(&mut c, [7, 7, 7], &mut out);
-    assert!(out.events.contains(&Event::TauChanged { from: 2, to: 1 }));
+    assert!(
+        out.events
+            .contains(&Event::Coordinator(CoordinatorEvent::TauChanged {
+                from: 2,
+                to: 1
+            }))
+    );
     check(&mut c, [8, 8, 8], &mut out);
     assert_eq!(c.config().unwrap().pace.tau, Some(1));
 }
@@ -512,7 +531,7 @@ fn shares_move_from_a_slow_worker_to_fast_ones_one_a_check_until_each_holds_its_
         let moved: Vec<_> = out
             .events
             .iter()
-            .filter(|e| matches!(e, Event::ShareMoved { .. }))
+            .filter(|e| matches!(e, Event::Coordinator(CoordinatorEvent::ShareMoved { .. })))
             .cloned()
             .collect();
         assert!(moved.len() <= 1, "one share a check: {moved:?}");
@@ -530,16 +549,16 @@ fn shares_move_from_a_slow_worker_to_fast_ones_one_a_check_until_each_holds_its_
     assert!(
         moves
             .iter()
-            .all(|m| matches!(m, Event::ShareMoved { from, .. } if *from == W[2]))
+            .all(|m| matches!(m, Event::Coordinator(CoordinatorEvent::ShareMoved { from, .. }) if *from == W[2]))
     );
     // The highest share goes first, so that the worker leading the job stays.
     assert_eq!(
         moves[0],
-        Event::ShareMoved {
+        Event::Coordinator(CoordinatorEvent::ShareMoved {
             share: 11,
             from: W[2],
             to: W[0]
-        }
+        })
     );
     // Every share is held by exactly one live worker, and each move says where the worker it
     // came from was, so that it finishes the round it was in.
@@ -587,7 +606,7 @@ fn shares_stay_within_the_bounds_and_do_not_follow_speeds_that_wobble() {
     assert!(
         !out.events
             .iter()
-            .any(|e| matches!(e, Event::ShareMoved { .. })),
+            .any(|e| matches!(e, Event::Coordinator(CoordinatorEvent::ShareMoved { .. }))),
         "{:?}",
         out.events
     );

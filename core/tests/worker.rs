@@ -3,6 +3,7 @@
 //! or refuses, and what it reports about itself.
 
 use crate::common;
+use pserver_core::events::{Refusal, WorkerEvent};
 
 use common::COORD;
 use pserver_core::node::DEFAULT_MAX_SLICE_BYTES;
@@ -140,7 +141,7 @@ fn key_of(c: &ClusterConfig, server: NodeId) -> Key {
 }
 
 #[test]
-fn a_worker_registers_and_beats_keeps_requests_until_configured_and_reports_its_state() {
+fn a_worker_registers_and_beats_refuses_requests_until_configured_and_reports_its_state() {
     let timing = Timing::default();
     let mut w: Worker<i64> = Worker::new(WorkerConfig::new(W1, COORD));
     assert_eq!((w.id(), w.epoch(), w.consistency()), (W1, 0, None));
@@ -205,11 +206,12 @@ fn a_worker_registers_and_beats_keeps_requests_until_configured_and_reports_its_
         }]
     );
     out.clear();
-    // A push before any configuration waits for one.
-    let id = w.push(3 * T, one(5), &mut out).unwrap();
-    assert!(out.sends.is_empty());
-    assert_eq!(w.open_requests(), 1);
-    assert!(!w.is_idle());
+    // Requests before any configuration are refused: the worker is not ready.
+    assert_eq!(w.push(3 * T, one(5), &mut out), Err(WorkerError::NotReady));
+    assert_eq!(w.advance(3 * T, &mut out), Err(WorkerError::NotReady));
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(w.open_requests(), 0);
+    assert!(!w.is_ready());
     let cfg = config(1, &[1], Consistency::BoundedDelay(1));
     w.on_message(4 * T, deliver_config(&cfg), &mut out);
     assert_eq!(
@@ -217,7 +219,11 @@ fn a_worker_registers_and_beats_keeps_requests_until_configured_and_reports_its_
         (1, Some(Consistency::BoundedDelay(1)))
     );
     assert_eq!(out.events, vec![Event::Ready { epoch: 1 }]);
+    assert!(w.is_ready());
     assert!(out.timers.contains(&TimerCmd::Cancel(TimerId::Register)));
+    out.clear();
+    let id = w.push(4 * T, one(5), &mut out).unwrap();
+    assert!(!w.is_idle());
     assert_eq!(out.sends.len(), 1);
     assert_eq!((out.sends[0].to, out.sends[0].epoch), (S1, 1));
     let slice = sref(id, 0);
@@ -229,7 +235,10 @@ fn a_worker_registers_and_beats_keeps_requests_until_configured_and_reports_its_
     w.on_message(5 * T, ack(S1, slice), &mut out);
     assert_eq!(
         out.events,
-        vec![Event::PushDone(id), Event::PushDurable(id)]
+        vec![
+            Event::Worker(WorkerEvent::PushDone(id)),
+            Event::Worker(WorkerEvent::PushDurable(id))
+        ]
     );
     assert!(w.is_idle());
 }
@@ -591,10 +600,10 @@ fn answers_from_another_server_of_the_wrong_shape_or_to_unsent_slices_are_refuse
     assert_eq!(
         out.events,
         vec![
-            Event::PushDone(a),
-            Event::PushDurable(a),
-            Event::PushDone(b),
-            Event::PushDurable(b)
+            Event::Worker(WorkerEvent::PushDone(a)),
+            Event::Worker(WorkerEvent::PushDurable(a)),
+            Event::Worker(WorkerEvent::PushDone(b)),
+            Event::Worker(WorkerEvent::PushDurable(b))
         ]
     );
     assert_eq!(w.slices_in_flight(), 0);
@@ -614,7 +623,10 @@ fn answers_from_another_server_of_the_wrong_shape_or_to_unsent_slices_are_refuse
     assert_eq!(w.slices_in_flight(), 1);
     out.clear();
     w.on_message(T, reply(S1, sq, one(k), None), &mut out);
-    assert_eq!(out.events, vec![Event::PullDone(q, one(k))]);
+    assert_eq!(
+        out.events,
+        vec![Event::Worker(WorkerEvent::PullDone(q, one(k)))]
+    );
     assert_eq!(w.slices_in_flight(), 0);
 }
 
@@ -708,7 +720,13 @@ fn a_range_pull_answered_in_parts_takes_only_parts_that_move_forward() {
     assert_eq!(w.slices_in_flight(), 1);
     out.clear();
     w.on_message(later, reply(S1, s, kv(&[300]), None), &mut out);
-    assert_eq!(out.events, vec![Event::PullDone(q, kv(&[100, 150, 300]))]);
+    assert_eq!(
+        out.events,
+        vec![Event::Worker(WorkerEvent::PullDone(
+            q,
+            kv(&[100, 150, 300])
+        ))]
+    );
     // The waiting pull goes out now; a part that ends at the end of its ranges completes it.
     let sw = sref(waiting, 0);
     assert_eq!(
@@ -717,7 +735,10 @@ fn a_range_pull_answered_in_parts_takes_only_parts_that_move_forward() {
     );
     out.clear();
     w.on_message(later, reply(S1, sw, kv(&[999]), Some(1_000)), &mut out);
-    assert_eq!(out.events, vec![Event::PullDone(waiting, kv(&[999]))]);
+    assert_eq!(
+        out.events,
+        vec![Event::Worker(WorkerEvent::PullDone(waiting, kv(&[999])))]
+    );
     assert!(out.sends.is_empty(), "{:?}", out.sends);
     assert_eq!(w.slices_in_flight(), 0);
 }
@@ -765,7 +786,10 @@ fn slices_taken_back_after_a_ring_change_leave_the_window() {
     }
     assert_eq!(
         out.events,
-        vec![Event::PushDone(id), Event::PushDurable(id)]
+        vec![
+            Event::Worker(WorkerEvent::PushDone(id)),
+            Event::Worker(WorkerEvent::PushDurable(id))
+        ]
     );
     assert_eq!(w.slices_in_flight(), 0);
 }
@@ -832,7 +856,7 @@ fn in_flight_bound_a_taken_push_finishes_its_iteration_and_is_kept_until_durable
     out.clear();
     let taken = Envelope::new(S1, W1, 1, Message::PushTaken(slice));
     w.on_message(T, taken.clone(), &mut out);
-    assert_eq!(out.events, vec![Event::PushDone(id)]);
+    assert_eq!(out.events, vec![Event::Worker(WorkerEvent::PushDone(id))]);
     // The taken slice left the window: the second push goes out.
     assert_eq!(pushes(&out).len(), 1);
     assert_eq!(w.open_requests(), 2);
@@ -851,7 +875,10 @@ fn in_flight_bound_a_taken_push_finishes_its_iteration_and_is_kept_until_durable
     assert!(pushes(&out).iter().any(|p| p.1 == slice), "{out:?}");
     out.clear();
     w.on_message(late, ack(S1, slice), &mut out);
-    assert_eq!(out.events, vec![Event::PushDurable(id)]);
+    assert_eq!(
+        out.events,
+        vec![Event::Worker(WorkerEvent::PushDurable(id))]
+    );
     assert_eq!(w.open_requests(), 1);
 }
 

@@ -676,20 +676,20 @@ fuzz_target!(|input: (
             Op::ServerTimeout => server.handle_timeout(now),
             Op::WorkerTimeout => worker.handle_timeout(now),
             Op::Push { keys: ks, vals } => {
-                let _ = worker.push(now, kvs(&ks, &vals));
+                let _ = worker.worker().and_then(|mut w| w.push(now, kvs(&ks, &vals)));
             }
             Op::PushPulled { vals } => {
-                let _ = worker.push(now, kvs(&last_pulled, &vals));
+                let _ = worker.worker().and_then(|mut w| w.push(now, kvs(&last_pulled, &vals)));
             }
             Op::Pull { keys: ks, dense } => {
-                let _ = worker.pull(now, selection(&ks, dense));
+                let _ = worker.worker().and_then(|mut w| w.pull(now, selection(&ks, dense)));
                 last_pulled = ks;
             }
             Op::Advance => {
-                let _ = worker.advance(now);
+                let _ = worker.worker().and_then(|mut w| w.advance(now));
             }
             Op::Flush => {
-                let _ = worker.flush(now);
+                let _ = worker.worker().and_then(|mut w| w.flush(now));
             }
             Op::Leave => {
                 let _ = worker.leave();
@@ -703,7 +703,8 @@ fuzz_target!(|input: (
         // What the server answered, in the order it processed pushes (it may process buffered
         // ones long after they arrived): each answer settles, each first acknowledgement of an
         // unsettled slice is an application.
-        while let Some(e) = server.poll_message() {
+        while let Some(t) = server.poll_output_message().into_transmit() {
+            let e = t.frame;
             let (slice, acked) = match &e.body {
                 Message::PushAck(s) => (*s, true),
                 Message::Redirect { slice, .. } if slice.slice < 2 => (*slice, false),

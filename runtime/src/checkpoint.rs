@@ -376,7 +376,7 @@ impl<W: Write> Write for Summed<'_, W> {
     }
 }
 
-/// Writes a server's shards ([`pserver_core::Event::CheckpointDue`]) as the checkpoint of
+/// Writes a server's shards ([`pserver_core::events::ServerEvent::CheckpointDue`]) as the checkpoint of
 /// `cut` in `dir`: magic bytes, the value type's size, then the shards as the wire encodes
 /// them, streamed to the file. Returns the file and its payload's bytes.
 pub fn write_shards<V: Value>(

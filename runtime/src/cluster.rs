@@ -21,7 +21,7 @@ pub struct ClusterSpec {
     /// How each node's event loop runs.
     pub runtime: RuntimeConfig,
     /// Rows the job starts from (a saved model: a warm start), given to every server built
-    /// here ([`pserver_core::Driver::start_from`]); each keeps those of its keys. Default:
+    /// here ([`pserver_core::driver::ServerCalls::start_from`]); each keeps those of its keys. Default:
     /// none, every value starting at zero.
     pub initial: Option<Arc<KvPairs<f64>>>,
     /// Where the servers built here write their whole-job checkpoints: server `N` in
@@ -80,6 +80,8 @@ impl ClusterSpec {
             let width = rows.width().max(1);
             let keyed = rows.keys().iter().copied().zip(values.chunks(width));
             driver
+                .server()
+                .map_err(|e| RuntimeError::Config(e.to_string()))?
                 .start_from(keyed)
                 .map_err(|e| RuntimeError::Config(format!("the rows to start from: {e}")))?;
         }

@@ -1,14 +1,14 @@
 //! What the application holds: cheap, cloneable handles that talk to a node's event loop over
 //! bounded queues.
 
+use pserver_core::driver::Refusals;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 
 use pserver_core::{
-    Epoch, Iteration, JobError, KeyRange, KeySelection, KvPairs, NodeId, Refusals, Value,
-    WorkerError,
+    Epoch, Iteration, JobError, KeyRange, KeySelection, KvPairs, NodeId, Value, WorkerError,
 };
 
 use pserver_core::pace::Coverage;
@@ -23,6 +23,10 @@ pub enum RuntimeError {
     /// yet durable may be lost.
     #[error("the worker was removed from the cluster (fenced); restart it to rejoin")]
     Fenced,
+    /// The worker took a call before it was ready: the node loop holds calls until then, so
+    /// this says a bug.
+    #[error("the worker is not ready for calls yet")]
+    NotReady,
     /// The node's event loop has stopped (for a push awaited for durability: before every
     /// replica confirmed it, so it may not survive a server failure).
     #[error("the node has shut down")]
@@ -93,6 +97,8 @@ impl From<WorkerError> for RuntimeError {
     fn from(e: WorkerError) -> Self {
         match e {
             WorkerError::Fenced => RuntimeError::Fenced,
+            // The node loop holds calls until the worker is ready.
+            WorkerError::NotReady => RuntimeError::NotReady,
             WorkerError::WidthMismatch { expected, got } => {
                 RuntimeError::WidthMismatch { expected, got }
             }
@@ -119,9 +125,9 @@ pub(crate) enum Command<V: Value> {
         kvs: KvPairs<V>,
         /// How much of the iteration it covers with the parts before.
         covers: Coverage,
-        /// Answered on [`pserver_core::Event::PushDone`].
+        /// Answered on [`pserver_core::events::WorkerEvent::PushDone`].
         done: oneshot::Sender<Result<(), RuntimeError>>,
-        /// Answered on [`pserver_core::Event::PushDurable`].
+        /// Answered on [`pserver_core::events::WorkerEvent::PushDurable`].
         durable: oneshot::Sender<Result<(), RuntimeError>>,
     },
     Pull(
@@ -201,7 +207,7 @@ pub struct WorkerHandle<V: Value> {
     /// The key ranges the job lost so far ([`pserver_core::Event::RangeLost`]).
     pub(crate) lost: watch::Receiver<Vec<KeyRange>>,
     /// The iteration the coordinator last told the worker to skip to
-    /// ([`pserver_core::Event::SkippedAhead`]); 0 before any.
+    /// ([`pserver_core::events::WorkerEvent::SkippedAhead`]); 0 before any.
     pub(crate) skipped: watch::Receiver<Iteration>,
 }
 
@@ -241,7 +247,7 @@ impl<V: Value> WorkerHandle<V> {
     }
 
     /// Pushes `kvs` in the current iteration; returns once the push counts for the iteration
-    /// (its servers took it in, [`pserver_core::Event::PushDone`]). It may not yet survive a
+    /// (its servers took it in, [`pserver_core::events::WorkerEvent::PushDone`]). It may not yet survive a
     /// server failure: in sequential mode with replicas the servers copy it to their replicas
     /// later, with the iteration's sum, while the worker keeps it and resends it where needed;
     /// see [`WorkerHandle::push_durable`]. Calls made before the worker is ready wait for its
@@ -254,7 +260,7 @@ impl<V: Value> WorkerHandle<V> {
     }
 
     /// Pushes `kvs` in the current iteration; returns once the push is durable
-    /// ([`pserver_core::Event::PushDurable`]): its servers and every replica of the keys it
+    /// ([`pserver_core::events::WorkerEvent::PushDurable`]): its servers and every replica of the keys it
     /// touched hold it, so it survives as many server failures as the ring has replicas.
     /// Without replicas, or outside sequential mode, that is when [`WorkerHandle::push`]
     /// returns too. In sequential mode with replicas it comes later, when the servers copy the
@@ -438,10 +444,10 @@ impl<V: Value> WorkerHandle<V> {
 /// A push the worker took ([`WorkerHandle::start_push`]), with its two completions.
 ///
 /// - Awaiting the ticket itself resolves when the push counts for its iteration
-///   ([`pserver_core::Event::PushDone`]): what [`WorkerHandle::push`] waits for. Await
+///   ([`pserver_core::events::WorkerEvent::PushDone`]): what [`WorkerHandle::push`] waits for. Await
 ///   `&mut ticket` to keep the ticket for [`PushTicket::durable`] afterwards.
 /// - [`PushTicket::durable`] resolves when every replica holds the push
-///   ([`pserver_core::Event::PushDurable`]): what [`WorkerHandle::push_durable`] waits for.
+///   ([`pserver_core::events::WorkerEvent::PushDurable`]): what [`WorkerHandle::push_durable`] waits for.
 ///   It never comes before the first.
 ///
 /// Either fails with the push's error: [`RuntimeError::ShutDown`] when the worker stops
@@ -467,7 +473,7 @@ enum Stage {
 impl PushTicket {
     /// Waits until every server and every replica of the keys the push touched holds it, so
     /// that it survives as many server failures as the ring has replicas
-    /// ([`pserver_core::Event::PushDurable`]).
+    /// ([`pserver_core::events::WorkerEvent::PushDurable`]).
     pub fn durable(self) -> impl Future<Output = Result<(), RuntimeError>> + Send + 'static {
         let durable = self.durable;
         async move { durable.await.map_err(|_| RuntimeError::ShutDown)? }
@@ -490,7 +496,7 @@ impl Stage {
 impl Future for PushTicket {
     type Output = Result<(), RuntimeError>;
 
-    /// Ready once the push counts for its iteration ([`pserver_core::Event::PushDone`]).
+    /// Ready once the push counts for its iteration ([`pserver_core::events::WorkerEvent::PushDone`]).
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.done.poll(cx)
     }
@@ -549,7 +555,7 @@ pub struct NodeMetrics {
     pub held_pulls: u64,
     /// Replicas each key has besides its primary on the ring in force, as this node's
     /// configuration says: fewer than `replicas_asked` after servers were lost
-    /// ([`pserver_core::Event::ReplicasChanged`]).
+    /// ([`pserver_core::events::CoordinatorEvent::ReplicasChanged`]).
     pub replicas_held: u64,
     /// The ring's replicas `k`.
     pub replicas_asked: u64,

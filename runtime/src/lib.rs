@@ -35,11 +35,11 @@
 //! then sends every frame the driver has and hands every event to whoever waits for it. No protocol
 //! logic lives here: dispatch, timers and refusals are the driver's (ARCHITECTURE.md §1).
 //!
-//! A frame arrives through [`Driver::handle_frame`]; the timers are one `sleep_until` on
-//! [`Driver::poll_timeout`]. Frames leave through [`Transport::send_parts`], taken from
-//! [`Driver::poll_transmit_parts`]: the head, then each values trailer lent from where it is kept,
-//! so that a transport that writes vectored (TCP) sends a push's values from the application's
-//! vector.
+//! A frame arrives through [`Driver::handle_frame_bytes`], its values read where the transport
+//! received them; the timers are one `sleep_until` on [`Driver::poll_timeout`]. Frames leave
+//! through [`Transport::send_parts`], taken from [`Driver::poll_output_parts`]: the head, then
+//! each values trailer lent from where it is kept, so that a transport that writes vectored
+//! (TCP) sends a push's values from the application's vector.
 //!
 //! [`WorkerHandle`] talks to the loop over a bounded queue ([`RuntimeConfig::command_queue`]), and
 //! the loop takes no more calls while [`RuntimeConfig::max_open_requests`] requests are open, so a
@@ -49,9 +49,9 @@
 //! # When a call returns
 //!
 //! A push completes twice: [`WorkerHandle::push`] (or awaiting the [`PushTicket`] from
-//! [`WorkerHandle::start_push`]) returns on [`Event::PushDone`](pserver_core::Event::PushDone),
+//! [`WorkerHandle::start_push`]) returns on [`pserver_core::events::WorkerEvent::PushDone`],
 //! once the push counts for its iteration, and [`WorkerHandle::push_durable`] (or
-//! [`PushTicket::durable`]) on [`Event::PushDurable`](pserver_core::Event::PushDurable), once every
+//! [`PushTicket::durable`]) on [`pserver_core::events::WorkerEvent::PushDurable`], once every
 //! replica holds it. The two differ only in sequential mode with replicas (ARCHITECTURE.md §8).
 //!
 //! Stopping a worker first finishes the calls it accepted and waits for its pushes to become

@@ -1,6 +1,8 @@
 //! One node's event loop: the crate docs say what it waits on, in what order it drains the
 //! driver, and how it stops.
 
+use pserver_core::driver::Transmit;
+use pserver_core::events::{CoordinatorEvent, Refusal, ServerEvent, WorkerEvent};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io;
 use std::sync::{Arc, OnceLock};
@@ -9,7 +11,7 @@ use pserver_core::pace::Coverage;
 use pserver_core::store::ParamStore;
 use pserver_core::wire::{ClusterConfig, ShardCopy};
 use pserver_core::{
-    Driver, DriverError, Epoch, Event, Iteration, KeyRange, KvPairs, NodeId, Refusal, RequestId,
+    Driver, DriverError, Epoch, Event, Iteration, KeyRange, KvPairs, NodeId, Output, RequestId,
     Role, Time, UpdateRule, Value,
 };
 use tokio::sync::{mpsc, oneshot, watch};
@@ -353,7 +355,10 @@ where
             replicas_asked: node.config().map_or(0, |c| u64::from(c.ring.replicas)),
             refusals: self.driver.refusals(),
             retransmissions: self.driver.retransmissions(),
-            filter_savings: self.driver.filter_savings(),
+            filter_savings: node
+                .as_worker()
+                .map(|w| w.filter_savings())
+                .unwrap_or_default(),
             status: node.as_coordinator().map(|c| c.status()),
             ..self.counts.clone()
         };
@@ -531,7 +536,10 @@ where
                 .driver
                 .poll_timeout()
                 .map(|t| self.origin + std::time::Duration::from_nanos(t));
-            let accept = commands_open && self.open_requests() < self.cfg.max_open_requests;
+            // A worker takes requests once it is ready: calls made before wait in the queue.
+            let accept = commands_open
+                && self.takes_calls()
+                && self.open_requests() < self.cfg.max_open_requests;
             tokio::select! {
                 biased;
                 changed = stop.changed(), if draining.is_none() => {
@@ -547,7 +555,7 @@ where
                     Ok((from, frame)) => {
                         self.counts.frames_received += 1;
                         let now = self.now();
-                        self.driver.handle_frame(now, from, &frame);
+                        self.driver.handle_frame_bytes(now, from, &frame);
                     }
                     Err(TransportError::Closed) => {
                         info!("transport closed");
@@ -614,27 +622,35 @@ where
                 done,
                 durable,
             } => {
-                let pushed = self.driver.push_part(now, kvs, covers).map(Some);
+                let pushed = self
+                    .driver
+                    .worker()
+                    .and_then(|mut w| w.push_part(now, kvs, covers))
+                    .map(Some);
                 self.wait_for_push(pushed, done, durable);
             }
             Command::Flush { done, durable } => {
-                let pushed = self.driver.flush(now);
+                let pushed = self.driver.worker().and_then(|mut w| w.flush(now));
                 self.wait_for_push(pushed, done, durable);
             }
-            Command::Pull(keys, reply) => match self.driver.pull(now, keys) {
-                Ok(id) => {
-                    self.pulls.insert(id, reply);
+            Command::Pull(keys, reply) => {
+                match self.driver.worker().and_then(|mut w| w.pull(now, keys)) {
+                    Ok(id) => {
+                        self.pulls.insert(id, reply);
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(runtime_error(e)));
+                    }
                 }
-                Err(e) => {
-                    let _ = reply.send(Err(runtime_error(e)));
+            }
+            Command::Advance(reply) => {
+                match self.driver.worker().and_then(|mut w| w.advance(now)) {
+                    Ok(()) => self.advances.push_back(reply),
+                    Err(e) => {
+                        let _ = reply.send(Err(runtime_error(e)));
+                    }
                 }
-            },
-            Command::Advance(reply) => match self.driver.advance(now) {
-                Ok(()) => self.advances.push_back(reply),
-                Err(e) => {
-                    let _ = reply.send(Err(runtime_error(e)));
-                }
-            },
+            }
             Command::Shares(reply) => {
                 let node = self.driver.node();
                 let shares = node.as_worker().map(|w| w.shares());
@@ -666,7 +682,9 @@ where
             }
             Command::Speed(per_sec) => {
                 // Only a worker has a speed to say; anything else has no application calling.
-                let _ = self.driver.report_speed(per_sec);
+                if let Ok(mut worker) = self.driver.worker() {
+                    worker.report_speed(per_sec);
+                }
             }
             Command::Leads(reply) => {
                 let node = self.driver.node();
@@ -681,7 +699,7 @@ where
                     // What the filters hold back goes first: the worker leaves once it is
                     // acknowledged, like every other push (ARCHITECTURE.md §10).
                     let now = self.now();
-                    if let Err(e) = self.driver.flush(now) {
+                    if let Err(e) = self.driver.worker().and_then(|mut w| w.flush(now)) {
                         warn!(error = %e, "cannot push what the filters hold before leaving");
                     }
                     self.leave = Some(Leaving {
@@ -691,6 +709,15 @@ where
                     });
                 }
             }
+        }
+    }
+
+    /// Whether the node takes the application's calls now: a worker once it said it is ready
+    /// (or was fenced, which every call is told), anything else always.
+    fn takes_calls(&self) -> bool {
+        match self.driver.node().as_worker() {
+            Some(worker) => worker.is_ready() || self.fenced,
+            None => true,
         }
     }
 
@@ -725,16 +752,6 @@ where
 
     /// Sends what the driver has queued and hands its events out.
     async fn flush(&mut self) {
-        while let Some((to, frame)) = self.driver.poll_transmit_parts() {
-            self.counts.frames_sent += 1;
-            self.counts.bytes_sent += frame.len() as u64;
-            if let Err(e) = self.transport.send_parts(to, frame).await {
-                self.counts.send_errors += 1;
-                // The core resends what matters; the operator hears of it at a bounded rate.
-                let detail = || format!("for {to}: {e}");
-                self.failed_sends.dropped("send failed", detail);
-            }
-        }
         // Whether the configuration changed while requests were open is read before the
         // events: a completion in the same step must not hide the change, nor end it at once.
         let epoch = self.driver.node().epoch();
@@ -749,8 +766,22 @@ where
             }
             self.seen_members = config.cloned();
         }
-        while let Some(event) = self.driver.poll_event() {
-            self.on_event(event);
+        loop {
+            match self.driver.poll_output_parts() {
+                Output::Transmit(Transmit { to, frame }) => {
+                    self.counts.frames_sent += 1;
+                    self.counts.bytes_sent += frame.len() as u64;
+                    if let Err(e) = self.transport.send_parts(to, frame).await {
+                        self.counts.send_errors += 1;
+                        // The core resends what matters; the operator hears of it at a bounded
+                        // rate.
+                        let detail = || format!("for {to}: {e}");
+                        self.failed_sends.dropped("send failed", detail);
+                    }
+                }
+                Output::Event(event) => self.on_event(event),
+                Output::Wait { .. } => break,
+            }
         }
         if epoch != self.seen_epoch {
             self.seen_epoch = epoch;
@@ -811,14 +842,14 @@ where
                 info!(epoch, "configuration received");
                 self.ready.send_replace(Some(epoch));
             }
-            Event::Advanced(iteration) => {
+            Event::Worker(WorkerEvent::Advanced(iteration)) => {
                 self.progressed();
                 self.counts.iterations += 1;
                 if let Some(reply) = self.advances.pop_front() {
                     let _ = reply.send(Ok(iteration));
                 }
             }
-            Event::PushDone(id) => {
+            Event::Worker(WorkerEvent::PushDone(id)) => {
                 self.progressed();
                 self.counts.pushes += 1;
                 if let Some(reply) = self.pushes.remove(&id) {
@@ -830,7 +861,7 @@ where
                     self.durables.remove(&id);
                 }
             }
-            Event::PushDurable(id) => {
+            Event::Worker(WorkerEvent::PushDurable(id)) => {
                 // The core emits `PushDone` first or in the same step, but a durable push is
                 // done whatever the order: nobody may be left waiting for the first stage.
                 if let Some(reply) = self.pushes.remove(&id) {
@@ -840,7 +871,7 @@ where
                     let _ = reply.send(Ok(()));
                 }
             }
-            Event::PullDone(id, kvs) => {
+            Event::Worker(WorkerEvent::PullDone(id, kvs)) => {
                 self.progressed();
                 self.counts.pulls += 1;
                 if let Some(reply) = self.pulls.remove(&id) {
@@ -851,21 +882,21 @@ where
                 self.counts.nodes_dead += 1;
                 warn!(node = %node, "node declared dead");
             }
-            Event::TookOver { from, term, epoch } => warn!(
+            Event::Coordinator(CoordinatorEvent::TookOver { from, term, epoch }) => warn!(
                 from = %from,
                 term,
                 epoch,
                 "took over from coordinator {from}, silent past the heartbeat timeout: this coordinator publishes now, under term {term}"
             ),
-            Event::SteppedDown { term } => warn!(
+            Event::Coordinator(CoordinatorEvent::SteppedDown { term }) => warn!(
                 term,
                 "another coordinator took over under term {term}: this one stepped down and stands by"
             ),
-            Event::StandbyDropped(node) => warn!(
+            Event::Coordinator(CoordinatorEvent::StandbyDropped(node)) => warn!(
                 node = %node,
                 "standby coordinator {node} stopped answering and was dropped: the job has no standby until one answers"
             ),
-            Event::TermRenewed { term, epoch } => info!(
+            Event::Coordinator(CoordinatorEvent::TermRenewed { term, epoch }) => info!(
                 term,
                 epoch,
                 "members granted a standby a term it did not win: this coordinator renewed its own, term {term}"
@@ -879,13 +910,17 @@ where
                 node = %node,
                 "server silent or leaving, but kept on the ring: without it, no server or fewer replicas than the job's min_replicas would be left"
             ),
-            Event::ReplicasChanged { held, asked } if held < asked => warn!(
-                held,
-                asked,
-                "the ring holds fewer replicas than asked: the servers left are too few for \
+            Event::Coordinator(CoordinatorEvent::ReplicasChanged { held, asked })
+                if held < asked =>
+            {
+                warn!(
+                    held,
+                    asked,
+                    "the ring holds fewer replicas than asked: the servers left are too few for \
                  them, and a further server crash may lose ranges until servers join"
-            ),
-            Event::ReplicasChanged { held, asked } => {
+                )
+            }
+            Event::Coordinator(CoordinatorEvent::ReplicasChanged { held, asked }) => {
                 info!(held, asked, "the ring holds replicas again")
             }
             Event::RangeLost(range) => {
@@ -905,18 +940,22 @@ where
                 }
                 self.fenced = true;
             }
-            Event::WorkerLeft(node) => info!(node = %node, "worker left the job"),
+            Event::Coordinator(CoordinatorEvent::WorkerLeft(node)) => {
+                info!(node = %node, "worker left the job")
+            }
             Event::Unencodable { to, error } => {
                 warn!(to = %to, error = %error, "message not sent: it does not fit a frame");
             }
-            Event::CheckpointDue { cut, shards } => self.write_checkpoint(cut, shards),
-            Event::CheckpointTaken { cut } => {
+            Event::Server(ServerEvent::CheckpointDue { cut, shards }) => {
+                self.write_checkpoint(cut, shards)
+            }
+            Event::Coordinator(CoordinatorEvent::CheckpointTaken { cut }) => {
                 debug!(
                     cut,
                     "checkpoint {cut} taken: every server copied its shards, the workers go on"
                 );
             }
-            Event::CheckpointComplete { cut } => {
+            Event::Coordinator(CoordinatorEvent::CheckpointComplete { cut }) => {
                 info!(
                     cut,
                     "checkpoint {cut} complete: every server wrote its shards"
@@ -925,12 +964,12 @@ where
                 // checkpoint hears of it when it is recorded.
                 self.publish_metrics();
             }
-            Event::Restore { cut } => self.restore(cut),
+            Event::Server(ServerEvent::Restore { cut }) => self.restore(cut),
             Event::JobFinished { epoch } => {
                 info!(epoch, "the job finished: every worker left, its work done");
                 self.finished.send_replace(Some(epoch));
             }
-            Event::Straggler { worker, behind } => {
+            Event::Coordinator(CoordinatorEvent::Straggler { worker, behind }) => {
                 self.counts.stragglers += 1;
                 warn!(
                     worker = %worker,
@@ -938,17 +977,17 @@ where
                     "{worker} is a straggler: {behind} iterations behind the median of the others"
                 );
             }
-            Event::StragglerCleared(worker) => {
+            Event::Coordinator(CoordinatorEvent::StragglerCleared(worker)) => {
                 info!(worker = %worker, "{worker} keeps up again");
             }
-            Event::ShareMoved { share, from, to } => {
+            Event::Coordinator(CoordinatorEvent::ShareMoved { share, from, to }) => {
                 self.counts.shares_moved += 1;
                 info!(share, from = %from, to = %to, "share {share} moved from {from} to {to}, the faster");
             }
-            Event::TauChanged { from, to } => {
+            Event::Coordinator(CoordinatorEvent::TauChanged { from, to }) => {
                 info!(from, to, "staleness bound now tau = {to} (was {from})");
             }
-            Event::SkippedAhead { from, to, covered } => {
+            Event::Worker(WorkerEvent::SkippedAhead { from, to, covered }) => {
                 self.counts.skipped_iterations += u64::from(to - from);
                 let pushed = f64::from(covered.0) / f64::from(Coverage::WHOLE.0);
                 info!(
@@ -1022,6 +1061,8 @@ where
                 .collect();
             info!(dir = %path.display(), cuts = ?cuts, "offering the checkpoints that read back whole");
             self.driver
+                .server()
+                .map_err(|e| e.to_string())?
                 .offer_checkpoints(cuts)
                 .map_err(|e| e.to_string())?;
         }
@@ -1075,7 +1116,12 @@ where
             Ok(what) => {
                 info!(cut, "checkpoint {cut} written: {what}");
                 let now = self.now();
-                if let Err(e) = self.driver.checkpoint_written(now, cut) {
+                let written = self
+                    .driver
+                    .server()
+                    .map_err(|e| e.to_string())
+                    .and_then(|mut s| s.checkpoint_written(now, cut).map_err(|e| e.to_string()));
+                if let Err(e) = written {
                     // The ring changed meanwhile: the shards of the new one are being written.
                     debug!(cut, "checkpoint written, but {e}");
                 }
@@ -1113,8 +1159,9 @@ where
         let loaded = shards.and_then(|shards| {
             let now = self.now();
             self.driver
-                .restore(now, cut, shards)
+                .server()
                 .map_err(|e| e.to_string())
+                .and_then(|mut s| s.restore(now, cut, shards).map_err(|e| e.to_string()))
         });
         match loaded {
             Ok(()) => info!(cut, "resumed from the checkpoint of iteration {cut}"),

@@ -269,7 +269,12 @@ fn a_worker_that_leaves_pushes_what_its_filters_held_back_first() {
             Some(&[9][..]),
             "the held change went before leaving"
         );
-        let savings = report.workers[0].node.filter_savings();
+        let savings = report.workers[0]
+            .node
+            .node()
+            .as_worker()
+            .map(|w| w.filter_savings())
+            .ok_or("not a worker")?;
         assert_eq!(savings.len(), 1);
         assert_eq!((savings[0].1.rows_in, savings[0].1.rows_out), (6, 2));
         Ok::<(), Box<dyn std::error::Error>>(())

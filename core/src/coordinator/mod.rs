@@ -7,7 +7,7 @@
 //! epoch without it (`ClusterConfig::without_server`), in which each of its ranges passes to its
 //! first replica. Servers left too few for the ring's `k` replicas hold as many as they can
 //! (`Ring::surviving`: two servers with one replica go on as one), said with
-//! `Event::ReplicasChanged` at every change, and a server that registers again restores them. A
+//! `crate::events::CoordinatorEvent::ReplicasChanged` at every change, and a server that registers again restores them. A
 //! server is kept, with `Event::RingDegraded`, when it is the last, or when the servers left would
 //! hold fewer replicas than `CoordinatorConfig::min_replicas`.
 //!
@@ -31,7 +31,7 @@
 //!
 //! Workers have no data to move: a worker registering while the job runs joins in the next epoch
 //! (`crate::worker`'s progress says where it starts). A worker that calls `Worker::leave` is
-//! removed at once, listed in `ClusterConfig::left` (`Event::WorkerLeft` here), and fenced, which
+//! removed at once, listed in `ClusterConfig::left` (`crate::events::CoordinatorEvent::WorkerLeft` here), and fenced, which
 //! is its confirmation.
 
 mod standby;
@@ -44,7 +44,7 @@ use standby::{Fence, Mode, Renewal};
 
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
-use crate::effects::{Effects, Event, Refusal, TimerId};
+use crate::effects::{CoordinatorEvent, Effects, Event, Refusal, TimerId};
 use crate::ids::{Epoch, Iteration, NodeId, Role, Standbys, Time};
 use crate::key::{Key, KeyRange};
 use crate::pace::{self, Pace, PaceWatch, StragglerPolicy};
@@ -75,7 +75,7 @@ pub struct CoordinatorConfig {
     pub stragglers: StragglerPolicy,
     /// The fewest replicas a key may be left with when servers crash or leave (at most the
     /// ring's `k`). Default 0: the job goes on as long as one server holds each range, with
-    /// [`Event::ReplicasChanged`] at every change. A server whose loss would leave fewer is
+    /// [`crate::events::CoordinatorEvent::ReplicasChanged`] at every change. A server whose loss would leave fewer is
     /// kept on the ring ([`Event::RingDegraded`]) and the job waits for it.
     pub min_replicas: u32,
     /// The job's other coordinators (ARCHITECTURE.md §11). The active one takes one of them
@@ -143,7 +143,7 @@ pub enum CoordinatorError {
 ///
 /// A server removed from the ring passes each of its ranges to the range's first replica, which
 /// holds the data already (ARCHITECTURE.md §8); servers left too few for the ring's replicas
-/// hold fewer ([`Event::ReplicasChanged`]). A server is kept, however silent, when no server or
+/// hold fewer ([`crate::events::CoordinatorEvent::ReplicasChanged`]). A server is kept, however silent, when no server or
 /// fewer than [`CoordinatorConfig::min_replicas`] replicas would be left:
 /// [`Event::RingDegraded`] says so.
 ///
@@ -520,7 +520,7 @@ impl Coordinator {
             next.left.insert(at, worker);
         }
         self.silent_checks.remove(&worker);
-        out.emit(Event::WorkerLeft(worker));
+        out.emit(Event::Coordinator(CoordinatorEvent::WorkerLeft(worker)));
         self.publish(next, out);
     }
 
@@ -744,10 +744,10 @@ impl Coordinator {
         if let Some(now) = &self.config
             && now.replicas_held() != next.replicas_held()
         {
-            out.emit(Event::ReplicasChanged {
+            out.emit(Event::Coordinator(CoordinatorEvent::ReplicasChanged {
                 held: next.replicas_held(),
                 asked: next.ring.replicas,
-            });
+            }));
         }
         let moved = self
             .config
@@ -941,11 +941,15 @@ impl Coordinator {
         self.cut_taken.retain(|_, &mut (c, _)| c > cut);
         self.cut_written.retain(|_, &mut (c, _)| c >= cut);
         if cut > config.checkpoints.taken {
-            out.emit(Event::CheckpointTaken { cut });
+            out.emit(Event::Coordinator(CoordinatorEvent::CheckpointTaken {
+                cut,
+            }));
         }
         self.publish(next, out);
         if written {
-            out.emit(Event::CheckpointComplete { cut });
+            out.emit(Event::Coordinator(CoordinatorEvent::CheckpointComplete {
+                cut,
+            }));
         }
     }
 
@@ -1075,10 +1079,10 @@ impl Coordinator {
             .check(&config.workers, &config.pace, &detect);
         for (&worker, lag) in &lagging {
             if self.stragglers.insert(worker) {
-                out.emit(Event::Straggler {
+                out.emit(Event::Coordinator(CoordinatorEvent::Straggler {
                     worker,
                     behind: lag.behind,
-                });
+                }));
             }
         }
         let cleared: Vec<NodeId> = self
@@ -1089,7 +1093,9 @@ impl Coordinator {
             .collect();
         for worker in cleared {
             self.stragglers.remove(&worker);
-            out.emit(Event::StragglerCleared(worker));
+            out.emit(Event::Coordinator(CoordinatorEvent::StragglerCleared(
+                worker,
+            )));
         }
         let mut next = config.clone();
         if self.cfg.stragglers.decides(config.consistency) {
@@ -1105,7 +1111,10 @@ impl Coordinator {
                 next.pace.tau.unwrap_or(job_tau),
             );
             if from != to {
-                out.emit(Event::TauChanged { from, to });
+                out.emit(Event::Coordinator(CoordinatorEvent::TauChanged {
+                    from,
+                    to,
+                }));
             }
         }
         if let Some(balance) = &self.cfg.stragglers.balance
@@ -1117,7 +1126,11 @@ impl Coordinator {
             next.shares[share] = to;
             let at = self.pace_watch.iteration_of(from);
             next.pace.record_move(share, from, at);
-            out.emit(Event::ShareMoved { share, from, to });
+            out.emit(Event::Coordinator(CoordinatorEvent::ShareMoved {
+                share,
+                from,
+                to,
+            }));
         }
         if next != *config {
             self.publish(next, out);

@@ -29,7 +29,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Coordinator, CoordinatorConfig, CoordinatorError};
-use crate::effects::{Effects, Event, Refusal};
+use crate::effects::{CoordinatorEvent, Effects, Event, Refusal};
 use crate::ids::{Epoch, NodeId, first_epoch_of_term};
 use crate::pace::PaceWatch;
 use crate::value::Value;
@@ -259,10 +259,10 @@ impl Coordinator {
             fence.epoch = first.epoch;
             fence.heard.clear();
         }
-        out.emit(Event::TermRenewed {
+        out.emit(Event::Coordinator(CoordinatorEvent::TermRenewed {
             term,
             epoch: first.epoch,
-        });
+        }));
         self.config = Some(first.clone());
         self.published = Some(first);
         self.note_may_hold();
@@ -299,7 +299,7 @@ impl Coordinator {
                     .into_iter()
                     .flat_map(BTreeMap::into_values),
             );
-            out.emit(Event::StandbyDropped(*s));
+            out.emit(Event::Coordinator(CoordinatorEvent::StandbyDropped(*s)));
         }
         let keep = |standbys: &mut Vec<NodeId>| standbys.retain(|s| !silent.contains(s));
         keep(&mut base.standbys);
@@ -456,7 +456,7 @@ impl Coordinator {
             return out.send(Envelope::new(self.cfg.id, from, held_epoch, body));
         }
         if self.mode == Mode::Active {
-            out.emit(Event::SteppedDown { term });
+            out.emit(Event::Coordinator(CoordinatorEvent::SteppedDown { term }));
         }
         self.term_seen = self.term_seen.max(term);
         self.mode = Mode::Standby { silent: 0 };
@@ -675,7 +675,11 @@ impl Coordinator {
         let epoch = next.epoch;
         self.config = Some(next.clone());
         self.published = Some(next);
-        out.emit(Event::TookOver { from, term, epoch });
+        out.emit(Event::Coordinator(CoordinatorEvent::TookOver {
+            from,
+            term,
+            epoch,
+        }));
         self.broadcast(out);
         self.say_when_finished(out);
         self.switch_when_caught_up(out);

@@ -4,13 +4,15 @@
 //! the world. Whoever embeds the core (the simulator, the async runtime, an application's own
 //! event loop) only moves bytes and time:
 //!
-//! - a frame arrived: [`Driver::handle_frame`];
-//! - the deadline of [`Driver::poll_timeout`] passed: [`Driver::handle_timeout`];
-//! - then drain [`Driver::poll_transmit`] (frames to send) and [`Driver::poll_event`] (what the
-//!   application should know), and ask [`Driver::poll_timeout`] again.
+//! - a frame arrived: [`Driver::handle_frame`] (or [`Driver::handle_frame_bytes`]);
+//! - the deadline passed: [`Driver::handle_timeout`];
+//! - then poll [`Driver::poll_output`] until [`Output::Wait`]: frames to send, events the
+//!   application should know, and the deadline to come back at.
 //!
-//! Input the driver or the node refuses is never dropped silently: it is counted in
-//! [`Driver::refusals`] and reported as [`Event::Refused`]. See ARCHITECTURE.md §1.
+//! A role's own calls are borrowed from the driver: [`Driver::worker`] (push, pull,
+//! advance), [`Driver::server`] (read, checkpoints). Input the driver or the node refuses is
+//! never dropped silently: it is counted in [`Driver::refusals`] and reported as
+//! [`Event::Refused`]. See ARCHITECTURE.md §1.
 //!
 //! ```
 //! use pserver_core::node::*;
@@ -29,28 +31,35 @@
 //!     d.start_configured(0, config.clone());
 //! }
 //! let kvs = KvPairs::new(vec![3, 9], vec![0.5, 2.0], 1)?;
-//! let push = nodes[2].push(0, kvs)?;
+//! let push = nodes[2].worker()?.push(0, kvs)?;
 //! // The "network": move every frame to its addressee until nobody has anything to say.
 //! let mut events = Vec::new();
 //! loop {
 //!     let mut moved = false;
 //!     for i in 0..nodes.len() {
-//!         while let Some(t) = nodes[i].poll_transmit() {
-//!             let from = nodes[i].id();
-//!             nodes[t.to.0 as usize].handle_frame(0, from, &t.frame);
-//!             moved = true;
+//!         let from = nodes[i].id();
+//!         loop {
+//!             match nodes[i].poll_output() {
+//!                 Output::Transmit(t) => {
+//!                     nodes[t.to.0 as usize].handle_frame_bytes(0, from, &t.frame);
+//!                     moved = true;
+//!                 }
+//!                 Output::Event(e) => events.push(e),
+//!                 Output::Wait { .. } => break,
+//!             }
 //!         }
 //!     }
-//!     events.extend(std::iter::from_fn(|| nodes[2].poll_event()));
 //!     if !moved {
 //!         break;
 //!     }
 //! }
-//! assert!(events.contains(&Event::PushDone(push)));
+//! assert!(events.contains(&Event::Worker(events::WorkerEvent::PushDone(push))));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod node;
+mod output;
+mod roles;
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -58,29 +67,17 @@ use bytes::Bytes;
 use thiserror::Error;
 
 use crate::effects::{Effects, Event, Refusal, TimerCmd, TimerId};
-use crate::ids::{Iteration, NodeId, Time};
-use crate::key::{Key, KeyRange};
-use crate::kv::KvPairs;
-use crate::pace::Coverage;
-use crate::selection::KeySelection;
-use crate::server::{CheckpointError, RangeRead, Server};
+use crate::ids::{NodeId, Role, Time};
 use crate::store::{ParamStore, Store};
 use crate::updater::{UpdateRule, Updater};
 use crate::value::Value;
-use crate::wire::{ClusterConfig, Envelope, RequestId, ShardCopy};
+use crate::wire::{ClusterConfig, Envelope};
 use crate::wire::{Codec, EncodeError, FrameParts};
 use crate::worker::WorkerError;
 
 pub use node::Node;
-
-/// A frame to send.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Transmit {
-    /// The addressee.
-    pub to: NodeId,
-    /// The encoded envelope.
-    pub frame: Bytes,
-}
+pub use output::{Output, Transmit};
+pub use roles::{ServerCalls, WorkerCalls};
 
 /// Why an application call on a driver failed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -159,11 +156,16 @@ impl Refusals {
 /// A node with its timer table, codec and queues: the sans-IO driver every stack uses.
 ///
 /// Time is whatever the caller says it is (nanoseconds from an origin of its choosing), and
-/// must not go backwards. The driver never reads a clock, never blocks and never allocates more
-/// than what it queues.
+/// must not go backwards. The driver never reads a clock and never blocks.
 #[derive(Clone, Debug)]
 pub struct Driver<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store<V>> {
     node: Node<V, U, S>,
+    io: Io<V>,
+}
+
+/// Everything of a driver but its node: what a call into the node leaves behind.
+#[derive(Clone, Debug)]
+struct Io<V: Value> {
     codec: Codec,
     timers: BTreeMap<TimerId, Time>,
     scratch: Effects<V>,
@@ -176,236 +178,16 @@ pub struct Driver<V: Value, U: UpdateRule<V> = Updater, S: ParamStore<V> = Store
     mutation: Option<crate::mutation::Mutation>,
 }
 
-impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
-    /// Drives `node` with the default codec.
-    pub fn new(node: impl Into<Node<V, U, S>>) -> Self {
-        Self::with_codec(node, Codec::default())
-    }
-
-    /// Drives `node`, encoding and decoding frames with `codec` (its frame limit).
-    pub fn with_codec(node: impl Into<Node<V, U, S>>, codec: Codec) -> Self {
-        let mut node = node.into();
-        // A message the codec would refuse is a message its peer never gets.
-        match &mut node {
-            Node::Server(server) => server.fit_frames(codec.max_frame()),
-            Node::Worker(worker) => worker.fit_frames(codec.max_frame()),
-            Node::Coordinator(_) => {}
-        }
-        Driver {
-            node,
-            codec,
-            timers: BTreeMap::new(),
-            scratch: Effects::new(),
-            outbox: VecDeque::new(),
-            events: VecDeque::new(),
-            refusals: Refusals::default(),
-            retransmissions: 0,
-            #[cfg(feature = "mutations")]
-            mutation: None,
-        }
-    }
-
-    /// The driven node's id.
-    pub fn id(&self) -> NodeId {
-        self.node.id()
-    }
-
-    /// The driven node, to inspect.
-    pub fn node(&self) -> &Node<V, U, S> {
-        &self.node
-    }
-
-    /// Starts a server's job from `rows`, a saved model ([`crate::server::Server::start_from`]); before the
-    /// driver is started. Refused for a node that is not a server.
-    pub fn start_from<'a>(
+impl<V: Value> Io<V> {
+    /// The next envelope that `encode` accepts, as [`Output::Transmit`]; the ones refused on
+    /// the way are counted and said as events.
+    fn poll_frame<F>(
         &mut self,
-        rows: impl IntoIterator<Item = (Key, &'a [V])>,
-    ) -> Result<(), crate::server::StartFromError> {
-        match &mut self.node {
-            Node::Server(server) => server.start_from(rows),
-            _ => Err(crate::server::StartFromError::NotAServer),
-        }
-    }
-
-    /// Offers the checkpoints the driven server holds whole, by cut, before it starts: a job
-    /// whose servers all hold one resumes from the newest they share (see
-    /// [`crate::node::Server::offer_checkpoints`], ARCHITECTURE.md §11).
-    pub fn offer_checkpoints(&mut self, cuts: Vec<Iteration>) -> Result<(), CheckpointError> {
-        match &mut self.node {
-            Node::Server(server) => server.offer_checkpoints(cuts),
-            _ => Err(CheckpointError::NotAServer),
-        }
-    }
-
-    /// Says that the shards of `cut` the driven server handed out
-    /// ([`Event::CheckpointDue`]) are written where they survive the process.
-    pub fn checkpoint_written(&mut self, now: Time, cut: Iteration) -> Result<(), CheckpointError> {
-        self.on_server(|s, out| s.checkpoint_written(now, cut, out))
-    }
-
-    /// Hands the driven server the shards it wrote at `cut`, which the job resumes from
-    /// ([`Event::Restore`]); call before the next frame or timeout.
-    pub fn restore(
-        &mut self,
-        now: Time,
-        cut: Iteration,
-        shards: Vec<ShardCopy<V>>,
-    ) -> Result<(), CheckpointError> {
-        self.on_server(|s, out| s.restore(now, cut, shards, out))
-    }
-
-    fn on_server<T>(
-        &mut self,
-        call: impl FnOnce(&mut Server<V, U, S>, &mut Effects<V>) -> Result<T, CheckpointError>,
-    ) -> Result<T, CheckpointError> {
-        let mut out = self.take_scratch();
-        let result = match &mut self.node {
-            Node::Server(server) => call(server, &mut out),
-            _ => Err(CheckpointError::NotAServer),
-        };
-        self.absorb(out);
-        result
-    }
-
-    /// The codec in use.
-    pub fn codec(&self) -> Codec {
-        self.codec
-    }
-
-    /// Runs a deliberately broken protocol (see [`crate::mutation::Mutation`]), the node's own
-    /// decisions and the coordinator's pace decisions alike.
-    #[cfg(feature = "mutations")]
-    pub fn set_mutation(&mut self, mutation: Option<crate::mutation::Mutation>) {
-        self.mutation = mutation;
-        match &mut self.node {
-            Node::Server(s) => s.set_mutation(mutation),
-            Node::Worker(w) => w.set_mutation(mutation),
-            Node::Coordinator(c) => c.set_mutation(mutation),
-        }
-    }
-
-    /// True when the node has nothing left to finish and nothing queued to send: a worker with
-    /// no open request whose progress every server acknowledged; a server with no copy of its
-    /// shards still to be written ([`Event::CheckpointDue`]); a coordinator always.
-    pub fn is_idle(&self) -> bool {
-        self.outbox.is_empty()
-            && match &self.node {
-                Node::Worker(w) => w.is_idle(),
-                Node::Server(s) => !s.writing_checkpoint(),
-                Node::Coordinator(_) => true,
-            }
-    }
-
-    /// A server's rows of `range`, where it leads them ([`Server::read`]): what an embedder
-    /// reads to inspect or save values without reaching into the node.
-    pub fn read(&self, range: KeyRange) -> Result<RangeRead<V>, DriverError> {
-        match &self.node {
-            Node::Server(server) => Ok(server.read(range)),
-            _ => Err(DriverError::NotAServer(self.id())),
-        }
-    }
-
-    /// Refused input so far.
-    pub fn refusals(&self) -> Refusals {
-        self.refusals
-    }
-
-    /// Messages the node sent again so far because they went unanswered (a worker's request
-    /// slices and progress reports).
-    pub fn retransmissions(&self) -> u64 {
-        self.retransmissions
-    }
-
-    /// Starts the node: registration (or failure detection, for the coordinator). Call once,
-    /// first, or [`Driver::start_configured`] instead.
-    pub fn start(&mut self, now: Time) {
-        let mut out = self.take_scratch();
-        self.on_node(|node| node.start(now, &mut out));
-        self.absorb(out);
-    }
-
-    /// Starts the node with `config` in force (static membership).
-    pub fn start_configured(&mut self, now: Time, config: ClusterConfig) {
-        let mut out = self.take_scratch();
-        self.on_node(|node| node.start_configured(now, config, &mut out));
-        self.absorb(out);
-    }
-
-    /// A frame arrived from the transport's peer `from`. Undecodable frames, frames claiming
-    /// another sender and frames for another node are refused (counted, and reported as
-    /// [`Event::Refused`]).
-    ///
-    /// The values of the frame's key-value pairs are read where they are in `frame`, not
-    /// copied ([`Codec::decode_bytes`]): a transport that receives each frame into a buffer of
-    /// its own gets them from its socket buffer to the store with no copy in between. Bytes
-    /// held in a buffer of the embedder's go in with [`Bytes::copy_from_slice`].
-    pub fn handle_frame(&mut self, now: Time, from: NodeId, frame: &Bytes) {
-        match self.codec.decode_bytes::<V>(frame) {
-            Ok(env) if env.from != from => {
-                self.refuse(from, Refusal::SpoofedSender { claimed: env.from })
-            }
-            Ok(env) => self.dispatch(now, env),
-            Err(e) => self.refuse(from, Refusal::Undecodable(e)),
-        }
-    }
-
-    /// An envelope arrived, already decoded: for checkers that skip the wire (feature
-    /// `testing`).
-    #[cfg(feature = "testing")]
-    pub fn handle_message(&mut self, now: Time, env: Envelope<V>) {
-        self.dispatch(now, env);
-    }
-
-    fn dispatch(&mut self, now: Time, env: Envelope<V>) {
-        let mut out = self.take_scratch();
-        self.on_node(|node| node.on_message(now, env, &mut out));
-        self.absorb(out);
-    }
-
-    /// Fires every timer whose deadline is at or before `now`, earliest first. A timer the node
-    /// sets again for a deadline at or before `now` fires on the next call, not in this one.
-    pub fn handle_timeout(&mut self, now: Time) {
-        let mut due: Vec<(Time, TimerId)> = self
-            .timers
-            .iter()
-            .filter(|&(_, &at)| at <= now)
-            .map(|(&t, &at)| (at, t))
-            .collect();
-        due.sort_unstable();
-        for (at, timer) in due {
-            // An earlier timer's handler may have moved or cancelled this one.
-            if self.timers.get(&timer) != Some(&at) {
-                continue;
-            }
-            self.timers.remove(&timer);
-            let mut out = self.take_scratch();
-            self.on_node(|node| node.on_timer(now, timer, &mut out));
-            self.absorb(out);
-        }
-    }
-
-    /// The earliest timer deadline, if any timer is set: call [`Driver::handle_timeout`] then.
-    pub fn poll_timeout(&self) -> Option<Time> {
-        self.timers.values().min().copied()
-    }
-
-    /// The next frame to send. An envelope the codec cannot encode (larger than the frame
-    /// limit) is skipped, counted in [`Refusals::unencodable`] and said with
-    /// [`Event::Unencodable`].
-    pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.poll_encoded(Codec::encode)
-            .map(|(to, frame)| Transmit { to, frame })
-    }
-
-    /// The next envelope that `encode` accepts, encoded, and its addressee; the ones refused
-    /// on the way are counted and said as events.
-    fn poll_encoded<F>(
-        &mut self,
-        encode: impl Fn(&Codec, &Envelope<V>) -> Result<F, EncodeError>,
-    ) -> Option<(NodeId, F)> {
+        mut encode: impl FnMut(&Codec, &Envelope<V>) -> Result<F, EncodeError>,
+    ) -> Option<Output<V, F>> {
         while let Some(env) = self.outbox.pop_front() {
             match encode(&self.codec, &env) {
-                Ok(frame) => return Some((env.to, frame)),
+                Ok(frame) => return Some(Output::Transmit(Transmit { to: env.to, frame })),
                 Err(error) => {
                     self.refusals.unencodable += 1;
                     self.events
@@ -416,117 +198,17 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
         None
     }
 
-    /// The next frame to send and its addressee, as [`Driver::poll_transmit`] gives it, but
-    /// in parts ([`Codec::encode_parts`]): the values of its key-value pairs are lent from
-    /// where the node keeps them instead of copied into the frame, for a transport that writes
-    /// vectored.
-    pub fn poll_transmit_parts(&mut self) -> Option<(NodeId, FrameParts)> {
-        self.poll_encoded(Codec::encode_parts)
-    }
-
-    /// The next envelope to send, not encoded: for checkers that skip the wire (feature
-    /// `testing`).
-    #[cfg(feature = "testing")]
-    pub fn poll_message(&mut self) -> Option<Envelope<V>> {
-        self.outbox.pop_front()
-    }
-
-    /// The next event for the application.
-    pub fn poll_event(&mut self) -> Option<Event<V>> {
-        self.events.pop_front()
-    }
-
-    /// Pushes `kvs` from the driven worker (see [`crate::node::Worker::push`]).
-    pub fn push(&mut self, now: Time, kvs: KvPairs<V>) -> Result<RequestId, DriverError> {
-        self.on_worker(|w, out| w.push(now, kvs, out))
-    }
-
-    /// Pushes `kvs` as a part of the driven worker's iteration, covering `covers` of it with
-    /// the parts before (see [`crate::node::Worker::push_part`]).
-    pub fn push_part(
-        &mut self,
-        now: Time,
-        kvs: KvPairs<V>,
-        covers: Coverage,
-    ) -> Result<RequestId, DriverError> {
-        self.on_worker(|w, out| w.push_part(now, kvs, covers, out))
-    }
-
-    /// Says how fast the driven worker's application works (see
-    /// [`crate::node::Worker::report_speed`]).
-    pub fn report_speed(&mut self, per_sec: u32) -> Result<(), DriverError> {
-        self.on_worker(|w, _| {
-            w.report_speed(per_sec);
-            Ok(())
-        })
-    }
-
-    /// Pulls `keys` to the driven worker (see [`crate::node::Worker::pull`]).
-    pub fn pull(&mut self, now: Time, keys: KeySelection) -> Result<RequestId, DriverError> {
-        self.on_worker(|w, out| w.pull(now, keys, out))
-    }
-
-    /// Ends the driven worker's iteration (see [`crate::node::Worker::advance`]).
-    pub fn advance(&mut self, now: Time) -> Result<(), DriverError> {
-        self.on_worker(|w, out| w.advance(now, out))
-    }
-
-    /// Pushes what the driven worker's filters hold back (see
-    /// [`crate::node::Worker::flush`]); `None` when they hold nothing.
-    pub fn flush(&mut self, now: Time) -> Result<Option<RequestId>, DriverError> {
-        self.on_worker(|w, out| w.flush(now, out))
-    }
-
-    /// What each of the driven worker's filters saved so far, by name (none for other
-    /// nodes; see [`crate::node::Worker::filter_savings`]).
-    pub fn filter_savings(&self) -> Vec<(&'static str, crate::filter::FilterSaving)> {
-        self.node
-            .as_worker()
-            .map_or_else(Vec::new, |w| w.filter_savings())
-    }
-
-    /// Takes the driven server (once its ranges are held elsewhere, see
-    /// [`crate::node::Server::leave`]) or worker ([`crate::node::Worker::leave`]) out of the job.
-    pub fn leave(&mut self) -> Result<(), DriverError> {
-        let id = self.id();
-        let mut out = self.take_scratch();
-        let result = match &mut self.node {
-            Node::Server(s) => {
-                s.leave(&mut out);
-                Ok(())
-            }
-            Node::Worker(w) => w.leave(&mut out).map_err(DriverError::from),
-            Node::Coordinator(_) => Err(DriverError::CannotLeave(id)),
-        };
-        self.absorb(out);
-        result
-    }
-
-    fn on_worker<T>(
-        &mut self,
-        call: impl FnOnce(&mut crate::worker::Worker<V>, &mut Effects<V>) -> Result<T, WorkerError>,
-    ) -> Result<T, DriverError> {
-        let id = self.id();
-        let mut out = self.take_scratch();
-        let result = match self.node.as_worker_mut() {
-            Some(w) => call(w, &mut out).map_err(DriverError::from),
-            None => Err(DriverError::NotAWorker(id)),
-        };
-        self.absorb(out);
-        result
-    }
-
-    /// Calls `f` on the node; with the `mutations` feature, with the node's mutation in force
-    /// for the code it calls that holds no node (the coordinator's pace decisions).
-    fn on_node<T>(&mut self, f: impl FnOnce(&mut Node<V, U, S>) -> T) -> T {
+    /// Calls into the node with the effects to fill, and carries out what it asked for; with
+    /// the `mutations` feature, with the node's mutation in force for the code it calls that
+    /// holds no node (the coordinator's pace decisions).
+    fn call<T>(&mut self, f: impl FnOnce(&mut Effects<V>) -> T) -> T {
+        let mut out = core::mem::take(&mut self.scratch);
         #[cfg(feature = "mutations")]
-        return crate::mutation::driving(self.mutation, || f(&mut self.node));
+        let result = crate::mutation::driving(self.mutation, || f(&mut out));
         #[cfg(not(feature = "mutations"))]
-        f(&mut self.node)
-    }
-
-    fn take_scratch(&mut self) -> Effects<V> {
-        core::mem::take(&mut self.scratch)
+        let result = f(&mut out);
+        self.absorb(out);
+        result
     }
 
     fn refuse(&mut self, from: NodeId, reason: Refusal) {
@@ -555,5 +237,281 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
             self.events.push_back(event);
         }
         self.scratch = out;
+    }
+
+    /// The next envelope that `encode` accepts, encoded, and its addressee, else the next
+    /// event, else the time to come back.
+    fn poll<F>(
+        &mut self,
+        encode: impl FnMut(&Codec, &Envelope<V>) -> Result<F, EncodeError>,
+    ) -> Output<V, F> {
+        if let Some(transmit) = self.poll_frame(encode) {
+            return transmit;
+        }
+        match self.events.pop_front() {
+            Some(event) => Output::Event(event),
+            None => Output::Wait {
+                until: self.timers.values().min().copied(),
+            },
+        }
+    }
+}
+
+impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
+    /// Drives `node` with the default codec.
+    pub fn new(node: impl Into<Node<V, U, S>>) -> Self {
+        Self::with_codec(node, Codec::default())
+    }
+
+    /// Drives `node`, encoding and decoding frames with `codec` (its frame limit).
+    pub fn with_codec(node: impl Into<Node<V, U, S>>, codec: Codec) -> Self {
+        let mut node = node.into();
+        // A message the codec would refuse is a message its peer never gets.
+        match &mut node {
+            Node::Server(server) => server.fit_frames(codec.max_frame()),
+            Node::Worker(worker) => worker.fit_frames(codec.max_frame()),
+            Node::Coordinator(_) => {}
+        }
+        Driver {
+            node,
+            io: Io {
+                codec,
+                timers: BTreeMap::new(),
+                scratch: Effects::new(),
+                outbox: VecDeque::new(),
+                events: VecDeque::new(),
+                refusals: Refusals::default(),
+                retransmissions: 0,
+                #[cfg(feature = "mutations")]
+                mutation: None,
+            },
+        }
+    }
+
+    /// The driven node's id.
+    pub fn id(&self) -> NodeId {
+        self.node.id()
+    }
+
+    /// The driven node, to inspect.
+    pub fn node(&self) -> &Node<V, U, S> {
+        &self.node
+    }
+
+    /// The worker's calls: push, pull, advance. Refused for a node that is not a worker.
+    pub fn worker(&mut self) -> Result<WorkerCalls<'_, V>, DriverError> {
+        let id = self.id();
+        match &mut self.node {
+            Node::Worker(worker) => Ok(WorkerCalls {
+                worker,
+                io: &mut self.io,
+            }),
+            _ => Err(DriverError::NotAWorker(id)),
+        }
+    }
+
+    /// The server's calls: read, checkpoints, leave. Refused for a node that is not a server.
+    pub fn server(&mut self) -> Result<ServerCalls<'_, V, U, S>, DriverError> {
+        let id = self.id();
+        match &mut self.node {
+            Node::Server(server) => Ok(ServerCalls {
+                server,
+                io: &mut self.io,
+            }),
+            _ => Err(DriverError::NotAServer(id)),
+        }
+    }
+
+    /// The codec in use.
+    pub fn codec(&self) -> Codec {
+        self.io.codec
+    }
+
+    /// Runs a deliberately broken protocol (see [`crate::mutation::Mutation`]), the node's own
+    /// decisions and the coordinator's pace decisions alike.
+    #[cfg(feature = "mutations")]
+    pub fn set_mutation(&mut self, mutation: Option<crate::mutation::Mutation>) {
+        self.io.mutation = mutation;
+        match &mut self.node {
+            Node::Server(s) => s.set_mutation(mutation),
+            Node::Worker(w) => w.set_mutation(mutation),
+            Node::Coordinator(c) => c.set_mutation(mutation),
+        }
+    }
+
+    /// True when the node has nothing left to finish and nothing queued to send: a worker with
+    /// no open request whose progress every server acknowledged; a server with no copy of its
+    /// shards still to be written ([`crate::events::ServerEvent::CheckpointDue`]); a coordinator
+    /// always.
+    pub fn is_idle(&self) -> bool {
+        self.io.outbox.is_empty()
+            && match &self.node {
+                Node::Worker(w) => w.is_idle(),
+                Node::Server(s) => !s.writing_checkpoint(),
+                Node::Coordinator(_) => true,
+            }
+    }
+
+    /// Refused input so far.
+    pub fn refusals(&self) -> Refusals {
+        self.io.refusals
+    }
+
+    /// Messages the node sent again so far because they went unanswered (a worker's request
+    /// slices and progress reports).
+    pub fn retransmissions(&self) -> u64 {
+        self.io.retransmissions
+    }
+
+    /// Starts the node: registration (or failure detection, for the coordinator). Call once,
+    /// first, or [`Driver::start_configured`] instead.
+    pub fn start(&mut self, now: Time) {
+        let node = &mut self.node;
+        self.io.call(|out| node.start(now, out));
+    }
+
+    /// Starts the node with `config` in force (static membership).
+    pub fn start_configured(&mut self, now: Time, config: ClusterConfig) {
+        let node = &mut self.node;
+        self.io.call(|out| node.start_configured(now, config, out));
+    }
+
+    /// A frame arrived from the transport's peer `from`, in a buffer the caller keeps (a
+    /// socket's receive buffer, reused). Undecodable frames, frames claiming another sender
+    /// and frames for another node are refused (counted, and reported as [`Event::Refused`]).
+    ///
+    /// The values of the frame's key-value pairs are copied out of `frame`, once; the rest is
+    /// decoded in place. A transport that receives each frame into a buffer of its own hands
+    /// it to [`Driver::handle_frame_bytes`] instead, which copies nothing.
+    pub fn handle_frame(&mut self, now: Time, from: NodeId, frame: &[u8]) {
+        let decoded = self.io.codec.decode::<V>(frame);
+        self.handle_decoded(now, from, decoded);
+    }
+
+    /// A frame arrived from the transport's peer `from`, in a buffer of its own: as
+    /// [`Driver::handle_frame`], but the values of the frame's key-value pairs are read where
+    /// they are in `frame`, not copied ([`Codec::decode_bytes`]), so they go from the socket
+    /// buffer to the store with no copy in between.
+    pub fn handle_frame_bytes(&mut self, now: Time, from: NodeId, frame: &Bytes) {
+        let decoded = self.io.codec.decode_bytes::<V>(frame);
+        self.handle_decoded(now, from, decoded);
+    }
+
+    fn handle_decoded(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        decoded: Result<Envelope<V>, crate::wire::DecodeError>,
+    ) {
+        match decoded {
+            Ok(env) if env.from != from => self
+                .io
+                .refuse(from, Refusal::SpoofedSender { claimed: env.from }),
+            Ok(env) => self.dispatch(now, env),
+            Err(e) => self.io.refuse(from, Refusal::Undecodable(e)),
+        }
+    }
+
+    /// An envelope arrived, already decoded: for checkers that skip the wire (feature
+    /// `testing`).
+    #[cfg(feature = "testing")]
+    pub fn handle_message(&mut self, now: Time, env: Envelope<V>) {
+        self.dispatch(now, env);
+    }
+
+    fn dispatch(&mut self, now: Time, env: Envelope<V>) {
+        let node = &mut self.node;
+        self.io.call(|out| node.on_message(now, env, out));
+    }
+
+    /// Fires every timer whose deadline is at or before `now`, earliest first. A timer the node
+    /// sets again for a deadline at or before `now` fires on the next call, not in this one.
+    pub fn handle_timeout(&mut self, now: Time) {
+        let mut due: Vec<(Time, TimerId)> = self
+            .io
+            .timers
+            .iter()
+            .filter(|&(_, &at)| at <= now)
+            .map(|(&t, &at)| (at, t))
+            .collect();
+        due.sort_unstable();
+        for (at, timer) in due {
+            // An earlier timer's handler may have moved or cancelled this one.
+            if self.io.timers.get(&timer) != Some(&at) {
+                continue;
+            }
+            self.io.timers.remove(&timer);
+            let node = &mut self.node;
+            self.io.call(|out| node.on_timer(now, timer, out));
+        }
+    }
+
+    /// The earliest timer deadline, if any timer is set: call [`Driver::handle_timeout`] then.
+    /// [`Output::Wait`] says it too, once everything else is out.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.io.timers.values().min().copied()
+    }
+
+    /// The next frame to send, else the next event for the application, else
+    /// [`Output::Wait`]: poll after every call into the driver until it says to wait. An
+    /// envelope the codec cannot encode (larger than the frame limit) is not sent; it is
+    /// counted in [`Refusals::unencodable`] and said with [`Event::Unencodable`].
+    pub fn poll_output(&mut self) -> Output<V> {
+        self.io.poll(Codec::encode)
+    }
+
+    /// As [`Driver::poll_output`], but a frame is written into `buf` (emptied first, its
+    /// allocation kept) and [`Transmit::frame`] is its length: a transport that sends from a
+    /// buffer of its own allocates nothing per frame for it.
+    pub fn poll_output_into(&mut self, buf: &mut Vec<u8>) -> Output<V, usize> {
+        self.io.poll(|codec, env| {
+            buf.clear();
+            codec.encode_into(env, buf).map(|()| buf.len())
+        })
+    }
+
+    /// As [`Driver::poll_output`], but a frame comes in parts ([`Codec::encode_parts`]): the
+    /// values of its key-value pairs are lent from where the node keeps them instead of
+    /// copied into the frame, for a transport that writes vectored.
+    pub fn poll_output_parts(&mut self) -> Output<V, FrameParts> {
+        self.io.poll(Codec::encode_parts)
+    }
+
+    /// As [`Driver::poll_output`], but an envelope is handed over as it is, not encoded: for
+    /// checkers that skip the wire (feature `testing`).
+    #[cfg(feature = "testing")]
+    pub fn poll_output_message(&mut self) -> Output<V, Envelope<V>> {
+        self.io.poll(|_, env| Ok(env.clone()))
+    }
+
+    /// The next frame to send, leaving events where they are: for checkers that look at one
+    /// queue at a time (feature `testing`). An embedder polls [`Driver::poll_output`], which
+    /// cannot be drained in part.
+    #[cfg(feature = "testing")]
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        match self.io.poll_frame(Codec::encode) {
+            Some(Output::Transmit(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The next event, leaving frames where they are: for checkers (feature `testing`).
+    #[cfg(feature = "testing")]
+    pub fn poll_event(&mut self) -> Option<Event<V>> {
+        self.io.events.pop_front()
+    }
+
+    /// Takes the driven server or worker out of the job (see [`ServerCalls::leave`] and
+    /// [`WorkerCalls::leave`]).
+    pub fn leave(&mut self) -> Result<(), DriverError> {
+        match self.node.role() {
+            Role::Server => {
+                self.server()?.leave();
+                Ok(())
+            }
+            Role::Worker => self.worker()?.leave(),
+            Role::Coordinator => Err(DriverError::CannotLeave(self.id())),
+        }
     }
 }

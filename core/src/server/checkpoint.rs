@@ -1,11 +1,11 @@
 //! Whole-job checkpoints as a server takes them (ARCHITECTURE.md §11): once every worker has
 //! finished the iterations below the next cut and waits there, the server takes a copy of
 //! every shard it holds (a count on the store's rows, nothing read), hands it to its driver
-//! ([`Event::CheckpointDue`]) and tells the coordinator, which lets the workers go on once
+//! ([`crate::events::ServerEvent::CheckpointDue`]) and tells the coordinator, which lets the workers go on once
 //! every server has; once the driver says the copy is written, the server tells the
 //! coordinator again, which records the cut complete. Each is said with every heartbeat until
 //! a configuration records it. A job restarted whole loads the shards of the cut its
-//! coordinator chose ([`Event::Restore`]) before it serves anything.
+//! coordinator chose ([`crate::events::ServerEvent::Restore`]) before it serves anything.
 //!
 //! Nothing is pushed between the cut and its record as taken: every worker waits before it,
 //! and every push of the iterations below it was acknowledged, so by every replica too. The
@@ -19,7 +19,7 @@
 //! queueing copies of the model.
 
 use crate::consistency::Consistency;
-use crate::effects::{Effects, Event};
+use crate::effects::{Effects, Event, ServerEvent};
 use crate::ids::{Iteration, Time};
 use crate::key::KeyRange;
 use crate::store::ParamStore;
@@ -101,7 +101,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         Ok(())
     }
 
-    /// The driver wrote the shards of `cut` it was handed ([`Event::CheckpointDue`]): the
+    /// The driver wrote the shards of `cut` it was handed ([`crate::events::ServerEvent::CheckpointDue`]): the
     /// coordinator hears so.
     pub fn checkpoint_written(
         &mut self,
@@ -120,13 +120,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         }
     }
 
-    /// Whether shards handed to the driver ([`Event::CheckpointDue`]) are not written yet: the
+    /// Whether shards handed to the driver ([`crate::events::ServerEvent::CheckpointDue`]) are not written yet: the
     /// server is not done until they are.
     pub fn writing_checkpoint(&self) -> bool {
         self.checkpointing.taken.is_some() && !self.checkpointing.written
     }
 
-    /// Loads the shards this server wrote at `cut` ([`Event::Restore`]): every range it holds
+    /// Loads the shards this server wrote at `cut` ([`crate::events::ServerEvent::Restore`]): every range it holds
     /// takes the rows and update-rule state of its copy; workers count as having finished the
     /// iterations below the cut, which is what the copies' clocks say. De-duplication state
     /// is not restored: every worker is a new process with new request numbers. Then the
@@ -195,7 +195,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         let cut = cluster.config.checkpoints.complete;
         if fresh_start && cluster.epoch() == 1 && cut > 0 && self.is_member() {
             self.checkpointing.restoring = Some(cut);
-            out.emit(Event::Restore { cut });
+            out.emit(Event::Server(ServerEvent::Restore { cut }));
         }
     }
 
@@ -265,7 +265,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .collect();
         self.checkpointing.taken = Some((cut, self.shard_ranges()));
         self.checkpointing.written = false;
-        out.emit(Event::CheckpointDue { cut, shards });
+        out.emit(Event::Server(ServerEvent::CheckpointDue { cut, shards }));
         self.report_checkpoint(out);
     }
 

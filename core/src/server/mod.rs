@@ -123,7 +123,7 @@ impl ServerConfig {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StartFromError {
-    /// The node is not a server ([`crate::Driver::start_from`]).
+    /// The node is not a server ([`crate::driver::ServerCalls::start_from`]).
     #[error("only a server starts from rows")]
     NotAServer,
     /// The server holds a configuration already: its shards are made.

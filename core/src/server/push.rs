@@ -15,8 +15,8 @@
 //! finished the iteration. If a push were acknowledged only once the replicas hold it, the replicas
 //! would need every push before the aggregate could exist. Instead a primary with replicas answers
 //! a buffered push with `PushTaken`: the worker counts the push for its iteration
-//! (`Event::PushDone`), takes it out of its window, and keeps it (resent only at the longest
-//! timeout) until `PushAck` says the replicas hold it (`Event::PushDurable`). Workers report both
+//! (`crate::events::WorkerEvent::PushDone`), takes it out of its window, and keeps it (resent only at the longest
+//! timeout) until `PushAck` says the replicas hold it (`crate::events::WorkerEvent::PushDurable`). Workers report both
 //! kinds of progress (`Progress::finished_below`, acknowledged; `taken_below`, taken in), and the
 //! servers aggregate on either. The replicas get the iteration's pushes as one sum
 //! (`super::replication`).

@@ -25,7 +25,7 @@
 //! buffer of its own (TCP reads each frame into one, UDP reassembles each frame of several
 //! datagrams into one, the in-memory transport hands over the sender's buffer) sits at an aligned
 //! address, so the values in its trailer are aligned too, and [`Codec::decode_bytes`] (which
-//! [`Driver::handle_frame`](crate::Driver::handle_frame) uses) gives the decoded pairs a view of
+//! [`Driver::handle_frame_bytes`](crate::Driver::handle_frame_bytes) uses) gives the decoded pairs a view of
 //! the frame's bytes instead of a copy (`crate::kv::values`). A push's values then go from the
 //! transport's buffer straight into the store. Inline values, as postcard lays out a byte string,
 //! would sit after varints of any length and at any alignment. How the serde form of `KvPairs`

@@ -76,7 +76,7 @@ pub struct ClusterConfig {
     pub standbys: Vec<NodeId>,
     /// The term of the coordinator that published it: 0 for a job's first coordinator, higher
     /// for each that took its place. A node refuses a configuration of a lower term than one it
-    /// holds ([`crate::Refusal::StaleTerm`]): a coordinator that was taken over from speaks
+    /// holds ([`crate::events::Refusal::StaleTerm`]): a coordinator that was taken over from speaks
     /// for the job no more.
     pub term: u64,
     /// Live servers.
@@ -135,7 +135,7 @@ pub struct ClusterConfig {
 /// Whole-job checkpoints (ARCHITECTURE.md §11). Before every iteration that is a multiple of
 /// `every` (a *cut*), each worker waits until a configuration records the cut taken; each
 /// server, once every worker has finished the iterations below the cut, takes a copy of its
-/// shards and hands it to its driver to write ([`crate::Event::CheckpointDue`]), and tells the
+/// shards and hands it to its driver to write ([`crate::events::ServerEvent::CheckpointDue`]), and tells the
 /// coordinator that it took it and, later, that it wrote it. The coordinator records the cut
 /// taken once every server on the ring took its copy (the workers go on while the copies are
 /// written), and complete once every server wrote it.
@@ -790,8 +790,8 @@ pub struct Transfer<V: Value> {
     pub clocks: Vec<ClockRecord>,
 }
 
-/// A whole shard as a checkpoint holds it ([`crate::Event::CheckpointDue`],
-/// [`crate::Driver::restore`]): what a [`Transfer`] carries, with the rows shared with the
+/// A whole shard as a checkpoint holds it ([`crate::events::ServerEvent::CheckpointDue`],
+/// [`crate::driver::ServerCalls::restore`]): what a [`Transfer`] carries, with the rows shared with the
 /// store instead of copied out of it, so that writing a model's checkpoint costs what writing
 /// its bytes does (ARCHITECTURE.md §11).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -1,7 +1,7 @@
 //! What servers answer to slices: an acknowledgement, a push taken in, a pull's values whole
 //! or a part at a time; and the requests they complete.
 
-use crate::effects::{Effects, Event, Refusal};
+use crate::effects::{Effects, Event, Refusal, WorkerEvent};
 use crate::ids::{Epoch, Iteration, NodeId, Time};
 use crate::key::Key;
 use crate::kv::KvPairs;
@@ -212,7 +212,7 @@ impl<V: Value> Worker<V> {
     }
 
     /// A push is done for its iteration: the iteration may finish (the caller tells the
-    /// servers), and the application hears [`Event::PushDone`].
+    /// servers), and the application hears [`crate::events::WorkerEvent::PushDone`].
     fn count_push(&mut self, id: RequestId, iteration: Iteration, out: &mut Effects<V>) {
         if let Some(n) = self.unfinished.get_mut(&iteration) {
             *n -= 1;
@@ -220,7 +220,7 @@ impl<V: Value> Worker<V> {
                 self.unfinished.remove(&iteration);
             }
         }
-        out.emit(Event::PushDone(id));
+        out.emit(Event::Worker(WorkerEvent::PushDone(id)));
     }
 
     pub(super) fn complete_if_done(&mut self, now: Time, id: RequestId, out: &mut Effects<V>) {
@@ -236,7 +236,7 @@ impl<V: Value> Worker<V> {
             }
             // Durable progress moved, and maybe finished progress: servers hear it.
             self.on_progress(now, out);
-            out.emit(Event::PushDurable(id));
+            out.emit(Event::Worker(WorkerEvent::PushDurable(id)));
         } else {
             #[allow(unused_mut)]
             let mut kvs = assemble(request.replies, self.cfg.width);
@@ -244,7 +244,7 @@ impl<V: Value> Worker<V> {
                 kvs = kvs.rows(0, kvs.len() - 1);
             }
             self.filters.pulled(&kvs);
-            out.emit(Event::PullDone(id, kvs));
+            out.emit(Event::Worker(WorkerEvent::PullDone(id, kvs)));
         }
     }
 }

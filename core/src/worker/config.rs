@@ -141,6 +141,10 @@ pub enum WorkerError {
     /// The coordinator no longer counts this worker as a member.
     #[error("this worker was removed from the cluster (declared dead); restart it to rejoin")]
     Fenced,
+    /// The worker holds no configuration yet, or is still learning which iteration a running
+    /// job lets it start in: requests wait for [`crate::Event::Ready`].
+    #[error("this worker is not ready: push, pull and advance once it has said it is ready")]
+    NotReady,
     /// The pushed values have another width than the job's.
     #[error("pushed rows have {got} values per key, but this job uses {expected}")]
     WidthMismatch {

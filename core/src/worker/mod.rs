@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
-use crate::effects::{Effects, Event, Refusal, TimerId};
+use crate::effects::{Effects, Event, Refusal, TimerId, WorkerEvent};
 use crate::filter::keycache::SentLists;
 use crate::filter::{FilterChain, FilterSaving, Tally};
 use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
@@ -337,6 +337,23 @@ impl<V: Value> Worker<V> {
         self.fenced
     }
 
+    /// True once the worker holds a configuration and knows the iteration it starts in: it
+    /// has said [`Event::Ready`]. Until then it refuses requests ([`WorkerError::NotReady`]).
+    pub fn is_ready(&self) -> bool {
+        self.cluster.is_some() && !self.learning_start
+    }
+
+    /// Whether the application may push, pull or advance now.
+    fn takes_requests(&self) -> Result<(), WorkerError> {
+        if self.fenced {
+            Err(WorkerError::Fenced)
+        } else if !self.is_ready() {
+            Err(WorkerError::NotReady)
+        } else {
+            Ok(())
+        }
+    }
+
     /// Registers with the coordinator and starts heartbeats. Call once, first.
     pub fn start(&mut self, now: Time, out: &mut Effects<V>) {
         self.register(now, out);
@@ -405,8 +422,8 @@ impl<V: Value> Worker<V> {
         out.send(Envelope::new(self.cfg.id, to, self.epoch(), body));
     }
 
-    /// Pushes `kvs` as part of the current iteration. Completes with [`Event::PushDone`] once
-    /// it counts for the iteration, and with [`Event::PushDurable`] (in the same step, or
+    /// Pushes `kvs` as part of the current iteration. Completes with [`crate::events::WorkerEvent::PushDone`] once
+    /// it counts for the iteration, and with [`crate::events::WorkerEvent::PushDurable`] (in the same step, or
     /// later in sequential mode with replicas) once every replica holds it.
     pub fn push(
         &mut self,
@@ -420,7 +437,7 @@ impl<V: Value> Worker<V> {
     /// Pushes `kvs` as a part of the current iteration's work: with the parts pushed before,
     /// `covers` of it. A worker that cuts its iteration into parts this way loses only the
     /// part it had not pushed when the coordinator tells it to skip ahead
-    /// ([`Event::SkippedAhead`]), and the coordinator sees how far into the iteration it is.
+    /// ([`crate::events::WorkerEvent::SkippedAhead`]), and the coordinator sees how far into the iteration it is.
     /// Completes as [`Worker::push`] does.
     pub fn push_part(
         &mut self,
@@ -429,9 +446,7 @@ impl<V: Value> Worker<V> {
         covers: Coverage,
         out: &mut Effects<V>,
     ) -> Result<RequestId, WorkerError> {
-        if self.fenced {
-            return Err(WorkerError::Fenced);
-        }
+        self.takes_requests()?;
         if kvs.width() != self.cfg.width {
             return Err(WorkerError::WidthMismatch {
                 expected: self.cfg.width,
@@ -467,9 +482,7 @@ impl<V: Value> Worker<V> {
         now: Time,
         out: &mut Effects<V>,
     ) -> Result<Option<RequestId>, WorkerError> {
-        if self.fenced {
-            return Err(WorkerError::Fenced);
-        }
+        self.takes_requests()?;
         if let Some(cut) = self.waits_at_checkpoint() {
             return Err(WorkerError::AtCheckpoint { cut });
         }
@@ -510,7 +523,7 @@ impl<V: Value> Worker<V> {
         self.speed = per_sec;
     }
 
-    /// Pulls `keys` for the current iteration. Completes with [`Event::PullDone`] once the
+    /// Pulls `keys` for the current iteration. Completes with [`crate::events::WorkerEvent::PullDone`] once the
     /// servers can meet the consistency model.
     pub fn pull(
         &mut self,
@@ -518,18 +531,14 @@ impl<V: Value> Worker<V> {
         keys: KeySelection,
         out: &mut Effects<V>,
     ) -> Result<RequestId, WorkerError> {
-        if self.fenced {
-            return Err(WorkerError::Fenced);
-        }
+        self.takes_requests()?;
         Ok(self.submit(now, Part::Pull(keys), Coverage(0), out))
     }
 
-    /// Ends the current iteration. The worker enters the next one ([`Event::Advanced`]) as soon
+    /// Ends the current iteration. The worker enters the next one ([`crate::events::WorkerEvent::Advanced`]) as soon
     /// as the consistency model allows: at once, or when enough earlier pushes are acknowledged.
     pub fn advance(&mut self, now: Time, out: &mut Effects<V>) -> Result<(), WorkerError> {
-        if self.fenced {
-            return Err(WorkerError::Fenced);
-        }
+        self.takes_requests()?;
         self.advances_waiting += 1;
         self.try_advance(now, out);
         Ok(())
@@ -709,7 +718,7 @@ impl<V: Value> Worker<V> {
             self.iteration = next;
             self.covered = Coverage(0);
             self.advances_waiting -= 1;
-            out.emit(Event::Advanced(next));
+            out.emit(Event::Worker(WorkerEvent::Advanced(next)));
             moved = true;
         }
         // A worker waiting at a cut has left the iteration before it: the servers hear so.
@@ -800,16 +809,16 @@ impl<V: Value> Worker<V> {
             return;
         }
         let from = self.iteration;
-        out.emit(Event::SkippedAhead {
+        out.emit(Event::Worker(WorkerEvent::SkippedAhead {
             from,
             to,
             covered: self.covered,
-        });
+        }));
         self.iteration = to;
         self.covered = Coverage(0);
         if self.advances_waiting > 0 {
             self.advances_waiting -= 1;
-            out.emit(Event::Advanced(to));
+            out.emit(Event::Worker(WorkerEvent::Advanced(to)));
         }
     }
 

@@ -64,7 +64,7 @@ pub(super) struct Request<V: Value> {
     pub(super) replies: Vec<KvPairs<V>>,
     pub(super) next_slice: SliceId,
     /// A push counted as finished for its iteration (every slice taken in or acknowledged),
-    /// with [`crate::Event::PushDone`] emitted.
+    /// with [`crate::events::WorkerEvent::PushDone`] emitted.
     pub(super) counted: bool,
 }
 

@@ -2,6 +2,7 @@
 //! timer to the core struct and translates the resulting [`Effects`] into stateright's [`Out`].
 //! The only logic here is the workers' scripted application and a few observation flags.
 
+use pserver_core::events::WorkerEvent;
 use std::borrow::Cow;
 
 use pserver_core::node::CoordinatorError;
@@ -164,7 +165,7 @@ pub struct WorkerActorState {
     /// Some request of this worker was redirected and then completed.
     pub followed_redirect: bool,
     /// The coordinator told this worker to skip ahead, and it entered a later iteration
-    /// ([`Event::SkippedAhead`]).
+    /// ([`pserver_core::events::WorkerEvent::SkippedAhead`]).
     pub skipped_ahead: bool,
     redirected: Vec<RequestId>,
 }
@@ -191,7 +192,7 @@ impl WorkerActorState {
         self.first_without(self.acked)
     }
 
-    /// Every iteration below this one had its push counted ([`Event::PushDone`]), or was
+    /// Every iteration below this one had its push counted ([`pserver_core::events::WorkerEvent::PushDone`]), or was
     /// skipped ([`Worker::skipped_below`]): what the worker's in-flight bound counts as
     /// finished.
     pub fn counted_below(&self) -> Iteration {
@@ -637,20 +638,20 @@ impl Script {
                 match event {
                     Event::Ready { .. } if self.iterations > 0 => self.push_and_advance(w, out),
                     Event::Ready { .. } => w.finished = true,
-                    Event::PushDone(id) => {
+                    Event::Worker(WorkerEvent::PushDone(id)) => {
                         if let Some(it) = w.iteration_of(id) {
                             w.counted |= 1 << it;
                         }
                         w.followed_redirect |= w.redirected.contains(&id);
                     }
-                    Event::PushDurable(id) => {
+                    Event::Worker(WorkerEvent::PushDurable(id)) => {
                         if let Some(it) = w.iteration_of(id) {
                             w.acked |= 1 << it;
                         }
                     }
-                    Event::SkippedAhead { .. } => w.skipped_ahead = true,
-                    Event::Advanced(_) => self.pull(w, out),
-                    Event::PullDone(id, kvs) => {
+                    Event::Worker(WorkerEvent::SkippedAhead { .. }) => w.skipped_ahead = true,
+                    Event::Worker(WorkerEvent::Advanced(_)) => self.pull(w, out),
+                    Event::Worker(WorkerEvent::PullDone(id, kvs)) => {
                         w.followed_redirect |= w.redirected.contains(&id);
                         match w.pulling.take_if(|(open, _)| *open == id) {
                             Some((_, it)) => {

@@ -7,6 +7,7 @@ mod policies;
 
 use core::cmp::Ordering;
 use core::hash::{Hash, Hasher};
+use pserver_core::events::{CoordinatorEvent, Refusal, WorkerEvent};
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use super::ledger::Ledger;
@@ -19,7 +20,9 @@ use pserver_core::Bytes;
 
 use pserver_core::Consistency;
 use pserver_core::Driver;
+use pserver_core::Event;
 use pserver_core::KvPairs;
+use pserver_core::Output;
 use pserver_core::filter::KeysDigest;
 use pserver_core::node::Coordinator;
 use pserver_core::node::Worker;
@@ -33,7 +36,6 @@ use pserver_core::wire::{
     Envelope, Message, Pull, PullReply, PullRows, PullValues, Push, ShardUpdate,
 };
 use pserver_core::{Epoch, Iteration, NodeId, Time};
-use pserver_core::{Event, Refusal};
 use pserver_core::{Key, KeyRange};
 use pserver_core::{KeyList, KeySelection, RangeList, RequestId};
 use std::sync::Arc;
@@ -737,7 +739,7 @@ impl<'a> World<'a> {
                             }
                         }
                         match packet {
-                            Packet::Frame(frame) => d.handle_frame(now, from, &frame),
+                            Packet::Frame(frame) => d.handle_frame_bytes(now, from, &frame),
                             Packet::Envelope(env) => d.handle_message(now, *env),
                         }
                     }
@@ -849,23 +851,26 @@ impl<'a> World<'a> {
                 return Ok(());
             };
             let mut packets = Vec::new();
-            if self.cfg.wire {
-                while let Some(t) = d.poll_transmit() {
-                    packets.push((t.to, Packet::Frame(t.frame)));
+            let mut events: Vec<Event<f64>> = Vec::new();
+            let deadline = loop {
+                let output = if self.cfg.wire {
+                    d.poll_output().map_frame(Packet::Frame)
+                } else {
+                    d.poll_output_message()
+                        .map_frame(|env| Packet::Envelope(Box::new(env)))
+                };
+                match output {
+                    Output::Transmit(t) => packets.push((t.to, t.frame)),
+                    Output::Event(event) => events.push(event),
+                    Output::Wait { until } => break until,
                 }
-            } else {
-                while let Some(env) = d.poll_message() {
-                    packets.push((env.to, Packet::Envelope(Box::new(env))));
-                }
-            }
-            let events: Vec<Event<f64>> = std::iter::from_fn(|| d.poll_event()).collect();
+            };
             if let Some(Event::Unencodable { to, error }) = events
                 .iter()
                 .find(|e| matches!(e, Event::Unencodable { .. }))
             {
                 return Err(self.fail(Invariant::Codec, format!("{node} -> {to}: {error}")));
             }
-            let deadline = d.poll_timeout();
             let applied_below = d.node().as_server().map(Server::applied_below);
             for (to, packet) in packets {
                 let Observed {
@@ -1057,7 +1062,7 @@ impl<'a> World<'a> {
 
     fn on_event(&mut self, node: NodeId, event: Event<f64>) -> Result<(), SimFailure> {
         match event {
-            Event::TookOver { .. } => {
+            Event::Coordinator(CoordinatorEvent::TookOver { .. }) => {
                 self.active = node;
                 self.policies.took_over(node);
                 if let Some(at) = self.coordinator_fault_at.take() {
@@ -1070,19 +1075,19 @@ impl<'a> World<'a> {
                 self.node_dead(dead);
                 return Ok(());
             }
-            Event::WorkerLeft(worker) => {
+            Event::Coordinator(CoordinatorEvent::WorkerLeft(worker)) => {
                 self.worker_out(node, worker);
                 return Ok(());
             }
-            Event::Straggler { .. } => {
+            Event::Coordinator(CoordinatorEvent::Straggler { .. }) => {
                 self.pace.flagged += 1;
                 return Ok(());
             }
-            Event::ShareMoved { share, from, to } => {
+            Event::Coordinator(CoordinatorEvent::ShareMoved { share, from, to }) => {
                 self.pace.shares_moved += 1;
                 return self.share_moved(node, share, from, to);
             }
-            Event::TauChanged { to, .. } => {
+            Event::Coordinator(CoordinatorEvent::TauChanged { to, .. }) => {
                 self.pace.tau_changes += 1;
                 self.pace.max_tau = self.pace.max_tau.max(to);
                 return Ok(());
@@ -1120,7 +1125,7 @@ impl<'a> World<'a> {
         }
         match event {
             Event::Ready { .. } => self.begin_iteration(node),
-            Event::PullDone(id, kvs) => {
+            Event::Worker(WorkerEvent::PullDone(id, kvs)) => {
                 let Some((iteration, asked)) =
                     self.apps.get_mut(&node).and_then(|a| a.pulls.remove(&id))
                 else {
@@ -1135,8 +1140,8 @@ impl<'a> World<'a> {
                     self.start_part(node, iteration);
                 }
             }
-            Event::PushDone(_) => {}
-            Event::PushDurable(id) => {
+            Event::Worker(WorkerEvent::PushDone(_)) => {}
+            Event::Worker(WorkerEvent::PushDurable(id)) => {
                 let keys = &self.keys;
                 if !self.ledger.ack(node, id, |k| index_of(keys, k)) {
                     return Err(self.fail(
@@ -1145,8 +1150,8 @@ impl<'a> World<'a> {
                     ));
                 }
             }
-            Event::Advanced(iteration) => self.enter(node, iteration),
-            Event::SkippedAhead { from, to, covered } => {
+            Event::Worker(WorkerEvent::Advanced(iteration)) => self.enter(node, iteration),
+            Event::Worker(WorkerEvent::SkippedAhead { from, to, covered }) => {
                 self.pace.skips += 1;
                 self.pace.skipped_iterations += u64::from(to - from);
                 if covered > Coverage(0) {
@@ -1225,7 +1230,9 @@ impl<'a> World<'a> {
         let per_worker = self.cfg.stragglers.shares_per_worker() as f64;
         let held = self.nodes.get_mut(&node).map_or(per_worker, |driver| {
             // The application knows its own speed: shares' work per second of compute.
-            let _ = driver.report_speed((1_000_000.0 / factor) as u32);
+            if let Ok(mut worker) = driver.worker() {
+                worker.report_speed((1_000_000.0 / factor) as u32);
+            }
             driver
                 .node()
                 .as_worker()
@@ -1256,7 +1263,10 @@ impl<'a> World<'a> {
             return;
         };
         let iteration = driver.node().as_worker().map_or(0, Worker::iteration);
-        if let Ok(id) = driver.pull(now, selection.clone()) {
+        if let Ok(id) = driver
+            .worker()
+            .and_then(|mut w| w.pull(now, selection.clone()))
+        {
             if let Some(app) = self.apps.get_mut(&node) {
                 app.keys = keys;
                 app.pulls.insert(id, (iteration, selection));
@@ -1299,7 +1309,9 @@ impl<'a> World<'a> {
         let iteration = driver.node().as_worker().map_or(0, Worker::iteration);
         let last = part + 1 >= parts;
         let covers = Coverage::parts(part + 1, parts);
-        let pushed = driver.push_part(now, kvs.clone(), covers);
+        let pushed = driver
+            .worker()
+            .and_then(|mut w| w.push_part(now, kvs.clone(), covers));
         if let Ok(id) = pushed {
             self.issue(node, id, iteration);
             if let Some(app) = self.apps.get_mut(&node) {
@@ -1319,7 +1331,7 @@ impl<'a> World<'a> {
         if last {
             // The scripted application ignores a refused advance: the worker was fenced.
             if let Some(driver) = self.nodes.get_mut(&node) {
-                let _ = driver.advance(now);
+                let _ = driver.worker().and_then(|mut w| w.advance(now));
             }
         } else {
             self.start_part(node, iteration);
@@ -1350,7 +1362,7 @@ impl<'a> World<'a> {
             return;
         };
         let iteration = driver.node().as_worker().map_or(0, Worker::iteration);
-        if let Ok(Some(id)) = driver.flush(now) {
+        if let Ok(Some(id)) = driver.worker().and_then(|mut w| w.flush(now)) {
             self.issue(node, id, iteration);
         }
     }
@@ -1405,13 +1417,19 @@ impl<'a> World<'a> {
             },
             peak_receive_queue_bytes: self.receiving.values().map(|q| q.peak).max().unwrap_or(0),
             slot_grants: self.slot_grants,
-            filter_savings: self.nodes.values().flat_map(|d| d.filter_savings()).fold(
-                BTreeMap::new(),
-                |mut sums, (name, s)| {
+            filter_savings: self
+                .nodes
+                .values()
+                .flat_map(|d| {
+                    d.node()
+                        .as_worker()
+                        .map(Worker::filter_savings)
+                        .unwrap_or_default()
+                })
+                .fold(BTreeMap::new(), |mut sums, (name, s)| {
                     sums.entry(name).or_default().add(s);
                     sums
-                },
-            ),
+                }),
             fingerprint: h.finish(),
             takeovers: self.takeovers.clone(),
         }

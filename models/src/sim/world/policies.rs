@@ -23,7 +23,7 @@
 //! What a coordinator decided is read from the wire, not from the coordinator: every
 //! configuration it decides goes out at once, to its standby with its state or to every
 //! member, unless a fence holds it back (ARCHITECTURE.md §11). A move is judged at the step the
-//! coordinator says it moved a share (`Event::ShareMoved`): the configuration it sent in that
+//! coordinator says it moved a share (`pserver_core::events::CoordinatorEvent::ShareMoved`): the configuration it sent in that
 //! step is the move's outcome, the one of the epoch before it in the same term the decision's
 //! input, and the speeds it held are followed from the heartbeats it took in. Around a fence
 //! consecutive epochs are no single decision (a dropped standby's configuration is published
