@@ -38,6 +38,35 @@ pub enum WorkerEvent<V: Value> {
         /// How much of `from` its pushes covered ([`crate::node::Worker::push_part`]).
         covered: Coverage,
     },
+    /// Nothing this worker was asked for completed for [`crate::Timing::stall_limit`] while
+    /// something waits: no push done, no pull answered, no iteration entered. Said once per
+    /// stall, again only after something completes and it stalls anew. The worker goes on
+    /// trying; an application that cannot wait longer stops it.
+    Stalled {
+        /// How long nothing has completed.
+        for_at_least: Time,
+        /// The slices unanswered, with the servers they wait for; none when what waits is an
+        /// advance the consistency model holds, or progress the servers have not acknowledged.
+        waits: Vec<Wait>,
+    },
+}
+
+/// One unanswered slice of a worker's open request ([`crate::node::Worker::waits`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Wait {
+    /// The request it is a slice of.
+    pub request: RequestId,
+    /// A push (otherwise a pull).
+    pub push: bool,
+    /// The iteration the request belongs to.
+    pub iteration: Iteration,
+    /// The server it is addressed to.
+    pub server: NodeId,
+    /// The keys it covers, first to last (none for an empty slice).
+    pub keys: Option<KeyRange>,
+    /// How many times it was sent again, unanswered.
+    pub attempts: u8,
 }
 
 /// What a server's driver must do for the job's checkpoints: said by servers only.
@@ -176,7 +205,11 @@ pub enum Event<V: Value> {
     /// once it has left ([`crate::node::Server::leave`]) or was declared dead while still running;
     /// started again (with a new incarnation), it joins as a new member.
     Fenced,
-    /// The coordinator declared a node dead (coordinator only).
+    /// A node was declared dead: silent past [`crate::Timing::heartbeat_timeout`], or a server
+    /// restarted as a new process. The coordinator says it when it declares it; every server
+    /// and worker once a configuration without it arrives
+    /// ([`crate::wire::ClusterConfig::dead_since`]). A dead server's ranges pass to their
+    /// replicas; a dead worker's shares to the live workers.
     NodeDead(NodeId),
     /// The coordinator: this server is silent past the timeout, restarted, or asked to leave,
     /// but stays in the ring, because without it no server would be left, or fewer replicas
@@ -186,8 +219,8 @@ pub enum Event<V: Value> {
     /// A server became the primary of a range that no live server held a copy of (more
     /// servers failed than the ring has replicas, faster than copies were refilled): the range
     /// starts again from zero. Every value pushed to it before is lost. Emitted on that
-    /// server, on the coordinator once the server reported it, and on every worker once a
-    /// configuration lists it ([`crate::wire::ClusterConfig::lost`]).
+    /// server, on the coordinator once the server reported it, and on every other server and
+    /// every worker once a configuration lists it ([`crate::wire::ClusterConfig::lost`]).
     RangeLost(KeyRange),
     /// Every worker left the job, its work done ([`crate::wire::ClusterConfig::job_finished`]),
     /// as of the configuration of `epoch`. A server says it once it holds that configuration

@@ -58,10 +58,11 @@ pub struct JobSpec {
     pub updater: Updater,
     /// Timeouts and intervals.
     pub timing: Timing,
-    /// The largest frame a node sends or accepts. Default: [`DEFAULT_MAX_FRAME`].
+    /// The largest frame a node sends or accepts: set it to what one datagram of your
+    /// transport carries, and every message is cut to it. Default: [`DEFAULT_MAX_FRAME`].
     pub max_frame: usize,
-    /// The largest slice a worker puts in one message; must leave room in `max_frame`.
-    /// Default: [`DEFAULT_MAX_SLICE_BYTES`].
+    /// The largest slice a worker puts in one message, at most: the driver cuts slices
+    /// smaller where `max_frame` asks for it. Default: [`DEFAULT_MAX_SLICE_BYTES`].
     pub max_slice_bytes: usize,
     /// The largest part of a server's answer to a range pull, and of a copy of a shard.
     /// Default: [`DEFAULT_MAX_SLICE_BYTES`].
@@ -125,22 +126,6 @@ pub enum JobError {
     /// A worker could never send a slice.
     #[error("workers must be allowed at least one slice in flight")]
     NoSlicesInFlight,
-    /// Slices, or the answers to them, do not fit a frame.
-    #[error(
-        "slices of {slice_bytes} bytes with {value} values of width {width} need frames of {needed} bytes, but the frame limit is {max_frame}: lower the slice size or raise the frame limit"
-    )]
-    SliceTooLarge {
-        /// The slice limit asked for.
-        slice_bytes: usize,
-        /// The value type's name.
-        value: &'static str,
-        /// Values per key.
-        width: usize,
-        /// The frame such slices need.
-        needed: usize,
-        /// The frame limit.
-        max_frame: usize,
-    },
     /// A frame limit some message of the job can never meet.
     #[error(
         "frames of at most {max_frame} bytes cannot carry every message of this job (its configuration, or one row with its state and de-duplication records): it needs a frame limit of at least {smallest} bytes"
@@ -232,7 +217,9 @@ impl JobSpec {
     }
 
     /// Whether the job can work with values of type `V`: servers and workers to run it, a
-    /// ring its servers can form, rows of at least one value, and slices that fit a frame.
+    /// ring its servers can form, rows of at least one value, and a frame limit every message
+    /// can be cut to ([`JobSpec::smallest_frame`]). Slices and answers larger than a frame
+    /// need not be lowered: the driver cuts them to the frame limit.
     pub fn validate<V: Value>(&self) -> Result<(), JobError> {
         if self.servers == 0 {
             return Err(CoordinatorError::NoServers.into());
@@ -253,18 +240,6 @@ impl JobSpec {
             return Err(JobError::FrameTooSmall {
                 max_frame: self.max_frame,
                 smallest,
-            });
-        }
-        let needed = self
-            .worker_config(self.layout().coordinator())
-            .frame_needed::<V>();
-        if needed > self.max_frame {
-            return Err(JobError::SliceTooLarge {
-                slice_bytes: self.max_slice_bytes,
-                value: V::NAME,
-                width: self.width,
-                needed,
-                max_frame: self.max_frame,
             });
         }
         Ok(())
@@ -619,13 +594,9 @@ mod tests {
             bad(|j| j.max_slices_in_flight = 0),
             Some(JobError::NoSlicesInFlight)
         );
-        assert!(matches!(
-            bad(|j| j.max_frame = 1024),
-            Some(JobError::SliceTooLarge {
-                max_frame: 1024,
-                ..
-            })
-        ));
+        // Slices and answers larger than a frame are cut to it by the driver: a datagram's
+        // frame limit is all an embedder sets.
+        assert_eq!(bad(|j| j.max_frame = 1024), None);
         assert_eq!(
             bad(|j| {
                 j.push_slots = Some(PushSlots {

@@ -30,6 +30,12 @@ pub struct Timing {
     /// not resent only because it takes long to move. The default allows 100 MiB/s. Messages
     /// below a MiB in all add nothing.
     pub rto_per_mib: Time,
+    /// How long a worker may go with nothing it was asked for completing (no push done, no
+    /// pull answered, no iteration entered) while something waits, before it says it stalled
+    /// ([`crate::events::WorkerEvent::Stalled`], once per stall, naming what it waits for).
+    /// Looked at with each heartbeat. 0: never (the default; the runtime sets its
+    /// `stall_limit` here).
+    pub stall_limit: Time,
     /// How many times the retransmission timeout may double. The attempt counter kept per
     /// message never exceeds it, so 0 keeps no counter at all (the model checker's setting).
     pub max_doublings: u8,
@@ -45,6 +51,7 @@ impl Default for Timing {
             rto_max: 1_000 * MS,
             register_retry: 100 * MS,
             rto_per_mib: 10 * MS,
+            stall_limit: 0,
             max_doublings: 16,
         }
     }

@@ -552,3 +552,37 @@ fn a_frame_from_a_reused_buffer_is_taken_as_from_its_own() {
     assert_eq!(read(&mut b).values(), &[5, 6]);
     assert_eq!(output(&mut a).0, output(&mut b).0);
 }
+
+/// A send the transport says failed counts as an attempt: the slice is resent later than on
+/// the timeout of a send that left, and only to the peer that failed.
+#[test]
+fn a_failed_send_backs_off_what_is_resent_to_that_peer() {
+    let codec = Codec::default();
+    let cfg = config(&[W1], Consistency::Eventual);
+    let (mut a, mut b) = (
+        worker(W1, &cfg, codec, DEFAULT_MAX_SLICE_BYTES, 4),
+        worker(W1, &cfg, codec, DEFAULT_MAX_SLICE_BYTES, 4),
+    );
+    for d in [&mut a, &mut b] {
+        output(d);
+        d.worker()
+            .unwrap()
+            .push(0, KvPairs::new(vec![1, 2], vec![1, 1], 1).unwrap())
+            .unwrap();
+        assert!(output(d).0.iter().any(|t| t.to == S1));
+    }
+    a.send_failed(0, S1);
+    assert_eq!((a.send_failures(), b.send_failures()), (1, 0));
+    let (due_a, due_b) = (a.poll_timeout().unwrap(), b.poll_timeout().unwrap());
+    assert!(due_a > due_b, "{due_a} <= {due_b}");
+    for d in [&mut a, &mut b] {
+        d.handle_timeout(due_b);
+    }
+    assert!(output(&mut b).0.iter().any(|t| t.to == S1));
+    assert!(!output(&mut a).0.iter().any(|t| t.to == S1));
+    a.handle_timeout(due_a);
+    assert!(
+        output(&mut a).0.iter().any(|t| t.to == S1),
+        "backed off, not given up"
+    );
+}

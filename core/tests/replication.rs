@@ -1797,3 +1797,82 @@ fn a_job_keeping_min_replicas_takes_a_restarted_server_back() {
     assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 2)));
     c.assert_converged(&keys);
 }
+
+/// How many times `node` said that `dead` died.
+fn heard_dead(c: &Cluster, node: NodeId, dead: NodeId) -> usize {
+    c.events.get(&node).map_or(0, |e| {
+        e.iter().filter(|e| **e == Event::NodeDead(dead)).count()
+    })
+}
+
+/// A server's death reaches every node, not only the coordinator: each live server and
+/// worker says it once, when the configuration without it arrives.
+#[test]
+fn every_live_node_hears_once_that_a_server_was_declared_dead() {
+    let mut c = Cluster::new(3, 2, 1, Consistency::Eventual);
+    let keys = Cluster::keys(24);
+    let w1 = NodeId(4);
+    c.push(w1, &keys, 1);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w1) == 1));
+    let victim = NodeId(2);
+    c.crash(victim);
+    let live = [COORD, NodeId(1), NodeId(3), w1, NodeId(5)];
+    assert!(
+        c.run_until(60_000 * MS, |c| live
+            .iter()
+            .all(|&n| heard_dead(c, n, victim) > 0)),
+        "not every node heard: {:?}",
+        live.map(|n| heard_dead(&c, n, victim))
+    );
+    // Later configurations do not say it again.
+    c.push(w1, &keys, 1);
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w1) == 2));
+    for n in live {
+        assert_eq!(heard_dead(&c, n, victim), 1, "{n}");
+        for other in [NodeId(1), NodeId(3), w1, NodeId(5)] {
+            assert_eq!(heard_dead(&c, n, other), 0, "{n} heard that {other} died");
+        }
+    }
+}
+
+/// A worker whose server it cannot reach says, once, past the job's stall limit, that it
+/// stalled and what it waits for; once a request completes it may say so again.
+#[test]
+fn a_worker_cut_off_from_its_server_says_once_that_it_stalled_and_what_it_waits_for() {
+    let mut c = Cluster::new(1, 1, 0, Consistency::Eventual);
+    let (s, w) = (NodeId(1), NodeId(2));
+    c.driver(w).worker().unwrap().set_stall_limit(2_000 * MS);
+    let stalls = |c: &Cluster| -> Vec<(Time, Vec<Wait>)> {
+        c.events[&w]
+            .iter()
+            .filter_map(|e| match e {
+                Event::Worker(WorkerEvent::Stalled {
+                    for_at_least,
+                    waits,
+                }) => Some((*for_at_least, waits.clone())),
+                _ => None,
+            })
+            .collect()
+    };
+    let keys = Cluster::keys(8);
+    c.cut.insert((w, s));
+    c.push(w, &keys, 1);
+    assert!(!c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    let said = stalls(&c);
+    assert_eq!(said.len(), 1, "{said:?}");
+    let (waited, waits) = &said[0];
+    assert!(*waited >= 2_000 * MS && *waited < 3_000 * MS, "{waited}");
+    assert!(!waits.is_empty());
+    assert!(
+        waits.iter().all(|wait| wait.server == s && wait.push),
+        "{waits:?}"
+    );
+    // Reached again: the push completes, and a later stall is said anew.
+    c.cut.remove(&(w, s));
+    assert!(c.run_until(10_000 * MS, |c| c.pushes_done(w) == 1));
+    assert_eq!(stalls(&c).len(), 1);
+    c.cut.insert((w, s));
+    c.push(w, &keys, 1);
+    assert!(!c.run_until(10_000 * MS, |c| c.pushes_done(w) == 2));
+    assert_eq!(stalls(&c).len(), 2);
+}

@@ -65,6 +65,8 @@
 //! [`RuntimeConfig::stall_warning`] logs which servers and keys its unanswered slices wait for
 //! ([`Worker::waits`](pserver_core::node::Worker::waits)), at most that often, and past
 //! [`RuntimeConfig::stall_limit`] fails them all with [`RuntimeError::Stalled`], saying the same.
+//! The limit is the core's ([`pserver_core::Timing::stall_limit`]): the worker says it stalled
+//! ([`pserver_core::events::WorkerEvent::Stalled`]) and the loop ends on that event.
 //!
 //! # What a node reports
 //!

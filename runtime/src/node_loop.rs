@@ -82,7 +82,7 @@ pub struct Spawned<V: Value, U: UpdateRule<V>, S: ParamStore<V>> {
 ///
 /// The loop runs inside a `node` tracing span carrying the node's id and role.
 pub fn spawn_node<V, U, S, T>(
-    driver: Driver<V, U, S>,
+    mut driver: Driver<V, U, S>,
     transport: Arc<T>,
     cfg: RuntimeConfig,
 ) -> Spawned<V, U, S>
@@ -94,6 +94,11 @@ where
 {
     let id = driver.id();
     let role = driver.node().role();
+    // The bound on a stall is the core's: every embedder gets it, and this loop hears it as
+    // an event.
+    if let (Some(limit), Ok(mut worker)) = (cfg.stall_limit, driver.worker()) {
+        worker.set_stall_limit(limit.as_nanos().try_into().unwrap_or(Time::MAX));
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
     let (cmd_tx, cmd_rx) = mpsc::channel(cfg.command_queue.max(1));
     let (ready_tx, ready_rx) = watch::channel(None);
@@ -388,15 +393,6 @@ where
         }
         let waited = self.progress_at.elapsed();
         let secs = waited.as_secs();
-        if self.cfg.stall_limit.is_some_and(|limit| waited >= limit) {
-            let waiting = self.waiting_for();
-            tracing::error!(
-                secs,
-                "no request completed within the stall limit: waiting for {waiting}"
-            );
-            self.stalled = Some(RuntimeError::Stalled { secs, waiting });
-            return;
-        }
         if waited < self.cfg.stall_warning {
             return;
         }
@@ -773,6 +769,8 @@ where
                     self.counts.bytes_sent += frame.len() as u64;
                     if let Err(e) = self.transport.send_parts(to, frame).await {
                         self.counts.send_errors += 1;
+                        let now = self.now();
+                        self.driver.send_failed(now, to);
                         // The core resends what matters; the operator hears of it at a bounded
                         // rate.
                         let detail = || format!("for {to}: {e}");
@@ -878,9 +876,21 @@ where
                     let _ = reply.send(Ok(kvs));
                 }
             }
-            Event::NodeDead(node) => {
+            Event::NodeDead(node) if self.driver.node().role() == Role::Coordinator => {
                 self.counts.nodes_dead += 1;
                 warn!(node = %node, "node declared dead");
+            }
+            Event::NodeDead(node) => {
+                info!(node = %node, "the coordinator declared node {node} dead")
+            }
+            Event::Worker(WorkerEvent::Stalled { for_at_least, .. }) => {
+                let secs = std::time::Duration::from_nanos(for_at_least).as_secs();
+                let waiting = self.waiting_for();
+                tracing::error!(
+                    secs,
+                    "no request completed within the stall limit: waiting for {waiting}"
+                );
+                self.stalled = Some(RuntimeError::Stalled { secs, waiting });
             }
             Event::Coordinator(CoordinatorEvent::TookOver { from, term, epoch }) => warn!(
                 from = %from,

@@ -173,6 +173,7 @@ struct Io<V: Value> {
     events: VecDeque<Event<V>>,
     refusals: Refusals,
     retransmissions: u64,
+    send_failures: u64,
     /// The node's mutation, in force on this thread while the node is driven.
     #[cfg(feature = "mutations")]
     mutation: Option<crate::mutation::Mutation>,
@@ -282,6 +283,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
                 events: VecDeque::new(),
                 refusals: Refusals::default(),
                 retransmissions: 0,
+                send_failures: 0,
                 #[cfg(feature = "mutations")]
                 mutation: None,
             },
@@ -361,6 +363,23 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Driver<V, U, S> {
     /// slices and progress reports).
     pub fn retransmissions(&self) -> u64 {
         self.io.retransmissions
+    }
+
+    /// Sends the transport said failed so far ([`Driver::send_failed`]).
+    pub fn send_failures(&self) -> u64 {
+        self.io.send_failures
+    }
+
+    /// The transport could not send a frame to `to` (no route, the peer's port closed, a
+    /// full buffer): a worker backs off what it resends there instead of resending it on the
+    /// timeout of a send that never left ([`crate::node::Worker::send_failed`]); other nodes
+    /// count it. Nothing is given up: the peer may be back, or the coordinator may move its
+    /// ranges.
+    pub fn send_failed(&mut self, now: Time, to: NodeId) {
+        self.io.send_failures += 1;
+        if let Node::Worker(worker) = &mut self.node {
+            self.io.call(|out| worker.send_failed(now, to, out));
+        }
     }
 
     /// Starts the node: registration (or failure detection, for the coordinator). Call once,

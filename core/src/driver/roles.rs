@@ -82,6 +82,11 @@ impl<V: Value> WorkerCalls<'_, V> {
         self.worker.filter_savings()
     }
 
+    /// Sets the job's stall limit for this worker ([`crate::Timing::stall_limit`]; 0: never).
+    pub fn set_stall_limit(&mut self, limit: Time) {
+        self.worker.set_stall_limit(limit);
+    }
+
     /// True once the worker said [`crate::Event::Ready`]: it takes requests from then on.
     pub fn is_ready(&self) -> bool {
         self.worker.is_ready()

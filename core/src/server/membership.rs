@@ -70,6 +70,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             .cluster
             .as_ref()
             .is_some_and(|c| c.config.job_finished());
+        self.hear_failures(&cluster, out);
         self.lost_unlisted
             .retain(|r| cluster.config.lost.binary_search(r).is_err());
         // What is queued or gathered goes to the replicas of the ring it was taken in under.
@@ -108,6 +109,26 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.say_when_finished(now, was_finished, out);
         self.report_checkpoint(out);
         self.checkpoint_when_due(now, out);
+    }
+
+    /// Says what `next` tells of failures since the configuration held: the members the
+    /// coordinator declared dead, and the ranges lost that this server did not lose itself
+    /// (it said those when it found them).
+    fn hear_failures(&self, next: &Cluster, out: &mut Effects<V>) {
+        let Some(held) = self.cluster.as_ref() else {
+            return;
+        };
+        for dead in next.config.dead_since(&held.config) {
+            if dead != self.cfg.id {
+                out.emit(Event::NodeDead(dead));
+            }
+        }
+        for range in &next.config.lost {
+            let listed = held.config.lost.binary_search(range).is_ok();
+            if !listed && !self.lost_unlisted.contains(range) {
+                out.emit(Event::RangeLost(*range));
+            }
+        }
     }
 
     /// Says that the job is over when the configuration just taken in is the first to say so,

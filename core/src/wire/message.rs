@@ -496,6 +496,57 @@ impl ClusterConfig {
                 .all(|w| self.left.binary_search(w).is_ok())
     }
 
+    /// The members of `before` this configuration says died: servers gone from the ring and
+    /// from those joining without having left (listed in `before.leaving`) or come back under
+    /// another incarnation (a restart: the process `before` spoke of is gone), and workers
+    /// gone without having left (`left`). Sorted. Every server and worker says each with
+    /// [`crate::Event::NodeDead`], as the coordinator did when it declared it.
+    ///
+    /// ```
+    /// use pserver_core::node::Coordinator;
+    /// use pserver_core::{JobSpec, NodeId};
+    /// let job = JobSpec::new(3, 2); // n1-n3 servers, n4-n5 workers
+    /// let (servers, workers) = ([NodeId(1), NodeId(2), NodeId(3)], [NodeId(4), NodeId(5)]);
+    /// let coordinator = Coordinator::bootstrapped(job.coordinator_config(), &servers, &workers)?;
+    /// let mut before = coordinator.config().cloned().ok_or("no configuration")?;
+    /// before.leaving.push(NodeId(3));
+    /// let mut after = before.clone();
+    /// after.servers = vec![NodeId(1)];
+    /// after.leaving.clear();
+    /// after.workers.clear();
+    /// after.left.push(NodeId(5));
+    /// // n3 and n5 left: n2 and n4 died.
+    /// assert_eq!(after.dead_since(&before), vec![NodeId(2), NodeId(4)]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn dead_since(&self, before: &ClusterConfig) -> Vec<NodeId> {
+        let incarnation = |c: &ClusterConfig, s: NodeId| {
+            c.incarnations
+                .iter()
+                .find(|(n, _)| *n == s)
+                .map(|&(_, i)| i)
+        };
+        let servers = before
+            .servers
+            .iter()
+            .chain(&before.joining)
+            .copied()
+            .filter(|&s| !before.leaving.contains(&s))
+            .filter(|&s| {
+                let here = self.servers.contains(&s) || self.joining.contains(&s);
+                !here || incarnation(self, s) != incarnation(before, s)
+            });
+        let workers = before
+            .workers
+            .iter()
+            .copied()
+            .filter(|w| !self.workers.contains(w) && self.left.binary_search(w).is_err());
+        let mut dead: Vec<NodeId> = servers.chain(workers).collect();
+        dead.sort_unstable();
+        dead.dedup();
+        dead
+    }
+
     /// Gives every share whose worker died (is no longer one of `workers`, and not one of
     /// `left`) to the live worker that holds the fewest (the lowest id among equals), one
     /// share at a time, so that the work of the workers lost spreads over those left. With no

@@ -6,6 +6,7 @@ mod answer;
 mod config;
 mod progress;
 mod request;
+mod stall;
 mod window;
 
 use std::collections::BTreeMap;
@@ -13,6 +14,7 @@ use std::collections::BTreeMap;
 use crate::cluster::Cluster;
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Event, Refusal, TimerId, WorkerEvent};
+use crate::events::Wait;
 use crate::filter::keycache::SentLists;
 use crate::filter::{FilterChain, FilterSaving, Tally};
 use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
@@ -30,6 +32,7 @@ use crate::wire::{
 pub use config::{DEFAULT_MAX_SLICE_BYTES, WorkerConfig, WorkerError};
 use progress::Reached;
 use request::Request;
+use stall::StallWatch;
 use window::{PerKind, Window};
 
 /// A worker node (sans-IO).
@@ -68,6 +71,8 @@ pub struct Worker<V: Value> {
     leave_requested: bool,
     /// How long the coordinator has left heartbeats unanswered.
     coordinator: CoordinatorWatch,
+    /// How long nothing it was asked for has completed.
+    stall: StallWatch,
     /// How much of the current iteration its pushes covered so far.
     covered: Coverage,
     /// The speed the application last said it works at ([`Worker::report_speed`]).
@@ -129,6 +134,7 @@ impl<V: Value> Worker<V> {
             learning_start: false,
             leave_requested: false,
             coordinator: CoordinatorWatch::default(),
+            stall: StallWatch::default(),
             covered: Coverage(0),
             speed: 0,
             resumed_from: None,
@@ -514,6 +520,12 @@ impl<V: Value> Worker<V> {
         }
     }
 
+    /// Sets how long the worker may go with nothing completed before it says it stalled
+    /// ([`crate::Timing::stall_limit`]; 0: never).
+    pub fn set_stall_limit(&mut self, limit: Time) {
+        self.cfg.timing.stall_limit = limit;
+    }
+
     /// Says how fast the application works: the work it does per second of its own compute,
     /// waiting left out (rows per second, say; any unit the same for every worker of the
     /// job). Where the job sizes shares by speed ([`crate::pace::StragglerPolicy::balance`]) it
@@ -544,6 +556,22 @@ impl<V: Value> Worker<V> {
         Ok(())
     }
 
+    /// Says once, past the job's stall limit with nothing completed, what the worker waits
+    /// for ([`WorkerEvent::Stalled`]).
+    fn watch_stall(&mut self, now: Time, out: &mut Effects<V>) {
+        // A push done for its iteration but not yet durable waits on the others' iteration
+        // (sequential mode with replicas), not on this worker: not a stall of its own.
+        let waiting =
+            self.advances_waiting > 0 || self.requests.values().any(|r| !r.is_push() || !r.counted);
+        let limit = self.cfg.timing.stall_limit;
+        if let Some(for_at_least) = self.stall.look(now, waiting, limit) {
+            out.emit(Event::Worker(WorkerEvent::Stalled {
+                for_at_least,
+                waits: self.waits(),
+            }));
+        }
+    }
+
     /// Call when a timer this worker set fires.
     pub fn on_timer(&mut self, now: Time, timer: TimerId, out: &mut Effects<V>) {
         if self.fenced {
@@ -572,6 +600,7 @@ impl<V: Value> Worker<V> {
                 if self.leave_requested {
                     self.send(self.coordinator_id(), Message::Leave, out);
                 }
+                self.watch_stall(now, out);
                 out.set_timer(TimerId::Heartbeat, now + self.cfg.timing.heartbeat_interval);
             }
             TimerId::Retransmit => {
@@ -719,6 +748,7 @@ impl<V: Value> Worker<V> {
             self.covered = Coverage(0);
             self.advances_waiting -= 1;
             out.emit(Event::Worker(WorkerEvent::Advanced(next)));
+            self.stall.progressed(self.cfg.timing.stall_limit);
             moved = true;
         }
         // A worker waiting at a cut has left the iteration before it: the servers hear so.
@@ -755,6 +785,13 @@ impl<V: Value> Worker<V> {
         for &range in &cluster.config.lost {
             if known.binary_search(&range).is_err() {
                 out.emit(Event::RangeLost(range));
+            }
+        }
+        if let Some(held) = &self.cluster {
+            for dead in cluster.config.dead_since(&held.config) {
+                if dead != self.cfg.id {
+                    out.emit(Event::NodeDead(dead));
+                }
             }
         }
         if !cluster.is_worker(self.cfg.id) {
@@ -814,6 +851,7 @@ impl<V: Value> Worker<V> {
             to,
             covered: self.covered,
         }));
+        self.stall.progressed(self.cfg.timing.stall_limit);
         self.iteration = to;
         self.covered = Coverage(0);
         if self.advances_waiting > 0 {
@@ -838,22 +876,4 @@ impl<V: Value> Worker<V> {
 fn cluster_resumes(cluster: Option<&Cluster>) -> Option<Iteration> {
     let config = &cluster?.config;
     (config.epoch == 1 && config.checkpoints.complete > 0).then_some(config.checkpoints.complete)
-}
-
-/// One unanswered slice of a worker's open request ([`Worker::waits`]).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub struct Wait {
-    /// The request it is a slice of.
-    pub request: RequestId,
-    /// A push (otherwise a pull).
-    pub push: bool,
-    /// The iteration the request belongs to.
-    pub iteration: Iteration,
-    /// The server it is addressed to.
-    pub server: NodeId,
-    /// The keys it covers, first to last (none for an empty slice).
-    pub keys: Option<KeyRange>,
-    /// How many times it was sent again, unanswered.
-    pub attempts: u8,
 }

@@ -18,7 +18,7 @@
 use core::ops::{Index, IndexMut};
 
 use crate::effects::{Effects, TimerId};
-use crate::ids::Time;
+use crate::ids::{NodeId, Time};
 use crate::value::Value;
 use crate::wire::{RequestId, SliceId, SliceRef};
 
@@ -227,6 +227,23 @@ impl<V: Value> Worker<V> {
             self.send_progress(now, out);
             out.retransmitted += (out.sends.len() - before) as u64;
         }
+    }
+
+    /// The transport could not send to `to`: each slice sent there counts the failure as an
+    /// attempt and waits a longer timeout before it goes again, instead of being resent on
+    /// the timeout of a send that never left. Slices are still resent (the peer may be back,
+    /// or the coordinator may move its ranges); they are resent less often meanwhile.
+    pub fn send_failed(&mut self, now: Time, to: NodeId, out: &mut Effects<V>) {
+        let timing = self.cfg.timing;
+        for (&id, request) in &mut self.requests {
+            for (&sid, slice) in &mut request.open {
+                if slice.sent && slice.server == to {
+                    slice.attempts = timing.next_attempt(slice.attempts);
+                    slice.due = now + self.cfg.jittered_rto(id, sid, slice.attempts);
+                }
+            }
+        }
+        self.arm_retransmit(out);
     }
 
     /// Sets the retransmission timer to the earliest deadline, or cancels it.

@@ -1070,7 +1070,8 @@ impl<'a> World<'a> {
                 }
                 return Ok(());
             }
-            Event::NodeDead(dead) => {
+            // Members hear of deaths too; the coordinator's declaration is the one that counts.
+            Event::NodeDead(dead) if self.is_coordinator(node) => {
                 self.worker_out(node, dead);
                 self.node_dead(dead);
                 return Ok(());
