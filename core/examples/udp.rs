@@ -79,7 +79,8 @@ struct Peers {
 struct Socket {
     udp: UdpSocket,
     peers: Peers,
-    /// A xorshift state, seeded per node so that each run loses the same datagrams.
+    /// A xorshift state, seeded per node: each node loses the same share of what it sends,
+    /// whichever datagrams those turn out to be.
     dice: u64,
     sent: u64,
     lost: u64,
@@ -94,7 +95,9 @@ impl Socket {
         self.dice % 100
     }
 
-    fn send(&mut self, to: NodeId, frame: &[u8]) -> Result<(), BoxError> {
+    /// Sends `frame` to `to`; false when the kernel refused it, which the caller tells the
+    /// driver.
+    fn send(&mut self, to: NodeId, frame: &[u8]) -> Result<bool, BoxError> {
         if frame.len() > DATAGRAM {
             return Err(format!("a frame of {} bytes for {to}", frame.len()).into());
         }
@@ -107,17 +110,20 @@ impl Socket {
         let roll = self.roll();
         if roll < 10 {
             self.lost += 1;
-            return Ok(());
+            return Ok(true);
         }
         let copies = if roll >= 95 { 2 } else { 1 };
+        let mut sent = true;
         for _ in 0..copies {
             self.sent += 1;
-            // UDP promises nothing: a datagram the kernel would not take is a lost one.
+            // UDP promises nothing: a datagram the kernel would not take is a lost one, and
+            // the driver backs off what it resends there.
             if let Err(e) = self.udp.send_to(frame, addr) {
                 eprintln!("send to {to} failed: {e}");
+                sent = false;
             }
         }
-        Ok(())
+        Ok(sent)
     }
 }
 
@@ -143,8 +149,11 @@ impl Workload {
             Event::Worker(WorkerEvent::Advanced(_)) => {}
             Event::Worker(WorkerEvent::PushDone(_)) => self.pushes_done += 1,
             Event::Worker(WorkerEvent::PushDurable(_)) => {}
-            Event::Refused { .. } => {}
-            other => return Err(format!("unexpected {other:?}").into()),
+            Event::Worker(WorkerEvent::Stalled { .. }) | Event::Unencodable { .. } => {
+                return Err(format!("{event:?}").into());
+            }
+            // Refusals (a late duplicate, say) and news of the cluster: nothing to do here.
+            _ => {}
         }
         let last = d.node().as_worker().map_or(0, |w| w.iteration());
         self.finished = last >= ITERATIONS && self.pushes_done == self.pushes_issued;
@@ -172,11 +181,17 @@ fn flush(
 ) -> Result<Option<Time>, BoxError> {
     loop {
         match d.poll_output_into(send_buf) {
-            Output::Transmit(t) => socket.send(t.to, &send_buf[..t.frame])?,
+            Output::Transmit(t) => {
+                if !socket.send(t.to, &send_buf[..t.frame])? {
+                    d.send_failed(clock.now(), t.to);
+                }
+            }
             Output::Event(event) => match (app.as_mut(), event) {
                 (Some(workload), event) => workload.on_event(d, clock.now(), event)?,
-                (None, Event::Ready { .. } | Event::Refused { .. }) => {}
-                (None, other) => return Err(format!("unexpected {other:?}").into()),
+                (None, event @ Event::Unencodable { .. }) => {
+                    return Err(format!("{event:?}").into());
+                }
+                (None, _) => {}
             },
             Output::Wait { until } => return Ok(until),
         }

@@ -38,15 +38,18 @@ pub enum WorkerEvent<V: Value> {
         /// How much of `from` its pushes covered ([`crate::node::Worker::push_part`]).
         covered: Coverage,
     },
-    /// Nothing this worker was asked for completed for [`crate::Timing::stall_limit`] while
-    /// something waits: no push done, no pull answered, no iteration entered. Said once per
-    /// stall, again only after something completes and it stalls anew. The worker goes on
-    /// trying; an application that cannot wait longer stops it.
+    /// The oldest request this worker has not done (a push not yet counted for its
+    /// iteration, a pull not answered), or else an advance the consistency model holds, has
+    /// waited [`crate::Timing::stall_limit`]. Said once per request (or iteration), however
+    /// well later requests complete. The worker goes on trying; an application that cannot
+    /// wait longer stops it.
     Stalled {
-        /// How long nothing has completed.
+        /// The request, or `None` for an advance.
+        request: Option<RequestId>,
+        /// How long it has waited.
         for_at_least: Time,
-        /// The slices unanswered, with the servers they wait for; none when what waits is an
-        /// advance the consistency model holds, or progress the servers have not acknowledged.
+        /// Its slices unanswered, with the servers they wait for; none for an advance, or a
+        /// request whose progress the servers have not acknowledged.
         waits: Vec<Wait>,
     },
 }

@@ -251,10 +251,11 @@ impl JobSpec {
     /// the copy with the row's update-rule state and a de-duplication record and a clock for
     /// every worker. Slices, answers, batches and copies are cut to the frame limit; what
     /// cannot be cut must fit. Below this limit no run of the job can work; at it, a run
-    /// without failures does. Copies are cut by their rows only: their de-duplication
-    /// records (a span per request each worker has unsettled on the range) and, in
-    /// sequential mode, the buffered pushes of unfinished iterations may take a copy made
-    /// after a fail-over past a tight limit (1,608 bytes where a small job needs 232).
+    /// without failures does. Copies are cut by the rows they carry, stored and (in
+    /// sequential mode) buffered for unfinished iterations; their de-duplication records (a
+    /// span per request each worker has unsettled on the range) are not cut, and may take a
+    /// copy made after a fail-over past a tight limit (1,608 bytes where a small job needs
+    /// 232).
     pub fn smallest_frame<V: Value>(&self) -> usize {
         use crate::wire::{
             AppliedSpan, ClockRecord, DedupeRecord, Envelope, Message, PullReply, Push, Replicate,

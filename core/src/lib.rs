@@ -49,6 +49,8 @@
 //!    [`Driver::poll_output`] until it says [`Output::Wait`]. Send each
 //!    [`Output::Transmit`] to its addressee, hand each [`Output::Event`] to the application,
 //!    and come back at the deadline `Wait` gives, or when a frame arrives.
+//! 5. When the transport could not send a frame (it knows, as a datagram socket often does):
+//!    [`Driver::send_failed`], and the worker resends there less often.
 //!
 //! A worker's application borrows the worker's calls from its driver ([`Driver::worker`]:
 //! [`WorkerCalls::push`](driver::WorkerCalls::push), [`WorkerCalls::pull`](driver::WorkerCalls::pull), [`WorkerCalls::advance`](driver::WorkerCalls::advance)) once the worker
@@ -64,6 +66,11 @@
 //! ([`Driver::with_codec`], or [`JobSpec::max_frame`], which [`JobSpec::validate`] checks
 //! against [`JobSpec::smallest_frame`]): the driver fits workers' slices, servers' answers,
 //! copies and replication batches to it.
+//!
+//! Failures reach every node: [`Event::NodeDead`] once a configuration drops a node that did
+//! not leave, [`Event::RangeLost`] for each range every holder of failed, and, where the job
+//! sets [`Timing::stall_limit`], a worker's [`Event::Worker`] `Stalled` naming what its
+//! oldest request waits for.
 //!
 //! Here is the whole loop for a coordinator, one server and one worker, with a "network" that
 //! delivers every frame a millisecond after it is sent:

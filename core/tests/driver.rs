@@ -575,6 +575,11 @@ fn a_failed_send_backs_off_what_is_resent_to_that_peer() {
     assert_eq!((a.send_failures(), b.send_failures()), (1, 0));
     let (due_a, due_b) = (a.poll_timeout().unwrap(), b.poll_timeout().unwrap());
     assert!(due_a > due_b, "{due_a} <= {due_b}");
+    // A burst of failures for the one send backs off once, not once per failure.
+    a.send_failed(0, S1);
+    a.send_failed(0, S1);
+    assert_eq!(a.poll_timeout(), Some(due_a));
+    assert_eq!(a.send_failures(), 3);
     for d in [&mut a, &mut b] {
         d.handle_timeout(due_b);
     }

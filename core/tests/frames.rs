@@ -83,12 +83,16 @@ fn a_job_at_its_smallest_frame_carries_every_push_exactly_once_over_a_lossy_netw
 }
 
 /// Frames of a datagram through a server's crash: its ranges fail over, and the new replicas'
-/// copies are cut to fit. Not yet in sequential mode: a copy there carries the buffered
-/// pushes of unfinished iterations, which copies are not cut by (a 6 KB copy at this limit).
+/// copies are cut to fit, in sequential mode by the rows of the pushes buffered for
+/// unfinished iterations too (a 6 KB copy at this limit when they were not).
 #[test]
 fn datagram_frames_carry_the_copies_of_a_fail_over() {
     const DATAGRAM: usize = 1_472;
-    for consistency in [Consistency::Eventual, Consistency::BoundedDelay(1)] {
+    for consistency in [
+        Consistency::Eventual,
+        Consistency::BoundedDelay(1),
+        Consistency::Sequential,
+    ] {
         let job = job(consistency, Some(DATAGRAM));
         let mut c = Net::start(&job);
         let keys = keys();

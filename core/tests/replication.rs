@@ -743,6 +743,12 @@ fn a_leaving_server_hands_its_ranges_over_before_it_goes() {
     assert!(c.run_until(10_000 * MS, |c| c.all_hold(&keys, 3)));
     c.assert_single_owner(&keys);
     c.assert_converged(&keys);
+    // Gone on its own, it is listed as left: no node takes it for dead, and a configuration
+    // that skipped the change would say the same.
+    assert!(c.config().left.contains(&NodeId(2)));
+    for n in [COORD, NodeId(1), NodeId(3), NodeId(4), w] {
+        assert_eq!(heard_dead(&c, n, NodeId(2)), 0, "{n}");
+    }
 }
 
 #[test]
@@ -1849,6 +1855,7 @@ fn a_worker_cut_off_from_its_server_says_once_that_it_stalled_and_what_it_waits_
                 Event::Worker(WorkerEvent::Stalled {
                     for_at_least,
                     waits,
+                    ..
                 }) => Some((*for_at_least, waits.clone())),
                 _ => None,
             })

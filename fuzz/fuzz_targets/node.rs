@@ -703,8 +703,12 @@ fuzz_target!(|input: (
         // What the server answered, in the order it processed pushes (it may process buffered
         // ones long after they arrived): each answer settles, each first acknowledgement of an
         // unsettled slice is an application.
-        while let Some(t) = server.poll_output_message().into_transmit() {
-            let e = t.frame;
+        loop {
+            let e = match server.poll_output_message() {
+                Output::Transmit(t) => t.frame,
+                Output::Event(_) => continue,
+                Output::Wait { .. } => break,
+            };
             let (slice, acked) = match &e.body {
                 Message::PushAck(s) => (*s, true),
                 Message::Redirect { slice, .. } if slice.slice < 2 => (*slice, false),

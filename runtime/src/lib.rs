@@ -113,11 +113,13 @@ pub struct RuntimeConfig {
     /// A worker with requests open that sees none complete for this long says what it waits
     /// for (which servers, which keys), again at most this often. Default 10 s.
     pub stall_warning: Duration,
-    /// A worker that sees none of its open requests complete for this long gives up: every
-    /// open and later call fails with [`RuntimeError::Stalled`], saying what it waited for,
-    /// and the loop ends. A server whose coordinator is silent this long ends too
-    /// ([`RuntimeError::CoordinatorSilent`]): a coordinator that stopped after the job ended
-    /// never tells a server cut off at that moment. Default: never.
+    /// A worker whose oldest open request waits this long gives up: every open and later
+    /// call fails with [`RuntimeError::Stalled`], saying what it waited for, and the loop
+    /// ends. The bound is the core's ([`pserver_core::Timing::stall_limit`], set from this
+    /// one; a job that sets it there is bounded by it too), and calls made before the worker
+    /// is ready are held to it as well. A server whose coordinator is silent this long ends
+    /// too ([`RuntimeError::CoordinatorSilent`]): a coordinator that stopped after the job
+    /// ended never tells a server cut off at that moment. Default: never.
     pub stall_limit: Option<Duration>,
     /// A server: where it writes its whole-job checkpoints ([`checkpoint::CheckpointDir`],
     /// ARCHITECTURE.md §11), one file per cut, the newest few kept. Default: none; a job

@@ -126,6 +126,7 @@ where
         durables: BTreeMap::new(),
         pulls: BTreeMap::new(),
         advances: VecDeque::new(),
+        early: VecDeque::new(),
         ready: ready_tx,
         finished: finished_tx,
         server_leave: Arc::clone(&server_leave),
@@ -181,6 +182,9 @@ struct NodeLoop<V: Value, U: UpdateRule<V>, S: ParamStore<V>, T: Transport + ?Si
     durables: BTreeMap<RequestId, Reply<()>>,
     pulls: BTreeMap<RequestId, Reply<KvPairs<V>>>,
     advances: VecDeque<Reply<Iteration>>,
+    /// A worker's requests made before it was ready: the core refuses them until then, so
+    /// they wait here, and go in order once it is.
+    early: VecDeque<Command<V>>,
     ready: watch::Sender<Option<u64>>,
     /// The epoch of the configuration that said the job finished ([`Event::JobFinished`]).
     finished: watch::Sender<Option<Epoch>>,
@@ -276,7 +280,7 @@ where
     }
 
     fn open_requests(&self) -> usize {
-        self.pushes.len() + self.pulls.len() + self.advances.len()
+        self.pushes.len() + self.pulls.len() + self.advances.len() + self.early.len()
     }
 
     /// Why the loop ends, or ended.
@@ -393,6 +397,17 @@ where
         }
         let waited = self.progress_at.elapsed();
         let secs = waited.as_secs();
+        // The core bounds the requests it holds; calls waiting for the worker to be ready
+        // are this loop's own.
+        if !self.early.is_empty() && self.cfg.stall_limit.is_some_and(|limit| waited >= limit) {
+            let waiting = "a configuration: the worker is not ready".to_owned();
+            tracing::error!(
+                secs,
+                "no request completed within the stall limit: waiting for {waiting}"
+            );
+            self.stalled = Some(RuntimeError::Stalled { secs, waiting });
+            return;
+        }
         if waited < self.cfg.stall_warning {
             return;
         }
@@ -532,10 +547,7 @@ where
                 .driver
                 .poll_timeout()
                 .map(|t| self.origin + std::time::Duration::from_nanos(t));
-            // A worker takes requests once it is ready: calls made before wait in the queue.
-            let accept = commands_open
-                && self.takes_calls()
-                && self.open_requests() < self.cfg.max_open_requests;
+            let accept = commands_open && self.open_requests() < self.cfg.max_open_requests;
             tokio::select! {
                 biased;
                 changed = stop.changed(), if draining.is_none() => {
@@ -610,6 +622,20 @@ where
         if self.open_requests() == 0 {
             // A wait begins: nothing was open, so nothing was stalled.
             self.progress_at = Instant::now();
+        }
+        let request = matches!(
+            command,
+            Command::Push { .. } | Command::Flush { .. } | Command::Pull(..) | Command::Advance(_)
+        );
+        let unready = self
+            .driver
+            .node()
+            .as_worker()
+            .is_some_and(|w| !w.is_ready());
+        if request && unready && !self.fenced {
+            // Refused by the core until the worker is ready: it goes in then, in order.
+            self.early.push_back(command);
+            return;
         }
         match command {
             Command::Push {
@@ -705,15 +731,6 @@ where
                     });
                 }
             }
-        }
-    }
-
-    /// Whether the node takes the application's calls now: a worker once it said it is ready
-    /// (or was fenced, which every call is told), anything else always.
-    fn takes_calls(&self) -> bool {
-        match self.driver.node().as_worker() {
-            Some(worker) => worker.is_ready() || self.fenced,
-            None => true,
         }
     }
 
@@ -839,6 +856,9 @@ where
             Event::Ready { epoch } => {
                 info!(epoch, "configuration received");
                 self.ready.send_replace(Some(epoch));
+                for command in core::mem::take(&mut self.early) {
+                    self.apply(command);
+                }
             }
             Event::Worker(WorkerEvent::Advanced(iteration)) => {
                 self.progressed();
@@ -1195,6 +1215,9 @@ where
         }
         for reply in self.advances.drain(..) {
             let _ = reply.send(Err(failure.clone()));
+        }
+        for command in self.early.drain(..) {
+            command.refuse(failure.clone());
         }
     }
 }

@@ -687,6 +687,8 @@ impl Coordinator {
         };
         let mut next = config.clone();
         next.joining.retain(|&s| s != server);
+        // A server that left and registers again is a member again.
+        next.left.retain(|&s| s != server);
         if next.servers.contains(&server) {
             // Not held to `min_replicas`: the earlier process's copies are gone with it, and
             // keeping it on the ring would keep nothing but the new process out.
@@ -825,12 +827,19 @@ impl Coordinator {
             })
             .all(|n| self.caught_up.contains(&n));
         if all_caught_up {
-            let next = ClusterConfig {
+            let mut next = ClusterConfig {
                 servers: config.next_servers(),
                 joining: Vec::new(),
                 leaving: Vec::new(),
                 ..config.clone()
             };
+            // Servers whose leaving completed are listed as gone on their own, so that no
+            // member takes their absence for a death, however many epochs it missed.
+            for &server in &config.leaving {
+                if let Err(at) = next.left.binary_search(&server) {
+                    next.left.insert(at, server);
+                }
+            }
             self.publish(next, out);
         }
     }

@@ -275,7 +275,10 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
 
     /// Cuts every shard that some replica needs a whole copy of into shards whose copies fit
     /// a frame (`ServerConfig::max_reply_bytes`): copies then travel, and are acknowledged,
-    /// shard by shard. Shards only ever split, so the replica's cuts follow.
+    /// shard by shard. Shards only ever split, so the replica's cuts follow. A copy carries
+    /// each stored row with its update-rule state and, in sequential mode, each row of the
+    /// pushes buffered for unfinished iterations, whose keys need not be stored yet: the cuts
+    /// fall by what a copy carries of each key, not by the stored rows alone.
     fn cut_for_copies(&mut self) {
         let rows = self.cfg.rows_per_reply::<V>();
         let aux_width = self.updater.aux_width();
@@ -284,18 +287,26 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             if !shard.needs_copy() {
                 continue;
             }
-            let batches = shard.pending.values().map(Vec::len).sum::<usize>();
-            let most = (rows / (1 + aux_width + batches)).max(1);
-            if shard.store.len() <= most {
+            let mut carried: BTreeMap<Key, usize> = BTreeMap::new();
+            shard.store.for_each_in(shard.range, &mut |k, _| {
+                *carried.entry(k).or_default() += 1 + aux_width;
+            });
+            for kvs in shard.pending.values().flatten() {
+                for &k in kvs.keys() {
+                    *carried.entry(k).or_default() += 1;
+                }
+            }
+            if carried.values().sum::<usize>() <= rows {
                 continue;
             }
-            let mut n = 0usize;
-            shard.store.for_each_in(shard.range, &mut |k, _| {
-                if n > 0 && n % most == 0 {
+            let mut held = 0;
+            for (k, n) in carried {
+                if held > 0 && held + n > rows {
                     cuts.push(k);
+                    held = 0;
                 }
-                n += 1;
-            });
+                held += n;
+            }
         }
         for k in cuts {
             self.split_shards_at(k);

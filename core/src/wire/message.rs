@@ -108,6 +108,9 @@ pub struct ClusterConfig {
     /// Workers that left the job on their own ([`Message::Leave`]), sorted: done with their
     /// shares, or stopped by their operator. Their shares pass to nobody: leaving is not
     /// dying, and a finished share trained again by another worker would be trained twice.
+    /// Servers whose leaving completed are listed too, so that a member that missed the
+    /// configurations of the change does not take them for dead
+    /// ([`ClusterConfig::dead_since`]).
     #[serde(with = "seq")]
     pub left: Vec<NodeId>,
     /// Key ranges lost so far, sorted: every holder of each failed before its rows were
@@ -496,11 +499,11 @@ impl ClusterConfig {
                 .all(|w| self.left.binary_search(w).is_ok())
     }
 
-    /// The members of `before` this configuration says died: servers gone from the ring and
-    /// from those joining without having left (listed in `before.leaving`) or come back under
-    /// another incarnation (a restart: the process `before` spoke of is gone), and workers
-    /// gone without having left (`left`). Sorted. Every server and worker says each with
-    /// [`crate::Event::NodeDead`], as the coordinator did when it declared it.
+    /// The members of `before` this configuration says died: servers and workers gone from
+    /// it without being listed in `left`, sorted. Every server and worker says each with
+    /// [`crate::Event::NodeDead`], as the coordinator did when it declared it, however many
+    /// configurations in between it missed. A server that restarted and registered again is
+    /// not gone (it is joining).
     ///
     /// ```
     /// use pserver_core::node::Coordinator;
@@ -508,40 +511,30 @@ impl ClusterConfig {
     /// let job = JobSpec::new(3, 2); // n1-n3 servers, n4-n5 workers
     /// let (servers, workers) = ([NodeId(1), NodeId(2), NodeId(3)], [NodeId(4), NodeId(5)]);
     /// let coordinator = Coordinator::bootstrapped(job.coordinator_config(), &servers, &workers)?;
-    /// let mut before = coordinator.config().cloned().ok_or("no configuration")?;
-    /// before.leaving.push(NodeId(3));
+    /// let before = coordinator.config().cloned().ok_or("no configuration")?;
     /// let mut after = before.clone();
     /// after.servers = vec![NodeId(1)];
-    /// after.leaving.clear();
     /// after.workers.clear();
-    /// after.left.push(NodeId(5));
+    /// after.left = vec![NodeId(3), NodeId(5)];
     /// // n3 and n5 left: n2 and n4 died.
     /// assert_eq!(after.dead_since(&before), vec![NodeId(2), NodeId(4)]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn dead_since(&self, before: &ClusterConfig) -> Vec<NodeId> {
-        let incarnation = |c: &ClusterConfig, s: NodeId| {
-            c.incarnations
-                .iter()
-                .find(|(n, _)| *n == s)
-                .map(|&(_, i)| i)
+        let here = |n: &NodeId| {
+            self.servers.contains(n)
+                || self.joining.contains(n)
+                || self.workers.contains(n)
+                || self.left.binary_search(n).is_ok()
         };
-        let servers = before
+        let mut dead: Vec<NodeId> = before
             .servers
             .iter()
             .chain(&before.joining)
+            .chain(&before.workers)
             .copied()
-            .filter(|&s| !before.leaving.contains(&s))
-            .filter(|&s| {
-                let here = self.servers.contains(&s) || self.joining.contains(&s);
-                !here || incarnation(self, s) != incarnation(before, s)
-            });
-        let workers = before
-            .workers
-            .iter()
-            .copied()
-            .filter(|w| !self.workers.contains(w) && self.left.binary_search(w).is_err());
-        let mut dead: Vec<NodeId> = servers.chain(workers).collect();
+            .filter(|n| !here(n))
+            .collect();
         dead.sort_unstable();
         dead.dedup();
         dead

@@ -221,7 +221,6 @@ impl<V: Value> Worker<V> {
             }
         }
         out.emit(Event::Worker(WorkerEvent::PushDone(id)));
-        self.stall.progressed(self.cfg.timing.stall_limit);
     }
 
     pub(super) fn complete_if_done(&mut self, now: Time, id: RequestId, out: &mut Effects<V>) {
@@ -231,7 +230,6 @@ impl<V: Value> Worker<V> {
         let Some(request) = self.requests.remove(&id) else {
             return;
         };
-        self.stall.progressed(self.cfg.timing.stall_limit);
         if request.is_push() {
             if !request.counted {
                 self.count_push(id, request.iteration, out);

@@ -556,18 +556,31 @@ impl<V: Value> Worker<V> {
         Ok(())
     }
 
-    /// Says once, past the job's stall limit with nothing completed, what the worker waits
-    /// for ([`WorkerEvent::Stalled`]).
+    /// Says once, when the oldest thing the worker waits on has waited the job's stall
+    /// limit, what it waits for ([`WorkerEvent::Stalled`]).
     fn watch_stall(&mut self, now: Time, out: &mut Effects<V>) {
         // A push done for its iteration but not yet durable waits on the others' iteration
-        // (sequential mode with replicas), not on this worker: not a stall of its own.
-        let waiting =
-            self.advances_waiting > 0 || self.requests.values().any(|r| !r.is_push() || !r.counted);
+        // (sequential mode with replicas), not on a server: not a stall of its own.
+        let oldest = self
+            .requests
+            .iter()
+            .find(|(_, r)| !r.is_push() || !r.counted)
+            .map(|(&id, _)| id);
+        let waiting = match oldest {
+            Some(id) => Some((Some(id), 0)),
+            None => (self.advances_waiting > 0).then_some((None, self.iteration)),
+        };
         let limit = self.cfg.timing.stall_limit;
         if let Some(for_at_least) = self.stall.look(now, waiting, limit) {
+            let waits = self
+                .waits()
+                .into_iter()
+                .filter(|w| oldest.is_none_or(|id| w.request == id))
+                .collect();
             out.emit(Event::Worker(WorkerEvent::Stalled {
+                request: oldest,
                 for_at_least,
-                waits: self.waits(),
+                waits,
             }));
         }
     }
@@ -748,7 +761,6 @@ impl<V: Value> Worker<V> {
             self.covered = Coverage(0);
             self.advances_waiting -= 1;
             out.emit(Event::Worker(WorkerEvent::Advanced(next)));
-            self.stall.progressed(self.cfg.timing.stall_limit);
             moved = true;
         }
         // A worker waiting at a cut has left the iteration before it: the servers hear so.
@@ -851,7 +863,6 @@ impl<V: Value> Worker<V> {
             to,
             covered: self.covered,
         }));
-        self.stall.progressed(self.cfg.timing.stall_limit);
         self.iteration = to;
         self.covered = Coverage(0);
         if self.advances_waiting > 0 {

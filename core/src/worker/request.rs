@@ -39,6 +39,9 @@ pub(super) struct Slice<V: Value> {
     pub(super) asking: bool,
     /// Its server granted it a slot: it goes, and goes again, without asking.
     pub(super) granted: bool,
+    /// The transport said its last send failed, and its next resend was put off for it:
+    /// once per send, however many failures are reported.
+    pub(super) backed_off: bool,
 }
 
 impl<V: Value> Slice<V> {
@@ -110,6 +113,7 @@ impl<V: Value> Request<V> {
                 part,
                 sent: false,
                 due: 0,
+                backed_off: false,
                 attempts: 0,
                 taken: None,
                 asking: false,

@@ -1,45 +1,51 @@
-//! A worker's watch on its own requests: past the job's stall limit
-//! ([`crate::Timing::stall_limit`]) with nothing completed while something waits, it says so
-//! once ([`crate::events::WorkerEvent::Stalled`]), naming what it waits for, so that every
+//! A worker's watch on its own requests: when the oldest thing it was asked for has waited
+//! the job's stall limit ([`crate::Timing::stall_limit`]), it says so once
+//! ([`crate::events::WorkerEvent::Stalled`]), naming what it waits for, so that every
 //! embedder gets the bound the runtime used to keep alone (ARCHITECTURE.md §2).
 //!
-//! Progress is a push done, a push durable, a pull answered or an iteration entered. Looked
-//! at with each heartbeat, so a stall is said at most a heartbeat late.
+//! What waits is the oldest request not done (a push not yet counted for its iteration, or
+//! a pull not answered), or else an advance the consistency model holds. Requests that
+//! complete behind it do not hide it: a slice stuck on one server is said however well the
+//! others answer. Looked at with each heartbeat, so a stall is said at most a heartbeat late.
 
-use crate::ids::Time;
+use crate::ids::{Iteration, Time};
+use crate::wire::RequestId;
 
-/// When the wait began, whether anything completed since the last look, and whether this
-/// stall was said. Left at its default when the job sets no limit, so that the model checker
-/// sees no more states.
+/// What a worker waits on: its oldest request not done, or (`None`) an advance out of the
+/// iteration.
+pub(super) type Waiting = (Option<RequestId>, Iteration);
+
+/// What the worker waited on at the last look, since when, and whether the stall was said.
+/// Left at its default when the job sets no limit, so that the model checker sees no more
+/// states.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub(super) struct StallWatch {
-    since: Option<Time>,
-    progressed: bool,
+    watching: Option<(Waiting, Time)>,
     said: bool,
 }
 
 impl StallWatch {
-    /// Something completed.
-    pub(super) fn progressed(&mut self, limit: Time) {
-        if limit > 0 {
-            self.progressed = true;
-        }
-    }
-
-    /// Looks at the worker at `now`: `waiting` when anything it was asked for is not done.
-    /// Returns how long nothing has completed, once per stall, when that passes `limit`.
-    pub(super) fn look(&mut self, now: Time, waiting: bool, limit: Time) -> Option<Time> {
+    /// Looks at the worker at `now`, waiting on `waiting` (nothing: `None`). Returns how long
+    /// it has, once per stall, when that reaches `limit`.
+    pub(super) fn look(
+        &mut self,
+        now: Time,
+        waiting: Option<Waiting>,
+        limit: Time,
+    ) -> Option<Time> {
         if limit == 0 {
             return None;
         }
-        if !waiting || self.progressed {
-            *self = StallWatch {
-                since: waiting.then_some(now),
-                ..StallWatch::default()
-            };
-            return None;
-        }
-        let since = *self.since.get_or_insert(now);
+        let since = match (self.watching, waiting) {
+            (Some((was, since)), Some(is)) if was == is => since,
+            _ => {
+                *self = StallWatch {
+                    watching: waiting.map(|w| (w, now)),
+                    said: false,
+                };
+                return None;
+            }
+        };
         let waited = now.saturating_sub(since);
         (waited >= limit && !std::mem::replace(&mut self.said, true)).then_some(waited)
     }
@@ -50,28 +56,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stall_is_said_once_past_the_limit_and_again_after_progress() {
+    fn a_stall_is_said_once_past_the_limit_and_again_for_the_next_request() {
         let mut w = StallWatch::default();
-        assert_eq!(w.look(0, true, 10), None);
-        assert_eq!(w.look(9, true, 10), None);
-        assert_eq!(w.look(10, true, 10), Some(10));
-        assert_eq!(w.look(30, true, 10), None, "said once");
-        w.progressed(10);
-        assert_eq!(w.look(31, true, 10), None);
-        assert_eq!(w.look(40, true, 10), None);
-        assert_eq!(w.look(41, true, 10), Some(10));
+        let first = Some((Some(1), 0));
+        assert_eq!(w.look(0, first, 10), None);
+        assert_eq!(w.look(9, first, 10), None);
+        assert_eq!(w.look(10, first, 10), Some(10));
+        assert_eq!(w.look(30, first, 10), None, "said once");
+        // The first is done: the next oldest is watched from now.
+        let second = Some((Some(2), 0));
+        assert_eq!(w.look(31, second, 10), None);
+        assert_eq!(w.look(40, second, 10), None);
+        assert_eq!(w.look(41, second, 10), Some(10));
+    }
+
+    #[test]
+    fn an_advance_that_waits_is_watched_by_iteration() {
+        let mut w = StallWatch::default();
+        assert_eq!(w.look(0, Some((None, 3)), 10), None);
+        assert_eq!(w.look(10, Some((None, 3)), 10), Some(10));
+        assert_eq!(w.look(11, Some((None, 4)), 10), None, "entered the next");
     }
 
     #[test]
     fn nothing_waiting_or_no_limit_is_no_stall() {
         let mut w = StallWatch::default();
-        assert_eq!(w.look(0, false, 10), None);
-        assert_eq!(w.look(100, false, 10), None);
-        assert_eq!(w.look(200, true, 10), None, "the wait begins now");
-        assert_eq!(w.look(209, true, 10), None);
+        assert_eq!(w.look(0, None, 10), None);
+        assert_eq!(w.look(100, None, 10), None);
+        assert_eq!(
+            w.look(200, Some((Some(1), 0)), 10),
+            None,
+            "the wait begins now"
+        );
+        assert_eq!(w.look(209, Some((Some(1), 0)), 10), None);
         let mut off = StallWatch::default();
-        off.progressed(0);
-        assert_eq!(off.look(1_000, true, 0), None);
+        assert_eq!(off.look(1_000, Some((Some(1), 0)), 0), None);
         assert_eq!(off, StallWatch::default(), "no limit: no state");
     }
 }

@@ -140,6 +140,7 @@ impl<V: Value> Worker<V> {
                     && !slice.granted
                     && self.cfg.push_slots.is_some_and(|s| s.needs_slot(size));
                 slice.due = now + self.cfg.jittered_rto(id, sid, 0);
+                slice.backed_off = false;
                 to_send.push((id, sid));
             }
         }
@@ -182,6 +183,7 @@ impl<V: Value> Worker<V> {
         {
             slice.attempts = 0;
             slice.due = now + self.cfg.jittered_rto(sref.request, sref.slice, 0);
+            slice.backed_off = false;
         }
         let allowance = self.transfer_allowance();
         self.delay_due(sref.request, sref.slice, allowance);
@@ -210,6 +212,7 @@ impl<V: Value> Worker<V> {
                 if slice.sent && slice.due <= now {
                     slice.attempts = timing.next_attempt(slice.attempts);
                     slice.due = now + self.cfg.jittered_rto(id, sid, slice.attempts);
+                    slice.backed_off = false;
                     due.push((id, sid));
                 }
             }
@@ -231,15 +234,18 @@ impl<V: Value> Worker<V> {
 
     /// The transport could not send to `to`: each slice sent there counts the failure as an
     /// attempt and waits a longer timeout before it goes again, instead of being resent on
-    /// the timeout of a send that never left. Slices are still resent (the peer may be back,
-    /// or the coordinator may move its ranges); they are resent less often meanwhile.
+    /// the timeout of a send that never left; once per send, however many failures a burst
+    /// reports, and never sooner than it was due. Slices are still resent (the peer may be
+    /// back, or the coordinator may move its ranges); they are resent less often meanwhile.
     pub fn send_failed(&mut self, now: Time, to: NodeId, out: &mut Effects<V>) {
         let timing = self.cfg.timing;
         for (&id, request) in &mut self.requests {
             for (&sid, slice) in &mut request.open {
-                if slice.sent && slice.server == to {
+                if slice.sent && slice.server == to && !slice.backed_off {
+                    slice.backed_off = true;
                     slice.attempts = timing.next_attempt(slice.attempts);
-                    slice.due = now + self.cfg.jittered_rto(id, sid, slice.attempts);
+                    let later = now + self.cfg.jittered_rto(id, sid, slice.attempts);
+                    slice.due = slice.due.max(later);
                 }
             }
         }

@@ -808,6 +808,9 @@ pub enum Invariant {
     /// be quicker with it than the giver was by a quarter, or more than one share moved at one
     /// check.
     ShareMove,
+    /// A server or worker said a node died that no coordinator declared dead, or said it
+    /// twice.
+    HeardDead,
 }
 
 impl fmt::Display for Invariant {
@@ -830,6 +833,7 @@ impl fmt::Display for Invariant {
             Invariant::TauRange => "tau-range",
             Invariant::ShareBounds => "share-bounds",
             Invariant::ShareMove => "share-move",
+            Invariant::HeardDead => "heard-dead",
         })
     }
 }

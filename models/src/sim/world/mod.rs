@@ -229,6 +229,10 @@ struct World<'a> {
     coordinator_fault_at: Option<Time>,
     /// Per takeover, the time from the fault to the new coordinator's first configuration.
     takeovers: Vec<Time>,
+    /// How many times a coordinator declared each node dead, and how many times each member
+    /// said so of each: `heard-dead` (never more than declared).
+    declared_dead: BTreeMap<NodeId, u32>,
+    heard_dead: BTreeMap<(NodeId, NodeId), u32>,
     /// Every configuration seen, by epoch: `single-coordinator`.
     configs_seen: BTreeMap<Epoch, ClusterConfig>,
     /// Per running process, the highest (term, epoch) it held: neither may go back.
@@ -391,6 +395,7 @@ impl<'a> World<'a> {
         } else {
             BTreeMap::new()
         };
+        let taken_off = cfg.server_taken_off().filter(|_| !start_configs.is_empty());
         let coordinator = match start_configs.get(&cfg.coordinator_id()) {
             Some(config) => Coordinator::resume(job.coordinator_config(), config.clone()),
             None => Coordinator::new(job.coordinator_config()),
@@ -473,6 +478,10 @@ impl<'a> World<'a> {
             active: cfg.coordinator_id(),
             coordinator_fault_at: None,
             takeovers: Vec::new(),
+            // The server a run starts with taken off the ring left it as the dead do: workers
+            // that start on the ring before hear that it died.
+            declared_dead: taken_off.map(|gone| (gone, 1)).into_iter().collect(),
+            heard_dead: BTreeMap::new(),
             configs_seen: BTreeMap::new(),
             highest: BTreeMap::new(),
             policies: policies::PolicyWatch::default(),
@@ -1072,8 +1081,21 @@ impl<'a> World<'a> {
             }
             // Members hear of deaths too; the coordinator's declaration is the one that counts.
             Event::NodeDead(dead) if self.is_coordinator(node) => {
+                *self.declared_dead.entry(dead).or_default() += 1;
                 self.worker_out(node, dead);
                 self.node_dead(dead);
+                return Ok(());
+            }
+            Event::NodeDead(dead) => {
+                let heard = self.heard_dead.entry((node, dead)).or_default();
+                *heard += 1;
+                let declared = self.declared_dead.get(&dead).copied().unwrap_or(0);
+                if *heard > declared {
+                    let detail = format!(
+                        "{node} said {heard} times that {dead} died, declared dead {declared} times"
+                    );
+                    return Err(self.fail(Invariant::HeardDead, detail));
+                }
                 return Ok(());
             }
             Event::Coordinator(CoordinatorEvent::WorkerLeft(worker)) => {
