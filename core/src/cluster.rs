@@ -103,6 +103,24 @@ impl Cluster {
         self.config.servers.contains(&node) || self.config.joining.contains(&node)
     }
 
+    /// Whether `holds` is true of every piece of `range` ([`Cluster::pieces_in`]), given the
+    /// owners of the piece on the ring in force and on the next ring: looked at per message
+    /// between servers, so it walks the rings rather than building the pieces.
+    pub(crate) fn every_piece_in(
+        &self,
+        range: KeyRange,
+        mut holds: impl FnMut(&[NodeId], Option<&[NodeId]>) -> bool,
+    ) -> bool {
+        let next = self.next.as_ref();
+        let starts = self.ring.segments_in(range).map(|(r, _)| r.start());
+        let next_starts = next
+            .into_iter()
+            .flat_map(|n| n.segments_in(range).map(|(r, _)| r.start()));
+        starts
+            .chain(next_starts)
+            .all(|k| holds(self.ring.owners(k), next.map(|n| n.owners(k))))
+    }
+
     /// The key space cut where either ring (in force or next) changes owners, each piece with
     /// its holders: the primary, its replicas, then the servers the next ring gives the piece
     /// that do not hold it yet (they copy it and follow its updates like replicas).

@@ -26,7 +26,8 @@ impl DedupeWindow {
     pub(crate) fn settle(&mut self, below: RequestId) {
         if below > self.settled_below {
             self.settled_below = below;
-            self.applied = self.applied.split_off(&below);
+            // In place: a split would allocate a new map with every push that settles some.
+            self.applied.retain(|&request, _| request >= below);
         }
     }
 

@@ -730,22 +730,28 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         self.send(to, body, out);
     }
 
-    /// Starts of the shards overlapping `range`, in key order.
+    /// Starts of the shards overlapping `range`, in key order: for callers that change the
+    /// shards as they go.
     fn shard_starts_in(&self, range: KeyRange) -> Vec<Key> {
+        self.shards_in(range).map(|(k, _)| k).collect()
+    }
+
+    /// The shards overlapping `range`, with their starts, in key order. Looked up per step
+    /// and per acknowledgement, so it walks the map rather than collecting.
+    fn shards_in(&self, range: KeyRange) -> impl Iterator<Item = (Key, &Shard<V, S>)> {
         let first = self
             .shards
             .range(..=range.start())
             .next_back()
-            .filter(|(_, s)| s.range.end() > range.start())
-            .map(|(&k, _)| k);
+            .filter(|(_, s)| s.range.end() > range.start());
+        let first_key = first.map(|(&k, _)| k);
         first
             .into_iter()
             .chain(
                 self.shards
                     .range(range.start()..range.end())
-                    .map(|(&k, _)| k)
-                    .filter(|&k| Some(k) != first),
+                    .filter(move |&(&k, _)| Some(k) != first_key),
             )
-            .collect()
+            .map(|(&k, s)| (k, s))
     }
 }

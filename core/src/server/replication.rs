@@ -155,12 +155,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// True when primary shards of this server cover all of `range` and their replicas all
     /// applied update `seq`.
     pub(super) fn replicated(&self, range: KeyRange, seq: u64) -> bool {
-        self.leads_all_of(range)
-            && self
-                .shard_starts_in(range)
-                .iter()
-                .filter_map(|s| self.shards.get(s))
-                .all(|s| s.replicated(seq))
+        self.leads_all_of(range) && self.shards_in(range).all(|(_, s)| s.replicated(seq))
     }
 
     /// True when primary shards of this server cover every key of `range`. A server that gave
@@ -168,9 +163,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// it no longer holds as replicated: that part's new primary may lack the update.
     fn leads_all_of(&self, range: KeyRange) -> bool {
         let led: u64 = self
-            .shard_starts_in(range)
-            .iter()
-            .filter_map(|s| self.shards.get(s))
+            .shards_in(range)
+            .map(|(_, s)| s)
             .filter(|s| s.is_primary())
             .filter_map(|s| s.range.intersect(range))
             .map(KeyRange::len)
@@ -376,10 +370,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             }
             self.split_shards_at(entry.range.start());
             self.split_shards_at(entry.range.end());
-            let starts = self.shard_starts_in(entry.range);
-            let covered: u64 = starts
-                .iter()
-                .filter_map(|s| self.shards.get(s))
+            // Cut at both ends, the shards of the range are those that start in it.
+            let within = entry.range.start()..entry.range.end();
+            let covered: u64 = self
+                .shards
+                .range(within.clone())
+                .map(|(_, s)| s)
                 .filter(|s| matches!(s.role, ShardRole::Replica { primary, synced: true } if primary == from))
                 .map(|s| s.range.len())
                 .sum();
@@ -391,16 +387,16 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                 continue;
             }
             let mut seq = u64::MAX;
-            for start in starts {
-                if let Some(shard) = self.shards.get_mut(&start) {
-                    if entry.seq - entry.span == shard.seq {
-                        shard.apply_update(
-                            &restrict(&entry, shard.range),
-                            Rule::of(&self.updater, &self.cfg),
-                        );
+            let rule = Rule::of(&self.updater, &self.cfg);
+            for (_, shard) in self.shards.range_mut(within) {
+                if entry.seq - entry.span == shard.seq {
+                    if shard.range == entry.range {
+                        shard.apply_update(&entry, rule);
+                    } else {
+                        shard.apply_update(&restrict(&entry, shard.range), rule);
                     }
-                    seq = seq.min(shard.seq);
                 }
+                seq = seq.min(shard.seq);
             }
             acks.push(ShardAck {
                 range: entry.range,
@@ -416,11 +412,13 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// `range` and this server one of its replicas, or a server the next ring gives the range.
     fn is_replica_of(&self, primary: NodeId, range: KeyRange) -> bool {
         let me = self.cfg.id;
-        self.cluster.as_ref().is_some_and(|c| {
-            c.pieces_in(range)
-                .iter()
-                .all(|(_, holders)| holders[0] == primary && holders[1..].contains(&me))
-        })
+        me != primary
+            && self.cluster.as_ref().is_some_and(|c| {
+                c.every_piece_in(range, |now, next| {
+                    now.first() == Some(&primary)
+                        && (now.contains(&me) || next.is_some_and(|n| n.contains(&me)))
+                })
+            })
     }
 
     /// A primary learns how far a replica has come.
@@ -449,10 +447,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         range: KeyRange,
         next: impl Fn(ReplicaState) -> ReplicaState,
     ) {
-        for start in self.shard_starts_in(range) {
-            let Some(shard) = self.shards.get_mut(&start) else {
-                continue;
-            };
+        // A shard the range covers starts in it.
+        for (_, shard) in self.shards.range_mut(range.start()..range.end()) {
             if !range.covers(shard.range) {
                 continue;
             }
