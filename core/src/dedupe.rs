@@ -42,6 +42,12 @@ impl DedupeWindow {
                 .is_some_and(|spans| spans.iter().any(|&(a, b)| a <= key && key <= b))
     }
 
+    /// True when no row of `request` was applied before and it is not settled: all of its
+    /// rows are fresh, without a look at spans.
+    pub(crate) fn untouched(&self, request: RequestId) -> bool {
+        request >= self.settled_below && !self.applied.contains_key(&request)
+    }
+
     /// The parts of `within` holding no row of `request` applied before, in key order: empty
     /// for a settled request, `within` itself for a request never seen. A few spans per
     /// request, so this costs a sort of those, not a look per key.

@@ -97,8 +97,25 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         };
         let room = crate::sizes::steps_within(self.cfg.max_frame);
         let steps = shard.take_step(entry, Rule::of(&self.updater, &self.cfg), width, room);
-        let in_step = shard.ship(&steps);
-        self.gather_steps(&in_step, steps);
+        if !shard.log_steps(&steps) {
+            return;
+        }
+        // Each replica in step but the last gets a copy of the steps, the last the steps.
+        let mut steps = Some(steps);
+        let mut replicas = shard.in_step().peekable();
+        while let Some(replica) = replicas.next() {
+            match (&steps, replicas.peek()) {
+                (Some(s), Some(_)) => self.batches.gather(replica, s.iter().cloned()),
+                (_, None) => {
+                    if let Some(s) = steps.take() {
+                        self.batches.gather(replica, s);
+                    }
+                }
+                (None, Some(_)) => {}
+            }
+        }
+        drop(replicas);
+        shard.bound_log();
     }
 
     /// Adds `steps` to the batches of the replica servers `to` (`super::batches`).

@@ -105,6 +105,9 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         else {
             return rows;
         };
+        if window.untouched(request) {
+            return rows;
+        }
         let fresh = window.fresh_ranges(request, span);
         match fresh.as_slice() {
             [only] if *only == span => rows,
@@ -395,21 +398,48 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
     }
 
     /// Logs `entries` for replicas that fall behind and returns the replicas in step, to
-    /// send them. A replica that would need more than [`MAX_LOG`] steps catches up with a
-    /// whole copy instead.
+    /// send them ([`Shard::log_steps`], [`Shard::in_step`], [`Shard::bound_log`]).
     pub(crate) fn ship(&mut self, entries: &[Replicate<V>]) -> Vec<NodeId> {
-        let ShardRole::Primary { log, replicas, .. } = &mut self.role else {
-            return Vec::new();
-        };
-        if entries.is_empty() || replicas.is_empty() {
+        if !self.log_steps(entries) {
             return Vec::new();
         }
-        let in_step: Vec<NodeId> = replicas
-            .iter()
+        let in_step = self.in_step().collect();
+        self.bound_log();
+        in_step
+    }
+
+    /// Logs `entries` for replicas that fall behind; false when there is nothing to send
+    /// (no entries, or no replicas).
+    pub(crate) fn log_steps(&mut self, entries: &[Replicate<V>]) -> bool {
+        let ShardRole::Primary { log, replicas, .. } = &mut self.role else {
+            return false;
+        };
+        if entries.is_empty() || replicas.is_empty() {
+            return false;
+        }
+        log.extend_from_slice(entries);
+        true
+    }
+
+    /// The replicas in step, which get each step as it is taken.
+    pub(crate) fn in_step(&self) -> impl Iterator<Item = NodeId> + '_ {
+        let replicas = match &self.role {
+            ShardRole::Primary { replicas, .. } => Some(replicas),
+            ShardRole::Replica { .. } => None,
+        };
+        replicas
+            .into_iter()
+            .flatten()
             .filter(|(_, r)| matches!(r, ReplicaState::Acked(_)))
             .map(|(&n, _)| n)
-            .collect();
-        log.extend_from_slice(entries);
+    }
+
+    /// Keeps the log within [`MAX_LOG`] steps: a replica that would need more catches up
+    /// with a whole copy instead.
+    pub(crate) fn bound_log(&mut self) {
+        let ShardRole::Primary { log, replicas, .. } = &mut self.role else {
+            return;
+        };
         if log.len() > MAX_LOG {
             // A replica this far behind (cut off, or about to be declared dead) catches up
             // with a whole copy instead of holding the log, and so memory, without bound.
@@ -422,7 +452,6 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
                 }
             }
         }
-        in_step
     }
 
     /// True when every replica has applied update `seq`.
