@@ -47,12 +47,4 @@ impl<V: Value, F> Output<V, F> {
             Output::Wait { until } => Output::Wait { until },
         }
     }
-
-    /// The frame to send, if this is one.
-    pub fn into_transmit(self) -> Option<Transmit<F>> {
-        match self {
-            Output::Transmit(t) => Some(t),
-            _ => None,
-        }
-    }
 }

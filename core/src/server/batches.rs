@@ -66,6 +66,28 @@ impl<V: Value> Batches<V> {
         }
     }
 
+    /// Logs `steps` on `shard`, for replicas that fall behind, and gathers them for each
+    /// replica in step: a copy for each but the last, which takes the steps.
+    pub(super) fn ship<S: ParamStore<V>>(
+        &mut self,
+        shard: &mut Shard<V, S>,
+        steps: Vec<Replicate<V>>,
+    ) {
+        if !shard.log_steps(&steps) {
+            return;
+        }
+        let mut replicas = shard.in_step().peekable();
+        while let Some(replica) = replicas.next() {
+            if replicas.peek().is_none() {
+                self.gather(replica, steps);
+                break;
+            }
+            self.gather(replica, steps.iter().cloned());
+        }
+        drop(replicas);
+        shard.bound_log();
+    }
+
     /// Forgets the batches in flight whose last step `arrived` says the replica acknowledged
     /// (or no longer needs).
     fn settle(&mut self, arrived: impl Fn(NodeId, KeyRange, u64) -> bool) {

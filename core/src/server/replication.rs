@@ -97,36 +97,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         };
         let room = crate::sizes::steps_within(self.cfg.max_frame);
         let steps = shard.take_step(entry, Rule::of(&self.updater, &self.cfg), width, room);
-        if !shard.log_steps(&steps) {
-            return;
-        }
-        // Each replica in step but the last gets a copy of the steps, the last the steps.
-        let mut steps = Some(steps);
-        let mut replicas = shard.in_step().peekable();
-        while let Some(replica) = replicas.next() {
-            match (&steps, replicas.peek()) {
-                (Some(s), Some(_)) => self.batches.gather(replica, s.iter().cloned()),
-                (_, None) => {
-                    if let Some(s) = steps.take() {
-                        self.batches.gather(replica, s);
-                    }
-                }
-                (None, Some(_)) => {}
-            }
-        }
-        drop(replicas);
-        shard.bound_log();
-    }
-
-    /// Adds `steps` to the batches of the replica servers `to` (`super::batches`).
-    fn gather_steps(&mut self, to: &[NodeId], steps: Vec<Replicate<V>>) {
-        let Some((&last, others)) = to.split_last() else {
-            return;
-        };
-        for &replica in others {
-            self.batches.gather(replica, steps.iter().cloned());
-        }
-        self.batches.gather(last, steps);
+        self.batches.ship(shard, steps);
     }
 
     /// Ships the queued buffered pushes of every primary shard: before a copy is cut or the
@@ -156,16 +127,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// and last step) chooses.
     fn ship_queues_where(&mut self, mut pick: impl FnMut(Key, u64) -> bool) {
         let width = self.cfg.width;
-        let mut sends = Vec::new();
         for (&start, shard) in &mut self.shards {
             if shard.has_queued() && pick(start, shard.seq) {
                 let steps = shard.ship_queued(width);
-                let in_step = shard.ship(&steps);
-                sends.push((in_step, steps));
+                self.batches.ship(shard, steps);
             }
-        }
-        for (to, steps) in sends {
-            self.gather_steps(&to, steps);
         }
     }
 

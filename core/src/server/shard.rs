@@ -397,17 +397,6 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         ship
     }
 
-    /// Logs `entries` for replicas that fall behind and returns the replicas in step, to
-    /// send them ([`Shard::log_steps`], [`Shard::in_step`], [`Shard::bound_log`]).
-    pub(crate) fn ship(&mut self, entries: &[Replicate<V>]) -> Vec<NodeId> {
-        if !self.log_steps(entries) {
-            return Vec::new();
-        }
-        let in_step = self.in_step().collect();
-        self.bound_log();
-        in_step
-    }
-
     /// Logs `entries` for replicas that fall behind; false when there is nothing to send
     /// (no entries, or no replicas).
     pub(crate) fn log_steps(&mut self, entries: &[Replicate<V>]) -> bool {

@@ -32,7 +32,7 @@ use crate::wire::{
 pub use config::{DEFAULT_MAX_SLICE_BYTES, WorkerConfig, WorkerError};
 use progress::Reached;
 use request::Request;
-use stall::StallWatch;
+use stall::{StallWatch, Waiting};
 use window::{PerKind, Window};
 
 /// A worker node (sans-IO).
@@ -567,8 +567,8 @@ impl<V: Value> Worker<V> {
             .find(|(_, r)| !r.is_push() || !r.counted)
             .map(|(&id, _)| id);
         let waiting = match oldest {
-            Some(id) => Some((Some(id), 0)),
-            None => (self.advances_waiting > 0).then_some((None, self.iteration)),
+            Some(id) => Some(Waiting::Request(id)),
+            None => (self.advances_waiting > 0).then_some(Waiting::Advance(self.iteration)),
         };
         let limit = self.cfg.timing.stall_limit;
         if let Some(for_at_least) = self.stall.look(now, waiting, limit) {

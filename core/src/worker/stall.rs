@@ -11,9 +11,14 @@
 use crate::ids::{Iteration, Time};
 use crate::wire::RequestId;
 
-/// What a worker waits on: its oldest request not done, or (`None`) an advance out of the
-/// iteration.
-pub(super) type Waiting = (Option<RequestId>, Iteration);
+/// What a worker waits on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Waiting {
+    /// Its oldest request not done.
+    Request(RequestId),
+    /// An advance out of this iteration, the consistency model holding it.
+    Advance(Iteration),
+}
 
 /// What the worker waited on at the last look, since when, and whether the stall was said.
 /// Left at its default when the job sets no limit, so that the model checker sees no more
@@ -58,13 +63,13 @@ mod tests {
     #[test]
     fn a_stall_is_said_once_past_the_limit_and_again_for_the_next_request() {
         let mut w = StallWatch::default();
-        let first = Some((Some(1), 0));
+        let first = Some(Waiting::Request(1));
         assert_eq!(w.look(0, first, 10), None);
         assert_eq!(w.look(9, first, 10), None);
         assert_eq!(w.look(10, first, 10), Some(10));
         assert_eq!(w.look(30, first, 10), None, "said once");
         // The first is done: the next oldest is watched from now.
-        let second = Some((Some(2), 0));
+        let second = Some(Waiting::Request(2));
         assert_eq!(w.look(31, second, 10), None);
         assert_eq!(w.look(40, second, 10), None);
         assert_eq!(w.look(41, second, 10), Some(10));
@@ -73,9 +78,13 @@ mod tests {
     #[test]
     fn an_advance_that_waits_is_watched_by_iteration() {
         let mut w = StallWatch::default();
-        assert_eq!(w.look(0, Some((None, 3)), 10), None);
-        assert_eq!(w.look(10, Some((None, 3)), 10), Some(10));
-        assert_eq!(w.look(11, Some((None, 4)), 10), None, "entered the next");
+        assert_eq!(w.look(0, Some(Waiting::Advance(3)), 10), None);
+        assert_eq!(w.look(10, Some(Waiting::Advance(3)), 10), Some(10));
+        assert_eq!(
+            w.look(11, Some(Waiting::Advance(4)), 10),
+            None,
+            "entered the next"
+        );
     }
 
     #[test]
@@ -84,13 +93,13 @@ mod tests {
         assert_eq!(w.look(0, None, 10), None);
         assert_eq!(w.look(100, None, 10), None);
         assert_eq!(
-            w.look(200, Some((Some(1), 0)), 10),
+            w.look(200, Some(Waiting::Request(1)), 10),
             None,
             "the wait begins now"
         );
-        assert_eq!(w.look(209, Some((Some(1), 0)), 10), None);
+        assert_eq!(w.look(209, Some(Waiting::Request(1)), 10), None);
         let mut off = StallWatch::default();
-        assert_eq!(off.look(1_000, Some((Some(1), 0)), 0), None);
+        assert_eq!(off.look(1_000, Some(Waiting::Request(1)), 0), None);
         assert_eq!(off, StallWatch::default(), "no limit: no state");
     }
 }
