@@ -450,3 +450,32 @@ fn a_coordinator_restarted_at_once_does_not_hold_up_the_takeover_and_becomes_the
     assert!(!c.coordinator(ACTIVE).is_active());
     assert!(c.all_hold(|config| config.workers == WORKERS && config.servers == SERVERS));
 }
+
+#[test]
+fn a_coordinator_with_a_standby_ends_the_job_when_a_server_stops_before_its_last_word_arrives() {
+    let mut c = Cluster::running_with_standby();
+    let (s1, s2) = (SERVERS[0], SERVERS[1]);
+    // The second server hears that the job finished and stops, but what it said last never
+    // reaches the active coordinator.
+    c.cut.insert((s2, ACTIVE));
+    for w in WORKERS {
+        c.driver(w).leave().unwrap();
+    }
+    c.collect();
+    let heard = c.run_until(10 * SECOND, |c| {
+        SERVERS
+            .iter()
+            .all(|&s| c.said(s, |e| matches!(e, Event::JobFinished { .. })))
+    });
+    assert!(heard, "every server hears that the job finished");
+    // Every other node ends with the job: nobody is left for the active coordinator to hear,
+    // which is no sign of its being cut off.
+    for node in [s1, s2, STANDBY].into_iter().chain(WORKERS) {
+        c.crash(node);
+    }
+    let ended = c.run_until(60 * SECOND, |c| {
+        c.said(ACTIVE, |e| matches!(e, Event::JobFinished { .. }))
+    });
+    assert!(ended, "the coordinator waits for a server that stopped");
+    assert!(!c.said(ACTIVE, |e| matches!(e, Event::NodeDead(_))));
+}

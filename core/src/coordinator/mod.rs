@@ -996,9 +996,12 @@ impl Coordinator {
         let allowed = self.cfg.timing.missed_checks_allowed();
         // With peers, a check that heard fewer than a majority since the last is one this
         // coordinator was most likely cut off for: it counts as nobody's silence
-        // (ARCHITECTURE.md §11).
+        // (ARCHITECTURE.md §11). Not once the job finished: the members stop then, so that
+        // hearing nobody is what the end looks like, and a server whose last word was lost
+        // must still be counted silent for the coordinator to stop.
         let heard = std::mem::take(&mut self.heard_since_check);
-        let deaf = !self.cfg.peers.is_empty()
+        let deaf = self.finished_since.is_none()
+            && !self.cfg.peers.is_empty()
             && self
                 .published
                 .as_ref()
