@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::ids::NodeId;
 use crate::key::{Key, KeyRange};
-use crate::wire::{AppliedSpan, DedupeRecord, RequestId};
+use crate::wire::{AppliedSpan, DedupeRecord, RequestId, SmallVec};
 
 /// Which rows of one worker's push requests a shard has applied.
 ///
@@ -18,7 +18,7 @@ use crate::wire::{AppliedSpan, DedupeRecord, RequestId};
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub(crate) struct DedupeWindow {
     settled_below: RequestId,
-    applied: BTreeMap<RequestId, Vec<(Key, Key)>>,
+    applied: BTreeMap<RequestId, SmallVec<[(Key, Key); 1]>>,
 }
 
 impl DedupeWindow {
@@ -128,7 +128,7 @@ impl DedupeWindow {
     /// Spans remembered above the high-water mark.
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn len(&self) -> usize {
-        self.applied.values().map(Vec::len).sum()
+        self.applied.values().map(SmallVec::len).sum()
     }
 
     /// True when nothing is remembered above the high-water mark.

@@ -500,34 +500,62 @@ pub(crate) fn deserialize_keys<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Ke
     d.deserialize_tuple(2, KeysVisitor)
 }
 
-/// `#[serde(with = "seq")]` for `Vec<T>` fields of messages: the usual encoding, but decoding
-/// grows the vector as elements actually arrive instead of reserving what the length prefix
-/// claims.
+/// `#[serde(with = "seq")]` for `Vec<T>` and `SmallVec` fields of messages: the usual
+/// encoding, but decoding grows the collection as elements actually arrive instead of
+/// reserving what the length prefix claims.
 pub(crate) mod seq {
     use super::*;
 
     /// Reserved up front at most; the vector doubles from there as elements decode.
     const INITIAL: usize = 16;
 
+    /// A collection a sequence decodes into.
+    pub(crate) trait Grow<T>: Default {
+        /// Makes room for `n` elements.
+        fn reserve_for(&mut self, n: usize);
+        /// Adds one at the end.
+        fn push_one(&mut self, x: T);
+    }
+
+    impl<T> Grow<T> for Vec<T> {
+        fn reserve_for(&mut self, n: usize) {
+            self.reserve(n);
+        }
+        fn push_one(&mut self, x: T) {
+            self.push(x);
+        }
+    }
+
+    impl<A: smallvec::Array> Grow<A::Item> for smallvec::SmallVec<A> {
+        fn reserve_for(&mut self, n: usize) {
+            self.reserve(n);
+        }
+        fn push_one(&mut self, x: A::Item) {
+            self.push(x);
+        }
+    }
+
     pub(crate) fn serialize<T: Serialize, S: Serializer>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(v)
     }
 
-    pub(crate) fn deserialize<'de, T, D>(d: D) -> Result<Vec<T>, D::Error>
+    pub(crate) fn deserialize<'de, T, C, D>(d: D) -> Result<C, D::Error>
     where
         T: Deserialize<'de>,
+        C: Grow<T>,
         D: Deserializer<'de>,
     {
-        struct SeqVisitor<T>(PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> Visitor<'de> for SeqVisitor<T> {
-            type Value = Vec<T>;
+        struct SeqVisitor<T, C>(PhantomData<(T, C)>);
+        impl<'de, T: Deserialize<'de>, C: Grow<T>> Visitor<'de> for SeqVisitor<T, C> {
+            type Value = C;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a sequence")
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-                let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(INITIAL));
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<C, A::Error> {
+                let mut v = C::default();
+                v.reserve_for(seq.size_hint().unwrap_or(0).min(INITIAL));
                 while let Some(x) = seq.next_element()? {
-                    v.push(x);
+                    v.push_one(x);
                 }
                 Ok(v)
             }

@@ -278,7 +278,7 @@ impl JobSpec {
         let record = |worker| DedupeRecord {
             worker,
             settled_below: u64::MAX,
-            applied: vec![AppliedSpan {
+            applied: crate::wire::smallvec![AppliedSpan {
                 request: u64::MAX,
                 first: Key::MAX - 1,
                 last: Key::MAX - 1,
@@ -308,7 +308,7 @@ impl JobSpec {
                         iteration: Iteration::MAX,
                         kvs: one.clone(),
                     },
-                    dedupe: vec![record(MAX_ID)],
+                    dedupe: crate::wire::smallvec![record(MAX_ID)],
                 }],
             },
             Message::Transfer(Transfer {

@@ -70,7 +70,7 @@ fn dedupe() -> impl Strategy<Value = Vec<DedupeRecord>> {
             |(worker, settled_below, applied)| DedupeRecord {
                 worker,
                 settled_below,
-                applied,
+                applied: applied.into(),
             },
         ),
         0..4,
@@ -196,7 +196,7 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
             seq,
             span,
             update,
-            dedupe,
+            dedupe: dedupe.into(),
         });
     prop_oneof![
         (role, any::<u64>()).prop_map(|(role, incarnation)| Message::Register {

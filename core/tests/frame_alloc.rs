@@ -2,10 +2,11 @@
 //! a primary taking them in and replicating them, a replica taking the batches in, and the
 //! acknowledgements back, with 8 and with 64 ring points per server (ARCHITECTURE.md §1).
 //!
-//! What is held to a handful, independent of the ring's segments: acknowledgements of
-//! replication batches (once one per segment walked, 91 a frame at 64 points), of pushes and
-//! heartbeats. A push or a batch taken in still allocates per shard it touches (hundreds of
-//! times a frame at 64 points): printed, not yet held to a bound.
+//! What is held to a handful, independent of the ring's segments: pushes taken in by a
+//! primary (once 235 a frame at 64 points: a record, a step and copies of both per shard),
+//! acknowledgements of replication batches (once 91 a frame), of pushes and heartbeats. A
+//! batch taken in by a replica still decodes each step's keys into a list of its own (about
+//! three allocations per shard it carries): printed, not yet held to a bound.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -187,18 +188,21 @@ fn per_frame(vnodes: u32) -> BTreeMap<String, f64> {
 }
 
 #[test]
-fn acknowledgements_allocate_a_handful_a_frame_however_many_segments_the_ring_has() {
+fn pushes_and_acknowledgements_allocate_a_handful_a_frame_however_many_segments_the_ring_has() {
     let few = per_frame(8);
     let many = per_frame(64);
-    for kind in [
-        "server ReplicateAck",
-        "worker PushAck",
-        "coordinator Heartbeat",
+    for (kind, most) in [
+        ("server Push", 16.0),
+        ("server ReplicateAck", 4.0),
+        ("worker PushAck", 4.0),
+        ("coordinator Heartbeat", 4.0),
     ] {
         let (a, b) = (few[kind], many[kind]);
-        assert!(b <= 4.0, "{kind}: {b:.1} allocations a frame at 64 points");
+        assert!(b <= most, "{kind}: {b:.1} allocations a frame at 64 points");
+        // A push reaches 8 times as many shards at 64 points: what grows with them is a
+        // vector or two doubling, not a cost per shard.
         assert!(
-            b <= a + 1.0,
+            b <= a + 2.0,
             "{kind}: {a:.1} a frame at 8 points, {b:.1} at 64"
         );
     }

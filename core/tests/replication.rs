@@ -1572,7 +1572,7 @@ fn deliver_step(
         seq: 1,
         span,
         update: ShardUpdate::Apply(kvs),
-        dedupe: Vec::new(),
+        dedupe: Default::default(),
     };
     let body = Message::Replicate {
         updates: vec![step],

@@ -413,10 +413,10 @@ fn message(body: Body) -> Message<i64> {
                     u32::from(kind % 5)
                 }),
             };
-            let dedupe = vec![DedupeRecord {
+            let dedupe = smallvec![DedupeRecord {
                 worker: WORKER,
                 settled_below: u64::from(seq / 2),
-                applied: vec![AppliedSpan {
+                applied: smallvec![AppliedSpan {
                     request: u64::from(seq),
                     first: key(from_key),
                     last: key(to_key),
@@ -466,7 +466,7 @@ fn message(body: Body) -> Message<i64> {
                 dedupe: vec![DedupeRecord {
                     worker: node(worker),
                     settled_below: 1,
-                    applied: vec![],
+                    applied: SmallVec::new(),
                 }],
                 clocks: vec![ClockRecord {
                     worker: node(worker),

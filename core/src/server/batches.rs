@@ -31,7 +31,7 @@ use crate::value::Value;
 use crate::wire::{Message, Replicate};
 
 use super::Server;
-use super::shard::{ReplicaState, Shard, ShardRole};
+use super::shard::{ReplicaState, Shard, ShardRole, Steps};
 
 /// Steps gathered for the replica servers, and the batches each has not acknowledged.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -68,11 +68,7 @@ impl<V: Value> Batches<V> {
 
     /// Logs `steps` on `shard`, for replicas that fall behind, and gathers them for each
     /// replica in step: a copy for each but the last, which takes the steps.
-    pub(super) fn ship<S: ParamStore<V>>(
-        &mut self,
-        shard: &mut Shard<V, S>,
-        steps: Vec<Replicate<V>>,
-    ) {
+    pub(super) fn ship<S: ParamStore<V>>(&mut self, shard: &mut Shard<V, S>, steps: Steps<V>) {
         if !shard.log_steps(&steps) {
             return;
         }
@@ -116,24 +112,21 @@ impl<V: Value> Batches<V> {
         let mut emptied = Vec::new();
         for (&replica, steps) in &mut self.waiting {
             let in_flight = self.in_flight.entry(replica).or_default();
-            let mut rest = core::mem::take(steps).into_iter().peekable();
-            while rest.peek().is_some() && (all || in_flight.len() < bound) {
-                let mut batch = Vec::new();
-                let mut bytes = 0usize;
-                while let Some(step) = rest.peek() {
-                    let more = bytes.saturating_add(sizes::step_bytes(step));
-                    if !batch.is_empty() && more > room {
-                        break;
-                    }
-                    bytes = more;
-                    batch.extend(rest.next());
-                }
+            while !steps.is_empty() && (all || in_flight.len() < bound) {
+                let n = fitting(steps, room);
+                // The steps that fit go out in the vector they waited in: no new one, and
+                // none grown step by step, per batch.
+                let batch = if n == steps.len() {
+                    core::mem::take(steps)
+                } else {
+                    let rest = steps.split_off(n);
+                    core::mem::replace(steps, rest)
+                };
                 if let Some(last) = batch.last() {
                     in_flight.push((last.range, last.seq));
                 }
                 out.push((replica, batch));
             }
-            steps.extend(rest);
             if steps.is_empty() {
                 emptied.push(replica);
             }
@@ -163,6 +156,20 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             self.send(to, Message::Replicate { updates }, out);
         }
     }
+}
+
+/// How many of the first `steps` fit in `room` bytes; at least one, which may be larger.
+fn fitting<V: Value>(steps: &[Replicate<V>], room: usize) -> usize {
+    let mut bytes = 0usize;
+    let mut n = 0;
+    for step in steps {
+        bytes = bytes.saturating_add(sizes::step_bytes(step));
+        if n > 0 && bytes > room {
+            break;
+        }
+        n += 1;
+    }
+    n.max(1)
 }
 
 /// True when `replica` acknowledged step `seq` of the shard holding `range`'s first key, or
@@ -210,7 +217,7 @@ mod tests {
             seq,
             span: 1,
             update,
-            dedupe: Vec::new(),
+            dedupe: Default::default(),
         }
     }
 

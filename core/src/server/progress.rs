@@ -14,7 +14,7 @@ use crate::key::KeyRange;
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
-use crate::wire::{Message, Replicate, ShardUpdate};
+use crate::wire::{Message, Replicate, ShardUpdate, SmallVec};
 
 use super::Server;
 
@@ -124,7 +124,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     seq: s.seq + 1,
                     span: 1,
                     update: ShardUpdate::ApplyBelow(done_below),
-                    dedupe: Vec::new(),
+                    dedupe: SmallVec::new(),
                 })
             })
             .collect();

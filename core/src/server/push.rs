@@ -31,12 +31,12 @@
 use crate::consistency::Consistency;
 use crate::effects::{Effects, Refusal};
 use crate::ids::{NodeId, Time};
-use crate::key::Key;
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
-use crate::wire::{Message, Push, Replicate, ShardUpdate};
+use crate::wire::{Message, Push, Replicate, ShardUpdate, smallvec};
 
+use super::replication::commit_step;
 use super::{Server, shard};
 
 impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
@@ -64,13 +64,24 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             return;
         };
         let sequential = self.consistency() == Consistency::Sequential;
-        let starts: Vec<Key> = self.shard_starts_in(span);
-        let mut waits = Vec::new();
-        let mut updates = Vec::new();
-        for start in starts {
-            let Some(shard) = self.shards.get_mut(&start) else {
-                continue;
-            };
+        let dedupe = !mutated!(self, NoDedupe);
+        // Counted first, so that the one vector the push keeps is allocated once.
+        let mut waits = Vec::with_capacity(self.shards_in(span).count());
+        // The shards are walked in place and each step committed as it is made: collecting
+        // the starts, then the steps, cost a growing vector or two per push.
+        let Server {
+            shards,
+            batches,
+            updater,
+            cfg,
+            ..
+        } = self;
+        let first = shards
+            .range(..=span.start())
+            .next_back()
+            .filter(|(_, s)| s.range.end() > span.start())
+            .map_or(span.start(), |(&k, _)| k);
+        for (_, shard) in shards.range_mut(first..span.end()) {
             // The span of the push may reach over ranges this server only replicates; the
             // ownership check above leaves no rows there.
             if !shard.is_primary() || push.kvs.slice(shard.range).is_empty() {
@@ -79,32 +90,29 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             if let Some(window) = shard.dedupe.get_mut(&from) {
                 window.settle(push.settled_below);
             }
-            let dedupe = !mutated!(self, NoDedupe);
             let fresh = shard.fresh_rows(from, push.slice.request, &push.kvs, dedupe);
             if !fresh.is_empty() {
+                let record = shard::record_of(from, push.settled_below, push.slice.request, &fresh);
                 let update = if sequential && push.iteration >= shard.applied_below {
                     ShardUpdate::Buffer {
                         iteration: push.iteration,
-                        kvs: fresh.clone(),
+                        kvs: fresh,
                     }
                 } else {
-                    ShardUpdate::Apply(fresh.clone())
+                    ShardUpdate::Apply(fresh)
                 };
-                let record = shard::record_of(from, push.settled_below, push.slice.request, &fresh);
                 let entry = Replicate {
                     range: shard.range,
                     seq: shard.seq + 1,
                     span: 1,
                     update,
-                    dedupe: vec![record],
+                    dedupe: smallvec![record],
                 };
-                updates.push(entry);
+                commit_step(shard, batches, updater, cfg, entry);
             }
-            // A resend waits for the replicas too: they may not have its rows yet.
-            waits.push((shard.range, shard.seq + u64::from(!fresh.is_empty())));
-        }
-        for entry in updates {
-            self.commit(entry);
+            // A resend waits for the replicas too: they may not have its rows yet. The step
+            // just taken, if any, is the shard's last.
+            waits.push((shard.range, shard.seq));
         }
         waits.retain(|&(range, seq)| !self.replicated(range, seq));
         if waits.is_empty() || mutated!(self, AckBeforeReplicate) {

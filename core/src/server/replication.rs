@@ -68,6 +68,7 @@ use crate::value::Value;
 use crate::wire::{ClockRecord, Envelope, Message, Replicate, ShardAck, ShardUpdate, Transfer};
 
 use super::Server;
+use super::batches::Batches;
 use super::shard::{ReplicaState, Rule, Shard, ShardRole, first_step, restrict};
 
 /// Which replicas [`Server::resend_replication`] serves.
@@ -91,13 +92,10 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// in step (or queues it, [`Shard::take_step`]); the others catch up from the log or a
     /// copy.
     pub(super) fn commit(&mut self, entry: Replicate<V>) {
-        let width = self.cfg.width;
         let Some(shard) = self.shards.get_mut(&entry.range.start()) else {
             return;
         };
-        let room = crate::sizes::steps_within(self.cfg.max_frame);
-        let steps = shard.take_step(entry, Rule::of(&self.updater, &self.cfg), width, room);
-        self.batches.ship(shard, steps);
+        commit_step(shard, &mut self.batches, &self.updater, &self.cfg, entry);
     }
 
     /// Ships the queued buffered pushes of every primary shard: before a copy is cut or the
@@ -327,7 +325,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
 
     /// A replica takes in its primary's updates, in order, and says how far it has come.
     fn on_replicate(&mut self, from: NodeId, updates: Vec<Replicate<V>>, out: &mut Effects<V>) {
-        let mut acks = Vec::new();
+        let mut acks = Vec::with_capacity(updates.len());
         let first_range = updates.first().map(|e| e.range);
         for entry in updates {
             if mutated!(self, PartialBatch) && Some(entry.range) != first_range {
@@ -802,6 +800,19 @@ pub(super) fn clock_records(
             segments: clock.segments_in(range).collect(),
         })
         .collect()
+}
+
+/// [`Server::commit`] on a shard already in hand: for a caller walking the shards in place.
+pub(super) fn commit_step<V: Value, U: UpdateRule<V>, S: ParamStore<V>>(
+    shard: &mut Shard<V, S>,
+    batches: &mut Batches<V>,
+    updater: &U,
+    cfg: &super::ServerConfig,
+    entry: Replicate<V>,
+) {
+    let room = crate::sizes::steps_within(cfg.max_frame);
+    let steps = shard.take_step(entry, Rule::of(updater, cfg), cfg.width, room);
+    batches.ship(shard, steps);
 }
 
 #[cfg(test)]

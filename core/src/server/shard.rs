@@ -12,8 +12,13 @@ use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
 use crate::wire::{
-    AppliedSpan, BufferedPush, DedupeRecord, Replicate, ShardCopy, ShardUpdate, Transfer,
+    AppliedSpan, BufferedPush, DedupeRecord, Replicate, ShardCopy, ShardUpdate, SmallVec, Transfer,
+    smallvec,
 };
+
+/// The steps a shard ships at once: usually the one just taken, kept in place, so that a push
+/// allocates nothing per shard it touches (ARCHITECTURE.md §8).
+pub(crate) type Steps<V> = SmallVec<[Replicate<V>; 1]>;
 
 /// Updates a primary keeps per shard for replicas that are behind; beyond this, a replica
 /// catches up with a whole copy.
@@ -312,7 +317,7 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         rule: Rule<'_, U>,
         width: usize,
         room: usize,
-    ) -> Vec<Replicate<V>> {
+    ) -> Steps<V> {
         let buffered = matches!(entry.update, ShardUpdate::Buffer { .. });
         // A queue ships before its sum would outgrow a frame, and before this push is
         // buffered behind it (its sum takes the place of the parts it sums): the rest of the
@@ -326,7 +331,7 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
             ShardRole::Replica { .. } => buffered,
         };
         let mut ship = if queue_fits {
-            Vec::new()
+            Steps::new()
         } else {
             self.ship_queued(width)
         };
@@ -335,10 +340,10 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
             replicas, queued, ..
         } = &mut self.role
         else {
-            return Vec::new();
+            return Steps::new();
         };
         if replicas.is_empty() {
-            return Vec::new();
+            return Steps::new();
         }
         if buffered {
             queued.push(entry);
@@ -353,17 +358,17 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
     /// push's de-duplication record, in arrival order, on the last. This shard's own buffer
     /// keeps the same sum in place of the pushes it sums, so that primary and replicas sum an
     /// iteration from the same parts and hold the same bits.
-    pub(crate) fn ship_queued(&mut self, width: usize) -> Vec<Replicate<V>> {
+    pub(crate) fn ship_queued(&mut self, width: usize) -> Steps<V> {
         let ShardRole::Primary { queued, .. } = &mut self.role else {
-            return Vec::new();
+            return Steps::new();
         };
         let queue = core::mem::take(queued);
         let (Some(first), Some(last)) = (queue.first(), queue.last()) else {
-            return Vec::new();
+            return Steps::new();
         };
         let (first, last) = (first_step(first), last.seq);
         let mut groups: BTreeMap<Iteration, Vec<KvPairs<V>>> = BTreeMap::new();
-        let mut dedupe = Vec::new();
+        let mut dedupe = SmallVec::new();
         for entry in queue {
             if let ShardUpdate::Buffer { iteration, kvs } = entry.update {
                 groups.entry(iteration).or_default().push(kvs);
@@ -372,7 +377,7 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
         }
         let steps = last - first + 1;
         let k = groups.len() as u64;
-        let mut ship = Vec::with_capacity(groups.len());
+        let mut ship = Steps::with_capacity(groups.len());
         for (j, (iteration, batch)) in groups.into_iter().enumerate() {
             let j = j as u64;
             let sum = sum_by_key(&batch, width);
@@ -388,7 +393,7 @@ impl<V: Value, S: ParamStore<V>> Shard<V, S> {
                     iteration,
                     kvs: sum,
                 },
-                dedupe: Vec::new(),
+                dedupe: SmallVec::new(),
             });
         }
         if let Some(entry) = ship.last_mut() {
@@ -585,12 +590,12 @@ pub(crate) fn record_of<V: Value>(
     fresh: &KvPairs<V>,
 ) -> DedupeRecord {
     let applied = match fresh.span() {
-        Some(span) => vec![AppliedSpan {
+        Some(span) => smallvec![AppliedSpan {
             request,
             first: span.start(),
             last: span.end() - 1,
         }],
-        None => Vec::new(),
+        None => SmallVec::new(),
     };
     DedupeRecord {
         worker,
@@ -732,7 +737,7 @@ mod tests {
             seq,
             span: 1,
             update,
-            dedupe: Vec::new(),
+            dedupe: Default::default(),
         };
         shard.apply_update(&step(1, ShardUpdate::ApplyBelow(5)), SUM);
         assert_eq!(

@@ -15,6 +15,9 @@ use super::{ParamStore, RowVisitor, RowsUpdate, RunVisitor, SharedRows, StateRun
 use crate::key::{Key, KeyRange};
 use crate::value::Value;
 
+/// Where the keys of one batch sit in their leaf.
+type Positions = smallvec::SmallVec<[usize; 32]>;
+
 /// Rows a leaf is cut into once it holds more than twice as many.
 pub(super) const LEAF_ROWS: usize = 1 << 13;
 
@@ -73,7 +76,7 @@ impl<V: Value> Leaf<V> {
 
     /// Fills `at` with the position of every key of `batch` (strictly increasing) in this
     /// leaf; false, with `at` cut short, as soon as one is missing.
-    fn positions(&self, batch: &[Key], at: &mut Vec<usize>) -> bool {
+    fn positions(&self, batch: &[Key], at: &mut Positions) -> bool {
         at.clear();
         let mut from = 0;
         for &key in batch {
@@ -309,8 +312,10 @@ impl<V: Value> ParamStore<V> for OrderedStore<V> {
         if keys.is_empty() || deltas.len() != keys.len() * width {
             return;
         }
-        // Positions of a batch in its leaf, found once and reused from leaf to leaf.
-        let mut at = Vec::new();
+        // Positions of a batch in its leaf, found once and reused from leaf to leaf; on the
+        // stack for the few keys a push brings each shard, so that a push allocates nothing
+        // per shard it touches.
+        let mut at = Positions::new();
         let mut i = 0;
         while i < keys.len() {
             let start = self.leaf_for(keys[i]);

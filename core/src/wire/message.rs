@@ -1,6 +1,7 @@
 //! The messages nodes exchange (ARCHITECTURE.md §2) and the envelope that carries them.
 
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 use crate::consistency::Consistency;
 use crate::filter::KeysDigest;
@@ -731,9 +732,10 @@ pub struct DedupeRecord {
     pub worker: NodeId,
     /// Every request of the worker below this id is settled and will never be sent again.
     pub settled_below: RequestId,
-    /// Rows applied for the worker's unsettled requests.
+    /// Rows applied for the worker's unsettled requests: a push's record holds one span, kept
+    /// in place, so that replicating a push allocates nothing per shard.
     #[serde(with = "seq")]
-    pub applied: Vec<AppliedSpan>,
+    pub applied: SmallVec<[AppliedSpan; 1]>,
 }
 
 /// What a primary did to a shard; its replicas do the same, in the same order, through the
@@ -771,9 +773,10 @@ pub struct Replicate<V: Value> {
     pub span: u64,
     /// What changed.
     pub update: ShardUpdate<V>,
-    /// De-duplication state the update adds.
+    /// De-duplication state the update adds: the record of the push a step stands for, kept
+    /// in place (a shipped iteration's sum carries the records of all its pushes).
     #[serde(with = "seq")]
-    pub dedupe: Vec<DedupeRecord>,
+    pub dedupe: SmallVec<[DedupeRecord; 1]>,
 }
 
 /// A replica's position in a shard's update order.

@@ -34,5 +34,7 @@ pub use message::{
 };
 pub use message::{Checkpoints, ClusterConfig, RequestId};
 pub use rows::RowValues;
+/// The in-place vector of [`DedupeRecord::applied`] and [`Replicate::dedupe`].
+pub use smallvec::{SmallVec, smallvec};
 
 pub use crate::trailer::TRAILER_ALIGN;
