@@ -669,3 +669,47 @@ fn a_configuration_that_comes_while_the_shards_are_read_is_adopted_after_them() 
     }
     assert!(rows > 0);
 }
+
+/// A server's snapshot is what a checkpoint writes: taken at the cut, it holds what the
+/// checkpoint was handed; it keeps the values it was taken with whatever is pushed after,
+/// while a snapshot taken later holds the new ones.
+#[test]
+fn a_snapshot_taken_at_the_cut_is_the_checkpoint_and_keeps_its_values() {
+    let mut c = run(EVERY);
+    let servers = c.servers();
+    let mut at_cut = BTreeMap::new();
+    for &s in &servers {
+        let handed = c.events[&s]
+            .iter()
+            .find_map(|e| match e {
+                Event::Server(ServerEvent::CheckpointDue { cut: EVERY, shards }) => {
+                    Some(shards.clone())
+                }
+                _ => None,
+            })
+            .expect("the cut was handed out");
+        let snapshot = c.driver(s).server().unwrap().snapshot();
+        assert_eq!(snapshot, handed, "{s}: nothing was pushed since the cut");
+        assert!(!rows_of(&snapshot).is_empty());
+        assert!(rows_of(&snapshot).iter().all(|&v| v == total(EVERY)), "{s}");
+        at_cut.insert(s, snapshot);
+    }
+    c.iterate(10);
+    assert!(c.reach(EVERY + 1));
+    // Under bounded delay the workers go on before their pushes are in: let them land.
+    c.run_until(10 * SECOND, |_| false);
+    for &s in &servers {
+        let kept = &at_cut[&s];
+        assert!(rows_of(kept).iter().all(|&v| v == total(EVERY)), "{s}");
+        let now = c.driver(s).server().unwrap().snapshot();
+        assert!(
+            rows_of(&now).iter().all(|&v| v == total(EVERY) + 20),
+            "{s}: {:?}",
+            rows_of(&now)
+        );
+        assert_eq!(
+            now.iter().map(|c| c.range).collect::<Vec<_>>(),
+            kept.iter().map(|c| c.range).collect::<Vec<_>>()
+        );
+    }
+}

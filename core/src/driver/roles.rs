@@ -114,6 +114,12 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> ServerCalls<'_, V, U, S> {
         self.server.read(range)
     }
 
+    /// A copy of every shard the server holds, as of now, that later writes never reach (see [`crate::node::Server::snapshot`]): what a checkpoint writes, for an embedder that
+    /// saves or inspects the server's state between checkpoints.
+    pub fn snapshot(&self) -> Vec<ShardCopy<V>> {
+        self.server.snapshot()
+    }
+
     /// Starts the job from `rows`, a saved model (see [`crate::node::Server::start_from`]);
     /// before the driver is started.
     pub fn start_from<'r>(

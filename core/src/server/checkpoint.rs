@@ -252,17 +252,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         if !workers_done || !applied {
             return;
         }
-        let width = self.cfg.width;
-        let aux_width = self.updater.aux_width();
-        let shards: Vec<ShardCopy<V>> = self
-            .shards
-            .values()
-            .map(|s| {
-                let mut copy = s.checkpoint_copy(width, aux_width);
-                copy.clocks = super::replication::clock_records(&self.progress, s.range);
-                copy
-            })
-            .collect();
+        let shards = self.snapshot();
         self.checkpointing.taken = Some((cut, self.shard_ranges()));
         self.checkpointing.written = false;
         out.emit(Event::Server(ServerEvent::CheckpointDue { cut, shards }));

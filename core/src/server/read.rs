@@ -7,6 +7,7 @@ use crate::kv::{KvPairs, PairsBuilder};
 use crate::store::ParamStore;
 use crate::updater::UpdateRule;
 use crate::value::Value;
+use crate::wire::ShardCopy;
 
 use super::Server;
 
@@ -59,5 +60,25 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             led,
             applied_below: applied_below.unwrap_or(0),
         }
+    }
+
+    /// A copy of every shard this server holds, led or replicated, as of now: each shard at
+    /// the same point of this server's update order, with its rows and update-rule state. Later
+    /// writes never reach it: the ordered store shares its leaves and copies one only when it
+    /// writes one a snapshot still holds; other stores copy the rows
+    /// ([`crate::store::ParamStore::shared_rows_in`]). What a checkpoint
+    /// writes ([`crate::events::ServerEvent::CheckpointDue`] is this, taken at the job's cut,
+    /// where every server's snapshot together is the job's state at one iteration boundary).
+    pub fn snapshot(&self) -> Vec<ShardCopy<V>> {
+        let width = self.cfg.width;
+        let aux_width = self.updater.aux_width();
+        self.shards
+            .values()
+            .map(|s| {
+                let mut copy = s.checkpoint_copy(width, aux_width);
+                copy.clocks = super::replication::clock_records(&self.progress, s.range);
+                copy
+            })
+            .collect()
     }
 }
