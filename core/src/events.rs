@@ -214,10 +214,12 @@ pub enum Event<V: Value> {
     /// ([`crate::wire::ClusterConfig::dead_since`]). A dead server's ranges pass to their
     /// replicas; a dead worker's shares to the live workers.
     NodeDead(NodeId),
-    /// The coordinator: this server is silent past the timeout, restarted, or asked to leave,
-    /// but stays in the ring, because without it no server would be left, or fewer replicas
-    /// than [`crate::node::CoordinatorConfig::min_replicas`]. A silent server's ranges are not served
-    /// until it answers again.
+    /// This server is silent past the timeout, restarted, or asked to leave, but stays in the
+    /// ring, because without it no server would be left, or fewer replicas than
+    /// [`crate::node::CoordinatorConfig::min_replicas`]. A silent server's ranges are not
+    /// served until it answers again. The coordinator says it when it keeps the server; every
+    /// server and worker, of a server kept though silent, once the coordinator's answer to
+    /// its heartbeat lists it (both once per silence).
     RingDegraded(NodeId),
     /// A server became the primary of a range that no live server held a copy of (more
     /// servers failed than the ring has replicas, faster than copies were refilled): the range

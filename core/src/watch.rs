@@ -25,6 +25,8 @@ use crate::wire::{ClusterConfig, Envelope, Message};
 pub(crate) struct CoordinatorWatch {
     unanswered: u64,
     granted: u64,
+    /// The servers the coordinator last said it keeps on the ring though silent.
+    degraded: Vec<NodeId>,
 }
 
 impl CoordinatorWatch {
@@ -91,6 +93,21 @@ impl CoordinatorWatch {
         }
         self.granted = term;
         Ok(config.clone())
+    }
+
+    /// The coordinator answered a heartbeat listing `degraded`, the silent servers it keeps on
+    /// the ring: says [`Event::RingDegraded`] for each not listed in its last answer, so that
+    /// every member hears it once per silence, as the coordinator says it.
+    pub(crate) fn heard_degraded<V: Value>(&mut self, degraded: &[NodeId], out: &mut Effects<V>) {
+        if self.degraded == degraded {
+            return;
+        }
+        for &server in degraded {
+            if !self.degraded.contains(&server) {
+                out.emit(Event::RingDegraded(server));
+            }
+        }
+        self.degraded = degraded.to_vec();
     }
 
     /// Call for every message from the coordinator.

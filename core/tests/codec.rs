@@ -305,7 +305,11 @@ fn message<V: Value + Arbitrary>() -> impl Strategy<Value = Message<V>> {
         Just(Message::Leave),
         Just(Message::ProgressRequest),
         proptest::collection::vec(range(), 0..4).prop_map(Message::Lost),
-        any::<u64>().prop_map(|sent_at| Message::HeartbeatAck { sent_at }),
+        (
+            any::<u64>(),
+            proptest::collection::vec(any::<u32>().prop_map(NodeId), 0..3)
+        )
+            .prop_map(|(sent_at, degraded)| Message::HeartbeatAck { sent_at, degraded }),
         (slice(), any::<u32>()).prop_map(|(slice, bytes)| Message::SlotAsk { slice, bytes }),
         slice().prop_map(Message::SlotGrant),
     ]

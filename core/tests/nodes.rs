@@ -903,7 +903,15 @@ fn the_coordinator_answers_heartbeats_and_admits_latecomers_in_a_new_epoch() {
     };
     // A heartbeat at the current epoch is answered with its time, and is no refusal.
     c.on_message(0, beat(1), &mut out);
-    let ack = Envelope::new(COORD, W1, 1, Message::HeartbeatAck { sent_at: 1 });
+    let ack = Envelope::new(
+        COORD,
+        W1,
+        1,
+        Message::HeartbeatAck {
+            sent_at: 1,
+            degraded: Vec::new(),
+        },
+    );
     assert_eq!(sends_of(&mut out), vec![ack]);
     assert!(out.events.is_empty(), "{out:?}");
     // A node behind the current epoch is sent the configuration.
@@ -1031,7 +1039,17 @@ fn servers_and_workers_say_once_that_the_coordinator_is_silent_and_once_that_it_
     }
     assert_eq!(heard_at, Some(allowed + 1));
     // Back: any message of the coordinator's says so, once.
-    let ack = |to| Envelope::new(COORD, to, epoch, Message::HeartbeatAck { sent_at: 0 });
+    let ack = |to| {
+        Envelope::new(
+            COORD,
+            to,
+            epoch,
+            Message::HeartbeatAck {
+                sent_at: 0,
+                degraded: Vec::new(),
+            },
+        )
+    };
     for _ in 0..2 {
         w.on_message(0, ack(W1), &mut w_out);
         s.on_message(0, ack(NodeId(1)), &mut s_out);

@@ -153,7 +153,9 @@ enum Body {
         from_key: u16,
         to_key: u16,
     },
-    HeartbeatAck,
+    HeartbeatAck {
+        degraded: bool,
+    },
     SlotAsk {
         request: u8,
         slice: u8,
@@ -488,7 +490,10 @@ fn message(body: Body) -> Message<i64> {
         Body::Leave => Message::Leave,
         Body::ProgressRequest => Message::ProgressRequest,
         Body::Lost { from_key, to_key } => Message::Lost(vec![range(from_key, to_key)]),
-        Body::HeartbeatAck => Message::HeartbeatAck { sent_at: 0 },
+        Body::HeartbeatAck { degraded } => Message::HeartbeatAck {
+            sent_at: 0,
+            degraded: if degraded { vec![SERVER] } else { Vec::new() },
+        },
         Body::SlotAsk {
             request,
             slice,

@@ -670,7 +670,10 @@ impl Coordinator {
                 if env.epoch < self.epoch() {
                     self.send_config(from, out);
                 } else {
-                    let body = Message::HeartbeatAck { sent_at };
+                    let body = Message::HeartbeatAck {
+                        sent_at,
+                        degraded: self.kept_silent.iter().copied().collect(),
+                    };
                     out.send(Envelope::new(self.cfg.id, from, self.epoch(), body));
                 }
             }

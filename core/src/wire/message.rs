@@ -17,7 +17,7 @@ use crate::value::Value;
 use crate::wire::rows::RowValues;
 
 /// The wire protocol version this build speaks. Frames of any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 17;
+pub const PROTOCOL_VERSION: u16 = 18;
 
 /// Identifies a worker's request; unique per worker, increasing.
 pub type RequestId = u64;
@@ -1016,6 +1016,11 @@ pub enum Message<V: Value> {
     HeartbeatAck {
         /// The heartbeat's `sent_at`, echoed.
         sent_at: Time,
+        /// Servers silent past the timeout that the coordinator keeps on the ring, since
+        /// without them too few would be left: members say so too
+        /// ([`crate::Event::RingDegraded`]). Usually empty.
+        #[serde(with = "seq")]
+        degraded: Vec<NodeId>,
     },
     /// A worker asks the server of a large push slice for a slot before it sends the slice
     /// ([`crate::slots::PushSlots`]), so that workers pushing together take turns. Resent like a

@@ -652,7 +652,9 @@ impl<V: Value> Worker<V> {
                 );
                 crate::watch::answer_term_ask(self.cfg.id, self.epoch(), from, term, answer, out);
             }
-            Message::HeartbeatAck { .. } if from == self.coordinator_id() => {}
+            Message::HeartbeatAck { degraded, .. } if from == self.coordinator_id() => {
+                self.coordinator.heard_degraded(&degraded, out);
+            }
             Message::PushAck(sref) => self.on_answer(now, from, sref, None, out),
             Message::SlotGrant(sref) => self.on_grant(now, from, sref, out),
             // Taken in counts only at the epoch it happened in: a server that took a push in
