@@ -75,10 +75,19 @@ fn encode_keys(keys: &[Key]) -> Vec<u8> {
 /// reserved key. Every varint takes at least one byte, so `count` is checked against the blob's
 /// length before anything is allocated.
 fn decode_keys(blob: &[u8], count: usize) -> Result<Vec<Key>, &'static str> {
+    let mut keys = Vec::new();
+    decode_keys_into(blob, count, &mut keys)?;
+    Ok(keys)
+}
+
+/// As [`decode_keys`], appending to `out`; on an error, `out` may hold some of them.
+fn decode_keys_into(blob: &[u8], count: usize, out: &mut Vec<Key>) -> Result<(), &'static str> {
     if count > blob.len() {
         return Err("key count exceeds the bytes present");
     }
-    let mut keys = vec![0; count];
+    let at = out.len();
+    out.resize(at + count, 0);
+    let keys = &mut out[at..];
     let mut rest = blob;
     let mut prev: Key = 0;
     // Overflow and the reserved key are gathered over the loop and checked once after it: a
@@ -99,7 +108,7 @@ fn decode_keys(blob: &[u8], count: usize) -> Result<Vec<Key>, &'static str> {
     if !rest.is_empty() {
         return Err("trailing bytes after keys");
     }
-    Ok(keys)
+    Ok(())
 }
 
 struct KeysSeed(usize);
@@ -127,9 +136,13 @@ impl Visitor<'_> for KeysSeed {
 enum PairKeys {
     Run(Key),
     List(Vec<Key>),
+    /// In the open key arena of a batch ([`crate::arena`]), from this position, its stand-in
+    /// held until the arena closes.
+    Arena(usize, std::sync::Arc<Vec<Key>>),
 }
 
-struct PairKeysSeed(usize);
+/// The keys of `count` pairs; into the open key arena, if any, when the flag says so.
+struct PairKeysSeed(usize, bool);
 
 impl<'de> DeserializeSeed<'de> for PairKeysSeed {
     type Value = PairKeys;
@@ -144,7 +157,7 @@ impl Visitor<'_> for PairKeysSeed {
         write!(f, "{} keys: a run's first key, or delta-encoded", self.0)
     }
     fn visit_bytes<E: de::Error>(self, blob: &[u8]) -> Result<PairKeys, E> {
-        decode_pair_keys(blob, self.0).map_err(E::custom)
+        decode_pair_keys(blob, self.0, self.1).map_err(E::custom)
     }
 }
 
@@ -175,7 +188,7 @@ fn width_of<E: de::Error>(width: u64) -> Result<usize, E> {
 
 /// Decodes the keys of `count` pairs: a run when `blob` is one varint and `count > 1`. A run
 /// allocates nothing; its count is bounded by the values that must follow.
-fn decode_pair_keys(blob: &[u8], count: usize) -> Result<PairKeys, &'static str> {
+fn decode_pair_keys(blob: &[u8], count: usize, arena: bool) -> Result<PairKeys, &'static str> {
     if count > 1 {
         let mut rest = blob;
         if let Some(first) = take_varint(&mut rest) {
@@ -188,7 +201,13 @@ fn decode_pair_keys(blob: &[u8], count: usize) -> Result<PairKeys, &'static str>
             }
         }
     }
-    decode_keys(blob, count).map(PairKeys::List)
+    let placed = arena
+        .then(|| crate::arena::append(|keys| decode_keys_into(blob, count, keys)))
+        .flatten();
+    match placed {
+        Some(placed) => placed.map(|(from, stand_in)| PairKeys::Arena(from, stand_in)),
+        None => decode_keys(blob, count).map(PairKeys::List),
+    }
 }
 
 struct ValuesSeed<V> {
@@ -281,7 +300,7 @@ impl<'de, V: Value> Deserialize<'de> for KvPairs<V> {
                 let count = usize::try_from(count)
                     .map_err(|_| de::Error::custom("key count exceeds the bytes present"))?;
                 let keys = seq
-                    .next_element_seed(PairKeysSeed(count))?
+                    .next_element_seed(PairKeysSeed(count, true))?
                     .ok_or_else(missing)?;
                 let slots = count
                     .checked_mul(width)
@@ -307,6 +326,9 @@ impl<'de, V: Value> Deserialize<'de> for KvPairs<V> {
                 Ok(match keys {
                     PairKeys::Run(first) => KvPairs::run_of(first, values, width),
                     PairKeys::List(keys) => KvPairs::from_stored(keys, values, width),
+                    PairKeys::Arena(from, stand_in) => {
+                        KvPairs::in_arena(stand_in, from, values, width)
+                    }
                 })
             }
         }
@@ -446,7 +468,7 @@ impl<'de, V: Value> Visitor<'de> for RunSeed<V> {
         let count: u64 = seq.next_element()?.ok_or_else(missing)?;
         let count = usize::try_from(count).map_err(|_| too_many())?;
         let keys = seq
-            .next_element_seed(PairKeysSeed(count))?
+            .next_element_seed(PairKeysSeed(count, false))?
             .ok_or_else(missing)?;
         // The values are checked against the bytes present before a run's keys are laid
         // out, which bounds its count.
@@ -466,6 +488,8 @@ impl<'de, V: Value> Visitor<'de> for RunSeed<V> {
         let keys = match keys {
             PairKeys::Run(first) => (first..first + count as Key).collect(),
             PairKeys::List(keys) => keys,
+            // Never asked for here: rows of a copy keep their own keys.
+            PairKeys::Arena(..) => return Err(de::Error::custom("rows decoded into an arena")),
         };
         Ok((keys, values, aux))
     }
@@ -561,6 +585,45 @@ pub(crate) mod seq {
             }
         }
         d.deserialize_seq(SeqVisitor(PhantomData))
+    }
+}
+
+/// `#[serde(with = "steps")]` for the steps of a replication batch: as [`seq`], but the keys
+/// of every step's pairs decode into one list ([`crate::arena`]), so that a batch costs a key
+/// list, not one per step.
+pub(crate) mod steps {
+    use super::*;
+    use crate::wire::{Replicate, ShardUpdate};
+
+    pub(crate) fn serialize<V: Value, S: Serializer>(
+        v: &[Replicate<V>],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        seq::serialize(v, s)
+    }
+
+    pub(crate) fn deserialize<'de, V, D>(d: D) -> Result<Vec<Replicate<V>>, D::Error>
+    where
+        V: Value,
+        D: Deserializer<'de>,
+    {
+        let arena = crate::arena::open();
+        let mut steps: Vec<Replicate<V>> = seq::deserialize(d)?;
+        let (stand_in, keys) = arena.close();
+        for step in &mut steps {
+            match &mut step.update {
+                ShardUpdate::Apply(kvs) | ShardUpdate::Buffer { kvs, .. } => {
+                    kvs.rebase_keys(&stand_in, &keys);
+                }
+                ShardUpdate::ApplyBelow(_) => {}
+            }
+        }
+        // Every pair decoded into the arena was pointed at its keys: none holds the stand-in
+        // whose place the keys took, whose list is empty.
+        if std::sync::Arc::strong_count(&stand_in) > 1 {
+            return Err(de::Error::custom("pairs left outside the batch's key list"));
+        }
+        Ok(steps)
     }
 }
 

@@ -178,6 +178,7 @@
 #[macro_use]
 mod macros;
 
+mod arena;
 mod clock;
 mod cluster;
 mod consistency;

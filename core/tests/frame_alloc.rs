@@ -4,9 +4,9 @@
 //!
 //! What is held to a handful, independent of the ring's segments: pushes taken in by a
 //! primary (once 235 a frame at 64 points: a record, a step and copies of both per shard),
-//! acknowledgements of replication batches (once 91 a frame), of pushes and heartbeats. A
-//! batch taken in by a replica still decodes each step's keys into a list of its own (about
-//! three allocations per shard it carries): printed, not yet held to a bound.
+//! replication batches taken in by a replica (once 185: besides the same, a key list and its
+//! handle per step decoded, now one list for the batch), acknowledgements of both (once 91)
+//! and heartbeats.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -193,6 +193,7 @@ fn pushes_and_acknowledgements_allocate_a_handful_a_frame_however_many_segments_
     let many = per_frame(64);
     for (kind, most) in [
         ("server Push", 16.0),
+        ("server Replicate", 16.0),
         ("server ReplicateAck", 4.0),
         ("worker PushAck", 4.0),
         ("coordinator Heartbeat", 4.0),

@@ -82,8 +82,9 @@ enum KeyStorage {
         first: Key,
         list: Arc<OnceLock<Vec<Key>>>,
     },
-    /// Any strictly increasing keys.
-    List(Arc<Vec<Key>>),
+    /// Any strictly increasing keys: the key at position `i` is `keys[from + i]`. `from` is 0
+    /// but for the steps of a replication batch, whose keys share one list ([`crate::arena`]).
+    List { keys: Arc<Vec<Key>>, from: usize },
 }
 
 /// A sparse vector: strictly increasing keys, each with `width` values (`width > 1` stores
@@ -191,7 +192,10 @@ impl<V: Value> KvPairs<V> {
         }
         let hi = keys.len();
         Ok(KvPairs {
-            keys: KeyStorage::List(Arc::clone(keys)),
+            keys: KeyStorage::List {
+                keys: Arc::clone(keys),
+                from: 0,
+            },
             values: ValueStorage::owned(values),
             width,
             lo: 0,
@@ -227,7 +231,10 @@ impl<V: Value> KvPairs<V> {
             None => {
                 let hi = keys.len();
                 KvPairs {
-                    keys: KeyStorage::List(Arc::new(keys)),
+                    keys: KeyStorage::List {
+                        keys: Arc::new(keys),
+                        from: 0,
+                    },
                     values,
                     width,
                     lo: 0,
@@ -284,10 +291,44 @@ impl<V: Value> KvPairs<V> {
         Some(match run_start(keys) {
             Some(first) => Self::run_of(first, rebased.values, self.width),
             None => KvPairs {
-                keys: KeyStorage::List(Arc::clone(keys)),
+                keys: KeyStorage::List {
+                    keys: Arc::clone(keys),
+                    from: 0,
+                },
                 ..rebased
             },
         })
+    }
+
+    /// Pairs decoded into a batch's key arena: `count` keys from position `from` of the list
+    /// `stand_in` holds the place of until [`KvPairs::rebase_keys`] ([`crate::arena`]).
+    pub(crate) fn in_arena(
+        stand_in: Arc<Vec<Key>>,
+        from: usize,
+        values: ValueStorage<V>,
+        width: usize,
+    ) -> Self {
+        let hi = values.as_slice().len() / width;
+        KvPairs {
+            keys: KeyStorage::List {
+                keys: stand_in,
+                from,
+            },
+            values,
+            width,
+            lo: 0,
+            hi,
+        }
+    }
+
+    /// Points pairs decoded into an arena (holding `stand_in`) at the arena's `keys`; any
+    /// others are left alone.
+    pub(crate) fn rebase_keys(&mut self, stand_in: &Arc<Vec<Key>>, keys: &Arc<Vec<Key>>) {
+        if let KeyStorage::List { keys: held, .. } = &mut self.keys
+            && Arc::ptr_eq(held, stand_in)
+        {
+            *held = Arc::clone(keys);
+        }
     }
 
     /// This vector with its window at the start of its value storage: a copy of the values
@@ -335,7 +376,7 @@ impl<V: Value> KvPairs<V> {
             return &[];
         }
         match &self.keys {
-            KeyStorage::List(keys) => &keys[self.lo..self.hi],
+            KeyStorage::List { keys, from } => &keys[from + self.lo..from + self.hi],
             KeyStorage::Run { first, list } => {
                 let total = self.values.as_slice().len() / self.width;
                 let all = list.get_or_init(|| (*first..*first + total as Key).collect());
@@ -347,7 +388,7 @@ impl<V: Value> KvPairs<V> {
     /// The key at position `i` (`i < len`).
     pub(crate) fn key_at(&self, i: usize) -> Key {
         match &self.keys {
-            KeyStorage::List(keys) => keys[self.lo + i],
+            KeyStorage::List { keys, from } => keys[from + self.lo + i],
             KeyStorage::Run { first, .. } => first + (self.lo + i) as Key,
         }
     }
@@ -362,7 +403,9 @@ impl<V: Value> KvPairs<V> {
     /// Position of the first key at or above `key`.
     fn position_of(&self, key: Key) -> usize {
         match &self.keys {
-            KeyStorage::List(keys) => keys[self.lo..self.hi].partition_point(|&k| k < key),
+            KeyStorage::List { keys, from } => {
+                keys[from + self.lo..from + self.hi].partition_point(|&k| k < key)
+            }
             KeyStorage::Run { first, .. } => {
                 let at = first + self.lo as Key;
                 usize::try_from(key.saturating_sub(at)).map_or(self.len(), |d| d.min(self.len()))
@@ -651,7 +694,10 @@ mod tests {
     /// The same pairs with their keys as a list, whatever they are.
     fn listed<V: Value>(kv: &KvPairs<V>) -> KvPairs<V> {
         KvPairs {
-            keys: KeyStorage::List(Arc::new(kv.keys().to_vec())),
+            keys: KeyStorage::List {
+                keys: Arc::new(kv.keys().to_vec()),
+                from: 0,
+            },
             values: ValueStorage::owned(kv.values().to_vec()),
             width: kv.width(),
             lo: 0,
@@ -670,7 +716,7 @@ mod tests {
         let kv = KvPairs::new((10..20).collect(), vec![0i64; 10], 1).unwrap();
         assert!(matches!(kv.keys, KeyStorage::Run { first: 10, .. }));
         let gappy = KvPairs::new(vec![10, 12], vec![0i64; 2], 1).unwrap();
-        assert!(matches!(gappy.keys, KeyStorage::List(_)));
+        assert!(matches!(gappy.keys, KeyStorage::List { .. }));
         assert_eq!(gappy.key_range(), None);
         let dense = KvPairs::from_range(KeyRange::new(5, 8).unwrap(), vec![1i64; 3], 1).unwrap();
         let KeyStorage::Run { list, .. } = &dense.keys else {
@@ -758,7 +804,8 @@ mod tests {
             let values: Vec<i64> = (0..(n * width) as i64).collect();
             let run = KvPairs::new(keys.clone(), values, width).unwrap();
             let list = listed(&run);
-            prop_assert!(matches!(list.keys, KeyStorage::List(_)));
+            let listed = matches!(list.keys, KeyStorage::List { .. });
+            prop_assert!(listed);
             let (a, b) = (start.saturating_add(cut.0.min(cut.1)), start.saturating_add(cut.0.max(cut.1)));
             let range = KeyRange::new(a, b).unwrap();
             for (r, l) in [(run.clone(), list.clone()), (run.slice(range), list.slice(range))] {

@@ -5,7 +5,7 @@ use smallvec::SmallVec;
 
 use crate::consistency::Consistency;
 use crate::filter::KeysDigest;
-use crate::forms::seq;
+use crate::forms::{seq, steps};
 use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
 use crate::key::{Key, KeyRange};
 use crate::kv::KvPairs;
@@ -956,7 +956,7 @@ pub enum Message<V: Value> {
     /// A primary's updates for a replica, in shard order.
     Replicate {
         /// The updates, each of one shard.
-        #[serde(with = "seq")]
+        #[serde(with = "steps")]
         updates: Vec<Replicate<V>>,
     },
     /// A replica's position in the update order of the shards it was sent.
