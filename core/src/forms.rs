@@ -55,21 +55,37 @@ fn take_varint(bytes: &mut &[u8]) -> Option<u64> {
 /// the varint's length, it is the faster on sparse keys; consecutive keys of a `KvPairs` do not
 /// come here at all (see [`PairKeys`]).
 fn encode_keys(keys: &[Key]) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_keys(keys, &mut out);
+    out
+}
+
+/// As [`encode_keys`], appending to `out`.
+fn put_keys(keys: &[Key], out: &mut Vec<u8>) {
     let Some((&first, rest)) = keys.split_first() else {
-        return Vec::new();
+        return;
     };
     // Room for the mean gap's varint per key, so that the vector rarely grows.
     let mean_gap = keys[keys.len() - 1].saturating_sub(first) / (rest.len().max(1) as u64);
     let per_key = (64 - mean_gap.leading_zeros()).div_ceil(7).max(1) as usize;
-    let mut out = Vec::with_capacity(10 + rest.len() * per_key);
-    put_varint(first, &mut out);
+    out.reserve(10 + rest.len() * per_key);
+    put_varint(first, out);
     let mut prev = first;
     for &k in rest {
-        put_varint(k - prev - 1, &mut out);
+        put_varint(k - prev - 1, out);
         prev = k;
     }
-    out
 }
+
+thread_local! {
+    /// Where this thread encodes the keys of pairs before they are written: kept from one
+    /// pair to the next, so that a frame of many pairs (a replication batch, a step per shard)
+    /// does not allocate for each.
+    static KEY_BYTES: core::cell::RefCell<Vec<u8>> = const { core::cell::RefCell::new(Vec::new()) };
+}
+
+/// Past this, the key buffer is let go after use rather than kept for the next pairs.
+const KEY_BYTES_KEPT: usize = 1 << 20;
 
 /// Decodes exactly `count` keys filling all of `blob`, refusing any that would pass the
 /// reserved key. Every varint takes at least one byte, so `count` is checked against the blob's
@@ -161,21 +177,28 @@ impl Visitor<'_> for PairKeysSeed {
     }
 }
 
-/// Encodes the keys of `count` pairs, [`decode_pair_keys`]' counterpart: consecutive keys from
-/// `run_from` as that first key alone, any others as `keys()` delta-encoded.
-fn encode_pair_keys<'a>(
+/// Encodes the keys of `count` pairs, [`decode_pair_keys`]' counterpart, and hands them to
+/// `write`: consecutive keys from `run_from` as that first key alone, any others as `keys()`
+/// delta-encoded.
+fn with_pair_keys<'a, R>(
     count: usize,
     run_from: Option<Key>,
     keys: impl FnOnce() -> &'a [Key],
-) -> Vec<u8> {
+    write: impl FnOnce(&[u8]) -> R,
+) -> R {
+    // Taken out of the slot while in use: a pair serialized inside `write` (none is) would
+    // find the slot empty and use a buffer of its own rather than fail.
+    let mut buf = KEY_BYTES.with_borrow_mut(core::mem::take);
+    buf.clear();
     match run_from {
-        Some(first) if count > 1 => {
-            let mut head = Vec::with_capacity(10);
-            put_varint(first, &mut head);
-            head
-        }
-        _ => encode_keys(keys()),
+        Some(first) if count > 1 => put_varint(first, &mut buf),
+        _ => put_keys(keys(), &mut buf),
     }
+    let out = write(&buf);
+    if buf.capacity() <= KEY_BYTES_KEPT {
+        KEY_BYTES.with_borrow_mut(|slot| *slot = buf);
+    }
+    out
 }
 
 /// A row width read from the wire: at least one value.
@@ -274,8 +297,12 @@ impl<V: Value> Serialize for KvPairs<V> {
         t.serialize_element(&(self.width() as u64))?;
         t.serialize_element(&(self.len() as u64))?;
         let run_from = self.key_range().map(|range| range.start());
-        let keys = encode_pair_keys(self.len(), run_from, || self.keys());
-        t.serialize_element(&ByteStr(&keys))?;
+        with_pair_keys(
+            self.len(),
+            run_from,
+            || self.keys(),
+            |keys| t.serialize_element(&ByteStr(keys)),
+        )?;
         if !(in_trailer && trailer::put(|| self.le_values())) {
             serialize_values(self.values(), &mut t)?;
         }
@@ -382,7 +409,12 @@ impl<V: Value> Serialize for RunForm<'_, V> {
             (Some(&first), Some(&last)) if last - first == n as Key - 1 => Some(first),
             _ => None,
         };
-        t.serialize_element(&ByteStr(&encode_pair_keys(n, run_from, || self.keys)))?;
+        with_pair_keys(
+            n,
+            run_from,
+            || self.keys,
+            |keys| t.serialize_element(&ByteStr(keys)),
+        )?;
         serialize_values(self.values, &mut t)?;
         serialize_values(self.aux, &mut t)?;
         t.end()
