@@ -26,7 +26,13 @@ struct Open {
 
 thread_local! {
     static ARENA: RefCell<Option<Open>> = const { RefCell::new(None) };
+    /// The last arena closed, kept for the next batch so that decoding one allocates neither
+    /// the keys' room nor a stand-in.
+    static SPARE: RefCell<Option<Open>> = const { RefCell::new(None) };
 }
+
+/// Past this many keys' room, an arena is let go once closed rather than kept.
+const KEPT: usize = 1 << 17;
 
 /// An arena opened on this thread ([`open`]); dropped, it restores what was open before.
 pub(crate) struct Arena {
@@ -36,24 +42,37 @@ pub(crate) struct Arena {
 /// Opens an arena on this thread: pairs decoded until it is closed or dropped put their keys
 /// in it ([`append`]).
 pub(crate) fn open() -> Arena {
-    let open = Open {
-        keys: Vec::new(),
-        stand_in: Arc::new(Vec::new()),
-    };
+    let open = SPARE.with_borrow_mut(Option::take).map_or_else(
+        || Open {
+            keys: Vec::new(),
+            stand_in: Arc::new(Vec::new()),
+        },
+        |mut spare| {
+            spare.keys.clear();
+            spare
+        },
+    );
     Arena {
         previous: Some(ARENA.with_borrow_mut(|a| a.replace(open))),
     }
 }
 
 impl Arena {
-    /// Closes the arena: the stand-in the pairs decoded into it hold, and the keys, shared.
-    pub(crate) fn close(mut self) -> (Arc<Vec<Key>>, Arc<Vec<Key>>) {
+    /// Closes the arena and hands `rebase` the stand-in the pairs decoded into it hold and
+    /// the keys, shared, to point them at. False when a pair still holds the stand-in after.
+    pub(crate) fn close(mut self, rebase: impl FnOnce(&Arc<Vec<Key>>, &Arc<Vec<Key>>)) -> bool {
         let previous = self.previous.take().flatten();
-        let open = ARENA.with_borrow_mut(|a| core::mem::replace(a, previous));
-        open.map_or_else(
-            || (Arc::new(Vec::new()), Arc::new(Vec::new())),
-            |o| (o.stand_in, Arc::new(o.keys)),
-        )
+        let Some(open) = ARENA.with_borrow_mut(|a| core::mem::replace(a, previous)) else {
+            return true;
+        };
+        // A copy the size of the keys: the arena's room stays for the next batch.
+        let keys = Arc::new(open.keys.clone());
+        rebase(&open.stand_in, &keys);
+        let whole = Arc::strong_count(&open.stand_in) == 1;
+        if whole && open.keys.capacity() <= KEPT {
+            SPARE.with_borrow_mut(|spare| *spare = Some(open));
+        }
+        whole
     }
 }
 
@@ -114,9 +133,25 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(lo, 2);
-        let (held, keys) = arena.close();
-        assert!(Arc::ptr_eq(&held, &stand_in));
-        assert_eq!(*keys, [1, 2, 5]);
+        let mut kept = None;
+        // Still held here: the arena says so.
+        assert!(!arena.close(|held, keys| {
+            assert!(Arc::ptr_eq(held, &stand_in));
+            kept = Some(keys.clone());
+        }));
+        assert_eq!(*kept.unwrap(), [1, 2, 5]);
         assert!(append(|_| Ok::<(), ()>(())).is_none());
+        drop(stand_in);
+        // The next arena starts empty.
+        let arena = open();
+        let (lo, stand_in) = append(|k| {
+            k.push(7);
+            Ok::<(), ()>(())
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(lo, 0);
+        drop(stand_in);
+        assert!(arena.close(|_, keys| assert_eq!(**keys, [7])));
     }
 }

@@ -641,18 +641,19 @@ pub(crate) mod steps {
     {
         let arena = crate::arena::open();
         let mut steps: Vec<Replicate<V>> = seq::deserialize(d)?;
-        let (stand_in, keys) = arena.close();
-        for step in &mut steps {
-            match &mut step.update {
-                ShardUpdate::Apply(kvs) | ShardUpdate::Buffer { kvs, .. } => {
-                    kvs.rebase_keys(&stand_in, &keys);
+        let whole = arena.close(|stand_in, keys| {
+            for step in &mut steps {
+                match &mut step.update {
+                    ShardUpdate::Apply(kvs) | ShardUpdate::Buffer { kvs, .. } => {
+                        kvs.rebase_keys(stand_in, keys);
+                    }
+                    ShardUpdate::ApplyBelow(_) => {}
                 }
-                ShardUpdate::ApplyBelow(_) => {}
             }
-        }
+        });
         // Every pair decoded into the arena was pointed at its keys: none holds the stand-in
         // whose place the keys took, whose list is empty.
-        if std::sync::Arc::strong_count(&stand_in) > 1 {
+        if !whole {
             return Err(de::Error::custom("pairs left outside the batch's key list"));
         }
         Ok(steps)

@@ -193,8 +193,8 @@ fn every_frame_allocates_a_handful_however_many_segments_the_ring_has() {
     let few = per_frame(8);
     let many = per_frame(64);
     for (kind, most) in [
-        ("server Push", 16.0),
-        ("server Replicate", 16.0),
+        ("server Push", 12.0),
+        ("server Replicate", 10.0),
         ("server ReplicateAck", 4.0),
         ("worker PushAck", 4.0),
         ("coordinator Heartbeat", 4.0),

@@ -65,8 +65,11 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
         };
         let sequential = self.consistency() == Consistency::Sequential;
         let dedupe = !mutated!(self, NoDedupe);
-        // Counted first, so that the one vector the push keeps is allocated once.
-        let mut waits = Vec::with_capacity(self.shards_in(span).count());
+        // Counted first, so that the one vector the push keeps, and each replica's steps, are
+        // allocated once.
+        let touched = self.shards_in(span).count();
+        let mut waits = Vec::with_capacity(touched);
+        self.batches.expect(touched);
         // The shards are walked in place and each step committed as it is made: collecting
         // the starts, then the steps, cost a growing vector or two per push.
         let Server {
@@ -114,6 +117,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             // just taken, if any, is the shard's last.
             waits.push((shard.range, shard.seq));
         }
+        self.batches.expect(0);
         waits.retain(|&(range, seq)| !self.replicated(range, seq));
         if waits.is_empty() || mutated!(self, AckBeforeReplicate) {
             self.send(from, Message::PushAck(push.slice), out);
