@@ -63,7 +63,8 @@ impl Arena {
     pub(crate) fn close(mut self, rebase: impl FnOnce(&Arc<Vec<Key>>, &Arc<Vec<Key>>)) -> bool {
         let previous = self.previous.take().flatten();
         let Some(open) = ARENA.with_borrow_mut(|a| core::mem::replace(a, previous)) else {
-            return true;
+            // Nothing was rebased: whatever was decoded cannot be vouched for.
+            return false;
         };
         // A copy the size of the keys: the arena's room stays for the next batch.
         let keys = Arc::new(open.keys.clone());

@@ -14,7 +14,7 @@
 
 use crate::cluster::Cluster;
 use crate::effects::{Effects, Event, NoGrant, Refusal};
-use crate::ids::{Epoch, NodeId, Standbys};
+use crate::ids::{Epoch, NodeId, Standbys, Time};
 use crate::timing::Timing;
 use crate::value::Value;
 use crate::wire::{ClusterConfig, Envelope, Message};
@@ -27,6 +27,9 @@ pub(crate) struct CoordinatorWatch {
     granted: u64,
     /// The servers the coordinator last said it keeps on the ring though silent.
     degraded: Vec<NodeId>,
+    /// The `sent_at` of the answer that said so (or said none are, after some were): an
+    /// older answer, late or duplicated, says nothing new.
+    degraded_at: Time,
 }
 
 impl CoordinatorWatch {
@@ -95,11 +98,18 @@ impl CoordinatorWatch {
         Ok(config.clone())
     }
 
-    /// The coordinator answered a heartbeat listing `degraded`, the silent servers it keeps on
-    /// the ring: says [`Event::RingDegraded`] for each not listed in its last answer, so that
-    /// every member hears it once per silence, as the coordinator says it.
-    pub(crate) fn heard_degraded<V: Value>(&mut self, degraded: &[NodeId], out: &mut Effects<V>) {
-        if self.degraded == degraded {
+    /// The coordinator answered the heartbeat sent at `sent_at` listing `degraded`, the silent
+    /// servers it keeps on the ring: says [`Event::RingDegraded`] for each not listed in the
+    /// last answer taken, so that every member hears it once per silence, as the coordinator
+    /// says it. An answer to an older heartbeat than that one (late, or a duplicate) is
+    /// passed over. While none is listed, nothing is kept, not even the time.
+    pub(crate) fn heard_degraded<V: Value>(
+        &mut self,
+        sent_at: Time,
+        degraded: &[NodeId],
+        out: &mut Effects<V>,
+    ) {
+        if self.degraded == degraded || sent_at < self.degraded_at {
             return;
         }
         for &server in degraded {
@@ -108,6 +118,7 @@ impl CoordinatorWatch {
             }
         }
         self.degraded = degraded.to_vec();
+        self.degraded_at = sent_at;
     }
 
     /// Call for every message from the coordinator.
@@ -201,6 +212,28 @@ mod tests {
         watch.heard(&timing, &mut out);
         watch.heard(&timing, &mut out);
         assert_eq!(events(&mut out), vec![Event::CoordinatorBack]);
+    }
+
+    #[test]
+    fn a_kept_server_is_said_once_per_silence_and_late_answers_say_nothing() {
+        let (mut watch, mut out) = (CoordinatorWatch::default(), Effects::default());
+        let n = NodeId(2);
+        watch.heard_degraded(10, &[], &mut out);
+        assert_eq!(
+            watch,
+            CoordinatorWatch::default(),
+            "nothing kept while none is listed"
+        );
+        watch.heard_degraded(20, &[n], &mut out);
+        watch.heard_degraded(30, &[n], &mut out);
+        assert_eq!(events(&mut out), vec![Event::RingDegraded(n)]);
+        watch.heard_degraded(40, &[], &mut out);
+        // The answer to the heartbeat of 20, duplicated and late, after n was heard again.
+        watch.heard_degraded(20, &[n], &mut out);
+        assert!(events(&mut out).is_empty());
+        // Silent again: said again.
+        watch.heard_degraded(50, &[n], &mut out);
+        assert_eq!(events(&mut out), vec![Event::RingDegraded(n)]);
     }
 
     #[test]

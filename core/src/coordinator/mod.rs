@@ -670,9 +670,12 @@ impl Coordinator {
                 if env.epoch < self.epoch() {
                     self.send_config(from, out);
                 } else {
+                    // Only those still on the ring: one taken off it since is no longer kept.
+                    let on_ring =
+                        |n: &&NodeId| self.config.as_ref().is_some_and(|c| c.servers.contains(n));
                     let body = Message::HeartbeatAck {
                         sent_at,
-                        degraded: self.kept_silent.iter().copied().collect(),
+                        degraded: self.kept_silent.iter().filter(on_ring).copied().collect(),
                     };
                     out.send(Envelope::new(self.cfg.id, from, self.epoch(), body));
                 }
@@ -1189,6 +1192,8 @@ impl Coordinator {
         for n in removed {
             self.dead.insert(n);
             self.silent_checks.remove(&n);
+            // No longer kept: the ring does without it now.
+            self.kept_silent.remove(&n);
             out.emit(Event::NodeDead(n));
         }
         self.publish(next, out);

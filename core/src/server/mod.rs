@@ -629,8 +629,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             self.coordinator.heard(&self.cfg.timing, out);
             // An answer to a heartbeat says only that the coordinator is alive; at a newer
             // epoch than ours it is not kept for later like other early messages.
-            if let Message::HeartbeatAck { degraded, .. } = &env.body {
-                return self.coordinator.heard_degraded(degraded, out);
+            if let Message::HeartbeatAck { sent_at, degraded } = &env.body {
+                return self.coordinator.heard_degraded(*sent_at, degraded, out);
             }
         }
         match env.body {

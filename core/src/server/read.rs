@@ -66,7 +66,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// the same point of this server's update order, with its rows and update-rule state. Later
     /// writes never reach it: the ordered store shares its leaves and copies one only when it
     /// writes one a snapshot still holds; other stores copy the rows
-    /// ([`crate::store::ParamStore::shared_rows_in`]). What a checkpoint
+    /// ([`crate::store::ParamStore::shared_rows_in`]). While the server waits for the shards
+    /// of a checkpoint it resumes from ([`crate::events::ServerEvent::Restore`]), they are not
+    /// filled yet: a snapshot then holds none of their rows. What a checkpoint
     /// writes ([`crate::events::ServerEvent::CheckpointDue`] is this, taken at the job's cut,
     /// where every server's snapshot together is the job's state at one iteration boundary).
     pub fn snapshot(&self) -> Vec<ShardCopy<V>> {

@@ -652,8 +652,8 @@ impl<V: Value> Worker<V> {
                 );
                 crate::watch::answer_term_ask(self.cfg.id, self.epoch(), from, term, answer, out);
             }
-            Message::HeartbeatAck { degraded, .. } if from == self.coordinator_id() => {
-                self.coordinator.heard_degraded(&degraded, out);
+            Message::HeartbeatAck { sent_at, degraded } if from == self.coordinator_id() => {
+                self.coordinator.heard_degraded(sent_at, &degraded, out);
             }
             Message::PushAck(sref) => self.on_answer(now, from, sref, None, out),
             Message::SlotGrant(sref) => self.on_grant(now, from, sref, out),
