@@ -620,46 +620,6 @@ pub(crate) mod seq {
     }
 }
 
-/// `#[serde(with = "steps")]` for the steps of a replication batch: as [`seq`], but the keys
-/// of every step's pairs decode into one list ([`crate::arena`]), so that a batch costs a key
-/// list, not one per step.
-pub(crate) mod steps {
-    use super::*;
-    use crate::wire::{Replicate, ShardUpdate};
-
-    pub(crate) fn serialize<V: Value, S: Serializer>(
-        v: &[Replicate<V>],
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        seq::serialize(v, s)
-    }
-
-    pub(crate) fn deserialize<'de, V, D>(d: D) -> Result<Vec<Replicate<V>>, D::Error>
-    where
-        V: Value,
-        D: Deserializer<'de>,
-    {
-        let arena = crate::arena::open();
-        let mut steps: Vec<Replicate<V>> = seq::deserialize(d)?;
-        let whole = arena.close(|stand_in, keys| {
-            for step in &mut steps {
-                match &mut step.update {
-                    ShardUpdate::Apply(kvs) | ShardUpdate::Buffer { kvs, .. } => {
-                        kvs.rebase_keys(stand_in, keys);
-                    }
-                    ShardUpdate::ApplyBelow(_) => {}
-                }
-            }
-        });
-        // Every pair decoded into the arena was pointed at its keys: none holds the stand-in
-        // whose place the keys took, whose list is empty.
-        if !whole {
-            return Err(de::Error::custom("pairs left outside the batch's key list"));
-        }
-        Ok(steps)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@ use smallvec::SmallVec;
 
 use crate::consistency::Consistency;
 use crate::filter::KeysDigest;
-use crate::forms::{seq, steps};
+use crate::forms::seq;
 use crate::ids::{Epoch, Iteration, NodeId, Role, Time};
 use crate::key::{Key, KeyRange};
 use crate::kv::KvPairs;
@@ -1098,4 +1098,48 @@ pub struct StandbyState {
 impl<V: Value> Message<V> {
     /// Number of message kinds this version knows; the wire tags are `0..KINDS`.
     pub const KINDS: u32 = 34;
+}
+
+/// `#[serde(with = "steps")]` for the steps of a replication batch: as [`seq`], but the keys
+/// of every step's pairs decode into one list ([`crate::arena`]), so that a batch costs a key
+/// list, not one per step.
+pub(crate) mod steps {
+    use serde::de::Error as _;
+    use serde::{Deserializer, Serializer};
+
+    use super::{Replicate, ShardUpdate};
+    use crate::forms::seq;
+    use crate::value::Value;
+
+    pub(crate) fn serialize<V: Value, S: Serializer>(
+        v: &[Replicate<V>],
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        seq::serialize(v, s)
+    }
+
+    pub(crate) fn deserialize<'de, V, D>(d: D) -> Result<Vec<Replicate<V>>, D::Error>
+    where
+        V: Value,
+        D: Deserializer<'de>,
+    {
+        let arena = crate::arena::open();
+        let mut steps: Vec<Replicate<V>> = seq::deserialize(d)?;
+        let whole = arena.close(|stand_in, keys| {
+            for step in &mut steps {
+                match &mut step.update {
+                    ShardUpdate::Apply(kvs) | ShardUpdate::Buffer { kvs, .. } => {
+                        kvs.rebase_keys(stand_in, keys);
+                    }
+                    ShardUpdate::ApplyBelow(_) => {}
+                }
+            }
+        });
+        // Every pair decoded into the arena was pointed at its keys: none holds the stand-in
+        // whose place the keys took, whose list is empty.
+        if !whole {
+            return Err(D::Error::custom("pairs left outside the batch's key list"));
+        }
+        Ok(steps)
+    }
 }
