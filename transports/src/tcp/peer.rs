@@ -195,7 +195,13 @@ impl PeerTask {
             // the peer lost ours (it restarted). A keepalive on ours finds out: a dead
             // connection's write fails, which frees the way for the peer's next dial.
             if let Some(h) = self.shared.peers.get(&self.peer) {
-                let _ = h.queue.try_send(FrameParts::default());
+                // Counted like any frame, since the writer that takes it counts it written:
+                // uncounted, it left the count of frames unwritten one short, and shutdown
+                // stopped with a node's last frame still queued.
+                self.shared.queued();
+                if h.queue.try_send(FrameParts::default()).is_err() {
+                    self.shared.written(1);
+                }
             }
         }
         let (shared, queue, events) = (

@@ -633,6 +633,30 @@ async fn shutdown_first_writes_every_frame_queued_before_it() {
     .await;
 }
 
+/// A node holding a connection that its peer dials again keeps its own and sends a keepalive
+/// on it. The keepalive is counted like any frame, so that a frame queued after it still holds
+/// shutdown until it is written (uncounted, it let shutdown stop with a node's last frame
+/// queued: a server's last heartbeat was lost now and then).
+#[tokio::test]
+async fn a_keepalive_for_a_retired_dial_leaves_shutdown_waiting_for_the_last_frame() {
+    bounded(async {
+        let (a, b) = pair().await;
+        a.send(NodeId(2), frame("first")).await.unwrap();
+        expect(&b, 1, &frame("first")).await;
+        let sent = a.stats().frames_sent;
+        // n2 dials n1 again while n1's own connection stands: n1 keeps its own.
+        let (_s, r) = raw_dial(a.local_addr(), &auth(2, &[1], PROTOCOL_VERSION), NodeId(1)).await;
+        r.unwrap();
+        until(|| a.stats().connections_superseded >= 1).await;
+        until(|| a.stats().frames_sent > sent).await;
+        assert_eq!(a.unwritten(), 0, "the keepalive was counted in and out");
+        a.send(NodeId(2), frame("last")).await.unwrap();
+        a.shutdown().await;
+        expect(&b, 1, &frame("last")).await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn binding_a_port_in_use_names_the_address() {
     bounded(async {

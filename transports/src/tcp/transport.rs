@@ -251,6 +251,14 @@ impl TcpTransport {
     fn is_closed(&self) -> bool {
         *self.stop.borrow()
     }
+
+    /// Frames queued and not yet written, as shutdown counts them.
+    #[cfg(test)]
+    pub(super) fn unwritten(&self) -> usize {
+        self.shared
+            .unwritten
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 #[async_trait]
