@@ -108,17 +108,21 @@ pub(crate) fn append<E>(
 mod tests {
     use super::*;
 
+    /// Puts `keys` in the open arena: where they went, and the stand-in.
+    fn put(keys: &[Key]) -> Placed {
+        append(|k| {
+            k.extend_from_slice(keys);
+            Ok::<(), ()>(())
+        })
+        .expect("an arena is open")
+        .expect("nothing fails")
+    }
+
     #[test]
     fn keys_go_to_the_arena_only_while_it_is_open_and_a_failure_leaves_none() {
         assert!(append(|_| Ok::<(), ()>(())).is_none());
         let arena = open();
-        let (lo, _) = append(|k| {
-            k.extend([1, 2]);
-            Ok::<(), ()>(())
-        })
-        .unwrap()
-        .unwrap();
-        assert_eq!(lo, 0);
+        assert_eq!(put(&[1, 2]).0, 0);
         assert!(
             append(|k| {
                 k.push(9);
@@ -127,12 +131,7 @@ mod tests {
             .unwrap()
             .is_err()
         );
-        let (lo, stand_in) = append(|k| {
-            k.push(5);
-            Ok::<(), ()>(())
-        })
-        .unwrap()
-        .unwrap();
+        let (lo, stand_in) = put(&[5]);
         assert_eq!(lo, 2);
         let mut kept = None;
         // Still held here: the arena says so.
@@ -145,14 +144,7 @@ mod tests {
         drop(stand_in);
         // The next arena starts empty.
         let arena = open();
-        let (lo, stand_in) = append(|k| {
-            k.push(7);
-            Ok::<(), ()>(())
-        })
-        .unwrap()
-        .unwrap();
-        assert_eq!(lo, 0);
-        drop(stand_in);
+        assert_eq!(put(&[7]).0, 0);
         assert!(arena.close(|_, keys| assert_eq!(**keys, [7])));
     }
 }

@@ -739,12 +739,8 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// The shards overlapping `range`, with their starts, in key order. Looked up per step
     /// and per acknowledgement, so it walks the map rather than collecting.
     fn shards_in(&self, range: KeyRange) -> impl Iterator<Item = (Key, &Shard<V, S>)> {
-        let first = self
-            .shards
-            .range(..=range.start())
-            .next_back()
-            .filter(|(_, s)| s.range.end() > range.start());
-        let first_key = first.map(|(&k, _)| k);
+        let first_key = first_overlapping(&self.shards, range);
+        let first = first_key.and_then(|k| self.shards.get_key_value(&k));
         first
             .into_iter()
             .chain(
@@ -754,4 +750,17 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             )
             .map(|(&k, s)| (k, s))
     }
+}
+
+/// The start of the shard holding `range`'s first key, if one does: the shard overlapping
+/// `range` that starts at or before it.
+fn first_overlapping<V: Value, S>(
+    shards: &BTreeMap<Key, Shard<V, S>>,
+    range: KeyRange,
+) -> Option<Key> {
+    shards
+        .range(..=range.start())
+        .next_back()
+        .filter(|(_, s)| s.range.end() > range.start())
+        .map(|(&k, _)| k)
 }

@@ -79,11 +79,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             cfg,
             ..
         } = self;
-        let first = shards
-            .range(..=span.start())
-            .next_back()
-            .filter(|(_, s)| s.range.end() > span.start())
-            .map_or(span.start(), |(&k, _)| k);
+        let first = super::first_overlapping(shards, span).unwrap_or(span.start());
         for (_, shard) in shards.range_mut(first..span.end()) {
             // The span of the push may reach over ranges this server only replicates; the
             // ownership check above leaves no rows there.
