@@ -739,28 +739,22 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     /// The shards overlapping `range`, with their starts, in key order. Looked up per step
     /// and per acknowledgement, so it walks the map rather than collecting.
     fn shards_in(&self, range: KeyRange) -> impl Iterator<Item = (Key, &Shard<V, S>)> {
-        let first_key = first_overlapping(&self.shards, range);
-        let first = first_key.and_then(|k| self.shards.get_key_value(&k));
-        first
+        reaching_into(&self.shards, range)
             .into_iter()
-            .chain(
-                self.shards
-                    .range(range.start()..range.end())
-                    .filter(move |&(&k, _)| Some(k) != first_key),
-            )
+            .chain(self.shards.range(range.start()..range.end()))
             .map(|(&k, s)| (k, s))
     }
 }
 
-/// The start of the shard holding `range`'s first key, if one does: the shard overlapping
-/// `range` that starts at or before it.
-fn first_overlapping<V: Value, S>(
+/// The shard that starts before `range` and holds its first key, if one does. The shards
+/// overlapping `range` are it and those starting inside `range`: two walks of the map, which
+/// a primary makes for every step a replica acknowledges.
+fn reaching_into<V: Value, S>(
     shards: &BTreeMap<Key, Shard<V, S>>,
     range: KeyRange,
-) -> Option<Key> {
+) -> Option<(&Key, &Shard<V, S>)> {
     shards
-        .range(..=range.start())
+        .range(..range.start())
         .next_back()
         .filter(|(_, s)| s.range.end() > range.start())
-        .map(|(&k, _)| k)
 }

@@ -79,7 +79,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             cfg,
             ..
         } = self;
-        let first = super::first_overlapping(shards, span).unwrap_or(span.start());
+        let first = super::reaching_into(shards, span).map_or(span.start(), |(&k, _)| k);
         for (_, shard) in shards.range_mut(first..span.end()) {
             // The span of the push may reach over ranges this server only replicates; the
             // ownership check above leaves no rows there.
