@@ -27,10 +27,26 @@ pub(crate) use error::{CliError, exit};
 
 /// The async runtime the commands that run nodes drive them on.
 fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
-    tokio::runtime::Builder::new_multi_thread()
+    build(tokio::runtime::Builder::new_multi_thread())
+}
+
+fn build(mut builder: tokio::runtime::Builder) -> Result<tokio::runtime::Runtime, CliError> {
+    builder
         .enable_all()
         .build()
         .map_err(|e| CliError::input(format!("cannot start the async runtime: {e}")))
+}
+
+/// The async runtime a cluster node of `role` runs on (ARCHITECTURE.md §6). A coordinator or
+/// a server does all its work in its one node loop, so it runs on the thread that started it:
+/// a frame read from a connection then reaches the loop without waking a second thread, which
+/// cost a replicated job's servers an eighth of their CPU (docs/performance.md). A worker
+/// keeps a thread per core, for its application computes beside its node loop.
+fn node_runtime(role: pserver_core::Role) -> Result<tokio::runtime::Runtime, CliError> {
+    match role {
+        pserver_core::Role::Worker => runtime(),
+        _ => build(tokio::runtime::Builder::new_current_thread()),
+    }
 }
 
 /// `threads`, or one per core when not given.

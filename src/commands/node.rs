@@ -140,7 +140,7 @@ pub(crate) fn run(args: NodeArgs, role: Role) -> Result<(), CliError> {
         checkpoints: args.checkpoint_dir.clone(),
         resume: args.resume,
     };
-    let outcome = super::runtime()?
+    let outcome = super::node_runtime(role)?
         .block_on(cluster::run_node(&file, id, &options))
         .map_err(|e| match e {
             RunError::Runtime(RuntimeError::Fenced) => CliError::Fenced(format!(
