@@ -336,7 +336,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
     fn on_replicate(&mut self, from: NodeId, updates: Vec<Replicate<V>>, out: &mut Effects<V>) {
         let mut acks = Vec::with_capacity(updates.len());
         let first_range = updates.first().map(|e| e.range);
-        for entry in updates {
+        for entry in &updates {
             if mutated!(self, PartialBatch) && Some(entry.range) != first_range {
                 acks.push(ShardAck {
                     range: entry.range,
@@ -365,7 +365,7 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
                     && matches!(s.role, ShardRole::Replica { primary, synced: true } if primary == from)
             }) {
                 if entry.seq - entry.span == shard.seq {
-                    shard.apply_update(&entry, Rule::of(&self.updater, &self.cfg));
+                    shard.apply_update(entry, Rule::of(&self.updater, &self.cfg));
                 }
                 acks.push(ShardAck {
                     range: entry.range,
@@ -396,9 +396,9 @@ impl<V: Value, U: UpdateRule<V>, S: ParamStore<V>> Server<V, U, S> {
             for (_, shard) in self.shards.range_mut(within) {
                 if entry.seq - entry.span == shard.seq {
                     if shard.range == entry.range {
-                        shard.apply_update(&entry, rule);
+                        shard.apply_update(entry, rule);
                     } else {
-                        shard.apply_update(&restrict(&entry, shard.range), rule);
+                        shard.apply_update(&restrict(entry, shard.range), rule);
                     }
                 }
                 seq = seq.min(shard.seq);
