@@ -144,8 +144,8 @@ struct Started<V: Value> {
     role: Role,
     spawned: Spawned<V, Updater, Store<V>>,
     transport: NodeTransport,
-    /// The metrics endpoint's task, if the node serves one.
-    metrics: Option<tokio::task::JoinHandle<()>>,
+    /// The metrics endpoint, if the node serves one.
+    metrics: Option<super::metrics::Endpoint>,
 }
 
 /// The transport a node process runs over, as its cluster file names it.
@@ -317,7 +317,7 @@ async fn start<V: Value + Send + Sync>(
                 node: spawned.node.metrics_receiver(),
                 transport: transport.counters(),
             };
-            let served = super::metrics::serve(addr, sources).await;
+            let served = super::metrics::serve(addr, sources);
             Some(served.map_err(|e| RunError::Metrics {
                 address: addr.to_string(),
                 why: e.to_string(),
@@ -416,8 +416,8 @@ async fn run_script_node(
             NodeOutcome::Coordinator(ended)
         }
     };
-    if let Some(task) = metrics {
-        task.abort();
+    if let Some(endpoint) = metrics {
+        endpoint.stop();
     }
     transport.shutdown().await;
     Ok(outcome)
@@ -818,8 +818,8 @@ async fn run_model_node<D>(
             NodeOutcome::Coordinator(ended)
         }
     };
-    if let Some(task) = metrics {
-        task.abort();
+    if let Some(endpoint) = metrics {
+        endpoint.stop();
     }
     transport.shutdown().await;
     Ok(outcome)

@@ -22,8 +22,7 @@ use pserver_core::filter::FilterSaving;
 use pserver_core::{NodeId, Role};
 use pserver_runtime::NodeMetrics;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::sync::{oneshot, watch};
 
 /// A transport's counters as `(name, help, value)`, read at each scrape.
 pub(crate) type TransportCounters =
@@ -42,34 +41,73 @@ pub(crate) struct Sources {
     pub transport: TransportCounters,
 }
 
-/// Serves `/healthz` and `/metrics` on `addr` until the returned task is aborted.
-pub(crate) async fn serve(addr: SocketAddr, sources: Sources) -> std::io::Result<JoinHandle<()>> {
-    let listener = TcpListener::bind(addr).await?;
+/// The operator endpoint, served on a thread of its own: a coordinator's or a server's node
+/// loop runs alone on the node's thread (ARCHITECTURE.md §6), and a long step of it (loading
+/// a checkpoint to resume from, say) must not keep `/healthz` from answering a probe.
+pub(crate) struct Endpoint {
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Endpoint {
+    /// Stops serving; connections still open are dropped.
+    pub(crate) fn stop(mut self) {
+        drop(self.stop.take());
+    }
+}
+
+/// Serves `/healthz` and `/metrics` on `addr` until [`Endpoint::stop`] (or the process ends).
+pub(crate) fn serve(addr: SocketAddr, sources: Sources) -> std::io::Result<Endpoint> {
+    // Bound here, so that an address in use is this call's error, not the thread's.
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (stop, stopped) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = match TcpListener::from_std(listener) {
+                    Ok(listener) => listener,
+                    Err(e) => {
+                        tracing::warn!(%addr, error = %e, "cannot serve /healthz and /metrics");
+                        return;
+                    }
+                };
+                tokio::select! {
+                    () = accept(listener, sources) => {}
+                    _ = stopped => {}
+                }
+            });
+        })?;
     tracing::info!(%addr, "serving /healthz and /metrics");
-    Ok(tokio::spawn(async move {
-        loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // Out of descriptors, say: it will not heal at once, so do not spin on it.
-                    tracing::warn!(error = %e, "accepting a metrics connection failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let sources = sources.clone();
-            let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                let response = answer(request.uri().path(), &sources);
-                async move { Ok::<_, Infallible>(response) }
-            });
-            tokio::spawn(async move {
-                let io = TokioIo::new(stream);
-                if let Err(e) = http1::Builder::new().serve_connection(io, service).await {
-                    tracing::debug!(error = %e, "a metrics connection failed");
-                }
-            });
-        }
-    }))
+    Ok(Endpoint { stop: Some(stop) })
+}
+
+async fn accept(listener: TcpListener, sources: Sources) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, say: it will not heal at once, so do not spin on it.
+                tracing::warn!(error = %e, "accepting a metrics connection failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let sources = sources.clone();
+        let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+            let response = answer(request.uri().path(), &sources);
+            async move { Ok::<_, Infallible>(response) }
+        });
+        tokio::spawn(async move {
+            let io = TokioIo::new(stream);
+            if let Err(e) = http1::Builder::new().serve_connection(io, service).await {
+                tracing::debug!(error = %e, "a metrics connection failed");
+            }
+        });
+    }
 }
 
 fn answer(path: &str, sources: &Sources) -> Response<Full<Bytes>> {
@@ -357,5 +395,49 @@ mod tests {
             answer("/healthz", &sources).status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
+    }
+
+    fn get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer)?;
+        Ok(answer)
+    }
+
+    /// A node loop on a runtime of one thread can be busy for seconds (loading a checkpoint):
+    /// the endpoint answers from a thread of its own, whatever the thread that started it does.
+    #[test]
+    fn the_endpoint_answers_while_the_thread_that_started_it_is_blocked_and_stops_when_told() {
+        let (_tx, node) = watch::channel(NodeMetrics::default());
+        let sources = Sources {
+            id: NodeId(1),
+            role: Role::Server,
+            node,
+            transport: Arc::new(Vec::new),
+        };
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        // No runtime runs on this thread: it blocks in `get` until the answer comes.
+        let endpoint = serve(addr, sources).unwrap();
+        let answer = get(addr, "/healthz").unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("ok\n"), "{answer}");
+        endpoint.stop();
+        // Stopped: the listener is closed, so connecting fails once the thread let it go.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(addr).is_ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still listening at {addr}"
+            );
+            std::thread::yield_now();
+        }
     }
 }
