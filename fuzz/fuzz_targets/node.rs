@@ -661,13 +661,23 @@ fuzz_target!(|input: (
     // Set once the server took in traffic only other servers send: its totals then hold more
     // than the worker's pushes.
     let mut between_servers = false;
+    // The servers every configuration so far named (as `Body::Config`'s bits).
+    let mut ring_servers = u8::MAX;
     // The highest staleness bound the worker has been under.
     let mut widest: Option<Iteration> = None;
     server.start(now);
     worker.start(now);
     for op in ops.into_iter().take(256) {
         match op {
-            Op::ToServer { from, epoch, body } => {
+            Op::ToServer { from, epoch, mut body } => {
+                if let Body::Config { servers, .. } = &mut body {
+                    // A coordinator gives a server's ranges to another only through joining
+                    // and leaving, with a copy first: a ring that gained servers otherwise
+                    // would drop what this server holds with no copy made. Servers only leave
+                    // the ring here (declared dead, their ranges pass to this one).
+                    ring_servers &= *servers;
+                    *servers = ring_servers;
+                }
                 between_servers |= body.is_between_servers();
                 let env = Envelope::new(node(from), SERVER, u64::from(epoch % 4), message(body));
                 let frame = codec.encode(&env).expect("small messages encode");
