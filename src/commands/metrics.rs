@@ -44,15 +44,14 @@ pub(crate) struct Sources {
 /// The operator endpoint, served on a thread of its own: a coordinator's or a server's node
 /// loop runs alone on the node's thread (ARCHITECTURE.md §6), and a long step of it (loading
 /// a checkpoint to resume from, say) must not keep `/healthz` from answering a probe.
+/// Dropping it stops the endpoint too: its thread serves until the sender is gone.
 pub(crate) struct Endpoint {
-    stop: Option<oneshot::Sender<()>>,
+    _stop: oneshot::Sender<()>,
 }
 
 impl Endpoint {
     /// Stops serving; connections still open are dropped.
-    pub(crate) fn stop(mut self) {
-        drop(self.stop.take());
-    }
+    pub(crate) fn stop(self) {}
 }
 
 /// Serves `/healthz` and `/metrics` on `addr` until [`Endpoint::stop`] (or the process ends).
@@ -82,7 +81,7 @@ pub(crate) fn serve(addr: SocketAddr, sources: Sources) -> std::io::Result<Endpo
             });
         })?;
     tracing::info!(%addr, "serving /healthz and /metrics");
-    Ok(Endpoint { stop: Some(stop) })
+    Ok(Endpoint { _stop: stop })
 }
 
 async fn accept(listener: TcpListener, sources: Sources) {
